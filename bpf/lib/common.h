@@ -1,0 +1,82 @@
+/* Types and constants shared by every onehop datapath program and, through
+ * bpf2go -type, by the Go agent. Change a struct here and `go generate ./...`
+ * regenerates its Go twin; never write the Go side by hand. */
+#ifndef ONEHOP_COMMON_H
+#define ONEHOP_COMMON_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ETH_ALEN 6
+
+/* One entry of the per-node mapping table (paper §2, step 3): where the VM
+ * with this IPv4 address lives. Keyed by the address in network order. */
+struct endpoint {
+	__u32 ifindex;           /* vif in this host's namespace; 0 when the VM is remote */
+	__u8 mac[ETH_ALEN];      /* the VM's virtual MAC, never seen on the wire */
+	__u8 host_mac[ETH_ALEN]; /* uplink MAC of the host holding the VM */
+};
+
+/* What a VM behind a vif is allowed to send as (anti-spoofing, step 1). */
+struct vif_info {
+	__be32 ip;
+	__u8 mac[ETH_ALEN];
+	__u16 _pad;
+};
+
+/* Per-node facts the programs need; a single-slot array. */
+struct node_config {
+	__u32 uplink_ifindex;
+	__u8 uplink_mac[ETH_ALEN];
+	__u16 _pad;
+	__be32 vm_net;  /* the tenant address space (10.0.0.0/8) ... */
+	__be32 vm_mask; /* ... so the uplink can tell VM traffic from management */
+};
+
+/* Why a packet was dropped. Each reason is its own metric label; the Go side
+ * names them from this enum, so a new reason needs no hand-written mapping. */
+enum drop_reason {
+	DROP_NONE = 0,
+	DROP_MALFORMED,          /* truncated or inconsistent headers */
+	DROP_UNSUPPORTED,        /* EtherType we do not carry: IPv6, VLAN, ... */
+	DROP_UNKNOWN_VIF,        /* frame from a vif the agent has not configured */
+	DROP_SPOOFED_MAC,        /* VM sent with a source MAC not its own */
+	DROP_SPOOFED_IP,         /* VM sent with a source IPv4 not its own */
+	DROP_NO_ROUTE,           /* destination is no VM in the mapping table */
+	DROP_NO_UPLINK,          /* remote destination but uplink not configured */
+	DROP_ARP_SPOOFED,        /* ARP sender MAC/IP not the VM's own */
+	DROP_ARP_NOT_REQUEST,    /* VM sent an ARP reply or other op: never leaves */
+	DROP_ARP_UNKNOWN_TARGET, /* ARP for an address no VM holds */
+	DROP_ARP_OTHER_SUBNET,   /* ARP for an address outside the asker's subnet */
+	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM unknown or on another host */
+	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
+	DROP_REASON_MAX,
+};
+
+/* What happened to packets that were not dropped. */
+enum forward_path {
+	FWD_LOCAL = 0,     /* VM to VM on this host */
+	FWD_TO_FABRIC,     /* VM to a VM on another host, out the uplink */
+	FWD_FROM_FABRIC,   /* from another host into a local VM */
+	FWD_ARP_REPLY,     /* ARP answered in the datapath */
+	FWD_HOST_STACK,    /* management traffic handed to the host's own stack */
+	FWD_PATH_MAX,
+};
+
+/* Sent to the agent through a ring buffer so its log can say why a drop
+ * happened, not only that it did. */
+struct drop_event {
+	__u32 reason;
+	__u32 ifindex;
+	__be32 saddr;
+	__be32 daddr;
+	__u8 smac[ETH_ALEN];
+	__u16 ethertype;
+};
+
+#endif

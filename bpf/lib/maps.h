@@ -1,0 +1,71 @@
+/* Maps owned by the agent. Pinned by name so traffic keeps flowing while the
+ * agent restarts; the agent reconciles their contents to etcd's desired state. */
+#ifndef ONEHOP_MAPS_H
+#define ONEHOP_MAPS_H
+
+#include "common.h"
+
+#define MAX_ENDPOINTS 65536
+#define MAX_VIFS 4096
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__type(key, __be32);
+	__type(value, struct endpoint);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_VIFS);
+	__type(key, __u32);
+	__type(value, struct vif_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vifs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct node_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} config SEC(".maps");
+
+/* Per-CPU so counting costs no atomic on the hot path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DROP_REASON_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FWD_PATH_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} forwards SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} drop_events SEC(".maps");
+
+static __always_inline struct node_config *node_config(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
+static __always_inline void count_forward(__u32 path)
+{
+	__u64 *n = bpf_map_lookup_elem(&forwards, &path);
+	if (n)
+		*n += 1;
+}
+
+#endif

@@ -1,0 +1,290 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+)
+
+// Kernel is the datapath in the running kernel: the loaded programs, their
+// shared maps, and the tcx links that attach them.
+type Kernel struct {
+	pinDir   string // "" when nothing is pinned (tests)
+	vif      vifObjects
+	uplink   uplinkObjects
+	links    map[string]link.Link
+	dropName []string
+	fwdName  []string
+}
+
+// Open loads the programs. With pinDir set, maps are pinned under
+// pinDir/maps and reused if already there, and links are pinned under
+// pinDir/links, so traffic keeps flowing across an agent restart and a new
+// agent takes over the same maps.
+func Open(pinDir string) (*Kernel, error) {
+	spec, err := loadVif()
+	if err != nil {
+		return nil, err
+	}
+	k := &Kernel{pinDir: pinDir, links: map[string]link.Link{}}
+	if k.dropName, err = enumNames(spec, "drop_reason", "DROP_"); err != nil {
+		return nil, err
+	}
+	if k.fwdName, err = enumNames(spec, "forward_path", "FWD_"); err != nil {
+		return nil, err
+	}
+
+	opts := &ebpf.CollectionOptions{}
+	if pinDir == "" {
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+	} else {
+		opts.Maps.PinPath = filepath.Join(pinDir, "maps")
+		if err := os.MkdirAll(opts.Maps.PinPath, 0o700); err != nil {
+			return nil, fmt.Errorf("pin dir: %w", err)
+		}
+		if err := os.MkdirAll(filepath.Join(pinDir, "links"), 0o700); err != nil {
+			return nil, fmt.Errorf("pin dir: %w", err)
+		}
+	}
+	err = spec.LoadAndAssign(&k.vif, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Pins from an older build with another map layout: they cannot be
+		// reused, so traffic pauses until the new maps are filled.
+		slog.Warn("pinned maps do not match this build; replacing them", "dir", opts.Maps.PinPath, "err", err)
+		if rerr := os.RemoveAll(opts.Maps.PinPath); rerr != nil {
+			return nil, fmt.Errorf("remove stale pins: %w", rerr)
+		}
+		if err := os.MkdirAll(opts.Maps.PinPath, 0o700); err != nil {
+			return nil, err
+		}
+		err = spec.LoadAndAssign(&k.vif, opts)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load vif program: %w", err)
+	}
+
+	uspec, err := loadUplink()
+	if err != nil {
+		k.vif.Close()
+		return nil, err
+	}
+	m := k.vif.vifMaps
+	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config,
+		"drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
+	}}
+	if err := uspec.LoadAndAssign(&k.uplink, uopts); err != nil {
+		k.vif.Close()
+		return nil, fmt.Errorf("load uplink program: %w", err)
+	}
+	return k, nil
+}
+
+func enumNames(spec *ebpf.CollectionSpec, typ, prefix string) ([]string, error) {
+	var e *btf.Enum
+	if err := spec.Types.TypeByName(typ, &e); err != nil {
+		return nil, fmt.Errorf("btf enum %s: %w", typ, err)
+	}
+	names := make([]string, 0, len(e.Values))
+	for _, v := range e.Values {
+		for uint64(len(names)) < v.Value {
+			names = append(names, "")
+		}
+		if uint64(len(names)) == v.Value {
+			names = append(names, strings.ToLower(strings.TrimPrefix(v.Name, prefix)))
+		}
+	}
+	return names, nil
+}
+
+// VifProgram and UplinkProgram are exposed for BPF_PROG_RUN tests.
+func (k *Kernel) VifProgram() *ebpf.Program { return k.vif.VifIngress }
+
+// UplinkProgram is the program on the uplink's tcx ingress.
+func (k *Kernel) UplinkProgram() *ebpf.Program { return k.uplink.UplinkIngress }
+
+// Close releases this process's handles. Pinned maps and links stay.
+func (k *Kernel) Close() error {
+	for _, l := range k.links {
+		l.Close()
+	}
+	k.uplink.Close()
+	return k.vif.Close()
+}
+
+// attach makes sure prog is on ifname's tcx ingress. A pinned link for the
+// same ifindex is taken over and given the freshly loaded program; a pinned
+// link for an interface that was recreated (new ifindex) is replaced.
+func (k *Kernel) attach(ifname string, ifindex int, prog *ebpf.Program) error {
+	if l, ok := k.links[ifname]; ok {
+		if info, err := l.Info(); err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+			return nil
+		}
+		k.detach(ifname)
+	}
+	pin := ""
+	if k.pinDir != "" {
+		pin = filepath.Join(k.pinDir, "links", ifname)
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			info, ierr := l.Info()
+			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex && l.Update(prog) == nil {
+				k.links[ifname] = l
+				return nil
+			}
+			l.Unpin()
+			l.Close()
+		}
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return fmt.Errorf("attach tcx ingress to %s (ifindex %d): %w", ifname, ifindex, err)
+	}
+	if pin != "" {
+		if err := l.Pin(pin); err != nil {
+			l.Close()
+			return fmt.Errorf("pin link of %s: %w", ifname, err)
+		}
+	}
+	k.links[ifname] = l
+	return nil
+}
+
+func (k *Kernel) detach(ifname string) {
+	if l, ok := k.links[ifname]; ok {
+		if k.pinDir != "" {
+			l.Unpin()
+		}
+		l.Close()
+		delete(k.links, ifname)
+	}
+}
+
+// AttachUplink puts the uplink program on the node's uplink.
+func (k *Kernel) AttachUplink(ifname string, ifindex int) error {
+	return k.attach(ifname, ifindex, k.uplink.UplinkIngress)
+}
+
+// Apply makes the maps hold exactly e and the vif program sit on exactly the
+// vifs in e.Attach (plus the uplink). Map entries are written before a vif is
+// attached, so a newly attached vif never sees an empty table.
+func (k *Kernel) Apply(e Entries, uplinkName string) error {
+	var errs []error
+	if err := k.vif.Config.Put(uint32(0), e.Config); err != nil {
+		errs = append(errs, fmt.Errorf("write config: %w", err))
+	}
+	errs = append(errs, syncMap(k.vif.Endpoints, e.Endpoints, "endpoints"))
+	errs = append(errs, syncMap(k.vif.Vifs, e.Vifs, "vifs"))
+	for name, ifindex := range e.Attach {
+		errs = append(errs, k.attach(name, ifindex, k.vif.VifIngress))
+	}
+	for name := range k.links {
+		if _, want := e.Attach[name]; !want && name != uplinkName {
+			k.detach(name)
+		}
+	}
+	if k.pinDir != "" {
+		// Pins of links this process never opened (a vif removed while no
+		// agent ran) are stale too.
+		entries, _ := os.ReadDir(filepath.Join(k.pinDir, "links"))
+		for _, de := range entries {
+			if _, want := e.Attach[de.Name()]; !want && de.Name() != uplinkName {
+				os.Remove(filepath.Join(k.pinDir, "links", de.Name()))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// syncMap writes want into m and deletes every key of m not in want.
+func syncMap[V comparable](m *ebpf.Map, want map[uint32]V, what string) error {
+	var stale []uint32
+	var key uint32
+	var val V
+	it := m.Iterate()
+	for it.Next(&key, &val) {
+		if w, ok := want[key]; !ok {
+			stale = append(stale, key)
+		} else if w == val {
+			continue
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", what, err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %w", what, err)
+		}
+	}
+	for k, v := range want {
+		var cur V
+		if err := m.Lookup(k, &cur); err == nil && cur == v {
+			continue
+		}
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("write %s: %w", what, err)
+		}
+	}
+	return nil
+}
+
+// Counters are the datapath's packet counters, summed over CPUs.
+type Counters struct {
+	Drops    map[string]uint64
+	Forwards map[string]uint64
+}
+
+// Counters reads the per-CPU counter maps.
+func (k *Kernel) Counters() (Counters, error) {
+	c := Counters{Drops: map[string]uint64{}, Forwards: map[string]uint64{}}
+	read := func(m *ebpf.Map, names []string, into map[string]uint64) error {
+		for i, name := range names {
+			if name == "" || name == "none" || strings.HasSuffix(name, "_max") {
+				continue
+			}
+			var per []uint64
+			if err := m.Lookup(uint32(i), &per); err != nil {
+				return fmt.Errorf("read counter %s: %w", name, err)
+			}
+			var sum uint64
+			for _, v := range per {
+				sum += v
+			}
+			into[name] = sum
+		}
+		return nil
+	}
+	if err := read(k.vif.Drops, k.dropName, c.Drops); err != nil {
+		return c, err
+	}
+	return c, read(k.vif.Forwards, k.fwdName, c.Forwards)
+}
+
+// DropReason names a drop reason code as the metrics do.
+func (k *Kernel) DropReason(code uint32) string {
+	if int(code) < len(k.dropName) && k.dropName[code] != "" {
+		return k.dropName[code]
+	}
+	return fmt.Sprintf("reason_%d", code)
+}
+
+// DropEvents opens a reader on the drop ring buffer.
+func (k *Kernel) DropEvents() (*ringbuf.Reader, error) {
+	return ringbuf.NewReader(k.vif.DropEvents)
+}
+
+// RemovePins deletes everything pinned under pinDir. Only for teardown: the
+// attached programs stop when their links' last reference goes.
+func RemovePins(pinDir string) error {
+	return os.RemoveAll(pinDir)
+}

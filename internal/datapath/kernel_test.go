@@ -1,0 +1,362 @@
+package datapath
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/ipam"
+)
+
+// Verdicts a tc program returns (linux/pkt_cls.h).
+const (
+	actOK       = 0
+	actShot     = 2
+	actRedirect = 7
+)
+
+var (
+	h1MAC = mustMAC("aa:00:00:00:00:01")
+	h2MAC = mustMAC("aa:00:00:00:00:02")
+
+	web1 = netip.MustParseAddr("10.1.1.2") // local, on the vif the tests send from (ifindex 1)
+	web2 = netip.MustParseAddr("10.1.1.3") // remote, on h2
+	web3 = netip.MustParseAddr("10.1.1.4") // local, ifindex 42
+	db1  = netip.MustParseAddr("10.1.2.2") // remote, on h2, another subnet
+	gw   = netip.MustParseAddr("10.1.1.1")
+
+	h1Uplink = Uplink{Ifindex: 7, MAC: h1MAC}
+)
+
+func mustMAC(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+func vmac(a netip.Addr) net.HardwareAddr { return ipam.VirtualMAC(a) }
+
+// testDesired is h1's desired state as the controller compiles it.
+func testDesired() intent.Desired {
+	local := func(name string, ip netip.Addr) intent.LocalEndpoint {
+		return intent.LocalEndpoint{Name: "blue/web/" + name, IP: ip.String(), MAC: vmac(ip).String(), Interface: "vif-" + name}
+	}
+	remote := func(name string, ip netip.Addr) intent.RemoteEndpoint {
+		return intent.RemoteEndpoint{Name: name, IP: ip.String(), MAC: vmac(ip).String(), Host: "h2", HostMAC: h2MAC.String()}
+	}
+	return intent.Desired{
+		Node:   "h1",
+		VMNet:  "10.0.0.0/8",
+		Local:  []intent.LocalEndpoint{local("web1", web1), local("web3", web3)},
+		Remote: []intent.RemoteEndpoint{remote("blue/web/web2", web2), remote("blue/db/db1", db1)},
+	}
+}
+
+// The test runs inject frames as if they came in on loopback (ifindex 1), the
+// only device BPF_PROG_RUN lets every namespace name; web1's vif is given
+// that ifindex.
+func testIfindex(name string) (int, error) {
+	switch name {
+	case "vif-web1":
+		return 1, nil
+	case "vif-web3":
+		return 42, nil
+	}
+	return 0, os.ErrNotExist
+}
+
+type frame struct {
+	src, dst   net.HardwareAddr
+	ethType    layers.EthernetType
+	saddr      netip.Addr
+	daddr      netip.Addr
+	proto      layers.IPProtocol
+	ihl        uint8 // 0: 5; 6 adds one word of options
+	fragOffset uint16
+	arpOp      uint16
+	arpSHA     net.HardwareAddr
+	arpTHA     net.HardwareAddr
+	vlan       bool
+	truncate   int // cut the frame to this many bytes
+}
+
+func (f frame) bytes(t *testing.T) []byte {
+	t.Helper()
+	eth := &layers.Ethernet{SrcMAC: f.src, DstMAC: f.dst, EthernetType: f.ethType}
+	if f.ethType == 0 {
+		eth.EthernetType = layers.EthernetTypeIPv4
+	}
+	var ls []gopacket.SerializableLayer
+	if f.vlan {
+		eth.EthernetType = layers.EthernetTypeDot1Q
+		ls = append(ls, eth, &layers.Dot1Q{VLANIdentifier: 10, Type: layers.EthernetTypeIPv4})
+	} else {
+		ls = append(ls, eth)
+	}
+	payload := gopacket.Payload(bytes.Repeat([]byte{0xab}, 32))
+	switch eth.EthernetType {
+	case layers.EthernetTypeARP:
+		sha := f.arpSHA
+		if sha == nil {
+			sha = f.src
+		}
+		ls = append(ls, &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4,
+			HwAddressSize: 6, ProtAddressSize: 4, Operation: f.arpOp,
+			SourceHwAddress: sha, SourceProtAddress: f.saddr.AsSlice(),
+			DstHwAddress: orZeroMAC(f.arpTHA), DstProtAddress: f.daddr.AsSlice()})
+	case layers.EthernetTypeIPv6:
+		ls = append(ls, &layers.IPv6{Version: 6, NextHeader: layers.IPProtocolUDP, HopLimit: 64,
+			SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}, payload)
+	default:
+		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: f.proto, SrcIP: f.saddr.AsSlice(), DstIP: f.daddr.AsSlice(),
+			FragOffset: f.fragOffset}
+		if f.ihl == 6 {
+			ip.Options = []layers.IPv4Option{{OptionType: 1}, {OptionType: 1}, {OptionType: 1}, {OptionType: 0}}
+		}
+		ls = append(ls, ip)
+		switch f.proto {
+		case layers.IPProtocolTCP:
+			tcp := &layers.TCP{SrcPort: 40000, DstPort: 5201, SYN: true, Window: 1000}
+			tcp.SetNetworkLayerForChecksum(ip)
+			ls = append(ls, tcp, payload)
+		case layers.IPProtocolUDP:
+			udp := &layers.UDP{SrcPort: 40000, DstPort: 5201}
+			udp.SetNetworkLayerForChecksum(ip)
+			ls = append(ls, udp, payload)
+		default:
+			ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0), Id: 1, Seq: 1}, payload)
+		}
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+		t.Fatalf("build frame: %v", err)
+	}
+	b := buf.Bytes()
+	if f.ihl != 0 && f.ihl != 6 {
+		b[14] = 0x40 | f.ihl
+	}
+	if f.truncate > 0 {
+		b = b[:f.truncate]
+	}
+	return b
+}
+
+type progCase struct {
+	name        string
+	in          frame
+	wantVerdict uint32
+	want        *frame // expected output frame for redirects and replies
+	wantDrop    string // drop counter that must rise by one
+	wantForward string // forward counter that must rise by one
+}
+
+func loadTestKernel(t *testing.T) *Kernel {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("BPF_PROG_RUN needs root (unprivileged BPF is disabled on this machine)")
+	}
+	k, err := Open("")
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			t.Fatalf("load datapath: %v\nverifier log:\n%+v", err, ve)
+		}
+		t.Fatalf("load datapath: %v", err)
+	}
+	t.Cleanup(func() { k.Close() })
+	e, missing, err := Compile(testDesired(), h1Uplink, testIfindex)
+	if err != nil || len(missing) != 0 {
+		t.Fatalf("compile: %v (missing %v)", err, missing)
+	}
+	e.Attach = nil // BPF_PROG_RUN needs no attachment
+	if err := k.Apply(e, ""); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	return k
+}
+
+func runTable(t *testing.T, k *Kernel, prog *ebpf.Program, cases []progCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before, err := k.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := c.in.bytes(t)
+			out := make([]byte, len(in)+64)
+			ret, err := prog.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+			if err != nil {
+				t.Fatalf("BPF_PROG_RUN: %v", err)
+			}
+			if ret != c.wantVerdict {
+				t.Fatalf("verdict %d, want %d", ret, c.wantVerdict)
+			}
+			if c.want != nil {
+				want := c.want.bytes(t)
+				if !bytes.Equal(out[:len(want)], want) {
+					t.Fatalf("output frame\n got %x\nwant %x", out[:len(want)], want)
+				}
+			}
+			after, err := k.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, n := range after.Drops {
+				delta := n - before.Drops[name]
+				if name == c.wantDrop && delta != 1 {
+					t.Errorf("drop counter %s rose by %d, want 1", name, delta)
+				}
+				if name != c.wantDrop && delta != 0 {
+					t.Errorf("drop counter %s rose by %d, want 0", name, delta)
+				}
+			}
+			if c.wantDrop != "" {
+				if _, ok := after.Drops[c.wantDrop]; !ok {
+					t.Errorf("no drop counter named %s", c.wantDrop)
+				}
+			}
+			for name, n := range after.Forwards {
+				delta := n - before.Forwards[name]
+				if (name == c.wantForward) != (delta == 1) || delta > 1 {
+					t.Errorf("forward counter %s rose by %d", name, delta)
+				}
+			}
+		})
+	}
+}
+
+func TestPrivilegedVifProgram(t *testing.T) {
+	k := loadTestKernel(t)
+	tcp, udp, icmp := layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4
+	arpReq := func(target netip.Addr) frame {
+		return frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: target, arpOp: 1}
+	}
+	arpReply := func(target netip.Addr, targetMAC net.HardwareAddr) *frame {
+		// Built as the reply from target to web1 (the frame builder puts
+		// zeros in tha, so the expected bytes are patched in the run below).
+		return &frame{src: targetMAC, dst: vmac(web1), ethType: layers.EthernetTypeARP, saddr: target, daddr: web1, arpOp: 2}
+	}
+	cases := []progCase{
+		{name: "tcp to a VM on the same host goes to its vif with MACs of the VMs",
+			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
+			wantForward: "local"},
+		{name: "udp to a VM on another host leaves host-MAC to host-MAC",
+			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web2, proto: udp},
+			wantForward: "to_fabric"},
+		{name: "ip options are carried",
+			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: icmp, ihl: 6},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: icmp, ihl: 6},
+			wantForward: "local"},
+		{name: "fragments are carried",
+			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp, fragOffset: 100},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web2, proto: udp, fragOffset: 100},
+			wantForward: "to_fabric"},
+		{name: "spoofed source ip is dropped",
+			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web3, daddr: web2, proto: udp},
+			wantVerdict: actShot, wantDrop: "spoofed_ip"},
+		{name: "spoofed source mac is dropped",
+			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web1, daddr: web2, proto: tcp},
+			wantVerdict: actShot, wantDrop: "spoofed_mac"},
+		{name: "unknown destination is dropped",
+			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: netip.MustParseAddr("10.1.1.99"), proto: icmp},
+			wantVerdict: actShot, wantDrop: "no_route"},
+		{name: "arp for a VM of the subnet is answered locally",
+			in: arpReq(web2), wantVerdict: actRedirect, want: arpReply(web2, vmac(web2)), wantForward: "arp_reply"},
+		{name: "arp for the gateway is answered with its derived MAC",
+			in: arpReq(gw), wantVerdict: actRedirect, want: arpReply(gw, vmac(gw)), wantForward: "arp_reply"},
+		{name: "arp for an unknown address is dropped",
+			in: arpReq(netip.MustParseAddr("10.1.1.77")), wantVerdict: actShot, wantDrop: "arp_unknown_target"},
+		{name: "arp for another subnet is dropped",
+			in: arpReq(db1), wantVerdict: actShot, wantDrop: "arp_other_subnet"},
+		{name: "arp reply from a VM never leaves",
+			in:          frame{src: vmac(web1), dst: vmac(web3), ethType: layers.EthernetTypeARP, saddr: web1, daddr: web3, arpOp: 2},
+			wantVerdict: actShot, wantDrop: "arp_not_request"},
+		{name: "arp claiming another VM's address is dropped",
+			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web3, daddr: web2, arpOp: 1},
+			wantVerdict: actShot, wantDrop: "arp_spoofed"},
+		{name: "arp with a forged sender hardware address is dropped",
+			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: web2, arpOp: 1, arpSHA: vmac(web3)},
+			wantVerdict: actShot, wantDrop: "arp_spoofed"},
+		{name: "ipv6 is dropped as unsupported",
+			in: frame{src: vmac(web1), dst: vmac(web3), ethType: layers.EthernetTypeIPv6}, wantVerdict: actShot, wantDrop: "unsupported"},
+		{name: "vlan tagged frame is dropped as unsupported",
+			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, vlan: true}, wantVerdict: actShot, wantDrop: "unsupported"},
+		// BPF_PROG_RUN itself refuses IPv4 frames shorter than 20 bytes of
+		// header, so the truncation tested is a header longer than the frame.
+		{name: "ipv4 header longer than the frame is dropped as malformed",
+			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, ihl: 15, truncate: 34}, wantVerdict: actShot, wantDrop: "malformed"},
+		{name: "ipv4 header length below 20 is dropped as malformed",
+			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, ihl: 4}, wantVerdict: actShot, wantDrop: "malformed"},
+		{name: "truncated arp is dropped as malformed",
+			in: frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: web2, arpOp: 1, truncate: 30}, wantVerdict: actShot, wantDrop: "malformed"},
+	}
+	// The ARP reply's target hardware address is the asker's MAC.
+	for i := range cases {
+		if cases[i].want != nil && cases[i].want.ethType == layers.EthernetTypeARP {
+			cases[i].want = withARPTargetMAC(cases[i].want, vmac(web1))
+		}
+	}
+	runTable(t, k, k.VifProgram(), cases)
+}
+
+// withARPTargetMAC marks an expected ARP frame so its tha is mac.
+func withARPTargetMAC(f *frame, mac net.HardwareAddr) *frame {
+	g := *f
+	g.arpTHA = mac
+	return &g
+}
+
+func TestPrivilegedUplinkProgram(t *testing.T) {
+	k := loadTestKernel(t)
+	tcp, icmp := layers.IPProtocolTCP, layers.IPProtocolICMPv4
+	mgmt := netip.MustParseAddr("192.168.100.10")
+	cases := []progCase{
+		{name: "from the holding host into the local VM with virtual MACs restored",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web1), saddr: web2, daddr: web1, proto: tcp},
+			wantForward: "from_fabric"},
+		{name: "from another subnet arrives from the gateway's MAC",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp},
+			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: icmp},
+			wantForward: "from_fabric"},
+		{name: "source VM claimed by a host that does not hold it is dropped",
+			in:          frame{src: mustMAC("aa:00:00:00:00:99"), dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
+			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+		{name: "source outside every farm is dropped",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("10.9.9.9"), daddr: web1, proto: tcp},
+			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+		{name: "destination VM not on this host is dropped",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: db1, proto: tcp},
+			wantVerdict: actShot, wantDrop: "fabric_not_local"},
+		{name: "management traffic goes to the host stack untouched",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("192.168.100.11"), daddr: mgmt, proto: tcp},
+			wantVerdict: actOK, want: &frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("192.168.100.11"), daddr: mgmt, proto: tcp},
+			wantForward: "host_stack"},
+		{name: "arp between hosts goes to the host stack",
+			in:          frame{src: h2MAC, dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: netip.MustParseAddr("192.168.100.11"), daddr: mgmt, arpOp: 1},
+			wantVerdict: actOK, wantForward: "host_stack"},
+		{name: "tenant frame flooded towards another host is left to the stack",
+			in:          frame{src: h2MAC, dst: mustMAC("aa:00:00:00:00:03"), saddr: web2, daddr: web1, proto: tcp},
+			wantVerdict: actOK},
+	}
+	runTable(t, k, k.UplinkProgram(), cases)
+}
+
+func orZeroMAC(m net.HardwareAddr) net.HardwareAddr {
+	if m == nil {
+		return make(net.HardwareAddr, 6)
+	}
+	return m
+}

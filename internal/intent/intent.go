@@ -1,0 +1,116 @@
+// Package intent holds the records the controller and agents exchange through
+// the store, and the keys they live under. Intent (hosts, farms, subnets, VMs)
+// is written only by the controller; node records and agent status only by
+// the agent of that node; desired state only by the controller.
+package intent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"time"
+)
+
+// Key prefixes in the store. Everything onehop keeps lives under Root.
+const (
+	Root          = "/onehop/"
+	HostsPrefix   = Root + "intent/hosts/"
+	FarmsPrefix   = Root + "intent/farms/"
+	SubnetsPrefix = Root + "intent/subnets/"
+	VMsPrefix     = Root + "intent/vms/"
+	AllocKey      = Root + "intent/allocations"
+	NodesPrefix   = Root + "nodes/"
+	DesiredPrefix = Root + "desired/"
+	StatusPrefix  = Root + "status/"
+)
+
+// Host is a physical server that may run an agent.
+type Host struct {
+	Name    string `json:"name"`
+	Address string `json:"address"` // its IPv4 on the fabric
+}
+
+// Farm is one tenant network; ID is the f of 10.f.s.h.
+type Farm struct {
+	Name string `json:"name"`
+	ID   uint8  `json:"id"`
+}
+
+// Subnet is one /24 of a farm; ID is the s of 10.f.s.h.
+type Subnet struct {
+	Farm    string `json:"farm"`
+	Name    string `json:"name"`
+	ID      uint8  `json:"id"`
+	Prefix  string `json:"prefix"`
+	Gateway string `json:"gateway"`
+}
+
+// VM is one guest with its allocated address and virtual MAC.
+type VM struct {
+	Farm      string `json:"farm"`
+	Subnet    string `json:"subnet"`
+	Name      string `json:"name"`
+	Host      string `json:"host"`
+	Interface string `json:"interface"` // its vif on the host
+	IP        string `json:"ip"`
+	MAC       string `json:"mac"`
+	Gateway   string `json:"gateway"`
+}
+
+// FullName is farm/subnet/vm, the VM's unique name.
+func (v VM) FullName() string { return v.Farm + "/" + v.Subnet + "/" + v.Name }
+
+// Node is what an agent reports about its host: the uplink other hosts must
+// address frames to. Hosts never ARP for each other; this record replaces it.
+type Node struct {
+	Name      string `json:"name"`
+	Uplink    string `json:"uplink"`
+	UplinkMAC string `json:"uplinkMAC"`
+	UplinkIP  string `json:"uplinkIP"`
+}
+
+// LocalEndpoint is a VM on the node itself.
+type LocalEndpoint struct {
+	Name      string `json:"name"`
+	IP        string `json:"ip"`
+	MAC       string `json:"mac"`
+	Interface string `json:"interface"`
+}
+
+// RemoteEndpoint is a VM on another node, reached through that node's uplink.
+type RemoteEndpoint struct {
+	Name    string `json:"name"`
+	IP      string `json:"ip"`
+	MAC     string `json:"mac"`
+	Host    string `json:"host"`
+	HostMAC string `json:"hostMAC"`
+}
+
+// Desired is everything one node's datapath must hold. It is complete, not a
+// delta: an agent that applies it from scratch ends in the same state as one
+// that has applied every earlier version.
+type Desired struct {
+	Node   string           `json:"node"`
+	VMNet  string           `json:"vmNet"`
+	Local  []LocalEndpoint  `json:"local"`
+	Remote []RemoteEndpoint `json:"remote"`
+}
+
+// Digest identifies a Desired by content, so an agent can report which
+// version it has applied.
+func (d Desired) Digest() string {
+	b, _ := json.Marshal(d) // plain structs of strings: cannot fail
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// AgentStatus is what an agent reports after each reconcile.
+type AgentStatus struct {
+	Node          string    `json:"node"`
+	AppliedDigest string    `json:"appliedDigest"`
+	Endpoints     int       `json:"endpoints"`
+	AttachedVifs  []string  `json:"attachedVifs"`
+	MissingVifs   []string  `json:"missingVifs,omitempty"`
+	Error         string    `json:"error,omitempty"`
+	Time          time.Time `json:"time"`
+}

@@ -1,0 +1,150 @@
+// Package ipam turns farm, subnet and VM names into the paper's 10.f.s.h
+// addresses (Diverter §2) and the virtual MACs derived from them. It is pure:
+// it keeps previous allocations stable and hands out the lowest free ids.
+package ipam
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+)
+
+// GatewayHostID is the host part reserved in every subnet for the notional
+// virtual gateway, 10.f.s.1.
+const GatewayHostID = 1
+
+// First and last ids a farm, subnet or VM can take. 0 is the network and 255
+// the broadcast of the /24, and 1 is the gateway, so VMs start at 2.
+const (
+	minFarmID   = 1
+	maxFarmID   = 255
+	minSubnetID = 1
+	maxSubnetID = 255
+	minVMID     = 2
+	maxVMID     = 254
+)
+
+// Address returns 10.f.s.h.
+func Address(farm, subnet, host uint8) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, farm, subnet, host})
+}
+
+// SubnetPrefix returns 10.f.s.0/24.
+func SubnetPrefix(farm, subnet uint8) netip.Prefix {
+	return netip.PrefixFrom(Address(farm, subnet, 0), 24)
+}
+
+// Gateway returns 10.f.s.1, the subnet's virtual gateway.
+func Gateway(farm, subnet uint8) netip.Addr {
+	return Address(farm, subnet, GatewayHostID)
+}
+
+// VirtualMAC is 02:00 followed by the four address bytes: locally
+// administered, unicast, and computable from the address alone, so a host
+// receiving a packet can restore its sender's MAC without asking anyone. The
+// datapath (bpf/lib/route.h) derives it the same way.
+func VirtualMAC(ip netip.Addr) net.HardwareAddr {
+	b := ip.As4()
+	return net.HardwareAddr{0x02, 0x00, b[0], b[1], b[2], b[3]}
+}
+
+// Allocations records which id each farm, subnet (farm/subnet) and VM
+// (farm/subnet/vm) holds. The zero value is empty and ready to use.
+type Allocations struct {
+	Farms   map[string]uint8 `json:"farms"`
+	Subnets map[string]uint8 `json:"subnets"`
+	VMs     map[string]uint8 `json:"vms"`
+}
+
+func (a *Allocations) init() {
+	if a.Farms == nil {
+		a.Farms = map[string]uint8{}
+	}
+	if a.Subnets == nil {
+		a.Subnets = map[string]uint8{}
+	}
+	if a.VMs == nil {
+		a.VMs = map[string]uint8{}
+	}
+}
+
+// Farm returns the id of farm name, allocating the lowest free one.
+func (a *Allocations) Farm(name string) (uint8, error) {
+	a.init()
+	if id, ok := a.Farms[name]; ok {
+		return id, nil
+	}
+	id, err := lowestFree(a.Farms, func(string) bool { return true }, minFarmID, maxFarmID)
+	if err != nil {
+		return 0, fmt.Errorf("farm %q: %w", name, err)
+	}
+	a.Farms[name] = id
+	return id, nil
+}
+
+// Subnet returns the id of farm/subnet, allocating the farm if needed.
+func (a *Allocations) Subnet(farm, subnet string) (uint8, error) {
+	if _, err := a.Farm(farm); err != nil {
+		return 0, err
+	}
+	key := farm + "/" + subnet
+	if id, ok := a.Subnets[key]; ok {
+		return id, nil
+	}
+	id, err := lowestFree(a.Subnets, hasPrefix(farm+"/"), minSubnetID, maxSubnetID)
+	if err != nil {
+		return 0, fmt.Errorf("subnet %q: %w", key, err)
+	}
+	a.Subnets[key] = id
+	return id, nil
+}
+
+// VM returns the address of farm/subnet/vm, allocating what is missing.
+func (a *Allocations) VM(farm, subnet, vm string) (netip.Addr, error) {
+	fid, err := a.Farm(farm)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	sid, err := a.Subnet(farm, subnet)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	prefix := farm + "/" + subnet + "/"
+	key := prefix + vm
+	id, ok := a.VMs[key]
+	if !ok {
+		id, err = lowestFree(a.VMs, hasPrefix(prefix), minVMID, maxVMID)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("vm %q: %w", key, err)
+		}
+		a.VMs[key] = id
+	}
+	return Address(fid, sid, id), nil
+}
+
+func hasPrefix(p string) func(string) bool {
+	return func(k string) bool { return len(k) > len(p) && k[:len(p)] == p }
+}
+
+func lowestFree(used map[string]uint8, inScope func(string) bool, lo, hi int) (uint8, error) {
+	taken := make([]int, 0, len(used))
+	for k, id := range used {
+		if inScope(k) {
+			taken = append(taken, int(id))
+		}
+	}
+	sort.Ints(taken)
+	next := lo
+	for _, id := range taken {
+		if id == next {
+			next++
+		} else if id > next {
+			break
+		}
+	}
+	if next > hi {
+		return 0, fmt.Errorf("no free id left in %d..%d", lo, hi)
+	}
+	return uint8(next), nil
+}

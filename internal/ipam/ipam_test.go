@@ -1,0 +1,64 @@
+package ipam
+
+import (
+	"fmt"
+	"testing"
+)
+
+func TestVMAddressesFollowFarmSubnetHostOrder(t *testing.T) {
+	var a Allocations
+	cases := []struct{ farm, subnet, vm, want string }{
+		{"blue", "web", "web1", "10.1.1.2"},
+		{"blue", "web", "web2", "10.1.1.3"},
+		{"blue", "db", "db1", "10.1.2.2"},
+		{"red", "web", "red1", "10.2.1.2"},
+		{"blue", "web", "web1", "10.1.1.2"}, // stable on repeat
+	}
+	for _, c := range cases {
+		got, err := a.VM(c.farm, c.subnet, c.vm)
+		if err != nil {
+			t.Fatalf("%s/%s/%s: %v", c.farm, c.subnet, c.vm, err)
+		}
+		if got.String() != c.want {
+			t.Errorf("%s/%s/%s = %s, want %s", c.farm, c.subnet, c.vm, got, c.want)
+		}
+	}
+}
+
+func TestFreedIDIsReusedAndOthersKeepTheirs(t *testing.T) {
+	var a Allocations
+	for i := 1; i <= 3; i++ {
+		if _, err := a.VM("f", "s", fmt.Sprint("vm", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delete(a.VMs, "f/s/vm2")
+	got, _ := a.VM("f", "s", "new")
+	if got.String() != "10.1.1.3" {
+		t.Fatalf("new VM got %s, want the freed 10.1.1.3", got)
+	}
+	if got, _ := a.VM("f", "s", "vm3"); got.String() != "10.1.1.4" {
+		t.Fatalf("vm3 moved to %s", got)
+	}
+}
+
+func TestSubnetRunsOutOfHostIDs(t *testing.T) {
+	var a Allocations
+	for i := 0; i < 253; i++ {
+		if _, err := a.VM("f", "s", fmt.Sprint("vm", i)); err != nil {
+			t.Fatalf("vm %d: %v", i, err)
+		}
+	}
+	if _, err := a.VM("f", "s", "one-too-many"); err == nil {
+		t.Fatal("254th VM in a /24 was allocated; want an error")
+	}
+}
+
+func TestVirtualMACIsDerivedFromAddress(t *testing.T) {
+	if got := VirtualMAC(Address(3, 4, 5)).String(); got != "02:00:0a:03:04:05" {
+		t.Fatalf("got %s", got)
+	}
+	if got := Gateway(3, 4).String(); got != "10.3.4.1" {
+		t.Fatalf("gateway %s", got)
+	}
+}

@@ -1,0 +1,58 @@
+// Package policy compiles intent into each node's desired datapath state.
+// It is pure and deterministic: the same intent always yields byte-identical
+// desired state, so the controller can write only what changed.
+package policy
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/onehop/onehop/internal/intent"
+)
+
+// TenantNet is the address space every VM address lives in.
+const TenantNet = "10.0.0.0/8"
+
+// State is the whole intent plus what agents have reported.
+type State struct {
+	Hosts []intent.Host
+	VMs   []intent.VM
+	Nodes []intent.Node
+}
+
+// Compile returns the desired state of every host, keyed by host name. A VM
+// on a host whose agent has not reported its uplink yet is left out of other
+// hosts' tables (it cannot be reached before that) and listed in Pending.
+func Compile(s State) (desired map[string]intent.Desired, pending []string) {
+	nodeMAC := map[string]string{}
+	for _, n := range s.Nodes {
+		nodeMAC[n.Name] = n.UplinkMAC
+	}
+	vms := append([]intent.VM(nil), s.VMs...)
+	sort.Slice(vms, func(i, j int) bool {
+		return vms[i].IP < vms[j].IP || (vms[i].IP == vms[j].IP && vms[i].FullName() < vms[j].FullName())
+	})
+
+	desired = map[string]intent.Desired{}
+	for _, h := range s.Hosts {
+		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, Remote: []intent.RemoteEndpoint{}}
+		for _, vm := range vms {
+			if vm.Host == h.Name {
+				d.Local = append(d.Local, intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface})
+				continue
+			}
+			mac, ok := nodeMAC[vm.Host]
+			if !ok {
+				continue
+			}
+			d.Remote = append(d.Remote, intent.RemoteEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Host: vm.Host, HostMAC: mac})
+		}
+		desired[h.Name] = d
+	}
+	for _, vm := range vms {
+		if _, ok := nodeMAC[vm.Host]; !ok {
+			pending = append(pending, fmt.Sprintf("%s (host %s has no agent yet)", vm.FullName(), vm.Host))
+		}
+	}
+	return desired, pending
+}

@@ -1,0 +1,408 @@
+// Package topology reads and validates a lab topology file: the fabric, the
+// hosts, the farms with their subnets, and the VMs. Validation is complete
+// before anything is built, and every error names the file line it is about.
+package topology
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Datapath modes a lab can be built with.
+const (
+	DatapathOnehop = "onehop" // eBPF on every vif and uplink, agents, controller
+	DatapathBridge = "bridge" // a Linux bridge per host: the physical baseline for benchmarks
+)
+
+// File is a parsed topology file.
+type File struct {
+	Path     string `yaml:"-"`
+	Name     string `yaml:"name"`
+	Datapath string `yaml:"datapath"`
+	Fabric   Fabric `yaml:"fabric"`
+	Hosts    []Host `yaml:"hosts"`
+	Farms    []Farm `yaml:"farms"`
+	VMs      []VM   `yaml:"vms"`
+	Line     int    `yaml:"-"`
+}
+
+// Fabric is the flat L2 underlay every host's uplink joins.
+type Fabric struct {
+	CIDR       string `yaml:"cidr"`
+	Controller string `yaml:"controller"`
+	Line       int    `yaml:"-"`
+}
+
+// Host is one physical server.
+type Host struct {
+	Name    string `yaml:"name"`
+	Address string `yaml:"address"`
+	Line    int    `yaml:"-"`
+}
+
+// Farm is one tenant's network.
+type Farm struct {
+	Name    string   `yaml:"name"`
+	Subnets []Subnet `yaml:"subnets"`
+	Line    int      `yaml:"-"`
+}
+
+// Subnet is one /24 of a farm.
+type Subnet struct {
+	Name string `yaml:"name"`
+	Line int    `yaml:"-"`
+}
+
+// VM is one guest, placed on a host, in farm/subnet.
+type VM struct {
+	Name   string `yaml:"name"`
+	Host   string `yaml:"host"`
+	Subnet string `yaml:"subnet"`
+	Line   int    `yaml:"-"`
+	// Lines of the host and subnet values, so an error points at the field.
+	HostLine, SubnetLine int `yaml:"-"`
+}
+
+// Farm returns the farm part of the VM's "farm/subnet".
+func (v VM) Farm() string { f, _, _ := strings.Cut(v.Subnet, "/"); return f }
+
+// SubnetName returns the subnet part of the VM's "farm/subnet".
+func (v VM) SubnetName() string { _, s, _ := strings.Cut(v.Subnet, "/"); return s }
+
+var (
+	// Host and VM names become parts of interface names (p-HOST in the
+	// fabric, vif-VM on the host), which Linux caps at 15 bytes.
+	hostNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
+	vmNameRE   = regexp.MustCompile(`^[a-z][a-z0-9]{0,10}$`)
+	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+	labNameRE  = regexp.MustCompile(`^[a-z][a-z0-9]{0,15}$`)
+	reserved   = map[string]bool{"fabric": true, "controller": true}
+	tenantNet  = netip.MustParsePrefix("10.0.0.0/8")
+)
+
+// Load reads, parses and validates path.
+func Load(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read topology: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse parses and validates data; path is only used in error messages.
+func Parse(path string, data []byte) (*File, error) {
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(root.Content) == 0 {
+		return nil, fmt.Errorf("%s: empty topology file", path)
+	}
+	f := &File{Path: path}
+	if err := decode(path, root.Content[0], f); err != nil {
+		return nil, err
+	}
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// decode walks the YAML tree by hand so that every object knows its line and
+// a misspelt key is an error rather than silently ignored.
+func decode(path string, n *yaml.Node, f *File) error {
+	fail := func(n *yaml.Node, format string, a ...any) error {
+		return fmt.Errorf("%s:%d: %s", path, n.Line, fmt.Sprintf(format, a...))
+	}
+	var errs []error
+	mapping := func(n *yaml.Node, what string, fields map[string]func(*yaml.Node) error) {
+		if n.Kind != yaml.MappingNode {
+			errs = append(errs, fail(n, "%s must be a mapping", what))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			set, ok := fields[k.Value]
+			if !ok {
+				known := make([]string, 0, len(fields))
+				for name := range fields {
+					known = append(known, name)
+				}
+				errs = append(errs, fail(k, "unknown key %q in %s (known: %s)", k.Value, what, strings.Join(sorted(known), ", ")))
+				continue
+			}
+			if err := set(v); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	str := func(dst *string, what string) func(*yaml.Node) error {
+		return func(v *yaml.Node) error {
+			if v.Kind != yaml.ScalarNode {
+				return fail(v, "%s must be a string", what)
+			}
+			*dst = v.Value
+			return nil
+		}
+	}
+	at := func(line *int, set func(*yaml.Node) error) func(*yaml.Node) error {
+		return func(v *yaml.Node) error { *line = v.Line; return set(v) }
+	}
+	seq := func(what string, each func(*yaml.Node)) func(*yaml.Node) error {
+		return func(v *yaml.Node) error {
+			if v.Kind != yaml.SequenceNode {
+				return fail(v, "%s must be a list", what)
+			}
+			for _, item := range v.Content {
+				each(item)
+			}
+			return nil
+		}
+	}
+
+	f.Line = n.Line
+	mapping(n, "topology", map[string]func(*yaml.Node) error{
+		"name":     str(&f.Name, "name"),
+		"datapath": str(&f.Datapath, "datapath"),
+		"fabric": func(v *yaml.Node) error {
+			f.Fabric.Line = v.Line
+			mapping(v, "fabric", map[string]func(*yaml.Node) error{
+				"cidr":       str(&f.Fabric.CIDR, "fabric.cidr"),
+				"controller": str(&f.Fabric.Controller, "fabric.controller"),
+			})
+			return nil
+		},
+		"hosts": seq("hosts", func(item *yaml.Node) {
+			h := Host{Line: item.Line}
+			mapping(item, "host", map[string]func(*yaml.Node) error{
+				"name":    str(&h.Name, "host name"),
+				"address": str(&h.Address, "host address"),
+			})
+			f.Hosts = append(f.Hosts, h)
+		}),
+		"farms": seq("farms", func(item *yaml.Node) {
+			fm := Farm{Line: item.Line}
+			mapping(item, "farm", map[string]func(*yaml.Node) error{
+				"name": str(&fm.Name, "farm name"),
+				"subnets": seq("subnets", func(sn *yaml.Node) {
+					s := Subnet{Line: sn.Line}
+					mapping(sn, "subnet", map[string]func(*yaml.Node) error{
+						"name": str(&s.Name, "subnet name"),
+					})
+					fm.Subnets = append(fm.Subnets, s)
+				}),
+			})
+			f.Farms = append(f.Farms, fm)
+		}),
+		"vms": seq("vms", func(item *yaml.Node) {
+			vm := VM{Line: item.Line}
+			mapping(item, "vm", map[string]func(*yaml.Node) error{
+				"name":   str(&vm.Name, "vm name"),
+				"host":   at(&vm.HostLine, str(&vm.Host, "vm host")),
+				"subnet": at(&vm.SubnetLine, str(&vm.Subnet, "vm subnet")),
+			})
+			f.VMs = append(f.VMs, vm)
+		}),
+	})
+	return errors.Join(errs...)
+}
+
+func (f *File) validate() error {
+	var errs []error
+	fail := func(line int, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s:%d: %s", f.Path, line, fmt.Sprintf(format, a...)))
+	}
+
+	if f.Name == "" {
+		f.Name = "lab"
+	}
+	if !labNameRE.MatchString(f.Name) {
+		fail(f.Line, "lab name %q must be 1-16 lowercase letters or digits, starting with a letter", f.Name)
+	}
+	switch f.Datapath {
+	case "":
+		f.Datapath = DatapathOnehop
+	case DatapathOnehop, DatapathBridge:
+	default:
+		fail(f.Line, "datapath %q is not one of %s, %s", f.Datapath, DatapathOnehop, DatapathBridge)
+	}
+
+	if f.Fabric.CIDR == "" {
+		f.Fabric.CIDR = "192.168.100.0/24"
+	}
+	fabric, err := netip.ParsePrefix(f.Fabric.CIDR)
+	fabricOK := err == nil && fabric.Addr().Is4() && fabric.Bits() >= 8 && fabric.Bits() <= 28 && !fabric.Overlaps(tenantNet)
+	switch {
+	case err != nil:
+		fail(f.Fabric.Line, "fabric.cidr %q is not a CIDR: %v", f.Fabric.CIDR, err)
+	case !fabricOK:
+		fail(f.Fabric.Line, "fabric.cidr %s must be IPv4 with a prefix of /8 to /28 outside the tenant space %s", fabric, tenantNet)
+	}
+	fabric = fabric.Masked()
+	usedAddr := map[netip.Addr]string{}
+	checkAddr := func(line int, who, s string) {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			fail(line, "%s address %q is not an IPv4 address", who, s)
+			return
+		}
+		if !fabricOK {
+			return
+		}
+		if !fabric.Contains(a) || a == fabric.Addr() || a == lastAddr(fabric) {
+			fail(line, "%s address %s is not a usable address of fabric %s", who, a, fabric)
+			return
+		}
+		if other, dup := usedAddr[a]; dup {
+			fail(line, "%s address %s is already used by %s", who, a, other)
+			return
+		}
+		usedAddr[a] = who
+	}
+	if f.Fabric.Controller == "" && fabricOK {
+		f.Fabric.Controller = fabric.Addr().Next().String()
+	}
+	if f.Fabric.Controller != "" {
+		checkAddr(f.Fabric.Line, "controller", f.Fabric.Controller)
+	}
+
+	if len(f.Hosts) == 0 {
+		fail(f.Line, "no hosts: a lab needs at least one host under hosts:")
+	}
+	hosts := map[string]bool{}
+	for i := range f.Hosts {
+		h := &f.Hosts[i]
+		switch {
+		case !hostNameRE.MatchString(h.Name):
+			fail(h.Line, "host name %q must be 1-12 lowercase letters or digits, starting with a letter", h.Name)
+			continue
+		case reserved[h.Name]:
+			fail(h.Line, "host name %q is reserved", h.Name)
+			continue
+		case hosts[h.Name]:
+			fail(h.Line, "duplicate host %q", h.Name)
+			continue
+		}
+		hosts[h.Name] = true
+		if h.Address == "" && fabricOK {
+			h.Address = nthAddr(fabric, 10+i).String()
+		}
+		if h.Address != "" {
+			checkAddr(h.Line, "host "+h.Name, h.Address)
+		}
+	}
+
+	subnets := map[string]bool{}
+	farms := map[string]bool{}
+	for _, fm := range f.Farms {
+		if !nameRE.MatchString(fm.Name) {
+			fail(fm.Line, "farm name %q must be lowercase letters, digits or '-', starting with a letter", fm.Name)
+			continue
+		}
+		if farms[fm.Name] {
+			fail(fm.Line, "duplicate farm %q", fm.Name)
+			continue
+		}
+		farms[fm.Name] = true
+		if len(fm.Subnets) == 0 {
+			fail(fm.Line, "farm %q has no subnets", fm.Name)
+		}
+		if len(fm.Subnets) > 255 {
+			fail(fm.Line, "farm %q has %d subnets; at most 255 fit in 10.f.s.h", fm.Name, len(fm.Subnets))
+		}
+		for _, s := range fm.Subnets {
+			key := fm.Name + "/" + s.Name
+			switch {
+			case !nameRE.MatchString(s.Name):
+				fail(s.Line, "subnet name %q must be lowercase letters, digits or '-', starting with a letter", s.Name)
+			case subnets[key]:
+				fail(s.Line, "duplicate subnet %q", key)
+			default:
+				subnets[key] = true
+			}
+		}
+	}
+	if len(f.Farms) > 255 {
+		fail(f.Line, "%d farms; at most 255 fit in 10.f.s.h", len(f.Farms))
+	}
+
+	vms := map[string]int{}
+	perSubnet := map[string]int{}
+	for _, vm := range f.VMs {
+		if !vmNameRE.MatchString(vm.Name) {
+			fail(vm.Line, "vm name %q must be 1-11 lowercase letters or digits, starting with a letter", vm.Name)
+			continue
+		}
+		if reserved[vm.Name] || hosts[vm.Name] {
+			fail(vm.Line, "vm name %q is already a host or reserved name", vm.Name)
+			continue
+		}
+		if line, dup := vms[vm.Name]; dup {
+			fail(vm.Line, "duplicate vm %q (first defined on line %d)", vm.Name, line)
+			continue
+		}
+		vms[vm.Name] = vm.Line
+		if !hosts[vm.Host] {
+			fail(orLine(vm.HostLine, vm.Line), "vm %q: host %q is not defined under hosts", vm.Name, vm.Host)
+		}
+		if !subnets[vm.Subnet] {
+			fail(orLine(vm.SubnetLine, vm.Line), "vm %q: subnet %q is not defined (write it as farm/subnet, e.g. blue/web)", vm.Name, vm.Subnet)
+		}
+		perSubnet[vm.Subnet]++
+		if perSubnet[vm.Subnet] == 254 {
+			fail(vm.Line, "subnet %q holds more than 253 VMs", vm.Subnet)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// HostByName returns the host named name.
+func (f *File) HostByName(name string) (Host, bool) {
+	for _, h := range f.Hosts {
+		if h.Name == name {
+			return h, true
+		}
+	}
+	return Host{}, false
+}
+
+// FabricPrefix returns the fabric's CIDR; valid after Parse.
+func (f *File) FabricPrefix() netip.Prefix {
+	return netip.MustParsePrefix(f.Fabric.CIDR).Masked()
+}
+
+func nthAddr(p netip.Prefix, n int) netip.Addr {
+	a := p.Addr()
+	for i := 0; i < n; i++ {
+		a = a.Next()
+	}
+	return a
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v |= (1 << (32 - p.Bits())) - 1
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func sorted(s []string) []string {
+	sort.Strings(s)
+	return s
+}
+
+func orLine(specific, fallback int) int {
+	if specific > 0 {
+		return specific
+	}
+	return fallback
+}

@@ -1,0 +1,96 @@
+package topology
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestQuickstartExampleIsValid(t *testing.T) {
+	f, err := Load("../../examples/quickstart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Name != "quickstart" || len(f.Hosts) != 2 || len(f.VMs) != 3 {
+		t.Fatalf("parsed %+v", f)
+	}
+	if f.Hosts[0].Address != "192.168.100.10" || f.Fabric.Controller != "192.168.100.1" {
+		t.Fatalf("default addresses: host %s controller %s", f.Hosts[0].Address, f.Fabric.Controller)
+	}
+	if f.Datapath != DatapathOnehop {
+		t.Fatalf("default datapath %q", f.Datapath)
+	}
+}
+
+const good = `name: t
+hosts:
+  - name: h1
+farms:
+  - name: blue
+    subnets:
+      - name: web
+vms:
+  - name: web1
+    host: h1
+    subnet: blue/web
+`
+
+func TestTopologyErrorsNameLineAndReason(t *testing.T) {
+	cases := []struct {
+		name    string
+		edit    func(string) string
+		wantErr string
+	}{
+		{"unknown host", func(s string) string { return strings.Replace(s, "host: h1", "host: h9", 1) },
+			`t.yaml:10: vm "web1": host "h9" is not defined`},
+		{"unknown subnet", func(s string) string { return strings.Replace(s, "subnet: blue/web", "subnet: blue/db", 1) },
+			`t.yaml:11: vm "web1": subnet "blue/db" is not defined`},
+		{"duplicate vm", func(s string) string { return s + "  - {name: web1, host: h1, subnet: blue/web}\n" },
+			`t.yaml:12: duplicate vm "web1" (first defined on line 9)`},
+		{"bad cidr", func(s string) string { return s + "fabric:\n  cidr: 192.168.300.0/24\n" },
+			`t.yaml:13: fabric.cidr "192.168.300.0/24" is not a CIDR`},
+		{"fabric in tenant space", func(s string) string { return s + "fabric:\n  cidr: 10.9.0.0/16\n" },
+			`outside the tenant space`},
+		{"misspelt key", func(s string) string { return strings.Replace(s, "    host: h1", "    hots: h1", 1) },
+			`t.yaml:10: unknown key "hots" in vm`},
+		{"duplicate host", func(s string) string { return strings.Replace(s, "  - name: h1\n", "  - name: h1\n  - name: h1\n", 1) },
+			`t.yaml:4: duplicate host "h1"`},
+		{"host outside fabric", func(s string) string {
+			return strings.Replace(s, "  - name: h1\n", "  - name: h1\n    address: 172.16.0.5\n", 1)
+		}, `host h1 address 172.16.0.5 is not a usable address of fabric 192.168.100.0/24`},
+		{"vm name too long for a vif", func(s string) string { return strings.Replace(s, "name: web1", "name: averyveryverylongname", 1) },
+			`must be 1-11 lowercase`},
+		{"no hosts", func(s string) string { return strings.Replace(s, "hosts:\n  - name: h1\n", "", 1) },
+			`no hosts`},
+		{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
+		{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(c.edit(good)))
+			if err == nil {
+				t.Fatalf("accepted; want error containing %q", c.wantErr)
+			}
+			if !strings.Contains(err.Error(), c.wantErr) {
+				t.Fatalf("error %q does not contain %q", err, c.wantErr)
+			}
+		})
+	}
+}
+
+func TestGoodTopologyParses(t *testing.T) {
+	f, err := Parse("t.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.VMs[0].Farm() != "blue" || f.VMs[0].SubnetName() != "web" || f.VMs[0].Line != 9 {
+		t.Fatalf("vm parsed as %+v", f.VMs[0])
+	}
+}
+
+func TestLoadMissingFileSaysSo(t *testing.T) {
+	_, err := Load(os.DevNull + "/nope.yaml")
+	if err == nil || !strings.Contains(err.Error(), "read topology") {
+		t.Fatalf("err = %v", err)
+	}
+}
