@@ -406,3 +406,6 @@ func orLine(specific, fallback int) int {
 	}
 	return fallback
 }
+
+// VifName is the host-side interface of a VM in the lab.
+func VifName(vm string) string { return "vif-" + vm }

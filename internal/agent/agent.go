@@ -1,0 +1,214 @@
+// Package agent is the per-host daemon: it reports its host's uplink, watches
+// the host's desired state in the store, and keeps the datapath equal to it.
+// Reconciling is level-triggered: every pass computes the full map content
+// from the full desired state, so a restarted agent converges on the same
+// maps without touching flows that are already right.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+)
+
+// Datapath is what the agent needs from the kernel datapath; the real one is
+// *datapath.Kernel, tests use a fake.
+type Datapath interface {
+	AttachUplink(name string, ifindex int) error
+	Apply(e datapath.Entries, uplinkName string) error
+	Counters() (datapath.Counters, error)
+}
+
+// Interfaces looks up the host's network interfaces.
+type Interfaces interface {
+	// ByName returns ifindex, MAC and the first IPv4 address (may be empty).
+	ByName(name string) (ifindex int, mac net.HardwareAddr, ipv4 string, err error)
+}
+
+// Config is the agent's configuration.
+type Config struct {
+	Node   string        // host name, as in the intent
+	Uplink string        // the host's interface on the fabric
+	Resync time.Duration // reconcile at least this often, to pick up vifs that appeared
+}
+
+// Agent reconciles one host.
+type Agent struct {
+	cfg   Config
+	store store.Store
+	dp    Datapath
+	ifs   Interfaces
+	log   *slog.Logger
+
+	mu         sync.Mutex
+	status     intent.AgentStatus
+	reconciles uint64
+	failures   uint64
+}
+
+// New returns an agent; Run starts it.
+func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logger) (*Agent, error) {
+	if cfg.Node == "" {
+		return nil, errors.New("agent: node name is empty")
+	}
+	if cfg.Uplink == "" {
+		return nil, errors.New("agent: uplink interface name is empty")
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 2 * time.Second
+	}
+	return &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log}, nil
+}
+
+// Run registers the node and reconciles until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	for {
+		err := a.register(ctx)
+		if err == nil {
+			break
+		}
+		a.log.Warn("cannot register node yet; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	ticker := time.NewTicker(a.cfg.Resync)
+	defer ticker.Stop()
+	for {
+		wctx, cancel := context.WithCancel(ctx)
+		// Watch from the revision the reconcile read at, so nothing written
+		// after that read is missed.
+		rev, err := a.ReconcileOnce(ctx)
+		if err != nil {
+			a.log.Error("reconcile failed; will retry", "err", err)
+		}
+		changes := a.store.Watch(wctx, intent.DesiredPrefix+a.cfg.Node, rev)
+		select {
+		case <-ctx.Done():
+			cancel()
+			return nil
+		case <-changes:
+		case <-ticker.C:
+		}
+		cancel()
+	}
+}
+
+func (a *Agent) register(ctx context.Context) error {
+	_, mac, ip, err := a.ifs.ByName(a.cfg.Uplink)
+	if err != nil {
+		return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
+	}
+	n := intent.Node{Name: a.cfg.Node, Uplink: a.cfg.Uplink, UplinkMAC: mac.String(), UplinkIP: ip}
+	if err := store.PutJSON(ctx, a.store, intent.NodesPrefix+a.cfg.Node, n); err != nil {
+		return err
+	}
+	a.log.Info("registered node", "node", n.Name, "uplink", n.Uplink, "mac", n.UplinkMAC, "ip", n.UplinkIP)
+	return nil
+}
+
+// ReconcileOnce makes the datapath match the desired state now in the store
+// and returns the store revision it read.
+func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
+	kvs, rev, err := a.store.List(ctx, intent.DesiredPrefix+a.cfg.Node)
+	if err != nil {
+		return 0, err
+	}
+	d := intent.Desired{Node: a.cfg.Node, VMNet: "10.0.0.0/8"}
+	if b, ok := kvs[intent.DesiredPrefix+a.cfg.Node]; ok {
+		if err := jsonUnmarshal(b, &d); err != nil {
+			return rev, fmt.Errorf("desired state of %s: %w", a.cfg.Node, err)
+		}
+	}
+	err = a.apply(d)
+	a.mu.Lock()
+	a.reconciles++
+	if err != nil {
+		a.failures++
+	}
+	a.mu.Unlock()
+	if serr := a.publishStatus(ctx, d, err); serr != nil && err == nil {
+		err = serr
+	}
+	return rev, err
+}
+
+func (a *Agent) apply(d intent.Desired) error {
+	upIndex, upMAC, _, err := a.ifs.ByName(a.cfg.Uplink)
+	if err != nil {
+		return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
+	}
+	entries, missing, err := datapath.Compile(d, datapath.Uplink{Ifindex: upIndex, MAC: upMAC}, func(name string) (int, error) {
+		idx, _, _, err := a.ifs.ByName(name)
+		return idx, err
+	})
+	if err != nil {
+		return err
+	}
+	if err := a.dp.AttachUplink(a.cfg.Uplink, upIndex); err != nil {
+		return err
+	}
+	if err := a.dp.Apply(entries, a.cfg.Uplink); err != nil {
+		return err
+	}
+	attached := make([]string, 0, len(entries.Attach))
+	for name := range entries.Attach {
+		attached = append(attached, name)
+	}
+	sortStrings(attached)
+	a.mu.Lock()
+	prevMissing := a.status.MissingVifs
+	a.status.AttachedVifs = attached
+	a.status.MissingVifs = missing
+	a.status.Endpoints = len(entries.Endpoints)
+	a.mu.Unlock()
+	if len(missing) > 0 && !reflect.DeepEqual(missing, prevMissing) {
+		a.log.Info("waiting for vifs to appear", "vifs", missing)
+	}
+	return nil
+}
+
+func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr error) error {
+	a.mu.Lock()
+	st := a.status
+	st.Node = a.cfg.Node
+	st.AppliedDigest = d.Digest()
+	st.Error = ""
+	if applyErr != nil {
+		st.AppliedDigest = ""
+		st.Error = applyErr.Error()
+	}
+	prev := a.status
+	st.Time = prev.Time
+	changed := !reflect.DeepEqual(st, prev)
+	if changed {
+		st.Time = time.Now().UTC()
+		a.status = st
+	}
+	a.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	if applyErr == nil {
+		a.log.Info("datapath reconciled", "digest", st.AppliedDigest, "endpoints", st.Endpoints, "vifs", st.AttachedVifs)
+	}
+	return store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
+}
+
+// Status returns the last reconcile's outcome and the reconcile counts.
+func (a *Agent) Status() (st intent.AgentStatus, reconciles, failures uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status, a.reconciles, a.failures
+}

@@ -1,0 +1,61 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exposes the datapath counters and the agent's own state to
+// Prometheus. It reads the per-CPU maps at scrape time: nothing is polled.
+type Collector struct {
+	node  string
+	dp    Datapath
+	agent *Agent
+
+	drops, forwards, endpoints, vifs, reconciles, failures *prometheus.Desc
+}
+
+// NewCollector returns a collector for a's node.
+func NewCollector(a *Agent) *Collector {
+	l := prometheus.Labels{"node": a.cfg.Node}
+	return &Collector{
+		node: a.cfg.Node, dp: a.dp, agent: a,
+		drops: prometheus.NewDesc("onehop_dropped_packets_total",
+			"Packets the datapath dropped, by reason (see docs/datapath.md).", []string{"reason"}, l),
+		forwards: prometheus.NewDesc("onehop_forwarded_packets_total",
+			"Packets the datapath delivered, by path.", []string{"path"}, l),
+		endpoints: prometheus.NewDesc("onehop_mapping_table_entries",
+			"Entries in the node's mapping table (local and remote VMs).", nil, l),
+		vifs: prometheus.NewDesc("onehop_attached_vifs",
+			"Guest vifs with the datapath attached.", nil, l),
+		reconciles: prometheus.NewDesc("onehop_reconciles_total",
+			"Reconcile passes of desired state into the datapath.", nil, l),
+		failures: prometheus.NewDesc("onehop_reconcile_failures_total",
+			"Reconcile passes that failed (the agent log says why).", nil, l),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.drops, c.forwards, c.endpoints, c.vifs, c.reconciles, c.failures} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if counters, err := c.dp.Counters(); err == nil {
+		for reason, n := range counters.Drops {
+			ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(n), reason)
+		}
+		for path, n := range counters.Forwards {
+			ch <- prometheus.MustNewConstMetric(c.forwards, prometheus.CounterValue, float64(n), path)
+		}
+	} else {
+		ch <- prometheus.NewInvalidMetric(c.drops, err)
+	}
+	st, rec, fail := c.agent.Status()
+	ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(st.Endpoints))
+	ch <- prometheus.MustNewConstMetric(c.vifs, prometheus.GaugeValue, float64(len(st.AttachedVifs)))
+	ch <- prometheus.MustNewConstMetric(c.reconciles, prometheus.CounterValue, float64(rec))
+	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(fail))
+}

@@ -1,0 +1,131 @@
+package lab
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/store"
+)
+
+// Report is what `lab status` shows.
+type Report struct {
+	Name     string       `json:"name"`
+	Phase    string       `json:"phase"`
+	Datapath string       `json:"datapath"`
+	Topology string       `json:"topology"`
+	StateDir string       `json:"stateDir"`
+	Nodes    []NodeReport `json:"nodes"`
+}
+
+// NodeReport describes one namespace of the lab.
+type NodeReport struct {
+	Name       string              `json:"name"`
+	Kind       string              `json:"kind"` // fabric, controller, host or vm
+	Netns      string              `json:"netns"`
+	Present    bool                `json:"present"`
+	Interfaces []InterfaceReport   `json:"interfaces"`
+	Process    *ProcessReport      `json:"process,omitempty"`
+	Agent      *intent.AgentStatus `json:"agent,omitempty"`
+	VM         *intent.VM          `json:"vm,omitempty"`
+}
+
+// InterfaceReport is one interface of a node.
+type InterfaceReport struct {
+	Name  string   `json:"name"`
+	MAC   string   `json:"mac"`
+	Up    bool     `json:"up"`
+	Addrs []string `json:"addrs"`
+}
+
+// ProcessReport is the daemon running on a node.
+type ProcessReport struct {
+	Name  string `json:"name"`
+	PID   int    `json:"pid"`
+	Alive bool   `json:"alive"`
+	Log   string `json:"log"`
+}
+
+// Status reports on every node of the lab, reading the namespaces and, when
+// the controller is reachable, the agents' reports and VM allocations.
+func Status(ctx context.Context, st *State) *Report {
+	r := &Report{Name: st.Name, Phase: st.Phase, Datapath: st.Datapath, Topology: st.Topology, StateDir: st.Dir}
+	agents := map[string]*intent.AgentStatus{}
+	vms := map[string]*intent.VM{}
+	if st.EtcdSocket != "" {
+		if s, err := store.DialEtcd([]string{"unix://" + st.EtcdSocket}); err == nil {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if sts, _, err := store.ListJSON[intent.AgentStatus](cctx, s, intent.StatusPrefix); err == nil {
+				for i := range sts {
+					agents[sts[i].Node] = &sts[i]
+				}
+			}
+			if vs, _, err := store.ListJSON[intent.VM](cctx, s, intent.VMsPrefix); err == nil {
+				for i := range vs {
+					vms[vs[i].Name] = &vs[i]
+				}
+			}
+			cancel()
+			s.Close()
+		}
+	}
+	procs := map[string]Process{}
+	for _, p := range st.Processes {
+		procs[p.Node] = p
+	}
+	prefix := NamespaceOf(st.Name, "")
+	for _, ns := range st.Namespaces {
+		node := strings.TrimPrefix(ns, prefix)
+		n := NodeReport{Name: node, Netns: ns, Present: netns.Exists(ns), Kind: "vm"}
+		switch {
+		case node == "fabric":
+			n.Kind = "fabric"
+		case node == "controller":
+			n.Kind = "controller"
+		case agents[node] != nil || procs[node].Name != "":
+			n.Kind = "host"
+		}
+		if vm, ok := vms[node]; ok {
+			n.Kind, n.VM = "vm", vm
+		}
+		if p, ok := procs[node]; ok {
+			n.Process = &ProcessReport{Name: p.Name, PID: p.PID, Alive: alive(p.PID), Log: p.Log}
+		}
+		n.Agent = agents[node]
+		if n.Present {
+			n.Interfaces = interfaces(ns)
+		}
+		r.Nodes = append(r.Nodes, n)
+	}
+	return r
+}
+
+func interfaces(ns string) []InterfaceReport {
+	h, err := netns.Handle(ns)
+	if err != nil {
+		return nil
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return nil
+	}
+	var out []InterfaceReport
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Name == "lo" {
+			continue
+		}
+		ir := InterfaceReport{Name: a.Name, MAC: a.HardwareAddr.String(), Up: a.OperState.String() == "up" || a.Flags&1 != 0, Addrs: []string{}}
+		addrs, _ := h.AddrList(l, 2 /* AF_INET */)
+		for _, ad := range addrs {
+			ir.Addrs = append(ir.Addrs, ad.IPNet.String())
+		}
+		out = append(out, ir)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
