@@ -1,0 +1,280 @@
+// Package e2e proves onehop's features end to end: real labs of network
+// namespaces, real traffic from ordinary tools (ping, iperf3, tcpdump,
+// tshark), assertions on what arrived and what was counted as dropped.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/lab"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("e2e: not root; namespace tests skipped")
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "onehop-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "onehop")
+	build := exec.Command("go", "build", "-o", binary, "../../cmd/onehop")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Println("e2e: build onehop:", err)
+		os.Exit(1)
+	}
+	removeStaleLabs()
+	code := m.Run()
+	removeStaleLabs()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const testRoot = "/run/onehop-e2e"
+
+// removeStaleLabs tears down labs a killed test run left behind.
+func removeStaleLabs() {
+	for _, name := range lab.Names(testRoot) {
+		lab.Down(testRoot, name, nil)
+	}
+}
+
+// testLab is a lab brought up for one test and torn down after it, pass or fail.
+type testLab struct {
+	t      *testing.T
+	name   string
+	status *lab.Report
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and loads BPF")
+	}
+}
+
+const quickstart = `name: %s
+hosts:
+  - name: h1
+  - name: h2
+farms:
+  - name: blue
+    subnets:
+      - name: web
+vms:
+  - {name: web1, host: h1, subnet: blue/web}
+  - {name: web2, host: h2, subnet: blue/web}
+  - {name: web3, host: h1, subnet: blue/web}
+`
+
+func upLab(t *testing.T, topo string) *testLab {
+	t.Helper()
+	needRoot(t)
+	name := fmt.Sprintf("e2e%d", rand.Intn(1_000_000))
+	path := filepath.Join(t.TempDir(), "topo.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(topo, name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l := &testLab{t: t, name: name}
+	t.Cleanup(func() {
+		out, err := exec.Command(binary, "lab", "down", "--root", testRoot, "--lab", name).CombinedOutput()
+		if err != nil {
+			t.Errorf("lab down: %v\n%s", err, out)
+		}
+	})
+	l.onehop("lab", "up", path)
+	l.refresh()
+	return l
+}
+
+// onehop runs a lab subcommand against this lab and returns its output.
+func (l *testLab) onehop(args ...string) string {
+	l.t.Helper()
+	args = append(args, "--root", testRoot, "--lab", l.name)
+	out, err := exec.Command(binary, args...).CombinedOutput()
+	if err != nil {
+		l.t.Fatalf("onehop %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// in runs a command inside a lab node and returns its output.
+func (l *testLab) in(node string, cmd ...string) (string, error) {
+	args := append([]string{"lab", "exec", "--root", testRoot, "--lab", l.name, node, "--"}, cmd...)
+	out, err := exec.Command(binary, args...).CombinedOutput()
+	return string(out), err
+}
+
+func (l *testLab) mustIn(node string, cmd ...string) string {
+	l.t.Helper()
+	out, err := l.in(node, cmd...)
+	if err != nil {
+		l.t.Fatalf("%s: %s: %v\n%s", node, strings.Join(cmd, " "), err, out)
+	}
+	return out
+}
+
+// background is a command running inside a lab node.
+type background struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	done chan struct{}
+}
+
+func (b *background) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// Output returns what the command has printed so far.
+func (b *background) Output() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Stop interrupts the command (SIGINT, then SIGKILL) and returns its output.
+func (b *background) Stop() string {
+	select {
+	case <-b.done:
+	default:
+		b.cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-b.done:
+		case <-time.After(5 * time.Second):
+			b.cmd.Process.Kill()
+			<-b.done
+		}
+	}
+	return b.Output()
+}
+
+// start runs a command inside a node in the background; it is stopped when
+// the test ends if not before.
+func (l *testLab) start(node string, cmd ...string) *background {
+	l.t.Helper()
+	args := append([]string{"lab", "exec", "--root", testRoot, "--lab", l.name, node, "--"}, cmd...)
+	b := &background{cmd: exec.Command(binary, args...), done: make(chan struct{})}
+	b.cmd.Stdout, b.cmd.Stderr = b, b
+	if err := b.cmd.Start(); err != nil {
+		l.t.Fatal(err)
+	}
+	go func() { b.cmd.Wait(); close(b.done) }()
+	l.t.Cleanup(func() { b.Stop() })
+	return b
+}
+
+func (l *testLab) refresh() {
+	l.t.Helper()
+	var r lab.Report
+	if err := json.Unmarshal([]byte(l.onehop("lab", "status", "-o", "json")), &r); err != nil {
+		l.t.Fatalf("lab status -o json: %v", err)
+	}
+	l.status = &r
+}
+
+func (l *testLab) node(name string) lab.NodeReport {
+	l.t.Helper()
+	for _, n := range l.status.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	l.t.Fatalf("lab has no node %s", name)
+	return lab.NodeReport{}
+}
+
+func (l *testLab) mac(node, ifname string) string {
+	l.t.Helper()
+	for _, i := range l.node(node).Interfaces {
+		if i.Name == ifname {
+			return i.MAC
+		}
+	}
+	l.t.Fatalf("node %s has no interface %s", node, ifname)
+	return ""
+}
+
+func (l *testLab) ip(vm string) string {
+	l.t.Helper()
+	n := l.node(vm)
+	if n.VM == nil {
+		l.t.Fatalf("%s is not a VM", vm)
+	}
+	return n.VM.IP
+}
+
+// metrics returns an agent's counters as "name{labels}" -> value.
+func (l *testLab) metrics(host string) map[string]float64 {
+	l.t.Helper()
+	out := l.mustIn(host, "curl", "-sf", fmt.Sprintf("http://127.0.0.1:%d/metrics", lab.MetricsPort))
+	m := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || line == "" {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		key := line[:i]
+		key = strings.Replace(key, fmt.Sprintf(`node="%s",`, host), "", 1)
+		key = strings.Replace(key, fmt.Sprintf(`{node="%s"}`, host), "", 1)
+		m[key] = v
+	}
+	return m
+}
+
+func drops(reason string) string {
+	return fmt.Sprintf(`onehop_dropped_packets_total{reason="%s"}`, reason)
+}
+func forwards(path string) string {
+	return fmt.Sprintf(`onehop_forwarded_packets_total{path="%s"}`, path)
+}
+
+func (l *testLab) ping(from, to string, count int) error {
+	out, err := l.in(from, "ping", "-c", strconv.Itoa(count), "-i", "0.2", "-W", "1", to)
+	if err != nil {
+		return fmt.Errorf("ping %s -> %s: %v\n%s", from, to, err, out)
+	}
+	if !strings.Contains(out, fmt.Sprintf("%d received", count)) {
+		return fmt.Errorf("ping %s -> %s lost packets:\n%s", from, to, out)
+	}
+	return nil
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for !ok() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
