@@ -252,7 +252,32 @@ datapath. If any step fails, everything made so far is removed again.`,
 			return netns.Exec(ns, args[1:])
 		},
 	}
-	c.AddCommand(up, down, status, exec)
+	restart := &cobra.Command{
+		Use:   "restart NODE",
+		Short: "Restart the daemon of a lab node (a host's agent, or the controller)",
+		Long: `Stops the daemon (SIGTERM) and starts it again with the same arguments. Maps and
+links are pinned, so traffic between VMs keeps flowing while an agent is down,
+and the new agent takes the same maps over and reconciles them.`,
+		Example: "  onehop lab restart h1",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := lab.Resolve(root, name)
+			if err != nil {
+				return err
+			}
+			st, err := lab.Load(root, n)
+			if err != nil {
+				return err
+			}
+			p, err := lab.Restart(st, args[0], "")
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Restarted %s on %s (pid %d, log %s).\n", p.Name, args[0], p.PID, p.Log)
+			return nil
+		},
+	}
+	c.AddCommand(up, down, status, exec, restart)
 	return c
 }
 
@@ -295,4 +320,3 @@ func printStatus(r *lab.Report) {
 	}
 	w.Flush()
 }
-

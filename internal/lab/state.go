@@ -37,10 +37,12 @@ type State struct {
 
 // Process is a daemon the lab started.
 type Process struct {
-	Name string `json:"name"`
-	Node string `json:"node"`
-	PID  int    `json:"pid"`
-	Log  string `json:"log"`
+	Name  string   `json:"name"`
+	Node  string   `json:"node"`
+	Netns string   `json:"netns"`
+	Args  []string `json:"args"` // onehop subcommand and flags
+	PID   int      `json:"pid"`
+	Log   string   `json:"log"`
 }
 
 // NamespaceOf returns the namespace name of a node of lab name.

@@ -313,22 +313,60 @@ func MountBPFFS(dir string) error {
 }
 
 func (b *builder) spawn(name, node, ns string, args ...string) error {
-	logPath := filepath.Join(b.st.Dir, name+".log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	p := Process{Name: name, Node: node, Netns: ns, Args: args, Log: filepath.Join(b.st.Dir, name+".log")}
+	if err := start(b.opts.Binary, &p); err != nil {
+		return err
+	}
+	b.st.Processes = append(b.st.Processes, p)
+	return b.st.save()
+}
+
+// start runs p inside its namespace as a daemon that outlives this command.
+func start(binary string, p *Process) error {
+	logf, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	argv := append([]string{"netns-exec", ns, "--", b.opts.Binary}, args...)
-	cmd := exec.Command(b.opts.Binary, argv...)
+	argv := append([]string{"netns-exec", p.Netns, "--", binary}, p.Args...)
+	cmd := exec.Command(binary, argv...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // outlives `lab up`
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", name, err)
+		return fmt.Errorf("start %s: %w", p.Name, err)
 	}
-	b.st.Processes = append(b.st.Processes, Process{Name: name, Node: node, PID: cmd.Process.Pid, Log: logPath})
-	go cmd.Wait() // reap it if it dies while up is still running
-	return b.st.save()
+	p.PID = cmd.Process.Pid
+	go cmd.Wait() // reap it if it dies while this command still runs
+	return nil
+}
+
+// Restart stops the lab daemon running on node (if it still runs) and starts
+// it again with the same arguments, e.g. to show that an agent restart does
+// not interrupt traffic.
+func Restart(st *State, node string, binary string) (*Process, error) {
+	if binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		binary = exe
+	}
+	for i := range st.Processes {
+		p := &st.Processes[i]
+		if p.Node != node {
+			continue
+		}
+		if alive(p.PID) {
+			if err := stop(p.PID); err != nil {
+				return nil, err
+			}
+		}
+		if err := start(binary, p); err != nil {
+			return nil, err
+		}
+		return p, st.save()
+	}
+	return nil, fmt.Errorf("lab %q runs no daemon on %q (daemons run on hosts and the controller)", st.Name, node)
 }
 
 // allocations returns each VM's address: read back from the controller in

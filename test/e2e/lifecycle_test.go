@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/topology"
+)
+
+func TestPrivilegedAgentRestartKeepsTrafficFlowingAndMaps(t *testing.T) {
+	l := upLab(t, quickstart)
+	web2 := l.ip("web2")
+	if err := l.ping("web1", web2, 2); err != nil {
+		t.Fatal(err)
+	}
+	before := l.metrics("h1")
+	agent := l.node("h1").Process
+	if agent == nil || !agent.Alive {
+		t.Fatalf("h1 has no running agent: %+v", agent)
+	}
+
+	// A steady ping across hosts while h1's agent is killed outright.
+	pinger := l.start("web1", "ping", "-i", "0.05", "-W", "1", web2)
+	time.Sleep(300 * time.Millisecond)
+	if err := syscall.Kill(agent.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // no agent at all on h1
+	if err := l.ping("web3", web2, 3); err != nil {
+		t.Errorf("with h1's agent dead, a new flow from h1 failed: %v", err)
+	}
+	l.onehop("lab", "restart", "h1")
+	l.refresh()
+	newPID := l.node("h1").Process.PID
+	waitFor(t, "restarted agent to serve metrics", 10*time.Second, func() bool {
+		_, err := l.in("h1", "curl", "-sf", "http://127.0.0.1:9100/metrics")
+		return err == nil
+	})
+	time.Sleep(500 * time.Millisecond)
+	out := pinger.Stop()
+
+	sent, recv := pingCounts(t, out)
+	if sent < 30 || recv != sent {
+		t.Errorf("ping across the agent restart: %d sent, %d received; want no loss\n%s", sent, recv, out)
+	}
+	after := l.metrics("h1")
+	// The counters live in the pinned maps: a new agent that reused them
+	// continues from where the old one was; fresh maps would start at zero.
+	if after[forwards("to_fabric")] < before[forwards("to_fabric")]+float64(sent) {
+		t.Errorf("to_fabric counter %v -> %v after %d pings: maps were not reused across the restart",
+			before[forwards("to_fabric")], after[forwards("to_fabric")], sent)
+	}
+	if newPID == agent.PID {
+		t.Errorf("agent pid unchanged (%d): restart did not happen", newPID)
+	}
+	log, _ := os.ReadFile(l.node("h1").Process.Log)
+	if !strings.Contains(string(log), "datapath reconciled") {
+		t.Errorf("restarted agent never reconciled; log:\n%s", log)
+	}
+}
+
+func pingCounts(t *testing.T, out string) (sent, recv int) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "packets transmitted") {
+			f := strings.Fields(line)
+			sent, _ = strconv.Atoi(f[0])
+			recv, _ = strconv.Atoi(f[3])
+			return
+		}
+	}
+	t.Fatalf("no ping summary in:\n%s", out)
+	return
+}
+
+func TestPrivilegedSecondUpOfRunningLabSaysSo(t *testing.T) {
+	l := upLab(t, quickstart)
+	path := filepath.Join(t.TempDir(), "again.yaml")
+	os.WriteFile(path, []byte(fmt.Sprintf(quickstart, l.name)), 0o600)
+	out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput()
+	if err == nil {
+		t.Fatalf("second lab up succeeded:\n%s", out)
+	}
+	if !strings.Contains(string(out), "already up") {
+		t.Errorf("second lab up error does not say the lab is already up:\n%s", out)
+	}
+	// And the first lab is untouched.
+	if err := l.ping("web1", l.ip("web2"), 2); err != nil {
+		t.Errorf("first lab broken by the second up: %v", err)
+	}
+}
+
+func TestPrivilegedBadTopologyIsRejectedBeforeAnythingIsCreated(t *testing.T) {
+	needRoot(t)
+	name := "e2ebad"
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	bad := strings.Replace(fmt.Sprintf(quickstart, name), "host: h2", "host: h9", 1)
+	os.WriteFile(path, []byte(bad), 0o600)
+	out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput()
+	if err == nil {
+		t.Fatalf("lab up accepted a VM on an unknown host:\n%s", out)
+	}
+	if !strings.Contains(string(out), "bad.yaml:11:") || !strings.Contains(string(out), `host "h9" is not defined`) {
+		t.Errorf("error does not name the line and reason:\n%s", out)
+	}
+	if left, _ := netns.List(lab.NamespaceOf(name, "")); len(left) > 0 {
+		t.Errorf("rejected topology still created namespaces %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(testRoot, name)); err == nil {
+		t.Errorf("rejected topology left a state dir")
+	}
+}
+
+// assertNothingLeft checks the machine holds nothing of lab name.
+func assertNothingLeft(t *testing.T, name string, pids []int, bpffs string) {
+	t.Helper()
+	if left, _ := netns.List(lab.NamespaceOf(name, "")); len(left) > 0 {
+		t.Errorf("namespaces left behind: %v", left)
+	}
+	for _, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); !strings.Contains(string(b), ") Z ") {
+				t.Errorf("daemon pid %d still running", pid)
+			}
+		}
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mounts"); bpffs != "" && strings.Contains(string(mounts), bpffs) {
+		t.Errorf("bpffs %s still mounted", bpffs)
+	}
+	if _, err := os.Stat(filepath.Join(testRoot, name)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("state dir %s left behind", filepath.Join(testRoot, name))
+	}
+	if links, err := exec.Command("ip", "-o", "link").Output(); err == nil {
+		for _, ln := range strings.Split(string(links), "\n") {
+			if strings.Contains(ln, "vif-") || strings.Contains(ln, "uplink0") || strings.Contains(ln, "p-h1") {
+				t.Errorf("link left in the root namespace: %s", ln)
+			}
+		}
+	}
+}
+
+func TestPrivilegedLabDownLeavesNothingBehind(t *testing.T) {
+	needRoot(t)
+	name := "e2edown"
+	path := filepath.Join(t.TempDir(), "topo.yaml")
+	os.WriteFile(path, []byte(fmt.Sprintf(quickstart, name)), 0o600)
+	out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	st, err := lab.Load(testRoot, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, p := range st.Processes {
+		pids = append(pids, p.PID)
+	}
+	if len(pids) != 3 {
+		t.Fatalf("expected controller and two agents, state has %+v", st.Processes)
+	}
+	out, err = exec.Command(binary, "lab", "down", "--root", testRoot, "--lab", name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab down: %v\n%s", err, out)
+	}
+	assertNothingLeft(t, name, pids, st.BPFFS)
+	// A second down says there is nothing to remove, and fails.
+	if out, err := exec.Command(binary, "lab", "down", "--root", testRoot, "--lab", name).CombinedOutput(); err == nil {
+		t.Errorf("second lab down succeeded silently:\n%s", out)
+	}
+}
+
+func TestPrivilegedFailedUpRemovesWhatItBuilt(t *testing.T) {
+	needRoot(t)
+	topo, err := topology.Parse("fail.yaml", []byte(fmt.Sprintf(quickstart, "e2efail")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A daemon that cannot start makes up fail halfway, after the fabric,
+	// the controller namespace and the bpffs exist.
+	_, err = lab.Up(t.Context(), topo, lab.Options{Root: testRoot, Binary: "/bin/false", Timeout: 3 * time.Second})
+	if err == nil {
+		t.Fatal("lab up with a broken daemon binary succeeded")
+	}
+	t.Logf("up failed as it should: %v", err)
+	assertNothingLeft(t, "e2efail", nil, filepath.Join(testRoot, "e2efail", "bpffs"))
+}
