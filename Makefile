@@ -1,0 +1,50 @@
+# onehop: the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+BIN := bin/onehop
+QUICKSTART ?= examples/quickstart.yaml
+
+.PHONY: all deps build generate check-generated vet unit-test e2e-test test demo demo-down bench clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build:
+	$(GO) build -o $(BIN) ./cmd/onehop
+
+# Rebuild the eBPF objects and their Go bindings from bpf/*.c (needs clang-14).
+generate: deps
+	$(GO) generate ./...
+
+# The committed objects must be exactly what the C compiles to.
+check-generated: generate
+	@git diff --exit-code --stat -- internal/datapath || \
+	  (echo "generated BPF files differ from bpf/*.c: run 'make generate' and commit" >&2; exit 1)
+
+vet:
+	$(GO) vet ./...
+
+# Pure Go tests, then BPF_PROG_RUN tests (root) in the same packages.
+unit-test:
+	$(GO) test -count=1 ./internal/... ./cmd/...
+
+# Whole labs of namespaces with real tools; one package at a time.
+e2e-test:
+	$(GO) test -count=1 -p 1 -timeout 20m ./test/e2e/...
+
+test: deps vet check-generated unit-test e2e-test
+
+demo: deps build
+	@bash scripts/demo.sh $(BIN) $(QUICKSTART)
+
+demo-down: build
+	$(BIN) lab down --lab quickstart
+
+bench: deps build
+	$(GO) run ./bench -binary $(BIN) -rounds $${ROUNDS:-5} -out bench/results/latest.json
+
+clean:
+	rm -rf bin

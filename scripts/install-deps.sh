@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what onehop needs to build, test, demo and benchmark, from Debian's
+# packages. Idempotent: does nothing when everything is there already.
+set -euo pipefail
+
+# command -> Debian package that provides it
+declare -A need=(
+  [clang-14]=clang-14        # go generate: compiles bpf/*.c
+  [llvm-strip]=llvm          # bpf2go strips the objects it embeds
+  [ip]=iproute2
+  [ping]=iputils-ping
+  [iperf3]=iperf3
+  [tcpdump]=tcpdump
+  [tshark]=tshark
+  [curl]=curl
+  [nsenter]=util-linux
+  [udhcpc]=udhcpc
+)
+missing=()
+for cmd in "${!need[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+done
+# libbpf headers for the BPF C (bpf_helpers.h & co).
+[ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
+# linux uapi headers for asm/ types under the multiarch include path.
+[ -d /usr/include/x86_64-linux-gnu/asm ] || missing+=(linux-libc-dev)
+
+if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
+  missing+=(golang-go)
+fi
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing ${missing[*]}; run as root (sudo make deps) to install them" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+# tshark asks whether non-root users may capture; the answer does not matter here.
+echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
+apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
