@@ -15,6 +15,7 @@ declare -A need=(
   [curl]=curl
   [nsenter]=util-linux
   [udhcpc]=udhcpc
+  [etcd]=etcd-server       # an external etcd cluster in tests
 )
 missing=()
 for cmd in "${!need[@]}"; do

@@ -16,6 +16,7 @@ type DaemonConfig struct {
 	DataDir       string   // embedded etcd's data
 	ClientURL     string   // where the embedded etcd serves agents
 	Socket        string   // unix socket the embedded etcd also serves
+	PeerURL       string   // embedded etcd's (loopback) peer URL; default http://127.0.0.1:2380
 	EtcdEndpoints []string // an external cluster instead of the embedded one
 	Topology      string   // topology file to apply at start, optional
 }
@@ -48,7 +49,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return fmt.Errorf("etcd data dir: %w", err)
 		}
-		e, err := EmbeddedEtcd(cfg.DataDir, cfg.ClientURL, cfg.Socket)
+		e, err := EmbeddedEtcd(cfg.DataDir, cfg.ClientURL, cfg.Socket, cfg.PeerURL)
 		if err != nil {
 			return err
 		}

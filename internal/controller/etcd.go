@@ -12,7 +12,9 @@ import (
 // EmbeddedEtcd starts a single-member etcd in dataDir, serving clients on
 // clientURL (http://IP:PORT, for agents over the fabric) and on a unix socket
 // (for the operator's CLI on the machine, whatever namespace it is in).
-func EmbeddedEtcd(dataDir, clientURL, socket string) (*embed.Etcd, error) {
+// Its peer URL is loopback-only: the embedded member never has peers; to
+// grow, point every component at an external cluster with --etcd-endpoints.
+func EmbeddedEtcd(dataDir, clientURL, socket, peerURL string) (*embed.Etcd, error) {
 	cu, err := url.Parse(clientURL)
 	if err != nil || cu.Scheme != "http" || cu.Port() == "" {
 		return nil, fmt.Errorf("etcd client url %q: want http://IP:PORT", clientURL)
@@ -27,7 +29,14 @@ func EmbeddedEtcd(dataDir, clientURL, socket string) (*embed.Etcd, error) {
 		cfg.ListenClientUrls = append(cfg.ListenClientUrls, url.URL{Scheme: "unix", Path: socket})
 	}
 	cfg.AdvertiseClientUrls = []url.URL{*cu}
-	peer := url.URL{Scheme: "http", Host: "127.0.0.1:2380"}
+	if peerURL == "" {
+		peerURL = "http://127.0.0.1:2380"
+	}
+	pu, err := url.Parse(peerURL)
+	if err != nil {
+		return nil, fmt.Errorf("etcd peer url %q: %w", peerURL, err)
+	}
+	peer := *pu
 	cfg.ListenPeerUrls = []url.URL{peer}
 	cfg.AdvertisePeerUrls = []url.URL{peer}
 	cfg.InitialCluster = cfg.Name + "=" + peer.String()

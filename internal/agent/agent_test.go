@@ -1,0 +1,207 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+)
+
+// fakeDatapath records what the agent asked the kernel for.
+type fakeDatapath struct {
+	mu       sync.Mutex
+	entries  datapath.Entries
+	applies  int
+	uplink   string
+	applyErr error
+}
+
+func (f *fakeDatapath) AttachUplink(name string, _ int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.uplink = name
+	return nil
+}
+
+func (f *fakeDatapath) Apply(e datapath.Entries, _ string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.applyErr != nil {
+		return f.applyErr
+	}
+	f.entries = e
+	f.applies++
+	return nil
+}
+
+func (f *fakeDatapath) Counters() (datapath.Counters, error) {
+	return datapath.Counters{Drops: map[string]uint64{}, Forwards: map[string]uint64{}}, nil
+}
+
+// fakeInterfaces is a host's interface table.
+type fakeInterfaces map[string]int
+
+func (f fakeInterfaces) ByName(name string) (int, net.HardwareAddr, string, error) {
+	idx, ok := f[name]
+	if !ok {
+		return 0, nil, "", fmt.Errorf("interface %s: not found", name)
+	}
+	return idx, net.HardwareAddr{0xaa, 0, 0, 0, 0, byte(idx)}, "192.168.100.10", nil
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func desired() intent.Desired {
+	return intent.Desired{
+		Node: "h1", VMNet: "10.0.0.0/8",
+		Local: []intent.LocalEndpoint{
+			{Name: "blue/web/web1", IP: "10.1.1.2", MAC: "02:00:0a:01:01:02", Interface: "vif-web1"},
+			{Name: "blue/web/web3", IP: "10.1.1.4", MAC: "02:00:0a:01:01:04", Interface: "vif-web3"},
+		},
+		Remote: []intent.RemoteEndpoint{
+			{Name: "blue/web/web2", IP: "10.1.1.3", MAC: "02:00:0a:01:01:03", Host: "h2", HostMAC: "aa:00:00:00:00:02"},
+		},
+	}
+}
+
+func newAgent(t *testing.T, s store.Store, dp Datapath, ifs Interfaces) *Agent {
+	t.Helper()
+	a, err := New(Config{Node: "h1", Uplink: "uplink0"}, s, dp, ifs, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestReconcileWritesDesiredEntriesAndReportsDigest(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	d := desired()
+	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", d)
+	dp := &fakeDatapath{}
+	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
+
+	if _, err := a.ReconcileOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(dp.entries.Endpoints) != 3 || len(dp.entries.Vifs) != 2 || dp.entries.Config.UplinkIfindex != 2 {
+		t.Fatalf("entries %+v", dp.entries)
+	}
+	if dp.entries.Attach["vif-web1"] != 5 || dp.uplink != "uplink0" {
+		t.Fatalf("attach %v uplink %q", dp.entries.Attach, dp.uplink)
+	}
+	var st intent.AgentStatus
+	if err := store.GetJSON(ctx, s, intent.StatusPrefix+"h1", &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.AppliedDigest != d.Digest() || st.Endpoints != 3 || len(st.AttachedVifs) != 2 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestVifThatAppearsLaterIsAttachedOnTheNextPass(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	dp := &fakeDatapath{}
+	ifs := fakeInterfaces{"uplink0": 2, "vif-web1": 5}
+	a := newAgent(t, s, dp, ifs)
+	a.ReconcileOnce(ctx)
+	if _, ok := dp.entries.Attach["vif-web3"]; ok {
+		t.Fatal("attached a vif that does not exist")
+	}
+	if _, ok := dp.entries.Endpoints[datapath.IPKey(mustAddr("10.1.1.4"))]; ok {
+		t.Fatal("mapping entry for a VM whose vif does not exist: it would point at a stale ifindex")
+	}
+	st, _, _ := a.Status()
+	if len(st.MissingVifs) != 1 || st.MissingVifs[0] != "vif-web3" {
+		t.Fatalf("missing %v", st.MissingVifs)
+	}
+	ifs["vif-web3"] = 6
+	a.ReconcileOnce(ctx)
+	if dp.entries.Attach["vif-web3"] != 6 {
+		t.Fatalf("vif-web3 not attached after it appeared: %v", dp.entries.Attach)
+	}
+}
+
+func TestRestartedAgentComputesTheSameEntries(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	ifs := fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6}
+	first, second := &fakeDatapath{}, &fakeDatapath{}
+	newAgent(t, s, first, ifs).ReconcileOnce(ctx)
+	newAgent(t, s, second, ifs).ReconcileOnce(ctx)
+	if fmt.Sprint(first.entries) != fmt.Sprint(second.entries) {
+		t.Fatalf("a restarted agent wants different maps:\n%v\n%v", first.entries, second.entries)
+	}
+}
+
+func TestMissingDesiredStateEmptiesTheTables(t *testing.T) {
+	ctx := context.Background()
+	dp := &fakeDatapath{}
+	a := newAgent(t, store.NewMemory(), dp, fakeInterfaces{"uplink0": 2})
+	if _, err := a.ReconcileOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(dp.entries.Endpoints) != 0 || dp.applies != 1 {
+		t.Fatalf("entries %+v applies %d", dp.entries, dp.applies)
+	}
+}
+
+func TestApplyFailureIsReportedAndCounted(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	dp := &fakeDatapath{applyErr: fmt.Errorf("map full")}
+	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
+	if _, err := a.ReconcileOnce(ctx); err == nil {
+		t.Fatal("reconcile hid the datapath error")
+	}
+	var st intent.AgentStatus
+	store.GetJSON(ctx, s, intent.StatusPrefix+"h1", &st)
+	if st.Error == "" || st.AppliedDigest != "" {
+		t.Fatalf("status after failure %+v", st)
+	}
+	if _, _, failures := a.Status(); failures != 1 {
+		t.Fatalf("failures %d", failures)
+	}
+}
+
+func TestMissingUplinkIsAnError(t *testing.T) {
+	a := newAgent(t, store.NewMemory(), &fakeDatapath{}, fakeInterfaces{})
+	if _, err := a.ReconcileOnce(context.Background()); err == nil {
+		t.Fatal("reconciled without an uplink")
+	}
+}
+
+func TestRunRegistersNodeAndFollowsDesiredChanges(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := store.NewMemory()
+	dp := &fakeDatapath{}
+	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	waitUntil(t, func() bool {
+		var n intent.Node
+		return store.GetJSON(ctx, s, intent.NodesPrefix+"h1", &n) == nil && n.UplinkMAC == "aa:00:00:00:00:02"
+	})
+	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	waitUntil(t, func() bool {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return len(dp.entries.Endpoints) == 3
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

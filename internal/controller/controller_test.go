@@ -1,0 +1,129 @@
+package controller
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/topology"
+)
+
+const topo = `name: t
+hosts: [{name: h1}, {name: h2}]
+farms:
+  - name: blue
+    subnets: [{name: web}, {name: db}]
+vms:
+  - {name: web1, host: h1, subnet: blue/web}
+  - {name: web2, host: h2, subnet: blue/web}
+  - {name: db1, host: h2, subnet: blue/db}
+`
+
+func parse(t *testing.T, s string) *topology.File {
+	t.Helper()
+	f, err := topology.Parse("t.yaml", []byte(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func vms(t *testing.T, s store.Store) map[string]intent.VM {
+	t.Helper()
+	list, _, err := store.ListJSON[intent.VM](context.Background(), s, intent.VMsPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]intent.VM{}
+	for _, v := range list {
+		out[v.Name] = v
+	}
+	return out
+}
+
+func newController() (*Controller, *store.Memory) {
+	s := store.NewMemory()
+	return New(s, slog.New(slog.NewTextHandler(io.Discard, nil))), s
+}
+
+func TestTopologyBecomesIntentWithAllocatedAddresses(t *testing.T) {
+	c, s := newController()
+	if err := c.ApplyTopology(context.Background(), parse(t, topo)); err != nil {
+		t.Fatal(err)
+	}
+	got := vms(t, s)
+	want := map[string]string{"web1": "10.1.1.2", "web2": "10.1.1.3", "db1": "10.1.2.2"}
+	for name, ip := range want {
+		v := got[name]
+		if v.IP != ip {
+			t.Errorf("%s: ip %s, want %s", name, v.IP, ip)
+		}
+		if !strings.HasPrefix(v.MAC, "02:00:0a:") || v.Interface != "vif-"+name {
+			t.Errorf("%s: mac %s interface %s", name, v.MAC, v.Interface)
+		}
+	}
+	if got["db1"].Gateway != "10.1.2.1" {
+		t.Errorf("db1 gateway %s", got["db1"].Gateway)
+	}
+}
+
+func TestReapplyingKeepsAddressesAndRemovesDroppedVMs(t *testing.T) {
+	c, s := newController()
+	ctx := context.Background()
+	c.ApplyTopology(ctx, parse(t, topo))
+	smaller := strings.Replace(topo, "  - {name: web1, host: h1, subnet: blue/web}\n", "", 1)
+	if err := c.ApplyTopology(ctx, parse(t, smaller)); err != nil {
+		t.Fatal(err)
+	}
+	got := vms(t, s)
+	if _, ok := got["web1"]; ok {
+		t.Error("web1 still in intent after it left the topology")
+	}
+	if got["web2"].IP != "10.1.1.3" {
+		t.Errorf("web2 renumbered to %s", got["web2"].IP)
+	}
+	// The freed address is handed out again.
+	again := smaller + "  - {name: web9, host: h1, subnet: blue/web}\n"
+	c.ApplyTopology(ctx, parse(t, again))
+	if ip := vms(t, s)["web9"].IP; ip != "10.1.1.2" {
+		t.Errorf("web9 got %s, want the freed 10.1.1.2", ip)
+	}
+}
+
+func TestCompileUsesReportedUplinkMACs(t *testing.T) {
+	c, s := newController()
+	ctx := context.Background()
+	c.ApplyTopology(ctx, parse(t, topo))
+	store.PutJSON(ctx, s, intent.NodesPrefix+"h1", intent.Node{Name: "h1", UplinkMAC: "aa:00:00:00:00:01"})
+	if _, err := c.CompileOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var d1, d2 intent.Desired
+	store.GetJSON(ctx, s, intent.DesiredPrefix+"h1", &d1)
+	store.GetJSON(ctx, s, intent.DesiredPrefix+"h2", &d2)
+	if len(d1.Local) != 1 || len(d1.Remote) != 0 {
+		t.Fatalf("h1 before h2 reported: %+v", d1)
+	}
+	if len(d2.Remote) != 1 || d2.Remote[0].HostMAC != "aa:00:00:00:00:01" {
+		t.Fatalf("h2 does not route to web1 via h1's uplink: %+v", d2.Remote)
+	}
+	store.PutJSON(ctx, s, intent.NodesPrefix+"h2", intent.Node{Name: "h2", UplinkMAC: "aa:00:00:00:00:02"})
+	c.CompileOnce(ctx)
+	store.GetJSON(ctx, s, intent.DesiredPrefix+"h1", &d1)
+	if len(d1.Remote) != 2 {
+		t.Fatalf("h1 after h2 reported: %+v", d1.Remote)
+	}
+}
+
+func TestDaemonConfigNeedsAStore(t *testing.T) {
+	if err := (DaemonConfig{}).Validate(); err == nil || !strings.Contains(err.Error(), "--data-dir") {
+		t.Fatalf("err = %v", err)
+	}
+	if err := (DaemonConfig{EtcdEndpoints: []string{"http://x:2379"}}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

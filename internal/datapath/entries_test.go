@@ -1,0 +1,72 @@
+package datapath
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/onehop/onehop/internal/intent"
+)
+
+func TestIPKeyIsTheAddressBytesInOrder(t *testing.T) {
+	a := netip.MustParseAddr("10.1.2.3")
+	k := IPKey(a)
+	if KeyIP(k) != a {
+		t.Fatalf("round trip %s -> %#x -> %s", a, k, KeyIP(k))
+	}
+}
+
+func TestCompileRejectsBadDesiredState(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(*intent.Desired)
+		want string
+	}{
+		{"bad vm net", func(d *intent.Desired) { d.VMNet = "ten" }, "vm network"},
+		{"bad local ip", func(d *intent.Desired) { d.Local[0].IP = "10.1.1" }, "not IPv4"},
+		{"ipv6 local", func(d *intent.Desired) { d.Local[0].IP = "fd00::1" }, "not IPv4"},
+		{"bad local mac", func(d *intent.Desired) { d.Local[0].MAC = "zz" }, "not an Ethernet address"},
+		{"bad host mac", func(d *intent.Desired) { d.Remote[0].HostMAC = "" }, "host h2 MAC"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := testDesired()
+			c.edit(&d)
+			_, _, err := Compile(d, h1Uplink, testIfindex)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestCompileLeavesOutVMsWhoseVifIsMissing(t *testing.T) {
+	d := testDesired()
+	d.Local[1].Interface = "vif-gone"
+	e, missing, err := Compile(d, h1Uplink, testIfindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(missing) != 1 || missing[0] != "vif-gone" {
+		t.Fatalf("missing %v", missing)
+	}
+	if _, ok := e.Endpoints[IPKey(web3)]; ok {
+		t.Fatal("entry for a VM without a vif")
+	}
+	if len(e.Endpoints) != 3 || len(e.Vifs) != 1 {
+		t.Fatalf("endpoints %d vifs %d", len(e.Endpoints), len(e.Vifs))
+	}
+}
+
+func TestCompileConfigCarriesUplinkAndTenantSpace(t *testing.T) {
+	e, _, err := Compile(testDesired(), h1Uplink, testIfindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Config.UplinkIfindex != 7 || KeyIP(e.Config.VmNet).String() != "10.0.0.0" || KeyIP(e.Config.VmMask).String() != "255.0.0.0" {
+		t.Fatalf("config %+v", e.Config)
+	}
+	if ep := e.Endpoints[IPKey(web2)]; ep.Ifindex != 0 || ep.HostMac != [6]byte(h2MAC) {
+		t.Fatalf("remote endpoint %+v", ep)
+	}
+}
