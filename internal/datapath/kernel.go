@@ -212,10 +212,8 @@ func syncMap[V comparable](m *ebpf.Map, want map[uint32]V, what string) error {
 	var val V
 	it := m.Iterate()
 	for it.Next(&key, &val) {
-		if w, ok := want[key]; !ok {
+		if _, ok := want[key]; !ok {
 			stale = append(stale, key)
-		} else if w == val {
-			continue
 		}
 	}
 	if err := it.Err(); err != nil {
