@@ -100,8 +100,9 @@ func alive(pid int) bool {
 	if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "Z" {
 		return false
 	}
+	// Mid-execve the cmdline reads empty; otherwise it must be ours.
 	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return strings.Contains(string(cmd), "onehop")
+	return len(cmd) == 0 || strings.Contains(string(cmd), "onehop")
 }
 
 func stop(pid int) error {

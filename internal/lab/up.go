@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -336,9 +337,18 @@ func start(binary string, p *Process) error {
 		return fmt.Errorf("start %s: %w", p.Name, err)
 	}
 	p.PID = cmd.Process.Pid
-	go cmd.Wait() // reap it if it dies while this command still runs
+	go func() { // reap it if it dies while this command still runs, and say how
+		err := cmd.Wait()
+		if err == nil {
+			err = errors.New("exited with status 0")
+		}
+		exits.Store(p.PID, err)
+	}()
 	return nil
 }
+
+// exits holds how daemons started by this process ended, by pid.
+var exits sync.Map
 
 // Restart stops the lab daemon running on node (if it still runs) and starts
 // it again with the same arguments, e.g. to show that an agent restart does
@@ -426,7 +436,11 @@ func (b *builder) readVMs(ctx context.Context) ([]intent.VM, error) {
 func (b *builder) checkProcesses() error {
 	for _, p := range b.st.Processes {
 		if !alive(p.PID) {
-			return fmt.Errorf("%s exited during lab up; its log %s ends with:\n%s", p.Name, p.Log, tail(p.Log, 10))
+			how := "exited"
+			if e, ok := exits.Load(p.PID); ok {
+				how = fmt.Sprintf("exited (%v)", e)
+			}
+			return fmt.Errorf("%s %s during lab up; its log %s ends with:\n%s", p.Name, how, p.Log, tail(p.Log, 10))
 		}
 	}
 	return nil
