@@ -25,6 +25,13 @@ import (
 )
 
 func main() {
+	if err := newRootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "onehop:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "onehop",
 		Short: "Host-based network virtualization: one-hop routing between VMs, in the kernel",
@@ -42,10 +49,7 @@ Try it on one machine (as root):
 		SilenceErrors: true,
 	}
 	root.AddCommand(labCmd(), controllerCmd(), agentCmd(), netnsExecCmd())
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "onehop:", err)
-		os.Exit(1)
-	}
+	return root
 }
 
 func signalContext() (context.Context, context.CancelFunc) {
