@@ -121,6 +121,12 @@ func (b *builder) build(ctx context.Context) error {
 	if err := fh.LinkAdd(br); err != nil {
 		return fmt.Errorf("create fabric bridge: %w", err)
 	}
+	// The fabric is a switch, not a host: without this its ports and the
+	// bridge itself (address-less IPv4 devices) send IGMP reports from
+	// 0.0.0.0 onto the wire.
+	if err := fh.LinkSetMulticastOff(br); err != nil {
+		return fmt.Errorf("fabric bridge: %w", err)
+	}
 	if err := fh.LinkSetUp(br); err != nil {
 		return fmt.Errorf("bring up fabric bridge: %w", err)
 	}
@@ -236,6 +242,9 @@ func (b *builder) plugIntoFabric(fh *netlink.Handle, ns, fabricEnd, inner, addr 
 	}
 	if err := fh.LinkSetMaster(veth, br); err != nil {
 		return fmt.Errorf("attach %s to fabric: %w", fabricEnd, err)
+	}
+	if err := fh.LinkSetMulticastOff(veth); err != nil {
+		return fmt.Errorf("%s: %w", fabricEnd, err)
 	}
 	if err := fh.LinkSetUp(veth); err != nil {
 		return err
