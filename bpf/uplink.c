@@ -35,12 +35,13 @@ int uplink_ingress(struct __sk_buff *skb)
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	if (!dst || !dst->ifindex)
 		return drop_packet(skb, &pkt, DROP_FABRIC_NOT_LOCAL);
+	/* Checked again on the receiving host: a sending host that skipped
+	 * its check must not open the subnet. */
+	if (!same_subnet(ip->saddr, ip->daddr))
+		return drop_packet(skb, &pkt, DROP_NOT_VISIBLE);
 
 	mac_copy(pkt.eth->h_dest, dst->mac);
-	if (same_subnet(ip->saddr, ip->daddr))
-		virtual_mac(ip->saddr, pkt.eth->h_source);
-	else
-		virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
+	virtual_mac(ip->saddr, pkt.eth->h_source);
 	count_forward(FWD_FROM_FABRIC);
 	return bpf_redirect_peer(dst->ifindex, 0);
 }

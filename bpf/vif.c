@@ -49,6 +49,10 @@ int vif_ingress(struct __sk_buff *skb)
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	if (!dst)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
+	/* Visibility (paper §2 step 2): a subnet is open inside, closed to
+	 * everything else until rules allow it; no rules exist yet. */
+	if (!same_subnet(ip->saddr, ip->daddr))
+		return drop_packet(skb, &pkt, DROP_NOT_VISIBLE);
 
 	if (dst->ifindex) {
 		mac_copy(pkt.eth->h_dest, dst->mac);

@@ -55,6 +55,7 @@ enum drop_reason {
 	DROP_ARP_OTHER_SUBNET,   /* ARP for an address outside the asker's subnet */
 	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM unknown or on another host */
 	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
+	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
 	DROP_REASON_MAX,
 };
 

@@ -40,7 +40,8 @@ const (
 	vifDropReasonDROP_ARP_OTHER_SUBNET   vifDropReason = 11
 	vifDropReasonDROP_FABRIC_UNKNOWN_SRC vifDropReason = 12
 	vifDropReasonDROP_FABRIC_NOT_LOCAL   vifDropReason = 13
-	vifDropReasonDROP_REASON_MAX         vifDropReason = 14
+	vifDropReasonDROP_NOT_VISIBLE        vifDropReason = 14
+	vifDropReasonDROP_REASON_MAX         vifDropReason = 15
 )
 
 type vifEndpoint struct {

@@ -185,3 +185,42 @@ func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
 		t.Fatalf("capture on the fabric saw only %d tenant packets; expected the pings and the TCP stream", tenant)
 	}
 }
+
+const twoFarms = `name: %s
+hosts: [{name: h1}, {name: h2}]
+farms:
+  - name: blue
+    subnets: [{name: web}, {name: db}]
+  - name: red
+    subnets: [{name: web}]
+vms:
+  - {name: web1, host: h1, subnet: blue/web}
+  - {name: db1, host: h2, subnet: blue/db}
+  - {name: red1, host: h2, subnet: red/web}
+`
+
+func TestPrivilegedInterSubnetAndInterFarmTrafficDroppedWithoutRules(t *testing.T) {
+	l := upLab(t, twoFarms)
+	web1, db1 := l.ip("web1"), l.ip("db1")
+	h1Before, h2Before := l.metrics("h1"), l.metrics("h2")
+	got := l.capture("db1", "eth0", "ip.src")
+
+	if err := l.ping("web1", db1, 2); err == nil {
+		t.Error("web1 reached db1 in another subnet with no rule")
+	}
+	if err := l.ping("red1", web1, 2); err == nil {
+		t.Error("red1 reached web1 in another farm with no rule")
+	}
+	if out, err := l.in("web1", "iperf3", "-c", db1, "-t", "1", "--connect-timeout", "1000"); err == nil {
+		t.Errorf("TCP web1 -> db1 connected without a rule:\n%s", out)
+	}
+	if lines := got(); len(lines) != 0 {
+		t.Errorf("db1 received packets from outside its subnet: %v", lines)
+	}
+	if d := l.metrics("h1")[drops("not_visible")] - h1Before[drops("not_visible")]; d < 3 {
+		t.Errorf("h1 not_visible drops rose by %v; want the pings and the SYN dropped before the wire", d)
+	}
+	if d := l.metrics("h2")[drops("not_visible")] - h2Before[drops("not_visible")]; d < 2 {
+		t.Errorf("h2 not_visible drops rose by %v; want red1's pings dropped", d)
+	}
+}
