@@ -54,6 +54,7 @@ func Teardown(st *State, progress io.Writer) error {
 		say("removed %d namespaces", len(seen))
 	}
 	if st.BPFFS != "" {
+		unmounted := false
 		for i := 0; i < 8; i++ { // a bpffs may have been mounted more than once
 			var sfs unix.Statfs_t
 			if unix.Statfs(st.BPFFS, &sfs) != nil || sfs.Type != unix.BPF_FS_MAGIC {
@@ -63,8 +64,11 @@ func Teardown(st *State, progress io.Writer) error {
 				errs = append(errs, fmt.Errorf("unmount %s: %w", st.BPFFS, err))
 				break
 			}
+			unmounted = true
 		}
-		say("unmounted bpffs %s", st.BPFFS)
+		if unmounted {
+			say("unmounted bpffs %s (pinned maps and links)", st.BPFFS)
+		}
 	}
 	if st.Dir != "" && len(errs) == 0 {
 		if err := os.RemoveAll(st.Dir); err != nil {

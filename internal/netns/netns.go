@@ -33,10 +33,37 @@ func Exists(name string) bool {
 	return err == nil
 }
 
+// ensureSharedDir makes Dir a shared mount point, as iproute2 does. If Dir
+// were a plain directory, a later `ip netns add` would bind-mount Dir onto
+// itself and hide every namespace mounted before, so those could no longer be
+// deleted by path (and would live on).
+func ensureSharedDir() error {
+	if err := os.MkdirAll(Dir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", Dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EINVAL) { // EINVAL: not a mount point yet
+		return fmt.Errorf("make %s shared: %w", Dir, err)
+	}
+	if err := unix.Mount(Dir, Dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", Dir, err)
+	}
+	if err := unix.Mount("", Dir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", Dir, err)
+	}
+	return nil
+}
+
 // Create makes a new named namespace with its loopback up.
 func Create(name string) error {
 	if Exists(name) {
 		return fmt.Errorf("network namespace %s already exists", name)
+	}
+	if err := ensureSharedDir(); err != nil {
+		return err
 	}
 	errc := make(chan error, 1)
 	go func() {

@@ -195,3 +195,24 @@ func TestPrivilegedFailedUpRemovesWhatItBuilt(t *testing.T) {
 	t.Logf("up failed as it should: %v", err)
 	assertNothingLeft(t, "e2efail", nil, filepath.Join(testRoot, "e2efail", "bpffs"))
 }
+
+func TestPrivilegedLabDownWorksWhenIproute2SharesTheNamespaceDir(t *testing.T) {
+	needRoot(t)
+	name := "e2eiproute"
+	path := filepath.Join(t.TempDir(), "topo.yaml")
+	os.WriteFile(path, []byte(fmt.Sprintf(quickstart, name)), 0o600)
+	if out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput(); err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	// iproute2 makes /run/netns a shared mount point if it is not one; had
+	// the lab not done so first, this would hide the lab's namespaces.
+	if out, err := exec.Command("ip", "netns", "add", "ohe2e-iproute").CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v\n%s", err, out)
+	}
+	exec.Command("ip", "netns", "del", "ohe2e-iproute").Run()
+	st, _ := lab.Load(testRoot, name)
+	if out, err := exec.Command(binary, "lab", "down", "--root", testRoot, "--lab", name).CombinedOutput(); err != nil {
+		t.Fatalf("lab down after iproute2 touched /run/netns: %v\n%s", err, out)
+	}
+	assertNothingLeft(t, name, nil, st.BPFFS)
+}
