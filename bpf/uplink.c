@@ -7,6 +7,7 @@
 #include "lib/parse.h"
 #include "lib/drop.h"
 #include "lib/route.h"
+#include "lib/policy.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -37,11 +38,15 @@ int uplink_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_FABRIC_NOT_LOCAL);
 	/* Checked again on the receiving host: a sending host that skipped
 	 * its check must not open the subnet. */
-	if (!same_subnet(ip->saddr, ip->daddr))
-		return drop_packet(skb, &pkt, DROP_NOT_VISIBLE);
+	reason = check_visibility(&pkt);
+	if (reason)
+		return drop_packet(skb, &pkt, reason);
 
 	mac_copy(pkt.eth->h_dest, dst->mac);
-	virtual_mac(ip->saddr, pkt.eth->h_source);
+	if (same_subnet(ip->saddr, ip->daddr))
+		virtual_mac(ip->saddr, pkt.eth->h_source);
+	else /* the gateway illusion (paper §2) */
+		virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 	count_forward(FWD_FROM_FABRIC);
 	return bpf_redirect_peer(dst->ifindex, 0);
 }

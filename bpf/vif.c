@@ -9,6 +9,7 @@
 #include "lib/antispoof.h"
 #include "lib/arp.h"
 #include "lib/route.h"
+#include "lib/policy.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -46,16 +47,29 @@ int vif_ingress(struct __sk_buff *skb)
 	struct iphdr *ip = pkt.ip;
 	if (!ip) /* parse_packet guarantees it; the verifier cannot know */
 		return drop_packet(skb, &pkt, DROP_MALFORMED);
+	if (answer_gateway_ping(&pkt)) {
+		count_forward(FWD_GATEWAY_REPLY);
+		return bpf_redirect(ifindex, 0);
+	}
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	if (!dst)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
-	/* Visibility (paper §2 step 2): a subnet is open inside, closed to
-	 * everything else until rules allow it; no rules exist yet. */
-	if (!same_subnet(ip->saddr, ip->daddr))
-		return drop_packet(skb, &pkt, DROP_NOT_VISIBLE);
+	reason = check_visibility(&pkt);
+	if (reason)
+		return drop_packet(skb, &pkt, reason);
+	int routed = !same_subnet(ip->saddr, ip->daddr);
+	if (routed) {
+		/* The one hop the sender sees: its gateway (decremented once, here). */
+		reason = take_gateway_hop(ip);
+		if (reason)
+			return drop_packet(skb, &pkt, reason);
+		count_forward(FWD_ROUTED);
+	}
 
 	if (dst->ifindex) {
 		mac_copy(pkt.eth->h_dest, dst->mac);
+		if (routed) /* the gateway illusion: it arrives from the gateway */
+			virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 		count_forward(FWD_LOCAL);
 		/* Straight into the receiving VM's namespace: skips a backlog pass. */
 		return bpf_redirect_peer(dst->ifindex, 0);

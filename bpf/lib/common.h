@@ -56,6 +56,7 @@ enum drop_reason {
 	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM unknown or on another host */
 	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
 	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
+	DROP_TTL_EXCEEDED,       /* routed between subnets with TTL 1: cannot take the gateway hop */
 	DROP_REASON_MAX,
 };
 
@@ -66,7 +67,36 @@ enum forward_path {
 	FWD_FROM_FABRIC,   /* from another host into a local VM */
 	FWD_ARP_REPLY,     /* ARP answered in the datapath */
 	FWD_HOST_STACK,    /* management traffic handed to the host's own stack */
+	FWD_GATEWAY_REPLY, /* echo request to the virtual gateway, answered in the datapath */
+	FWD_ROUTED,        /* crossed the virtual gateway to another subnet or farm (also counted by path) */
 	FWD_PATH_MAX,
+};
+
+/* A visibility rule (paper §2, step 2): traffic from one subnet to another
+ * that the farm owner (and, across farms, both owners) allowed. proto 0 and
+ * port 0 are wildcards; port is the destination port, host order. */
+struct vis_key {
+	__u8 src_farm;
+	__u8 src_subnet;
+	__u8 dst_farm;
+	__u8 dst_subnet;
+	__u8 proto;
+	__u8 _pad;
+	__u16 port;
+};
+
+/* One direction of a flow a rule allowed; its reverse lets replies in. */
+struct ct_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 _pad[3];
+};
+
+struct ct_entry {
+	__u64 last_seen_ns;
 };
 
 /* Sent to the agent through a ring buffer so its log can say why a drop

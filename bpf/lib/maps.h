@@ -32,6 +32,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } config SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct vis_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} visibility SEC(".maps");
+
+/* LRU: under pressure the oldest flows are forgotten, never new ones refused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ct_key);
+	__type(value, struct ct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} conntrack SEC(".maps");
+
 /* Per-CPU so counting costs no atomic on the hot path. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -58,7 +58,11 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		if err != nil {
 			return err
 		}
-		want[intent.FarmsPrefix+f.Name] = intent.Farm{Name: f.Name, ID: fid}
+		farm := intent.Farm{Name: f.Name, ID: fid, Peers: f.Peers}
+		for _, r := range f.Rules {
+			farm.Rules = append(farm.Rules, intent.Rule{From: f.Qualify(r.From), To: f.Qualify(r.To), Proto: r.Proto, Port: r.Port})
+		}
+		want[intent.FarmsPrefix+f.Name] = farm
 		for _, s := range f.Subnets {
 			sid, err := alloc.Subnet(f.Name, s.Name)
 			if err != nil {
@@ -139,8 +143,16 @@ func (c *Controller) CompileOnce(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	rev = min(rev, rev2, rev3)
-	desired, pending := policy.Compile(policy.State{Hosts: hosts, VMs: vms, Nodes: nodes})
+	farms, rev4, err := store.ListJSON[intent.Farm](ctx, c.store, intent.FarmsPrefix)
+	if err != nil {
+		return 0, err
+	}
+	subnets, rev5, err := store.ListJSON[intent.Subnet](ctx, c.store, intent.SubnetsPrefix)
+	if err != nil {
+		return 0, err
+	}
+	rev = min(rev, rev2, rev3, rev4, rev5)
+	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes})
 	for host, d := range desired {
 		if err := putIfChanged(ctx, c.store, intent.DesiredPrefix+host, d); err != nil {
 			return rev, err

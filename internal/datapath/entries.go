@@ -20,6 +20,8 @@ type (
 	NodeConfig = vifNodeConfig
 	// DropEvent is one ring-buffer record of a drop.
 	DropEvent = vifDropEvent
+	// VisKey is a visibility rule's key.
+	VisKey = vifVisKey
 )
 
 // Entries is the exact content the maps must hold for one node: the output of
@@ -29,6 +31,8 @@ type Entries struct {
 	Config    NodeConfig
 	Endpoints map[uint32]Endpoint // key: IPv4 in network byte order, as the C reads it
 	Vifs      map[uint32]VifInfo  // key: ifindex of the vif
+	// Visibility holds the rules that open one subnet to another.
+	Visibility map[VisKey]uint8
 	// Attach lists the vifs that need the vif program, by name and ifindex.
 	Attach map[string]int
 }
@@ -64,7 +68,12 @@ func Compile(d intent.Desired, up Uplink, ifindexOf func(name string) (int, erro
 	if len(up.MAC) != 6 {
 		return e, nil, fmt.Errorf("uplink MAC %q is not an Ethernet address", up.MAC)
 	}
-	e = Entries{Endpoints: map[uint32]Endpoint{}, Vifs: map[uint32]VifInfo{}, Attach: map[string]int{}}
+	e = Entries{Endpoints: map[uint32]Endpoint{}, Vifs: map[uint32]VifInfo{}, Attach: map[string]int{},
+		Visibility: map[VisKey]uint8{}}
+	for _, r := range d.Visibility {
+		e.Visibility[VisKey{SrcFarm: r.SrcFarm, SrcSubnet: r.SrcSubnet, DstFarm: r.DstFarm, DstSubnet: r.DstSubnet,
+			Proto: r.Proto, Port: r.Port}] = 1
+	}
 	e.Config.UplinkIfindex = uint32(up.Ifindex)
 	copy(e.Config.UplinkMac[:], up.MAC)
 	e.Config.VmNet = IPKey(vmNet.Masked().Addr())

@@ -79,10 +79,22 @@ func Open(pinDir string) (*Kernel, error) {
 		return nil, err
 	}
 	m := k.vif.vifMaps
-	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config,
-		"drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
-	}}
+	shared := map[string]*ebpf.Map{
+		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config, "visibility": m.Visibility,
+		"conntrack": m.Conntrack, "drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
+	}
+	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
+	for name, ms := range uspec.Maps {
+		if ms.Pinning == ebpf.PinNone {
+			continue // the uplink's own (.bss and the like)
+		}
+		shared, ok := shared[name]
+		if !ok {
+			k.vif.Close()
+			return nil, fmt.Errorf("uplink program uses map %s, which the vif program does not share", name)
+		}
+		uopts.MapReplacements[name] = shared
+	}
 	if err := uspec.LoadAndAssign(&k.uplink, uopts); err != nil {
 		k.vif.Close()
 		return nil, fmt.Errorf("load uplink program: %w", err)
@@ -184,6 +196,7 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	}
 	errs = append(errs, syncMap(k.vif.Endpoints, e.Endpoints, "endpoints"))
 	errs = append(errs, syncMap(k.vif.Vifs, e.Vifs, "vifs"))
+	errs = append(errs, syncMap(k.vif.Visibility, e.Visibility, "visibility"))
 	for name, ifindex := range e.Attach {
 		errs = append(errs, k.attach(name, ifindex, k.vif.VifIngress))
 	}
@@ -206,9 +219,9 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 }
 
 // syncMap writes want into m and deletes every key of m not in want.
-func syncMap[V comparable](m *ebpf.Map, want map[uint32]V, what string) error {
-	var stale []uint32
-	var key uint32
+func syncMap[K, V comparable](m *ebpf.Map, want map[K]V, what string) error {
+	var stale []K
+	var key K
 	var val V
 	it := m.Iterate()
 	for it.Next(&key, &val) {

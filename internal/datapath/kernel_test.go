@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -59,6 +60,11 @@ func testDesired() intent.Desired {
 		VMNet:  "10.0.0.0/8",
 		Local:  []intent.LocalEndpoint{local("web1", web1), local("web3", web3)},
 		Remote: []intent.RemoteEndpoint{remote("blue/web/web2", web2), remote("blue/db/db1", db1)},
+		// web may reach db on tcp/5432; db may ping web.
+		Visibility: []intent.VisRule{
+			{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432},
+			{SrcFarm: 1, SrcSubnet: 2, DstFarm: 1, DstSubnet: 1, Proto: 1},
+		},
 	}
 }
 
@@ -87,7 +93,19 @@ type frame struct {
 	arpSHA     net.HardwareAddr
 	arpTHA     net.HardwareAddr
 	vlan       bool
-	truncate   int // cut the frame to this many bytes
+	truncate   int    // cut the frame to this many bytes
+	ttl        uint8  // 0: 64
+	sport      uint16 // 0: 40000
+	dport      uint16 // 0: 5201
+	icmpType   uint8  // 0: echo request (8); set 100 for an echo reply (0)
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
 }
 
 func (f frame) bytes(t *testing.T) []byte {
@@ -118,7 +136,7 @@ func (f frame) bytes(t *testing.T) []byte {
 		ls = append(ls, &layers.IPv6{Version: 6, NextHeader: layers.IPProtocolUDP, HopLimit: 64,
 			SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}, payload)
 	default:
-		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: f.proto, SrcIP: f.saddr.AsSlice(), DstIP: f.daddr.AsSlice(),
+		ip := &layers.IPv4{Version: 4, TTL: orDefault(f.ttl, 64), Protocol: f.proto, SrcIP: f.saddr.AsSlice(), DstIP: f.daddr.AsSlice(),
 			FragOffset: f.fragOffset}
 		if f.ihl == 6 {
 			ip.Options = []layers.IPv4Option{{OptionType: 1}, {OptionType: 1}, {OptionType: 1}, {OptionType: 0}}
@@ -126,15 +144,19 @@ func (f frame) bytes(t *testing.T) []byte {
 		ls = append(ls, ip)
 		switch f.proto {
 		case layers.IPProtocolTCP:
-			tcp := &layers.TCP{SrcPort: 40000, DstPort: 5201, SYN: true, Window: 1000}
+			tcp := &layers.TCP{SrcPort: layers.TCPPort(orDefault(f.sport, 40000)), DstPort: layers.TCPPort(orDefault(f.dport, 5201)), SYN: true, Window: 1000}
 			tcp.SetNetworkLayerForChecksum(ip)
 			ls = append(ls, tcp, payload)
 		case layers.IPProtocolUDP:
-			udp := &layers.UDP{SrcPort: 40000, DstPort: 5201}
+			udp := &layers.UDP{SrcPort: layers.UDPPort(orDefault(f.sport, 40000)), DstPort: layers.UDPPort(orDefault(f.dport, 5201))}
 			udp.SetNetworkLayerForChecksum(ip)
 			ls = append(ls, udp, payload)
 		default:
-			ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0), Id: 1, Seq: 1}, payload)
+			typ := orDefault(f.icmpType, 8)
+			if typ == 100 {
+				typ = 0
+			}
+			ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, 0), Id: 1, Seq: 1}, payload)
 		}
 	}
 	buf := gopacket.NewSerializeBuffer()
@@ -157,7 +179,7 @@ type progCase struct {
 	wantVerdict uint32
 	want        *frame // expected output frame for redirects and replies
 	wantDrop    string // drop counter that must rise by one
-	wantForward string // forward counter that must rise by one
+	wantForward string // forward counters that must rise by one, comma-separated
 }
 
 func loadTestKernel(t *testing.T) *Kernel {
@@ -225,9 +247,13 @@ func runTable(t *testing.T, k *Kernel, prog *ebpf.Program, cases []progCase) {
 					t.Errorf("no drop counter named %s", c.wantDrop)
 				}
 			}
+			wantFwd := map[string]bool{}
+			for _, f := range strings.Split(c.wantForward, ",") {
+				wantFwd[f] = f != ""
+			}
 			for name, n := range after.Forwards {
 				delta := n - before.Forwards[name]
-				if (name == c.wantForward) != (delta == 1) || delta > 1 {
+				if wantFwd[name] != (delta == 1) || delta > 1 {
 					t.Errorf("forward counter %s rose by %d", name, delta)
 				}
 			}
@@ -269,6 +295,17 @@ func TestPrivilegedVifProgram(t *testing.T) {
 		{name: "spoofed source mac is dropped",
 			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web1, daddr: web2, proto: tcp},
 			wantVerdict: actShot, wantDrop: "spoofed_mac"},
+		{name: "tcp to an allowed port of another subnet crosses the gateway: TTL down, host MACs",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
+			wantForward: "to_fabric,routed"},
+		{name: "ttl 1 cannot take the gateway hop",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 1},
+			wantVerdict: actShot, wantDrop: "ttl_exceeded"},
+		{name: "ping to the subnet's gateway is answered in the datapath",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: gw, proto: icmp},
+			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: gw, daddr: web1, proto: icmp, icmpType: 100},
+			wantForward: "gateway_reply"},
 		{name: "another subnet without a rule is dropped before the wire",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp},
 			wantVerdict: actShot, wantDrop: "not_visible"},
@@ -331,7 +368,14 @@ func TestPrivilegedUplinkProgram(t *testing.T) {
 			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web1), saddr: web2, daddr: web1, proto: tcp},
 			wantForward: "from_fabric"},
 		{name: "from another subnet without a rule is dropped on the receiving host too",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp},
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, dport: 22},
+			wantVerdict: actShot, wantDrop: "not_visible"},
+		{name: "from another subnet with a rule arrives from the gateway's MAC",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, ttl: 63},
+			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: icmp, ttl: 63},
+			wantForward: "from_fabric"},
+		{name: "a reply of a flow never started is not let in",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "source VM claimed by a host that does not hold it is dropped",
 			in:          frame{src: mustMAC("aa:00:00:00:00:99"), dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
@@ -361,4 +405,22 @@ func orZeroMAC(m net.HardwareAddr) net.HardwareAddr {
 		return make(net.HardwareAddr, 6)
 	}
 	return m
+}
+
+func TestPrivilegedRepliesOfAnAllowedFlowPassBothWays(t *testing.T) {
+	k := loadTestKernel(t)
+	tcp := layers.IPProtocolTCP
+	// web1 opens tcp/5432 to db1: allowed, and remembered.
+	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 connects to db1:5432",
+		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
+		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "db1's reply comes in",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
+			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
+			wantForward: "from_fabric"},
+		{name: "but not to another port of web1",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40001},
+			wantVerdict: actShot, wantDrop: "not_visible"},
+	})
 }

@@ -13,6 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type uplinkCtEntry struct {
+	_          structs.HostLayout
+	LastSeenNs uint64
+}
+
+type uplinkCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type uplinkEndpoint struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -36,16 +51,29 @@ type uplinkVifInfo struct {
 	Pad uint16
 }
 
+type uplinkVisKey struct {
+	_         structs.HostLayout
+	SrcFarm   uint8
+	SrcSubnet uint8
+	DstFarm   uint8
+	DstSubnet uint8
+	Proto     uint8
+	Pad       uint8
+	Port      uint16
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	uplinkMapConfig         = "config"
+	uplinkMapConntrack      = "conntrack"
 	uplinkMapDropEvents     = "drop_events"
 	uplinkMapDrops          = "drops"
 	uplinkMapEndpoints      = "endpoints"
 	uplinkMapForwards       = "forwards"
 	uplinkMapVifs           = "vifs"
+	uplinkMapVisibility     = "visibility"
 	uplinkProgUplinkIngress = "uplink_ingress"
 )
 
@@ -99,11 +127,13 @@ type uplinkProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
 	Config     *ebpf.MapSpec `ebpf:"config"`
+	Conntrack  *ebpf.MapSpec `ebpf:"conntrack"`
 	DropEvents *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops      *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints  *ebpf.MapSpec `ebpf:"endpoints"`
 	Forwards   *ebpf.MapSpec `ebpf:"forwards"`
 	Vifs       *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility *ebpf.MapSpec `ebpf:"visibility"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -133,21 +163,25 @@ func (o *uplinkObjects) Close() error {
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
 	Config     *ebpf.Map `ebpf:"config"`
+	Conntrack  *ebpf.Map `ebpf:"conntrack"`
 	DropEvents *ebpf.Map `ebpf:"drop_events"`
 	Drops      *ebpf.Map `ebpf:"drops"`
 	Endpoints  *ebpf.Map `ebpf:"endpoints"`
 	Forwards   *ebpf.Map `ebpf:"forwards"`
 	Vifs       *ebpf.Map `ebpf:"vifs"`
+	Visibility *ebpf.Map `ebpf:"visibility"`
 }
 
 func (m *uplinkMaps) Close() error {
 	return _UplinkClose(
 		m.Config,
+		m.Conntrack,
 		m.DropEvents,
 		m.Drops,
 		m.Endpoints,
 		m.Forwards,
 		m.Vifs,
+		m.Visibility,
 	)
 }
 

@@ -13,6 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type vifCtEntry struct {
+	_          structs.HostLayout
+	LastSeenNs uint64
+}
+
+type vifCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type vifDropEvent struct {
 	_         structs.HostLayout
 	Reason    uint32
@@ -41,7 +56,8 @@ const (
 	vifDropReasonDROP_FABRIC_UNKNOWN_SRC vifDropReason = 12
 	vifDropReasonDROP_FABRIC_NOT_LOCAL   vifDropReason = 13
 	vifDropReasonDROP_NOT_VISIBLE        vifDropReason = 14
-	vifDropReasonDROP_REASON_MAX         vifDropReason = 15
+	vifDropReasonDROP_TTL_EXCEEDED       vifDropReason = 15
+	vifDropReasonDROP_REASON_MAX         vifDropReason = 16
 )
 
 type vifEndpoint struct {
@@ -54,12 +70,14 @@ type vifEndpoint struct {
 type vifForwardPath uint32
 
 const (
-	vifForwardPathFWD_LOCAL       vifForwardPath = 0
-	vifForwardPathFWD_TO_FABRIC   vifForwardPath = 1
-	vifForwardPathFWD_FROM_FABRIC vifForwardPath = 2
-	vifForwardPathFWD_ARP_REPLY   vifForwardPath = 3
-	vifForwardPathFWD_HOST_STACK  vifForwardPath = 4
-	vifForwardPathFWD_PATH_MAX    vifForwardPath = 5
+	vifForwardPathFWD_LOCAL         vifForwardPath = 0
+	vifForwardPathFWD_TO_FABRIC     vifForwardPath = 1
+	vifForwardPathFWD_FROM_FABRIC   vifForwardPath = 2
+	vifForwardPathFWD_ARP_REPLY     vifForwardPath = 3
+	vifForwardPathFWD_HOST_STACK    vifForwardPath = 4
+	vifForwardPathFWD_GATEWAY_REPLY vifForwardPath = 5
+	vifForwardPathFWD_ROUTED        vifForwardPath = 6
+	vifForwardPathFWD_PATH_MAX      vifForwardPath = 7
 )
 
 type vifNodeConfig struct {
@@ -78,16 +96,29 @@ type vifVifInfo struct {
 	Pad uint16
 }
 
+type vifVisKey struct {
+	_         structs.HostLayout
+	SrcFarm   uint8
+	SrcSubnet uint8
+	DstFarm   uint8
+	DstSubnet uint8
+	Proto     uint8
+	Pad       uint8
+	Port      uint16
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	vifMapConfig          = "config"
+	vifMapConntrack       = "conntrack"
 	vifMapDropEvents      = "drop_events"
 	vifMapDrops           = "drops"
 	vifMapEndpoints       = "endpoints"
 	vifMapForwards        = "forwards"
 	vifMapVifs            = "vifs"
+	vifMapVisibility      = "visibility"
 	vifProgVifIngress     = "vif_ingress"
 	vifVarDropEventType   = "_drop_event_type"
 	vifVarDropReasonType  = "_drop_reason_type"
@@ -144,11 +175,13 @@ type vifProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifMapSpecs struct {
 	Config     *ebpf.MapSpec `ebpf:"config"`
+	Conntrack  *ebpf.MapSpec `ebpf:"conntrack"`
 	DropEvents *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops      *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints  *ebpf.MapSpec `ebpf:"endpoints"`
 	Forwards   *ebpf.MapSpec `ebpf:"forwards"`
 	Vifs       *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility *ebpf.MapSpec `ebpf:"visibility"`
 }
 
 // vifVariableSpecs contains global variables before they are loaded into the kernel.
@@ -181,21 +214,25 @@ func (o *vifObjects) Close() error {
 // It can be passed to loadVifObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifMaps struct {
 	Config     *ebpf.Map `ebpf:"config"`
+	Conntrack  *ebpf.Map `ebpf:"conntrack"`
 	DropEvents *ebpf.Map `ebpf:"drop_events"`
 	Drops      *ebpf.Map `ebpf:"drops"`
 	Endpoints  *ebpf.Map `ebpf:"endpoints"`
 	Forwards   *ebpf.Map `ebpf:"forwards"`
 	Vifs       *ebpf.Map `ebpf:"vifs"`
+	Visibility *ebpf.Map `ebpf:"visibility"`
 }
 
 func (m *vifMaps) Close() error {
 	return _VifClose(
 		m.Config,
+		m.Conntrack,
 		m.DropEvents,
 		m.Drops,
 		m.Endpoints,
 		m.Forwards,
 		m.Vifs,
+		m.Visibility,
 	)
 }
 

@@ -32,8 +32,30 @@ type Host struct {
 
 // Farm is one tenant network; ID is the f of 10.f.s.h.
 type Farm struct {
-	Name string `json:"name"`
-	ID   uint8  `json:"id"`
+	Name  string   `json:"name"`
+	ID    uint8    `json:"id"`
+	Peers []string `json:"peers,omitempty"` // farms this farm agrees to talk to
+	Rules []Rule   `json:"rules,omitempty"` // what its owner allows between subnets
+}
+
+// Rule allows traffic from one subnet to another ("farm/subnet" each). Proto
+// is tcp, udp, icmp or "" for any; Port (tcp/udp destination) 0 is any.
+// Replies of allowed flows pass without a rule of their own.
+type Rule struct {
+	From  string `json:"from"`
+	To    string `json:"to"`
+	Proto string `json:"proto,omitempty"`
+	Port  uint16 `json:"port,omitempty"`
+}
+
+// VisRule is a compiled rule: subnet ids and an IP protocol number.
+type VisRule struct {
+	SrcFarm   uint8  `json:"srcFarm"`
+	SrcSubnet uint8  `json:"srcSubnet"`
+	DstFarm   uint8  `json:"dstFarm"`
+	DstSubnet uint8  `json:"dstSubnet"`
+	Proto     uint8  `json:"proto"`
+	Port      uint16 `json:"port"`
 }
 
 // Subnet is one /24 of a farm; ID is the s of 10.f.s.h.
@@ -94,6 +116,9 @@ type Desired struct {
 	VMNet  string           `json:"vmNet"`
 	Local  []LocalEndpoint  `json:"local"`
 	Remote []RemoteEndpoint `json:"remote"`
+	// Visibility lists what may cross between subnets; within a subnet
+	// everything may.
+	Visibility []VisRule `json:"visibility"`
 }
 
 // Digest identifies a Desired by content, so an agent can report which

@@ -15,9 +15,11 @@ const TenantNet = "10.0.0.0/8"
 
 // State is the whole intent plus what agents have reported.
 type State struct {
-	Hosts []intent.Host
-	VMs   []intent.VM
-	Nodes []intent.Node
+	Hosts   []intent.Host
+	Farms   []intent.Farm
+	Subnets []intent.Subnet
+	VMs     []intent.VM
+	Nodes   []intent.Node
 }
 
 // Compile returns the desired state of every host, keyed by host name. A VM
@@ -33,9 +35,14 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 		return vms[i].IP < vms[j].IP || (vms[i].IP == vms[j].IP && vms[i].FullName() < vms[j].FullName())
 	})
 
+	visibility := Visibility(s.Farms, s.Subnets)
+	if visibility == nil {
+		visibility = []intent.VisRule{}
+	}
 	desired = map[string]intent.Desired{}
 	for _, h := range s.Hosts {
-		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, Remote: []intent.RemoteEndpoint{}}
+		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, Remote: []intent.RemoteEndpoint{},
+			Visibility: visibility}
 		for _, vm := range vms {
 			if vm.Host == h.Name {
 				d.Local = append(d.Local, intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface})

@@ -11,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -52,7 +53,27 @@ type Host struct {
 type Farm struct {
 	Name    string   `yaml:"name"`
 	Subnets []Subnet `yaml:"subnets"`
+	Rules   []Rule   `yaml:"rules"`
+	Peers   []string `yaml:"peers"` // farms this farm agrees to talk to
 	Line    int      `yaml:"-"`
+}
+
+// Rule lets traffic from one subnet reach another: "web" names a subnet of
+// the farm, "red/web" one of another farm (which must peer and allow it too).
+type Rule struct {
+	From  string `yaml:"from"`
+	To    string `yaml:"to"`
+	Proto string `yaml:"proto"` // tcp, udp, icmp or any (default)
+	Port  uint16 `yaml:"port"`  // tcp/udp destination port; 0 or absent is any
+	Line  int    `yaml:"-"`
+}
+
+// Qualify turns a rule's subnet reference into farm/subnet.
+func (f Farm) Qualify(ref string) string {
+	if strings.Contains(ref, "/") {
+		return ref
+	}
+	return f.Name + "/" + ref
 }
 
 // Subnet is one /24 of a farm.
@@ -200,6 +221,32 @@ func decode(path string, n *yaml.Node, f *File) error {
 					})
 					fm.Subnets = append(fm.Subnets, s)
 				}),
+				"peers": seq("peers", func(p *yaml.Node) {
+					var name string
+					if err := str(&name, "peer")(p); err != nil {
+						errs = append(errs, err)
+						return
+					}
+					fm.Peers = append(fm.Peers, name)
+				}),
+				"rules": seq("rules", func(rn *yaml.Node) {
+					r := Rule{Line: rn.Line}
+					var port string
+					mapping(rn, "rule", map[string]func(*yaml.Node) error{
+						"from":  str(&r.From, "rule from"),
+						"to":    str(&r.To, "rule to"),
+						"proto": str(&r.Proto, "rule proto"),
+						"port":  str(&port, "rule port"),
+					})
+					if port != "" {
+						n, err := strconv.ParseUint(port, 10, 16)
+						if err != nil || n == 0 {
+							errs = append(errs, fail(rn, "rule port %q is not a port number 1-65535", port))
+						}
+						r.Port = uint16(n)
+					}
+					fm.Rules = append(fm.Rules, r)
+				}),
 			})
 			f.Farms = append(f.Farms, fm)
 		}),
@@ -333,6 +380,36 @@ func (f *File) validate() error {
 	}
 	if len(f.Farms) > 255 {
 		fail(f.Line, "%d farms; at most 255 fit in 10.f.s.h", len(f.Farms))
+	}
+
+	for _, fm := range f.Farms {
+		for _, p := range fm.Peers {
+			if !farms[p] || p == fm.Name {
+				fail(fm.Line, "farm %q peers with %q, which is not another farm of this file", fm.Name, p)
+			}
+		}
+		for _, r := range fm.Rules {
+			from, to := fm.Qualify(r.From), fm.Qualify(r.To)
+			switch {
+			case !subnets[from]:
+				fail(r.Line, "rule of farm %q: from %q is not a subnet (write web, or farm/subnet)", fm.Name, r.From)
+			case !subnets[to]:
+				fail(r.Line, "rule of farm %q: to %q is not a subnet (write web, or farm/subnet)", fm.Name, r.To)
+			case from == to:
+				fail(r.Line, "rule of farm %q: from and to are the same subnet, which is always open", fm.Name)
+			case !strings.HasPrefix(from, fm.Name+"/") && !strings.HasPrefix(to, fm.Name+"/"):
+				fail(r.Line, "rule of farm %q: neither %s nor %s belongs to it", fm.Name, from, to)
+			}
+			switch strings.ToLower(r.Proto) {
+			case "", "any", "icmp":
+				if r.Port != 0 {
+					fail(r.Line, "rule of farm %q: a port needs proto tcp or udp", fm.Name)
+				}
+			case "tcp", "udp":
+			default:
+				fail(r.Line, "rule of farm %q: proto %q is not tcp, udp, icmp or any", fm.Name, r.Proto)
+			}
+		}
 	}
 
 	vms := map[string]int{}

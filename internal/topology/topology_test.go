@@ -94,3 +94,50 @@ func TestLoadMissingFileSaysSo(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+const twoFarms = `name: t
+hosts: [{name: h1}]
+farms:
+  - name: blue
+    subnets: [{name: web}, {name: db}]
+    peers: [red]
+    rules:
+      - {from: web, to: db, proto: tcp, port: 5432}
+      - {from: web, to: red/web, proto: icmp}
+  - name: red
+    subnets: [{name: web}]
+vms: []
+`
+
+func TestRulesAndPeersParseAndQualify(t *testing.T) {
+	f, err := Parse("t.yaml", []byte(twoFarms))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blue := f.Farms[0]
+	if len(blue.Rules) != 2 || blue.Rules[0].Port != 5432 || blue.Peers[0] != "red" {
+		t.Fatalf("blue %+v", blue)
+	}
+	if blue.Qualify(blue.Rules[0].To) != "blue/db" || blue.Qualify(blue.Rules[1].To) != "red/web" {
+		t.Fatalf("qualify %s %s", blue.Qualify(blue.Rules[0].To), blue.Qualify(blue.Rules[1].To))
+	}
+}
+
+func TestBadRulesAreRejectedWithTheirLine(t *testing.T) {
+	cases := []struct{ old, new, want string }{
+		{"to: db, proto: tcp", "to: dbx, proto: tcp", `t.yaml:8: rule of farm "blue": to "dbx" is not a subnet`},
+		{"port: 5432", "port: 70000", `t.yaml:8: rule port "70000" is not a port number`},
+		{"proto: tcp, port", "proto: sctp, port", `proto "sctp" is not tcp, udp, icmp or any`},
+		{"proto: icmp", "proto: icmp, port: 7", "a port needs proto tcp or udp"},
+		{"to: db, proto", "to: web, proto", "from and to are the same subnet"},
+		{"peers: [red]", "peers: [green]", `farm "blue" peers with "green", which is not another farm`},
+	}
+	for _, c := range cases {
+		t.Run(c.want, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(strings.Replace(twoFarms, c.old, c.new, 1)))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want %q", err, c.want)
+			}
+		})
+	}
+}

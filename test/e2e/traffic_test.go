@@ -224,3 +224,55 @@ func TestPrivilegedInterSubnetAndInterFarmTrafficDroppedWithoutRules(t *testing.
 		t.Errorf("h2 not_visible drops rose by %v; want red1's pings dropped", d)
 	}
 }
+
+const withRules = `name: %s
+hosts: [{name: h1}, {name: h2}]
+farms:
+  - name: blue
+    subnets: [{name: web}, {name: db}]
+    rules:
+      - {from: web, to: db, proto: tcp, port: 5432}
+      - {from: web, to: db, proto: icmp}
+vms:
+  - {name: web1, host: h1, subnet: blue/web}
+  - {name: db1, host: h2, subnet: blue/db}
+`
+
+func TestPrivilegedInterSubnetRuleOpensOnlyWhatItNamesInOneHop(t *testing.T) {
+	l := upLab(t, withRules)
+	web1, db1 := l.ip("web1"), l.ip("db1")
+
+	// ping across the virtual gateway: allowed by the icmp rule, one hop.
+	out, err := l.in("web1", "ping", "-c", "2", "-i", "0.2", "-W", "1", db1)
+	if err != nil {
+		t.Fatalf("web1 -> db1 ping (allowed by rule): %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "ttl=63") {
+		t.Errorf("reply did not cross exactly one (gateway) hop; want ttl=63:\n%s", out)
+	}
+	// The virtual gateway itself answers.
+	if err := l.ping("web1", "10.1.1.1", 2); err != nil {
+		t.Errorf("gateway ping: %v", err)
+	}
+	// TCP to the allowed port works, to another port does not.
+	l.start("db1", "iperf3", "-s", "-p", "5432")
+	l.start("db1", "iperf3", "-s", "-p", "5201")
+	waitFor(t, "iperf3 servers on db1", 5*time.Second, func() bool {
+		o, _ := l.in("db1", "ss", "-ltn")
+		return strings.Contains(o, ":5432") && strings.Contains(o, ":5201")
+	})
+	if o, err := l.in("web1", "iperf3", "-c", db1, "-p", "5432", "-n", "10M", "-C", "cubic"); err != nil || !strings.Contains(o, "receiver") {
+		t.Errorf("TCP web1 -> db1:5432 (allowed) failed: %v\n%s", err, o)
+	}
+	before := l.metrics("h1")
+	if o, err := l.in("web1", "iperf3", "-c", db1, "-p", "5201", "-t", "1", "--connect-timeout", "1000"); err == nil {
+		t.Errorf("TCP web1 -> db1:5201 (no rule) connected:\n%s", o)
+	}
+	if d := l.metrics("h1")[drops("not_visible")] - before[drops("not_visible")]; d < 1 {
+		t.Errorf("blocked SYN to db1:5201 not counted as not_visible on h1")
+	}
+	// The rule is one-way: db cannot start anything towards web.
+	if err := l.ping("db1", web1, 2); err == nil {
+		t.Error("db1 reached web1; the rule only opens web -> db")
+	}
+}

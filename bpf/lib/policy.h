@@ -1,0 +1,142 @@
+/* Visibility between subnets and farms (paper §2, step 2). Inside a subnet
+ * everything is open. Across subnets a packet passes if a rule allows it, or
+ * if it is the reply of a flow a rule allowed. Both the sending and the
+ * receiving host decide, each on its own conntrack, so neither trusts the
+ * other. */
+#ifndef ONEHOP_POLICY_H
+#define ONEHOP_POLICY_H
+
+#include "maps.h"
+#include "parse.h"
+#include "route.h"
+
+#define IPPROTO_ICMP_ 1
+#define IPPROTO_TCP_ 6
+#define IPPROTO_UDP_ 17
+#define IP_OFFSET_MASK 0x1fff
+#define ICMP_ECHO_REPLY 0
+#define ICMP_ECHO_REQUEST 8
+
+/* Idle flows stop letting replies in after this long. */
+#define CT_TIMEOUT_NS (300ULL * 1000000000ULL)
+
+struct l4_ports {
+	__be16 sport;
+	__be16 dport;
+	__u8 icmp_type;
+	__u8 known; /* 0 for a non-first fragment or a truncated L4 header */
+};
+
+/* TCP/UDP ports, or the ICMP echo id as both ports (so a reply finds the
+ * request's flow). */
+static __always_inline struct l4_ports l4_of(const struct packet *pkt)
+{
+	struct l4_ports p = {};
+	struct iphdr *ip = pkt->ip;
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK))
+		return p;
+	void *l4 = (void *)ip + (ip->ihl & 0xf) * 4;
+	if (l4 + 8 > pkt->data_end)
+		return p;
+	if (ip->protocol == IPPROTO_TCP_ || ip->protocol == IPPROTO_UDP_) {
+		__be16 *ports = l4;
+		p.sport = ports[0];
+		p.dport = ports[1];
+		p.known = 1;
+	} else if (ip->protocol == IPPROTO_ICMP_) {
+		__u8 *icmp = l4;
+		p.icmp_type = icmp[0];
+		p.sport = p.dport = *(__be16 *)(icmp + 4);
+		p.known = 1;
+	}
+	return p;
+}
+
+static __always_inline int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port)
+{
+	const __u8 *s = (const __u8 *)&saddr, *d = (const __u8 *)&daddr;
+	struct vis_key k = {.src_farm = s[1], .src_subnet = s[2], .dst_farm = d[1], .dst_subnet = d[2],
+			    .proto = proto, .port = port};
+	if (port && bpf_map_lookup_elem(&visibility, &k))
+		return 1;
+	k.port = 0;
+	if (bpf_map_lookup_elem(&visibility, &k))
+		return 1;
+	k.proto = 0;
+	return bpf_map_lookup_elem(&visibility, &k) != 0;
+}
+
+/* Returns DROP_NONE when the packet may cross from its subnet to the
+ * destination's, DROP_NOT_VISIBLE otherwise. */
+static __always_inline int check_visibility(const struct packet *pkt)
+{
+	struct iphdr *ip = pkt->ip;
+	if (same_subnet(ip->saddr, ip->daddr))
+		return DROP_NONE;
+
+	struct l4_ports l4 = l4_of(pkt);
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key reply = {.saddr = ip->daddr, .daddr = ip->saddr, .sport = l4.dport, .dport = l4.sport,
+			       .proto = ip->protocol};
+	struct ct_entry *e = bpf_map_lookup_elem(&conntrack, &reply);
+	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
+		e->last_seen_ns = now;
+		return DROP_NONE;
+	}
+	/* An echo reply or a non-first fragment starts no flow of its own. */
+	if (!l4.known || (ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REQUEST)) {
+		if (rule_allows(ip->saddr, ip->daddr, ip->protocol, 0))
+			return DROP_NONE;
+		return DROP_NOT_VISIBLE;
+	}
+	__u16 port = ip->protocol == IPPROTO_ICMP_ ? 0 : bpf_ntohs(l4.dport);
+	if (!rule_allows(ip->saddr, ip->daddr, ip->protocol, port))
+		return DROP_NOT_VISIBLE;
+	struct ct_key fwd = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
+			     .proto = ip->protocol};
+	struct ct_entry ne = {.last_seen_ns = now};
+	bpf_map_update_elem(&conntrack, &fwd, &ne, BPF_ANY);
+	return DROP_NONE;
+}
+
+/* One hop through the virtual gateway: TTL down by one, checksum patched
+ * incrementally (the ip_decrease_ttl arithmetic: TTL is the high byte of its
+ * 16-bit word, so the sum changes by 0x0100). */
+static __always_inline int take_gateway_hop(struct iphdr *ip)
+{
+	if (ip->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	__u32 check = ip->check;
+	check += bpf_htons(0x0100);
+	ip->check = (__u16)(check + (check >= 0xFFFF));
+	ip->ttl--;
+	return DROP_NONE;
+}
+
+/* Answers an echo request to the VM's own gateway in place. Returns 1 when
+ * the packet became the reply. */
+static __always_inline int answer_gateway_ping(struct packet *pkt)
+{
+	struct iphdr *ip = pkt->ip;
+	if (ip->protocol != IPPROTO_ICMP_ || ip->daddr != gateway_of(ip->saddr))
+		return 0;
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK | 0x2000))
+		return 0;
+	__u8 *icmp = (void *)ip + (ip->ihl & 0xf) * 4;
+	if ((void *)icmp + 4 > pkt->data_end || icmp[0] != ICMP_ECHO_REQUEST || icmp[1] != 0)
+		return 0;
+	/* Type 8 -> 0 lowers the sum by 0x0800: add it back to the checksum. */
+	icmp[0] = ICMP_ECHO_REPLY;
+	__u16 *csum = (__u16 *)(icmp + 2);
+	__u32 c = *csum;
+	c += bpf_htons(0x0800);
+	*csum = (__u16)(c + (c >= 0xFFFF));
+	__be32 gw = ip->daddr;
+	ip->daddr = ip->saddr;
+	ip->saddr = gw; /* swapping addresses leaves the IP checksum as it was */
+	mac_copy(pkt->eth->h_dest, pkt->eth->h_source);
+	virtual_mac(gw, pkt->eth->h_source);
+	return 1;
+}
+
+#endif
