@@ -10,6 +10,7 @@
 #include "lib/arp.h"
 #include "lib/route.h"
 #include "lib/policy.h"
+#include "lib/slowpath.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -18,6 +19,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const struct drop_event *_drop_event_type __attribute__((unused));
 const enum drop_reason *_drop_reason_type __attribute__((unused));
 const enum forward_path *_forward_path_type __attribute__((unused));
+const struct slowpath_event *_slowpath_event_type __attribute__((unused));
 
 SEC("tc")
 int vif_ingress(struct __sk_buff *skb)
@@ -31,6 +33,13 @@ int vif_ingress(struct __sk_buff *skb)
 	struct vif_info *vif = bpf_map_lookup_elem(&vifs, &ifindex);
 	if (!vif)
 		return drop_packet(skb, &pkt, DROP_UNKNOWN_VIF);
+	/* A DHCP client has no address yet (source 0.0.0.0), so only its MAC
+	 * is checked; the agent answers with the VM's own address anyway. */
+	if (is_dhcp_request(&pkt)) {
+		if (!mac_equal(pkt.eth->h_source, vif->mac))
+			return drop_packet(skb, &pkt, DROP_SPOOFED_MAC);
+		return punt_to_agent(skb, &pkt);
+	}
 	reason = check_source(&pkt, vif);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);

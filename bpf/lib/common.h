@@ -57,6 +57,7 @@ enum drop_reason {
 	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
 	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
 	DROP_TTL_EXCEEDED,       /* routed between subnets with TTL 1: cannot take the gateway hop */
+	DROP_AGENT_BUSY,         /* for the agent (DHCP), but its ring buffer was full */
 	DROP_REASON_MAX,
 };
 
@@ -69,6 +70,7 @@ enum forward_path {
 	FWD_HOST_STACK,    /* management traffic handed to the host's own stack */
 	FWD_GATEWAY_REPLY, /* echo request to the virtual gateway, answered in the datapath */
 	FWD_ROUTED,        /* crossed the virtual gateway to another subnet or farm (also counted by path) */
+	FWD_TO_AGENT,      /* handed to the agent to answer (DHCP) */
 	FWD_PATH_MAX,
 };
 
@@ -97,6 +99,14 @@ struct ct_key {
 
 struct ct_entry {
 	__u64 last_seen_ns;
+};
+
+/* A frame the agent must answer (a DHCP request), copied whole. */
+#define SLOWPATH_MAX 1024
+struct slowpath_event {
+	__u32 ifindex;
+	__u32 len;
+	__u8 data[SLOWPATH_MAX];
 };
 
 /* Sent to the agent through a ring buffer so its log can say why a drop

@@ -72,6 +72,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } drop_events SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} slowpath SEC(".maps");
+
 static __always_inline struct node_config *node_config(void)
 {
 	__u32 zero = 0;

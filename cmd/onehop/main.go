@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -104,7 +105,7 @@ external etcd cluster instead.`,
 
 func agentCmd() *cobra.Command {
 	var cfg agent.DaemonConfig
-	var endpoints string
+	var endpoints, dns string
 	c := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the per-host agent: keeps this host's eBPF datapath equal to its desired state",
@@ -121,6 +122,13 @@ logged with its reason (rate-limited).`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.EtcdEndpoints = splitList(endpoints)
+			for _, d := range splitList(dns) {
+				a, err := netip.ParseAddr(d)
+				if err != nil || !a.Is4() {
+					return fmt.Errorf("--dns %q: not an IPv4 address", d)
+				}
+				cfg.DNS = append(cfg.DNS, a)
+			}
 			ctx, cancel := signalContext()
 			defer cancel()
 			return agent.RunDaemon(ctx, cfg, lab.MountBPFFS, logger())
@@ -133,6 +141,7 @@ logged with its reason (rate-limited).`,
 	f.StringVar(&cfg.BPFFS, "bpffs", "/run/onehop/bpffs", "bpffs mount point (mounted if needed); keep it outside /sys")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9100", "address for /metrics; empty to disable")
 	f.DurationVar(&cfg.Resync, "resync", 2*time.Second, "reconcile at least this often")
+	f.StringVar(&dns, "dns", "", "comma-separated DNS servers handed to VMs by DHCP (none by default)")
 	return c
 }
 

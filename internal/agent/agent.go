@@ -50,6 +50,7 @@ type Agent struct {
 	log   *slog.Logger
 
 	mu         sync.Mutex
+	locals     map[int]intent.LocalEndpoint // by vif ifindex, as last applied
 	status     intent.AgentStatus
 	reconciles uint64
 	failures   uint64
@@ -121,6 +122,9 @@ func (a *Agent) register(ctx context.Context) error {
 // ReconcileOnce makes the datapath match the desired state now in the store
 // and returns the store revision it read.
 func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
+	// Bounded: a stalled store must delay a pass, never stop the loop.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	kvs, rev, err := a.store.List(ctx, intent.DesiredPrefix+a.cfg.Node)
 	if err != nil {
 		return 0, err
@@ -167,7 +171,14 @@ func (a *Agent) apply(d intent.Desired) error {
 		attached = append(attached, name)
 	}
 	sortStrings(attached)
+	locals := map[int]intent.LocalEndpoint{}
+	for _, l := range d.Local {
+		if idx, ok := entries.Attach[l.Interface]; ok {
+			locals[idx] = l
+		}
+	}
 	a.mu.Lock()
+	a.locals = locals
 	prevMissing := a.status.MissingVifs
 	a.status.AttachedVifs = attached
 	a.status.MissingVifs = missing
@@ -204,6 +215,14 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 		a.log.Info("datapath reconciled", "digest", st.AppliedDigest, "endpoints", st.Endpoints, "vifs", st.AttachedVifs)
 	}
 	return store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
+}
+
+// Local returns the VM behind the vif with this ifindex, as last applied.
+func (a *Agent) Local(ifindex int) (intent.LocalEndpoint, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l, ok := a.locals[ifindex]
+	return l, ok
 }
 
 // Status returns the last reconcile's outcome and the reconcile counts.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"time"
 
@@ -24,6 +25,7 @@ type DaemonConfig struct {
 	EtcdEndpoints []string
 	BPFFS         string // a mounted bpffs; the agent pins under BPFFS/NODE
 	MetricsAddr   string
+	DNS           []netip.Addr // handed to VMs by DHCP; none if empty
 }
 
 // Validate reports the first configuration mistake.
@@ -69,6 +71,14 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer events.Close()
 	go LogDrops(events, k.DropReason, ifname, log, 20)
+
+	slow, err := k.SlowPath()
+	if err != nil {
+		return fmt.Errorf("open slow path: %w", err)
+	}
+	defer slow.Close()
+	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
+	go ServeSlowPath(slow, dhcpd, log)
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()

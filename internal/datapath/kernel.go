@@ -82,6 +82,7 @@ func Open(pinDir string) (*Kernel, error) {
 	shared := map[string]*ebpf.Map{
 		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config, "visibility": m.Visibility,
 		"conntrack": m.Conntrack, "drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
+		"slowpath": m.Slowpath,
 	}
 	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	for name, ms := range uspec.Maps {
@@ -292,6 +293,11 @@ func (k *Kernel) DropReason(code uint32) string {
 // DropEvents opens a reader on the drop ring buffer.
 func (k *Kernel) DropEvents() (*ringbuf.Reader, error) {
 	return ringbuf.NewReader(k.vif.DropEvents)
+}
+
+// SlowPath opens a reader on the frames the datapath hands the agent.
+func (k *Kernel) SlowPath() (*ringbuf.Reader, error) {
+	return ringbuf.NewReader(k.vif.Slowpath)
 }
 
 // RemovePins deletes everything pinned under pinDir. Only for teardown: the

@@ -2,12 +2,14 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
@@ -423,4 +425,38 @@ func TestPrivilegedRepliesOfAnAllowedFlowPassBothWays(t *testing.T) {
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40001},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 	})
+}
+
+func TestPrivilegedDHCPRequestIsHandedToTheAgentWhole(t *testing.T) {
+	k := loadTestKernel(t)
+	r, err := k.SlowPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	udp := layers.IPProtocolUDP
+	zero := netip.IPv4Unspecified()
+	bcast := netip.MustParseAddr("255.255.255.255")
+	discover := frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "dhcp from the VM's own MAC goes to the agent, not the wire", in: discover, wantVerdict: actShot, wantForward: "to_agent"},
+		{name: "dhcp from another MAC is dropped as spoofed",
+			in:          frame{src: vmac(web3), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67},
+			wantVerdict: actShot, wantDrop: "spoofed_mac"},
+		{name: "a rogue dhcp server in a VM reaches nobody",
+			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 67, dport: 68},
+			wantVerdict: actShot, wantDrop: "no_route"},
+	})
+	r.SetDeadline(time.Now().Add(time.Second))
+	rec, err := r.Read()
+	if err != nil {
+		t.Fatalf("no slow-path record: %v", err)
+	}
+	want := discover.bytes(t)
+	b := rec.RawSample
+	ifindex := binary.NativeEndian.Uint32(b[0:])
+	n := binary.NativeEndian.Uint32(b[4:])
+	if ifindex != 1 || int(n) != len(want) || !bytes.Equal(b[8:8+n], want) {
+		t.Fatalf("record ifindex %d len %d, want 1 and the %d-byte frame", ifindex, n, len(want))
+	}
 }

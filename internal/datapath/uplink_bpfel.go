@@ -72,6 +72,7 @@ const (
 	uplinkMapDrops          = "drops"
 	uplinkMapEndpoints      = "endpoints"
 	uplinkMapForwards       = "forwards"
+	uplinkMapSlowpath       = "slowpath"
 	uplinkMapVifs           = "vifs"
 	uplinkMapVisibility     = "visibility"
 	uplinkProgUplinkIngress = "uplink_ingress"
@@ -132,6 +133,7 @@ type uplinkMapSpecs struct {
 	Drops      *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints  *ebpf.MapSpec `ebpf:"endpoints"`
 	Forwards   *ebpf.MapSpec `ebpf:"forwards"`
+	Slowpath   *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs       *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility *ebpf.MapSpec `ebpf:"visibility"`
 }
@@ -168,6 +170,7 @@ type uplinkMaps struct {
 	Drops      *ebpf.Map `ebpf:"drops"`
 	Endpoints  *ebpf.Map `ebpf:"endpoints"`
 	Forwards   *ebpf.Map `ebpf:"forwards"`
+	Slowpath   *ebpf.Map `ebpf:"slowpath"`
 	Vifs       *ebpf.Map `ebpf:"vifs"`
 	Visibility *ebpf.Map `ebpf:"visibility"`
 }
@@ -180,6 +183,7 @@ func (m *uplinkMaps) Close() error {
 		m.Drops,
 		m.Endpoints,
 		m.Forwards,
+		m.Slowpath,
 		m.Vifs,
 		m.Visibility,
 	)

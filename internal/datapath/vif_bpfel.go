@@ -57,7 +57,8 @@ const (
 	vifDropReasonDROP_FABRIC_NOT_LOCAL   vifDropReason = 13
 	vifDropReasonDROP_NOT_VISIBLE        vifDropReason = 14
 	vifDropReasonDROP_TTL_EXCEEDED       vifDropReason = 15
-	vifDropReasonDROP_REASON_MAX         vifDropReason = 16
+	vifDropReasonDROP_AGENT_BUSY         vifDropReason = 16
+	vifDropReasonDROP_REASON_MAX         vifDropReason = 17
 )
 
 type vifEndpoint struct {
@@ -77,7 +78,8 @@ const (
 	vifForwardPathFWD_HOST_STACK    vifForwardPath = 4
 	vifForwardPathFWD_GATEWAY_REPLY vifForwardPath = 5
 	vifForwardPathFWD_ROUTED        vifForwardPath = 6
-	vifForwardPathFWD_PATH_MAX      vifForwardPath = 7
+	vifForwardPathFWD_TO_AGENT      vifForwardPath = 7
+	vifForwardPathFWD_PATH_MAX      vifForwardPath = 8
 )
 
 type vifNodeConfig struct {
@@ -87,6 +89,13 @@ type vifNodeConfig struct {
 	Pad           uint16
 	VmNet         uint32
 	VmMask        uint32
+}
+
+type vifSlowpathEvent struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Len     uint32
+	Data    [1024]uint8
 }
 
 type vifVifInfo struct {
@@ -111,18 +120,20 @@ type vifVisKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	vifMapConfig          = "config"
-	vifMapConntrack       = "conntrack"
-	vifMapDropEvents      = "drop_events"
-	vifMapDrops           = "drops"
-	vifMapEndpoints       = "endpoints"
-	vifMapForwards        = "forwards"
-	vifMapVifs            = "vifs"
-	vifMapVisibility      = "visibility"
-	vifProgVifIngress     = "vif_ingress"
-	vifVarDropEventType   = "_drop_event_type"
-	vifVarDropReasonType  = "_drop_reason_type"
-	vifVarForwardPathType = "_forward_path_type"
+	vifMapConfig            = "config"
+	vifMapConntrack         = "conntrack"
+	vifMapDropEvents        = "drop_events"
+	vifMapDrops             = "drops"
+	vifMapEndpoints         = "endpoints"
+	vifMapForwards          = "forwards"
+	vifMapSlowpath          = "slowpath"
+	vifMapVifs              = "vifs"
+	vifMapVisibility        = "visibility"
+	vifProgVifIngress       = "vif_ingress"
+	vifVarDropEventType     = "_drop_event_type"
+	vifVarDropReasonType    = "_drop_reason_type"
+	vifVarForwardPathType   = "_forward_path_type"
+	vifVarSlowpathEventType = "_slowpath_event_type"
 )
 
 // loadVif returns the embedded CollectionSpec for vif.
@@ -180,6 +191,7 @@ type vifMapSpecs struct {
 	Drops      *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints  *ebpf.MapSpec `ebpf:"endpoints"`
 	Forwards   *ebpf.MapSpec `ebpf:"forwards"`
+	Slowpath   *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs       *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility *ebpf.MapSpec `ebpf:"visibility"`
 }
@@ -188,9 +200,10 @@ type vifMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifVariableSpecs struct {
-	DropEventType   *ebpf.VariableSpec `ebpf:"_drop_event_type"`
-	DropReasonType  *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
-	ForwardPathType *ebpf.VariableSpec `ebpf:"_forward_path_type"`
+	DropEventType     *ebpf.VariableSpec `ebpf:"_drop_event_type"`
+	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
+	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
+	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 }
 
 // vifObjects contains all objects after they have been loaded into the kernel.
@@ -219,6 +232,7 @@ type vifMaps struct {
 	Drops      *ebpf.Map `ebpf:"drops"`
 	Endpoints  *ebpf.Map `ebpf:"endpoints"`
 	Forwards   *ebpf.Map `ebpf:"forwards"`
+	Slowpath   *ebpf.Map `ebpf:"slowpath"`
 	Vifs       *ebpf.Map `ebpf:"vifs"`
 	Visibility *ebpf.Map `ebpf:"visibility"`
 }
@@ -231,6 +245,7 @@ func (m *vifMaps) Close() error {
 		m.Drops,
 		m.Endpoints,
 		m.Forwards,
+		m.Slowpath,
 		m.Vifs,
 		m.Visibility,
 	)
@@ -240,9 +255,10 @@ func (m *vifMaps) Close() error {
 //
 // It can be passed to loadVifObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifVariables struct {
-	DropEventType   *ebpf.Variable `ebpf:"_drop_event_type"`
-	DropReasonType  *ebpf.Variable `ebpf:"_drop_reason_type"`
-	ForwardPathType *ebpf.Variable `ebpf:"_forward_path_type"`
+	DropEventType     *ebpf.Variable `ebpf:"_drop_event_type"`
+	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
+	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
+	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 }
 
 // vifPrograms contains all programs after they have been loaded into the kernel.

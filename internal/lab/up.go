@@ -95,6 +95,9 @@ func Up(ctx context.Context, t *topology.File, opts Options) (*State, error) {
 	}
 	b := &builder{opts: opts, t: t, st: st, out: opts.Progress}
 	if err := b.build(ctx); err != nil {
+		if kept := keepLogs(st); kept != "" {
+			err = fmt.Errorf("%w\n(daemon logs kept in %s)", err, kept)
+		}
 		if derr := Teardown(st, nil); derr != nil {
 			err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
 		}
@@ -192,7 +195,11 @@ func (b *builder) build(ctx context.Context) error {
 	}
 	for _, vm := range t.VMs {
 		v := vms[vm.Name]
-		b.step("vm %s on %s: %s %s gw %s", vm.Name, vm.Host, v.IP, v.MAC, v.Gateway)
+		how := "static"
+		if vm.DHCP {
+			how = "by DHCP"
+		}
+		b.step("vm %s on %s: %s %s gw %s (%s)", vm.Name, vm.Host, v.IP, v.MAC, v.Gateway, how)
 		if err := b.plugVM(vm, v); err != nil {
 			return err
 		}
@@ -506,6 +513,9 @@ func (b *builder) plugVM(vm topology.VM, v intent.VM) error {
 	if err != nil {
 		return err
 	}
+	if vm.DHCP {
+		return vh.LinkSetUp(eth) // the VM asks for its address itself
+	}
 	if err := vh.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(ip.String(), 24)}); err != nil {
 		return fmt.Errorf("vm %s address: %w", vm.Name, err)
 	}
@@ -582,4 +592,22 @@ func countRemote(t *topology.File, host string) int {
 		}
 	}
 	return n
+}
+
+// keepLogs copies the daemons' logs out of a lab that is about to be torn
+// down after a failed up, so the reason survives; returns where, or "".
+func keepLogs(st *State) string {
+	if len(st.Processes) == 0 {
+		return ""
+	}
+	dir, err := os.MkdirTemp("", "onehop-failed-"+st.Name+"-")
+	if err != nil {
+		return ""
+	}
+	for _, p := range st.Processes {
+		if b, err := os.ReadFile(p.Log); err == nil {
+			os.WriteFile(filepath.Join(dir, filepath.Base(p.Log)), b, 0o600)
+		}
+	}
+	return dir
 }

@@ -87,7 +87,10 @@ type VM struct {
 	Name   string `yaml:"name"`
 	Host   string `yaml:"host"`
 	Subnet string `yaml:"subnet"`
-	Line   int    `yaml:"-"`
+	// DHCP leaves the VM's interface without an address: the VM asks for it
+	// (onehop answers on the VM's host).
+	DHCP bool `yaml:"dhcp"`
+	Line int  `yaml:"-"`
 	// Lines of the host and subnet values, so an error points at the field.
 	HostLine, SubnetLine int `yaml:"-"`
 }
@@ -256,6 +259,13 @@ func decode(path string, n *yaml.Node, f *File) error {
 				"name":   str(&vm.Name, "vm name"),
 				"host":   at(&vm.HostLine, str(&vm.Host, "vm host")),
 				"subnet": at(&vm.SubnetLine, str(&vm.Subnet, "vm subnet")),
+				"dhcp": func(v *yaml.Node) error {
+					if v.Kind != yaml.ScalarNode || (v.Value != "true" && v.Value != "false") {
+						return fail(v, "vm dhcp must be true or false")
+					}
+					vm.DHCP = v.Value == "true"
+					return nil
+				},
 			})
 			f.VMs = append(f.VMs, vm)
 		}),

@@ -1,0 +1,43 @@
+/* What the kernel cannot answer goes to the agent: a VM's DHCP request is
+ * copied into a ring buffer and consumed here, so it never reaches the fabric
+ * and costs the rest of the traffic nothing (no packet socket taps the vif). */
+#ifndef ONEHOP_SLOWPATH_H
+#define ONEHOP_SLOWPATH_H
+
+#include "drop.h"
+#include "policy.h"
+
+#define DHCP_SERVER_PORT 67
+#define DHCP_CLIENT_PORT 68
+
+static __always_inline int is_dhcp_request(const struct packet *pkt)
+{
+	struct iphdr *ip = pkt->ip;
+	if (!ip || ip->protocol != IPPROTO_UDP_ || (ip->frag_off & bpf_htons(IP_OFFSET_MASK)))
+		return 0;
+	__be16 *udp = (void *)ip + (ip->ihl & 0xf) * 4;
+	if ((void *)(udp + 4) > pkt->data_end)
+		return 0;
+	return udp[0] == bpf_htons(DHCP_CLIENT_PORT) && udp[1] == bpf_htons(DHCP_SERVER_PORT);
+}
+
+static __always_inline int punt_to_agent(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct slowpath_event *ev = bpf_ringbuf_reserve(&slowpath, sizeof(*ev), 0);
+	if (!ev)
+		return drop_packet(skb, pkt, DROP_AGENT_BUSY);
+	__u32 len = skb->len;
+	if (len > SLOWPATH_MAX)
+		len = SLOWPATH_MAX;
+	if (len < ETH_HLEN || bpf_skb_load_bytes(skb, 0, ev->data, len) < 0) {
+		bpf_ringbuf_discard(ev, 0);
+		return drop_packet(skb, pkt, DROP_MALFORMED);
+	}
+	ev->ifindex = skb->ifindex;
+	ev->len = len;
+	bpf_ringbuf_submit(ev, 0);
+	count_forward(FWD_TO_AGENT);
+	return TC_ACT_SHOT; /* consumed: the agent answers */
+}
+
+#endif
