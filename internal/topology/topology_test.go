@@ -62,6 +62,8 @@ func TestTopologyErrorsNameLineAndReason(t *testing.T) {
 			`must be 1-11 lowercase`},
 		{"no hosts", func(s string) string { return strings.Replace(s, "hosts:\n  - name: h1\n", "", 1) },
 			`no hosts`},
+		{"dhcp not a bool", func(s string) string { return strings.Replace(s, "    subnet: blue/web\n", "    subnet: blue/web\n    dhcp: maybe\n", 1) },
+			`t.yaml:12: vm dhcp must be true or false`},
 		{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
 		{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
 	}

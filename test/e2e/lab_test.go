@@ -41,9 +41,21 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: build onehop:", err)
 		os.Exit(1)
 	}
+	// One e2e run at a time on a machine: a second run would take the first
+	// one's labs for leftovers and tear them down.
+	os.MkdirAll(testRoot, 0o700)
+	lock, err := os.OpenFile(filepath.Join(testRoot, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX)
+	}
+	if err != nil {
+		fmt.Println("e2e: lock", testRoot, err)
+		os.Exit(1)
+	}
 	removeStaleLabs()
 	code := m.Run()
 	removeStaleLabs()
+	lock.Close()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
