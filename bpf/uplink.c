@@ -38,7 +38,7 @@ int uplink_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_FABRIC_NOT_LOCAL);
 	/* Checked again on the receiving host: a sending host that skipped
 	 * its check must not open the subnet. */
-	reason = check_visibility(&pkt);
+	reason = admit(&pkt, 0, 1);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 

@@ -63,7 +63,7 @@ int vif_ingress(struct __sk_buff *skb)
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	if (!dst)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
-	reason = check_visibility(&pkt);
+	reason = admit(&pkt, 1, dst->ifindex != 0);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	int routed = !same_subnet(ip->saddr, ip->daddr);

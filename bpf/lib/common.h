@@ -58,6 +58,8 @@ enum drop_reason {
 	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
 	DROP_TTL_EXCEEDED,       /* routed between subnets with TTL 1: cannot take the gateway hop */
 	DROP_AGENT_BUSY,         /* for the agent (DHCP), but its ring buffer was full */
+	DROP_FIREWALL_IN,        /* the receiving VM's firewall refused it */
+	DROP_FIREWALL_OUT,       /* the sending VM's firewall refused it */
 	DROP_REASON_MAX,
 };
 
@@ -85,6 +87,35 @@ struct vis_key {
 	__u8 proto;
 	__u8 _pad;
 	__u16 port;
+};
+
+/* A VM's own firewall (paper §2, per-VM policies): ordered rules per
+ * direction, first match wins, else the direction's default. Enforced on the
+ * VM's host, outside the VM, so a compromised VM cannot lift it. */
+#define FW_MAX_RULES 16
+#define FW_IN 0
+#define FW_OUT 1
+
+struct fw_key {
+	__be32 vm;
+	__u8 dir;
+	__u8 index;
+	__u16 _pad;
+};
+
+struct fw_rule {
+	__be32 net;     /* remote address ... */
+	__be32 mask;    /* ... and prefix mask */
+	__u16 port_lo;  /* VM-side port for in, remote port for out; 0: any */
+	__u16 port_hi;
+	__u8 proto;     /* 0: any */
+	__u8 allow;
+	__u16 _pad;
+};
+
+struct fw_policy {
+	__u8 count[2];         /* rules per direction (FW_IN, FW_OUT) */
+	__u8 default_allow[2];
 };
 
 /* One direction of a flow a rule allowed; its reverse lets replies in. */

@@ -40,6 +40,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } visibility SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_VIFS);
+	__type(key, __be32);
+	__type(value, struct fw_policy);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} firewalls SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_VIFS * FW_MAX_RULES * 2);
+	__type(key, struct fw_key);
+	__type(value, struct fw_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} firewall_rules SEC(".maps");
+
 /* LRU: under pressure the oldest flows are forgotten, never new ones refused. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -1,8 +1,9 @@
-/* Visibility between subnets and farms (paper §2, step 2). Inside a subnet
- * everything is open. Across subnets a packet passes if a rule allows it, or
- * if it is the reply of a flow a rule allowed. Both the sending and the
- * receiving host decide, each on its own conntrack, so neither trusts the
- * other. */
+/* Who may talk to whom: visibility between subnets and farms (paper §2,
+ * step 2) and each VM's own firewall. Inside a subnet everything is open
+ * unless a VM's firewall says otherwise. Across subnets a packet passes if a
+ * rule allows it, or if it answers a flow this host admitted. Both the
+ * sending and the receiving host decide, each on its own conntrack, so
+ * neither trusts the other. */
 #ifndef ONEHOP_POLICY_H
 #define ONEHOP_POLICY_H
 
@@ -66,12 +67,43 @@ static __always_inline int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, _
 	return bpf_map_lookup_elem(&visibility, &k) != 0;
 }
 
-/* Returns DROP_NONE when the packet may cross from its subnet to the
- * destination's, DROP_NOT_VISIBLE otherwise. */
-static __always_inline int check_visibility(const struct packet *pkt)
+static __always_inline int firewall_allows(__be32 vm, __u8 dir, __be32 remote, __u8 proto, __u16 port)
+{
+	struct fw_policy *p = bpf_map_lookup_elem(&firewalls, &vm);
+	if (!p)
+		return 1;
+	__u8 n = p->count[dir & 1];
+	for (__u8 i = 0; i < FW_MAX_RULES; i++) {
+		if (i >= n)
+			break;
+		struct fw_key k = {.vm = vm, .dir = dir, .index = i};
+		struct fw_rule *r = bpf_map_lookup_elem(&firewall_rules, &k);
+		if (!r)
+			continue;
+		if ((remote & r->mask) != r->net)
+			continue;
+		if (r->proto && r->proto != proto)
+			continue;
+		if (r->port_lo && (port < r->port_lo || port > r->port_hi))
+			continue;
+		return r->allow;
+	}
+	return p->default_allow[dir & 1];
+}
+
+/* admit decides whether a packet from src to dst may be delivered: the
+ * visibility rules between their subnets (paper §2, step 2) and the
+ * firewalls of the VMs among them that live on this host (src_local,
+ * dst_local). A packet that answers a flow this host already admitted passes
+ * (stateful); an admitted packet that can open a flow is remembered. Traffic
+ * inside a subnet between VMs without firewalls takes no conntrack work. */
+static __always_inline int admit(const struct packet *pkt, int src_local, int dst_local)
 {
 	struct iphdr *ip = pkt->ip;
-	if (same_subnet(ip->saddr, ip->daddr))
+	int crossing = !same_subnet(ip->saddr, ip->daddr);
+	int fw_src = src_local && bpf_map_lookup_elem(&firewalls, &ip->saddr);
+	int fw_dst = dst_local && bpf_map_lookup_elem(&firewalls, &ip->daddr);
+	if (!crossing && !fw_src && !fw_dst)
 		return DROP_NONE;
 
 	struct l4_ports l4 = l4_of(pkt);
@@ -83,19 +115,28 @@ static __always_inline int check_visibility(const struct packet *pkt)
 		e->last_seen_ns = now;
 		return DROP_NONE;
 	}
-	/* An echo reply or a non-first fragment starts no flow of its own. */
-	if (!l4.known || (ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REQUEST)) {
-		if (rule_allows(ip->saddr, ip->daddr, ip->protocol, 0))
-			return DROP_NONE;
+	/* An echo reply or a non-first fragment starts no flow of its own:
+	 * only a rule for the whole protocol lets it through. */
+	int opens = l4.known && !(ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REQUEST);
+	__u16 port = (opens && ip->protocol != IPPROTO_ICMP_) ? bpf_ntohs(l4.dport) : 0;
+
+	if (crossing && !rule_allows(ip->saddr, ip->daddr, ip->protocol, port))
 		return DROP_NOT_VISIBLE;
-	}
-	__u16 port = ip->protocol == IPPROTO_ICMP_ ? 0 : bpf_ntohs(l4.dport);
-	if (!rule_allows(ip->saddr, ip->daddr, ip->protocol, port))
-		return DROP_NOT_VISIBLE;
+	if (fw_src && !firewall_allows(ip->saddr, FW_OUT, ip->daddr, ip->protocol, port))
+		return DROP_FIREWALL_OUT;
+	if (fw_dst && !firewall_allows(ip->daddr, FW_IN, ip->saddr, ip->protocol, port))
+		return DROP_FIREWALL_IN;
+	if (!opens)
+		return DROP_NONE;
 	struct ct_key fwd = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
 			     .proto = ip->protocol};
-	struct ct_entry ne = {.last_seen_ns = now};
-	bpf_map_update_elem(&conntrack, &fwd, &ne, BPF_ANY);
+	e = bpf_map_lookup_elem(&conntrack, &fwd);
+	if (e) {
+		e->last_seen_ns = now;
+	} else {
+		struct ct_entry ne = {.last_seen_ns = now};
+		bpf_map_update_elem(&conntrack, &fwd, &ne, BPF_ANY);
+	}
 	return DROP_NONE;
 }
 

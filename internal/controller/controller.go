@@ -83,7 +83,7 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		v := intent.VM{
 			Farm: vm.Farm(), Subnet: vm.SubnetName(), Name: vm.Name, Host: vm.Host,
 			Interface: topology.VifName(vm.Name), IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(),
-			Gateway: ipam.Gateway(b[1], b[2]).String(),
+			Gateway: ipam.Gateway(b[1], b[2]).String(), Firewall: vm.Firewall,
 		}
 		want[intent.VMsPrefix+v.FullName()] = v
 	}

@@ -82,7 +82,7 @@ func Open(pinDir string) (*Kernel, error) {
 	shared := map[string]*ebpf.Map{
 		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config, "visibility": m.Visibility,
 		"conntrack": m.Conntrack, "drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
-		"slowpath": m.Slowpath,
+		"slowpath": m.Slowpath, "firewalls": m.Firewalls, "firewall_rules": m.FirewallRules,
 	}
 	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	for name, ms := range uspec.Maps {
@@ -198,6 +198,10 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	errs = append(errs, syncMap(k.vif.Endpoints, e.Endpoints, "endpoints"))
 	errs = append(errs, syncMap(k.vif.Vifs, e.Vifs, "vifs"))
 	errs = append(errs, syncMap(k.vif.Visibility, e.Visibility, "visibility"))
+	// Rules before policies: a policy's count must never cover a rule
+	// not written yet.
+	errs = append(errs, syncMap(k.vif.FirewallRules, e.FirewallRules, "firewall rules"))
+	errs = append(errs, syncMap(k.vif.Firewalls, e.Firewalls, "firewalls"))
 	for name, ifindex := range e.Attach {
 		errs = append(errs, k.attach(name, ifindex, k.vif.VifIngress))
 	}

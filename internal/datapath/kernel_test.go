@@ -186,6 +186,16 @@ type progCase struct {
 
 func loadTestKernel(t *testing.T) *Kernel {
 	t.Helper()
+	return loadTestKernelWith(t, testDesired())
+}
+
+func loadTestKernelWith(t *testing.T, d intent.Desired) *Kernel {
+	t.Helper()
+	return loadTestKernelWithIfindex(t, d, testIfindex)
+}
+
+func loadTestKernelWithIfindex(t *testing.T, d intent.Desired, ifindexOf func(string) (int, error)) *Kernel {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("BPF_PROG_RUN needs root (unprivileged BPF is disabled on this machine)")
 	}
@@ -198,7 +208,7 @@ func loadTestKernel(t *testing.T) *Kernel {
 		t.Fatalf("load datapath: %v", err)
 	}
 	t.Cleanup(func() { k.Close() })
-	e, missing, err := Compile(testDesired(), h1Uplink, testIfindex)
+	e, missing, err := Compile(d, h1Uplink, ifindexOf)
 	if err != nil || len(missing) != 0 {
 		t.Fatalf("compile: %v (missing %v)", err, missing)
 	}
@@ -459,4 +469,55 @@ func TestPrivilegedDHCPRequestIsHandedToTheAgentWhole(t *testing.T) {
 	if ifindex != 1 || int(n) != len(want) || !bytes.Equal(b[8:8+n], want) {
 		t.Fatalf("record ifindex %d len %d, want 1 and the %d-byte frame", ifindex, n, len(want))
 	}
+}
+
+func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
+	web4 := netip.MustParseAddr("10.1.1.5") // another VM of the subnet, on h2
+	d := testDesired()
+	d.Remote = append(d.Remote, intent.RemoteEndpoint{Name: "blue/web/web4", IP: web4.String(), MAC: vmac(web4).String(), Host: "h2", HostMAC: h2MAC.String()})
+	// web3 takes ssh from its subnet except from web2, nothing else in, and
+	// may not send udp out.
+	d.Local[1].Firewall = &intent.Firewall{DefaultIn: "deny", DefaultOut: "allow", Rules: []intent.FirewallRule{
+		{Dir: "in", Proto: "tcp", PortLo: 22, PortHi: 22, CIDR: "10.1.1.3/32", Action: "deny"},
+		{Dir: "in", Proto: "tcp", PortLo: 22, PortHi: 22, CIDR: "10.1.1.0/24", Action: "allow"},
+		{Dir: "out", Proto: "udp", Action: "deny"},
+	}}
+	// This time the frames BPF_PROG_RUN injects on ifindex 1 come from web3.
+	k := loadTestKernelWithIfindex(t, d, func(name string) (int, error) {
+		switch name {
+		case "vif-web3":
+			return 1, nil
+		case "vif-web1":
+			return 42, nil
+		}
+		return 0, os.ErrNotExist
+	})
+	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "ssh from web4 is allowed in",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web4, daddr: web3, proto: tcp, dport: 22},
+			wantVerdict: actRedirect, wantForward: "from_fabric"},
+		{name: "ssh from web2 matches the earlier deny first",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, dport: 22},
+			wantVerdict: actShot, wantDrop: "firewall_in"},
+		{name: "http from web4 hits the default deny",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web4, daddr: web3, proto: tcp, dport: 80},
+			wantVerdict: actShot, wantDrop: "firewall_in"},
+	})
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "web3 opens tcp to web2 (outbound allowed)",
+			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web3, daddr: web2, proto: tcp, sport: 41000, dport: 8080},
+			wantVerdict: actRedirect, wantForward: "to_fabric"},
+		{name: "web3 may not send udp out",
+			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web3, daddr: web2, proto: udp},
+			wantVerdict: actShot, wantDrop: "firewall_out"},
+	})
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "web2's reply passes the default deny: the firewall is stateful",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 8080, dport: 41000},
+			wantVerdict: actRedirect, wantForward: "from_fabric"},
+		{name: "but web2 cannot open its own connection to that port",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 8081, dport: 41000},
+			wantVerdict: actShot, wantDrop: "firewall_in"},
+	})
 }

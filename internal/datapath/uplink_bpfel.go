@@ -35,6 +35,31 @@ type uplinkEndpoint struct {
 	HostMac [6]uint8
 }
 
+type uplinkFwKey struct {
+	_     structs.HostLayout
+	Vm    uint32
+	Dir   uint8
+	Index uint8
+	Pad   uint16
+}
+
+type uplinkFwPolicy struct {
+	_            structs.HostLayout
+	Count        [2]uint8
+	DefaultAllow [2]uint8
+}
+
+type uplinkFwRule struct {
+	_      structs.HostLayout
+	Net    uint32
+	Mask   uint32
+	PortLo uint16
+	PortHi uint16
+	Proto  uint8
+	Allow  uint8
+	Pad    uint16
+}
+
 type uplinkNodeConfig struct {
 	_             structs.HostLayout
 	UplinkIfindex uint32
@@ -71,6 +96,8 @@ const (
 	uplinkMapDropEvents     = "drop_events"
 	uplinkMapDrops          = "drops"
 	uplinkMapEndpoints      = "endpoints"
+	uplinkMapFirewallRules  = "firewall_rules"
+	uplinkMapFirewalls      = "firewalls"
 	uplinkMapForwards       = "forwards"
 	uplinkMapSlowpath       = "slowpath"
 	uplinkMapVifs           = "vifs"
@@ -127,15 +154,17 @@ type uplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
-	Config     *ebpf.MapSpec `ebpf:"config"`
-	Conntrack  *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops      *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints  *ebpf.MapSpec `ebpf:"endpoints"`
-	Forwards   *ebpf.MapSpec `ebpf:"forwards"`
-	Slowpath   *ebpf.MapSpec `ebpf:"slowpath"`
-	Vifs       *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility *ebpf.MapSpec `ebpf:"visibility"`
+	Config        *ebpf.MapSpec `ebpf:"config"`
+	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops         *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
+	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -164,15 +193,17 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
-	Config     *ebpf.Map `ebpf:"config"`
-	Conntrack  *ebpf.Map `ebpf:"conntrack"`
-	DropEvents *ebpf.Map `ebpf:"drop_events"`
-	Drops      *ebpf.Map `ebpf:"drops"`
-	Endpoints  *ebpf.Map `ebpf:"endpoints"`
-	Forwards   *ebpf.Map `ebpf:"forwards"`
-	Slowpath   *ebpf.Map `ebpf:"slowpath"`
-	Vifs       *ebpf.Map `ebpf:"vifs"`
-	Visibility *ebpf.Map `ebpf:"visibility"`
+	Config        *ebpf.Map `ebpf:"config"`
+	Conntrack     *ebpf.Map `ebpf:"conntrack"`
+	DropEvents    *ebpf.Map `ebpf:"drop_events"`
+	Drops         *ebpf.Map `ebpf:"drops"`
+	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls     *ebpf.Map `ebpf:"firewalls"`
+	Forwards      *ebpf.Map `ebpf:"forwards"`
+	Slowpath      *ebpf.Map `ebpf:"slowpath"`
+	Vifs          *ebpf.Map `ebpf:"vifs"`
+	Visibility    *ebpf.Map `ebpf:"visibility"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -182,6 +213,8 @@ func (m *uplinkMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.Endpoints,
+		m.FirewallRules,
+		m.Firewalls,
 		m.Forwards,
 		m.Slowpath,
 		m.Vifs,

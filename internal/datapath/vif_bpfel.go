@@ -58,7 +58,9 @@ const (
 	vifDropReasonDROP_NOT_VISIBLE        vifDropReason = 14
 	vifDropReasonDROP_TTL_EXCEEDED       vifDropReason = 15
 	vifDropReasonDROP_AGENT_BUSY         vifDropReason = 16
-	vifDropReasonDROP_REASON_MAX         vifDropReason = 17
+	vifDropReasonDROP_FIREWALL_IN        vifDropReason = 17
+	vifDropReasonDROP_FIREWALL_OUT       vifDropReason = 18
+	vifDropReasonDROP_REASON_MAX         vifDropReason = 19
 )
 
 type vifEndpoint struct {
@@ -81,6 +83,31 @@ const (
 	vifForwardPathFWD_TO_AGENT      vifForwardPath = 7
 	vifForwardPathFWD_PATH_MAX      vifForwardPath = 8
 )
+
+type vifFwKey struct {
+	_     structs.HostLayout
+	Vm    uint32
+	Dir   uint8
+	Index uint8
+	Pad   uint16
+}
+
+type vifFwPolicy struct {
+	_            structs.HostLayout
+	Count        [2]uint8
+	DefaultAllow [2]uint8
+}
+
+type vifFwRule struct {
+	_      structs.HostLayout
+	Net    uint32
+	Mask   uint32
+	PortLo uint16
+	PortHi uint16
+	Proto  uint8
+	Allow  uint8
+	Pad    uint16
+}
 
 type vifNodeConfig struct {
 	_             structs.HostLayout
@@ -125,6 +152,8 @@ const (
 	vifMapDropEvents        = "drop_events"
 	vifMapDrops             = "drops"
 	vifMapEndpoints         = "endpoints"
+	vifMapFirewallRules     = "firewall_rules"
+	vifMapFirewalls         = "firewalls"
 	vifMapForwards          = "forwards"
 	vifMapSlowpath          = "slowpath"
 	vifMapVifs              = "vifs"
@@ -185,15 +214,17 @@ type vifProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifMapSpecs struct {
-	Config     *ebpf.MapSpec `ebpf:"config"`
-	Conntrack  *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops      *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints  *ebpf.MapSpec `ebpf:"endpoints"`
-	Forwards   *ebpf.MapSpec `ebpf:"forwards"`
-	Slowpath   *ebpf.MapSpec `ebpf:"slowpath"`
-	Vifs       *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility *ebpf.MapSpec `ebpf:"visibility"`
+	Config        *ebpf.MapSpec `ebpf:"config"`
+	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops         *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
+	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
 }
 
 // vifVariableSpecs contains global variables before they are loaded into the kernel.
@@ -226,15 +257,17 @@ func (o *vifObjects) Close() error {
 //
 // It can be passed to loadVifObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifMaps struct {
-	Config     *ebpf.Map `ebpf:"config"`
-	Conntrack  *ebpf.Map `ebpf:"conntrack"`
-	DropEvents *ebpf.Map `ebpf:"drop_events"`
-	Drops      *ebpf.Map `ebpf:"drops"`
-	Endpoints  *ebpf.Map `ebpf:"endpoints"`
-	Forwards   *ebpf.Map `ebpf:"forwards"`
-	Slowpath   *ebpf.Map `ebpf:"slowpath"`
-	Vifs       *ebpf.Map `ebpf:"vifs"`
-	Visibility *ebpf.Map `ebpf:"visibility"`
+	Config        *ebpf.Map `ebpf:"config"`
+	Conntrack     *ebpf.Map `ebpf:"conntrack"`
+	DropEvents    *ebpf.Map `ebpf:"drop_events"`
+	Drops         *ebpf.Map `ebpf:"drops"`
+	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls     *ebpf.Map `ebpf:"firewalls"`
+	Forwards      *ebpf.Map `ebpf:"forwards"`
+	Slowpath      *ebpf.Map `ebpf:"slowpath"`
+	Vifs          *ebpf.Map `ebpf:"vifs"`
+	Visibility    *ebpf.Map `ebpf:"visibility"`
 }
 
 func (m *vifMaps) Close() error {
@@ -244,6 +277,8 @@ func (m *vifMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.Endpoints,
+		m.FirewallRules,
+		m.Firewalls,
 		m.Forwards,
 		m.Slowpath,
 		m.Vifs,

@@ -69,14 +69,34 @@ type Subnet struct {
 
 // VM is one guest with its allocated address and virtual MAC.
 type VM struct {
-	Farm      string `json:"farm"`
-	Subnet    string `json:"subnet"`
-	Name      string `json:"name"`
-	Host      string `json:"host"`
-	Interface string `json:"interface"` // its vif on the host
-	IP        string `json:"ip"`
-	MAC       string `json:"mac"`
-	Gateway   string `json:"gateway"`
+	Farm      string    `json:"farm"`
+	Subnet    string    `json:"subnet"`
+	Name      string    `json:"name"`
+	Host      string    `json:"host"`
+	Interface string    `json:"interface"` // its vif on the host
+	IP        string    `json:"ip"`
+	MAC       string    `json:"mac"`
+	Gateway   string    `json:"gateway"`
+	Firewall  *Firewall `json:"firewall,omitempty"`
+}
+
+// Firewall is a VM's own, customer-set firewall: ordered rules per
+// direction, first match wins, else the direction's default. Stateful:
+// replies to flows it admitted always pass.
+type Firewall struct {
+	DefaultIn  string         `json:"defaultIn"`  // allow or deny
+	DefaultOut string         `json:"defaultOut"` // allow or deny
+	Rules      []FirewallRule `json:"rules"`
+}
+
+// FirewallRule matches traffic into (in) or out of (out) the VM.
+type FirewallRule struct {
+	Dir    string `json:"dir"`             // in or out
+	Proto  string `json:"proto,omitempty"` // tcp, udp, icmp; "" any
+	PortLo uint16 `json:"portLo,omitempty"`
+	PortHi uint16 `json:"portHi,omitempty"` // VM-side port for in, remote port for out
+	CIDR   string `json:"cidr,omitempty"`   // the remote end; "" any
+	Action string `json:"action"`           // allow or deny
 }
 
 // FullName is farm/subnet/vm, the VM's unique name.
@@ -93,10 +113,11 @@ type Node struct {
 
 // LocalEndpoint is a VM on the node itself.
 type LocalEndpoint struct {
-	Name      string `json:"name"`
-	IP        string `json:"ip"`
-	MAC       string `json:"mac"`
-	Interface string `json:"interface"`
+	Name      string    `json:"name"`
+	IP        string    `json:"ip"`
+	MAC       string    `json:"mac"`
+	Interface string    `json:"interface"`
+	Firewall  *Firewall `json:"firewall,omitempty"`
 }
 
 // RemoteEndpoint is a VM on another node, reached through that node's uplink.

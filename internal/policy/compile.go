@@ -45,7 +45,8 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 			Visibility: visibility}
 		for _, vm := range vms {
 			if vm.Host == h.Name {
-				d.Local = append(d.Local, intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface})
+				d.Local = append(d.Local, intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface,
+					Firewall: vm.Firewall})
 				continue
 			}
 			mac, ok := nodeMAC[vm.Host]

@@ -15,6 +15,9 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/policy"
 )
 
 // Datapath modes a lab can be built with.
@@ -90,7 +93,9 @@ type VM struct {
 	// DHCP leaves the VM's interface without an address: the VM asks for it
 	// (onehop answers on the VM's host).
 	DHCP bool `yaml:"dhcp"`
-	Line int  `yaml:"-"`
+	// Firewall is the VM's own firewall, if it has one.
+	Firewall *intent.Firewall `yaml:"-"`
+	Line     int              `yaml:"-"`
 	// Lines of the host and subnet values, so an error points at the field.
 	HostLine, SubnetLine int `yaml:"-"`
 }
@@ -259,6 +264,35 @@ func decode(path string, n *yaml.Node, f *File) error {
 				"name":   str(&vm.Name, "vm name"),
 				"host":   at(&vm.HostLine, str(&vm.Host, "vm host")),
 				"subnet": at(&vm.SubnetLine, str(&vm.Subnet, "vm subnet")),
+				"firewall": func(v *yaml.Node) error {
+					fw := &intent.Firewall{DefaultIn: "allow", DefaultOut: "allow"}
+					mapping(v, "firewall", map[string]func(*yaml.Node) error{
+						"default_in":  str(&fw.DefaultIn, "firewall default_in"),
+						"default_out": str(&fw.DefaultOut, "firewall default_out"),
+						"rules": seq("firewall rules", func(rn *yaml.Node) {
+							var r intent.FirewallRule
+							var ports string
+							mapping(rn, "firewall rule", map[string]func(*yaml.Node) error{
+								"dir":    str(&r.Dir, "firewall rule dir"),
+								"proto":  str(&r.Proto, "firewall rule proto"),
+								"port":   str(&ports, "firewall rule port"),
+								"cidr":   str(&r.CIDR, "firewall rule cidr"),
+								"action": str(&r.Action, "firewall rule action"),
+							})
+							lo, hi, err := policy.ParsePorts(ports)
+							if err != nil {
+								errs = append(errs, fail(rn, "%v", err))
+							}
+							r.PortLo, r.PortHi = lo, hi
+							fw.Rules = append(fw.Rules, r)
+						}),
+					})
+					if err := policy.CheckFirewall(fw); err != nil {
+						return fail(v, "vm %q: %v", vm.Name, err)
+					}
+					vm.Firewall = fw
+					return nil
+				},
 				"dhcp": func(v *yaml.Node) error {
 					if v.Kind != yaml.ScalarNode || (v.Value != "true" && v.Value != "false") {
 						return fail(v, "vm dhcp must be true or false")

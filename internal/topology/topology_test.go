@@ -62,7 +62,9 @@ func TestTopologyErrorsNameLineAndReason(t *testing.T) {
 			`must be 1-11 lowercase`},
 		{"no hosts", func(s string) string { return strings.Replace(s, "hosts:\n  - name: h1\n", "", 1) },
 			`no hosts`},
-		{"dhcp not a bool", func(s string) string { return strings.Replace(s, "    subnet: blue/web\n", "    subnet: blue/web\n    dhcp: maybe\n", 1) },
+		{"dhcp not a bool", func(s string) string {
+			return strings.Replace(s, "    subnet: blue/web\n", "    subnet: blue/web\n    dhcp: maybe\n", 1)
+		},
 			`t.yaml:12: vm dhcp must be true or false`},
 		{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
 		{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
@@ -139,6 +141,39 @@ func TestBadRulesAreRejectedWithTheirLine(t *testing.T) {
 			_, err := Parse("t.yaml", []byte(strings.Replace(twoFarms, c.old, c.new, 1)))
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err = %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestVMFirewallParsesAndBadRulesAreRejected(t *testing.T) {
+	base := strings.Replace(good, "    subnet: blue/web\n", `    subnet: blue/web
+    firewall:
+      default_in: deny
+      rules:
+        - {dir: in, proto: tcp, port: "8000-8080", cidr: 10.1.2.0/24, action: allow}
+`, 1)
+	f, err := Parse("t.yaml", []byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw := f.VMs[0].Firewall
+	if fw == nil || fw.DefaultIn != "deny" || fw.DefaultOut != "allow" || fw.Rules[0].PortLo != 8000 || fw.Rules[0].PortHi != 8080 {
+		t.Fatalf("firewall %+v", fw)
+	}
+	cases := []struct{ old, new, want string }{
+		{"dir: in", "dir: sideways", `dir "sideways": want in or out`},
+		{"action: allow", "action: maybe", `action "maybe": want allow or deny`},
+		{`port: "8000-8080"`, `port: "9000-8000"`, `want a port (1-65535) or a range`},
+		{"proto: tcp", "proto: icmp", "ports need proto tcp or udp"},
+		{"cidr: 10.1.2.0/24", "cidr: 10.1.2.0/40", `cidr "10.1.2.0/40" is not an IPv4 prefix`},
+		{"default_in: deny", "default_in: open", `default_in "open"`},
+	}
+	for _, c := range cases {
+		t.Run(c.want, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(strings.Replace(base, c.old, c.new, 1)))
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "t.yaml:") {
+				t.Fatalf("err = %v, want %q with a line", err, c.want)
 			}
 		})
 	}
