@@ -49,7 +49,9 @@ Try it on one machine (as root):
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.PersistentFlags().StringVar(&apiAddr, "api", "", "controller REST API: a unix socket or http://HOST:PORT (default: the lab's)")
 	root.AddCommand(labCmd(), controllerCmd(), agentCmd(), netnsExecCmd())
+	root.AddCommand(verbCmds()...)
 	return root
 }
 
@@ -99,7 +101,9 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.ClientURL, "client-url", "", "embedded etcd client URL, http://IP:PORT, reachable by agents")
 	f.StringVar(&cfg.Socket, "socket", "", "unix socket the embedded etcd also serves (optional)")
 	f.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated external etcd endpoints; disables the embedded etcd")
-	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs become the intent")
+	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
+	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
+	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
 	return c
 }
 

@@ -54,7 +54,14 @@ type Agent struct {
 	status     intent.AgentStatus
 	reconciles uint64
 	failures   uint64
+	countersAt time.Time
+	// Latest counters, published with the next status.
+	drops, forwards map[string]uint64
 }
+
+// countersEvery is how often counters go into the status record: often
+// enough for `onehop stats`, rare enough not to load etcd.
+const countersEvery = 5 * time.Second
 
 // New returns an agent; Run starts it.
 func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logger) (*Agent, error) {
@@ -136,6 +143,14 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 		}
 	}
 	err = a.apply(d)
+	if time.Since(a.countersAt) >= countersEvery {
+		if c, cerr := a.dp.Counters(); cerr == nil {
+			a.mu.Lock()
+			a.drops, a.forwards = nonZero(c.Drops), nonZero(c.Forwards)
+			a.countersAt = time.Now()
+			a.mu.Unlock()
+		}
+	}
 	a.mu.Lock()
 	a.reconciles++
 	if err != nil {
@@ -194,6 +209,7 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	a.mu.Lock()
 	st := a.status
 	st.Node = a.cfg.Node
+	st.Drops, st.Forwards = a.drops, a.forwards
 	st.AppliedDigest = d.Digest()
 	st.Error = ""
 	if applyErr != nil {
@@ -230,4 +246,14 @@ func (a *Agent) Status() (st intent.AgentStatus, reconciles, failures uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.status, a.reconciles, a.failures
+}
+
+func nonZero(m map[string]uint64) map[string]uint64 {
+	out := map[string]uint64{}
+	for k, v := range m {
+		if v > 0 {
+			out[k] = v
+		}
+	}
+	return out
 }

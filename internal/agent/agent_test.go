@@ -205,3 +205,30 @@ func TestRunRegistersNodeAndFollowsDesiredChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// countingDatapath reports a drop counter that grows.
+type countingDatapath struct {
+	fakeDatapath
+	n uint64
+}
+
+func (c *countingDatapath) Counters() (datapath.Counters, error) {
+	c.n++
+	return datapath.Counters{Drops: map[string]uint64{"firewall_in": c.n, "no_route": 0}, Forwards: map[string]uint64{}}, nil
+}
+
+func TestStatusCarriesNonZeroCounters(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	dp := &countingDatapath{}
+	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2})
+	a.ReconcileOnce(ctx)
+	var st intent.AgentStatus
+	store.GetJSON(ctx, s, intent.StatusPrefix+"h1", &st)
+	if st.Drops["firewall_in"] != 1 {
+		t.Fatalf("status drops %v", st.Drops)
+	}
+	if _, ok := st.Drops["no_route"]; ok {
+		t.Fatal("zero counters published")
+	}
+}

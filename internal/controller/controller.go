@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -23,6 +24,7 @@ import (
 type Controller struct {
 	store store.Store
 	log   *slog.Logger
+	mu    sync.Mutex // one intent change at a time: read, allocate, write
 }
 
 // New returns a controller writing to s.

@@ -152,11 +152,15 @@ func (d Desired) Digest() string {
 
 // AgentStatus is what an agent reports after each reconcile.
 type AgentStatus struct {
-	Node          string    `json:"node"`
-	AppliedDigest string    `json:"appliedDigest"`
-	Endpoints     int       `json:"endpoints"`
-	AttachedVifs  []string  `json:"attachedVifs"`
-	MissingVifs   []string  `json:"missingVifs,omitempty"`
-	Error         string    `json:"error,omitempty"`
-	Time          time.Time `json:"time"`
+	Node          string   `json:"node"`
+	AppliedDigest string   `json:"appliedDigest"`
+	Endpoints     int      `json:"endpoints"`
+	AttachedVifs  []string `json:"attachedVifs"`
+	MissingVifs   []string `json:"missingVifs,omitempty"`
+	// Drops and Forwards are the datapath counters, refreshed every few
+	// seconds (Prometheus on the agent has them live).
+	Drops    map[string]uint64 `json:"drops,omitempty"`
+	Forwards map[string]uint64 `json:"forwards,omitempty"`
+	Error    string            `json:"error,omitempty"`
+	Time     time.Time         `json:"time"`
 }

@@ -28,6 +28,7 @@ type State struct {
 	Dir        string    `json:"dir"`
 	BPFFS      string    `json:"bpffs"`
 	EtcdSocket string    `json:"etcdSocket"`
+	APISocket  string    `json:"apiSocket"`
 	EtcdURL    string    `json:"etcdURL"`
 	Phase      string    `json:"phase"` // "building" until up has finished, then "up"
 	Namespaces []string  `json:"namespaces"`

@@ -87,6 +87,7 @@ func Up(ctx context.Context, t *topology.File, opts Options) (*State, error) {
 		Name: t.Name, Topology: topoPath, Datapath: t.Datapath, Dir: dir,
 		BPFFS:      filepath.Join(dir, "bpffs"),
 		EtcdSocket: filepath.Join(dir, "etcd.sock"),
+		APISocket:  filepath.Join(dir, "api.sock"),
 		EtcdURL:    fmt.Sprintf("http://%s", net.JoinHostPort(t.Fabric.Controller, fmt.Sprint(etcdPort))),
 		Phase:      "building", Created: time.Now().UTC(),
 	}
@@ -113,6 +114,10 @@ func (b *builder) build(ctx context.Context) error {
 	fabricNS := NamespaceOf(t.Name, "fabric")
 	b.step("fabric %s: bridge %s for %s", fabricNS, FabricBridge, fabric)
 	if err := b.newNamespace(fabricNS); err != nil {
+		return err
+	}
+	// A switch reports no multicast memberships of its own.
+	if err := netns.WriteSysctl(fabricNS, "net/ipv4/igmp_link_local_mcast_reports", "0"); err != nil {
 		return err
 	}
 	fh, err := netns.Handle(fabricNS)
@@ -150,6 +155,7 @@ func (b *builder) build(ctx context.Context) error {
 			"--data-dir", filepath.Join(st.Dir, "etcd"),
 			"--client-url", st.EtcdURL,
 			"--socket", st.EtcdSocket,
+			"--api-socket", st.APISocket,
 			"--topology", st.Topology); err != nil {
 			return err
 		}

@@ -530,3 +530,25 @@ func orLine(specific, fallback int) int {
 
 // VifName is the host-side interface of a VM in the lab.
 func VifName(vm string) string { return "vif-" + vm }
+
+// CheckFarmName, CheckSubnetName, CheckVMName and CheckHostName apply the
+// topology file's naming rules to names that arrive through the API.
+func CheckFarmName(name string) error { return checkName("farm", name, nameRE, 32) }
+
+// CheckSubnetName: see CheckFarmName.
+func CheckSubnetName(name string) error { return checkName("subnet", name, nameRE, 32) }
+
+// CheckVMName: see CheckFarmName.
+func CheckVMName(name string) error {
+	if reserved[name] {
+		return fmt.Errorf("vm name %q is reserved", name)
+	}
+	return checkName("vm", name, vmNameRE, 11)
+}
+
+func checkName(kind, name string, re *regexp.Regexp, max int) error {
+	if !re.MatchString(name) {
+		return fmt.Errorf("%s name %q must be lowercase letters and digits (and '-' for farms and subnets), starting with a letter, at most %d characters", kind, name, max)
+	}
+	return nil
+}

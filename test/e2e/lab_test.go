@@ -128,10 +128,16 @@ func (l *testLab) onehop(args ...string) string {
 	return string(out)
 }
 
-// in runs a command inside a lab node and returns its output.
+// in runs a command inside a lab node and returns its output. No command
+// may hang the suite: each is killed after a minute.
 func (l *testLab) in(node string, cmd ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	args := append([]string{"lab", "exec", "--root", testRoot, "--lab", l.name, node, "--"}, cmd...)
-	out, err := exec.Command(binary, args...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, binary, args...).CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%s on %s: killed after a minute: %w", strings.Join(cmd, " "), node, ctx.Err())
+	}
 	return string(out), err
 }
 

@@ -144,6 +144,12 @@ func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
 		l.mac("controller", "mgmt0"): "controller",
 		"ff:ff:ff:ff:ff:ff":          "broadcast",
 	}
+	// The switch's own ports may speak for themselves (as a physical
+	// switch's do); what must never appear is a VM's virtual MAC.
+	switchMACs := map[string]bool{}
+	for _, i := range l.node("fabric").Interfaces {
+		switchMACs[i.MAC] = true
+	}
 	got := l.capture("fabric", "br0", "eth.src", "eth.dst", "eth.type", "ip.src", "ip.dst", "ip.proto")
 	if err := l.ping("web1", l.ip("web2"), 3); err != nil {
 		t.Fatal(err)
@@ -161,6 +167,9 @@ func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
 		f := strings.Split(line, "\t")
 		for len(f) < 6 {
 			f = append(f, "")
+		}
+		if switchMACs[f[0]] && !strings.HasPrefix(f[3], "10.") {
+			continue // the switch's own control traffic (IGMP from its ports)
 		}
 		for _, mac := range f[:2] {
 			if _, ok := allowed[mac]; !ok {

@@ -1,0 +1,82 @@
+// Package client talks to the controller's REST API, over a unix socket (the
+// lab's default) or HTTP.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Client is a REST API client.
+type Client struct {
+	base string
+	http *http.Client
+}
+
+// New returns a client for addr: a unix socket path, or http://host:port.
+func New(addr string) *Client {
+	if strings.HasPrefix(addr, "http://") || strings.HasPrefix(addr, "https://") {
+		return &Client{base: strings.TrimRight(addr, "/"), http: &http.Client{Timeout: 10 * time.Second}}
+	}
+	socket := strings.TrimPrefix(addr, "unix://")
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	return &Client{base: "http://onehop", http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// APIError is an error the API answered with.
+type APIError struct {
+	Status int
+	Field  string `json:"field"`
+	Msg    string `json:"error"`
+}
+
+func (e *APIError) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s: %s", e.Field, e.Msg)
+	}
+	return e.Msg
+}
+
+// Do sends in (if not nil) as JSON and decodes the answer into out (if not nil).
+func (c *Client) Do(method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("controller API unreachable: %w", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if resp.StatusCode >= 300 {
+		e := &APIError{Status: resp.StatusCode}
+		if json.Unmarshal(b, e) != nil || e.Msg == "" {
+			e.Msg = fmt.Sprintf("%s %s: HTTP %d %s", method, path, resp.StatusCode, strings.TrimSpace(string(b)))
+		}
+		return e
+	}
+	if out != nil && len(b) > 0 {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
