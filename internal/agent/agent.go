@@ -7,11 +7,13 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"reflect"
+	"sort"
 	"sync"
 	"time"
 
@@ -138,7 +140,7 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 	}
 	d := intent.Desired{Node: a.cfg.Node, VMNet: "10.0.0.0/8"}
 	if b, ok := kvs[intent.DesiredPrefix+a.cfg.Node]; ok {
-		if err := jsonUnmarshal(b, &d); err != nil {
+		if err := json.Unmarshal(b, &d); err != nil {
 			return rev, fmt.Errorf("desired state of %s: %w", a.cfg.Node, err)
 		}
 	}
@@ -185,7 +187,7 @@ func (a *Agent) apply(d intent.Desired) error {
 	for name := range entries.Attach {
 		attached = append(attached, name)
 	}
-	sortStrings(attached)
+	sort.Strings(attached)
 	locals := map[int]intent.LocalEndpoint{}
 	for _, l := range d.Local {
 		if idx, ok := entries.Attach[l.Interface]; ok {

@@ -303,9 +303,3 @@ func (k *Kernel) DropEvents() (*ringbuf.Reader, error) {
 func (k *Kernel) SlowPath() (*ringbuf.Reader, error) {
 	return ringbuf.NewReader(k.vif.Slowpath)
 }
-
-// RemovePins deletes everything pinned under pinDir. Only for teardown: the
-// attached programs stop when their links' last reference goes.
-func RemovePins(pinDir string) error {
-	return os.RemoveAll(pinDir)
-}
