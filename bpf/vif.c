@@ -11,6 +11,7 @@
 #include "lib/route.h"
 #include "lib/policy.h"
 #include "lib/slowpath.h"
+#include "lib/icmp_error.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -70,8 +71,16 @@ int vif_ingress(struct __sk_buff *skb)
 	if (routed) {
 		/* The one hop the sender sees: its gateway (decremented once, here). */
 		reason = take_gateway_hop(ip);
-		if (reason)
-			return drop_packet(skb, &pkt, reason);
+		if (reason) {
+			/* Tell the sender, as a router would: traceroute's first hop. */
+			if (make_time_exceeded(skb, vif->mac) == 0) {
+				count_forward(FWD_GATEWAY_REPLY);
+				return bpf_redirect(ifindex, 0);
+			}
+			/* The frame may be half rebuilt: log no headers. */
+			struct packet rebuilt = {};
+			return drop_packet(skb, &rebuilt, reason);
+		}
 		count_forward(FWD_ROUTED);
 	}
 

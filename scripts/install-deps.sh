@@ -15,6 +15,7 @@ declare -A need=(
   [curl]=curl
   [nsenter]=util-linux
   [udhcpc]=udhcpc
+  [traceroute]=traceroute
   [etcd]=etcd-server       # an external etcd cluster in tests
 )
 missing=()

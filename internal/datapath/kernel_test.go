@@ -311,9 +311,9 @@ func TestPrivilegedVifProgram(t *testing.T) {
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
 			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
 			wantForward: "to_fabric,routed"},
-		{name: "ttl 1 cannot take the gateway hop",
+		{name: "ttl 1 at the gateway hop comes back as the gateway's time-exceeded",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 1},
-			wantVerdict: actShot, wantDrop: "ttl_exceeded"},
+			wantVerdict: actRedirect, wantForward: "gateway_reply"},
 		{name: "ping to the subnet's gateway is answered in the datapath",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: gw, proto: icmp},
 			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: gw, daddr: web1, proto: icmp, icmpType: 100},
@@ -520,4 +520,25 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 8081, dport: 41000},
 			wantVerdict: actShot, wantDrop: "firewall_in"},
 	})
+}
+
+func TestPrivilegedTimeExceededQuotesTheExpiredPacket(t *testing.T) {
+	k := loadTestKernel(t)
+	in := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 1}.bytes(t)
+	out := make([]byte, len(in)+64)
+	ret, err := k.VifProgram().Run(&ebpf.RunOptions{Data: in, DataOut: out})
+	if err != nil || ret != actRedirect {
+		t.Fatalf("verdict %d, err %v", ret, err)
+	}
+	// What a router sends: from the gateway to the sender, quoting the
+	// expired packet's IPv4 header and first 8 payload bytes.
+	ip := &layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: gw.AsSlice(), DstIP: web1.AsSlice()}
+	buf := gopacket.NewSerializeBuffer()
+	gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		&layers.Ethernet{SrcMAC: vmac(gw), DstMAC: vmac(web1), EthernetType: layers.EthernetTypeIPv4}, ip,
+		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(11, 0)}, gopacket.Payload(in[14:14+20+8]))
+	want := buf.Bytes()
+	if !bytes.Equal(out[:len(want)], want) {
+		t.Fatalf("time exceeded\n got %x\nwant %x", out[:len(want)], want)
+	}
 }

@@ -263,6 +263,20 @@ func TestPrivilegedInterSubnetRuleOpensOnlyWhatItNamesInOneHop(t *testing.T) {
 	if err := l.ping("web1", "10.1.1.1", 2); err != nil {
 		t.Errorf("gateway ping: %v", err)
 	}
+	// traceroute sees exactly one hop, the gateway, then db1.
+	tr, err := l.in("web1", "traceroute", "-I", "-n", "-q", "1", "-w", "1", "-m", "4", db1)
+	if err != nil {
+		t.Fatalf("traceroute: %v\n%s", err, tr)
+	}
+	var hops []string
+	for _, line := range strings.Split(strings.TrimSpace(tr), "\n")[1:] {
+		if f := strings.Fields(line); len(f) >= 2 {
+			hops = append(hops, f[1])
+		}
+	}
+	if len(hops) != 2 || hops[0] != "10.1.1.1" || hops[1] != db1 {
+		t.Errorf("traceroute hops %v, want [10.1.1.1 %s]:\n%s", hops, db1, tr)
+	}
 	// TCP to the allowed port works, to another port does not.
 	l.start("db1", "iperf3", "-s", "-p", "5432")
 	l.start("db1", "iperf3", "-s", "-p", "5201")
