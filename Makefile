@@ -29,7 +29,7 @@ vet:
 
 # Pure Go tests, then BPF_PROG_RUN tests (root) in the same packages.
 unit-test:
-	$(GO) test -count=1 ./internal/... ./cmd/...
+	$(GO) test -count=1 ./internal/... ./cmd/... ./bench/...
 
 # Whole labs of namespaces with real tools; one package at a time.
 e2e-test:

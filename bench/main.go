@@ -1,16 +1,29 @@
-// Command bench measures onehop against its baselines in one run: VM-to-VM
-// traffic across two hosts through onehop's eBPF datapath, through the same
-// lab built on Linux bridges (no virtualization: the physical reference), and
-// through one raw veth pair. Variants are interleaved round by round, so
-// machine noise hits them alike; the report gives min/median/max per figure
-// and onehop's ratio of medians to each baseline.
+// Command bench measures onehop against its baselines in one run, side by
+// side:
+//
+//   - onehop: vm1 -> vm2 across two hosts of a lab with onehop's eBPF datapath;
+//   - bridge: the same lab built with `datapath: bridge`, a Linux bridge per
+//     host and no virtualization at all (the physical reference);
+//   - veth:   one raw veth pair between two namespaces (the floor: what two
+//     namespaces cost with nothing in between).
+//
+// Per variant and round it takes single-stream TCP throughput (iperf3, cubic),
+// ping RTT, and the rate of 64-byte UDP datagrams received. Variants are
+// interleaved inside every round, in rotated order, so drift and noise on the
+// machine hit them alike; the report gives min/median/max per figure and
+// onehop's ratio of medians to each baseline, next to the issue's targets.
 //
 //	go run ./bench -binary bin/onehop -rounds 5 -out bench/results/latest.json
+//	go run ./bench -binary bin/onehop -quick -out /tmp/bench-quick.json
+//
+// It needs root. Everything it creates (two labs under -root, two veth
+// namespaces, iperf3 servers) is removed at the end, on error and on ^C, and
+// leftovers of an interrupted earlier run are removed before it starts.
 package main
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,343 +31,664 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 )
 
+// Names of what the bench creates; fixed, so that a later run finds and
+// removes what an interrupted one left behind.
 const (
-	labRoot   = "/run/onehop-bench"
-	vethA     = "ohbench-a"
-	vethB     = "ohbench-b"
-	vethDstIP = "10.255.0.2"
+	defaultRoot = "/run/onehop-bench" // lab state root of the bench's own labs
+	labOnehop   = "benchoh"
+	labBridge   = "benchbr"
+	vethNSA     = "ohbench-a"
+	vethNSB     = "ohbench-b"
+	vethIfA     = "ohb-a"
+	vethIfB     = "ohb-b"
+	vethSrcIP   = "10.255.0.1"
+	vethDstIP   = "10.255.0.2"
+	srcVM       = "vm1" // on h1
+	dstVM       = "vm2" // on h2: the traffic crosses the fabric
+	iperfPort   = "5201"
+	udpLen      = 64
+	pingGap     = "0.01" // seconds between echoes; below 0.2 needs root
 )
 
-// figure is one measured quantity.
+// figure is one measured quantity. Values are kept in base units (bit/s,
+// datagrams/s, µs) and divided by scale for printing.
 type figure struct {
-	Key         string
-	Title       string
-	Unit        string
-	Scale       float64 // raw value / Scale = printed value
-	LowerBetter bool
+	key           string
+	title         string
+	baseUnit      string
+	unit          string
+	scale         float64
+	digits        int
+	lowerIsBetter bool
+	target        float64 // onehop / bridge, from the issue
 }
 
 var figures = []figure{
-	{"tcp", "TCP throughput, 1 stream", "Gbit/s", 1e9, false},
-	{"udp64", "UDP 64-byte packets received", "kpps", 1e3, false},
-	{"rtt", "ping RTT", "µs", 1, true},
+	{key: "tcp", title: "TCP throughput, 1 stream", baseUnit: "bit/s", unit: "Gbit/s", scale: 1e9, digits: 2, target: 1.0},
+	{key: "rtt", title: "ping RTT, avg", baseUnit: "µs", unit: "µs", scale: 1, digits: 1, lowerIsBetter: true, target: 1.05},
+	{key: "udp64", title: "UDP 64 B received", baseUnit: "datagrams/s", unit: "kpps", scale: 1e3, digits: 1, target: 1.0},
 }
 
-// target is the issue's goal for onehop against the bridge.
-var target = map[string]float64{"tcp": 1.0, "udp64": 1.0, "rtt": 1.05}
-
-// variant is one way of carrying the same traffic.
-type variant struct {
-	Name   string
-	src    func(args ...string) *exec.Cmd
-	dst    func(args ...string) *exec.Cmd
-	dstIP  string
-	server *exec.Cmd
-}
+// The baseline the targets are about.
+const targetBaseline = "bridge"
 
 type config struct {
 	binary  string
+	root    string
+	out     string
 	rounds  int
 	seconds int
 	pings   int
-	out     string
+	quick   bool
 }
+
+// errInterrupted is the cause of the run's context when a signal stopped it.
+var errInterrupted = errors.New("interrupted")
 
 func main() {
 	var cfg config
-	quick := flag.Bool("quick", false, "one round of 1-second tests, to check the harness")
-	flag.StringVar(&cfg.binary, "binary", "bin/onehop", "the onehop binary (make build)")
-	flag.IntVar(&cfg.rounds, "rounds", 5, "interleaved rounds (at least 5 for figures worth quoting)")
-	flag.StringVar(&cfg.out, "out", "bench/results/latest.json", "where to write raw samples and the summary")
+	flag.StringVar(&cfg.binary, "binary", "bin/onehop", "the onehop binary (`make build`)")
+	flag.StringVar(&cfg.root, "root", defaultRoot, "state root for the bench's labs (kept apart from other labs)")
+	flag.StringVar(&cfg.out, "out", "bench/results/latest.json", "where to write raw samples and the summary (JSON)")
+	flag.IntVar(&cfg.rounds, "rounds", 5, "interleaved rounds; at least 5 for figures worth quoting")
+	flag.IntVar(&cfg.seconds, "seconds", 3, "duration of each iperf3 test")
+	flag.IntVar(&cfg.pings, "pings", 50, "echoes per RTT sample")
+	flag.BoolVar(&cfg.quick, "quick", false, "1 round of 1-second tests, to check the harness (an explicit -rounds/-seconds still wins)")
 	flag.Parse()
-	cfg.seconds, cfg.pings = 3, 50
-	if *quick {
-		cfg.rounds, cfg.seconds, cfg.pings = 1, 1, 20
+	if cfg.quick {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["rounds"] {
+			cfg.rounds = 1
+		}
+		if !set["seconds"] {
+			cfg.seconds = 1
+		}
 	}
-	if cfg.rounds < 1 {
-		fmt.Fprintln(os.Stderr, "bench: -rounds must be at least 1")
+	if err := checkSetup(&cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "bench: needs root (builds labs of network namespaces)")
-		os.Exit(2)
-	}
-	bin, err := filepath.Abs(cfg.binary)
-	if err == nil {
-		_, err = os.Stat(bin)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench: onehop binary %s: %v (run make build)\n", cfg.binary, err)
-		os.Exit(2)
-	}
-	cfg.binary = bin
 
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
-	err = run(ctx, cfg)
-	if err != nil {
+	// ^C, SIGTERM and SIGHUP cancel the run; cleanup then runs to the end
+	// (its commands run in their own process groups, so a terminal's ^C does
+	// not reach them, and further signals are only acknowledged).
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		for s := range sigs {
+			if ctx.Err() == nil {
+				fmt.Fprintf(os.Stderr, "\nbench: %v: stopping, then cleaning up\n", s)
+				cancel(errInterrupted)
+			} else {
+				fmt.Fprintln(os.Stderr, "bench: still cleaning up, please wait")
+			}
+		}
+	}()
+
+	err := run(ctx, cfg)
+	signal.Stop(sigs)
+	switch {
+	case errors.Is(err, errInterrupted):
+		fmt.Fprintln(os.Stderr, "bench: interrupted; cleaned up")
+		os.Exit(130)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func progress(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
-
-func run(ctx context.Context, cfg config) (err error) {
-	cleanup(cfg, nil) // leftovers of an interrupted run
-	var variants []*variant
-	// Always, also on error and on ^C (ctx ends the round loop).
-	defer func() { cleanup(cfg, variants) }()
-
-	dir, err := os.MkdirTemp("", "onehop-bench-")
+// checkSetup fails early, with a hint, on what would otherwise fail halfway.
+func checkSetup(cfg *config) error {
+	if cfg.rounds < 1 || cfg.seconds < 1 || cfg.pings < 1 {
+		return errors.New("-rounds, -seconds and -pings must be at least 1")
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: it builds labs of network namespaces")
+	}
+	bin, err := filepath.Abs(cfg.binary)
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = os.Stat(bin); err == nil && fi.Mode()&0o111 == 0 {
+			err = errors.New("not executable")
+		}
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("onehop binary %s: %v (run `make build`)", cfg.binary, err)
 	}
-	defer os.RemoveAll(dir)
-
-	for _, v := range []struct{ name, lab, datapath string }{
-		{"onehop", "benchoh", "onehop"},
-		{"bridge", "benchbr", "bridge"},
-	} {
-		progress("setup: lab %s (datapath %s)", v.lab, v.datapath)
-		lv, err := labVariant(ctx, cfg, dir, v.name, v.lab, v.datapath)
-		if err != nil {
-			return err
-		}
-		variants = append(variants, lv)
-	}
-	progress("setup: raw veth pair %s <-> %s", vethA, vethB)
-	vv, err := vethVariant()
-	if err != nil {
-		return err
-	}
-	variants = append(variants, vv)
-	for _, v := range variants {
-		if err := startServer(ctx, v); err != nil {
-			return err
+	cfg.binary = bin // lab daemons are started from it, from any directory
+	for _, tool := range []string{"ip", "iperf3", "ping", "ss"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not found in PATH (`make deps` installs what the bench needs)", tool)
 		}
 	}
-
-	samples := map[string]map[string][]float64{} // figure -> variant -> values
-	for _, f := range figures {
-		samples[f.Key] = map[string][]float64{}
-	}
-	for r := 0; r < cfg.rounds; r++ {
-		for i := range variants {
-			v := variants[(i+r)%len(variants)] // rotate who goes first
-			for _, f := range figures {
-				if ctx.Err() != nil {
-					return errors.New("interrupted")
-				}
-				progress("round %d/%d: %s %s", r+1, cfg.rounds, v.Name, f.Key)
-				val, err := measure(cfg, v, f.Key)
-				if err != nil {
-					return fmt.Errorf("round %d %s %s: %w", r+1, v.Name, f.Key, err)
-				}
-				samples[f.Key][v.Name] = append(samples[f.Key][v.Name], val)
-			}
-		}
-	}
-	return report(cfg, variants, samples)
-}
-
-func labVariant(ctx context.Context, cfg config, dir, name, lab, datapath string) (*variant, error) {
-	topo := fmt.Sprintf(`name: %s
-datapath: %s
-hosts: [{name: h1}, {name: h2}]
-farms:
-  - name: bench
-    subnets: [{name: net}]
-vms:
-  - {name: vm1, host: h1, subnet: bench/net}
-  - {name: vm2, host: h2, subnet: bench/net}
-`, lab, datapath)
-	path := filepath.Join(dir, lab+".yaml")
-	if err := os.WriteFile(path, []byte(topo), 0o600); err != nil {
-		return nil, err
-	}
-	if out, err := exec.CommandContext(ctx, cfg.binary, "lab", "up", path, "--root", labRoot).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("lab up %s: %v\n%s", lab, err, out)
-	}
-	out, err := exec.Command(cfg.binary, "lab", "status", "--root", labRoot, "--lab", lab, "-o", "json").Output()
-	if err != nil {
-		return nil, fmt.Errorf("lab status %s: %w", lab, err)
-	}
-	var st struct {
-		Nodes []struct {
-			Name       string
-			Interfaces []struct {
-				Name  string
-				Addrs []string
-			}
-		}
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
-		return nil, err
-	}
-	dstIP := ""
-	for _, n := range st.Nodes {
-		if n.Name == "vm2" && len(n.Interfaces) > 0 && len(n.Interfaces[0].Addrs) > 0 {
-			dstIP = strings.Split(n.Interfaces[0].Addrs[0], "/")[0]
-		}
-	}
-	if dstIP == "" {
-		return nil, fmt.Errorf("lab %s: no address for vm2 in lab status", lab)
-	}
-	in := func(node string) func(args ...string) *exec.Cmd {
-		return func(args ...string) *exec.Cmd {
-			return exec.Command(cfg.binary, append([]string{"lab", "exec", "--root", labRoot, "--lab", lab, node, "--"}, args...)...)
-		}
-	}
-	return &variant{Name: name, src: in("vm1"), dst: in("vm2"), dstIP: dstIP}, nil
-}
-
-func vethVariant() (*variant, error) {
-	steps := [][]string{
-		{"netns", "add", vethA},
-		{"netns", "add", vethB},
-		{"link", "add", "bva", "netns", vethA, "type", "veth", "peer", "name", "bvb", "netns", vethB},
-		{"-n", vethA, "addr", "add", "10.255.0.1/24", "dev", "bva"},
-		{"-n", vethB, "addr", "add", vethDstIP + "/24", "dev", "bvb"},
-		{"-n", vethA, "link", "set", "bva", "up"},
-		{"-n", vethB, "link", "set", "bvb", "up"},
-		{"-n", vethA, "link", "set", "lo", "up"},
-		{"-n", vethB, "link", "set", "lo", "up"},
-	}
-	for _, s := range steps {
-		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("ip %s: %v\n%s", strings.Join(s, " "), err, out)
-		}
-	}
-	in := func(ns string) func(args ...string) *exec.Cmd {
-		return func(args ...string) *exec.Cmd {
-			return exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns, "--"}, args...)...)
-		}
-	}
-	return &variant{Name: "veth", src: in(vethA), dst: in(vethB), dstIP: vethDstIP}, nil
-}
-
-// startServer runs one long-lived iperf3 server in the destination; it is a
-// child of this process, so cleanup can kill it even after its namespace is
-// gone (a daemonized one would outlive the namespace).
-func startServer(ctx context.Context, v *variant) error {
-	v.server = v.dst("iperf3", "-s")
-	if err := v.server.Start(); err != nil {
-		return fmt.Errorf("%s: iperf3 server: %w", v.Name, err)
-	}
-	for i := 0; i < 50; i++ {
-		out, _ := v.dst("ss", "-ltn", "sport = :5201").Output()
-		if strings.Contains(string(out), "5201") {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("%s: iperf3 server not listening after 5s", v.Name)
-}
-
-func measure(cfg config, v *variant, key string) (float64, error) {
-	secs := fmt.Sprint(cfg.seconds)
-	switch key {
-	case "tcp":
-		// bbr (the default here) is very slow between namespaces on this
-		// machine; cubic per socket is what a tuned guest would run.
-		out, err := v.src("iperf3", "-c", v.dstIP, "-t", secs, "-C", "cubic", "-J").Output()
-		if err != nil && len(out) == 0 {
-			return 0, err
-		}
-		return iperfTCP(out)
-	case "udp64":
-		out, err := v.src("iperf3", "-c", v.dstIP, "-u", "-l", "64", "-b", "0", "-t", secs, "-J").Output()
-		if err != nil && len(out) == 0 {
-			return 0, err
-		}
-		return iperfUDPReceivedPPS(out)
-	case "rtt":
-		// Warm the neighbour caches first so no ARP is in the figure.
-		v.src("ping", "-c", "2", "-i", "0.01", "-q", v.dstIP).Run()
-		out, err := v.src("ping", "-c", fmt.Sprint(cfg.pings), "-i", "0.01", "-q", v.dstIP).CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("%v: %s", err, out)
-		}
-		return pingAvgMicros(out)
-	}
-	return 0, fmt.Errorf("unknown figure %s", key)
-}
-
-// Result is what the JSON report holds.
-type Result struct {
-	Time    time.Time                         `json:"time"`
-	Rounds  int                               `json:"rounds"`
-	Seconds int                               `json:"secondsPerTest"`
-	Samples map[string]map[string][]float64   `json:"samples"`
-	Summary map[string]map[string]Summary     `json:"summary"`
-	Ratios  map[string]map[string]float64     `json:"onehopRatioOfMedians"`
-	Targets map[string]map[string]interface{} `json:"targets"`
-}
-
-func report(cfg config, variants []*variant, samples map[string]map[string][]float64) error {
-	res := Result{Time: time.Now().UTC(), Rounds: cfg.rounds, Seconds: cfg.seconds, Samples: samples,
-		Summary: map[string]map[string]Summary{}, Ratios: map[string]map[string]float64{}, Targets: map[string]map[string]interface{}{}}
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Printf("\nonehop vs baselines, VM to VM across two hosts; %d interleaved rounds, %ds per test\n\n", cfg.rounds, cfg.seconds)
-	fmt.Fprintln(w, "figure\tvariant\tmin\tmedian\tmax\tonehop / this\ttarget vs bridge\t")
-	for _, f := range figures {
-		res.Summary[f.Key] = map[string]Summary{}
-		res.Ratios[f.Key] = map[string]float64{}
-		oh := Summarize(samples[f.Key]["onehop"])
-		for _, v := range variants {
-			s := Summarize(samples[f.Key][v.Name])
-			res.Summary[f.Key][v.Name] = s
-			ratio, verdict := "", ""
-			if v.Name != "onehop" {
-				r := Ratio(oh.Median, s.Median)
-				res.Ratios[f.Key][v.Name] = r
-				ratio = fmt.Sprintf("%.2fx", r)
-				if v.Name == "bridge" {
-					ok := r >= target[f.Key]
-					cmp := ">="
-					if f.LowerBetter {
-						ok, cmp = r <= target[f.Key], "<="
-					}
-					verdict = fmt.Sprintf("%s %.2fx: %s", cmp, target[f.Key], map[bool]string{true: "PASS", false: "MISS"}[ok])
-					res.Targets[f.Key] = map[string]interface{}{"want": cmp + fmt.Sprint(target[f.Key]), "ratio": r, "met": ok}
-				}
-			}
-			fmt.Fprintf(w, "%s (%s)\t%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", f.Title, f.Unit, v.Name,
-				s.Min/f.Scale, s.Median/f.Scale, s.Max/f.Scale, ratio, verdict)
-		}
-	}
-	w.Flush()
-	fmt.Println("\n(ratios are of medians; for RTT lower is better, so onehop/bridge <= 1.05 is the goal)")
-	if err := os.MkdirAll(filepath.Dir(cfg.out), 0o755); err != nil {
-		return err
-	}
-	b, _ := json.MarshalIndent(res, "", "  ")
-	if err := os.WriteFile(cfg.out, b, 0o644); err != nil {
-		return err
-	}
-	fmt.Printf("raw samples and summary: %s\n", cfg.out)
 	return nil
 }
 
-// cleanup removes everything the bench makes; safe to run when nothing is there.
-func cleanup(cfg config, variants []*variant) {
-	for _, v := range variants {
-		if v.server != nil && v.server.Process != nil {
-			v.server.Process.Kill()
-			v.server.Wait()
+func progress(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
+
+// VariantInfo describes a variant in the report.
+type VariantInfo struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	DstIP       string `json:"dstIP"`
+}
+
+// variant is one way of carrying vm1 -> vm2 traffic.
+type variant struct {
+	VariantInfo
+	// src and dst build a command running inside the sending and the
+	// receiving namespace.
+	src, dst func(ctx context.Context, argv ...string) *exec.Cmd
+	server   *server // the long-lived iperf3 server in the receiver
+}
+
+// server is a long-lived iperf3 server, a child of the bench.
+type server struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed when it has exited
+	err  error         // how it exited; read after done
+}
+
+func (s *server) exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop ends the server: SIGTERM, then SIGKILL if it lingers.
+func (s *server) stop() {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(3 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// bench holds what one run has made, so cleanup knows what to undo.
+type bench struct {
+	cfg      config
+	tmp      string
+	variants []*variant
+}
+
+// command returns a command for argv that ends with ctx (SIGTERM first,
+// so that `lab up` can undo itself and iperf3 can say goodbye to its peer,
+// SIGKILL 5 s later). Each child gets its own process group, so a terminal's
+// ^C reaches only the bench, which then stops things in order; and it dies
+// with the bench (Pdeathsig), so even a SIGKILLed bench leaves no iperf3
+// running inside a namespace it can no longer find.
+func command(ctx context.Context, argv ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// output runs cmd and returns its stdout; a failure carries its stderr.
+func output(cmd *exec.Cmd) ([]byte, error) {
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = strings.TrimSpace(string(out))
+		}
+		return out, fmt.Errorf("%s: %v: %s", strings.Join(cmd.Args, " "), err, msg)
+	}
+	return out, nil
+}
+
+func (b *bench) onehop(ctx context.Context, args ...string) *exec.Cmd {
+	return command(ctx, append([]string{b.cfg.binary}, args...)...)
+}
+
+// inLab runs commands inside a node of a lab, as a user would.
+func (b *bench) inLab(lab, node string) func(context.Context, ...string) *exec.Cmd {
+	return func(ctx context.Context, argv ...string) *exec.Cmd {
+		return b.onehop(ctx, append([]string{"lab", "exec", "--root", b.cfg.root, "--lab", lab, node, "--"}, argv...)...)
+	}
+}
+
+func inNetns(ns string) func(context.Context, ...string) *exec.Cmd {
+	return func(ctx context.Context, argv ...string) *exec.Cmd {
+		return command(ctx, append([]string{"ip", "netns", "exec", ns}, argv...)...)
+	}
+}
+
+func run(ctx context.Context, cfg config) (err error) {
+	if err := os.MkdirAll(cfg.root, 0o700); err != nil {
+		return err
+	}
+	unlock, err := lockRoot(cfg.root)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	b := &bench{cfg: cfg}
+	if b.tmp, err = os.MkdirTemp("", "onehop-bench-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.tmp) // after cleanup (defers run last-in first-out): it holds the server logs
+	if left := b.leftovers(); len(left) > 0 {
+		progress("setup: removing leftovers of an earlier run: %s", strings.Join(left, " "))
+		if err := b.cleanup(); err != nil {
+			return fmt.Errorf("leftovers of an earlier run: %w", err)
 		}
 	}
-	for _, lab := range []string{"benchoh", "benchbr"} {
-		exec.Command(cfg.binary, "lab", "down", "--root", labRoot, "--lab", lab).Run()
+	// From here on, whatever happens, everything goes again.
+	defer func() {
+		progress("cleanup: iperf3 servers, labs %s and %s, namespaces %s and %s", labOnehop, labBridge, vethNSA, vethNSB)
+		if cerr := b.cleanup(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+		}
+	}()
+	stopped := func(err error) error {
+		if context.Cause(ctx) == errInterrupted {
+			return errInterrupted
+		}
+		return err
 	}
-	for _, ns := range []string{vethA, vethB} {
-		exec.Command("ip", "netns", "del", ns).Run()
+
+	rep := newReport(cfg)
+	if err := b.setup(ctx); err != nil {
+		return stopped(err)
 	}
+	for _, v := range b.variants {
+		rep.Variants = append(rep.Variants, v.VariantInfo)
+	}
+	rep.Started = time.Now().UTC()
+	for r := 0; r < cfg.rounds; r++ {
+		for slot, i := range Rotation(len(b.variants), r) {
+			v := b.variants[i]
+			for _, f := range figures {
+				if ctx.Err() != nil {
+					return stopped(ctx.Err())
+				}
+				m, retried, err := b.measure(ctx, v, f, cfg.seconds)
+				if err != nil {
+					return stopped(fmt.Errorf("round %d %s %s: %w", r+1, v.Name, f.key, err))
+				}
+				rep.add(Sample{Round: r + 1, Slot: slot + 1, Variant: v.Name, Figure: f.key, Value: m.Value,
+					Unit: f.baseUnit, Extra: m.Extra, Retried: retried, At: time.Now().UTC(), Load1: load1()})
+				note := ""
+				if lost := m.Extra["lost"]; f.key == "rtt" && lost > 0 {
+					note = fmt.Sprintf(" (%v of %v echoes lost)", lost, m.Extra["sent"])
+				}
+				progress("round %d/%d: %-6s %-5s %*.*f %s%s", r+1, cfg.rounds, v.Name, f.key,
+					8, f.digits, m.Value/f.scale, f.unit, note)
+			}
+		}
+	}
+	rep.Finished = time.Now().UTC()
+	rep.summarize()
+	rep.print(os.Stdout)
+	if err := rep.write(cfg.out); err != nil {
+		return err
+	}
+	fmt.Printf("\nraw samples and summary: %s\n", cfg.out)
+	return nil
+}
+
+// lockRoot keeps a second bench run off the same names: it would take this
+// run's labs for leftovers and tear them down mid-measurement.
+func lockRoot(root string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(root, ".bench.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another bench run holds %s (%v); wait for it to finish", f.Name(), err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// setup builds the three variants and starts an iperf3 server in each
+// receiver, then warms each path up.
+func (b *bench) setup(ctx context.Context) error {
+	for _, l := range []struct{ name, lab, datapath, desc string }{
+		{"onehop", labOnehop, "onehop", "lab " + labOnehop + ": vm1 on h1 -> vm2 on h2 through onehop's eBPF datapath"},
+		{"bridge", labBridge, "bridge", "lab " + labBridge + ": vm1 on h1 -> vm2 on h2 through a Linux bridge per host (no virtualization)"},
+	} {
+		progress("setup: lab %s (datapath %s)", l.lab, l.datapath)
+		v, err := b.labVariant(ctx, l.name, l.lab, l.datapath)
+		if err != nil {
+			return err
+		}
+		v.Description = l.desc
+		b.variants = append(b.variants, v)
+	}
+	progress("setup: veth pair %s (%s) <-> %s (%s)", vethNSA, vethSrcIP, vethNSB, vethDstIP)
+	v, err := b.vethVariant(ctx)
+	if err != nil {
+		return err
+	}
+	b.variants = append(b.variants, v)
+
+	for _, v := range b.variants {
+		// A path that does not carry a ping is a broken setup, not a figure.
+		if _, err := output(v.src(ctx, "ping", "-c", "3", "-i", "0.2", "-W", "2", v.DstIP)); err != nil {
+			return fmt.Errorf("%s: the source cannot reach %s: %w", v.Name, v.DstIP, err)
+		}
+		if err := b.startServer(ctx, v); err != nil {
+			return err
+		}
+		// One unrecorded TCP run: the first transfer on a fresh path pays for
+		// neighbour resolution, page faults and cold caches.
+		progress("setup: %s warm-up (1 s of TCP, not recorded)", v.Name)
+		if _, _, err := b.measure(ctx, v, figure{key: "tcp"}, 1); err != nil {
+			return fmt.Errorf("%s warm-up: %w", v.Name, err)
+		}
+	}
+	return nil
+}
+
+// labVariant brings up a two-host lab (vm1 on h1, vm2 on h2, one subnet) with
+// the given datapath and reads vm2's address back from `lab status`.
+func (b *bench) labVariant(ctx context.Context, name, lab, datapath string) (*variant, error) {
+	topo := fmt.Sprintf(`# written by bench/main.go
+name: %s
+datapath: %s
+hosts:
+  - name: h1
+  - name: h2
+farms:
+  - name: bench
+    subnets:
+      - name: net
+vms:
+  - {name: %s, host: h1, subnet: bench/net}
+  - {name: %s, host: h2, subnet: bench/net}
+`, lab, datapath, srcVM, dstVM)
+	path := filepath.Join(b.tmp, lab+".yaml")
+	if err := os.WriteFile(path, []byte(topo), 0o600); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if out, err := b.onehop(ctx, "lab", "up", path, "--root", b.cfg.root).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("lab up %s: %v\n%s", lab, err, out)
+	}
+	progress("setup: lab %s is up in %.1fs", lab, time.Since(start).Seconds())
+	status, err := output(b.onehop(ctx, "lab", "status", "--root", b.cfg.root, "--lab", lab, "-o", "json"))
+	if err != nil {
+		return nil, err
+	}
+	ip, err := VMAddress(status, dstVM)
+	if err != nil {
+		return nil, fmt.Errorf("lab %s: %w", lab, err)
+	}
+	return &variant{VariantInfo: VariantInfo{Name: name, DstIP: ip}, src: b.inLab(lab, srcVM), dst: b.inLab(lab, dstVM)}, nil
+}
+
+// vethVariant makes two namespaces joined by one veth pair, IPv4 only like
+// the labs (no IPv6 autoconfiguration traffic in the way).
+func (b *bench) vethVariant(ctx context.Context) (*variant, error) {
+	steps := [][]string{
+		{"netns", "add", vethNSA},
+		{"netns", "add", vethNSB},
+	}
+	for _, ns := range []string{vethNSA, vethNSB} {
+		steps = append(steps,
+			[]string{"netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"},
+			[]string{"-n", ns, "link", "set", "lo", "up"})
+	}
+	steps = append(steps,
+		[]string{"link", "add", vethIfA, "netns", vethNSA, "type", "veth", "peer", "name", vethIfB, "netns", vethNSB},
+		[]string{"-n", vethNSA, "addr", "add", vethSrcIP + "/24", "dev", vethIfA},
+		[]string{"-n", vethNSB, "addr", "add", vethDstIP + "/24", "dev", vethIfB},
+		[]string{"-n", vethNSA, "link", "set", vethIfA, "up"},
+		[]string{"-n", vethNSB, "link", "set", vethIfB, "up"},
+	)
+	for _, s := range steps {
+		if _, err := output(command(ctx, append([]string{"ip"}, s...)...)); err != nil {
+			return nil, err
+		}
+	}
+	return &variant{VariantInfo: VariantInfo{Name: "veth", DstIP: vethDstIP,
+		Description: fmt.Sprintf("namespaces %s -> %s joined by one veth pair", vethNSA, vethNSB)},
+		src: inNetns(vethNSA), dst: inNetns(vethNSB)}, nil
+}
+
+// startServer runs one iperf3 server in the receiver for the whole run and
+// waits until it listens. It is a child of the bench (not `iperf3 -D`), so
+// cleanup can stop it by pid even once its namespace is gone.
+func (b *bench) startServer(ctx context.Context, v *variant) error {
+	logf, err := os.CreateTemp(b.tmp, "iperf3-server-"+v.Name+"-*.log")
+	if err != nil {
+		return err
+	}
+	defer logf.Close() // the child has its own descriptor
+	// Not bound to ctx: cleanup stops it, after the clients.
+	s := &server{cmd: v.dst(context.Background(), "iperf3", "-s", "-p", iperfPort), log: logf.Name(), done: make(chan struct{})}
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("%s: iperf3 server: %w", v.Name, err)
+	}
+	v.server = s
+	go func() { s.err = s.cmd.Wait(); close(s.done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ := v.dst(ctx, "ss", "-Hltn", "sport = :"+iperfPort).Output()
+		if len(bytes.TrimSpace(out)) > 0 {
+			return nil
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("%s: iperf3 server exited (%v): %s", v.Name, s.err, tailFile(s.log))
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: iperf3 server not listening on %s after 10s: %s", v.Name, iperfPort, tailFile(s.log))
+		}
+	}
+}
+
+// measure takes one sample of figure f on v, with iperf3 tests of secs
+// seconds. A failed run is tried once more, after restarting v's iperf3
+// server if it has gone (on a shared machine, something may kill iperf3 by
+// name); a second failure ends the bench. retried says whether it took two.
+func (b *bench) measure(ctx context.Context, v *variant, f figure, secs int) (m Measurement, retried bool, err error) {
+	var argv []string
+	var parse func([]byte) (Measurement, error)
+	switch f.key {
+	case "tcp":
+		// bbr, this kernel's default, is slow between namespaces here; cubic
+		// is set per socket (a namespace may not change its default).
+		argv = []string{"iperf3", "-c", v.DstIP, "-p", iperfPort, "-t", strconv.Itoa(secs), "-C", "cubic", "-J"}
+		parse = ParseIperfTCP
+	case "udp64":
+		// -b 0: as fast as the sender can; the figure is what arrives.
+		argv = []string{"iperf3", "-c", v.DstIP, "-p", iperfPort, "-u", "-l", strconv.Itoa(udpLen), "-b", "0", "-t", strconv.Itoa(secs), "-J"}
+		parse = func(out []byte) (Measurement, error) { return ParseIperfUDP(out, udpLen) }
+	case "rtt":
+		argv = []string{"ping", "-c", strconv.Itoa(b.cfg.pings), "-i", pingGap, "-q", v.DstIP}
+		parse = ParsePing
+	default:
+		return Measurement{}, false, fmt.Errorf("unknown figure %q", f.key)
+	}
+	for attempt := 0; ; attempt++ {
+		// A test that outlives its length by this much is hung, not slow.
+		tctx, cancel := context.WithTimeout(ctx, time.Duration(secs)*time.Second+30*time.Second)
+		out, runErr := output(v.src(tctx, argv...))
+		cancel()
+		if ctx.Err() != nil {
+			return Measurement{}, attempt > 0, context.Cause(ctx)
+		}
+		m, err = parse(out)
+		switch {
+		case err == nil && runErr == nil:
+			return m, attempt > 0, nil
+		case err == nil:
+			err = runErr
+		case runErr != nil && f.key == "rtt":
+			err = runErr // ping's own message says more than "no summary"
+		}
+		if s := v.server; f.key != "rtt" && s.exited() {
+			err = fmt.Errorf("%w (the iperf3 server had exited: %v: %s)", err, s.err, tailFile(s.log))
+		}
+		if attempt == 1 {
+			return Measurement{}, true, err
+		}
+		progress("  %s %s failed: %v; retrying once", v.Name, f.key, err)
+		select {
+		case <-ctx.Done():
+			return Measurement{}, true, context.Cause(ctx)
+		case <-time.After(time.Second):
+		}
+		if f.key != "rtt" && v.server.exited() {
+			if err := b.startServer(ctx, v); err != nil {
+				return Measurement{}, true, err
+			}
+		}
+	}
+}
+
+// leftovers lists what exists of the bench's names: lab namespaces or state
+// and the veth namespaces.
+func (b *bench) leftovers() []string {
+	var out []string
+	for _, lab := range []string{labOnehop, labBridge} {
+		if _, err := os.Stat(filepath.Join(b.cfg.root, lab)); err == nil {
+			out = append(out, "lab "+lab)
+		}
+	}
+	return append(out, ourNetns()...)
+}
+
+// ourNetns lists the named namespaces whose names the bench uses.
+func ourNetns() []string {
+	entries, _ := os.ReadDir("/run/netns")
+	var out []string
+	for _, e := range entries {
+		n := e.Name()
+		if strings.HasPrefix(n, "oh-"+labOnehop+"-") || strings.HasPrefix(n, "oh-"+labBridge+"-") || n == vethNSA || n == vethNSB {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// cleanup removes everything the bench makes, whether this run made it or an
+// interrupted earlier one did; it is safe when nothing is there, keeps going
+// past errors, and fails only if something is still there afterwards.
+func (b *bench) cleanup() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var errs []error
+	// 1. Our iperf3 servers, by pid.
+	for _, v := range b.variants {
+		if v.server != nil {
+			v.server.stop()
+			v.server = nil
+		}
+	}
+	// 2. Tools still running in the VMs' and veth namespaces: only those an
+	// earlier bench run left there (this run's are gone by now).
+	killStrays(ctx)
+	// 3. The labs: `lab down` stops their daemons and removes namespaces,
+	// pins and state; it also cleans namespaces a crashed `lab up` left
+	// without state. A lab that is not there at all is not an error.
+	for _, lab := range []string{labOnehop, labBridge} {
+		_, stateErr := os.Stat(filepath.Join(b.cfg.root, lab))
+		if stateErr != nil && !hasNetns("oh-"+lab+"-") {
+			continue
+		}
+		if out, err := b.onehop(ctx, "lab", "down", "--root", b.cfg.root, "--lab", lab).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("lab down %s: %v\n%s", lab, err, out))
+		}
+	}
+	// 4. The veth namespaces (the veth pair goes with them).
+	for _, ns := range []string{vethNSA, vethNSB} {
+		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err != nil {
+			continue
+		}
+		if _, err := output(command(ctx, "ip", "netns", "del", ns)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if left := b.leftovers(); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("still there after cleanup: %s", strings.Join(left, " ")))
+	}
+	return errors.Join(errs...)
+}
+
+func hasNetns(prefix string) bool {
+	for _, n := range ourNetns() {
+		if strings.HasPrefix(n, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// killStrays kills iperf3 and ping processes inside the bench's VM and veth
+// namespaces, by pid. A bench killed hard leaves its iperf3 servers there
+// only if Pdeathsig failed; they would keep the namespaces alive.
+func killStrays(ctx context.Context) {
+	for _, ns := range ourNetns() {
+		if !strings.HasSuffix(ns, "-"+srcVM) && !strings.HasSuffix(ns, "-"+dstVM) && ns != vethNSA && ns != vethNSB {
+			continue // hosts run the lab's daemons: `lab down` stops those
+		}
+		out, err := command(ctx, "ip", "netns", "pids", ns).Output()
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(out)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil || pid <= 1 || pid == os.Getpid() {
+				continue
+			}
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			if c := strings.TrimSpace(string(comm)); c == "iperf3" || c == "ping" {
+				progress("cleanup: killing leftover %s (pid %d) in %s", c, pid, ns)
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+}
+
+// tailFile returns the last lines of a log, on one line, for an error.
+func tailFile(path string) string {
+	b, _ := os.ReadFile(path)
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return "(no output)"
+	}
+	return strings.Join(lines[max(0, len(lines)-3):], " | ")
+}
+
+// load1 returns the 1-minute load average; recorded with each sample so a
+// noisy run can be recognized afterwards.
+func load1() float64 {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"sort"
 	"time"
+
+	"github.com/onehop/onehop/internal/intent"
 )
 
 // DefaultRoot is where labs keep their state, one directory per lab.
@@ -22,18 +24,22 @@ const DefaultRoot = "/run/onehop"
 // State is what a lab records about itself, so that status, exec and down
 // work from any later command and down can undo a half-built lab.
 type State struct {
-	Name       string    `json:"name"`
-	Topology   string    `json:"topology"`
-	Datapath   string    `json:"datapath"`
-	Dir        string    `json:"dir"`
-	BPFFS      string    `json:"bpffs"`
-	EtcdSocket string    `json:"etcdSocket"`
-	APISocket  string    `json:"apiSocket"`
-	EtcdURL    string    `json:"etcdURL"`
-	Phase      string    `json:"phase"` // "building" until up has finished, then "up"
-	Namespaces []string  `json:"namespaces"`
-	Processes  []Process `json:"processes"`
-	Created    time.Time `json:"created"`
+	Name       string   `json:"name"`
+	Topology   string   `json:"topology"`
+	Datapath   string   `json:"datapath"`
+	Dir        string   `json:"dir"`
+	BPFFS      string   `json:"bpffs"`
+	EtcdSocket string   `json:"etcdSocket"`
+	APISocket  string   `json:"apiSocket"`
+	EtcdURL    string   `json:"etcdURL"`
+	Phase      string   `json:"phase"` // "building" until up has finished, then "up"
+	Namespaces []string `json:"namespaces"`
+	// Kinds says what each node is: fabric, controller, host or vm.
+	Kinds map[string]string `json:"kinds"`
+	// VMs are the VMs as built, with their addresses.
+	VMs       []intent.VM `json:"vms"`
+	Processes []Process   `json:"processes"`
+	Created   time.Time   `json:"created"`
 }
 
 // Process is a daemon the lab started.

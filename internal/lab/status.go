@@ -55,7 +55,11 @@ func Status(ctx context.Context, st *State) *Report {
 	r := &Report{Name: st.Name, Phase: st.Phase, Datapath: st.Datapath, Topology: st.Topology, StateDir: st.Dir}
 	agents := map[string]*intent.AgentStatus{}
 	vms := map[string]*intent.VM{}
-	if st.EtcdSocket != "" {
+	for i := range st.VMs {
+		vms[st.VMs[i].Name] = &st.VMs[i]
+	}
+	// Only an onehop lab has a controller to ask (a bridge lab has none).
+	if st.EtcdSocket != "" && st.Datapath != "bridge" {
 		if s, err := store.DialEtcd([]string{"unix://" + st.EtcdSocket}); err == nil {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			if sts, _, err := store.ListJSON[intent.AgentStatus](cctx, s, intent.StatusPrefix); err == nil {
@@ -79,17 +83,9 @@ func Status(ctx context.Context, st *State) *Report {
 	prefix := NamespaceOf(st.Name, "")
 	for _, ns := range st.Namespaces {
 		node := strings.TrimPrefix(ns, prefix)
-		n := NodeReport{Name: node, Netns: ns, Present: netns.Exists(ns), Kind: "vm"}
-		switch {
-		case node == "fabric":
-			n.Kind = "fabric"
-		case node == "controller":
-			n.Kind = "controller"
-		case agents[node] != nil || procs[node].Name != "":
-			n.Kind = "host"
-		}
+		n := NodeReport{Name: node, Netns: ns, Present: netns.Exists(ns), Kind: st.Kinds[node]}
 		if vm, ok := vms[node]; ok {
-			n.Kind, n.VM = "vm", vm
+			n.VM = vm
 		}
 		if p, ok := procs[node]; ok {
 			n.Process = &ProcessReport{Name: p.Name, PID: p.PID, Alive: alive(p.PID), Log: p.Log}

@@ -113,7 +113,7 @@ func (b *builder) build(ctx context.Context) error {
 	fabric := t.FabricPrefix()
 	fabricNS := NamespaceOf(t.Name, "fabric")
 	b.step("fabric %s: bridge %s for %s", fabricNS, FabricBridge, fabric)
-	if err := b.newNamespace(fabricNS); err != nil {
+	if err := b.newNamespace(fabricNS, "fabric"); err != nil {
 		return err
 	}
 	// A switch reports no multicast memberships of its own.
@@ -145,7 +145,7 @@ func (b *builder) build(ctx context.Context) error {
 		}
 		ctlNS := NamespaceOf(t.Name, "controller")
 		b.step("controller %s at %s (embedded etcd, data in %s)", ctlNS, t.Fabric.Controller, filepath.Join(st.Dir, "etcd"))
-		if err := b.newNamespace(ctlNS); err != nil {
+		if err := b.newNamespace(ctlNS, "controller"); err != nil {
 			return err
 		}
 		if err := b.plugIntoFabric(fh, ctlNS, "p-controller", ctlInterface, t.Fabric.Controller, fabric.Bits()); err != nil {
@@ -164,7 +164,7 @@ func (b *builder) build(ctx context.Context) error {
 	for _, h := range t.Hosts {
 		hostNS := NamespaceOf(t.Name, h.Name)
 		b.step("host %s (%s): uplink %s %s/%d", h.Name, hostNS, HostUplink, h.Address, fabric.Bits())
-		if err := b.newNamespace(hostNS); err != nil {
+		if err := b.newNamespace(hostNS, "host"); err != nil {
 			return err
 		}
 		addr := h.Address
@@ -184,6 +184,9 @@ func (b *builder) build(ctx context.Context) error {
 	vms, err := b.allocations(ctx)
 	if err != nil {
 		return err
+	}
+	for _, vm := range t.VMs {
+		st.VMs = append(st.VMs, vms[vm.Name])
 	}
 	if t.Datapath == topology.DatapathOnehop {
 		for _, h := range t.Hosts {
@@ -219,11 +222,15 @@ func (b *builder) build(ctx context.Context) error {
 	return nil
 }
 
-func (b *builder) newNamespace(name string) error {
+func (b *builder) newNamespace(name, kind string) error {
 	if err := netns.Create(name); err != nil {
 		return err
 	}
 	b.st.Namespaces = append(b.st.Namespaces, name)
+	if b.st.Kinds == nil {
+		b.st.Kinds = map[string]string{}
+	}
+	b.st.Kinds[strings.TrimPrefix(name, NamespaceOf(b.st.Name, ""))] = kind
 	if err := b.st.save(); err != nil {
 		return err
 	}
@@ -414,7 +421,9 @@ func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error)
 				return nil, err
 			}
 			by := ip.As4()
-			out[vm.Name] = intent.VM{Name: vm.Name, IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(), Gateway: ipam.Gateway(by[1], by[2]).String()}
+			out[vm.Name] = intent.VM{Farm: vm.Farm(), Subnet: vm.SubnetName(), Name: vm.Name, Host: vm.Host,
+				Interface: topology.VifName(vm.Name), IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(),
+				Gateway: ipam.Gateway(by[1], by[2]).String()}
 		}
 		return out, nil
 	}
@@ -471,7 +480,7 @@ func (b *builder) checkProcesses() error {
 func (b *builder) plugVM(vm topology.VM, v intent.VM) error {
 	hostNS := NamespaceOf(b.t.Name, vm.Host)
 	vmNS := NamespaceOf(b.t.Name, vm.Name)
-	if err := b.newNamespace(vmNS); err != nil {
+	if err := b.newNamespace(vmNS, "vm"); err != nil {
 		return err
 	}
 	mac, err := net.ParseMAC(v.MAC)
