@@ -93,8 +93,8 @@ func Visibility(farms []intent.Farm, subnets []intent.Subnet) []intent.VisRule {
 				if err != nil {
 					continue
 				}
-				if p, ok := intersect8(proto, p2); ok {
-					if port, ok := intersect16(r.Port, r2.Port); ok {
+				if p, ok := intersect(proto, p2); ok {
+					if port, ok := intersect(r.Port, r2.Port); ok {
 						emit(r.From, r.To, p, port)
 					}
 				}
@@ -105,18 +105,8 @@ func Visibility(farms []intent.Farm, subnets []intent.Subnet) []intent.VisRule {
 	return out
 }
 
-// intersect of two "0 is any" values.
-func intersect8(a, b uint8) (uint8, bool) {
-	switch {
-	case a == 0:
-		return b, true
-	case b == 0 || a == b:
-		return a, true
-	}
-	return 0, false
-}
-
-func intersect16(a, b uint16) (uint16, bool) {
+// intersect of two values where 0 means any.
+func intersect[T uint8 | uint16](a, b T) (T, bool) {
 	switch {
 	case a == 0:
 		return b, true
