@@ -294,7 +294,37 @@ and the new agent takes the same maps over and reconciles them.`,
 			return nil
 		},
 	}
-	c.AddCommand(up, down, status, exec, restart)
+	var to string
+	move := &cobra.Command{
+		Use:   "move VM --to HOST",
+		Short: "Move a VM to another host (its address stays; its connections survive)",
+		Long: `Tells the controller the VM now runs on HOST, then re-plumbs the VM's vif into
+HOST's namespace, as a live migration would: the VM keeps its interface,
+address and MAC, and every host's mapping table follows within a second.`,
+		Example: "  onehop lab move web1 --to h2",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if to == "" {
+				return fmt.Errorf("--to is required: the host to move %s to", args[0])
+			}
+			n, err := lab.Resolve(root, name)
+			if err != nil {
+				return err
+			}
+			st, err := lab.Load(root, n)
+			if err != nil {
+				return err
+			}
+			v, err := lab.Move(st, args[0], to)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Moved %s (%s) to %s.\n", v.FullName(), v.IP, v.Host)
+			return nil
+		},
+	}
+	move.Flags().StringVar(&to, "to", "", "the host to move the VM to")
+	c.AddCommand(up, down, status, exec, restart, move)
 	return c
 }
 

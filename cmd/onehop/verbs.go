@@ -125,7 +125,35 @@ func verbCmds() []*cobra.Command {
 		},
 	}
 	vmCreate.Flags().StringVar(&host, "host", "", "host the VM runs on")
-	vm.AddCommand(vmCreate, &cobra.Command{
+	var moveTo string
+	vmMove := &cobra.Command{
+		Use:   "move FARM/SUBNET/VM --to HOST",
+		Short: "Record that a VM now runs on HOST (address and MAC stay); every host's table follows",
+		Long: `Tells the controller only. Whatever migrates the VM (the hypervisor; in the lab,
+'onehop lab move', which also calls this) plugs its vif in on HOST.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			if err != nil {
+				return err
+			}
+			if moveTo == "" {
+				return fmt.Errorf("--to is required: the host the VM now runs on")
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var v intent.VM
+			if err := c.Do("PUT", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2]+"/host", map[string]string{"host": moveTo}, &v); err != nil {
+				return err
+			}
+			fmt.Printf("vm %s now on %s (%s)\n", v.FullName(), v.Host, v.IP)
+			return nil
+		},
+	}
+	vmMove.Flags().StringVar(&moveTo, "to", "", "the host the VM now runs on")
+	vm.AddCommand(vmCreate, vmMove, &cobra.Command{
 		Use: "delete FARM/SUBNET/VM", Short: "Delete a VM and free its address", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")

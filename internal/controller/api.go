@@ -56,6 +56,15 @@ func (c *Controller) API() http.Handler {
 		err := c.DeleteVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
 		reply(w, http.StatusNoContent, nil, err)
 	})
+	mux.HandleFunc("PUT /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/host", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Host string `json:"host"`
+		}
+		if decode(w, r, &in) {
+			v, err := c.MoveVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"), in.Host)
+			reply(w, http.StatusOK, v, err)
+		}
+	})
 	mux.HandleFunc("POST /v1/farms/{farm}/rules", func(w http.ResponseWriter, r *http.Request) {
 		var in intent.Rule
 		if decode(w, r, &in) {

@@ -72,6 +72,7 @@ func TestAPIErrorsSayWhichFieldAndWhy(t *testing.T) {
 		{"POST", "/v1/farms/blue/rules", `{"from":"web","to":"db","proto":"sctp"}`, 400, "proto", "not tcp, udp, icmp"},
 		{"PUT", "/v1/farms/blue/peers/red", ``, 400, "with", `farm "red"`},
 		{"DELETE", "/v1/farms/blue/subnets/web/vms/nope", ``, 404, "", "vm blue/web/nope"},
+		{"PUT", "/v1/farms/blue/subnets/web/vms/nope/host", `{"host":"h1"}`, 404, "", "vm blue/web/nope"},
 	}
 	for _, c := range cases {
 		t.Run(c.method+" "+c.path+" "+c.body, func(t *testing.T) {
@@ -138,5 +139,20 @@ func TestAPIFirewallRuleIsValidatedAndStored(t *testing.T) {
 	store.GetJSON(t.Context(), s, intent.VMsPrefix+"blue/web/web1", &v)
 	if v.Firewall == nil || len(v.Firewall.Rules) != 1 || v.Firewall.Rules[0].CIDR != "10.1.2.0/24" {
 		t.Fatalf("stored firewall %+v", v.Firewall)
+	}
+}
+
+func TestAPIMoveKeepsTheVMsAddress(t *testing.T) {
+	srv, s := apiServer(t)
+	store.PutJSON(t.Context(), s, intent.HostsPrefix+"h2", intent.Host{Name: "h2"})
+	call(t, srv, "POST", "/v1/farms", `{"name":"blue"}`)
+	call(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`)
+	call(t, srv, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"web1","host":"h1"}`)
+	if code, out := call(t, srv, "PUT", "/v1/farms/blue/subnets/web/vms/web1/host", `{"host":"h9"}`); code != 400 || out["field"] != "host" {
+		t.Fatalf("move to an unknown host: %d %v", code, out)
+	}
+	code, out := call(t, srv, "PUT", "/v1/farms/blue/subnets/web/vms/web1/host", `{"host":"h2"}`)
+	if code != 200 || out["host"] != "h2" || out["ip"] != "10.1.1.2" {
+		t.Fatalf("move: %d %v", code, out)
 	}
 }

@@ -291,3 +291,22 @@ func (c *Controller) AddFirewallRule(ctx context.Context, farm, subnet, name str
 	v.Firewall = fw
 	return fw, store.PutJSON(ctx, c.store, key, v)
 }
+
+// MoveVM records that a VM now runs on host. Its address and MAC stay; every
+// host's mapping table follows from the recompiled desired state.
+func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host string) (intent.VM, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
+	var v intent.VM
+	if err := store.GetJSON(ctx, c.store, key, &v); errors.Is(err, store.ErrNotFound) {
+		return v, notFound("vm %s/%s/%s", farm, subnet, name)
+	} else if err != nil {
+		return v, err
+	}
+	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
+		return v, fieldErr("host", fmt.Errorf("no host %q", host))
+	}
+	v.Host = host
+	return v, store.PutJSON(ctx, c.store, key, v)
+}
