@@ -8,6 +8,7 @@
 #include "lib/drop.h"
 #include "lib/route.h"
 #include "lib/policy.h"
+#include "lib/broadcast.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -18,6 +19,26 @@ int uplink_ingress(struct __sk_buff *skb)
 	int reason = parse_packet(skb, &pkt);
 	struct node_config *cfg = node_config();
 
+	__u8 *to = pkt.eth->h_dest;
+	if (!reason && pkt.ip && cfg && to[0] == 0x03 && to[1] == 0 && to[2] == 10 && to[5] == 0) {
+		/* A farm or subnet broadcast: only from a VM of that scope, sent
+		 * by the host that holds it. */
+		struct scope_key scope = {.farm = to[3], .subnet = to[4]};
+		struct iphdr *ip = pkt.ip;
+		const __u8 *s = (const __u8 *)&ip->saddr;
+		struct endpoint *src = bpf_map_lookup_elem(&endpoints, &ip->saddr);
+		if (!src || src->ifindex || !mac_equal(src->host_mac, pkt.eth->h_source) || s[1] != scope.farm ||
+		    (scope.subnet && s[2] != scope.subnet))
+			return drop_packet(skb, &pkt, DROP_FABRIC_UNKNOWN_SRC);
+		if (!bpf_map_lookup_elem(&scopes, &scope))
+			return drop_quietly(DROP_NO_MEMBERS); /* flooded past us: routine */
+		delivery_mac(ip->daddr, pkt.eth->h_dest);
+		virtual_mac(ip->saddr, pkt.eth->h_source);
+		__be32 saddr = ip->saddr;
+		__u8 proto = ip->protocol;
+		copy_to_members(skb, &scope, 0, saddr, proto, rule_port(&pkt));
+		return TC_ACT_SHOT; /* consumed: each member got its copy */
+	}
 	if (reason || !pkt.ip || !cfg || !in_vm_space(cfg, pkt.ip->daddr)) {
 		/* Not tenant IPv4: the host's stack decides, as for any NIC. */
 		count_forward(FWD_HOST_STACK);

@@ -12,6 +12,7 @@
 #include "lib/policy.h"
 #include "lib/slowpath.h"
 #include "lib/icmp_error.h"
+#include "lib/broadcast.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -44,6 +45,8 @@ int vif_ingress(struct __sk_buff *skb)
 	reason = check_source(&pkt, vif);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
+	if (is_dhcp_server(&pkt))
+		return drop_packet(skb, &pkt, DROP_ROGUE_DHCP);
 
 	if (pkt.arp) {
 		reason = answer_arp(&pkt);
@@ -60,6 +63,27 @@ int vif_ingress(struct __sk_buff *skb)
 	if (answer_gateway_ping(&pkt)) {
 		count_forward(FWD_GATEWAY_REPLY);
 		return bpf_redirect(ifindex, 0);
+	}
+	struct scope_key scope;
+	if (scope_of(ip, &scope)) {
+		__be32 saddr = ip->saddr;
+		__u8 proto = ip->protocol;
+		__u16 port = rule_port(&pkt);
+		if (bpf_map_lookup_elem(&firewalls, &saddr) && !firewall_allows(saddr, FW_OUT, ip->daddr, proto, port))
+			return drop_packet(skb, &pkt, DROP_FIREWALL_OUT);
+		copy_to_members(skb, &scope, ifindex, saddr, proto, port);
+		/* And one copy onto the fabric, to the scope's multicast address:
+		 * the hosts with VMs there take it from there. */
+		struct node_config *cfg = node_config();
+		if (!cfg || !cfg->uplink_ifindex)
+			return drop_quietly(DROP_NO_UPLINK);
+		struct ethhdr *eth = (void *)(long)skb->data;
+		if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+			return drop_quietly(DROP_MALFORMED);
+		scope_mac(&scope, eth->h_dest);
+		mac_copy(eth->h_source, cfg->uplink_mac);
+		count_forward(FWD_TO_FABRIC);
+		return bpf_redirect(cfg->uplink_ifindex, 0);
 	}
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	if (!dst)

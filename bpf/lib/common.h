@@ -60,6 +60,8 @@ enum drop_reason {
 	DROP_AGENT_BUSY,         /* for the agent (DHCP), but its ring buffer was full */
 	DROP_FIREWALL_IN,        /* the receiving VM's firewall refused it */
 	DROP_FIREWALL_OUT,       /* the sending VM's firewall refused it */
+	DROP_NO_MEMBERS,         /* a farm/subnet broadcast for which this host has no VM */
+	DROP_ROGUE_DHCP,         /* a VM acting as DHCP server: only the host answers DHCP */
 	DROP_REASON_MAX,
 };
 
@@ -73,6 +75,7 @@ enum forward_path {
 	FWD_GATEWAY_REPLY, /* echo request to the virtual gateway, answered in the datapath */
 	FWD_ROUTED,        /* crossed the virtual gateway to another subnet or farm (also counted by path) */
 	FWD_TO_AGENT,      /* handed to the agent to answer (DHCP) */
+	FWD_BROADCAST,     /* a broadcast/multicast copy delivered to a VM of its scope */
 	FWD_PATH_MAX,
 };
 
@@ -130,6 +133,21 @@ struct ct_key {
 
 struct ct_entry {
 	__u64 last_seen_ns;
+};
+
+/* The VMs of one scope on this host: a subnet (subnet != 0) or a whole farm
+ * (subnet == 0), for scoped broadcast and multicast (paper §2). */
+#define MAX_SCOPE_MEMBERS 32
+struct scope_key {
+	__u8 farm;
+	__u8 subnet;
+	__u16 _pad;
+};
+
+struct scope_members {
+	__u32 count;
+	__u32 ifindex[MAX_SCOPE_MEMBERS];
+	__be32 ip[MAX_SCOPE_MEMBERS];
 };
 
 /* A frame the agent must answer (a DHCP request), copied whole. */

@@ -5,6 +5,15 @@
 #include "maps.h"
 #include "parse.h"
 
+/* Counts a drop that is routine enough not to be worth a log line. */
+static __always_inline int drop_quietly(__u32 reason)
+{
+	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
+	if (n)
+		*n += 1;
+	return TC_ACT_SHOT;
+}
+
 static __always_inline int drop_packet(struct __sk_buff *skb, struct packet *pkt, __u32 reason)
 {
 	__u64 *n = bpf_map_lookup_elem(&drops, &reason);

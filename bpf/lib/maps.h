@@ -56,6 +56,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } firewall_rules SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct scope_key);
+	__type(value, struct scope_members);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} scopes SEC(".maps");
+
 /* LRU: under pressure the oldest flows are forgotten, never new ones refused. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

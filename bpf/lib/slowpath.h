@@ -10,6 +10,18 @@
 #define DHCP_SERVER_PORT 67
 #define DHCP_CLIENT_PORT 68
 
+/* UDP from port 67: a DHCP server speaking, which no VM may be. */
+static __always_inline int is_dhcp_server(const struct packet *pkt)
+{
+	struct iphdr *ip = pkt->ip;
+	if (!ip || ip->protocol != IPPROTO_UDP_ || (ip->frag_off & bpf_htons(IP_OFFSET_MASK)))
+		return 0;
+	__be16 *udp = (void *)ip + (ip->ihl & 0xf) * 4;
+	if ((void *)(udp + 4) > pkt->data_end)
+		return 0;
+	return udp[0] == bpf_htons(DHCP_SERVER_PORT);
+}
+
 static __always_inline int is_dhcp_request(const struct packet *pkt)
 {
 	struct iphdr *ip = pkt->ip;

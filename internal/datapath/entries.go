@@ -27,6 +27,9 @@ type (
 	FwKey    = vifFwKey
 	FwRule   = vifFwRule
 	FwPolicy = vifFwPolicy
+	// ScopeKey and ScopeMembers list the local VMs of a farm or subnet.
+	ScopeKey     = vifScopeKey
+	ScopeMembers = vifScopeMembers
 )
 
 // Entries is the exact content the maps must hold for one node: the output of
@@ -41,6 +44,8 @@ type Entries struct {
 	// Firewalls and FirewallRules hold the local VMs' firewalls, by VM address.
 	Firewalls     map[uint32]FwPolicy
 	FirewallRules map[FwKey]FwRule
+	// Scopes lists the local VMs of each subnet and farm, for broadcast.
+	Scopes map[ScopeKey]ScopeMembers
 	// Attach lists the vifs that need the vif program, by name and ifindex.
 	Attach map[string]int
 }
@@ -77,7 +82,8 @@ func Compile(d intent.Desired, up Uplink, ifindexOf func(name string) (int, erro
 		return e, nil, fmt.Errorf("uplink MAC %q is not an Ethernet address", up.MAC)
 	}
 	e = Entries{Endpoints: map[uint32]Endpoint{}, Vifs: map[uint32]VifInfo{}, Attach: map[string]int{},
-		Visibility: map[VisKey]uint8{}, Firewalls: map[uint32]FwPolicy{}, FirewallRules: map[FwKey]FwRule{}}
+		Visibility: map[VisKey]uint8{}, Firewalls: map[uint32]FwPolicy{}, FirewallRules: map[FwKey]FwRule{},
+		Scopes: map[ScopeKey]ScopeMembers{}}
 	for _, r := range d.Visibility {
 		e.Visibility[VisKey{SrcFarm: r.SrcFarm, SrcSubnet: r.SrcSubnet, DstFarm: r.DstFarm, DstSubnet: r.DstSubnet,
 			Proto: r.Proto, Port: r.Port}] = 1
@@ -107,6 +113,17 @@ func Compile(d intent.Desired, up Uplink, ifindexOf func(name string) (int, erro
 		e.Attach[l.Interface] = ifindex
 		if err := compileFirewall(&e, l.Name, IPKey(ip), l.Firewall); err != nil {
 			return Entries{}, nil, err
+		}
+		b := ip.As4()
+		for _, k := range []ScopeKey{{Farm: b[1], Subnet: b[2]}, {Farm: b[1]}} {
+			m := e.Scopes[k]
+			if int(m.Count) == len(m.Ifindex) {
+				return Entries{}, nil, fmt.Errorf("endpoint %s: more than %d VMs of farm %d subnet %d on one host", l.Name, len(m.Ifindex), k.Farm, k.Subnet)
+			}
+			m.Ifindex[m.Count] = uint32(ifindex)
+			m.Ip[m.Count] = IPKey(ip)
+			m.Count++
+			e.Scopes[k] = m
 		}
 	}
 	for _, r := range d.Remote {

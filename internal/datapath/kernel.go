@@ -83,6 +83,7 @@ func Open(pinDir string) (*Kernel, error) {
 		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config, "visibility": m.Visibility,
 		"conntrack": m.Conntrack, "drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
 		"slowpath": m.Slowpath, "firewalls": m.Firewalls, "firewall_rules": m.FirewallRules,
+		"scopes": m.Scopes,
 	}
 	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	for name, ms := range uspec.Maps {
@@ -202,6 +203,7 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	// not written yet.
 	errs = append(errs, syncMap(k.vif.FirewallRules, e.FirewallRules, "firewall rules"))
 	errs = append(errs, syncMap(k.vif.Firewalls, e.Firewalls, "firewalls"))
+	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes"))
 	for name, ifindex := range e.Attach {
 		errs = append(errs, k.attach(name, ifindex, k.vif.VifIngress))
 	}

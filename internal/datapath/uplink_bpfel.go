@@ -69,6 +69,20 @@ type uplinkNodeConfig struct {
 	VmMask        uint32
 }
 
+type uplinkScopeKey struct {
+	_      structs.HostLayout
+	Farm   uint8
+	Subnet uint8
+	Pad    uint16
+}
+
+type uplinkScopeMembers struct {
+	_       structs.HostLayout
+	Count   uint32
+	Ifindex [32]uint32
+	Ip      [32]uint32
+}
+
 type uplinkVifInfo struct {
 	_   structs.HostLayout
 	Ip  uint32
@@ -99,6 +113,7 @@ const (
 	uplinkMapFirewallRules  = "firewall_rules"
 	uplinkMapFirewalls      = "firewalls"
 	uplinkMapForwards       = "forwards"
+	uplinkMapScopes         = "scopes"
 	uplinkMapSlowpath       = "slowpath"
 	uplinkMapVifs           = "vifs"
 	uplinkMapVisibility     = "visibility"
@@ -162,6 +177,7 @@ type uplinkMapSpecs struct {
 	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
@@ -201,6 +217,7 @@ type uplinkMaps struct {
 	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.Map `ebpf:"firewalls"`
 	Forwards      *ebpf.Map `ebpf:"forwards"`
+	Scopes        *ebpf.Map `ebpf:"scopes"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
@@ -216,6 +233,7 @@ func (m *uplinkMaps) Close() error {
 		m.FirewallRules,
 		m.Firewalls,
 		m.Forwards,
+		m.Scopes,
 		m.Slowpath,
 		m.Vifs,
 		m.Visibility,

@@ -60,7 +60,9 @@ const (
 	vifDropReasonDROP_AGENT_BUSY         vifDropReason = 16
 	vifDropReasonDROP_FIREWALL_IN        vifDropReason = 17
 	vifDropReasonDROP_FIREWALL_OUT       vifDropReason = 18
-	vifDropReasonDROP_REASON_MAX         vifDropReason = 19
+	vifDropReasonDROP_NO_MEMBERS         vifDropReason = 19
+	vifDropReasonDROP_ROGUE_DHCP         vifDropReason = 20
+	vifDropReasonDROP_REASON_MAX         vifDropReason = 21
 )
 
 type vifEndpoint struct {
@@ -81,7 +83,8 @@ const (
 	vifForwardPathFWD_GATEWAY_REPLY vifForwardPath = 5
 	vifForwardPathFWD_ROUTED        vifForwardPath = 6
 	vifForwardPathFWD_TO_AGENT      vifForwardPath = 7
-	vifForwardPathFWD_PATH_MAX      vifForwardPath = 8
+	vifForwardPathFWD_BROADCAST     vifForwardPath = 8
+	vifForwardPathFWD_PATH_MAX      vifForwardPath = 9
 )
 
 type vifFwKey struct {
@@ -116,6 +119,20 @@ type vifNodeConfig struct {
 	Pad           uint16
 	VmNet         uint32
 	VmMask        uint32
+}
+
+type vifScopeKey struct {
+	_      structs.HostLayout
+	Farm   uint8
+	Subnet uint8
+	Pad    uint16
+}
+
+type vifScopeMembers struct {
+	_       structs.HostLayout
+	Count   uint32
+	Ifindex [32]uint32
+	Ip      [32]uint32
 }
 
 type vifSlowpathEvent struct {
@@ -155,6 +172,7 @@ const (
 	vifMapFirewallRules     = "firewall_rules"
 	vifMapFirewalls         = "firewalls"
 	vifMapForwards          = "forwards"
+	vifMapScopes            = "scopes"
 	vifMapSlowpath          = "slowpath"
 	vifMapVifs              = "vifs"
 	vifMapVisibility        = "visibility"
@@ -222,6 +240,7 @@ type vifMapSpecs struct {
 	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
@@ -265,6 +284,7 @@ type vifMaps struct {
 	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.Map `ebpf:"firewalls"`
 	Forwards      *ebpf.Map `ebpf:"forwards"`
+	Scopes        *ebpf.Map `ebpf:"scopes"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
@@ -280,6 +300,7 @@ func (m *vifMaps) Close() error {
 		m.FirewallRules,
 		m.Firewalls,
 		m.Forwards,
+		m.Scopes,
 		m.Slowpath,
 		m.Vifs,
 		m.Visibility,

@@ -56,6 +56,10 @@ func (l *testLab) capture(node, ifname string, fields ...string) func() []string
 		return strings.Contains(dump.Output(), "listening on")
 	})
 	return func() []string {
+		// Let what is in flight land and tcpdump write it out: stopping at
+		// once loses the last packets, and a "nothing arrived" check would
+		// then prove nothing.
+		time.Sleep(500 * time.Millisecond)
 		dump.Stop()
 		args := []string{"-r", pcap, "-T", "fields"}
 		for _, f := range fields {

@@ -1,0 +1,98 @@
+/* Scoped broadcast and multicast (paper §2, "Virtual IP broadcast and IP
+ * multicast"): a VM's broadcast reaches the VMs of its subnet, IP multicast
+ * with TTL 1 those of its subnet and with TTL > 1 those of its farm, on any
+ * host, and nobody else. On the fabric each scope is one Ethernet multicast
+ * address, 03:00:0a:f:s:00 (s = 0 for the farm): locally administered, never
+ * a VM's, so only hosts that have a VM there bother with it. */
+#ifndef ONEHOP_BROADCAST_H
+#define ONEHOP_BROADCAST_H
+
+#include "drop.h"
+#include "policy.h"
+
+static __always_inline int is_ip_multicast(__be32 a)
+{
+	return (bpf_ntohl(a) & 0xf0000000) == 0xe0000000;
+}
+
+/* The scope a VM's packet to daddr is meant for; 0 when it is not one. */
+static __always_inline int scope_of(const struct iphdr *ip, struct scope_key *k)
+{
+	const __u8 *s = (const __u8 *)&ip->saddr;
+	__be32 d = ip->daddr;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->farm = s[1];
+	if (d == 0xffffffff || d == ((ip->saddr & SUBNET_MASK_BE) | bpf_htonl(0xff))) {
+		k->subnet = s[2];
+		return 1;
+	}
+	if (is_ip_multicast(d)) {
+		k->subnet = ip->ttl > 1 ? 0 : s[2];
+		return 1;
+	}
+	return 0;
+}
+
+static __always_inline void scope_mac(const struct scope_key *k, __u8 *mac)
+{
+	mac[0] = 0x03;
+	mac[1] = 0x00;
+	mac[2] = 10;
+	mac[3] = k->farm;
+	mac[4] = k->subnet;
+	mac[5] = 0;
+}
+
+/* What a VM expects as destination MAC: broadcast, or the IPv4 multicast MAC. */
+static __always_inline void delivery_mac(__be32 daddr, __u8 *mac)
+{
+	const __u8 *d = (const __u8 *)&daddr;
+	if (is_ip_multicast(daddr)) {
+		mac[0] = 0x01;
+		mac[1] = 0x00;
+		mac[2] = 0x5e;
+		mac[3] = d[1] & 0x7f;
+		mac[4] = d[2];
+		mac[5] = d[3];
+	} else {
+		__builtin_memset(mac, 0xff, ETH_ALEN);
+	}
+}
+
+/* Copies the packet to every local VM of the scope but skip_ifindex, each
+ * VM's own firewall permitting. The caller's packet pointers are stale
+ * afterwards. Returns the number of copies. */
+static __always_inline int copy_to_members(struct __sk_buff *skb, const struct scope_key *k, __u32 skip_ifindex,
+					   __be32 saddr, __u8 proto, __u16 port)
+{
+	struct scope_members *m = bpf_map_lookup_elem(&scopes, k);
+	if (!m)
+		return 0;
+	int copies = 0;
+	for (int i = 0; i < MAX_SCOPE_MEMBERS; i++) {
+		if (i >= m->count)
+			break;
+		__u32 ifindex = m->ifindex[i];
+		if (!ifindex || ifindex == skip_ifindex)
+			continue;
+		__be32 vm = m->ip[i];
+		if (bpf_map_lookup_elem(&firewalls, &vm) && !firewall_allows(vm, FW_IN, saddr, proto, port))
+			continue;
+		if (bpf_clone_redirect(skb, ifindex, 0) == 0) {
+			count_forward(FWD_BROADCAST);
+			copies++;
+		}
+	}
+	return copies;
+}
+
+/* The destination port rules match on; 0 for ICMP and fragments. */
+static __always_inline __u16 rule_port(const struct packet *pkt)
+{
+	struct l4_ports l4 = l4_of(pkt);
+	if (!l4.known || pkt->ip->protocol == IPPROTO_ICMP_)
+		return 0;
+	return bpf_ntohs(l4.dport);
+}
+
+#endif

@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const scopes = `name: %s
+hosts: [{name: h1}, {name: h2}]
+farms:
+  - name: blue
+    subnets: [{name: web}, {name: db}]
+  - name: red
+    subnets: [{name: web}]
+vms:
+  - {name: web1, host: h1, subnet: blue/web}
+  - {name: web2, host: h2, subnet: blue/web}
+  - {name: web3, host: h1, subnet: blue/web}
+  - {name: db1, host: h2, subnet: blue/db}
+  - {name: red1, host: h2, subnet: red/web}
+`
+
+// sendUDP sends one datagram from a VM with the given destination and TTL
+// (python3 from the machine, run inside the VM's namespace).
+func (l *testLab) sendUDP(vm, dst string, ttl int, payload string) {
+	l.t.Helper()
+	script := `import socket,sys
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET,socket.SO_BROADCAST,1)
+s.setsockopt(socket.IPPROTO_IP,socket.IP_MULTICAST_TTL,int(sys.argv[2]))
+s.setsockopt(socket.IPPROTO_IP,socket.IP_TTL,int(sys.argv[2]))
+s.sendto(sys.argv[3].encode(),(sys.argv[1],9999))`
+	l.mustIn(vm, "python3", "-c", script, dst, strconv.Itoa(ttl), payload)
+}
+
+func TestPrivilegedBroadcastAndMulticastReachTheirScopeOnAnyHostAndNoOneElse(t *testing.T) {
+	l := upLab(t, scopes)
+	// A multicast route in the sender (a VM has only its default route).
+	l.mustIn("web1", "ip", "route", "add", "224.0.0.0/4", "dev", "eth0")
+	receivers := []string{"web2", "web3", "db1", "red1"}
+	caps := map[string]func() []string{}
+	for _, vm := range receivers {
+		caps[vm] = l.capture(vm, "eth0", "udp.payload")
+	}
+	l.sendUDP("web1", "10.1.1.255", 1, "subnet-bcast")
+	l.sendUDP("web1", "255.255.255.255", 1, "limited-bcast")
+	l.sendUDP("web1", "239.1.2.3", 1, "mcast-ttl1")
+	l.sendUDP("web1", "239.1.2.3", 4, "mcast-ttl4")
+	// Each receiver says something itself: its capture must show it, or an
+	// empty capture would prove nothing.
+	for _, vm := range receivers {
+		l.sendUDP(vm, "255.255.255.255", 1, "alive-"+vm)
+	}
+	got := map[string]string{}
+	for _, vm := range receivers {
+		got[vm] = strings.Join(caps[vm](), " ")
+	}
+	hex := func(s string) string {
+		const digits = "0123456789abcdef"
+		var b strings.Builder
+		for i := 0; i < len(s); i++ {
+			b.WriteByte(digits[s[i]>>4])
+			b.WriteByte(digits[s[i]&15])
+		}
+		return b.String()
+	}
+	want := map[string][]string{
+		"web2": {"subnet-bcast", "limited-bcast", "mcast-ttl1", "mcast-ttl4"}, // same subnet, other host
+		"web3": {"subnet-bcast", "limited-bcast", "mcast-ttl1", "mcast-ttl4"}, // same subnet, same host
+		"db1":  {"mcast-ttl4"},                                                // same farm: only TTL > 1 multicast
+		"red1": {},                                                            // other farm: nothing
+	}
+	for _, vm := range receivers {
+		if !strings.Contains(got[vm], hex("alive-"+vm)) {
+			t.Fatalf("capture on %s missed its own packet: it was not live", vm)
+		}
+	}
+	for vm, msgs := range want {
+		for _, all := range []string{"subnet-bcast", "limited-bcast", "mcast-ttl1", "mcast-ttl4"} {
+			should := false
+			for _, m := range msgs {
+				should = should || m == all
+			}
+			if has := strings.Contains(got[vm], hex(all)); has != should {
+				t.Errorf("%s received %q: %v, want %v", vm, all, has, should)
+			}
+		}
+	}
+}
