@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 const scopes = `name: %s
@@ -41,17 +43,20 @@ func TestPrivilegedBroadcastAndMulticastReachTheirScopeOnAnyHostAndNoOneElse(t *
 	receivers := []string{"web2", "web3", "db1", "red1"}
 	caps := map[string]func() []string{}
 	for _, vm := range receivers {
-		caps[vm] = l.capture(vm, "eth0", "udp.payload")
+		stop, pcap := l.captureFile(vm, "eth0", "udp.payload")
+		caps[vm] = stop
+		// Each receiver says something itself and its capture must record
+		// it before the test goes on: an empty capture then proves something.
+		l.sendUDP(vm, "255.255.255.255", 1, "alive-"+vm)
+		waitFor(t, "capture on "+vm+" to record its own packet", 5*time.Second, func() bool {
+			st, err := os.Stat(pcap)
+			return err == nil && st.Size() > 24 // more than the pcap file header
+		})
 	}
 	l.sendUDP("web1", "10.1.1.255", 1, "subnet-bcast")
 	l.sendUDP("web1", "255.255.255.255", 1, "limited-bcast")
 	l.sendUDP("web1", "239.1.2.3", 1, "mcast-ttl1")
 	l.sendUDP("web1", "239.1.2.3", 4, "mcast-ttl4")
-	// Each receiver says something itself: its capture must show it, or an
-	// empty capture would prove nothing.
-	for _, vm := range receivers {
-		l.sendUDP(vm, "255.255.255.255", 1, "alive-"+vm)
-	}
 	got := map[string]string{}
 	for _, vm := range receivers {
 		got[vm] = strings.Join(caps[vm](), " ")

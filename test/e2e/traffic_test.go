@@ -49,6 +49,12 @@ func TestPrivilegedPingAndTCPBetweenVMsOnOneHostAndAcrossHosts(t *testing.T) {
 // is called; that function returns one line per packet with the requested
 // tshark fields, tab-separated.
 func (l *testLab) capture(node, ifname string, fields ...string) func() []string {
+	stop, _ := l.captureFile(node, ifname, fields...)
+	return stop
+}
+
+// captureFile is capture that also returns the pcap file being written.
+func (l *testLab) captureFile(node, ifname string, fields ...string) (func() []string, string) {
 	l.t.Helper()
 	pcap := filepath.Join(l.t.TempDir(), node+".pcap")
 	dump := l.start(node, "tcpdump", "-i", ifname, "-n", "-U", "-w", pcap)
@@ -76,7 +82,7 @@ func (l *testLab) capture(node, ifname string, fields ...string) func() []string
 			}
 		}
 		return lines
-	}
+	}, pcap
 }
 
 func TestPrivilegedSpoofedSourceIPAndMACNeverArrive(t *testing.T) {
