@@ -10,8 +10,8 @@
 #define DHCP_SERVER_PORT 67
 #define DHCP_CLIENT_PORT 68
 
-/* UDP from port 67: a DHCP server speaking, which no VM may be. */
-static __always_inline int is_dhcp_server(const struct packet *pkt)
+/* The UDP ports of an unfragmented datagram; 0 when it is none. */
+static __always_inline int udp_ports(const struct packet *pkt, __be16 *sport, __be16 *dport)
 {
 	struct iphdr *ip = pkt->ip;
 	if (!ip || ip->protocol != IPPROTO_UDP_ || (ip->frag_off & bpf_htons(IP_OFFSET_MASK)))
@@ -19,18 +19,23 @@ static __always_inline int is_dhcp_server(const struct packet *pkt)
 	__be16 *udp = (void *)ip + (ip->ihl & 0xf) * 4;
 	if ((void *)(udp + 4) > pkt->data_end)
 		return 0;
-	return udp[0] == bpf_htons(DHCP_SERVER_PORT);
+	*sport = udp[0];
+	*dport = udp[1];
+	return 1;
+}
+
+/* UDP from port 67: a DHCP server speaking, which no VM may be. */
+static __always_inline int is_dhcp_server(const struct packet *pkt)
+{
+	__be16 sport, dport;
+	return udp_ports(pkt, &sport, &dport) && sport == bpf_htons(DHCP_SERVER_PORT);
 }
 
 static __always_inline int is_dhcp_request(const struct packet *pkt)
 {
-	struct iphdr *ip = pkt->ip;
-	if (!ip || ip->protocol != IPPROTO_UDP_ || (ip->frag_off & bpf_htons(IP_OFFSET_MASK)))
-		return 0;
-	__be16 *udp = (void *)ip + (ip->ihl & 0xf) * 4;
-	if ((void *)(udp + 4) > pkt->data_end)
-		return 0;
-	return udp[0] == bpf_htons(DHCP_CLIENT_PORT) && udp[1] == bpf_htons(DHCP_SERVER_PORT);
+	__be16 sport, dport;
+	return udp_ports(pkt, &sport, &dport) && sport == bpf_htons(DHCP_CLIENT_PORT) &&
+	       dport == bpf_htons(DHCP_SERVER_PORT);
 }
 
 static __always_inline int punt_to_agent(struct __sk_buff *skb, struct packet *pkt)
