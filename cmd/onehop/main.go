@@ -227,11 +227,7 @@ datapath. If any step fails, everything made so far is removed again.`,
 		Short: "Show every node of the lab: namespace, interfaces, MACs, IPs, daemons",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := lab.Resolve(root, name)
-			if err != nil {
-				return err
-			}
-			st, err := lab.Load(root, n)
+			st, err := loadLab(root, name)
 			if err != nil {
 				return err
 			}
@@ -278,11 +274,7 @@ and the new agent takes the same maps over and reconciles them.`,
 		Example: "  onehop lab restart h1",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			n, err := lab.Resolve(root, name)
-			if err != nil {
-				return err
-			}
-			st, err := lab.Load(root, n)
+			st, err := loadLab(root, name)
 			if err != nil {
 				return err
 			}
@@ -307,11 +299,7 @@ address and MAC, and every host's mapping table follows within a second.`,
 			if to == "" {
 				return fmt.Errorf("--to is required: the host to move %s to", args[0])
 			}
-			n, err := lab.Resolve(root, name)
-			if err != nil {
-				return err
-			}
-			st, err := lab.Load(root, n)
+			st, err := loadLab(root, name)
 			if err != nil {
 				return err
 			}
@@ -366,4 +354,13 @@ func printStatus(r *lab.Report) {
 		}
 	}
 	w.Flush()
+}
+
+// loadLab finds the lab a command is about (named, or the only one up).
+func loadLab(root, name string) (*lab.State, error) {
+	n, err := lab.Resolve(root, name)
+	if err != nil {
+		return nil, err
+	}
+	return lab.Load(root, n)
 }

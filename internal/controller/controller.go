@@ -81,12 +81,8 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		if err != nil {
 			return err
 		}
-		b := ip.As4()
-		v := intent.VM{
-			Farm: vm.Farm(), Subnet: vm.SubnetName(), Name: vm.Name, Host: vm.Host,
-			Interface: topology.VifName(vm.Name), IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(),
-			Gateway: ipam.Gateway(b[1], b[2]).String(), Firewall: vm.Firewall,
-		}
+		v := intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
+		v.Firewall = vm.Firewall
 		want[intent.VMsPrefix+v.FullName()] = v
 	}
 	if err := store.PutJSON(ctx, c.store, intent.AllocKey, alloc); err != nil {

@@ -142,9 +142,7 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 	if err != nil {
 		return intent.VM{}, fieldErr("subnet", err)
 	}
-	b := ip.As4()
-	v := intent.VM{Farm: farm, Subnet: subnet, Name: name, Host: host, Interface: topology.VifName(name),
-		IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(), Gateway: ipam.Gateway(b[1], b[2]).String()}
+	v := intent.NewVM(farm, subnet, name, host, ip)
 	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
 		return v, err
 	}

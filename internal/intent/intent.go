@@ -8,7 +8,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net/netip"
 	"time"
+
+	"github.com/onehop/onehop/internal/ipam"
 )
 
 // Key prefixes in the store. Everything onehop keeps lives under Root.
@@ -97,6 +100,17 @@ type FirewallRule struct {
 	PortHi uint16 `json:"portHi,omitempty"` // VM-side port for in, remote port for out
 	CIDR   string `json:"cidr,omitempty"`   // the remote end; "" any
 	Action string `json:"action"`           // allow or deny
+}
+
+// VifName is the host-side interface of a VM.
+func VifName(vm string) string { return "vif-" + vm }
+
+// NewVM is the one way a VM record is made from its allocated address: the
+// virtual MAC, gateway and vif all follow from it.
+func NewVM(farm, subnet, name, host string, ip netip.Addr) VM {
+	b := ip.As4()
+	return VM{Farm: farm, Subnet: subnet, Name: name, Host: host, Interface: VifName(name),
+		IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(), Gateway: ipam.Gateway(b[1], b[2]).String()}
 }
 
 // FullName is farm/subnet/vm, the VM's unique name.

@@ -420,10 +420,7 @@ func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error)
 			if err != nil {
 				return nil, err
 			}
-			by := ip.As4()
-			out[vm.Name] = intent.VM{Farm: vm.Farm(), Subnet: vm.SubnetName(), Name: vm.Name, Host: vm.Host,
-				Interface: topology.VifName(vm.Name), IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(),
-				Gateway: ipam.Gateway(by[1], by[2]).String()}
+			out[vm.Name] = intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
 		}
 		return out, nil
 	}

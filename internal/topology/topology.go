@@ -529,7 +529,7 @@ func orLine(specific, fallback int) int {
 }
 
 // VifName is the host-side interface of a VM in the lab.
-func VifName(vm string) string { return "vif-" + vm }
+func VifName(vm string) string { return intent.VifName(vm) }
 
 // CheckFarmName, CheckSubnetName, CheckVMName and CheckHostName apply the
 // topology file's naming rules to names that arrive through the API.
