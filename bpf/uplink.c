@@ -1,7 +1,8 @@
 /* tcx ingress on the host's uplink: frames from the fabric. VM traffic
  * addressed to this host gets its virtual MACs back and goes straight into
- * the VM; anything outside the tenant address space is the host's own
- * management traffic (etcd, ARP between hosts) and goes to its stack. */
+ * the VM; ARP about VM addresses is the ARP engine's; anything outside the
+ * tenant address space is the host's own management traffic (etcd, ARP
+ * between hosts) and goes to its stack. */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/parse.h"
@@ -9,6 +10,8 @@
 #include "lib/route.h"
 #include "lib/policy.h"
 #include "lib/broadcast.h"
+#include "lib/mapping.h"
+#include "lib/arp.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -26,12 +29,13 @@ int uplink_ingress(struct __sk_buff *skb)
 		struct scope_key scope = {.farm = to[3], .subnet = to[4]};
 		struct iphdr *ip = pkt.ip;
 		const __u8 *s = (const __u8 *)&ip->saddr;
-		struct endpoint *src = bpf_map_lookup_elem(&endpoints, &ip->saddr);
-		if (!src || src->ifindex || !mac_equal(src->host_mac, pkt.eth->h_source) || s[1] != scope.farm ||
-		    (scope.subnet && s[2] != scope.subnet))
+		int src = fabric_source(ip->saddr, pkt.eth->h_source);
+		if (s[1] != scope.farm || (scope.subnet && s[2] != scope.subnet) || src == SRC_FORGED)
 			return drop_packet(skb, &pkt, DROP_FABRIC_UNKNOWN_SRC);
 		if (!bpf_map_lookup_elem(&scopes, &scope))
 			return drop_quietly(DROP_NO_MEMBERS); /* flooded past us: routine */
+		if (src == SRC_NEW)
+			learn_mapping(ip->saddr, pkt.eth->h_source);
 		delivery_mac(ip->daddr, pkt.eth->h_dest);
 		virtual_mac(ip->saddr, pkt.eth->h_source);
 		__be32 saddr = ip->saddr;
@@ -39,6 +43,8 @@ int uplink_ingress(struct __sk_buff *skb)
 		copy_to_members(skb, &scope, 0, saddr, proto, rule_port(&pkt));
 		return TC_ACT_SHOT; /* consumed: each member got its copy */
 	}
+	if (!reason && pkt.arp && cfg && (in_vm_space(cfg, pkt.arp->spa) || in_vm_space(cfg, pkt.arp->tpa)))
+		return handle_fabric_arp(skb, &pkt, cfg);
 	if (reason || !pkt.ip || !cfg || !in_vm_space(cfg, pkt.ip->daddr)) {
 		/* Not tenant IPv4: the host's stack decides, as for any NIC. */
 		count_forward(FWD_HOST_STACK);
@@ -51,17 +57,19 @@ int uplink_ingress(struct __sk_buff *skb)
 	}
 
 	struct iphdr *ip = pkt.ip;
-	struct endpoint *src = bpf_map_lookup_elem(&endpoints, &ip->saddr);
-	if (!src || src->ifindex || !mac_equal(src->host_mac, pkt.eth->h_source))
+	int src = fabric_source(ip->saddr, pkt.eth->h_source);
+	if (src == SRC_FORGED)
 		return drop_packet(skb, &pkt, DROP_FABRIC_UNKNOWN_SRC);
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
-	if (!dst || !dst->ifindex)
+	if (!dst)
 		return drop_packet(skb, &pkt, DROP_FABRIC_NOT_LOCAL);
 	/* Checked again on the receiving host: a sending host that skipped
 	 * its check must not open the subnet. */
 	reason = admit(&pkt, 0, 1);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
+	if (src == SRC_NEW)
+		learn_mapping(ip->saddr, pkt.eth->h_source);
 
 	mac_copy(pkt.eth->h_dest, dst->mac);
 	if (same_subnet(ip->saddr, ip->daddr))

@@ -1,7 +1,8 @@
 /* tcx ingress on a guest vif: every frame a VM sends passes here first.
- * Order follows the paper's Figure 3: anti-spoof, (visibility: issue 3),
+ * Order follows the paper's Figure 3: anti-spoof, visibility and firewalls,
  * mapping-table lookup, MAC rewrite, then straight to the destination —
- * the peer vif on this host or the uplink towards the holding host. */
+ * the peer vif on this host or the uplink towards the holding host; a
+ * destination not yet in the table waits in the agent for the ARP engine. */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/parse.h"
@@ -13,6 +14,7 @@
 #include "lib/slowpath.h"
 #include "lib/icmp_error.h"
 #include "lib/broadcast.h"
+#include "lib/mapping.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -22,6 +24,7 @@ const struct drop_event *_drop_event_type __attribute__((unused));
 const enum drop_reason *_drop_reason_type __attribute__((unused));
 const enum forward_path *_forward_path_type __attribute__((unused));
 const struct slowpath_event *_slowpath_event_type __attribute__((unused));
+const enum slowpath_kind *_slowpath_kind_type __attribute__((unused));
 
 SEC("tc")
 int vif_ingress(struct __sk_buff *skb)
@@ -40,7 +43,7 @@ int vif_ingress(struct __sk_buff *skb)
 	if (is_dhcp_request(&pkt)) {
 		if (!mac_equal(pkt.eth->h_source, vif->mac))
 			return drop_packet(skb, &pkt, DROP_SPOOFED_MAC);
-		return punt_to_agent(skb, &pkt);
+		return punt_to_agent(skb, &pkt, SLOW_DHCP);
 	}
 	reason = check_source(&pkt, vif);
 	if (reason)
@@ -48,10 +51,16 @@ int vif_ingress(struct __sk_buff *skb)
 	if (is_dhcp_server(&pkt))
 		return drop_packet(skb, &pkt, DROP_ROGUE_DHCP);
 
+	struct node_config *cfg = node_config();
 	if (pkt.arp) {
-		reason = answer_arp(&pkt);
+		int to_fabric = 0;
+		reason = handle_vm_arp(&pkt, cfg, &to_fabric);
 		if (reason)
 			return drop_packet(skb, &pkt, reason);
+		if (to_fabric && cfg) {
+			count_forward(FWD_ARP_TO_FABRIC);
+			return bpf_redirect(cfg->uplink_ifindex, 0);
+		}
 		count_forward(FWD_ARP_REPLY);
 		/* Egress of the same vif delivers the reply to the asking VM. */
 		return bpf_redirect(ifindex, 0);
@@ -64,6 +73,8 @@ int vif_ingress(struct __sk_buff *skb)
 		count_forward(FWD_GATEWAY_REPLY);
 		return bpf_redirect(ifindex, 0);
 	}
+	if (!cfg || !cfg->uplink_ifindex)
+		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
 	struct scope_key scope;
 	if (scope_of(ip, &scope)) {
 		__be32 saddr = ip->saddr;
@@ -74,9 +85,6 @@ int vif_ingress(struct __sk_buff *skb)
 		copy_to_members(skb, &scope, ifindex, saddr, proto, port);
 		/* And one copy onto the fabric, to the scope's multicast address:
 		 * the hosts with VMs there take it from there. */
-		struct node_config *cfg = node_config();
-		if (!cfg || !cfg->uplink_ifindex)
-			return drop_quietly(DROP_NO_UPLINK);
 		struct ethhdr *eth = (void *)(long)skb->data;
 		if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 			return drop_quietly(DROP_MALFORMED);
@@ -85,10 +93,10 @@ int vif_ingress(struct __sk_buff *skb)
 		count_forward(FWD_TO_FABRIC);
 		return bpf_redirect(cfg->uplink_ifindex, 0);
 	}
-	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
-	if (!dst)
+	if (!in_vm_space(cfg, ip->daddr))
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
-	reason = admit(&pkt, 1, dst->ifindex != 0);
+	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
+	reason = admit(&pkt, 1, local != 0);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	int routed = !same_subnet(ip->saddr, ip->daddr);
@@ -108,21 +116,24 @@ int vif_ingress(struct __sk_buff *skb)
 		count_forward(FWD_ROUTED);
 	}
 
-	if (dst->ifindex) {
-		mac_copy(pkt.eth->h_dest, dst->mac);
+	if (local) {
+		mac_copy(pkt.eth->h_dest, local->mac);
 		if (routed) /* the gateway illusion: it arrives from the gateway */
 			virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 		count_forward(FWD_LOCAL);
 		/* Straight into the receiving VM's namespace: skips a backlog pass. */
-		return bpf_redirect_peer(dst->ifindex, 0);
+		return bpf_redirect_peer(local->ifindex, 0);
 	}
 
-	struct node_config *cfg = node_config();
-	if (!cfg || !cfg->uplink_ifindex)
-		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
 	/* No virtual MAC on the wire (paper §2): host MAC to host MAC. */
-	mac_copy(pkt.eth->h_dest, dst->host_mac);
 	mac_copy(pkt.eth->h_source, cfg->uplink_mac);
+	struct mapping *remote = mapping_for_send(ip->daddr);
+	if (!remote) {
+		/* Paper §2 step 6: queued until the ARP engine finds the host.
+		 * The frame is complete but for its destination MAC. */
+		return punt_to_agent(skb, &pkt, SLOW_HOLD);
+	}
+	mac_copy(pkt.eth->h_dest, remote->host_mac);
 	count_forward(FWD_TO_FABRIC);
 	return bpf_redirect(cfg->uplink_ifindex, 0);
 }

@@ -14,12 +14,35 @@
 
 #define ETH_ALEN 6
 
-/* One entry of the per-node mapping table (paper §2, step 3): where the VM
- * with this IPv4 address lives. Keyed by the address in network order. */
+/* A VM on this host, keyed by its IPv4 address in network order. The agent
+ * installs exactly the host's own VMs; where other VMs live is learned by
+ * the ARP engine into the mapping table below. */
 struct endpoint {
-	__u32 ifindex;           /* vif in this host's namespace; 0 when the VM is remote */
-	__u8 mac[ETH_ALEN];      /* the VM's virtual MAC, never seen on the wire */
-	__u8 host_mac[ETH_ALEN]; /* uplink MAC of the host holding the VM */
+	__u32 ifindex;      /* its vif in this host's namespace */
+	__u8 mac[ETH_ALEN]; /* the VM's virtual MAC, never seen on the wire */
+	__u16 _pad;
+};
+
+/* One entry of the per-node mapping table (paper §2, "The VNET ARP engine"):
+ * the host that holds a remote VM, learned from ARP replies and from the
+ * fabric's own traffic. A fixed-size LRU: a lookup refreshes an entry, and a
+ * full table forgets its least recently used one. An all-zero host_mac means
+ * "asked, not yet answered": it rate-limits the fabric ARP for that address. */
+struct mapping {
+	__u8 host_mac[ETH_ALEN];
+	__u16 _pad;
+	__u64 confirmed_ns; /* last ARP reply or announcement (or the last ask, while unanswered) */
+	__u64 used_ns;      /* last packet sent with it, in steps of MAPPING_USE_STEP_NS */
+};
+
+#define MAPPING_USE_STEP_NS 1000000000ULL
+/* How often a VM's unanswered ARP may go to the fabric for one address. */
+#define MAPPING_ASK_INTERVAL_NS 1000000000ULL
+
+/* Per-farm switches set by the farm's owner; an array slot per farm id. */
+#define FARM_PROXY_ARP 1
+struct farm_config {
+	__u32 flags;
 };
 
 /* What a VM behind a vif is allowed to send as (anti-spoofing, step 1). */
@@ -53,7 +76,7 @@ enum drop_reason {
 	DROP_ARP_NOT_REQUEST,    /* VM sent an ARP reply or other op: never leaves */
 	DROP_ARP_UNKNOWN_TARGET, /* ARP for an address no VM holds */
 	DROP_ARP_OTHER_SUBNET,   /* ARP for an address outside the asker's subnet */
-	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM unknown or on another host */
+	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM mapped to another host, local here, or outside the scope */
 	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
 	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
 	DROP_TTL_EXCEEDED,       /* routed between subnets with TTL 1: cannot take the gateway hop */
@@ -62,6 +85,8 @@ enum drop_reason {
 	DROP_FIREWALL_OUT,       /* the sending VM's firewall refused it */
 	DROP_NO_MEMBERS,         /* a farm/subnet broadcast for which this host has no VM */
 	DROP_ROGUE_DHCP,         /* a VM acting as DHCP server: only the host answers DHCP */
+	DROP_ARP_NOT_HERE,       /* fabric ARP for a VM this host does not hold: multicast reaches every host */
+	DROP_FABRIC_ARP_CONFLICT, /* a host claims, by ARP, a VM that lives on this host */
 	DROP_REASON_MAX,
 };
 
@@ -76,6 +101,10 @@ enum forward_path {
 	FWD_ROUTED,        /* crossed the virtual gateway to another subnet or farm (also counted by path) */
 	FWD_TO_AGENT,      /* handed to the agent to answer (DHCP) */
 	FWD_BROADCAST,     /* a broadcast/multicast copy delivered to a VM of its scope */
+	FWD_ARP_TO_FABRIC, /* a VM's ARP the mapping table could not answer, sent to its scope's multicast address */
+	FWD_ARP_ANSWERED,  /* a fabric ARP for one of this host's VMs, answered in the datapath */
+	FWD_ARP_LEARNED,   /* a fabric ARP reply or announcement taken into the mapping table */
+	FWD_HELD,          /* a packet for an address not yet mapped, held by the agent while it resolves */
 	FWD_PATH_MAX,
 };
 
@@ -150,11 +179,20 @@ struct scope_members {
 	__be32 ip[MAX_SCOPE_MEMBERS];
 };
 
-/* A frame the agent must answer (a DHCP request), copied whole. */
-#define SLOWPATH_MAX 1024
+/* A frame the agent must handle, copied whole (up to SLOWPATH_MAX bytes). */
+#define SLOWPATH_MAX 1536
+enum slowpath_kind {
+	SLOW_DHCP = 0,  /* a VM's DHCP request: the agent answers it */
+	SLOW_HOLD,      /* a routed, admitted frame whose destination host is unknown:
+			 * the agent resolves it and sends the frame on */
+	SLOW_ARP_REPLY, /* a fabric ARP reply to the agent's own question */
+};
+
 struct slowpath_event {
+	__u32 kind;
 	__u32 ifindex;
-	__u32 len;
+	__u32 len;      /* bytes in data */
+	__u32 orig_len; /* the frame's length: more than len when it did not fit */
 	__u8 data[SLOWPATH_MAX];
 };
 

@@ -5,7 +5,7 @@
 
 #include "common.h"
 
-#define MAX_ENDPOINTS 65536
+#define MAX_ENDPOINTS 4096 /* this host's VMs */
 #define MAX_VIFS 4096
 
 struct {
@@ -15,6 +15,25 @@ struct {
 	__type(value, struct endpoint);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } endpoints SEC(".maps");
+
+/* The agent may size it at load (--mapping-table-size). */
+#define MAX_MAPPINGS 16384
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_MAPPINGS);
+	__type(key, __be32);
+	__type(value, struct mapping);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mappings SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct farm_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} farms SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

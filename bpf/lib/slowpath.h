@@ -38,7 +38,8 @@ static __always_inline int is_dhcp_request(const struct packet *pkt)
 	       dport == bpf_htons(DHCP_SERVER_PORT);
 }
 
-static __always_inline int punt_to_agent(struct __sk_buff *skb, struct packet *pkt)
+/* Hands the frame, as it is now, to the agent; the datapath is done with it. */
+static __always_inline int punt_to_agent(struct __sk_buff *skb, struct packet *pkt, __u32 kind)
 {
 	struct slowpath_event *ev = bpf_ringbuf_reserve(&slowpath, sizeof(*ev), 0);
 	if (!ev)
@@ -50,11 +51,13 @@ static __always_inline int punt_to_agent(struct __sk_buff *skb, struct packet *p
 		bpf_ringbuf_discard(ev, 0);
 		return drop_packet(skb, pkt, DROP_MALFORMED);
 	}
+	ev->kind = kind;
 	ev->ifindex = skb->ifindex;
 	ev->len = len;
+	ev->orig_len = skb->len;
 	bpf_ringbuf_submit(ev, 0);
-	count_forward(FWD_TO_AGENT);
-	return TC_ACT_SHOT; /* consumed: the agent answers */
+	count_forward(kind == SLOW_HOLD ? FWD_HELD : FWD_TO_AGENT);
+	return TC_ACT_SHOT; /* consumed: the agent takes it from here */
 }
 
 #endif

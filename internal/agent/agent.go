@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"reflect"
 	"sort"
 	"sync"
@@ -59,7 +60,21 @@ type Agent struct {
 	countersAt time.Time
 	// Latest counters, published with the next status.
 	drops, forwards map[string]uint64
+	arpStats        *intent.ARPStats
+	hooks           Hooks
 }
+
+// Hooks connect the agent to the ARP engine; nil fields are skipped.
+type Hooks struct {
+	// Arrived is called for each VM that became local (at start, after a
+	// create or a move), outside the agent's lock.
+	Arrived func(ip netip.Addr)
+	// ARPStats reads the ARP engine's figures for the status record.
+	ARPStats func() intent.ARPStats
+}
+
+// SetHooks installs h; call it before Run.
+func (a *Agent) SetHooks(h Hooks) { a.hooks = h }
 
 // countersEvery is how often counters go into the status record: often
 // enough for `onehop stats`, rare enough not to load etcd.
@@ -152,6 +167,12 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 			a.countersAt = time.Now()
 			a.mu.Unlock()
 		}
+		if a.hooks.ARPStats != nil {
+			st := a.hooks.ARPStats()
+			a.mu.Lock()
+			a.arpStats = &st
+			a.mu.Unlock()
+		}
 	}
 	a.mu.Lock()
 	a.reconciles++
@@ -195,6 +216,18 @@ func (a *Agent) apply(d intent.Desired) error {
 		}
 	}
 	a.mu.Lock()
+	var arrived []netip.Addr
+	known := map[string]bool{}
+	for _, l := range a.locals {
+		known[l.IP] = true
+	}
+	for _, l := range locals {
+		if !known[l.IP] {
+			if ip, err := netip.ParseAddr(l.IP); err == nil {
+				arrived = append(arrived, ip)
+			}
+		}
+	}
 	a.locals = locals
 	prevMissing := a.status.MissingVifs
 	a.status.AttachedVifs = attached
@@ -204,6 +237,11 @@ func (a *Agent) apply(d intent.Desired) error {
 	if len(missing) > 0 && !reflect.DeepEqual(missing, prevMissing) {
 		a.log.Info("waiting for vifs to appear", "vifs", missing)
 	}
+	if a.hooks.Arrived != nil {
+		for _, ip := range arrived {
+			a.hooks.Arrived(ip)
+		}
+	}
 	return nil
 }
 
@@ -211,7 +249,7 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	a.mu.Lock()
 	st := a.status
 	st.Node = a.cfg.Node
-	st.Drops, st.Forwards = a.drops, a.forwards
+	st.Drops, st.Forwards, st.ARP = a.drops, a.forwards, a.arpStats
 	st.AppliedDigest = d.Digest()
 	st.Error = ""
 	if applyErr != nil {

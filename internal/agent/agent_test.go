@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
+	"reflect"
 	"sync"
 	"testing"
 
@@ -65,9 +67,6 @@ func desired() intent.Desired {
 			{Name: "blue/web/web1", IP: "10.1.1.2", MAC: "02:00:0a:01:01:02", Interface: "vif-web1"},
 			{Name: "blue/web/web3", IP: "10.1.1.4", MAC: "02:00:0a:01:01:04", Interface: "vif-web3"},
 		},
-		Remote: []intent.RemoteEndpoint{
-			{Name: "blue/web/web2", IP: "10.1.1.3", MAC: "02:00:0a:01:01:03", Host: "h2", HostMAC: "aa:00:00:00:00:02"},
-		},
 	}
 }
 
@@ -91,7 +90,7 @@ func TestReconcileWritesDesiredEntriesAndReportsDigest(t *testing.T) {
 	if _, err := a.ReconcileOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if len(dp.entries.Endpoints) != 3 || len(dp.entries.Vifs) != 2 || dp.entries.Config.UplinkIfindex != 2 {
+	if len(dp.entries.Endpoints) != 2 || len(dp.entries.Vifs) != 2 || dp.entries.Config.UplinkIfindex != 2 {
 		t.Fatalf("entries %+v", dp.entries)
 	}
 	if dp.entries.Attach["vif-web1"] != 5 || dp.uplink != "uplink0" {
@@ -101,7 +100,7 @@ func TestReconcileWritesDesiredEntriesAndReportsDigest(t *testing.T) {
 	if err := store.GetJSON(ctx, s, intent.StatusPrefix+"h1", &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.AppliedDigest != d.Digest() || st.Endpoints != 3 || len(st.AttachedVifs) != 2 {
+	if st.AppliedDigest != d.Digest() || st.Endpoints != 2 || len(st.AttachedVifs) != 2 {
 		t.Fatalf("status %+v", st)
 	}
 }
@@ -175,6 +174,24 @@ func TestApplyFailureIsReportedAndCounted(t *testing.T) {
 	}
 }
 
+func TestArrivingVMsAreAnnouncedOnce(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	d := desired()
+	d.Local = d.Local[:1]
+	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", d)
+	a := newAgent(t, s, &fakeDatapath{}, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
+	var arrived []string
+	a.SetHooks(Hooks{Arrived: func(ip netip.Addr) { arrived = append(arrived, ip.String()) }})
+	a.ReconcileOnce(ctx)
+	a.ReconcileOnce(ctx) // nothing new: nothing announced
+	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	a.ReconcileOnce(ctx) // web3 moved here
+	if want := []string{"10.1.1.2", "10.1.1.4"}; !reflect.DeepEqual(arrived, want) {
+		t.Fatalf("announced %v, want %v", arrived, want)
+	}
+}
+
 func TestMissingUplinkIsAnError(t *testing.T) {
 	a := newAgent(t, store.NewMemory(), &fakeDatapath{}, fakeInterfaces{})
 	if _, err := a.ReconcileOnce(context.Background()); err == nil {
@@ -198,7 +215,7 @@ func TestRunRegistersNodeAndFollowsDesiredChanges(t *testing.T) {
 	waitUntil(t, func() bool {
 		dp.mu.Lock()
 		defer dp.mu.Unlock()
-		return len(dp.entries.Endpoints) == 3
+		return len(dp.entries.Endpoints) == 2
 	})
 	cancel()
 	if err := <-done; err != nil {

@@ -14,7 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -26,6 +28,11 @@ type DaemonConfig struct {
 	BPFFS         string // a mounted bpffs; the agent pins under BPFFS/NODE
 	MetricsAddr   string
 	DNS           []netip.Addr // handed to VMs by DHCP; none if empty
+	// MappingTableSize fixes the mapping table's entries; 0 keeps the default.
+	MappingTableSize int
+	// ARP tunes the ARP engine (refresh, idle, wait...); host fields are
+	// filled in from the uplink.
+	ARP arpengine.Config
 }
 
 // Validate reports the first configuration mistake.
@@ -50,11 +57,28 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err := mount(cfg.BPFFS); err != nil {
 		return err
 	}
-	k, err := datapath.Open(filepath.Join(cfg.BPFFS, cfg.Node))
+	k, err := datapath.Open(filepath.Join(cfg.BPFFS, cfg.Node), datapath.Options{MappingTableSize: cfg.MappingTableSize})
 	if err != nil {
 		return err
 	}
 	defer k.Close()
+	upIndex, upMAC, upIP, err := waitForUplink(ctx, cfg.Uplink, log)
+	if err != nil {
+		return err
+	}
+	sock, err := OpenPacketSocket()
+	if err != nil {
+		return err
+	}
+	defer sock.Close()
+	arpCfg := cfg.ARP
+	arpCfg.HostMAC = upMAC
+	arpCfg.HostIP, _ = netip.ParseAddr(upIP)
+	engine, err := arpengine.New(arpCfg, k, func(f []byte) error { return sock.Send(upIndex, f) }, monotonic, log)
+	if err != nil {
+		return err
+	}
+	go runARPEngine(ctx, engine, log)
 	s, err := store.DialEtcd(cfg.EtcdEndpoints)
 	if err != nil {
 		return err
@@ -64,6 +88,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
+	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats})
 
 	events, err := k.DropEvents()
 	if err != nil {
@@ -78,7 +103,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
-	go ServeSlowPath(slow, dhcpd, log)
+	go ServeSlowPath(slow, sock, dhcpd, engine, log)
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
@@ -95,6 +120,52 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		log.Info("serving metrics", "addr", ln.Addr().String()+"/metrics")
 	}
 	return a.Run(ctx)
+}
+
+// waitForUplink returns the uplink's ifindex, MAC and IPv4 once it exists.
+func waitForUplink(ctx context.Context, name string, log *slog.Logger) (int, net.HardwareAddr, string, error) {
+	for warned := false; ; warned = true {
+		idx, mac, ip, err := LinkTable{}.ByName(name)
+		if err == nil && len(mac) == 6 {
+			return idx, mac, ip, nil
+		}
+		if !warned {
+			log.Warn("waiting for the uplink to appear", "uplink", name, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, nil, "", ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// runARPEngine drives the engine's timers: retries several times per wait,
+// a table sweep every second.
+func runARPEngine(ctx context.Context, e *arpengine.Engine, log *slog.Logger) {
+	retry := time.NewTicker(50 * time.Millisecond)
+	defer retry.Stop()
+	sweep := time.NewTicker(time.Second)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-retry.C:
+			e.Retry()
+		case <-sweep.C:
+			if err := e.Sweep(); err != nil {
+				log.Warn("ARP engine sweep", "err", err)
+			}
+		}
+	}
+}
+
+// monotonic reads CLOCK_MONOTONIC, the clock bpf_ktime_get_ns reads.
+func monotonic() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail for this clock
+	return time.Duration(ts.Nano())
 }
 
 func ifname(ifindex int) string {

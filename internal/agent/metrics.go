@@ -2,6 +2,8 @@ package agent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onehop/onehop/internal/intent"
 )
 
 // Collector exposes the datapath counters and the agent's own state to
@@ -12,6 +14,7 @@ type Collector struct {
 	agent *Agent
 
 	drops, forwards, endpoints, vifs, reconciles, failures *prometheus.Desc
+	mapped, asking, capacity, arpEvents                    *prometheus.Desc
 }
 
 // NewCollector returns a collector for a's node.
@@ -23,8 +26,16 @@ func NewCollector(a *Agent) *Collector {
 			"Packets the datapath dropped, by reason (see docs/datapath.md).", []string{"reason"}, l),
 		forwards: prometheus.NewDesc("onehop_forwarded_packets_total",
 			"Packets the datapath delivered, by path.", []string{"path"}, l),
-		endpoints: prometheus.NewDesc("onehop_mapping_table_entries",
-			"Entries in the node's mapping table (local and remote VMs).", nil, l),
+		endpoints: prometheus.NewDesc("onehop_local_vms",
+			"VMs on this host with their vif configured.", nil, l),
+		mapped: prometheus.NewDesc("onehop_mapping_table_entries",
+			"Remote VMs the mapping table holds a host for (learned by the ARP engine).", nil, l),
+		asking: prometheus.NewDesc("onehop_mapping_table_asking",
+			"Mapping-table entries for addresses asked for and not answered yet.", nil, l),
+		capacity: prometheus.NewDesc("onehop_mapping_table_capacity",
+			"The mapping table's fixed size (LRU beyond it).", nil, l),
+		arpEvents: prometheus.NewDesc("onehop_arp_engine_events_total",
+			"What the ARP engine did, by event (see docs/virtual-router.md).", []string{"event"}, l),
 		vifs: prometheus.NewDesc("onehop_attached_vifs",
 			"Guest vifs with the datapath attached.", nil, l),
 		reconciles: prometheus.NewDesc("onehop_reconciles_total",
@@ -36,7 +47,8 @@ func NewCollector(a *Agent) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.drops, c.forwards, c.endpoints, c.vifs, c.reconciles, c.failures} {
+	for _, d := range []*prometheus.Desc{c.drops, c.forwards, c.endpoints, c.vifs, c.reconciles, c.failures,
+		c.mapped, c.asking, c.capacity, c.arpEvents} {
 		ch <- d
 	}
 }
@@ -58,4 +70,23 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.vifs, prometheus.GaugeValue, float64(len(st.AttachedVifs)))
 	ch <- prometheus.MustNewConstMetric(c.reconciles, prometheus.CounterValue, float64(rec))
 	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(fail))
+	if c.agent.hooks.ARPStats == nil {
+		return
+	}
+	a := c.agent.hooks.ARPStats()
+	ch <- prometheus.MustNewConstMetric(c.mapped, prometheus.GaugeValue, float64(a.Mapped))
+	ch <- prometheus.MustNewConstMetric(c.asking, prometheus.GaugeValue, float64(a.Asking))
+	ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(a.Capacity))
+	for event, n := range ARPEvents(a) {
+		ch <- prometheus.MustNewConstMetric(c.arpEvents, prometheus.CounterValue, float64(n), event)
+	}
+}
+
+// ARPEvents names the ARP engine's counters as metric labels.
+func ARPEvents(a intent.ARPStats) map[string]uint64 {
+	return map[string]uint64{
+		"unicast_request": a.UnicastRequests, "multicast_request": a.MulticastRequests,
+		"resolved": a.Resolved, "unresolved": a.Unresolved, "refreshed": a.Refreshed, "expired": a.Expired,
+		"lost": a.Lost, "held": a.Held, "released": a.Released, "discarded": a.Discarded, "announced": a.Announced,
+	}
 }

@@ -1,24 +1,54 @@
 package agent
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/internal/arpengine"
 )
 
-// ServeSlowPath answers what the datapath hands over (DHCP requests) until
-// the reader is closed. Replies go out through a packet socket that only
-// sends: it receives nothing, so it costs other traffic nothing.
-func ServeSlowPath(r *ringbuf.Reader, dhcpd *DHCPServer, log *slog.Logger) {
+// Kinds of slow-path records: enum slowpath_kind in bpf/lib/common.h.
+const (
+	slowDHCP     = 0
+	slowHold     = 1
+	slowARPReply = 2
+)
+
+// PacketSocket sends frames; it receives nothing, so it costs other traffic
+// nothing.
+type PacketSocket struct{ fd int }
+
+// OpenPacketSocket opens a send-only packet socket.
+func OpenPacketSocket() (*PacketSocket, error) {
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		log.Error("no packet socket: DHCP will not be answered", "err", err)
-		return
+		return nil, fmt.Errorf("packet socket: %w", err)
 	}
-	defer unix.Close(fd)
+	return &PacketSocket{fd: fd}, nil
+}
+
+// Send puts an Ethernet frame on the interface with this ifindex.
+func (p *PacketSocket) Send(ifindex int, frame []byte) error {
+	if len(frame) < 14 {
+		return fmt.Errorf("%d-byte frame", len(frame))
+	}
+	to := &unix.SockaddrLinklayer{Ifindex: ifindex, Halen: 6}
+	copy(to.Addr[:], frame[0:6])
+	return unix.Sendto(p.fd, frame, 0, to)
+}
+
+// Close closes the socket.
+func (p *PacketSocket) Close() error { return unix.Close(p.fd) }
+
+// ServeSlowPath handles what the datapath hands over until the reader is
+// closed: DHCP requests are answered, held packets and ARP answers go to the
+// ARP engine.
+func ServeSlowPath(r *ringbuf.Reader, sock *PacketSocket, dhcpd *DHCPServer, arp *arpengine.Engine, log *slog.Logger) {
 	for {
 		rec, err := r.Read()
 		if errors.Is(err, ringbuf.ErrClosed) {
@@ -28,11 +58,31 @@ func ServeSlowPath(r *ringbuf.Reader, dhcpd *DHCPServer, log *slog.Logger) {
 			log.Warn("read slow path", "err", err)
 			continue
 		}
-		ifindex, frame, err := decodeSlowPath(rec.RawSample)
+		ev, err := decodeSlowPath(rec.RawSample)
 		if err != nil {
 			log.Warn("slow path record", "err", err)
 			continue
 		}
+		switch ev.kind {
+		case slowHold:
+			if err := arp.Hold(ev.frame, ev.origLen); err != nil {
+				log.Warn("held packet", "err", err)
+			}
+			continue
+		case slowARPReply:
+			a, err := arpengine.ParseAnswer(ev.frame)
+			if err != nil {
+				log.Warn("ARP answer", "err", err)
+				continue
+			}
+			arp.Answered(a)
+			continue
+		case slowDHCP:
+		default:
+			log.Warn("slow path record of unknown kind", "kind", ev.kind)
+			continue
+		}
+		ifindex, frame := ev.ifindex, ev.frame
 		reply, err := dhcpd.Handle(ifindex, frame)
 		if err != nil {
 			log.Warn("DHCP request not answered", "err", err)
@@ -41,9 +91,7 @@ func ServeSlowPath(r *ringbuf.Reader, dhcpd *DHCPServer, log *slog.Logger) {
 		if reply == nil {
 			continue
 		}
-		to := &unix.SockaddrLinklayer{Ifindex: ifindex, Halen: 6}
-		copy(to.Addr[:], reply[0:6])
-		if err := unix.Sendto(fd, reply, 0, to); err != nil {
+		if err := sock.Send(ifindex, reply); err != nil {
 			log.Warn("send DHCP reply", "ifindex", ifindex, "err", err)
 			continue
 		}
@@ -52,15 +100,26 @@ func ServeSlowPath(r *ringbuf.Reader, dhcpd *DHCPServer, log *slog.Logger) {
 	}
 }
 
+type slowPathEvent struct {
+	kind, ifindex, origLen int
+	frame                  []byte
+}
+
 // decodeSlowPath splits a struct slowpath_event (bpf/lib/common.h).
-func decodeSlowPath(b []byte) (int, []byte, error) {
-	if len(b) < 8 {
-		return 0, nil, fmt.Errorf("%d-byte record", len(b))
+func decodeSlowPath(b []byte) (slowPathEvent, error) {
+	const header = 16
+	if len(b) < header {
+		return slowPathEvent{}, fmt.Errorf("%d-byte record", len(b))
 	}
-	ifindex := int(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
-	n := int(uint32(b[4]) | uint32(b[5])<<8 | uint32(b[6])<<16 | uint32(b[7])<<24)
-	if n > len(b)-8 {
-		return 0, nil, fmt.Errorf("record claims %d bytes, holds %d", n, len(b)-8)
+	u32 := func(i int) int { return int(binary.NativeEndian.Uint32(b[i : i+4])) }
+	ev := slowPathEvent{kind: u32(0), ifindex: u32(4), origLen: u32(12)}
+	n := u32(8)
+	if n > len(b)-header {
+		return slowPathEvent{}, fmt.Errorf("record claims %d bytes, holds %d", n, len(b)-header)
 	}
-	return ifindex, b[8 : 8+n], nil
+	if ev.origLen < n {
+		return slowPathEvent{}, fmt.Errorf("record holds %d bytes of a %d-byte frame", n, ev.origLen)
+	}
+	ev.frame = b[header : header+n]
+	return ev, nil
 }

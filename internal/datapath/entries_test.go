@@ -26,7 +26,6 @@ func TestCompileRejectsBadDesiredState(t *testing.T) {
 		{"bad local ip", func(d *intent.Desired) { d.Local[0].IP = "10.1.1" }, "not IPv4"},
 		{"ipv6 local", func(d *intent.Desired) { d.Local[0].IP = "fd00::1" }, "not IPv4"},
 		{"bad local mac", func(d *intent.Desired) { d.Local[0].MAC = "zz" }, "not an Ethernet address"},
-		{"bad host mac", func(d *intent.Desired) { d.Remote[0].HostMAC = "" }, "host h2 MAC"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -53,7 +52,7 @@ func TestCompileLeavesOutVMsWhoseVifIsMissing(t *testing.T) {
 	if _, ok := e.Endpoints[IPKey(web3)]; ok {
 		t.Fatal("entry for a VM without a vif")
 	}
-	if len(e.Endpoints) != 3 || len(e.Vifs) != 1 {
+	if len(e.Endpoints) != 1 || len(e.Vifs) != 1 {
 		t.Fatalf("endpoints %d vifs %d", len(e.Endpoints), len(e.Vifs))
 	}
 }
@@ -66,7 +65,21 @@ func TestCompileConfigCarriesUplinkAndTenantSpace(t *testing.T) {
 	if e.Config.UplinkIfindex != 7 || KeyIP(e.Config.VmNet).String() != "10.0.0.0" || KeyIP(e.Config.VmMask).String() != "255.0.0.0" {
 		t.Fatalf("config %+v", e.Config)
 	}
-	if ep := e.Endpoints[IPKey(web2)]; ep.Ifindex != 0 || ep.HostMac != [6]byte(h2MAC) {
-		t.Fatalf("remote endpoint %+v", ep)
+	if _, ok := e.Endpoints[IPKey(web2)]; ok {
+		t.Fatal("a remote VM in the local endpoint table")
+	}
+}
+
+func TestCompileSetsProxyARPOnlyForListedFarms(t *testing.T) {
+	d := testDesired()
+	d.ProxyARPFarms = []uint8{2}
+	e, _, err := Compile(d, h1Uplink, testIfindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, f := range e.Farms {
+		if want := uint32(boolByte(id == 2)); f.Flags != want {
+			t.Fatalf("farm %d flags %d, want %d", id, f.Flags, want)
+		}
 	}
 }

@@ -4,14 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/onehop/onehop/internal/arpengine"
 )
 
 // Kernel is the datapath in the running kernel: the loaded programs, their
@@ -25,14 +30,30 @@ type Kernel struct {
 	fwdName  []string
 }
 
+// Options size what the operator may size.
+type Options struct {
+	// MappingTableSize is the mapping table's fixed number of entries
+	// (remote VMs this host can address at once); 0 keeps the default.
+	MappingTableSize int
+}
+
+// MinMappingTableSize keeps the LRU's per-CPU lists meaningful.
+const MinMappingTableSize = 64
+
 // Open loads the programs. With pinDir set, maps are pinned under
 // pinDir/maps and reused if already there, and links are pinned under
 // pinDir/links, so traffic keeps flowing across an agent restart and a new
 // agent takes over the same maps.
-func Open(pinDir string) (*Kernel, error) {
+func Open(pinDir string, o Options) (*Kernel, error) {
 	spec, err := loadVif()
 	if err != nil {
 		return nil, err
+	}
+	if o.MappingTableSize != 0 {
+		if o.MappingTableSize < MinMappingTableSize {
+			return nil, fmt.Errorf("mapping table size %d: must be at least %d", o.MappingTableSize, MinMappingTableSize)
+		}
+		spec.Maps["mappings"].MaxEntries = uint32(o.MappingTableSize)
 	}
 	k := &Kernel{pinDir: pinDir, links: map[string]link.Link{}}
 	if k.dropName, err = enumNames(spec, "drop_reason", "DROP_"); err != nil {
@@ -83,7 +104,7 @@ func Open(pinDir string) (*Kernel, error) {
 		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config, "visibility": m.Visibility,
 		"conntrack": m.Conntrack, "drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
 		"slowpath": m.Slowpath, "firewalls": m.Firewalls, "firewall_rules": m.FirewallRules,
-		"scopes": m.Scopes,
+		"scopes": m.Scopes, "mappings": m.Mappings, "farms": m.Farms,
 	}
 	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	for name, ms := range uspec.Maps {
@@ -204,6 +225,15 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	errs = append(errs, syncMap(k.vif.FirewallRules, e.FirewallRules, "firewall rules"))
 	errs = append(errs, syncMap(k.vif.Firewalls, e.Firewalls, "firewalls"))
 	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes"))
+	for id, want := range e.Farms {
+		var cur FarmConfig
+		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {
+			continue
+		}
+		if err := k.vif.Farms.Put(uint32(id), want); err != nil {
+			errs = append(errs, fmt.Errorf("write farm %d: %w", id, err))
+		}
+	}
 	for name, ifindex := range e.Attach {
 		errs = append(errs, k.attach(name, ifindex, k.vif.VifIngress))
 	}
@@ -305,3 +335,43 @@ func (k *Kernel) DropEvents() (*ringbuf.Reader, error) {
 func (k *Kernel) SlowPath() (*ringbuf.Reader, error) {
 	return ringbuf.NewReader(k.vif.Slowpath)
 }
+
+// Mappings lists the mapping table. An LRU table can change under the walk;
+// an entry evicted meanwhile is simply missing.
+func (k *Kernel) Mappings() ([]arpengine.Entry, error) {
+	var key uint32
+	var val Mapping
+	var out []arpengine.Entry
+	it := k.vif.Mappings.Iterate()
+	for it.Next(&key, &val) {
+		e := arpengine.Entry{IP: KeyIP(key), Confirmed: time.Duration(val.ConfirmedNs), Used: time.Duration(val.UsedNs)}
+		if val.HostMac != [6]byte{} {
+			e.HostMAC = net.HardwareAddr(append([]byte(nil), val.HostMac[:]...))
+		}
+		out = append(out, e)
+	}
+	if err := it.Err(); err != nil {
+		return out, fmt.Errorf("read mapping table: %w", err)
+	}
+	return out, nil
+}
+
+// Mapping returns the host holding ip, if the table has one.
+func (k *Kernel) Mapping(ip netip.Addr) (net.HardwareAddr, bool) {
+	var val Mapping
+	if err := k.vif.Mappings.Lookup(IPKey(ip), &val); err != nil || val.HostMac == [6]byte{} {
+		return nil, false
+	}
+	return net.HardwareAddr(append([]byte(nil), val.HostMac[:]...)), true
+}
+
+// ForgetMapping removes ip's entry; a missing entry is no error.
+func (k *Kernel) ForgetMapping(ip netip.Addr) error {
+	if err := k.vif.Mappings.Delete(IPKey(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("forget mapping %s: %w", ip, err)
+	}
+	return nil
+}
+
+// MappingCapacity is the mapping table's fixed size.
+func (k *Kernel) MappingCapacity() int { return int(k.vif.Mappings.MaxEntries()) }

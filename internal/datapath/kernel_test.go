@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
@@ -54,14 +55,10 @@ func testDesired() intent.Desired {
 	local := func(name string, ip netip.Addr) intent.LocalEndpoint {
 		return intent.LocalEndpoint{Name: "blue/web/" + name, IP: ip.String(), MAC: vmac(ip).String(), Interface: "vif-" + name}
 	}
-	remote := func(name string, ip netip.Addr) intent.RemoteEndpoint {
-		return intent.RemoteEndpoint{Name: name, IP: ip.String(), MAC: vmac(ip).String(), Host: "h2", HostMAC: h2MAC.String()}
-	}
 	return intent.Desired{
-		Node:   "h1",
-		VMNet:  "10.0.0.0/8",
-		Local:  []intent.LocalEndpoint{local("web1", web1), local("web3", web3)},
-		Remote: []intent.RemoteEndpoint{remote("blue/web/web2", web2), remote("blue/db/db1", db1)},
+		Node:  "h1",
+		VMNet: "10.0.0.0/8",
+		Local: []intent.LocalEndpoint{local("web1", web1), local("web3", web3)},
 		// web may reach db on tcp/5432; db may ping web.
 		Visibility: []intent.VisRule{
 			{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432},
@@ -199,7 +196,7 @@ func loadTestKernelWithIfindex(t *testing.T, d intent.Desired, ifindexOf func(st
 	if os.Geteuid() != 0 {
 		t.Skip("BPF_PROG_RUN needs root (unprivileged BPF is disabled on this machine)")
 	}
-	k, err := Open("")
+	k, err := Open("", Options{})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -216,7 +213,34 @@ func loadTestKernelWithIfindex(t *testing.T, d intent.Desired, ifindexOf func(st
 	if err := k.Apply(e, ""); err != nil {
 		t.Fatalf("apply: %v", err)
 	}
+	// What h1's ARP engine would have learned: web2 and db1 live on h2.
+	seedMapping(t, k, web2, h2MAC)
+	seedMapping(t, k, db1, h2MAC)
 	return k
+}
+
+func seedMapping(t *testing.T, k *Kernel, ip netip.Addr, host net.HardwareAddr) {
+	t.Helper()
+	var m Mapping
+	copy(m.HostMac[:], host)
+	m.ConfirmedNs, m.UsedNs = uint64(monotonicNow()), uint64(monotonicNow())
+	if err := k.vif.Mappings.Put(IPKey(ip), m); err != nil {
+		t.Fatalf("seed mapping %s: %v", ip, err)
+	}
+}
+
+func monotonicNow() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// mappingOf reads what the table says about ip ("" when nothing).
+func mappingOf(k *Kernel, ip netip.Addr) string {
+	if mac, ok := k.Mapping(ip); ok {
+		return mac.String()
+	}
+	return ""
 }
 
 func runTable(t *testing.T, k *Kernel, prog *ebpf.Program, cases []progCase) {
@@ -321,14 +345,20 @@ func TestPrivilegedVifProgram(t *testing.T) {
 		{name: "another subnet without a rule is dropped before the wire",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp},
 			wantVerdict: actShot, wantDrop: "not_visible"},
-		{name: "unknown destination is dropped",
-			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: netip.MustParseAddr("10.1.1.99"), proto: icmp},
+		{name: "destination outside the tenant space is dropped",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: netip.MustParseAddr("192.0.2.1"), proto: icmp},
 			wantVerdict: actShot, wantDrop: "no_route"},
 		{name: "arp for a VM of the subnet is answered locally",
 			in: arpReq(web2), wantVerdict: actRedirect, want: arpReply(web2, vmac(web2)), wantForward: "arp_reply"},
 		{name: "arp for the gateway is answered with its derived MAC",
 			in: arpReq(gw), wantVerdict: actRedirect, want: arpReply(gw, vmac(gw)), wantForward: "arp_reply"},
-		{name: "arp for an unknown address is dropped",
+		{name: "arp the mapping table cannot answer goes to the subnet's multicast address from the host",
+			in:          arpReq(netip.MustParseAddr("10.1.1.77")),
+			wantVerdict: actRedirect,
+			want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:01:00"), ethType: layers.EthernetTypeARP, saddr: web1,
+				daddr: netip.MustParseAddr("10.1.1.77"), arpOp: 1, arpSHA: vmac(web1)},
+			wantForward: "arp_to_fabric"},
+		{name: "asked again within a second, it is not repeated on the fabric",
 			in: arpReq(netip.MustParseAddr("10.1.1.77")), wantVerdict: actShot, wantDrop: "arp_unknown_target"},
 		{name: "arp for another subnet is dropped",
 			in: arpReq(db1), wantVerdict: actShot, wantDrop: "arp_other_subnet"},
@@ -356,7 +386,7 @@ func TestPrivilegedVifProgram(t *testing.T) {
 	}
 	// The ARP reply's target hardware address is the asker's MAC.
 	for i := range cases {
-		if cases[i].want != nil && cases[i].want.ethType == layers.EthernetTypeARP {
+		if cases[i].want != nil && cases[i].want.ethType == layers.EthernetTypeARP && cases[i].want.arpOp == 2 {
 			cases[i].want = withARPTargetMAC(cases[i].want, vmac(web1))
 		}
 	}
@@ -392,9 +422,12 @@ func TestPrivilegedUplinkProgram(t *testing.T) {
 		{name: "source VM claimed by a host that does not hold it is dropped",
 			in:          frame{src: mustMAC("aa:00:00:00:00:99"), dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
 			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
-		{name: "source outside every farm is dropped",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("10.9.9.9"), daddr: web1, proto: tcp},
+		{name: "a host claiming one of this host's VMs as source is dropped",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web3, daddr: web1, proto: tcp},
 			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+		{name: "source in a farm without a rule towards this VM is dropped",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("10.9.9.9"), daddr: web1, proto: tcp},
+			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "destination VM not on this host is dropped",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: db1, proto: tcp},
 			wantVerdict: actShot, wantDrop: "fabric_not_local"},
@@ -410,6 +443,126 @@ func TestPrivilegedUplinkProgram(t *testing.T) {
 			wantVerdict: actOK},
 	}
 	runTable(t, k, k.UplinkProgram(), cases)
+	if got := mappingOf(k, netip.MustParseAddr("10.9.9.9")); got != "" {
+		t.Errorf("a refused source was learned: 10.9.9.9 -> %s", got)
+	}
+}
+
+func TestPrivilegedMappingTableLearnsFromTheFabric(t *testing.T) {
+	k := loadTestKernel(t)
+	tcp := layers.IPProtocolTCP
+	web5 := netip.MustParseAddr("10.1.1.6")
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "a packet from a VM not in the table is admitted and its host learned",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web5, daddr: web1, proto: tcp},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web5), dst: vmac(web1), saddr: web5, daddr: web1, proto: tcp},
+			wantForward: "from_fabric"},
+	})
+	if got := mappingOf(k, web5); got != h2MAC.String() {
+		t.Fatalf("10.1.1.6 mapped to %q, want h2 (%s)", got, h2MAC)
+	}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "so the reply goes straight to h2 without a question",
+			in:          frame{src: vmac(web1), dst: vmac(web5), saddr: web1, daddr: web5, proto: tcp},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web5, proto: tcp},
+			wantForward: "to_fabric"},
+	})
+}
+
+func TestPrivilegedARPEngineOnTheFabric(t *testing.T) {
+	k := loadTestKernel(t)
+	h3MAC := mustMAC("aa:00:00:00:00:03")
+	hostIP := netip.MustParseAddr("192.168.100.10")
+	asker := netip.MustParseAddr("10.1.1.50") // a VM on h2 asking for web1
+	far := netip.MustParseAddr("10.1.1.60")   // a VM on h2 that web1 asked for
+	arp := func(src, dst net.HardwareAddr, op uint16, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) frame {
+		return frame{src: src, dst: dst, ethType: layers.EthernetTypeARP, arpOp: op, arpSHA: sha, saddr: spa, arpTHA: tha, daddr: tpa}
+	}
+	subnetMAC := mustMAC("03:00:0a:01:01:00")
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "a question for a VM of this host is answered from this host's uplink",
+			in:          arp(h2MAC, subnetMAC, 1, vmac(asker), asker, nil, web1),
+			wantVerdict: actRedirect, want: ptr(arp(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(asker), asker)),
+			wantForward: "arp_answered"},
+		{name: "a question for a VM not here is dropped quietly",
+			in:          arp(h2MAC, subnetMAC, 1, vmac(asker), asker, nil, netip.MustParseAddr("10.1.1.61")),
+			wantVerdict: actShot, wantDrop: "arp_not_here"},
+		{name: "the answer to a VM's question is learned and handed to that VM",
+			in:          arp(h2MAC, h1MAC, 2, vmac(far), far, vmac(web1), web1),
+			wantVerdict: actRedirect, want: ptr(arp(vmac(far), vmac(web1), 2, vmac(far), far, vmac(web1), web1)),
+			wantForward: "arp_learned,arp_reply"},
+		{name: "the answer to the agent's own question goes to the agent",
+			in:          arp(h2MAC, h1MAC, 2, vmac(db1), netip.MustParseAddr("10.1.2.9"), h1MAC, hostIP),
+			wantVerdict: actShot, wantForward: "arp_learned,to_agent"},
+		{name: "an announcement corrects an entry in use",
+			in:          arp(h3MAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2),
+			wantVerdict: actShot, wantForward: "arp_learned"},
+		{name: "an announcement of a VM nobody here talks to adds nothing",
+			in:          arp(h3MAC, layers.EthernetBroadcast, 2, vmac(far), netip.MustParseAddr("10.1.1.62"), layers.EthernetBroadcast, netip.MustParseAddr("10.1.1.62")),
+			wantVerdict: actShot},
+		{name: "a host claiming one of this host's VMs by ARP is refused",
+			in:          arp(h3MAC, h1MAC, 2, vmac(web3), web3, vmac(web1), web1),
+			wantVerdict: actShot, wantDrop: "fabric_arp_conflict"},
+		{name: "a VM-space reply addressed to another host is left alone",
+			in:          arp(h2MAC, h3MAC, 2, vmac(far), far, vmac(web1), web1),
+			wantVerdict: actOK},
+	})
+	for ip, want := range map[netip.Addr]string{asker: h2MAC.String(), far: h2MAC.String(), netip.MustParseAddr("10.1.2.9"): h2MAC.String(),
+		web2: h3MAC.String(), netip.MustParseAddr("10.1.1.62"): "", web3: "", netip.MustParseAddr("10.1.1.61"): ""} {
+		if got := mappingOf(k, ip); got != want {
+			t.Errorf("mapping of %s = %q, want %q", ip, got, want)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestPrivilegedUnmappedDestinationIsHeldForTheAgent(t *testing.T) {
+	k := loadTestKernel(t)
+	r, err := k.SlowPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	db9 := netip.MustParseAddr("10.1.2.9")
+	in := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 5432}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "an admitted packet for an unmapped VM goes to the agent, gateway hop taken",
+			in: in, wantVerdict: actShot, wantForward: "routed,held"},
+		{name: "an unmapped VM the rules hide is refused before anyone is asked",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 22},
+			wantVerdict: actShot, wantDrop: "not_visible"},
+	})
+	r.SetDeadline(time.Now().Add(time.Second))
+	rec, err := r.Read()
+	if err != nil {
+		t.Fatalf("no slow-path record: %v", err)
+	}
+	b := rec.RawSample
+	kind, n, orig := binary.NativeEndian.Uint32(b[0:]), binary.NativeEndian.Uint32(b[8:]), binary.NativeEndian.Uint32(b[12:])
+	// Complete but for the destination host: the engine fills in its MAC.
+	want := frame{src: h1MAC, dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63}.bytes(t)
+	if kind != 1 || n != orig || !bytes.Equal(b[16:16+n], want) {
+		t.Fatalf("record kind %d len %d/%d\n got %x\nwant %x", kind, n, orig, b[16:16+n], want)
+	}
+}
+
+func TestPrivilegedProxyARPAnswersForOtherSubnetsWithTheGateway(t *testing.T) {
+	d := testDesired()
+	d.ProxyARPFarms = []uint8{1}
+	k := loadTestKernelWith(t, d)
+	req := frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: db1, arpOp: 1}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "arp for another subnet gets the asker's gateway MAC",
+			in:          req,
+			wantVerdict: actRedirect,
+			want: &frame{src: vmac(gw), dst: vmac(web1), ethType: layers.EthernetTypeARP, saddr: db1, daddr: web1, arpOp: 2,
+				arpSHA: vmac(gw), arpTHA: vmac(web1)},
+			wantForward: "arp_reply"},
+		{name: "but not for an address outside the tenant space",
+			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: netip.MustParseAddr("192.0.2.1"), arpOp: 1},
+			wantVerdict: actShot, wantDrop: "arp_other_subnet"},
+	})
 }
 
 func orZeroMAC(m net.HardwareAddr) net.HardwareAddr {
@@ -464,17 +617,16 @@ func TestPrivilegedDHCPRequestIsHandedToTheAgentWhole(t *testing.T) {
 	}
 	want := discover.bytes(t)
 	b := rec.RawSample
-	ifindex := binary.NativeEndian.Uint32(b[0:])
-	n := binary.NativeEndian.Uint32(b[4:])
-	if ifindex != 1 || int(n) != len(want) || !bytes.Equal(b[8:8+n], want) {
-		t.Fatalf("record ifindex %d len %d, want 1 and the %d-byte frame", ifindex, n, len(want))
+	kind, ifindex := binary.NativeEndian.Uint32(b[0:]), binary.NativeEndian.Uint32(b[4:])
+	n := binary.NativeEndian.Uint32(b[8:])
+	if kind != 0 || ifindex != 1 || int(n) != len(want) || !bytes.Equal(b[16:16+n], want) {
+		t.Fatalf("record kind %d ifindex %d len %d, want 0 (DHCP), 1 and the %d-byte frame", kind, ifindex, n, len(want))
 	}
 }
 
 func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 	web4 := netip.MustParseAddr("10.1.1.5") // another VM of the subnet, on h2
 	d := testDesired()
-	d.Remote = append(d.Remote, intent.RemoteEndpoint{Name: "blue/web/web4", IP: web4.String(), MAC: vmac(web4).String(), Host: "h2", HostMAC: h2MAC.String()})
 	// web3 takes ssh from its subnet except from web2, nothing else in, and
 	// may not send udp out.
 	d.Local[1].Firewall = &intent.Firewall{DefaultIn: "deny", DefaultOut: "allow", Rules: []intent.FirewallRule{
@@ -492,6 +644,7 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 		}
 		return 0, os.ErrNotExist
 	})
+	seedMapping(t, k, web4, h2MAC)
 	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "ssh from web4 is allowed in",
@@ -559,7 +712,7 @@ func TestPrivilegedBroadcastReachesItsScopeOnly(t *testing.T) {
 			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
 		{name: "a farm broadcast for a farm this host has no VM of is dropped quietly",
 			in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:07:00:00"), saddr: netip.MustParseAddr("10.7.1.2"), daddr: group, proto: udp, ttl: 8},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+			wantVerdict: actShot, wantDrop: "no_members"},
 	})
 	before, _ := k.Counters()
 	in := frame{src: h2MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web2, daddr: subnetBcast, proto: udp}.bytes(t)

@@ -32,7 +32,12 @@ type uplinkEndpoint struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Mac     [6]uint8
-	HostMac [6]uint8
+	Pad     uint16
+}
+
+type uplinkFarmConfig struct {
+	_     structs.HostLayout
+	Flags uint32
 }
 
 type uplinkFwKey struct {
@@ -58,6 +63,14 @@ type uplinkFwRule struct {
 	Proto  uint8
 	Allow  uint8
 	Pad    uint16
+}
+
+type uplinkMapping struct {
+	_           structs.HostLayout
+	HostMac     [6]uint8
+	Pad         uint16
+	ConfirmedNs uint64
+	UsedNs      uint64
 }
 
 type uplinkNodeConfig struct {
@@ -110,9 +123,11 @@ const (
 	uplinkMapDropEvents     = "drop_events"
 	uplinkMapDrops          = "drops"
 	uplinkMapEndpoints      = "endpoints"
+	uplinkMapFarms          = "farms"
 	uplinkMapFirewallRules  = "firewall_rules"
 	uplinkMapFirewalls      = "firewalls"
 	uplinkMapForwards       = "forwards"
+	uplinkMapMappings       = "mappings"
 	uplinkMapScopes         = "scopes"
 	uplinkMapSlowpath       = "slowpath"
 	uplinkMapVifs           = "vifs"
@@ -174,9 +189,11 @@ type uplinkMapSpecs struct {
 	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops         *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms         *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
@@ -214,9 +231,11 @@ type uplinkMaps struct {
 	DropEvents    *ebpf.Map `ebpf:"drop_events"`
 	Drops         *ebpf.Map `ebpf:"drops"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	Farms         *ebpf.Map `ebpf:"farms"`
 	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.Map `ebpf:"firewalls"`
 	Forwards      *ebpf.Map `ebpf:"forwards"`
+	Mappings      *ebpf.Map `ebpf:"mappings"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
@@ -230,9 +249,11 @@ func (m *uplinkMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.Endpoints,
+		m.Farms,
 		m.FirewallRules,
 		m.Firewalls,
 		m.Forwards,
+		m.Mappings,
 		m.Scopes,
 		m.Slowpath,
 		m.Vifs,

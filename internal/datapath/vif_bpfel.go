@@ -41,35 +41,42 @@ type vifDropEvent struct {
 type vifDropReason uint32
 
 const (
-	vifDropReasonDROP_NONE               vifDropReason = 0
-	vifDropReasonDROP_MALFORMED          vifDropReason = 1
-	vifDropReasonDROP_UNSUPPORTED        vifDropReason = 2
-	vifDropReasonDROP_UNKNOWN_VIF        vifDropReason = 3
-	vifDropReasonDROP_SPOOFED_MAC        vifDropReason = 4
-	vifDropReasonDROP_SPOOFED_IP         vifDropReason = 5
-	vifDropReasonDROP_NO_ROUTE           vifDropReason = 6
-	vifDropReasonDROP_NO_UPLINK          vifDropReason = 7
-	vifDropReasonDROP_ARP_SPOOFED        vifDropReason = 8
-	vifDropReasonDROP_ARP_NOT_REQUEST    vifDropReason = 9
-	vifDropReasonDROP_ARP_UNKNOWN_TARGET vifDropReason = 10
-	vifDropReasonDROP_ARP_OTHER_SUBNET   vifDropReason = 11
-	vifDropReasonDROP_FABRIC_UNKNOWN_SRC vifDropReason = 12
-	vifDropReasonDROP_FABRIC_NOT_LOCAL   vifDropReason = 13
-	vifDropReasonDROP_NOT_VISIBLE        vifDropReason = 14
-	vifDropReasonDROP_TTL_EXCEEDED       vifDropReason = 15
-	vifDropReasonDROP_AGENT_BUSY         vifDropReason = 16
-	vifDropReasonDROP_FIREWALL_IN        vifDropReason = 17
-	vifDropReasonDROP_FIREWALL_OUT       vifDropReason = 18
-	vifDropReasonDROP_NO_MEMBERS         vifDropReason = 19
-	vifDropReasonDROP_ROGUE_DHCP         vifDropReason = 20
-	vifDropReasonDROP_REASON_MAX         vifDropReason = 21
+	vifDropReasonDROP_NONE                vifDropReason = 0
+	vifDropReasonDROP_MALFORMED           vifDropReason = 1
+	vifDropReasonDROP_UNSUPPORTED         vifDropReason = 2
+	vifDropReasonDROP_UNKNOWN_VIF         vifDropReason = 3
+	vifDropReasonDROP_SPOOFED_MAC         vifDropReason = 4
+	vifDropReasonDROP_SPOOFED_IP          vifDropReason = 5
+	vifDropReasonDROP_NO_ROUTE            vifDropReason = 6
+	vifDropReasonDROP_NO_UPLINK           vifDropReason = 7
+	vifDropReasonDROP_ARP_SPOOFED         vifDropReason = 8
+	vifDropReasonDROP_ARP_NOT_REQUEST     vifDropReason = 9
+	vifDropReasonDROP_ARP_UNKNOWN_TARGET  vifDropReason = 10
+	vifDropReasonDROP_ARP_OTHER_SUBNET    vifDropReason = 11
+	vifDropReasonDROP_FABRIC_UNKNOWN_SRC  vifDropReason = 12
+	vifDropReasonDROP_FABRIC_NOT_LOCAL    vifDropReason = 13
+	vifDropReasonDROP_NOT_VISIBLE         vifDropReason = 14
+	vifDropReasonDROP_TTL_EXCEEDED        vifDropReason = 15
+	vifDropReasonDROP_AGENT_BUSY          vifDropReason = 16
+	vifDropReasonDROP_FIREWALL_IN         vifDropReason = 17
+	vifDropReasonDROP_FIREWALL_OUT        vifDropReason = 18
+	vifDropReasonDROP_NO_MEMBERS          vifDropReason = 19
+	vifDropReasonDROP_ROGUE_DHCP          vifDropReason = 20
+	vifDropReasonDROP_ARP_NOT_HERE        vifDropReason = 21
+	vifDropReasonDROP_FABRIC_ARP_CONFLICT vifDropReason = 22
+	vifDropReasonDROP_REASON_MAX          vifDropReason = 23
 )
 
 type vifEndpoint struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Mac     [6]uint8
-	HostMac [6]uint8
+	Pad     uint16
+}
+
+type vifFarmConfig struct {
+	_     structs.HostLayout
+	Flags uint32
 }
 
 type vifForwardPath uint32
@@ -84,7 +91,11 @@ const (
 	vifForwardPathFWD_ROUTED        vifForwardPath = 6
 	vifForwardPathFWD_TO_AGENT      vifForwardPath = 7
 	vifForwardPathFWD_BROADCAST     vifForwardPath = 8
-	vifForwardPathFWD_PATH_MAX      vifForwardPath = 9
+	vifForwardPathFWD_ARP_TO_FABRIC vifForwardPath = 9
+	vifForwardPathFWD_ARP_ANSWERED  vifForwardPath = 10
+	vifForwardPathFWD_ARP_LEARNED   vifForwardPath = 11
+	vifForwardPathFWD_HELD          vifForwardPath = 12
+	vifForwardPathFWD_PATH_MAX      vifForwardPath = 13
 )
 
 type vifFwKey struct {
@@ -112,6 +123,14 @@ type vifFwRule struct {
 	Pad    uint16
 }
 
+type vifMapping struct {
+	_           structs.HostLayout
+	HostMac     [6]uint8
+	Pad         uint16
+	ConfirmedNs uint64
+	UsedNs      uint64
+}
+
 type vifNodeConfig struct {
 	_             structs.HostLayout
 	UplinkIfindex uint32
@@ -137,10 +156,20 @@ type vifScopeMembers struct {
 
 type vifSlowpathEvent struct {
 	_       structs.HostLayout
+	Kind    uint32
 	Ifindex uint32
 	Len     uint32
-	Data    [1024]uint8
+	OrigLen uint32
+	Data    [1536]uint8
 }
+
+type vifSlowpathKind uint32
+
+const (
+	vifSlowpathKindSLOW_DHCP      vifSlowpathKind = 0
+	vifSlowpathKindSLOW_HOLD      vifSlowpathKind = 1
+	vifSlowpathKindSLOW_ARP_REPLY vifSlowpathKind = 2
+)
 
 type vifVifInfo struct {
 	_   structs.HostLayout
@@ -169,9 +198,11 @@ const (
 	vifMapDropEvents        = "drop_events"
 	vifMapDrops             = "drops"
 	vifMapEndpoints         = "endpoints"
+	vifMapFarms             = "farms"
 	vifMapFirewallRules     = "firewall_rules"
 	vifMapFirewalls         = "firewalls"
 	vifMapForwards          = "forwards"
+	vifMapMappings          = "mappings"
 	vifMapScopes            = "scopes"
 	vifMapSlowpath          = "slowpath"
 	vifMapVifs              = "vifs"
@@ -181,6 +212,7 @@ const (
 	vifVarDropReasonType    = "_drop_reason_type"
 	vifVarForwardPathType   = "_forward_path_type"
 	vifVarSlowpathEventType = "_slowpath_event_type"
+	vifVarSlowpathKindType  = "_slowpath_kind_type"
 )
 
 // loadVif returns the embedded CollectionSpec for vif.
@@ -237,9 +269,11 @@ type vifMapSpecs struct {
 	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops         *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms         *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
@@ -254,6 +288,7 @@ type vifVariableSpecs struct {
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
+	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
 }
 
 // vifObjects contains all objects after they have been loaded into the kernel.
@@ -281,9 +316,11 @@ type vifMaps struct {
 	DropEvents    *ebpf.Map `ebpf:"drop_events"`
 	Drops         *ebpf.Map `ebpf:"drops"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	Farms         *ebpf.Map `ebpf:"farms"`
 	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.Map `ebpf:"firewalls"`
 	Forwards      *ebpf.Map `ebpf:"forwards"`
+	Mappings      *ebpf.Map `ebpf:"mappings"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
@@ -297,9 +334,11 @@ func (m *vifMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.Endpoints,
+		m.Farms,
 		m.FirewallRules,
 		m.Firewalls,
 		m.Forwards,
+		m.Mappings,
 		m.Scopes,
 		m.Slowpath,
 		m.Vifs,
@@ -315,6 +354,7 @@ type vifVariables struct {
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
+	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
 }
 
 // vifPrograms contains all programs after they have been loaded into the kernel.

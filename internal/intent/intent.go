@@ -39,6 +39,9 @@ type Farm struct {
 	ID    uint8    `json:"id"`
 	Peers []string `json:"peers,omitempty"` // farms this farm agrees to talk to
 	Rules []Rule   `json:"rules,omitempty"` // what its owner allows between subnets
+	// ProxyARP makes the datapath answer a VM's ARP for another subnet with
+	// its gateway's MAC (for guests configured with a wider netmask).
+	ProxyARP bool `json:"proxyARP,omitempty"`
 }
 
 // Rule allows traffic from one subnet to another ("farm/subnet" each). Proto
@@ -134,26 +137,20 @@ type LocalEndpoint struct {
 	Firewall  *Firewall `json:"firewall,omitempty"`
 }
 
-// RemoteEndpoint is a VM on another node, reached through that node's uplink.
-type RemoteEndpoint struct {
-	Name    string `json:"name"`
-	IP      string `json:"ip"`
-	MAC     string `json:"mac"`
-	Host    string `json:"host"`
-	HostMAC string `json:"hostMAC"`
-}
-
 // Desired is everything one node's datapath must hold. It is complete, not a
 // delta: an agent that applies it from scratch ends in the same state as one
-// that has applied every earlier version.
+// that has applied every earlier version. Where other hosts' VMs live is not
+// in it: each host's ARP engine learns that on demand (paper §2), so a
+// node's desired state grows with its own VMs, not with the cluster.
 type Desired struct {
-	Node   string           `json:"node"`
-	VMNet  string           `json:"vmNet"`
-	Local  []LocalEndpoint  `json:"local"`
-	Remote []RemoteEndpoint `json:"remote"`
+	Node  string          `json:"node"`
+	VMNet string          `json:"vmNet"`
+	Local []LocalEndpoint `json:"local"`
 	// Visibility lists what may cross between subnets; within a subnet
 	// everything may.
 	Visibility []VisRule `json:"visibility"`
+	// ProxyARPFarms lists the ids of farms that enabled proxy ARP.
+	ProxyARPFarms []uint8 `json:"proxyARPFarms,omitempty"`
 }
 
 // Digest identifies a Desired by content, so an agent can report which
@@ -175,6 +172,29 @@ type AgentStatus struct {
 	// seconds (Prometheus on the agent has them live).
 	Drops    map[string]uint64 `json:"drops,omitempty"`
 	Forwards map[string]uint64 `json:"forwards,omitempty"`
-	Error    string            `json:"error,omitempty"`
-	Time     time.Time         `json:"time"`
+	// ARP is the ARP engine's view: mapping-table use and what it did.
+	ARP   *ARPStats `json:"arp,omitempty"`
+	Error string    `json:"error,omitempty"`
+	Time  time.Time `json:"time"`
+}
+
+// ARPStats reports a host's mapping table and ARP engine (paper §2).
+type ARPStats struct {
+	// The mapping table: entries holding a host, entries still being
+	// asked, and its fixed capacity.
+	Mapped   int `json:"mapped"`
+	Asking   int `json:"asking"`
+	Capacity int `json:"capacity"`
+	// What the engine did since the agent started.
+	UnicastRequests   uint64 `json:"unicastRequests"`   // to the last known host, first
+	MulticastRequests uint64 `json:"multicastRequests"` // to the farm/subnet's Ethernet multicast address
+	Resolved          uint64 `json:"resolved"`          // addresses it found a host for
+	Unresolved        uint64 `json:"unresolved"`        // addresses no host answered for
+	Refreshed         uint64 `json:"refreshed"`         // entries in use, confirmed again
+	Expired           uint64 `json:"expired"`           // entries unused for too long, forgotten
+	Lost              uint64 `json:"lost"`              // entries whose host stopped answering, forgotten
+	Held              uint64 `json:"held"`              // packets held while their destination was resolved
+	Released          uint64 `json:"released"`          // held packets sent on once resolved
+	Discarded         uint64 `json:"discarded"`         // held packets dropped: unresolved, queue full or too big
+	Announced         uint64 `json:"announced"`         // announcements of VMs that arrived on this host
 }

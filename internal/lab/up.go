@@ -589,21 +589,9 @@ func (b *builder) agentsNotReady(ctx context.Context, s store.Store) []string {
 			notReady = append(notReady, h.Name+": "+st.Error)
 		case st.AppliedDigest != d.Digest() || len(st.MissingVifs) > 0 || len(st.AttachedVifs) != want:
 			notReady = append(notReady, fmt.Sprintf("%s: applied %d/%d vifs", h.Name, len(st.AttachedVifs), want))
-		case len(d.Remote) != countRemote(b.t, h.Name):
-			notReady = append(notReady, h.Name+": waiting for other hosts' agents")
 		}
 	}
 	return notReady
-}
-
-func countRemote(t *topology.File, host string) int {
-	n := 0
-	for _, vm := range t.VMs {
-		if vm.Host != host {
-			n++
-		}
-	}
-	return n
 }
 
 // keepLogs copies the daemons' logs out of a lab that is about to be torn

@@ -22,9 +22,9 @@ type State struct {
 	Nodes   []intent.Node
 }
 
-// Compile returns the desired state of every host, keyed by host name. A VM
-// on a host whose agent has not reported its uplink yet is left out of other
-// hosts' tables (it cannot be reached before that) and listed in Pending.
+// Compile returns the desired state of every host, keyed by host name: its
+// own VMs and the cluster-wide rules. A VM on a host whose agent has not
+// reported its uplink yet is listed in pending (nobody can reach it yet).
 func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	nodeMAC := map[string]string{}
 	for _, n := range s.Nodes {
@@ -39,21 +39,22 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	if visibility == nil {
 		visibility = []intent.VisRule{}
 	}
+	var proxyARP []uint8
+	for _, f := range s.Farms {
+		if f.ProxyARP {
+			proxyARP = append(proxyARP, f.ID)
+		}
+	}
+	sort.Slice(proxyARP, func(i, j int) bool { return proxyARP[i] < proxyARP[j] })
 	desired = map[string]intent.Desired{}
 	for _, h := range s.Hosts {
-		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, Remote: []intent.RemoteEndpoint{},
-			Visibility: visibility}
+		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, Visibility: visibility,
+			ProxyARPFarms: proxyARP}
 		for _, vm := range vms {
 			if vm.Host == h.Name {
 				d.Local = append(d.Local, intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface,
 					Firewall: vm.Firewall})
-				continue
 			}
-			mac, ok := nodeMAC[vm.Host]
-			if !ok {
-				continue
-			}
-			d.Remote = append(d.Remote, intent.RemoteEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Host: vm.Host, HostMAC: mac})
 		}
 		desired[h.Name] = d
 	}

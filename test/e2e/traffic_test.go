@@ -160,7 +160,7 @@ func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
 	for _, i := range l.node("fabric").Interfaces {
 		switchMACs[i.MAC] = true
 	}
-	got := l.capture("fabric", "br0", "eth.src", "eth.dst", "eth.type", "ip.src", "ip.dst", "ip.proto")
+	got := l.capture("fabric", "br0", "eth.src", "eth.dst", "eth.type", "ip.src", "ip.dst", "ip.proto", "arp.opcode", "arp.dst.proto_ipv4")
 	if err := l.ping("web1", l.ip("web2"), 3); err != nil {
 		t.Fatal(err)
 	}
@@ -172,14 +172,31 @@ func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
 	l.mustIn("web1", "iperf3", "-c", l.ip("web2"), "-n", "5M", "-C", "cubic")
 	lines := got()
 
-	tenant := 0
+	tenant, questions, answers := 0, 0, 0
+	subnetScope := "03:00:0a:01:01:00" // blue/web's Ethernet multicast address
 	for _, line := range lines {
 		f := strings.Split(line, "\t")
-		for len(f) < 6 {
+		for len(f) < 8 {
 			f = append(f, "")
 		}
 		if switchMACs[f[0]] && !strings.HasPrefix(f[3], "10.") {
 			continue // the switch's own control traffic (IGMP from its ports)
+		}
+		if f[2] == "0x0806" && strings.HasPrefix(f[7], "10.") {
+			// The ARP engine: a question for a VM goes to its subnet's
+			// multicast address, never to broadcast; the answer is unicast
+			// between hosts.
+			switch {
+			case f[6] == "1" && f[1] == subnetScope:
+				questions++
+			case f[6] == "2" && f[1] != "ff:ff:ff:ff:ff:ff":
+				answers++
+			case f[6] == "2":
+				// an announcement of a VM that arrived on a host
+			default:
+				t.Errorf("ARP about a VM that is neither a scoped question nor a host's answer: %s", line)
+			}
+			f[1] = l.mac("h1", "uplink0") // checked above
 		}
 		for _, mac := range f[:2] {
 			if _, ok := allowed[mac]; !ok {
@@ -202,6 +219,9 @@ func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
 	}
 	if tenant < 6 {
 		t.Fatalf("capture on the fabric saw only %d tenant packets; expected the pings and the TCP stream", tenant)
+	}
+	if questions == 0 || answers == 0 {
+		t.Errorf("web1 -> web2 needed the ARP engine, but the fabric saw %d scoped questions and %d answers", questions, answers)
 	}
 }
 

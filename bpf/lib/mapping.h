@@ -1,0 +1,92 @@
+/* The per-node mapping table (paper §2, "The VNET ARP engine"): where remote
+ * VMs live, learned from the fabric, never pushed in full. The agent ages and
+ * refreshes entries; the datapath reads and learns them. */
+#ifndef ONEHOP_MAPPING_H
+#define ONEHOP_MAPPING_H
+
+#include "maps.h"
+#include "parse.h"
+
+static __always_inline int mac_is_zero(const __u8 *m)
+{
+	return !(m[0] | m[1] | m[2] | m[3] | m[4] | m[5]);
+}
+
+/* The remote VM's entry for a packet about to be sent with it, or 0. The
+ * lookup itself refreshes the LRU; used_ns moves at most once a step, so a
+ * busy flow costs a read, not a cache-line write per packet. */
+static __always_inline struct mapping *mapping_for_send(__be32 ip)
+{
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (!m || mac_is_zero(m->host_mac))
+		return 0;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	if (now - m->used_ns > MAPPING_USE_STEP_NS)
+		m->used_ns = now;
+	return m;
+}
+
+/* Records that host_mac holds ip, as confirmed now. A new entry counts as
+ * used now, so the agent does not age it out before its first packet. */
+static __always_inline void learn_mapping(__be32 ip, const __u8 *host_mac)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (m) {
+		mac_copy(m->host_mac, host_mac);
+		m->confirmed_ns = now;
+		return;
+	}
+	struct mapping fresh = {.confirmed_ns = now, .used_ns = now};
+	mac_copy(fresh.host_mac, host_mac);
+	bpf_map_update_elem(&mappings, &ip, &fresh, BPF_ANY);
+}
+
+/* Whether a VM's ARP for ip may go to the fabric now: once per
+ * MAPPING_ASK_INTERVAL_NS per address, so a VM asking in a loop for an
+ * address nobody holds cannot flood the scope. */
+static __always_inline int may_ask_fabric(__be32 ip)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (m) {
+		if (!mac_is_zero(m->host_mac)) /* learned meanwhile: ask anyway, the reply refreshes it */
+			return 1;
+		if (now - m->confirmed_ns < MAPPING_ASK_INTERVAL_NS)
+			return 0;
+		m->confirmed_ns = now;
+		return 1;
+	}
+	struct mapping asked = {.confirmed_ns = now, .used_ns = now};
+	bpf_map_update_elem(&mappings, &ip, &asked, BPF_ANY);
+	return 1;
+}
+
+enum fabric_source {
+	SRC_FORGED = 0, /* mapped to another host, or one of this host's VMs */
+	SRC_KNOWN,      /* mapped to the sending host */
+	SRC_NEW,        /* not mapped: learn it once the packet is admitted */
+};
+
+/* Checks the sending host of a VM packet from the fabric against the table.
+ * A new source may be learned by the caller once it admitted the packet (the
+ * sending host already checked the VM; its replies then need no question). */
+static __always_inline int fabric_source(__be32 saddr, const __u8 *host_mac)
+{
+	if (bpf_map_lookup_elem(&endpoints, &saddr))
+		return SRC_FORGED;
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &saddr);
+	if (!m || mac_is_zero(m->host_mac))
+		return SRC_NEW;
+	if (!mac_equal(m->host_mac, host_mac))
+		return SRC_FORGED;
+	/* Traffic from the VM through its host confirms the entry as well as an
+	 * ARP reply would: a flow in both directions never needs a refresh
+	 * question. */
+	__u64 now = bpf_ktime_get_coarse_ns();
+	if (now - m->confirmed_ns > MAPPING_USE_STEP_NS)
+		m->confirmed_ns = now;
+	return SRC_KNOWN;
+}
+
+#endif

@@ -1,0 +1,109 @@
+// Package arpengine is the agent's half of the ARP engine (paper §2, "The
+// VNET ARP engine"): it finds the host of a remote VM the datapath has no
+// mapping for, holds that VM's first packets meanwhile, keeps entries in use
+// fresh (unicast to the last known host before multicast), forgets unused
+// ones, and announces VMs that arrive on this host. The datapath answers the
+// questions other hosts ask and learns the answers; this package only builds
+// and reads frames and decides what to send when, so it needs no kernel.
+package arpengine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+const (
+	etherTypeARP  = 0x0806
+	etherTypeIPv4 = 0x0800
+	arpRequest    = 1
+	arpReply      = 2
+	arpFrameLen   = 14 + 28
+)
+
+// Broadcast is the Ethernet broadcast address.
+var Broadcast = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// ScopeMAC is the Ethernet multicast address of ip's farm and subnet,
+// 03:00:0a:f:s:00, as bpf/lib/broadcast.h builds it.
+func ScopeMAC(ip netip.Addr) net.HardwareAddr {
+	b := ip.As4()
+	return net.HardwareAddr{0x03, 0x00, 10, b[1], b[2], 0}
+}
+
+// VirtualMAC is a VM's MAC: 02:00 and its IPv4 address (bpf/lib/route.h).
+func VirtualMAC(ip netip.Addr) net.HardwareAddr {
+	b := ip.As4()
+	return net.HardwareAddr{0x02, 0x00, b[0], b[1], b[2], b[3]}
+}
+
+func arpFrame(ethDst, ethSrc net.HardwareAddr, op uint16, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr,
+	tpa netip.Addr) []byte {
+	f := make([]byte, arpFrameLen)
+	copy(f[0:6], ethDst)
+	copy(f[6:12], ethSrc)
+	binary.BigEndian.PutUint16(f[12:14], etherTypeARP)
+	a := f[14:]
+	binary.BigEndian.PutUint16(a[0:2], 1) // Ethernet
+	binary.BigEndian.PutUint16(a[2:4], etherTypeIPv4)
+	a[4], a[5] = 6, 4
+	binary.BigEndian.PutUint16(a[6:8], op)
+	copy(a[8:14], sha)
+	if spa.Is4() {
+		s := spa.As4()
+		copy(a[14:18], s[:])
+	}
+	copy(a[18:24], tha)
+	t := tpa.As4()
+	copy(a[24:28], t[:])
+	return f
+}
+
+// Request asks, from this host (hostMAC, hostIP), which host holds target.
+// to is the last known host's MAC, or the target's ScopeMAC.
+func Request(to, hostMAC net.HardwareAddr, hostIP, target netip.Addr) []byte {
+	return arpFrame(to, hostMAC, arpRequest, hostMAC, hostIP, nil, target)
+}
+
+// Announcement tells every host that vm now lives behind hostMAC: a
+// gratuitous ARP reply, which hosts use only to correct entries they hold.
+func Announcement(hostMAC net.HardwareAddr, vm netip.Addr) []byte {
+	return arpFrame(Broadcast, hostMAC, arpReply, VirtualMAC(vm), vm, Broadcast, vm)
+}
+
+// Answer is what an ARP reply from another host says.
+type Answer struct {
+	VM      netip.Addr       // the address asked for
+	HostMAC net.HardwareAddr // the host that holds it: the frame's source
+}
+
+// ParseAnswer reads an ARP reply frame.
+func ParseAnswer(f []byte) (Answer, error) {
+	if len(f) < arpFrameLen {
+		return Answer{}, fmt.Errorf("ARP reply: %d bytes, want at least %d", len(f), arpFrameLen)
+	}
+	if binary.BigEndian.Uint16(f[12:14]) != etherTypeARP {
+		return Answer{}, errors.New("ARP reply: not an ARP frame")
+	}
+	a := f[14:]
+	if binary.BigEndian.Uint16(a[0:2]) != 1 || binary.BigEndian.Uint16(a[2:4]) != etherTypeIPv4 || a[4] != 6 || a[5] != 4 {
+		return Answer{}, errors.New("ARP reply: not IPv4 over Ethernet")
+	}
+	if binary.BigEndian.Uint16(a[6:8]) != arpReply {
+		return Answer{}, fmt.Errorf("ARP reply: operation %d", binary.BigEndian.Uint16(a[6:8]))
+	}
+	return Answer{VM: netip.AddrFrom4([4]byte(a[14:18])), HostMAC: net.HardwareAddr(append([]byte(nil), f[6:12]...))}, nil
+}
+
+// Destination is the IPv4 destination of a held Ethernet frame.
+func Destination(f []byte) (netip.Addr, error) {
+	if len(f) < 14+20 {
+		return netip.Addr{}, fmt.Errorf("held frame: %d bytes is too short for IPv4", len(f))
+	}
+	if binary.BigEndian.Uint16(f[12:14]) != etherTypeIPv4 || f[14]>>4 != 4 {
+		return netip.Addr{}, errors.New("held frame: not IPv4")
+	}
+	return netip.AddrFrom4([4]byte(f[30:34])), nil
+}
