@@ -60,22 +60,34 @@ func printJSON(v any) error {
 
 func verbCmds() []*cobra.Command {
 	farm := &cobra.Command{Use: "farm", Short: "Tenant farms: each one its own network, 10.f.0.0/16"}
-	farm.AddCommand(&cobra.Command{
-		Use: "create FARM", Short: "Create a farm (its id is the f of 10.f.s.h)", Args: cobra.ExactArgs(1),
-		Example: "  onehop farm create blue",
+	var proxyARP bool
+	farmCreate := &cobra.Command{
+		Use: "create FARM [--proxy-arp]", Short: "Create a farm (its id is the f of 10.f.s.h)", Args: cobra.ExactArgs(1),
+		Long: `Create a farm: a tenant's network of up to 254 subnets, 10.f.0.0/16.
+
+With --proxy-arp, a VM's ARP for an address of another subnet is answered with
+its gateway's MAC (for guests configured with a netmask wider than their /24);
+without it such ARP is dropped, as on a real router.`,
+		Example: "  onehop farm create blue\n  onehop farm create legacy --proxy-arp",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := api()
 			if err != nil {
 				return err
 			}
 			var f intent.Farm
-			if err := c.Do("POST", "/v1/farms", map[string]string{"name": args[0]}, &f); err != nil {
+			if err := c.Do("POST", "/v1/farms", map[string]any{"name": args[0], "proxyARP": proxyARP}, &f); err != nil {
 				return err
 			}
-			fmt.Printf("farm %s created: 10.%d.0.0/16\n", f.Name, f.ID)
+			extra := ""
+			if f.ProxyARP {
+				extra = ", proxy ARP on"
+			}
+			fmt.Printf("farm %s created: 10.%d.0.0/16%s\n", f.Name, f.ID, extra)
 			return nil
 		},
-	})
+	}
+	farmCreate.Flags().BoolVar(&proxyARP, "proxy-arp", false, "answer VMs' ARP for other subnets with the gateway's MAC")
+	farm.AddCommand(farmCreate)
 
 	subnet := &cobra.Command{Use: "subnet", Short: "Subnets of a farm: a /24 each, gateway at .1"}
 	subnet.AddCommand(&cobra.Command{
@@ -299,7 +311,14 @@ both allow.`,
 
 	var node string
 	stats := &cobra.Command{
-		Use: "stats [--node HOST]", Short: "Per-host datapath state: mapping table, vifs, drops by reason", Args: cobra.NoArgs,
+		Use: "stats [--node HOST]", Short: "Per-host datapath state: mapping table, ARP engine, vifs, drops by reason", Args: cobra.NoArgs,
+		Long: `Per host, as its agent last reported (every few seconds): its VMs and vifs,
+the mapping table's use (remote VMs it holds a host for, out of its fixed size),
+what the ARP engine did (questions unicast to the last known host and multicast
+to a farm/subnet, addresses resolved or not, packets held while resolving), and
+the datapath's counters: every drop by reason and every forwarding path.
+docs/virtual-router.md says what each counter means.`,
+		Example: "  onehop stats\n  onehop stats --node h1",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := api()
 			if err != nil {
@@ -315,9 +334,15 @@ both allow.`,
 					continue
 				}
 				found = true
-				fmt.Printf("%s: %d mapping-table entries, vifs %v, applied %s at %s\n", st.Node, st.Endpoints, st.AttachedVifs, st.AppliedDigest, st.Time.Format("15:04:05"))
+				fmt.Printf("%s: %d local VMs, vifs %v, applied %s at %s\n", st.Node, st.Endpoints, st.AttachedVifs, st.AppliedDigest, st.Time.Format("15:04:05"))
 				if st.Error != "" {
 					fmt.Printf("  error: %s\n", st.Error)
+				}
+				if a := st.ARP; a != nil {
+					fmt.Printf("  mapping table: %d remote VMs mapped, %d being asked, of %d entries\n", a.Mapped, a.Asking, a.Capacity)
+					fmt.Printf("  ARP engine: asked %d unicast + %d multicast, resolved %d, unresolved %d, refreshed %d, expired %d, lost %d\n",
+						a.UnicastRequests, a.MulticastRequests, a.Resolved, a.Unresolved, a.Refreshed, a.Expired, a.Lost)
+					fmt.Printf("  held packets: %d held, %d released, %d discarded; %d VMs announced\n", a.Held, a.Released, a.Discarded, a.Announced)
 				}
 				for _, kv := range sortedCounters(st.Drops) {
 					fmt.Printf("  dropped %-20s %d\n", kv.k, kv.v)

@@ -26,10 +26,11 @@ func (c *Controller) API() http.Handler {
 	mux.HandleFunc("GET /v1/rules", c.rules)
 	mux.HandleFunc("POST /v1/farms", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
-			Name string `json:"name"`
+			Name     string `json:"name"`
+			ProxyARP bool   `json:"proxyARP"`
 		}
 		if decode(w, r, &in) {
-			f, err := c.CreateFarm(r.Context(), in.Name)
+			f, err := c.CreateFarm(r.Context(), in.Name, in.ProxyARP)
 			reply(w, http.StatusCreated, f, err)
 		}
 	})

@@ -60,7 +60,7 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		if err != nil {
 			return err
 		}
-		farm := intent.Farm{Name: f.Name, ID: fid, Peers: f.Peers}
+		farm := intent.Farm{Name: f.Name, ID: fid, Peers: f.Peers, ProxyARP: f.ProxyARP}
 		for _, r := range f.Rules {
 			farm.Rules = append(farm.Rules, intent.Rule{From: f.Qualify(r.From), To: f.Qualify(r.To), Proto: r.Proto, Port: r.Port})
 		}

@@ -57,7 +57,7 @@ func (c *Controller) getFarm(ctx context.Context, name string) (intent.Farm, err
 }
 
 // CreateFarm creates a farm and allocates its id (the f of 10.f.s.h).
-func (c *Controller) CreateFarm(ctx context.Context, name string) (intent.Farm, error) {
+func (c *Controller) CreateFarm(ctx context.Context, name string, proxyARP bool) (intent.Farm, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := topology.CheckFarmName(name); err != nil {
@@ -74,7 +74,7 @@ func (c *Controller) CreateFarm(ctx context.Context, name string) (intent.Farm, 
 	if err != nil {
 		return intent.Farm{}, err
 	}
-	f := intent.Farm{Name: name, ID: id}
+	f := intent.Farm{Name: name, ID: id, ProxyARP: proxyARP}
 	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
 		return f, err
 	}

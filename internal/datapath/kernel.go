@@ -117,6 +117,7 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 			return nil, fmt.Errorf("uplink program uses map %s, which the vif program does not share", name)
 		}
 		uopts.MapReplacements[name] = shared
+		ms.MaxEntries = shared.MaxEntries() // sized at load (--mapping-table-size)
 	}
 	if err := uspec.LoadAndAssign(&k.uplink, uopts); err != nil {
 		k.vif.Close()

@@ -736,3 +736,54 @@ func TestPrivilegedBroadcastReachesItsScopeOnly(t *testing.T) {
 			wantForward: "to_fabric"},
 	})
 }
+
+func TestPrivilegedMappingTableIsFixedSizeAndKeepsWhatIsInUse(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("BPF_PROG_RUN needs root")
+	}
+	const size = 64
+	k, err := Open("", Options{MappingTableSize: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	e, _, err := Compile(testDesired(), h1Uplink, testIfindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Attach = nil
+	if err := k.Apply(e, ""); err != nil {
+		t.Fatal(err)
+	}
+	if k.MappingCapacity() != size {
+		t.Fatalf("capacity %d, want %d", k.MappingCapacity(), size)
+	}
+	// Four times as many remote VMs as entries speak to web1, while web1
+	// keeps talking to the first of them: the table stays at its size, and
+	// the entry in use survives (a lookup refreshes it).
+	busy := netip.MustParseAddr("10.1.1.10")
+	send := func(prog *ebpf.Program, f frame) {
+		in := f.bytes(t)
+		if _, err := prog.Run(&ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 4*size; i++ {
+		src := netip.AddrFrom4([4]byte{10, 1, 1, byte(10 + i%200)})
+		if i >= 200 {
+			src = netip.AddrFrom4([4]byte{10, 1, 3, byte(i - 190)})
+		}
+		send(k.UplinkProgram(), frame{src: h2MAC, dst: h1MAC, saddr: src, daddr: web1, proto: layers.IPProtocolICMPv4})
+		send(k.VifProgram(), frame{src: vmac(web1), dst: vmac(busy), saddr: web1, daddr: busy, proto: layers.IPProtocolICMPv4})
+	}
+	entries, err := k.Mappings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) > size {
+		t.Fatalf("%d entries in a table of %d", len(entries), size)
+	}
+	if got := mappingOf(k, busy); got != h2MAC.String() {
+		t.Fatalf("the entry in use was evicted (now %q)", got)
+	}
+}

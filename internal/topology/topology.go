@@ -58,7 +58,10 @@ type Farm struct {
 	Subnets []Subnet `yaml:"subnets"`
 	Rules   []Rule   `yaml:"rules"`
 	Peers   []string `yaml:"peers"` // farms this farm agrees to talk to
-	Line    int      `yaml:"-"`
+	// ProxyARP: the datapath answers a VM's ARP for another subnet with
+	// the gateway's MAC.
+	ProxyARP bool `yaml:"proxy_arp"`
+	Line     int  `yaml:"-"`
 }
 
 // Rule lets traffic from one subnet reach another: "web" names a subnet of
@@ -183,6 +186,15 @@ func decode(path string, n *yaml.Node, f *File) error {
 			return nil
 		}
 	}
+	flag := func(dst *bool, what string) func(*yaml.Node) error {
+		return func(v *yaml.Node) error {
+			if v.Kind != yaml.ScalarNode || (v.Value != "true" && v.Value != "false") {
+				return fail(v, "%s must be true or false", what)
+			}
+			*dst = v.Value == "true"
+			return nil
+		}
+	}
 	at := func(line *int, set func(*yaml.Node) error) func(*yaml.Node) error {
 		return func(v *yaml.Node) error { *line = v.Line; return set(v) }
 	}
@@ -229,6 +241,7 @@ func decode(path string, n *yaml.Node, f *File) error {
 					})
 					fm.Subnets = append(fm.Subnets, s)
 				}),
+				"proxy_arp": flag(&fm.ProxyARP, "farm proxy_arp"),
 				"peers": seq("peers", func(p *yaml.Node) {
 					var name string
 					if err := str(&name, "peer")(p); err != nil {
@@ -293,13 +306,7 @@ func decode(path string, n *yaml.Node, f *File) error {
 					vm.Firewall = fw
 					return nil
 				},
-				"dhcp": func(v *yaml.Node) error {
-					if v.Kind != yaml.ScalarNode || (v.Value != "true" && v.Value != "false") {
-						return fail(v, "vm dhcp must be true or false")
-					}
-					vm.DHCP = v.Value == "true"
-					return nil
-				},
+				"dhcp": flag(&vm.DHCP, "vm dhcp"),
 			})
 			f.VMs = append(f.VMs, vm)
 		}),

@@ -35,6 +35,16 @@ vms:
     subnet: blue/web
 `
 
+func TestFarmMayEnableProxyARP(t *testing.T) {
+	f, err := Parse("t.yaml", []byte(strings.Replace(good, "  - name: blue\n", "  - name: blue\n    proxy_arp: true\n", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Farms[0].ProxyARP {
+		t.Fatal("proxy_arp: true was not read")
+	}
+}
+
 func TestTopologyErrorsNameLineAndReason(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -66,6 +76,10 @@ func TestTopologyErrorsNameLineAndReason(t *testing.T) {
 			return strings.Replace(s, "    subnet: blue/web\n", "    subnet: blue/web\n    dhcp: maybe\n", 1)
 		},
 			`t.yaml:12: vm dhcp must be true or false`},
+		{"proxy_arp not a bool", func(s string) string {
+			return strings.Replace(s, "  - name: blue\n", "  - name: blue\n    proxy_arp: yes\n", 1)
+		},
+			`t.yaml:6: farm proxy_arp must be true or false`},
 		{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
 		{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
 	}

@@ -260,6 +260,7 @@ func (l *testLab) metrics(host string) map[string]float64 {
 		}
 		key := line[:i]
 		key = strings.Replace(key, fmt.Sprintf(`node="%s",`, host), "", 1)
+		key = strings.Replace(key, fmt.Sprintf(`,node="%s"`, host), "", 1)
 		key = strings.Replace(key, fmt.Sprintf(`{node="%s"}`, host), "", 1)
 		m[key] = v
 	}
