@@ -192,12 +192,13 @@ func (b *builder) build(ctx context.Context) error {
 		for _, h := range t.Hosts {
 			hostNS := NamespaceOf(t.Name, h.Name)
 			b.step("agent on %s (metrics on http://%s:%d/metrics)", h.Name, h.Address, MetricsPort)
-			if err := b.spawn("agent-"+h.Name, h.Name, hostNS, "agent",
+			args := append([]string{"agent",
 				"--node", h.Name,
 				"--etcd-endpoints", st.EtcdURL,
 				"--uplink", HostUplink,
 				"--bpffs", st.BPFFS,
-				"--metrics-addr", fmt.Sprintf(":%d", MetricsPort)); err != nil {
+				"--metrics-addr", fmt.Sprintf(":%d", MetricsPort)}, t.ARP.AgentArgs()...)
+			if err := b.spawn("agent-"+h.Name, h.Name, hostNS, args...); err != nil {
 				return err
 			}
 		}

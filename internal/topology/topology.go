@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -32,10 +33,34 @@ type File struct {
 	Name     string `yaml:"name"`
 	Datapath string `yaml:"datapath"`
 	Fabric   Fabric `yaml:"fabric"`
+	ARP      ARP    `yaml:"arp"`
 	Hosts    []Host `yaml:"hosts"`
 	Farms    []Farm `yaml:"farms"`
 	VMs      []VM   `yaml:"vms"`
 	Line     int    `yaml:"-"`
+}
+
+// ARP tunes every agent's ARP engine; zero values keep the agent's defaults.
+type ARP struct {
+	TableSize int           `yaml:"table_size"` // mapping-table entries per host
+	Refresh   time.Duration `yaml:"refresh"`    // confirm entries in use this often
+	Idle      time.Duration `yaml:"idle"`       // forget entries unused this long
+	Line      int           `yaml:"-"`
+}
+
+// AgentArgs are the agent flags that carry these settings.
+func (a ARP) AgentArgs() []string {
+	var args []string
+	if a.TableSize != 0 {
+		args = append(args, "--mapping-table-size", strconv.Itoa(a.TableSize))
+	}
+	if a.Refresh != 0 {
+		args = append(args, "--arp-refresh", a.Refresh.String())
+	}
+	if a.Idle != 0 {
+		args = append(args, "--arp-idle", a.Idle.String())
+	}
+	return args
 }
 
 // Fabric is the flat L2 underlay every host's uplink joins.
@@ -186,6 +211,16 @@ func decode(path string, n *yaml.Node, f *File) error {
 			return nil
 		}
 	}
+	duration := func(dst *time.Duration, what string) func(*yaml.Node) error {
+		return func(v *yaml.Node) error {
+			d, err := time.ParseDuration(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil || d < time.Second {
+				return fail(v, "%s %q must be a duration of at least 1s, like 30s or 5m", what, v.Value)
+			}
+			*dst = d
+			return nil
+		}
+	}
 	flag := func(dst *bool, what string) func(*yaml.Node) error {
 		return func(v *yaml.Node) error {
 			if v.Kind != yaml.ScalarNode || (v.Value != "true" && v.Value != "false") {
@@ -214,6 +249,22 @@ func decode(path string, n *yaml.Node, f *File) error {
 	mapping(n, "topology", map[string]func(*yaml.Node) error{
 		"name":     str(&f.Name, "name"),
 		"datapath": str(&f.Datapath, "datapath"),
+		"arp": func(v *yaml.Node) error {
+			f.ARP.Line = v.Line
+			mapping(v, "arp", map[string]func(*yaml.Node) error{
+				"table_size": func(n *yaml.Node) error {
+					size, err := strconv.Atoi(n.Value)
+					if n.Kind != yaml.ScalarNode || err != nil || size < 64 || size > 1<<20 {
+						return fail(n, "arp.table_size %q must be a whole number from 64 to 1048576", n.Value)
+					}
+					f.ARP.TableSize = size
+					return nil
+				},
+				"refresh": duration(&f.ARP.Refresh, "arp.refresh"),
+				"idle":    duration(&f.ARP.Idle, "arp.idle"),
+			})
+			return nil
+		},
 		"fabric": func(v *yaml.Node) error {
 			f.Fabric.Line = v.Line
 			mapping(v, "fabric", map[string]func(*yaml.Node) error{

@@ -35,6 +35,20 @@ vms:
     subnet: blue/web
 `
 
+func TestARPTuningBecomesAgentFlags(t *testing.T) {
+	f, err := Parse("t.yaml", []byte(good+"arp: {table_size: 128, refresh: 30s, idle: 2m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(f.ARP.AgentArgs(), " ")
+	if want := "--mapping-table-size 128 --arp-refresh 30s --arp-idle 2m0s"; got != want {
+		t.Fatalf("agent args %q, want %q", got, want)
+	}
+	if f, _ := Parse("t.yaml", []byte(good)); len(f.ARP.AgentArgs()) != 0 {
+		t.Fatalf("no arp section, yet agent args %v", f.ARP.AgentArgs())
+	}
+}
+
 func TestFarmMayEnableProxyARP(t *testing.T) {
 	f, err := Parse("t.yaml", []byte(strings.Replace(good, "  - name: blue\n", "  - name: blue\n    proxy_arp: true\n", 1)))
 	if err != nil {
@@ -80,6 +94,11 @@ func TestTopologyErrorsNameLineAndReason(t *testing.T) {
 			return strings.Replace(s, "  - name: blue\n", "  - name: blue\n    proxy_arp: yes\n", 1)
 		},
 			`t.yaml:6: farm proxy_arp must be true or false`},
+		{"arp refresh not a duration", func(s string) string { return s + "arp: {refresh: often}\n" },
+			`t.yaml:12: arp.refresh "often" must be a duration of at least 1s`},
+		{"arp table too small", func(s string) string { return s + "arp:\n  table_size: 8\n" },
+			`t.yaml:13: arp.table_size "8" must be a whole number from 64`},
+		{"unknown arp key", func(s string) string { return s + "arp: {wait: 1s}\n" }, `t.yaml:12: unknown key "wait" in arp`},
 		{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
 		{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
 	}

@@ -153,3 +153,52 @@ func gatewayMAC(ip string) string {
 	fmt.Sscanf(ip, "%d.%d.%d.%d", &b[0], &b[1], &b[2], &b[3])
 	return fmt.Sprintf("02:00:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
 }
+
+const quickRefresh = `name: %s
+arp: {refresh: 2s}
+hosts: [{name: h1}, {name: h2}]
+farms:
+  - name: blue
+    subnets: [{name: web}]
+vms:
+  - {name: web1, host: h1, subnet: blue/web}
+  - {name: web2, host: h2, subnet: blue/web}
+`
+
+func TestPrivilegedMappingInUseIsConfirmedByUnicastToItsHost(t *testing.T) {
+	l := upLab(t, quickRefresh)
+	web2 := l.ip("web2")
+	h2MAC := l.mac("h2", "uplink0")
+	// A one-way stream: nothing comes back from web2 to confirm the entry,
+	// so h1's engine must ask, and ask h2 directly.
+	sink := l.start("web2", "python3", "-c", `import socket
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
+s.bind(("0.0.0.0",9999))
+while True: s.recv(2048)`)
+	defer sink.Stop()
+	got := l.capture("fabric", "br0", "eth.src", "eth.dst", "arp.opcode", "arp.dst.proto_ipv4")
+	l.mustIn("web1", "python3", "-c", `import socket,sys,time
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
+for i in range(60):
+    s.sendto(b"x",(sys.argv[1],9999)); time.sleep(0.1)`, web2)
+	lines := got()
+	unicast := 0
+	for _, line := range lines {
+		f := strings.Split(line, "\t")
+		if len(f) >= 4 && f[2] == "1" && f[3] == web2 && f[1] == h2MAC {
+			unicast++
+		}
+	}
+	m := l.metrics("h1")
+	if unicast == 0 || m[arpEvent("unicast_request")] < 1 {
+		t.Fatalf("no refresh question unicast to h2 during 6 s of one-way traffic (fabric saw %d, engine counted %v):\n%s",
+			unicast, m[arpEvent("unicast_request")], strings.Join(lines, "\n"))
+	}
+	if m[arpEvent("multicast_request")] != 0 || m[arpEvent("lost")] != 0 {
+		t.Errorf("h2 answered, yet the engine asked by multicast %v times / lost %v entries",
+			m[arpEvent("multicast_request")], m[arpEvent("lost")])
+	}
+	if m[arpEvent("refreshed")] < 1 {
+		t.Errorf("refreshed %v, want >= 1", m[arpEvent("refreshed")])
+	}
+}

@@ -28,12 +28,21 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 	// A 6-second TCP stream from web2, with web1 moved to h3 in the middle.
 	client := l.start("web2", "iperf3", "-c", web1, "-t", "6", "-C", "cubic", "-J")
 	time.Sleep(2 * time.Second)
+	h2Before := l.metrics("h2")
 	moved := time.Now()
 	l.onehop("lab", "move", "web1", "--to", "h3")
 	waitFor(t, "web2 to reach web1 on h3", 10*time.Second, func() bool {
 		return l.ping("web2", web1, 1) == nil
 	})
 	t.Logf("web1 reachable on h3 %.2fs after the move began", time.Since(moved).Seconds())
+	// h3 announced its new VM; h2, which was sending to web1, corrected its
+	// mapping from that announcement rather than waiting for a refresh.
+	if n := l.metrics("h3")[arpEvent("announced")]; n < 1 {
+		t.Errorf("h3 announced %v VMs after web1 arrived", n)
+	}
+	if d := l.metrics("h2")[forwards("arp_learned")] - h2Before[forwards("arp_learned")]; d < 1 {
+		t.Errorf("h2 learned nothing from the fabric after the move (arp_learned +%v)", d)
+	}
 
 	waitFor(t, "the TCP stream to finish", 20*time.Second, func() bool {
 		return strings.Contains(client.Output(), `"sum_received"`)
