@@ -39,8 +39,8 @@ int uplink_ingress(struct __sk_buff *skb)
 		delivery_mac(ip->daddr, pkt.eth->h_dest);
 		virtual_mac(ip->saddr, pkt.eth->h_source);
 		__be32 saddr = ip->saddr;
-		__u8 proto = ip->protocol;
-		copy_to_members(skb, &scope, 0, saddr, proto, rule_port(&pkt));
+		__u8 proto = ip->protocol, ttl = ip->ttl;
+		copy_to_members(skb, &scope, 0, saddr, ttl, proto, rule_port(&pkt));
 		return TC_ACT_SHOT; /* consumed: each member got its copy */
 	}
 	if (!reason && pkt.arp && cfg && (in_vm_space(cfg, pkt.arp->spa) || in_vm_space(cfg, pkt.arp->tpa)))

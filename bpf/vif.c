@@ -78,11 +78,11 @@ int vif_ingress(struct __sk_buff *skb)
 	struct scope_key scope;
 	if (scope_of(ip, &scope)) {
 		__be32 saddr = ip->saddr;
-		__u8 proto = ip->protocol;
+		__u8 proto = ip->protocol, ttl = ip->ttl;
 		__u16 port = rule_port(&pkt);
 		if (bpf_map_lookup_elem(&firewalls, &saddr) && !firewall_allows(saddr, FW_OUT, ip->daddr, proto, port))
 			return drop_packet(skb, &pkt, DROP_FIREWALL_OUT);
-		copy_to_members(skb, &scope, ifindex, saddr, proto, port);
+		copy_to_members(skb, &scope, ifindex, saddr, ttl, proto, port);
 		/* And one copy onto the fabric, to the scope's multicast address:
 		 * the hosts with VMs there take it from there. */
 		struct ethhdr *eth = (void *)(long)skb->data;

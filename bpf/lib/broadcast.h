@@ -59,16 +59,59 @@ static __always_inline void delivery_mac(__be32 daddr, __u8 *mac)
 	}
 }
 
+/* Rewrites the IPv4 TTL of the frame in skb (checksum patched). */
+static __always_inline int set_ttl(struct __sk_buff *skb, __u8 ttl)
+{
+	__u8 word[2];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + 8, word, 2) < 0)
+		return -1;
+	__be16 old = *(__be16 *)word;
+	word[0] = ttl;
+	__be16 new = *(__be16 *)word;
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, old, new, 2) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, ETH_HLEN + 8, word, 1, 0);
+}
+
+/* The second pass of copy_to_members: the members of other subnets (bits of
+ * routed), each from its own gateway's MAC. A global function, so the
+ * verifier checks it once on its own rather than once per path through the
+ * first pass's firewall loops. */
+__attribute__((noinline)) int copy_routed(struct __sk_buff *skb, const struct scope_members *m, __u32 routed, __u8 ttl)
+{
+	if (!skb || !m || !routed || ttl <= 1)
+		return 0;
+	__u8 saved_src[ETH_ALEN];
+	if (bpf_skb_load_bytes(skb, ETH_ALEN, saved_src, ETH_ALEN) < 0 || set_ttl(skb, ttl - 1) < 0)
+		return 0;
+	for (int i = 0; i < MAX_SCOPE_MEMBERS; i++) {
+		if (!(routed & (1U << i)))
+			continue;
+		__u8 gw_mac[ETH_ALEN];
+		virtual_mac(gateway_of(m->ip[i]), gw_mac);
+		if (bpf_skb_store_bytes(skb, ETH_ALEN, gw_mac, ETH_ALEN, 0) < 0)
+			break;
+		if (bpf_clone_redirect(skb, m->ifindex[i], 0) == 0)
+			count_forward(FWD_BROADCAST);
+	}
+	/* The frame goes on (to the fabric) as it came. */
+	bpf_skb_store_bytes(skb, ETH_ALEN, saved_src, ETH_ALEN, 0);
+	set_ttl(skb, ttl);
+	return 0;
+}
+
 /* Copies the packet to every local VM of the scope but skip_ifindex, each
- * VM's own firewall permitting. The caller's packet pointers are stale
- * afterwards. Returns the number of copies. */
-static __always_inline int copy_to_members(struct __sk_buff *skb, const struct scope_key *k, __u32 skip_ifindex,
-					   __be32 saddr, __u8 proto, __u16 port)
+ * VM's own firewall permitting. A VM of another subnet than the sender's (a
+ * farm-wide multicast) gets its copy as a router would hand it over: TTL
+ * one less, from its own gateway's MAC. The frame is left as it came. The
+ * caller's packet pointers are stale afterwards. */
+static __always_inline void copy_to_members(struct __sk_buff *skb, const struct scope_key *k, __u32 skip_ifindex,
+					    __be32 saddr, __u8 ttl, __u8 proto, __u16 port)
 {
 	struct scope_members *m = bpf_map_lookup_elem(&scopes, k);
 	if (!m)
-		return 0;
-	int copies = 0;
+		return;
+	__u32 routed = 0; /* members of other subnets, by index, for the second pass */
 	for (int i = 0; i < MAX_SCOPE_MEMBERS; i++) {
 		if (i >= m->count)
 			break;
@@ -78,12 +121,14 @@ static __always_inline int copy_to_members(struct __sk_buff *skb, const struct s
 		__be32 vm = m->ip[i];
 		if (bpf_map_lookup_elem(&firewalls, &vm) && !firewall_allows(vm, FW_IN, saddr, proto, port))
 			continue;
-		if (bpf_clone_redirect(skb, ifindex, 0) == 0) {
-			count_forward(FWD_BROADCAST);
-			copies++;
+		if (!same_subnet(vm, saddr)) {
+			routed |= 1U << i;
+			continue;
 		}
+		if (bpf_clone_redirect(skb, ifindex, 0) == 0)
+			count_forward(FWD_BROADCAST);
 	}
-	return copies;
+	copy_routed(skb, m, routed, ttl);
 }
 
 /* The destination port rules match on; 0 for ICMP and fragments. */

@@ -67,7 +67,10 @@ static __always_inline int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, _
 	return bpf_map_lookup_elem(&visibility, &k) != 0;
 }
 
-static __always_inline int firewall_allows(__be32 vm, __u8 dir, __be32 remote, __u8 proto, __u16 port)
+/* A global function: the verifier checks its rule loop once, on its own,
+ * instead of once per path through every caller (broadcast copies loop over
+ * up to 32 members, each with its own firewall). */
+__attribute__((noinline)) int firewall_allows(__be32 vm, __u8 dir, __be32 remote, __u8 proto, __u16 port)
 {
 	struct fw_policy *p = bpf_map_lookup_elem(&firewalls, &vm);
 	if (!p)

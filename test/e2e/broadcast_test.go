@@ -20,6 +20,7 @@ vms:
   - {name: web2, host: h2, subnet: blue/web}
   - {name: web3, host: h1, subnet: blue/web}
   - {name: db1, host: h2, subnet: blue/db}
+  - {name: db2, host: h1, subnet: blue/db}
   - {name: red1, host: h2, subnet: red/web}
 `
 
@@ -40,10 +41,10 @@ func TestPrivilegedBroadcastAndMulticastReachTheirScopeOnAnyHostAndNoOneElse(t *
 	l := upLab(t, scopes)
 	// A multicast route in the sender (a VM has only its default route).
 	l.mustIn("web1", "ip", "route", "add", "224.0.0.0/4", "dev", "eth0")
-	receivers := []string{"web2", "web3", "db1", "red1"}
+	receivers := []string{"web2", "web3", "db1", "db2", "red1"}
 	caps := map[string]func() []string{}
 	for _, vm := range receivers {
-		stop, pcap := l.captureFile(vm, "eth0", "udp.payload")
+		stop, pcap := l.captureFile(vm, "eth0", "udp.payload", "ip.ttl", "eth.src")
 		caps[vm] = stop
 		// Each receiver says something itself and its capture must record
 		// it before the test goes on: an empty capture then proves something.
@@ -58,8 +59,10 @@ func TestPrivilegedBroadcastAndMulticastReachTheirScopeOnAnyHostAndNoOneElse(t *
 	l.sendUDP("web1", "239.1.2.3", 1, "mcast-ttl1")
 	l.sendUDP("web1", "239.1.2.3", 4, "mcast-ttl4")
 	got := map[string]string{}
+	lines := map[string][]string{}
 	for _, vm := range receivers {
-		got[vm] = strings.Join(caps[vm](), " ")
+		lines[vm] = caps[vm]()
+		got[vm] = strings.Join(lines[vm], " ")
 	}
 	hex := func(s string) string {
 		const digits = "0123456789abcdef"
@@ -74,6 +77,7 @@ func TestPrivilegedBroadcastAndMulticastReachTheirScopeOnAnyHostAndNoOneElse(t *
 		"web2": {"subnet-bcast", "limited-bcast", "mcast-ttl1", "mcast-ttl4"}, // same subnet, other host
 		"web3": {"subnet-bcast", "limited-bcast", "mcast-ttl1", "mcast-ttl4"}, // same subnet, same host
 		"db1":  {"mcast-ttl4"},                                                // same farm: only TTL > 1 multicast
+		"db2":  {"mcast-ttl4"},                                                // the same, on the sender's host
 		"red1": {},                                                            // other farm: nothing
 	}
 	for _, vm := range receivers {
@@ -90,6 +94,25 @@ func TestPrivilegedBroadcastAndMulticastReachTheirScopeOnAnyHostAndNoOneElse(t *
 			if has := strings.Contains(got[vm], hex(all)); has != should {
 				t.Errorf("%s received %q: %v, want %v", vm, all, has, should)
 			}
+		}
+	}
+	// Farm-wide multicast reaches another subnet as a router would hand it
+	// over: TTL one less, from that subnet's gateway; its own subnet gets it
+	// as sent.
+	web1MAC := l.mac("web1", "eth0")
+	for vm, want := range map[string]string{"web2": "4\t" + web1MAC, "web3": "4\t" + web1MAC,
+		"db1": "3\t" + gatewayMAC("10.1.2.1"), "db2": "3\t" + gatewayMAC("10.1.2.1")} {
+		seen := false
+		for _, line := range lines[vm] {
+			if strings.HasPrefix(line, hex("mcast-ttl4")) {
+				seen = true
+				if !strings.HasSuffix(line, "\t"+want) {
+					t.Errorf("%s got the TTL-4 multicast as %q, want TTL and source MAC %q", vm, line, want)
+				}
+			}
+		}
+		if !seen {
+			t.Errorf("%s: no TTL-4 multicast in its capture to check", vm)
 		}
 	}
 }
