@@ -80,7 +80,7 @@ int vif_ingress(struct __sk_buff *skb)
 		__be32 saddr = ip->saddr;
 		__u8 proto = ip->protocol, ttl = ip->ttl;
 		__u16 port = rule_port(&pkt);
-		if (bpf_map_lookup_elem(&firewalls, &saddr) && !firewall_allows(saddr, FW_OUT, ip->daddr, proto, port))
+		if (vif->firewall && !firewall_allows(saddr, FW_OUT, ip->daddr, proto, port))
 			return drop_packet(skb, &pkt, DROP_FIREWALL_OUT);
 		copy_to_members(skb, &scope, ifindex, saddr, ttl, proto, port);
 		/* And one copy onto the fabric, to the scope's multicast address:
@@ -96,7 +96,7 @@ int vif_ingress(struct __sk_buff *skb)
 	if (!in_vm_space(cfg, ip->daddr))
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
-	reason = admit(&pkt, 1, local != 0);
+	reason = admit(&pkt, vif->firewall, local && local->firewall);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	int routed = !same_subnet(ip->saddr, ip->daddr);

@@ -20,7 +20,8 @@
 struct endpoint {
 	__u32 ifindex;      /* its vif in this host's namespace */
 	__u8 mac[ETH_ALEN]; /* the VM's virtual MAC, never seen on the wire */
-	__u16 _pad;
+	__u8 firewall;      /* 1: the VM has its own firewall (in `firewalls`) */
+	__u8 _pad;
 };
 
 /* One entry of the per-node mapping table (paper §2, "The VNET ARP engine"):
@@ -49,7 +50,8 @@ struct farm_config {
 struct vif_info {
 	__be32 ip;
 	__u8 mac[ETH_ALEN];
-	__u16 _pad;
+	__u8 firewall; /* 1: the VM has its own firewall: saves a lookup per packet otherwise */
+	__u8 _pad;
 };
 
 /* Per-node facts the programs need; a single-slot array. */

@@ -96,16 +96,15 @@ __attribute__((noinline)) int firewall_allows(__be32 vm, __u8 dir, __be32 remote
 
 /* admit decides whether a packet from src to dst may be delivered: the
  * visibility rules between their subnets (paper §2, step 2) and the
- * firewalls of the VMs among them that live on this host (src_local,
- * dst_local). A packet that answers a flow this host already admitted passes
- * (stateful); an admitted packet that can open a flow is remembered. Traffic
- * inside a subnet between VMs without firewalls takes no conntrack work. */
-static __always_inline int admit(const struct packet *pkt, int src_local, int dst_local)
+ * firewalls of the VMs among them that live on this host and have one
+ * (fw_src, fw_dst: the flags in their vif_info/endpoint entries). A packet
+ * that answers a flow this host already admitted passes (stateful); an
+ * admitted packet that can open a flow is remembered. Traffic inside a
+ * subnet between VMs without firewalls takes no lookup at all. */
+static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_dst)
 {
 	struct iphdr *ip = pkt->ip;
 	int crossing = !same_subnet(ip->saddr, ip->daddr);
-	int fw_src = src_local && bpf_map_lookup_elem(&firewalls, &ip->saddr);
-	int fw_dst = dst_local && bpf_map_lookup_elem(&firewalls, &ip->daddr);
 	if (!crossing && !fw_src && !fw_dst)
 		return DROP_NONE;
 

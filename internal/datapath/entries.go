@@ -113,10 +113,11 @@ func Compile(d intent.Desired, up Uplink, ifindexOf func(name string) (int, erro
 			missing = append(missing, l.Interface)
 			continue
 		}
-		ep := Endpoint{Ifindex: uint32(ifindex)}
+		hasFirewall := boolByte(l.Firewall != nil)
+		ep := Endpoint{Ifindex: uint32(ifindex), Firewall: hasFirewall}
 		copy(ep.Mac[:], mac)
 		e.Endpoints[IPKey(ip)] = ep
-		vi := VifInfo{Ip: IPKey(ip)}
+		vi := VifInfo{Ip: IPKey(ip), Firewall: hasFirewall}
 		copy(vi.Mac[:], mac)
 		e.Vifs[uint32(ifindex)] = vi
 		e.Attach[l.Interface] = ifindex

@@ -29,10 +29,11 @@ type uplinkCtKey struct {
 }
 
 type uplinkEndpoint struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Mac     [6]uint8
-	Pad     uint16
+	_        structs.HostLayout
+	Ifindex  uint32
+	Mac      [6]uint8
+	Firewall uint8
+	Pad      uint8
 }
 
 type uplinkFarmConfig struct {
@@ -97,10 +98,11 @@ type uplinkScopeMembers struct {
 }
 
 type uplinkVifInfo struct {
-	_   structs.HostLayout
-	Ip  uint32
-	Mac [6]uint8
-	Pad uint16
+	_        structs.HostLayout
+	Ip       uint32
+	Mac      [6]uint8
+	Firewall uint8
+	Pad      uint8
 }
 
 type uplinkVisKey struct {

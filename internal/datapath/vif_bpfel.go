@@ -68,10 +68,11 @@ const (
 )
 
 type vifEndpoint struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Mac     [6]uint8
-	Pad     uint16
+	_        structs.HostLayout
+	Ifindex  uint32
+	Mac      [6]uint8
+	Firewall uint8
+	Pad      uint8
 }
 
 type vifFarmConfig struct {
@@ -172,10 +173,11 @@ const (
 )
 
 type vifVifInfo struct {
-	_   structs.HostLayout
-	Ip  uint32
-	Mac [6]uint8
-	Pad uint16
+	_        structs.HostLayout
+	Ip       uint32
+	Mac      [6]uint8
+	Firewall uint8
+	Pad      uint8
 }
 
 type vifVisKey struct {
