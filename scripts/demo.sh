@@ -216,16 +216,15 @@ say "Each agent also logged why it dropped (last lines of h1's log):"
 grep 'dropped packet' "$STATE/agent-h1.log" | tail -3
 
 say "All shown in $(( $(date +%s) - started )) s"
-cat <<EOT
-
-The lab is still up. Explore it:
-  $ONEHOP get vms                              every VM: host, address, MAC, firewall
-  $ONEHOP lab exec web1 -- ping $DB1           any command inside any node
-  $ONEHOP lab exec web1 -- traceroute -I $DB1  one hop: the gateway $GW_WEB
-  $ONEHOP lab exec fabric -- tcpdump -eni br0  watch the fabric: only host MACs, plain IPv4
-  $ONEHOP allow blue/db blue/web --proto tcp --port 8080   open one more way
-  $ONEHOP stats --node h1                      drops by reason (also: lab exec h1 -- curl -s localhost:9100/metrics)
-  $ONEHOP lab restart h1                       restart an agent: traffic keeps flowing
-  less $STATE/agent-h1.log       agent log (reconciles, drops with reasons)
-  make demo-down                               remove everything (or: $ONEHOP lab down --lab $LAB)
-EOT
+printf '\nThe lab is still up. Explore it:\n'
+hint() { printf '  %-58s %s\n' "$1" "$2"; }
+hint "$ONEHOP get vms" "every VM: host, address, MAC, firewall"
+hint "$ONEHOP lab exec web1 -- ping $DB1" "any command inside any node"
+hint "$ONEHOP lab exec web1 -- traceroute -I $DB1" "one hop: the gateway $GW_WEB"
+hint "$ONEHOP lab exec fabric -- tcpdump -eni br0" "the fabric: only host MACs, plain IPv4"
+hint "$ONEHOP allow blue/db blue/web --proto tcp --port 8080" "open one more way"
+hint "$ONEHOP stats --node h1" "drops by reason (published every few seconds)"
+hint "$ONEHOP lab exec h1 -- curl -s localhost:9100/metrics" "the same, live, for Prometheus"
+hint "$ONEHOP lab restart h1" "restart an agent: traffic keeps flowing"
+hint "less $STATE/agent-h1.log" "agent log: reconciles, drops with reasons"
+hint "make demo-down" "remove everything ($ONEHOP lab down --lab $LAB)"
