@@ -1,73 +1,230 @@
 #!/usr/bin/env bash
-# The quick-start demo: builds the lab, shows one-hop traffic between VMs on
-# one host and across hosts, shows a spoofed packet being dropped and counted,
-# and leaves the lab up to explore.
+# The quick-start demo: builds the three-host lab, shows each behaviour of the
+# virtual router working and being blocked (one-hop routing, visibility rules,
+# farm isolation, per-VM firewalls, anti-spoofing, DHCP on the host), with the
+# drop counters that say why, and leaves the lab up to explore.
+#
+# Anything that must be blocked and gets through stops the demo with
+# "LEAK"; anything that must work and does not stops it with "FAILED".
 set -euo pipefail
 ONEHOP=${1:-bin/onehop}
 TOPO=${2:-examples/quickstart.yaml}
 LAB=quickstart
+STATE=/run/onehop/$LAB
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-run() {
-  if [ "$1" = on ]; then printf '$ onehop lab exec %s -- %s\n' "$2" "${*:3}"; else printf '$ %s\n' "$*"; fi
-  "$@"
-}
+ok() { printf '   \033[32mok:\033[0m %s\n' "$*"; }
+blocked() { printf '   \033[32mblocked, as expected:\033[0m %s\n' "$*"; }
+leak() { printf '\n\033[31mLEAK: %s\033[0m\n' "$*" >&2; exit 1; }
+failed() { printf '\n\033[31mFAILED: %s\033[0m\n' "$*" >&2; exit 1; }
 on() { local node=$1; shift; "$ONEHOP" lab exec --lab "$LAB" "$node" -- "$@"; }
+# show: print a command as a reader would type it, then run it.
+show() { printf '$ %s\n' "$*"; "$@"; }
+# von: "on", shown.
+von() { printf '$ onehop lab exec %s -- %s\n' "$1" "${*:2}"; on "$@"; }
+# op: an operator verb against this lab's controller.
+op() { printf '$ onehop %s\n' "$*"; "$ONEHOP" "$@" --api "$STATE/api.sock"; }
+
+# drops HOST REASON: the host's drop counter for REASON.
+drops() {
+  on "$1" curl -sf localhost:9100/metrics |
+    awk -v r="reason=\"$2\"" 'index($0, "onehop_dropped_packets_total{") == 1 && index($0, r) { n += $NF } END { print n + 0 }'
+}
+# rose BEFORE HOST REASON: checks REASON rose on HOST since BEFORE and says so.
+rose() {
+  local after; after=$(drops "$2" "$3")
+  if [ "$after" -le "$1" ]; then failed "$3 drops on $2 did not rise ($1 -> $after): dropped for another reason?"; fi
+  printf '   counter: %s drops on %s %s -> %s\n' "$3" "$2" "$1" "$after"
+}
+# pings FROM TO: must get replies; prints ping's summary line.
+pings() {
+  local out
+  printf '$ onehop lab exec %s -- ping -c 3 %s\n' "$1" "$2"
+  out=$(on "$1" ping -c 3 -i 0.2 -W 1 "$2") || failed "$1 cannot ping $2: $out"
+  grep -E 'bytes from|received' <<<"$out" | sed -n '1p;$p' | sed 's/^/   /'
+}
+# no_ping FROM TO: must get no reply.
+no_ping() {
+  printf '$ onehop lab exec %s -- ping -c 2 %s\n' "$1" "$2"
+  if out=$(on "$1" ping -c 2 -i 0.2 -W 1 "$2" 2>&1); then leak "$1 got ping replies from $2: $out"; fi
+  blocked "$(grep -o '[0-9]* packets transmitted.*loss' <<<"$out")"
+}
+# no_tcp FROM IP PORT: a TCP connection must time out. A listener is there,
+# so "refused" would mean the SYN reached the VM and its RST came back.
+no_tcp() {
+  printf '$ onehop lab exec %s -- bash -c "exec 3<>/dev/tcp/%s/%s"   # 2 s timeout\n' "$1" "$2" "$3"
+  local rc=0
+  on "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/$3" 2>/dev/null || rc=$?
+  case $rc in
+    124) blocked "no answer to the SYN: the connection timed out" ;;
+    0) leak "$1 connected to $2:$3" ;;
+    *) leak "$1 -> $2:$3 was refused: the SYN reached the VM" ;;
+  esac
+}
+# tcp FROM IP PORT: a TCP connection must open.
+tcp() {
+  printf '$ onehop lab exec %s -- bash -c "exec 3<>/dev/tcp/%s/%s"\n' "$1" "$2" "$3"
+  on "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/$3" || failed "$1 cannot connect to $2:$3"
+  ok "connected"
+}
+# listen VM PORT: a TCP listener (iperf3) that ends by itself after 60 s.
+listen() {
+  # Not through the shell function "on": $! must be the process itself.
+  "$ONEHOP" lab exec --lab "$LAB" "$1" -- timeout 60 iperf3 -s -p "$2" >/dev/null 2>&1 &
+  LISTENERS+=("$!")
+  for _ in $(seq 50); do
+    on "$1" ss -Hltn "sport = :$2" | grep -q . && return 0
+    sleep 0.1
+  done
+  failed "no listener on $1:$2"
+}
+LISTENERS=()
+stop_listeners() { for p in "${LISTENERS[@]}"; do kill "$p" 2>/dev/null || true; done; LISTENERS=(); }
+trap stop_listeners EXIT
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "demo: needs root (it creates network namespaces and loads eBPF); try: sudo make demo" >&2
   exit 1
 fi
+started=$(date +%s)
 
 if "$ONEHOP" lab status --lab "$LAB" >/dev/null 2>&1; then
-  say "Lab $LAB is already up; reusing it (make demo-down removes it)"
-else
-  say "Building the quick-start lab from $TOPO"
-  run "$ONEHOP" lab up "$TOPO"
+  say "Lab $LAB is already up; rebuilding it so the demo starts from the topology file"
+  "$ONEHOP" lab down --lab "$LAB" >/dev/null
 fi
+say "Building the quick-start lab from $TOPO"
+show "$ONEHOP" lab up "$TOPO"
 
-say "What is where: hosts h1, h2 on one L2 fabric; VMs web1, web3 on h1 and web2 on h2"
-run "$ONEHOP" lab status --lab "$LAB"
+say "What is where: hosts h1 h2 h3 on one L2 fabric; farm blue (subnets web, db), farm red (web)"
+op get vms
+say "Who may talk to whom: web may open tcp/5432 and ping to db; nothing else crosses a subnet or a farm"
+op get rules
 
 ip_of() { "$ONEHOP" lab status --lab "$LAB" -o json | python3 -c "import json,sys; print([n for n in json.load(sys.stdin)['nodes'] if n['name']=='$1'][0]['vm']['ip'])"; }
-WEB2=$(ip_of web2); WEB3=$(ip_of web3)
+WEB1=$(ip_of web1); WEB2=$(ip_of web2); WEB3=$(ip_of web3); DB1=$(ip_of db1)
+GW_WEB=${WEB1%.*}.1
 
-say "Ping between VMs on the same host (web1 -> web3, $WEB3): the vif program hands the packet straight to web3"
-run on web1 ping -c 3 -i 0.2 "$WEB3"
-say "Ping across hosts (web1 -> web2, $WEB2): host MAC to host MAC over the fabric, no encapsulation"
-run on web1 ping -c 3 -i 0.2 "$WEB2"
+say "Same host (web1 -> web3, $WEB3): the vif program hands the packet straight to web3"
+pings web1 "$WEB3"
+say "Across hosts (web1 on h1 -> web2 on h2, $WEB2): host MAC to host MAC over the fabric, no encapsulation"
+pings web1 "$WEB2"
 
 say "TCP across hosts with iperf3 (2 s)"
 on web2 iperf3 -s -1 -D
-sleep 0.5
-run on web1 iperf3 -c "$WEB2" -t 2 -C cubic
-
+sleep 0.3
+printf '$ onehop lab exec web1 -- iperf3 -c %s -t 2\n' "$WEB2"
+on web1 iperf3 -c "$WEB2" -t 2 -C cubic | grep -E 'sender|receiver'
 say "TCP between VMs on one host with iperf3 (2 s)"
 on web3 iperf3 -s -1 -D
-sleep 0.5
-run on web1 iperf3 -c "$WEB3" -t 2 -C cubic
+sleep 0.3
+printf '$ onehop lab exec web1 -- iperf3 -c %s -t 2\n' "$WEB3"
+on web1 iperf3 -c "$WEB3" -t 2 -C cubic | grep -E 'sender|receiver'
+
+say "One hop to another subnet (web1 -> db1 on h3, $DB1): allowed by the icmp rule; TTL 64 comes back as 63"
+pings web1 "$DB1"
+printf '$ onehop lab exec web1 -- traceroute -I -n %s\n' "$DB1"
+tr=$(on web1 traceroute -I -n -q 1 -w 1 -m 4 "$DB1") || failed "traceroute: $tr"
+sed 's/^/   /' <<<"$tr"
+hops=$(tail -n +2 <<<"$tr" | awk '{print $2}' | paste -sd' ')
+[ "$hops" = "$GW_WEB $DB1" ] || failed "traceroute hops are '$hops', want '$GW_WEB $DB1'"
+ok "exactly one hop, web's virtual gateway $GW_WEB, then db1: every host is the router"
+
+say "web1 -> db1 tcp/5432: the rule allows it (a listener on 5432 and one on 22 in db1)"
+listen db1 5432
+listen db1 22
+tcp web1 "$DB1" 5432
+say "web1 -> db1 tcp/22: no rule names it"
+n=$(drops h1 not_visible)
+no_tcp web1 "$DB1" 22
+rose "$n" h1 not_visible
+say "web1 -> db1 udp/5432: the rule says tcp; a UDP listener in db1 hears nothing"
+"$ONEHOP" lab exec --lab "$LAB" db1 -- timeout 3 python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("", 5432)); s.settimeout(2.5); print(s.recv(100).decode())' >"$STATE/demo-udp.out" 2>&1 &
+udp=$!
+sleep 0.3
+n=$(drops h1 not_visible)
+printf '$ onehop lab exec web1 -- bash -c "echo hello >/dev/udp/%s/5432"   # three times\n' "$DB1"
+for _ in 1 2 3; do on web1 bash -c "echo hello >/dev/udp/$DB1/5432"; sleep 0.1; done
+if wait "$udp"; then leak "db1 received UDP from web1: $(cat "$STATE/demo-udp.out")"; fi
+blocked "db1's UDP listener timed out with nothing received"
+rose "$n" h1 not_visible
+rm -f "$STATE/demo-udp.out"
+
+say "db1 -> web1: rules are one-way, so db1 cannot open anything towards web (its replies above passed)"
+listen web1 8080
+n=$(drops h3 not_visible)
+no_ping db1 "$WEB1"
+no_tcp db1 "$WEB1" 8080
+rose "$n" h3 not_visible
+stop_listeners
+
+say "Farm red is not peered with blue: red1 (on h1, like web1 and web3) reaches red2 on h3, and no blue VM"
+pings red1 "$(ip_of red2)"
+n=$(drops h1 not_visible)
+no_ping red1 "$WEB3"
+no_ping red1 "$WEB2"
+rose "$n" h1 not_visible
+n=$(drops h3 not_visible)
+no_ping red2 "$DB1"
+rose "$n" h3 not_visible
+
+say "A per-VM firewall, set by the tenant, enforced on web2's host h2: refuse pings from web3"
+op firewall add blue/web/web2 --in --proto icmp --from "$WEB3/32" --deny
+op get vms | grep -E '^VM|web2'
+# The rule goes API -> etcd -> controller -> h2's agent -> BPF map.
+for _ in $(seq 50); do on web3 ping -c 1 -W 0.2 "$WEB2" >/dev/null 2>&1 || break; sleep 0.1; done
+n=$(drops h2 firewall_in)
+no_ping web3 "$WEB2"
+rose "$n" h2 firewall_in
+printf '   web1 is not named by the rule:\n'
+pings web1 "$WEB2"
 
 say "Anti-spoofing: web1 pings web2 from an address that is not its own; nothing arrives"
 on web1 ip neigh replace "$WEB2" lladdr "$(on web2 cat /sys/class/net/eth0/address)" dev eth0 nud permanent
 on web1 ip addr add 10.1.1.77/32 dev eth0
+n=$(drops h1 spoofed_ip)
 printf '$ onehop lab exec web1 -- ping -c 2 -I 10.1.1.77 %s\n' "$WEB2"
-on web1 ping -c 2 -i 0.2 -W 1 -I 10.1.1.77 "$WEB2" || true
+if out=$(on web1 ping -c 2 -i 0.2 -W 1 -I 10.1.1.77 "$WEB2" 2>&1); then leak "spoofed pings got replies: $out"; fi
 on web1 ip addr del 10.1.1.77/32 dev eth0
 on web1 ip neigh del "$WEB2" dev eth0 || true
+blocked "$(grep -o '[0-9]* packets transmitted.*loss' <<<"$out")"
+rose "$n" h1 spoofed_ip
 
-say "h1's agent metrics (non-zero counters): what was forwarded, and each drop by reason"
-on h1 curl -s localhost:9100/metrics | grep -E '^onehop_(dropped|forwarded)' | grep -v ' 0$'
-say "The agent also logged why it dropped those packets:"
-grep 'dropped packet' "/run/onehop/$LAB/agent-h1.log" | tail -2
+say "DHCP is answered on the VM's own host: web2 asks, h2's agent answers with web2's address"
+cat >"$STATE/demo-udhcpc.sh" <<'EOS'
+#!/bin/sh
+# Print the lease only: the demo leaves web2's interface as it is.
+[ "$1" = bound ] && echo "   lease: ip=$ip subnet=$subnet router=$router dns=${dns:-none} lease=${lease}s server=$serverid"
+exit 0
+EOS
+chmod +x "$STATE/demo-udhcpc.sh"
+printf '$ onehop lab exec web2 -- udhcpc -i eth0 -n -q -f\n'
+lease=$(on web2 udhcpc -i eth0 -n -q -f -t 3 -T 1 -s "$STATE/demo-udhcpc.sh" 2>/dev/null) || failed "web2 got no DHCP lease"
+rm -f "$STATE/demo-udhcpc.sh"
+grep lease: <<<"$lease"
+grep -q "ip=$WEB2 " <<<"$lease" || failed "the lease is not web2's address $WEB2"
+ok "web2's own address, its gateway, a 7-day lease; the request never left h2"
 
-cat <<EOT
+say "Every host's datapath: mapping table, vifs, what it forwarded and dropped, by reason"
+# Agents publish their counters every few seconds; wait for the last drops.
+for _ in $(seq 100); do
+  st=$("$ONEHOP" stats --api "$STATE/api.sock")
+  grep -q spoofed_ip <<<"$st" && grep -q firewall_in <<<"$st" && break
+  sleep 0.1
+done
+op stats
+say "Each agent also logged why it dropped (last lines of h1's log):"
+grep 'dropped packet' "$STATE/agent-h1.log" | tail -3
 
-The lab is still up. Explore it:
-  $ONEHOP lab status                            nodes, namespaces, MACs, IPs, daemons
-  $ONEHOP lab exec web1 -- ping 10.1.1.3        any command inside any node
-  $ONEHOP lab exec fabric -- tcpdump -eni br0   watch the fabric: only host MACs, plain IPv4
-  $ONEHOP lab exec h1 -- curl -s localhost:9100/metrics
-  $ONEHOP lab restart h1                        restart an agent: traffic keeps flowing
-  less /run/onehop/$LAB/agent-h1.log            agent log (reconciles, drops with reasons)
-  $ONEHOP lab down                              remove everything (or: make demo-down)
-EOT
+say "All shown in $(( $(date +%s) - started )) s"
+printf '\nThe lab is still up. Explore it:\n'
+hint() { printf '  %-58s %s\n' "$1" "$2"; }
+hint "$ONEHOP get vms" "every VM: host, address, MAC, firewall"
+hint "$ONEHOP lab exec web1 -- ping $DB1" "any command inside any node"
+hint "$ONEHOP lab exec web1 -- traceroute -I $DB1" "one hop: the gateway $GW_WEB"
+hint "$ONEHOP lab exec fabric -- tcpdump -eni br0" "the fabric: only host MACs, plain IPv4"
+hint "$ONEHOP allow blue/db blue/web --proto tcp --port 8080" "open one more way"
+hint "$ONEHOP stats --node h1" "drops by reason (published every few seconds)"
+hint "$ONEHOP lab exec h1 -- curl -s localhost:9100/metrics" "the same, live, for Prometheus"
+hint "$ONEHOP lab restart h1" "restart an agent: traffic keeps flowing"
+hint "less $STATE/agent-h1.log" "agent log: reconciles, drops with reasons"
+hint "make demo-down" "remove everything ($ONEHOP lab down --lab $LAB)"

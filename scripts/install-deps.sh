@@ -16,6 +16,7 @@ declare -A need=(
   [nsenter]=util-linux
   [udhcpc]=udhcpc
   [traceroute]=traceroute
+  [python3]=python3          # e2e and demo: raw frames, UDP senders, JSON
   [etcd]=etcd-server       # an external etcd cluster in tests
 )
 missing=()

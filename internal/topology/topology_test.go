@@ -11,11 +11,14 @@ func TestQuickstartExampleIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Name != "quickstart" || len(f.Hosts) != 2 || len(f.VMs) != 3 {
+	if f.Name != "quickstart" || len(f.Hosts) != 3 || len(f.VMs) != 6 || len(f.Farms) != 2 {
 		t.Fatalf("parsed %+v", f)
 	}
-	if f.Hosts[0].Address != "192.168.100.10" || f.Fabric.Controller != "192.168.100.1" {
-		t.Fatalf("default addresses: host %s controller %s", f.Hosts[0].Address, f.Fabric.Controller)
+	if f.Hosts[0].Address != "192.168.100.10" || f.Hosts[2].Address != "192.168.100.12" || f.Fabric.Controller != "192.168.100.1" {
+		t.Fatalf("default addresses: hosts %+v controller %s", f.Hosts, f.Fabric.Controller)
+	}
+	if len(f.Farms[0].Rules) != 2 || len(f.Farms[0].Peers) != 0 || len(f.Farms[1].Peers) != 0 {
+		t.Fatalf("blue should open web -> db twice and neither farm peer: %+v", f.Farms)
 	}
 	if f.Datapath != DatapathOnehop {
 		t.Fatalf("default datapath %q", f.Datapath)
