@@ -53,6 +53,40 @@ static __always_inline struct l4_ports l4_of(const struct packet *pkt)
 	return p;
 }
 
+/* ICMP errors a router or host sends about a packet: unreachable, time
+ * exceeded, parameter problem. */
+static __always_inline int is_icmp_error(__u8 type)
+{
+	return type == 3 || type == 11 || type == 12;
+}
+
+/* For an ICMP error, the flow of the packet it quotes (the quoted header
+ * went from the error's destination to its source): that is the flow the
+ * error is related to. Returns 0 when it is no error or cannot be read. */
+static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, struct ct_key *k)
+{
+	if (!is_icmp_error(type))
+		return 0;
+	struct iphdr *ip = pkt->ip;
+	struct iphdr *inner = (void *)ip + (ip->ihl & 0xf) * 4 + 8;
+	if ((void *)(inner + 1) > pkt->data_end || inner->ihl != 5)
+		return 0;
+	__be16 *ports = (void *)(inner + 1);
+	if ((void *)(ports + 4) > pkt->data_end)
+		return 0;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->saddr = inner->saddr;
+	k->daddr = inner->daddr;
+	k->proto = inner->protocol;
+	if (inner->protocol == IPPROTO_ICMP_)
+		k->sport = k->dport = ports[2]; /* the quoted echo's id */
+	else {
+		k->sport = ports[0];
+		k->dport = ports[1];
+	}
+	return 1;
+}
+
 static __always_inline int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port)
 {
 	const __u8 *s = (const __u8 *)&saddr, *d = (const __u8 *)&daddr;
@@ -110,9 +144,15 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 
 	struct l4_ports l4 = l4_of(pkt);
 	__u64 now = bpf_ktime_get_ns();
-	struct ct_key reply = {.saddr = ip->daddr, .daddr = ip->saddr, .sport = l4.dport, .dport = l4.sport,
-			       .proto = ip->protocol};
-	struct ct_entry *e = bpf_map_lookup_elem(&conntrack, &reply);
+	/* What this packet may answer: for TCP/UDP the reverse flow; for ICMP
+	 * only an echo reply answers (an echo request reusing a reply's id must
+	 * not pass as one), and an error answers the flow it quotes. */
+	struct ct_key answers = {.saddr = ip->daddr, .daddr = ip->saddr, .sport = l4.dport, .dport = l4.sport,
+				 .proto = ip->protocol};
+	int may_answer = l4.known;
+	if (ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REPLY)
+		may_answer = icmp_error_flow(pkt, l4.icmp_type, &answers);
+	struct ct_entry *e = may_answer ? bpf_map_lookup_elem(&conntrack, &answers) : 0;
 	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
 		e->last_seen_ns = now;
 		return DROP_NONE;

@@ -97,6 +97,8 @@ type frame struct {
 	sport      uint16 // 0: 40000
 	dport      uint16 // 0: 5201
 	icmpType   uint8  // 0: echo request (8); set 100 for an echo reply (0)
+	icmpID     uint16 // 0: 1
+	payload    []byte // nil: 32 bytes of 0xab
 }
 
 func orDefault[T comparable](v, def T) T {
@@ -121,6 +123,9 @@ func (f frame) bytes(t *testing.T) []byte {
 		ls = append(ls, eth)
 	}
 	payload := gopacket.Payload(bytes.Repeat([]byte{0xab}, 32))
+	if f.payload != nil {
+		payload = f.payload
+	}
 	switch eth.EthernetType {
 	case layers.EthernetTypeARP:
 		sha := f.arpSHA
@@ -155,7 +160,7 @@ func (f frame) bytes(t *testing.T) []byte {
 			if typ == 100 {
 				typ = 0
 			}
-			ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, 0), Id: 1, Seq: 1}, payload)
+			ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, 0), Id: orDefault(f.icmpID, 1), Seq: 1}, payload)
 		}
 	}
 	buf := gopacket.NewSerializeBuffer()
@@ -586,6 +591,36 @@ func TestPrivilegedRepliesOfAnAllowedFlowPassBothWays(t *testing.T) {
 			wantForward: "from_fabric"},
 		{name: "but not to another port of web1",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40001},
+			wantVerdict: actShot, wantDrop: "not_visible"},
+	})
+}
+
+func TestPrivilegedICMPPassesOnlyAsAnAnswer(t *testing.T) {
+	k := loadTestKernel(t)
+	icmp := layers.IPProtocolICMPv4
+	// The rules: db may ping web; web may reach db on tcp/5432 only.
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "db1 pings web1 (allowed)",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: 7, ttl: 63},
+			wantVerdict: actRedirect, wantForward: "from_fabric"},
+	})
+	// What web1 sends back about db1's ping: the quoted header went db1 -> web1.
+	quote := func(id uint16) []byte {
+		inner := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: id}.bytes(t)
+		return inner[14 : 14+28]
+	}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "web1's echo reply answers it",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 7},
+			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+		{name: "but web1's echo request with the same id opens nothing web may not",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpID: 7},
+			wantVerdict: actShot, wantDrop: "not_visible"},
+		{name: "an ICMP error about db1's flow is related and passes",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(7)},
+			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+		{name: "an ICMP error about a flow that never was does not",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(8)},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 	})
 }
