@@ -340,7 +340,9 @@ docs/virtual-router.md says what each counter means.`,
 				}
 				if a := st.ARP; a != nil {
 					fmt.Printf("  mapping table: %d remote VMs mapped, %d being asked, of %d entries\n", a.Mapped, a.Asking, a.Capacity)
-					fmt.Printf("  ARP engine: asked %d unicast + %d multicast, resolved %d, unresolved %d, refreshed %d, expired %d, lost %d\n",
+					fmt.Printf("  ARP engine: VMs' questions to the fabric %d (datapath), answered for other hosts %d, answers learned %d\n",
+						st.Forwards["arp_to_fabric"], st.Forwards["arp_answered"], st.Forwards["arp_learned"])
+					fmt.Printf("              agent asked %d unicast + %d multicast: resolved %d, unresolved %d; refreshed %d, expired %d, lost %d\n",
 						a.UnicastRequests, a.MulticastRequests, a.Resolved, a.Unresolved, a.Refreshed, a.Expired, a.Lost)
 					fmt.Printf("  held packets: %d held, %d released, %d discarded; %d VMs announced\n", a.Held, a.Released, a.Discarded, a.Announced)
 				}
