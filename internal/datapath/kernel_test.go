@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
@@ -538,18 +539,31 @@ func TestPrivilegedUnmappedDestinationIsHeldForTheAgent(t *testing.T) {
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 22},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 	})
+	rec := readSlowPath(t, r)
+	// Complete but for the destination host: the engine fills in its MAC.
+	want := frame{src: h1MAC, dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63}.bytes(t)
+	if rec.kind != 1 || len(rec.data) != rec.origLen || !bytes.Equal(rec.data, want) {
+		t.Fatalf("record kind %d len %d/%d\n got %x\nwant %x", rec.kind, len(rec.data), rec.origLen, rec.data, want)
+	}
+}
+
+type slowRecord struct {
+	kind, ifindex, origLen int
+	data                   []byte
+}
+
+// readSlowPath reads the next struct slowpath_event the datapath handed over.
+func readSlowPath(t *testing.T, r *ringbuf.Reader) slowRecord {
+	t.Helper()
 	r.SetDeadline(time.Now().Add(time.Second))
 	rec, err := r.Read()
 	if err != nil {
 		t.Fatalf("no slow-path record: %v", err)
 	}
 	b := rec.RawSample
-	kind, n, orig := binary.NativeEndian.Uint32(b[0:]), binary.NativeEndian.Uint32(b[8:]), binary.NativeEndian.Uint32(b[12:])
-	// Complete but for the destination host: the engine fills in its MAC.
-	want := frame{src: h1MAC, dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63}.bytes(t)
-	if kind != 1 || n != orig || !bytes.Equal(b[16:16+n], want) {
-		t.Fatalf("record kind %d len %d/%d\n got %x\nwant %x", kind, n, orig, b[16:16+n], want)
-	}
+	u32 := func(i int) int { return int(binary.NativeEndian.Uint32(b[i:])) }
+	n := u32(8)
+	return slowRecord{kind: u32(0), ifindex: u32(4), origLen: u32(12), data: b[16 : 16+n]}
 }
 
 func TestPrivilegedProxyARPAnswersForOtherSubnetsWithTheGateway(t *testing.T) {
@@ -645,17 +659,10 @@ func TestPrivilegedDHCPRequestIsHandedToTheAgentWhole(t *testing.T) {
 			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 67, dport: 68},
 			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
 	})
-	r.SetDeadline(time.Now().Add(time.Second))
-	rec, err := r.Read()
-	if err != nil {
-		t.Fatalf("no slow-path record: %v", err)
-	}
+	rec := readSlowPath(t, r)
 	want := discover.bytes(t)
-	b := rec.RawSample
-	kind, ifindex := binary.NativeEndian.Uint32(b[0:]), binary.NativeEndian.Uint32(b[4:])
-	n := binary.NativeEndian.Uint32(b[8:])
-	if kind != 0 || ifindex != 1 || int(n) != len(want) || !bytes.Equal(b[16:16+n], want) {
-		t.Fatalf("record kind %d ifindex %d len %d, want 0 (DHCP), 1 and the %d-byte frame", kind, ifindex, n, len(want))
+	if rec.kind != 0 || rec.ifindex != 1 || !bytes.Equal(rec.data, want) {
+		t.Fatalf("record kind %d ifindex %d len %d, want 0 (DHCP), 1 and the %d-byte frame", rec.kind, rec.ifindex, len(rec.data), len(want))
 	}
 }
 
