@@ -20,6 +20,15 @@
 
 /* Idle flows stop letting replies in after this long. */
 #define CT_TIMEOUT_NS (300ULL * 1000000000ULL)
+/* A flow's last-seen time moves in steps this big: a busy flow costs a
+ * read per packet, not a shared cache-line write. */
+#define CT_TOUCH_STEP_NS 1000000000ULL
+
+static __always_inline void ct_touch(struct ct_entry *e, __u64 now)
+{
+	if (now - e->last_seen_ns > CT_TOUCH_STEP_NS)
+		e->last_seen_ns = now;
+}
 
 struct l4_ports {
 	__be16 sport;
@@ -143,7 +152,20 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 		return DROP_NONE;
 
 	struct l4_ports l4 = l4_of(pkt);
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_coarse_ns();
+	/* An echo reply or a non-first fragment starts no flow of its own:
+	 * only a rule for the whole protocol lets it through. */
+	int opens = l4.known && !(ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REQUEST);
+	struct ct_key fwd = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
+			     .proto = ip->protocol};
+	/* A flow admitted before passes on one lookup: the rules are not
+	 * walked again for every packet. (The agent empties conntrack when
+	 * rules or firewalls change, so a tightened rule still takes effect.) */
+	struct ct_entry *e = opens ? bpf_map_lookup_elem(&conntrack, &fwd) : 0;
+	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
+		ct_touch(e, now);
+		return DROP_NONE;
+	}
 	/* What this packet may answer: for TCP/UDP the reverse flow; for ICMP
 	 * only an echo reply answers (an echo request reusing a reply's id must
 	 * not pass as one), and an error answers the flow it quotes. */
@@ -152,14 +174,11 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 	int may_answer = l4.known;
 	if (ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REPLY)
 		may_answer = icmp_error_flow(pkt, l4.icmp_type, &answers);
-	struct ct_entry *e = may_answer ? bpf_map_lookup_elem(&conntrack, &answers) : 0;
+	e = may_answer ? bpf_map_lookup_elem(&conntrack, &answers) : 0;
 	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
-		e->last_seen_ns = now;
+		ct_touch(e, now);
 		return DROP_NONE;
 	}
-	/* An echo reply or a non-first fragment starts no flow of its own:
-	 * only a rule for the whole protocol lets it through. */
-	int opens = l4.known && !(ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REQUEST);
 	__u16 port = (opens && ip->protocol != IPPROTO_ICMP_) ? bpf_ntohs(l4.dport) : 0;
 
 	if (crossing && !rule_allows(ip->saddr, ip->daddr, ip->protocol, port))
@@ -170,15 +189,8 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 		return DROP_FIREWALL_IN;
 	if (!opens)
 		return DROP_NONE;
-	struct ct_key fwd = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
-			     .proto = ip->protocol};
-	e = bpf_map_lookup_elem(&conntrack, &fwd);
-	if (e) {
-		e->last_seen_ns = now;
-	} else {
-		struct ct_entry ne = {.last_seen_ns = now};
-		bpf_map_update_elem(&conntrack, &fwd, &ne, BPF_ANY);
-	}
+	struct ct_entry fresh = {.last_seen_ns = now};
+	bpf_map_update_elem(&conntrack, &fwd, &fresh, BPF_ANY);
 	return DROP_NONE;
 }
 

@@ -218,14 +218,20 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	if err := k.vif.Config.Put(uint32(0), e.Config); err != nil {
 		errs = append(errs, fmt.Errorf("write config: %w", err))
 	}
-	errs = append(errs, syncMap(k.vif.Endpoints, e.Endpoints, "endpoints"))
-	errs = append(errs, syncMap(k.vif.Vifs, e.Vifs, "vifs"))
-	errs = append(errs, syncMap(k.vif.Visibility, e.Visibility, "visibility"))
+	errs = append(errs, syncMap(k.vif.Endpoints, e.Endpoints, "endpoints", nil))
+	errs = append(errs, syncMap(k.vif.Vifs, e.Vifs, "vifs", nil))
+	policyChanged := false
+	errs = append(errs, syncMap(k.vif.Visibility, e.Visibility, "visibility", &policyChanged))
 	// Rules before policies: a policy's count must never cover a rule
 	// not written yet.
-	errs = append(errs, syncMap(k.vif.FirewallRules, e.FirewallRules, "firewall rules"))
-	errs = append(errs, syncMap(k.vif.Firewalls, e.Firewalls, "firewalls"))
-	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes"))
+	errs = append(errs, syncMap(k.vif.FirewallRules, e.FirewallRules, "firewall rules", &policyChanged))
+	errs = append(errs, syncMap(k.vif.Firewalls, e.Firewalls, "firewalls", &policyChanged))
+	if policyChanged {
+		// Admitted flows pass without the rules being walked again; with
+		// the rules changed, every flow must earn its admission anew.
+		errs = append(errs, k.forgetFlows())
+	}
+	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes", nil))
 	for id, want := range e.Farms {
 		var cur FarmConfig
 		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {
@@ -256,8 +262,26 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	return errors.Join(errs...)
 }
 
-// syncMap writes want into m and deletes every key of m not in want.
-func syncMap[K, V comparable](m *ebpf.Map, want map[K]V, what string) error {
+// forgetFlows empties the conntrack table.
+func (k *Kernel) forgetFlows() error {
+	var key ConntrackKey
+	var keys []ConntrackKey
+	var val ConntrackEntry
+	it := k.vif.Conntrack.Iterate()
+	for it.Next(&key, &val) {
+		keys = append(keys, key)
+	}
+	for _, key := range keys {
+		if err := k.vif.Conntrack.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forget flows: %w", err)
+		}
+	}
+	return nil
+}
+
+// syncMap writes want into m and deletes every key of m not in want; it
+// sets *changed (when given) if it wrote or deleted anything.
+func syncMap[K, V comparable](m *ebpf.Map, want map[K]V, what string, changed *bool) error {
 	var stale []K
 	var key K
 	var val V
@@ -275,6 +299,7 @@ func syncMap[K, V comparable](m *ebpf.Map, want map[K]V, what string) error {
 			return fmt.Errorf("delete from %s: %w", what, err)
 		}
 	}
+	wrote := len(stale) > 0
 	for k, v := range want {
 		var cur V
 		if err := m.Lookup(k, &cur); err == nil && cur == v {
@@ -283,6 +308,10 @@ func syncMap[K, V comparable](m *ebpf.Map, want map[K]V, what string) error {
 		if err := m.Put(k, v); err != nil {
 			return fmt.Errorf("write %s: %w", what, err)
 		}
+		wrote = true
+	}
+	if changed != nil && wrote {
+		*changed = true
 	}
 	return nil
 }

@@ -829,3 +829,25 @@ func TestPrivilegedMappingTableIsFixedSizeAndKeepsWhatIsInUse(t *testing.T) {
 		t.Fatalf("the entry in use was evicted (now %q)", got)
 	}
 }
+
+func TestPrivilegedChangedRulesMakeEveryFlowEarnItsAdmissionAgain(t *testing.T) {
+	k := loadTestKernel(t)
+	syn := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "web1 -> db1:5432 is admitted", in: syn, wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+	})
+	// The farm owner withdraws web -> db.
+	d := testDesired()
+	d.Visibility = d.Visibility[1:]
+	e, _, err := Compile(d, h1Uplink, testIfindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Attach = nil
+	if err := k.Apply(e, ""); err != nil {
+		t.Fatal(err)
+	}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "the same flow's next packet is refused", in: syn, wantVerdict: actShot, wantDrop: "not_visible"},
+	})
+}
