@@ -31,26 +31,24 @@ type Sample struct {
 	Load1   float64            `json:"load1"`
 }
 
-// FigureSummary is the result for one figure: the spread per variant and
-// onehop's ratio of medians to each baseline.
+// FigureSummary is the spread of one figure per variant.
 type FigureSummary struct {
 	Title         string             `json:"title"`
 	Unit          string             `json:"unit"`
 	LowerIsBetter bool               `json:"lowerIsBetter"`
 	Variants      map[string]Summary `json:"variants"`
-	// RatioOfMedians is onehop's median over each baseline's, for every
-	// figure (for RTT too: there, below 1 means onehop is faster). Absent
-	// when a median is missing.
-	RatioOfMedians map[string]float64 `json:"ratioOfMedians"`
-	Target         Target             `json:"target"`
 }
 
-// Target is the issue's goal for a figure, and whether this run met it.
-type Target struct {
+// ComparisonResult is one ratio of medians, subject over baseline, and the
+// issue's target for it when there is one.
+type ComparisonResult struct {
+	Subject  string   `json:"subject"`
 	Baseline string   `json:"baseline"`
-	Want     string   `json:"want"` // e.g. "onehop/bridge >= 1.00"
-	Ratio    *float64 `json:"ratio"`
-	Met      bool     `json:"met"`
+	Figure   string   `json:"figure"`
+	Ratio    *float64 `json:"ratio"`            // absent when a median is missing
+	Op       string   `json:"op,omitempty"`     // >=, >, <=, <; "" when informational
+	Target   float64  `json:"target,omitempty"` // what Ratio must be Op
+	Met      *bool    `json:"met,omitempty"`    // absent when informational
 }
 
 // Report is the JSON the bench writes: configuration, every raw sample, and
@@ -68,6 +66,7 @@ type Report struct {
 	Variants     []VariantInfo            `json:"variants"`
 	Samples      []Sample                 `json:"samples"`
 	Summary      map[string]FigureSummary `json:"summary"`
+	Comparisons  []ComparisonResult       `json:"comparisons"`
 }
 
 func newReport(cfg config) *Report {
@@ -106,41 +105,61 @@ func (r *Report) values(fig, variant string) []float64 {
 
 func (r *Report) summarize() {
 	r.Summary = map[string]FigureSummary{}
+	byKey := map[string]figure{}
 	for _, f := range figures {
-		fs := FigureSummary{Title: f.title, Unit: f.baseUnit, LowerIsBetter: f.lowerIsBetter,
-			Variants: map[string]Summary{}, RatioOfMedians: map[string]float64{}}
+		byKey[f.key] = f
+		fs := FigureSummary{Title: f.title, Unit: f.baseUnit, LowerIsBetter: f.lowerIsBetter, Variants: map[string]Summary{}}
 		for _, v := range r.Variants {
 			fs.Variants[v.Name] = Summarize(r.values(f.key, v.Name))
 		}
-		op := ">="
-		if f.lowerIsBetter {
-			op = "<="
-		}
-		fs.Target = Target{Baseline: targetBaseline, Want: fmt.Sprintf("onehop/%s %s %.2f", targetBaseline, op, f.target)}
-		for _, v := range r.Variants {
-			if v.Name == "onehop" {
-				continue
-			}
-			ratio := Ratio(fs.Variants["onehop"].Median, fs.Variants[v.Name].Median)
-			if math.IsNaN(ratio) {
-				continue // JSON has no NaN; a missing ratio is an absent key
-			}
-			fs.RatioOfMedians[v.Name] = ratio
-			if v.Name == targetBaseline {
-				fs.Target.Ratio = &ratio
-				fs.Target.Met = MeetsTarget(ratio, f.target, f.lowerIsBetter)
-			}
-		}
 		r.Summary[f.key] = fs
+	}
+	r.Comparisons = nil
+	for _, c := range comparisons {
+		f := byKey[c.figure]
+		vs := r.Summary[c.figure].Variants
+		res := ComparisonResult{Subject: c.subject, Baseline: c.baseline, Figure: c.figure}
+		if c.target != 0 {
+			res.Op, res.Target = targetOp(f.lowerIsBetter, c.strict), c.target
+		}
+		ratio := Ratio(vs[c.subject].Median, vs[c.baseline].Median)
+		if !math.IsNaN(ratio) { // JSON has no NaN: a missing ratio is absent
+			res.Ratio = &ratio
+		}
+		if c.target != 0 {
+			met := MeetsTarget(ratio, c.target, f.lowerIsBetter)
+			if c.strict && ratio == c.target {
+				met = false
+			}
+			res.Met = &met
+		}
+		r.Comparisons = append(r.Comparisons, res)
 	}
 }
 
-// print writes the human-readable table.
+func targetOp(lowerIsBetter, strict bool) string {
+	switch {
+	case lowerIsBetter && strict:
+		return "<"
+	case lowerIsBetter:
+		return "<="
+	case strict:
+		return ">"
+	}
+	return ">="
+}
+
+// print writes the human-readable tables: each figure per variant, then
+// each comparison with its target.
 func (r *Report) print(w *os.File) {
-	fmt.Fprintf(w, "\nonehop vs baselines: %s -> %s across two hosts (onehop, bridge) and one veth pair (veth)\n", srcVM, dstVM)
-	fmt.Fprintf(w, "%d interleaved round(s); iperf3 %d s per test; RTT = avg of %d pings %s s apart; UDP payload %d B\n\n",
-		r.Rounds, r.TestSeconds, r.Pings, pingGap, udpLen)
-	rows := [][]string{{"figure", "variant", "min", "median", "max", "onehop/variant", "target (vs bridge)"}}
+	fmt.Fprintf(w, "\nonehop and its baselines, side by side (%d interleaved round(s); iperf3 %d s per test;\n", r.Rounds, r.TestSeconds)
+	fmt.Fprintf(w, "RTT = avg of %d pings %s s apart; UDP payload %d B; two-pair variants run both pairs at once)\n\n",
+		r.Pings, pingGap, udpLen)
+	for _, v := range r.Variants {
+		fmt.Fprintf(w, "  %-9s %s\n", v.Name, v.Description)
+	}
+	fmt.Fprintln(w)
+	rows := [][]string{{"figure", "variant", "min", "median", "max"}}
 	for _, f := range figures {
 		fs := r.Summary[f.key]
 		better := "higher is better"
@@ -156,32 +175,34 @@ func (r *Report) print(w *os.File) {
 			case 1:
 				label = "  " + better
 			}
-			ratio, target := "", ""
-			if v.Name != "onehop" {
-				ratio = "n/a"
-				if x, ok := fs.RatioOfMedians[v.Name]; ok {
-					ratio = fmt.Sprintf("%.2fx", x)
-				}
-				if v.Name == targetBaseline {
-					verdict := "MISS"
-					if fs.Target.Met {
-						verdict = "PASS"
-					}
-					op := ">="
-					if f.lowerIsBetter {
-						op = "<="
-					}
-					target = fmt.Sprintf("%s %.2fx  %s", op, f.target, verdict)
-				}
-			}
 			num := func(x float64) string { return strconv.FormatFloat(x/f.scale, 'f', f.digits, 64) }
-			rows = append(rows, []string{label, v.Name, num(s.Min), num(s.Median), num(s.Max), ratio, target})
+			rows = append(rows, []string{label, v.Name, num(s.Min), num(s.Median), num(s.Max)})
 		}
 	}
-	fmt.Fprint(w, renderTable(rows, []bool{false, false, true, true, true, true, false}))
-	fmt.Fprintln(w, "\nonehop/variant is onehop's median over the variant's median. Throughput and UDP rate:")
-	fmt.Fprintln(w, "higher is better, the target is onehop >= 1.00x bridge. RTT: lower is better, the ratio is")
-	fmt.Fprintln(w, "still onehop/baseline, so the target is onehop <= 1.05x bridge. PASS/MISS are informational.")
+	fmt.Fprint(w, renderTable(rows, []bool{false, false, true, true, true}))
+
+	fmt.Fprintln(w)
+	rows = [][]string{{"comparison", "figure", "ratio of medians", "target", ""}}
+	for _, c := range r.Comparisons {
+		ratio, verdict := "n/a", ""
+		if c.Ratio != nil {
+			ratio = fmt.Sprintf("%.2fx", *c.Ratio)
+		}
+		if c.Met != nil {
+			verdict = "MISS"
+			if *c.Met {
+				verdict = "PASS"
+			}
+		}
+		target := "(informational)"
+		if c.Op != "" {
+			target = fmt.Sprintf("%s %.2fx", c.Op, c.Target)
+		}
+		rows = append(rows, []string{c.Subject + " / " + c.Baseline, c.Figure, ratio, target, verdict})
+	}
+	fmt.Fprint(w, renderTable(rows, []bool{false, false, true, false, false}))
+	fmt.Fprintln(w, "\nEach ratio is the subject's median over the baseline's. Throughput and UDP rate: higher is")
+	fmt.Fprintln(w, "better. RTT: lower is better, so there the target is an upper bound. PASS/MISS are informational.")
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range r.Samples {
 		lo, hi = math.Min(lo, s.Load1), math.Max(hi, s.Load1)

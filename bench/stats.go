@@ -242,3 +242,24 @@ func VMAddress(statusJSON []byte, node string) (string, error) {
 	}
 	return "", fmt.Errorf("lab status: no node %s", node)
 }
+
+// Combine merges the measurements of pairs that ran at once into the
+// variant's sample: rates add up (tcp, udp64), RTTs average. Each pair's own
+// value stays in Extra as pairN.
+func Combine(figure string, ms []Measurement) Measurement {
+	if len(ms) == 1 {
+		return ms[0]
+	}
+	out := Measurement{Extra: map[string]float64{}}
+	for i, m := range ms {
+		out.Value += m.Value
+		out.Extra[fmt.Sprintf("pair%d", i+1)] = m.Value
+		for k, v := range m.Extra {
+			out.Extra[fmt.Sprintf("pair%d.%s", i+1, k)] = v
+		}
+	}
+	if figure == "rtt" && len(ms) > 0 {
+		out.Value /= float64(len(ms))
+	}
+	return out
+}
