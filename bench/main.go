@@ -5,10 +5,11 @@
 //     onehop's eBPF datapath;
 //   - routed:   vm1 -> vm3, from one subnet to another (one-hop routing), in
 //     the same lab; routed-2: vm1 -> vm3 and vm4 -> vm5 at once;
-//   - router:   c1 -> s1 through a routing namespace between two bridged
-//     subnets (the paper's "routing VM"); router-2: c1 -> s1 and c2 -> s2;
 //   - bridge:   vm1 -> vm2 in the same lab built with `datapath: bridge`, a
 //     Linux bridge per host and no virtualization (the physical reference);
+//   - router:   vm1 -> vm3 in that bridge lab, through a routing namespace on
+//     the fabric that is both subnets' gateway (the paper's "routing VM");
+//     router-2: vm1 -> vm3 and vm4 -> vm5 at once;
 //   - veth:     one raw veth pair between two namespaces (the floor).
 //
 // Per variant and round it takes single-stream TCP throughput (iperf3, cubic),
@@ -65,7 +66,7 @@ const (
 	routerNS    = "ohbench-rt"
 	iperfPort   = "5201"
 	udpLen      = 64
-	pingGap     = "0.01" // seconds between echoes; below 0.2 needs root
+	pingGap     = "0.0005" // seconds between echoes (below 0.2 needs root); short, so idle-CPU wake-ups weigh less
 )
 
 // figure is one measured quantity. Values are kept in base units (bit/s,
@@ -139,7 +140,7 @@ func main() {
 	flag.StringVar(&cfg.out, "out", "bench/results/latest.json", "where to write raw samples and the summary (JSON)")
 	flag.IntVar(&cfg.rounds, "rounds", 5, "interleaved rounds; at least 5 for figures worth quoting")
 	flag.IntVar(&cfg.seconds, "seconds", 3, "duration of each iperf3 test")
-	flag.IntVar(&cfg.pings, "pings", 50, "echoes per RTT sample")
+	flag.IntVar(&cfg.pings, "pings", 1000, "echoes per RTT sample")
 	flag.BoolVar(&cfg.quick, "quick", false, "1 round of 1-second tests, to check the harness (an explicit -rounds/-seconds still wins)")
 	flag.Parse()
 	if cfg.quick {
@@ -435,13 +436,16 @@ vms:
 	if err != nil {
 		return err
 	}
-	progress("setup: lab %s (datapath bridge: no virtualization)", labBridge)
+	progress("setup: lab %s (datapath bridge: no virtualization; the same VMs on the same hosts)", labBridge)
 	br, err := b.labUp(ctx, labBridge, "bridge", `farms:
   - name: bench
-    subnets: [{name: net}]
+    subnets: [{name: net}, {name: net2}]
 vms:
   - {name: vm1, host: h1, subnet: bench/net}
   - {name: vm2, host: h2, subnet: bench/net}
+  - {name: vm3, host: h2, subnet: bench/net2}
+  - {name: vm4, host: h1, subnet: bench/net}
+  - {name: vm5, host: h2, subnet: bench/net2}
 `)
 	if err != nil {
 		return err
@@ -450,7 +454,9 @@ vms:
 	routed, err2 := oh.pair(srcVM, routedVM)
 	routed2, err3 := oh.pair(srcVM2, routedVM2)
 	physical, err4 := br.pair(srcVM, dstVM)
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	viaRouter, err5 := br.pair(srcVM, routedVM)
+	viaRouter2, err6 := br.pair(srcVM2, routedVM2)
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 		return err
 	}
 	progress("setup: veth pair %s (%s) <-> %s (%s)", vethNSA, vethSrcIP, vethNSB, vethDstIP)
@@ -458,19 +464,16 @@ vms:
 	if err != nil {
 		return err
 	}
-	progress("setup: routing namespace %s between two bridged subnets (switches %s, %s), clients %s, servers %s", routerNS,
-		routerSwitch[1], routerSwitch[2],
-		strings.Join(routerClients, " "), strings.Join(routerServers, " "))
-	viaRouter, err := b.routerPairs(ctx)
-	if err != nil {
+	progress("setup: routing namespace %s on lab %s's fabric, the gateway of both subnets", routerNS, labBridge)
+	if err := b.router(ctx, br); err != nil {
 		return err
 	}
 	b.variants = []*variant{
 		newVariant("onehop", "lab "+labOnehop+": vm1 on h1 -> vm2 on h2, one subnet, through onehop's eBPF datapath", intra),
 		newVariant("routed", "lab "+labOnehop+": vm1 (net) on h1 -> vm3 (net2) on h2: one-hop routing between subnets", routed),
 		newVariant("routed-2", "lab "+labOnehop+": vm1 -> vm3 and vm4 -> vm5 at once, h1 (net) to h2 (net2)", routed, routed2),
-		newVariant("router", "c1 (subnet A) -> s1 (subnet B): switch A, routing namespace "+routerNS+", switch B", viaRouter[0]),
-		newVariant("router-2", "c1 -> s1 and c2 -> s2 at once through "+routerNS, viaRouter[0], viaRouter[1]),
+		newVariant("router", "lab "+labBridge+": vm1 (net) on h1 -> vm3 (net2) on h2 through routing namespace "+routerNS+" on the fabric", viaRouter),
+		newVariant("router-2", "lab "+labBridge+": vm1 -> vm3 and vm4 -> vm5 at once through "+routerNS, viaRouter, viaRouter2),
 		newVariant("bridge", "lab "+labBridge+": vm1 on h1 -> vm2 on h2 through a Linux bridge per host (no virtualization)", physical),
 		newVariant("veth", fmt.Sprintf("namespaces %s -> %s joined by one veth pair", vethNSA, vethNSB), veth),
 	}
@@ -576,56 +579,40 @@ func (b *bench) vethPair(ctx context.Context) (*pair, error) {
 	return &pair{dstIP: vethDstIP, src: inNetns(vethNSA), dst: inNetns(vethNSB), server: vethNSB}, nil
 }
 
-// The routing baseline, the paper's "routing VM" as a namespace: clients on
-// subnet A (10.254.1.0/24), servers on subnet B (10.254.2.0/24), each subnet
-// a Linux bridge in its own switch namespace, and a routing namespace with
-// one leg on each switch that forwards between them. Routed traffic crosses
-// the router as it would a routing VM: switch, router, switch.
-var (
-	routerClients = []string{"ohbench-c1", "ohbench-c2"}
-	routerServers = []string{"ohbench-s1", "ohbench-s2"}
-	routerSwitch  = map[int]string{1: "ohbench-swa", 2: "ohbench-swb"}
-)
-
-func routerAddr(subnet, i int) string { return fmt.Sprintf("10.254.%d.%d", subnet, 11+i) }
-
-// routerPairs builds the switches and the router and returns c1 -> s1 and
-// c2 -> s2.
-func (b *bench) routerPairs(ctx context.Context) ([]*pair, error) {
-	for _, ns := range []string{routerNS, routerSwitch[1], routerSwitch[2]} {
-		if err := newNetns(ctx, ns); err != nil {
-			return nil, err
-		}
+// router makes the routing baseline, the paper's "routing VM" as a
+// namespace: in the bridge lab (the same hosts, fabric and VM placement as
+// onehop's lab), the two subnets share the fabric's L2, and routing
+// namespace routerNS sits on the fabric with one leg in each subnet as its
+// gateway (10.f.s.1, the address every VM already routes through). Traffic
+// between subnets goes VM -> its host's bridge -> fabric -> router ->
+// fabric -> the other host's bridge -> VM, as through a routing VM.
+func (b *bench) router(ctx context.Context, l *labHandle) error {
+	if err := newNetns(ctx, routerNS); err != nil {
+		return err
 	}
-	steps := [][]string{{"netns", "exec", routerNS, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"}}
-	for side := 1; side <= 2; side++ {
-		sw, leg := routerSwitch[side], fmt.Sprintf("leg%d", side)
+	fabricNS := "oh-" + l.name + "-fabric"
+	steps := [][]string{
+		{"netns", "exec", routerNS, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
+			// Both legs share one L2: each answers ARP for its own address only.
+			"net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.send_redirects=0"},
+	}
+	var gateways []string
+	for _, vm := range []string{srcVM, routedVM} {
+		ip, err := VMAddress(l.status, vm)
+		if err != nil {
+			return err
+		}
+		gateways = append(gateways, ip[:strings.LastIndexByte(ip, '.')]+".1/24")
+	}
+	for i, gw := range gateways {
+		leg, port := fmt.Sprintf("leg%d", i+1), fmt.Sprintf("rt-leg%d", i+1)
 		steps = append(steps,
-			[]string{"-n", sw, "link", "add", "br0", "type", "bridge"},
-			[]string{"-n", sw, "link", "set", "br0", "up"},
-			[]string{"link", "add", leg, "netns", routerNS, "type", "veth", "peer", "name", "router", "netns", sw},
-			[]string{"-n", sw, "link", "set", "router", "master", "br0", "up"},
-			[]string{"-n", routerNS, "addr", "add", fmt.Sprintf("10.254.%d.1/24", side), "dev", leg},
+			[]string{"link", "add", leg, "netns", routerNS, "type", "veth", "peer", "name", port, "netns", fabricNS},
+			[]string{"-n", fabricNS, "link", "set", port, "master", "br0", "up"},
+			[]string{"-n", routerNS, "addr", "add", gw, "dev", leg},
 			[]string{"-n", routerNS, "link", "set", leg, "up"})
 	}
-	var pairs []*pair
-	for i := range routerClients {
-		for side, ns := range map[int]string{1: routerClients[i], 2: routerServers[i]} {
-			if err := newNetns(ctx, ns); err != nil {
-				return nil, err
-			}
-			port := strings.TrimPrefix(ns, "ohbench-")
-			steps = append(steps,
-				[]string{"link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", routerSwitch[side]},
-				[]string{"-n", routerSwitch[side], "link", "set", port, "master", "br0", "up"},
-				[]string{"-n", ns, "addr", "add", routerAddr(side, i) + "/24", "dev", "eth0"},
-				[]string{"-n", ns, "link", "set", "eth0", "up"},
-				[]string{"-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.254.%d.1", side)})
-		}
-		pairs = append(pairs, &pair{dstIP: routerAddr(2, i), src: inNetns(routerClients[i]), dst: inNetns(routerServers[i]),
-			server: routerServers[i]})
-	}
-	return pairs, ipSteps(ctx, steps)
+	return ipSteps(ctx, steps)
 }
 
 // startServer runs one iperf3 server in p's receiver for the whole run (one
@@ -723,7 +710,7 @@ func (b *bench) measurePair(ctx context.Context, variant string, p *pair, f figu
 		argv = []string{"iperf3", "-c", p.dstIP, "-p", iperfPort, "-u", "-l", strconv.Itoa(udpLen), "-b", "0", "-t", strconv.Itoa(secs), "-J"}
 		parse = func(out []byte) (Measurement, error) { return ParseIperfUDP(out, udpLen) }
 	case "rtt":
-		argv = []string{"ping", "-c", strconv.Itoa(b.cfg.pings), "-i", pingGap, "-q", p.dstIP}
+		argv = []string{"ping", "-c", strconv.Itoa(b.cfg.pings), "-i", pingGap, p.dstIP}
 		parse = ParsePing
 	default:
 		return Measurement{}, false, fmt.Errorf("unknown figure %q", f.key)
@@ -778,7 +765,7 @@ func (b *bench) leftovers() []string {
 }
 
 // benchNetns are the namespaces the bench makes itself (the labs make theirs).
-var benchNetns = append(append([]string{vethNSA, vethNSB, routerNS, routerSwitch[1], routerSwitch[2]}, routerClients...), routerServers...)
+var benchNetns = []string{vethNSA, vethNSB, routerNS}
 
 // ourNetns lists the named namespaces whose names the bench uses.
 func ourNetns() []string {

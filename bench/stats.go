@@ -165,11 +165,13 @@ func ParseIperfUDP(out []byte, datagramLen int) (Measurement, error) {
 }
 
 var (
+	pingReplyRE = regexp.MustCompile(`time=([0-9.]+) ms`)
 	pingCountRE = regexp.MustCompile(`(\d+) packets transmitted, (\d+) (?:packets )?received`)
 	pingRTTRE   = regexp.MustCompile(`(?:rtt|round-trip) min/avg/max(?:/mdev|/stddev)? = ([0-9.]+)/([0-9.]+)/([0-9.]+)(?:/([0-9.]+))? ms`)
 )
 
-// ParsePing returns the average RTT in µs from the summary of `ping -q`.
+// ParsePing returns the average RTT in µs: the mean of the per-reply times
+// when the output has them, else the summary's average.
 // Lost echoes are not an error (the average is over those that came back),
 // but they are reported in Extra["lost"] so a lossy path shows; all lost is.
 func ParsePing(out []byte) (Measurement, error) {
@@ -196,7 +198,22 @@ func ParsePing(out []byte) (Measurement, error) {
 			ms[i] = v * 1000 // ms -> µs
 		}
 	}
-	return Measurement{Value: ms[1], Extra: map[string]float64{
+	avg := ms[1]
+	// ping prints its average truncated to whole µs, which is coarse at
+	// ~10 µs; the mean of the per-reply times (when ping ran without -q)
+	// is not.
+	if replies := pingReplyRE.FindAllSubmatch(out, -1); len(replies) > 0 {
+		sum := 0.0
+		for _, r := range replies {
+			v, err := strconv.ParseFloat(string(r[1]), 64)
+			if err != nil {
+				return Measurement{}, fmt.Errorf("ping reply time %q: %w", r[1], err)
+			}
+			sum += v * 1000
+		}
+		avg = sum / float64(len(replies))
+	}
+	return Measurement{Value: avg, Extra: map[string]float64{
 		"minMicros": ms[0], "maxMicros": ms[2], "mdevMicros": ms[3],
 		"sent": float64(sent), "lost": float64(sent - got),
 	}}, nil

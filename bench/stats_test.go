@@ -96,6 +96,7 @@ const (
 	iperfNoData   = `{"end":{"sum_received":{"bits_per_second":0}}}`
 	pingOK        = "PING 10.1.1.3 (10.1.1.3) 56(84) bytes of data.\n\n--- 10.1.1.3 ping statistics ---\n50 packets transmitted, 50 received, 0% packet loss, time 502ms\nrtt min/avg/max/mdev = 0.064/0.093/0.247/0.023 ms\n"
 	pingLossy     = "50 packets transmitted, 48 received, 4% packet loss, time 600ms\nrtt min/avg/max/mdev = 0.031/0.052/0.120/0.010 ms\n"
+	pingReplies   = "64 bytes from 10.1.1.3: icmp_seq=1 ttl=64 time=0.009 ms\n64 bytes from 10.1.1.3: icmp_seq=2 ttl=64 time=0.010 ms\n64 bytes from 10.1.1.3: icmp_seq=3 ttl=64 time=0.010 ms\n\n3 packets transmitted, 3 received, 0% packet loss, time 1ms\nrtt min/avg/max/mdev = 0.009/0.009/0.010/0.000 ms\n"
 	pingBusybox   = "3 packets transmitted, 3 packets received, 0% packet loss\nround-trip min/avg/max = 0.050/0.060/0.070 ms\n"
 	pingAllLost   = "50 packets transmitted, 0 received, 100% packet loss, time 1000ms\n"
 	pingTruncated = "PING 10.1.1.3 (10.1.1.3) 56(84) bytes of data.\n"
@@ -125,6 +126,7 @@ func TestParsers(t *testing.T) {
 		{"ping: avg in µs", ping, pingOK, 93, map[string]float64{"minMicros": 64, "maxMicros": 247, "lost": 0}, ""},
 		{"ping: loss is recorded, not fatal", ping, pingLossy, 52, map[string]float64{"lost": 2, "sent": 50}, ""},
 		{"ping: busybox summary", ping, pingBusybox, 60, nil, ""},
+		{"ping: per-reply mean beats the truncated summary", ping, pingReplies, 29.0 / 3, nil, ""},
 		{"ping: all lost", ping, pingAllLost, 0, nil, "all 50 echoes lost"},
 		{"ping: no summary", ping, pingTruncated, 0, nil, "no ping summary"},
 	} {
