@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The quick-start demo: builds the three-host lab, shows each behaviour of the
-# virtual router working and being blocked (one-hop routing, visibility rules,
-# farm isolation, per-VM firewalls, anti-spoofing, DHCP on the host), with the
-# drop counters that say why, and leaves the lab up to explore.
+# virtual router working and being blocked (one-hop routing, the ARP engine,
+# visibility rules, farm isolation, scoped broadcast, per-VM firewalls,
+# anti-spoofing, DHCP on the host, a VM move), with the drop counters that say
+# why, and leaves the lab up to explore.
 #
 # Anything that must be blocked and gets through stops the demo with
 # "LEAK"; anything that must work and does not stops it with "FAILED".
@@ -29,6 +30,19 @@ op() { printf '$ onehop %s\n' "$*"; "$ONEHOP" "$@" --api "$STATE/api.sock"; }
 drops() {
   on "$1" curl -sf localhost:9100/metrics |
     awk -v r="reason=\"$2\"" 'index($0, "onehop_dropped_packets_total{") == 1 && index($0, r) { n += $NF } END { print n + 0 }'
+}
+# vm_mac VM: the MAC of the VM's eth0, read inside its namespace (/sys would
+# show this shell's own namespace).
+vm_mac() { on "$1" ip -br link show eth0 | awk '{print $3}'; }
+# fwds HOST PATH: the host's forwarded-packets counter for PATH.
+fwds() {
+  on "$1" curl -sf localhost:9100/metrics |
+    awk -v r="path=\"$2\"" 'index($0, "onehop_forwarded_packets_total{") == 1 && index($0, r) { n += $NF } END { print n + 0 }'
+}
+# arp_event HOST EVENT: the host's ARP engine counter for EVENT.
+arp_event() {
+  on "$1" curl -sf localhost:9100/metrics |
+    awk -v r="event=\"$2\"" 'index($0, "onehop_arp_engine_events_total{") == 1 && index($0, r) { n += $NF } END { print n + 0 }'
 }
 # rose BEFORE HOST REASON: checks REASON rose on HOST since BEFORE and says so.
 rose() {
@@ -107,7 +121,20 @@ GW_WEB=${WEB1%.*}.1
 say "Same host (web1 -> web3, $WEB3): the vif program hands the packet straight to web3"
 pings web1 "$WEB3"
 say "Across hosts (web1 on h1 -> web2 on h2, $WEB2): host MAC to host MAC over the fabric, no encapsulation"
+mapped=$(on h1 curl -sf localhost:9100/metrics | awk '/^onehop_mapping_table_entries/ {print $NF}')
 pings web1 "$WEB2"
+
+say "The ARP engine: h1 had $mapped remote VMs mapped before that ping; nobody pushed it where web2 lives"
+printf '   web1 ARPed for web2; h1 had no mapping, so it asked the Ethernet multicast address of blue/web\n'
+printf '   (03:00:0a:01:01:00) on the fabric; only h2, which holds web2, answered; h1 learned web2 -> h2.\n'
+printf '   counters: h1 asked the fabric %s time(s), h2 answered %s, h1 learned %s\n' \
+  "$(fwds h1 arp_to_fabric)" "$(fwds h2 arp_answered)" "$(fwds h1 arp_learned)"
+[ "$(fwds h2 arp_answered)" -ge 1 ] || failed "h2 answered no ARP question"
+printf '$ onehop lab exec web1 -- ip neigh show %s\n' "$WEB2"
+on web1 ip neigh show "$WEB2" | sed 's/^/   /'
+[ "$(on web1 ip neigh show "$WEB2" | awk '{print $5}')" = "$(vm_mac web2)" ] ||
+  failed "web1's neighbour entry for web2 is not web2's MAC"
+ok "web1 has web2's virtual MAC (02:00 + its address); no virtual MAC crossed the fabric in a frame header"
 
 say "TCP across hosts with iperf3 (2 s)"
 on web2 iperf3 -s -1 -D
@@ -122,6 +149,9 @@ on web1 iperf3 -c "$WEB3" -t 2 -C cubic | grep -E 'sender|receiver'
 
 say "One hop to another subnet (web1 -> db1 on h3, $DB1): allowed by the icmp rule; TTL 64 comes back as 63"
 pings web1 "$DB1"
+printf '   web1 only ARPed for its gateway: the first packet for db1 reached h1 before h1 knew db1'"'"'s host.\n'
+printf '   h1'"'"'s agent held it while its ARP engine asked (held %s, released %s): the first ping was not lost.\n' \
+  "$(arp_event h1 held)" "$(arp_event h1 released)"
 printf '$ onehop lab exec web1 -- traceroute -I -n %s\n' "$DB1"
 tr=$(on web1 traceroute -I -n -q 1 -w 1 -m 4 "$DB1") || failed "traceroute: $tr"
 sed 's/^/   /' <<<"$tr"
@@ -149,6 +179,13 @@ blocked "db1's UDP listener timed out with nothing received"
 rose "$n" h1 not_visible
 rm -f "$STATE/demo-udp.out"
 
+say "ARP for another subnet is dropped (the farm has no proxy ARP): web1 is told db1 is on its link"
+on web1 ip route add "$DB1" dev eth0
+n=$(drops h1 arp_other_subnet)
+no_ping web1 "$DB1"
+on web1 ip route del "$DB1" dev eth0
+rose "$n" h1 arp_other_subnet
+
 say "db1 -> web1: rules are one-way, so db1 cannot open anything towards web (its replies above passed)"
 listen web1 8080
 n=$(drops h3 not_visible)
@@ -167,6 +204,27 @@ n=$(drops h3 not_visible)
 no_ping red2 "$DB1"
 rose "$n" h3 not_visible
 
+say "Scoped broadcast: web1's subnet broadcast reaches web2 (h2) and web3 (h1); not db1 (other subnet), not red1 (other farm)"
+for vm in web2 web3 db1 red1; do
+  "$ONEHOP" lab exec --lab "$LAB" "$vm" -- timeout 3 python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("", 9999)); s.settimeout(2); print(s.recv(100).decode())' >"$STATE/demo-bcast-$vm.out" 2>&1 &
+  eval "bcast_$vm=\$!"
+done
+sleep 0.5
+BCAST=${WEB1%.*}.255
+printf '$ onehop lab exec web1 -- python3 -c "...sendto(b\"hello subnet\", (\"%s\", 9999))"   # SO_BROADCAST\n' "$BCAST"
+on web1 python3 -c 'import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1); s.sendto(b"hello subnet", (sys.argv[1], 9999))' "$BCAST"
+for vm in web2 web3; do
+  eval "pid=\$bcast_$vm"
+  wait "$pid" || failed "$vm did not receive web1's subnet broadcast"
+  ok "$vm received: $(cat "$STATE/demo-bcast-$vm.out")"
+done
+for vm in db1 red1; do
+  eval "pid=\$bcast_$vm"
+  if wait "$pid"; then leak "$vm received web1's subnet broadcast: $(cat "$STATE/demo-bcast-$vm.out")"; fi
+  blocked "$vm heard nothing"
+done
+rm -f "$STATE"/demo-bcast-*.out
+
 say "A per-VM firewall, set by the tenant, enforced on web2's host h2: refuse pings from web3"
 op firewall add blue/web/web2 --in --proto icmp --from "$WEB3/32" --deny
 op get vms | grep -E '^VM|web2'
@@ -179,7 +237,7 @@ printf '   web1 is not named by the rule:\n'
 pings web1 "$WEB2"
 
 say "Anti-spoofing: web1 pings web2 from an address that is not its own; nothing arrives"
-on web1 ip neigh replace "$WEB2" lladdr "$(on web2 cat /sys/class/net/eth0/address)" dev eth0 nud permanent
+on web1 ip neigh replace "$WEB2" lladdr "$(vm_mac web2)" dev eth0 nud permanent
 on web1 ip addr add 10.1.1.77/32 dev eth0
 n=$(drops h1 spoofed_ip)
 printf '$ onehop lab exec web1 -- ping -c 2 -I 10.1.1.77 %s\n' "$WEB2"
@@ -203,6 +261,13 @@ rm -f "$STATE/demo-udhcpc.sh"
 grep lease: <<<"$lease"
 grep -q "ip=$WEB2 " <<<"$lease" || failed "the lease is not web2's address $WEB2"
 ok "web2's own address, its gateway, a 7-day lease; the request never left h2"
+
+say "A VM moves (like a live migration): web3 goes from h1 to h3 and keeps its address and MAC"
+printf '$ onehop lab move web3 --to h3\n'
+"$ONEHOP" lab move web3 --to h3 --lab "$LAB" 2>&1 | sed 's/^/   /'
+pings web1 "$WEB3"
+op get vms | grep -E '^VM|web3'
+ok "web3 answers from h3; h3 announced it on the fabric and every host that was sending to it followed"
 
 say "Every host's datapath: mapping table, vifs, what it forwarded and dropped, by reason"
 # Agents publish their counters every few seconds; wait for the last drops.
