@@ -136,10 +136,10 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 		/* An announcement (a VM arrived on the sending host): correct an
 		 * entry this host uses; never add one, so announcements cannot
 		 * fill the table. */
-		if (bpf_map_lookup_elem(&mappings, &spa)) {
-			learn_mapping(spa, pkt->eth->h_source);
-			count_forward(FWD_ARP_LEARNED);
-		}
+		if (!bpf_map_lookup_elem(&mappings, &spa))
+			return drop_quietly(DROP_ARP_NOT_HERE); /* routine: not a VM this host talks to */
+		learn_mapping(spa, pkt->eth->h_source);
+		count_forward(FWD_ARP_LEARNED);
 		return TC_ACT_SHOT;
 	}
 	if (!mac_equal(to, cfg->uplink_mac))

@@ -31,14 +31,18 @@ static __always_inline struct mapping *mapping_for_send(__be32 ip)
 static __always_inline void learn_mapping(__be32 ip, const __u8 *host_mac)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
-	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
-	if (m) {
-		mac_copy(m->host_mac, host_mac);
-		m->confirmed_ns = now;
-		return;
-	}
 	struct mapping fresh = {.confirmed_ns = now, .used_ns = now};
 	mac_copy(fresh.host_mac, host_mac);
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (m) {
+		if (mac_equal(m->host_mac, host_mac)) {
+			m->confirmed_ns = now;
+			return;
+		}
+		fresh.used_ns = m->used_ns;
+	}
+	/* A new host is written as a whole new value: a reader on another
+	 * CPU sees the old MAC or the new one, never half of each. */
 	bpf_map_update_elem(&mappings, &ip, &fresh, BPF_ANY);
 }
 
@@ -78,8 +82,13 @@ static __always_inline int fabric_source(__be32 saddr, const __u8 *host_mac)
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &saddr);
 	if (!m || mac_is_zero(m->host_mac))
 		return SRC_NEW;
-	if (!mac_equal(m->host_mac, host_mac))
+	if (!mac_equal(m->host_mac, host_mac)) {
+		/* Refused; but if the VM moved and its announcement was lost, the
+		 * entry is stale: mark it unconfirmed so the agent's next sweep
+		 * (within a second) asks where the VM is. */
+		m->confirmed_ns = 0;
 		return SRC_FORGED;
+	}
 	/* Traffic from the VM through its host confirms the entry as well as an
 	 * ARP reply would: a flow in both directions never needs a refresh
 	 * question. */

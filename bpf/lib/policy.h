@@ -80,6 +80,11 @@ static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, 
 	struct iphdr *inner = (void *)ip + (ip->ihl & 0xf) * 4 + 8;
 	if ((void *)(inner + 1) > pkt->data_end || inner->ihl != 5)
 		return 0;
+	/* Only the other end of the quoted flow may speak about it: a third
+	 * party quoting someone else's flow gets nothing through. (The
+	 * gateway's own errors are built on the host and never come here.) */
+	if (inner->saddr != ip->daddr || inner->daddr != ip->saddr)
+		return 0;
 	__be16 *ports = (void *)(inner + 1);
 	if ((void *)(ports + 4) > pkt->data_end)
 		return 0;

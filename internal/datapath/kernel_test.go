@@ -505,7 +505,7 @@ func TestPrivilegedARPEngineOnTheFabric(t *testing.T) {
 			wantVerdict: actShot, wantForward: "arp_learned"},
 		{name: "an announcement of a VM nobody here talks to adds nothing",
 			in:          arp(h3MAC, layers.EthernetBroadcast, 2, vmac(far), netip.MustParseAddr("10.1.1.62"), layers.EthernetBroadcast, netip.MustParseAddr("10.1.1.62")),
-			wantVerdict: actShot},
+			wantVerdict: actShot, wantDrop: "arp_not_here"},
 		{name: "a host claiming one of this host's VMs by ARP is refused",
 			in:          arp(h3MAC, h1MAC, 2, vmac(web3), web3, vmac(web1), web1),
 			wantVerdict: actShot, wantDrop: "fabric_arp_conflict"},
@@ -635,6 +635,16 @@ func TestPrivilegedICMPPassesOnlyAsAnAnswer(t *testing.T) {
 			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
 		{name: "an ICMP error about a flow that never was does not",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(8)},
+			wantVerdict: actShot, wantDrop: "not_visible"},
+		{name: "web1 opens tcp/5432 to db1 (allowed)",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432},
+			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+	})
+	flow := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432}.bytes(t)[14 : 14+28]
+	stranger := netip.MustParseAddr("10.9.9.9")
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "a third party quoting web1's flow in an ICMP error gets nothing through",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: stranger, daddr: web1, proto: icmp, icmpType: 3, payload: flow},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 	})
 }
