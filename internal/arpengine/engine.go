@@ -206,6 +206,7 @@ func (e *Engine) resolved(ip netip.Addr, r *resolution, mac net.HardwareAddr) {
 
 func (e *Engine) release(frame []byte, mac net.HardwareAddr) {
 	copy(frame[0:6], mac)
+	FinishChecksum(frame)
 	if err := e.send(frame); err != nil {
 		e.stats.Discarded++
 		e.log.Warn("ARP engine: cannot send held packet", "err", err)

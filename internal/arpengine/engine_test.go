@@ -2,6 +2,7 @@ package arpengine
 
 import (
 	"bytes"
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -272,5 +273,45 @@ func TestConfigThatCannotWorkIsRefused(t *testing.T) {
 	}
 	if _, err := New(Config{}, &fakeTable{}, nil, nil, nil); err == nil {
 		t.Fatal("a missing host MAC was accepted")
+	}
+}
+
+func TestFinishChecksumMakesTCPAndUDPWhole(t *testing.T) {
+	// A UDP datagram 10.1.1.2:40000 -> 10.1.2.2:53 with payload "hi", and
+	// its checksum worked out by hand (pseudo-header + header + data).
+	f := make([]byte, 14+20+8+2)
+	f[12], f[13] = 0x08, 0x00
+	ip := f[14:]
+	ip[0], ip[8], ip[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(ip[2:4], 30)
+	copy(ip[12:16], []byte{10, 1, 1, 2})
+	copy(ip[16:20], []byte{10, 1, 2, 2})
+	udp := ip[20:]
+	binary.BigEndian.PutUint16(udp[0:2], 40000)
+	binary.BigEndian.PutUint16(udp[2:4], 53)
+	binary.BigEndian.PutUint16(udp[4:6], 10)
+	copy(udp[8:], "hi")
+	binary.BigEndian.PutUint16(udp[6:8], 0x1234) // what offload left there
+	FinishChecksum(f)
+	// Sum over pseudo-header and datagram, checksum included, folds to 0xffff.
+	var sum uint32
+	for _, w := range [][]byte{ip[12:20], udp} {
+		for i := 0; i+1 < len(w); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(w[i:]))
+		}
+	}
+	sum += 17 + 10
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	if sum != 0xffff {
+		t.Fatalf("checksum %#04x does not verify (sum %#x)", binary.BigEndian.Uint16(udp[6:8]), sum)
+	}
+	frag := append([]byte(nil), f...)
+	binary.BigEndian.PutUint16(frag[14+6:14+8], 0x2000) // more fragments
+	binary.BigEndian.PutUint16(frag[14+20+6:], 0x1234)
+	FinishChecksum(frag)
+	if binary.BigEndian.Uint16(frag[14+20+6:]) != 0x1234 {
+		t.Fatal("a fragment's checksum was rewritten")
 	}
 }

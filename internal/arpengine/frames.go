@@ -107,3 +107,55 @@ func Destination(f []byte) (netip.Addr, error) {
 	}
 	return netip.AddrFrom4([4]byte(f[30:34])), nil
 }
+
+// FinishChecksum completes the TCP or UDP checksum of an unfragmented IPv4
+// frame. A VM's vif hands frames over with checksum offload pending (only
+// the pseudo-header sum in the field); a frame sent again from a packet
+// socket gets no offload, so its checksum must be whole. Other frames are
+// left as they are.
+func FinishChecksum(f []byte) {
+	if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:14]) != etherTypeIPv4 {
+		return
+	}
+	ip := f[14:]
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(ip[2:4]))
+	if ip[0]>>4 != 4 || ihl < 20 || total < ihl || total > len(ip) {
+		return
+	}
+	if binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 { // a fragment, or more to come
+		return
+	}
+	proto := ip[9]
+	l4 := ip[ihl:total]
+	var field int
+	switch {
+	case proto == 6 && len(l4) >= 20:
+		field = 16
+	case proto == 17 && len(l4) >= 8:
+		field = 6
+	default:
+		return
+	}
+	l4[field], l4[field+1] = 0, 0
+	var sum uint32
+	add := func(b []byte) {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+		if len(b)%2 == 1 {
+			sum += uint32(b[len(b)-1]) << 8
+		}
+	}
+	add(ip[12:20]) // source and destination
+	sum += uint32(proto) + uint32(len(l4))
+	add(l4)
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	c := ^uint16(sum)
+	if c == 0 && proto == 17 {
+		c = 0xffff // 0 means "no checksum" in UDP
+	}
+	binary.BigEndian.PutUint16(l4[field:], c)
+}

@@ -86,7 +86,21 @@ func TestPrivilegedARPEngineLearnsOnDemand(t *testing.T) {
 
 	// Another subnet: web1 only ARPs for its gateway, so h1 first meets
 	// db1's address in a packet. That packet is held while the engine
-	// asks, then sent: even the first ping gets its answer.
+	// asks, then sent. First a UDP datagram (its checksum left to offload
+	// by the VM's stack must arrive whole), then a ping.
+	sink := l.start("db1", "python3", "-c", `import socket
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
+s.bind(("0.0.0.0",9999))
+s.settimeout(5)
+print("got", s.recv(100).decode(), flush=True)`)
+	waitFor(t, "the UDP sink on db1", 5*time.Second, func() bool {
+		o, _ := l.in("db1", "ss", "-Hlun", "sport = :9999")
+		return strings.Contains(o, "9999")
+	})
+	l.sendUDP("web1", db1, 64, "first-datagram")
+	waitFor(t, "db1 to receive web1's first datagram (held, then released)", 5*time.Second, func() bool {
+		return strings.Contains(sink.Output(), "got first-datagram")
+	})
 	out, err := l.in("web1", "ping", "-c", "1", "-W", "3", db1)
 	if err != nil {
 		t.Fatalf("first ping web1 -> db1 (routed; held while resolved): %v\n%s", err, out)
