@@ -93,7 +93,10 @@ int vif_ingress(struct __sk_buff *skb)
 		count_forward(FWD_TO_FABRIC);
 		return bpf_redirect(cfg->uplink_ifindex, 0);
 	}
-	if (!in_vm_space(cfg, ip->daddr))
+	/* Outside the tenant space, or a subnet's network (.0) or gateway (.1)
+	 * address, which no VM holds (the gateway only answers ping). */
+	__u8 host_id = ((const __u8 *)&ip->daddr)[3];
+	if (!in_vm_space(cfg, ip->daddr) || host_id == 0 || host_id == 1)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	reason = admit(&pkt, vif->firewall, local && local->firewall);
@@ -131,6 +134,8 @@ int vif_ingress(struct __sk_buff *skb)
 	if (!remote) {
 		/* Paper §2 step 6: queued until the ARP engine finds the host.
 		 * The frame is complete but for its destination MAC. */
+		if (!may_hold(ip->daddr))
+			return drop_packet(skb, &pkt, DROP_UNRESOLVED);
 		return punt_to_agent(skb, &pkt, SLOW_HOLD);
 	}
 	mac_copy(pkt.eth->h_dest, remote->host_mac);

@@ -31,7 +31,7 @@ struct endpoint {
  * "asked, not yet answered": it rate-limits the fabric ARP for that address. */
 struct mapping {
 	__u8 host_mac[ETH_ALEN];
-	__u16 _pad;
+	__u16 held;         /* while asking: packets handed to the agent since the last ask */
 	__u64 confirmed_ns; /* last ARP reply or announcement (or the last ask, while unanswered) */
 	__u64 used_ns;      /* last packet sent with it, in steps of MAPPING_USE_STEP_NS */
 };
@@ -39,6 +39,9 @@ struct mapping {
 #define MAPPING_USE_STEP_NS 1000000000ULL
 /* How often a VM's unanswered ARP may go to the fabric for one address. */
 #define MAPPING_ASK_INTERVAL_NS 1000000000ULL
+/* Packets for one unmapped address handed to the agent per ask interval
+ * (the agent holds as many): beyond, they are dropped in the kernel. */
+#define HOLD_PER_ASK 16
 
 /* Per-farm switches set by the farm's owner; an array slot per farm id. */
 #define FARM_PROXY_ARP 1
@@ -89,6 +92,7 @@ enum drop_reason {
 	DROP_ROGUE_DHCP,         /* a VM acting as DHCP server: only the host answers DHCP */
 	DROP_ARP_NOT_HERE,       /* fabric ARP for a VM this host does not hold: multicast reaches every host */
 	DROP_FABRIC_ARP_CONFLICT, /* a host claims, by ARP, a VM that lives on this host */
+	DROP_UNRESOLVED,         /* for an address being resolved, beyond what the agent holds per second */
 	DROP_REASON_MAX,
 };
 

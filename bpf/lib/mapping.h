@@ -66,6 +66,31 @@ static __always_inline int may_ask_fabric(__be32 ip)
 	return 1;
 }
 
+/* Whether a packet for unmapped ip may be handed to the agent to hold: up
+ * to HOLD_PER_ASK per ask interval and address, so a VM sending to
+ * addresses nobody holds cannot flood the agent or the fabric. */
+static __always_inline int may_hold(__be32 ip)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (!m) {
+		struct mapping asked = {.confirmed_ns = now, .used_ns = now, .held = 1};
+		bpf_map_update_elem(&mappings, &ip, &asked, BPF_NOEXIST);
+		return 1;
+	}
+	if (!mac_is_zero(m->host_mac))
+		return 1; /* learned meanwhile: the agent sends it straight on */
+	if (now - m->confirmed_ns >= MAPPING_ASK_INTERVAL_NS) {
+		m->confirmed_ns = now;
+		m->held = 1;
+		return 1;
+	}
+	if (m->held >= HOLD_PER_ASK)
+		return 0;
+	m->held++; /* racy across CPUs: a bound, not an exact count */
+	return 1;
+}
+
 enum fabric_source {
 	SRC_FORGED = 0, /* mapped to another host, or one of this host's VMs */
 	SRC_KNOWN,      /* mapped to the sending host */

@@ -59,6 +59,9 @@ const (
 	DefaultQueue    = 16
 	// lastKnownMax bounds the memory of where forgotten entries lived.
 	lastKnownMax = 1 << 16
+	// maxPending bounds the addresses resolved at once (the datapath
+	// already bounds the packets per address).
+	maxPending = 4096
 )
 
 // Engine is the ARP engine of one host. Its methods are safe for
@@ -148,6 +151,10 @@ func (e *Engine) Hold(frame []byte, origLen int) error {
 		return nil
 	}
 	r := e.pending[ip]
+	if r == nil && len(e.pending) >= maxPending {
+		e.stats.Discarded++
+		return nil
+	}
 	if r == nil {
 		r = &resolution{}
 		e.pending[ip] = r

@@ -315,3 +315,16 @@ func TestFinishChecksumMakesTCPAndUDPWhole(t *testing.T) {
 		t.Fatal("a fragment's checksum was rewritten")
 	}
 }
+
+func TestAddressesResolvedAtOnceAreBounded(t *testing.T) {
+	r := newRig(t, Config{})
+	for i := 0; i < maxPending+10; i++ {
+		r.e.Hold(heldFrame(netip.AddrFrom4([4]byte{10, 1, byte(1 + i/250), byte(2 + i%250)}), 1), 42)
+	}
+	if n := len(r.takeSent()); n != maxPending {
+		t.Fatalf("%d questions, want at most %d addresses at once", n, maxPending)
+	}
+	if st := r.e.Stats(); st.Discarded != 10 {
+		t.Fatalf("discarded %d, want 10", st.Discarded)
+	}
+}

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"fmt"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -538,6 +539,20 @@ func TestPrivilegedUnmappedDestinationIsHeldForTheAgent(t *testing.T) {
 		{name: "an unmapped VM the rules hide is refused before anyone is asked",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 22},
 			wantVerdict: actShot, wantDrop: "not_visible"},
+	})
+	// The agent holds a bounded number per address and second; beyond, the
+	// kernel drops them itself. The first one above was the first held.
+	for i := 2; i <= 16; i++ {
+		runTable(t, k, k.VifProgram(), []progCase{{name: fmt.Sprintf("held %d of 16", i), in: in, wantVerdict: actShot, wantForward: "routed,held"}})
+	}
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "the 17th within a second is dropped in the kernel", in: in, wantVerdict: actShot, wantForward: "routed", wantDrop: "unresolved"},
+		{name: "udp to the gateway is no VM's",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: gw, proto: layers.IPProtocolUDP},
+			wantVerdict: actShot, wantDrop: "no_route"},
+		{name: "nor is a subnet's network address",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: netip.MustParseAddr("10.1.2.0"), proto: layers.IPProtocolUDP},
+			wantVerdict: actShot, wantDrop: "no_route"},
 	})
 	rec := readSlowPath(t, r)
 	// Complete but for the destination host: the engine fills in its MAC.

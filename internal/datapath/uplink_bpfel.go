@@ -69,7 +69,7 @@ type uplinkFwRule struct {
 type uplinkMapping struct {
 	_           structs.HostLayout
 	HostMac     [6]uint8
-	Pad         uint16
+	Held        uint16
 	ConfirmedNs uint64
 	UsedNs      uint64
 }

@@ -64,7 +64,8 @@ const (
 	vifDropReasonDROP_ROGUE_DHCP          vifDropReason = 20
 	vifDropReasonDROP_ARP_NOT_HERE        vifDropReason = 21
 	vifDropReasonDROP_FABRIC_ARP_CONFLICT vifDropReason = 22
-	vifDropReasonDROP_REASON_MAX          vifDropReason = 23
+	vifDropReasonDROP_UNRESOLVED          vifDropReason = 23
+	vifDropReasonDROP_REASON_MAX          vifDropReason = 24
 )
 
 type vifEndpoint struct {
@@ -127,7 +128,7 @@ type vifFwRule struct {
 type vifMapping struct {
 	_           structs.HostLayout
 	HostMac     [6]uint8
-	Pad         uint16
+	Held        uint16
 	ConfirmedNs uint64
 	UsedNs      uint64
 }
