@@ -99,7 +99,7 @@ int vif_ingress(struct __sk_buff *skb)
 	if (!in_vm_space(cfg, ip->daddr) || host_id == 0 || host_id == 1)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
-	reason = admit(&pkt, vif->firewall, local && local->firewall);
+	reason = admit(&pkt, vif->firewall, local && local->firewall, cfg->policy_epoch);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	int routed = !same_subnet(ip->saddr, ip->daddr);

@@ -64,6 +64,9 @@ struct node_config {
 	__u16 _pad;
 	__be32 vm_net;  /* the tenant address space (10.0.0.0/8) ... */
 	__be32 vm_mask; /* ... so the uplink can tell VM traffic from management */
+	/* Moves on whenever rules or firewalls change: a flow admitted under an
+	 * older epoch is checked again against the rules in force. */
+	__u32 policy_epoch;
 };
 
 /* Why a packet was dropped. Each reason is its own metric label; the Go side
@@ -168,6 +171,8 @@ struct ct_key {
 
 struct ct_entry {
 	__u64 last_seen_ns;
+	__u32 epoch; /* the node's policy_epoch when the flow was last admitted */
+	__u32 _pad;
 };
 
 /* The VMs of one scope on this host: a subnet (subnet != 0) or a whole farm

@@ -142,14 +142,35 @@ __attribute__((noinline)) int firewall_allows(__be32 vm, __u8 dir, __be32 remote
 	return p->default_allow[dir & 1];
 }
 
+/* What the rules say about a flow from src to dst (proto, destination
+ * port): visibility between their subnets, then the firewalls of the VMs
+ * among them that live on this host and have one. */
+static __always_inline int policy_allows(__be32 src, __be32 dst, __u8 proto, __u16 port, int fw_src, int fw_dst)
+{
+	if (!same_subnet(src, dst) && !rule_allows(src, dst, proto, port))
+		return DROP_NOT_VISIBLE;
+	if (fw_src && !firewall_allows(src, FW_OUT, dst, proto, port))
+		return DROP_FIREWALL_OUT;
+	if (fw_dst && !firewall_allows(dst, FW_IN, src, proto, port))
+		return DROP_FIREWALL_IN;
+	return DROP_NONE;
+}
+
+static __always_inline __u16 flow_port(const struct ct_key *k)
+{
+	return (k->proto == IPPROTO_TCP_ || k->proto == IPPROTO_UDP_) ? bpf_ntohs(k->dport) : 0;
+}
+
 /* admit decides whether a packet from src to dst may be delivered: the
  * visibility rules between their subnets (paper §2, step 2) and the
  * firewalls of the VMs among them that live on this host and have one
  * (fw_src, fw_dst: the flags in their vif_info/endpoint entries). A packet
- * that answers a flow this host already admitted passes (stateful); an
+ * of a flow this host admitted, or one that answers it, passes on one
+ * lookup, unless the rules changed since (epoch): then the flow is checked
+ * again, in its own direction, and forgotten if no longer allowed. An
  * admitted packet that can open a flow is remembered. Traffic inside a
  * subnet between VMs without firewalls takes no lookup at all. */
-static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_dst)
+static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_dst, __u32 epoch)
 {
 	struct iphdr *ip = pkt->ip;
 	int crossing = !same_subnet(ip->saddr, ip->daddr);
@@ -163,11 +184,16 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 	int opens = l4.known && !(ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REQUEST);
 	struct ct_key fwd = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
 			     .proto = ip->protocol};
-	/* A flow admitted before passes on one lookup: the rules are not
-	 * walked again for every packet. (The agent empties conntrack when
-	 * rules or firewalls change, so a tightened rule still takes effect.) */
 	struct ct_entry *e = opens ? bpf_map_lookup_elem(&conntrack, &fwd) : 0;
 	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
+		if (e->epoch != epoch) {
+			int reason = policy_allows(fwd.saddr, fwd.daddr, fwd.proto, flow_port(&fwd), fw_src, fw_dst);
+			if (reason) {
+				bpf_map_delete_elem(&conntrack, &fwd);
+				return reason;
+			}
+			e->epoch = epoch;
+		}
 		ct_touch(e, now);
 		return DROP_NONE;
 	}
@@ -181,20 +207,26 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 		may_answer = icmp_error_flow(pkt, l4.icmp_type, &answers);
 	e = may_answer ? bpf_map_lookup_elem(&conntrack, &answers) : 0;
 	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
-		ct_touch(e, now);
-		return DROP_NONE;
+		int still = e->epoch == epoch;
+		/* The answered flow ran from this packet's destination to its
+		 * source: check it that way round. */
+		if (!still && !policy_allows(answers.saddr, answers.daddr, answers.proto, flow_port(&answers), fw_dst, fw_src)) {
+			e->epoch = epoch;
+			still = 1;
+		}
+		if (still) {
+			ct_touch(e, now);
+			return DROP_NONE;
+		}
+		bpf_map_delete_elem(&conntrack, &answers);
 	}
-	__u16 port = (opens && ip->protocol != IPPROTO_ICMP_) ? bpf_ntohs(l4.dport) : 0;
-
-	if (crossing && !rule_allows(ip->saddr, ip->daddr, ip->protocol, port))
-		return DROP_NOT_VISIBLE;
-	if (fw_src && !firewall_allows(ip->saddr, FW_OUT, ip->daddr, ip->protocol, port))
-		return DROP_FIREWALL_OUT;
-	if (fw_dst && !firewall_allows(ip->daddr, FW_IN, ip->saddr, ip->protocol, port))
-		return DROP_FIREWALL_IN;
+	__u16 port = opens ? flow_port(&fwd) : 0;
+	int reason = policy_allows(ip->saddr, ip->daddr, ip->protocol, port, fw_src, fw_dst);
+	if (reason)
+		return reason;
 	if (!opens)
 		return DROP_NONE;
-	struct ct_entry fresh = {.last_seen_ns = now};
+	struct ct_entry fresh = {.last_seen_ns = now, .epoch = epoch};
 	bpf_map_update_elem(&conntrack, &fwd, &fresh, BPF_ANY);
 	return DROP_NONE;
 }

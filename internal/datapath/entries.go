@@ -31,9 +31,6 @@ type (
 	FwKey    = vifFwKey
 	FwRule   = vifFwRule
 	FwPolicy = vifFwPolicy
-	// ConntrackKey and ConntrackEntry are one admitted flow.
-	ConntrackKey   = vifCtKey
-	ConntrackEntry = vifCtEntry
 	// ScopeKey and ScopeMembers list the local VMs of a farm or subnet.
 	ScopeKey     = vifScopeKey
 	ScopeMembers = vifScopeMembers

@@ -215,9 +215,8 @@ func (k *Kernel) AttachUplink(ifname string, ifindex int) error {
 // attached, so a newly attached vif never sees an empty table.
 func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	var errs []error
-	if err := k.vif.Config.Put(uint32(0), e.Config); err != nil {
-		errs = append(errs, fmt.Errorf("write config: %w", err))
-	}
+	var cur NodeConfig
+	_ = k.vif.Config.Lookup(uint32(0), &cur) // a fresh map holds zeros
 	errs = append(errs, syncMap(k.vif.Endpoints, e.Endpoints, "endpoints", nil))
 	errs = append(errs, syncMap(k.vif.Vifs, e.Vifs, "vifs", nil))
 	policyChanged := false
@@ -226,10 +225,16 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	// not written yet.
 	errs = append(errs, syncMap(k.vif.FirewallRules, e.FirewallRules, "firewall rules", &policyChanged))
 	errs = append(errs, syncMap(k.vif.Firewalls, e.Firewalls, "firewalls", &policyChanged))
+	// Admitted flows pass on one lookup; with the rules changed, a new
+	// epoch makes each flow be checked again against them (and kept only
+	// if still allowed) the next time it is seen.
+	cfg := e.Config
+	cfg.PolicyEpoch = cur.PolicyEpoch
 	if policyChanged {
-		// Admitted flows pass without the rules being walked again; with
-		// the rules changed, every flow must earn its admission anew.
-		errs = append(errs, k.forgetFlows())
+		cfg.PolicyEpoch++
+	}
+	if err := k.vif.Config.Put(uint32(0), cfg); err != nil {
+		errs = append(errs, fmt.Errorf("write config: %w", err))
 	}
 	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes", nil))
 	for id, want := range e.Farms {
@@ -260,23 +265,6 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// forgetFlows empties the conntrack table.
-func (k *Kernel) forgetFlows() error {
-	var key ConntrackKey
-	var keys []ConntrackKey
-	var val ConntrackEntry
-	it := k.vif.Conntrack.Iterate()
-	for it.Next(&key, &val) {
-		keys = append(keys, key)
-	}
-	for _, key := range keys {
-		if err := k.vif.Conntrack.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("forget flows: %w", err)
-		}
-	}
-	return nil
 }
 
 // syncMap writes want into m and deletes every key of m not in want; it

@@ -876,3 +876,29 @@ func TestPrivilegedChangedRulesMakeEveryFlowEarnItsAdmissionAgain(t *testing.T) 
 		{name: "the same flow's next packet is refused", in: syn, wantVerdict: actShot, wantDrop: "not_visible"},
 	})
 }
+
+func TestPrivilegedAnUnrelatedRuleChangeKeepsAllowedFlowsAndTheirReplies(t *testing.T) {
+	k := loadTestKernel(t)
+	tcp := layers.IPProtocolTCP
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "web1 -> db1:5432 is admitted",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
+			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+	})
+	// Another rule appears (say another tenant's): the epoch moves on.
+	d := testDesired()
+	d.Visibility = append(d.Visibility, intent.VisRule{SrcFarm: 2, SrcSubnet: 1, DstFarm: 2, DstSubnet: 2, Proto: 17, Port: 53})
+	e, _, err := Compile(d, h1Uplink, testIfindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Attach = nil
+	if err := k.Apply(e, ""); err != nil {
+		t.Fatal(err)
+	}
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "db1's reply still comes in: the flow it answers is still allowed",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
+			wantVerdict: actRedirect, wantForward: "from_fabric"},
+	})
+}

@@ -16,6 +16,8 @@ import (
 type uplinkCtEntry struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
+	Epoch      uint32
+	Pad        uint32
 }
 
 type uplinkCtKey struct {
@@ -81,6 +83,7 @@ type uplinkNodeConfig struct {
 	Pad           uint16
 	VmNet         uint32
 	VmMask        uint32
+	PolicyEpoch   uint32
 }
 
 type uplinkScopeKey struct {

@@ -16,6 +16,8 @@ import (
 type vifCtEntry struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
+	Epoch      uint32
+	Pad        uint32
 }
 
 type vifCtKey struct {
@@ -140,6 +142,7 @@ type vifNodeConfig struct {
 	Pad           uint16
 	VmNet         uint32
 	VmMask        uint32
+	PolicyEpoch   uint32
 }
 
 type vifScopeKey struct {
