@@ -73,7 +73,7 @@ int vif_ingress(struct __sk_buff *skb)
 		count_forward(FWD_GATEWAY_REPLY);
 		return bpf_redirect(ifindex, 0);
 	}
-	if (!cfg || !cfg->uplink_ifindex)
+	if (!cfg) /* the agent has not configured this node yet */
 		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
 	struct scope_key scope;
 	if (scope_of(ip, &scope)) {
@@ -85,6 +85,8 @@ int vif_ingress(struct __sk_buff *skb)
 		copy_to_members(skb, &scope, ifindex, saddr, ttl, proto, port);
 		/* And one copy onto the fabric, to the scope's multicast address:
 		 * the hosts with VMs there take it from there. */
+		if (!cfg->uplink_ifindex)
+			return drop_quietly(DROP_NO_UPLINK);
 		struct ethhdr *eth = (void *)(long)skb->data;
 		if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 			return drop_quietly(DROP_MALFORMED);
@@ -128,6 +130,8 @@ int vif_ingress(struct __sk_buff *skb)
 		return bpf_redirect_peer(local->ifindex, 0);
 	}
 
+	if (!cfg->uplink_ifindex)
+		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
 	/* No virtual MAC on the wire (paper §2): host MAC to host MAC. */
 	mac_copy(pkt.eth->h_source, cfg->uplink_mac);
 	struct mapping *remote = mapping_for_send(ip->daddr);

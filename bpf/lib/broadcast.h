@@ -122,7 +122,10 @@ static __always_inline void copy_to_members(struct __sk_buff *skb, const struct 
 		if (bpf_map_lookup_elem(&firewalls, &vm) && !firewall_allows(vm, FW_IN, saddr, proto, port))
 			continue;
 		if (!same_subnet(vm, saddr)) {
-			routed |= 1U << i;
+			/* Farm-wide multicast crosses subnets only where the farm's
+			 * rules let the sender's subnet reach the member's. */
+			if (rule_allows(saddr, vm, proto, port))
+				routed |= 1U << i;
 			continue;
 		}
 		if (bpf_clone_redirect(skb, ifindex, 0) == 0)

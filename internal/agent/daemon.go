@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,13 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		return err
 	}
 	defer sock.Close()
+	// On the way out: readers closed and ctx cancelled first (deferred
+	// below), then the goroutines are waited for, then the socket and the
+	// maps they use are closed.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	arpCfg := cfg.ARP
 	arpCfg.HostMAC = upMAC
 	arpCfg.HostIP, _ = netip.ParseAddr(upIP)
@@ -78,7 +86,8 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	go runARPEngine(ctx, engine, log)
+	wg.Add(1)
+	go func() { defer wg.Done(); runARPEngine(ctx, engine, log) }()
 	s, err := store.DialEtcd(cfg.EtcdEndpoints)
 	if err != nil {
 		return err
@@ -95,7 +104,8 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		return fmt.Errorf("open drop events: %w", err)
 	}
 	defer events.Close()
-	go LogDrops(events, k.DropReason, ifname, log, 20)
+	wg.Add(1)
+	go func() { defer wg.Done(); LogDrops(events, k.DropReason, ifname, log, 20) }()
 
 	slow, err := k.SlowPath()
 	if err != nil {
@@ -103,7 +113,8 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
-	go ServeSlowPath(slow, sock, dhcpd, engine, log)
+	wg.Add(1)
+	go func() { defer wg.Done(); ServeSlowPath(slow, sock, dhcpd, engine, log) }()
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
@@ -161,7 +172,8 @@ func runARPEngine(ctx context.Context, e *arpengine.Engine, log *slog.Logger) {
 	}
 }
 
-// monotonic reads CLOCK_MONOTONIC, the clock bpf_ktime_get_ns reads.
+// monotonic reads CLOCK_MONOTONIC, the clock bpf_ktime_get_ns and (a tick
+// behind) bpf_ktime_get_coarse_ns read.
 func monotonic() time.Duration {
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail for this clock

@@ -13,6 +13,7 @@ hosts: [{name: h1}, {name: h2}]
 farms:
   - name: blue
     subnets: [{name: web}, {name: db}]
+    rules: [{from: web, to: db, proto: udp}]
   - name: red
     subnets: [{name: web}]
 vms:
@@ -76,7 +77,7 @@ func TestPrivilegedBroadcastAndMulticastReachTheirScopeOnAnyHostAndNoOneElse(t *
 	want := map[string][]string{
 		"web2": {"subnet-bcast", "limited-bcast", "mcast-ttl1", "mcast-ttl4"}, // same subnet, other host
 		"web3": {"subnet-bcast", "limited-bcast", "mcast-ttl1", "mcast-ttl4"}, // same subnet, same host
-		"db1":  {"mcast-ttl4"},                                                // same farm: only TTL > 1 multicast
+		"db1":  {"mcast-ttl4"},                                                // same farm: only TTL > 1 multicast, and web may reach db
 		"db2":  {"mcast-ttl4"},                                                // the same, on the sender's host
 		"red1": {},                                                            // other farm: nothing
 	}

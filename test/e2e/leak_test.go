@@ -216,13 +216,15 @@ func TestLeakBroadcastAndMulticastStayInTheirScope(t *testing.T) {
 		t.Errorf("no_members on h2 (no red VMs) rose by %v, want red's 8 datagrams", d["no_members"])
 	}
 	// db's subnet broadcast and TTL-1 multicast reach db2 only; h1, with
-	// no db VM, drops them. (TTL > 1 multicast is for the whole farm by
-	// design, so web may receive that: not sent here.)
+	// no db VM, drops them. TTL > 1 multicast is for the whole farm, but
+	// crosses into another subnet only where a rule lets it: db may not
+	// reach web, so it too stays with db2.
 	d = l.dropDelta("h1", func() {
 		sendAll([]send{
 			{"db1", "10.1.2.255", 1, "db-subnet-broadcast"},
 			{"db1", "255.255.255.255", 1, "db-limited-broadcast"},
 			{"db1", "239.1.2.3", 1, "db-multicast-ttl1"},
+			{"db1", "239.1.2.3", 4, "db-multicast-ttl4"},
 		}, []string{"db2"})
 	}, "no_members")
 	if d["no_members"] < 6 {
