@@ -2,9 +2,9 @@ package datapath
 
 import (
 	"bytes"
-	"fmt"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
