@@ -111,7 +111,7 @@ func orDefault[T comparable](v, def T) T {
 	return v
 }
 
-func (f frame) bytes(t *testing.T) []byte {
+func (f frame) bytes(t testing.TB) []byte {
 	t.Helper()
 	eth := &layers.Ethernet{SrcMAC: f.src, DstMAC: f.dst, EthernetType: f.ethType}
 	if f.ethType == 0 {
@@ -188,17 +188,17 @@ type progCase struct {
 	wantForward string // forward counters that must rise by one, comma-separated
 }
 
-func loadTestKernel(t *testing.T) *Kernel {
+func loadTestKernel(t testing.TB) *Kernel {
 	t.Helper()
 	return loadTestKernelWith(t, testDesired())
 }
 
-func loadTestKernelWith(t *testing.T, d intent.Desired) *Kernel {
+func loadTestKernelWith(t testing.TB, d intent.Desired) *Kernel {
 	t.Helper()
 	return loadTestKernelWithIfindex(t, d, testIfindex)
 }
 
-func loadTestKernelWithIfindex(t *testing.T, d intent.Desired, ifindexOf func(string) (int, error)) *Kernel {
+func loadTestKernelWithIfindex(t testing.TB, d intent.Desired, ifindexOf func(string) (int, error)) *Kernel {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("BPF_PROG_RUN needs root (unprivileged BPF is disabled on this machine)")
@@ -226,7 +226,7 @@ func loadTestKernelWithIfindex(t *testing.T, d intent.Desired, ifindexOf func(st
 	return k
 }
 
-func seedMapping(t *testing.T, k *Kernel, ip netip.Addr, host net.HardwareAddr) {
+func seedMapping(t testing.TB, k *Kernel, ip netip.Addr, host net.HardwareAddr) {
 	t.Helper()
 	var m Mapping
 	copy(m.HostMac[:], host)
