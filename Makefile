@@ -46,7 +46,7 @@ demo-down: build
 bench: deps build
 	$(GO) run ./bench -binary $(BIN) -rounds $${ROUNDS:-5} -out bench/results/latest.json
 	@echo; echo "The datapath's own cost per packet (BPF_PROG_RUN, no kernel around it):"
-	$(GO) test -count=1 -run '^$$' -bench PacketCost -benchtime 2000000x ./internal/datapath/ | grep ns/packet
+	$(GO) test -count=1 -run '^$$' -bench PacketCost -benchtime 200000x ./internal/datapath/ | grep ns/packet
 
 clean:
 	rm -rf bin
