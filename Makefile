@@ -5,7 +5,7 @@ GO ?= go
 BIN := bin/onehop
 QUICKSTART ?= examples/quickstart.yaml
 
-.PHONY: all deps build generate check-generated vet unit-test e2e-test test demo demo-down bench clean
+.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down bench clean
 
 all: build
 
@@ -31,11 +31,15 @@ vet:
 unit-test:
 	$(GO) test -count=1 ./internal/... ./cmd/... ./bench/...
 
+# Every Go fuzz target, briefly (FUZZTIME each): parsers a tenant or an operator can feed.
+fuzz:
+	@bash scripts/fuzz.sh
+
 # Whole labs of namespaces with real tools; one package at a time.
 e2e-test:
 	$(GO) test -count=1 -p 1 -timeout 20m ./test/e2e/...
 
-test: deps vet check-generated unit-test e2e-test
+test: deps vet check-generated unit-test fuzz e2e-test
 
 demo: deps build
 	@bash scripts/demo.sh $(BIN) $(QUICKSTART)
