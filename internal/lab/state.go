@@ -34,7 +34,8 @@ type State struct {
 	EtcdURL    string   `json:"etcdURL"`
 	Phase      string   `json:"phase"` // "building" until up has finished, then "up"
 	Namespaces []string `json:"namespaces"`
-	// Kinds says what each node is: fabric, controller, host or vm.
+	// Kinds says what kind each node is: fabric, controller, host or vm
+	// (see kinds in kind.go).
 	Kinds map[string]string `json:"kinds"`
 	// VMs are the VMs as built, with their addresses.
 	VMs       []intent.VM `json:"vms"`

@@ -111,3 +111,13 @@ func validateVMs(c *checker, f *File) {
 		}
 	}
 }
+
+// VMByName returns the VM named name.
+func (f *File) VMByName(name string) (VM, bool) {
+	for _, v := range f.VMs {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return VM{}, false
+}
