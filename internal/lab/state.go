@@ -4,6 +4,12 @@
 // an agent; each VM is a namespace behind a veth pair whose host end, the
 // vif, lives in its host's namespace; the controller, with its embedded
 // etcd, sits on the fabric like any management server.
+//
+// Each of those is a node kind (kind.go), one file each (kind_*.go); Up
+// drives them all through the same steps. The shared plumbing is split by
+// concern: namespaces and links (plumb.go), daemons and their arguments
+// (process.go), the controller's allocations (alloc.go), and when a host's
+// datapath is on a vif (ready.go).
 package lab
 
 import (

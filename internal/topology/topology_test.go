@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 func TestQuickstartExampleIsValid(t *testing.T) {
@@ -293,5 +295,56 @@ func checkErrorLines(t *testing.T, err error) {
 		if !errLineRE.MatchString(line) {
 			t.Fatalf("error line %q does not start with t.yaml:LINE:\nwhole error: %v", line, err)
 		}
+	}
+}
+
+// TestANewNodeKindIsItsOwnSection adds a kind the way a feature will: a
+// section of its own, registered with one line, keeping its entries in
+// File.extra, its names in the same space as every other node's.
+func TestANewNodeKindIsItsOwnSection(t *testing.T) {
+	type router struct {
+		Name string
+		Line int
+	}
+	routers := section{
+		key: "routers",
+		decode: func(d *decoder, v *yaml.Node, f *File) {
+			var rs []router
+			d.report(d.seq("routers", func(item *yaml.Node) {
+				r := router{Line: item.Line}
+				d.mapping(item, "router", map[string]field{"name": d.str(&r.Name, "router name")})
+				rs = append(rs, r)
+			})(v))
+			setExtra(f, "routers", rs)
+		},
+		validate: func(c *checker, f *File) {
+			for _, r := range extra[[]router](f, "routers") {
+				if holder, ok := c.claimNode("router", r.Name, r.Line); !ok {
+					c.fail(r.Line, "router name %q is already the %s of line %d", r.Name, holder.kind, holder.line)
+				}
+			}
+		},
+	}
+	saved := sections
+	sections = append(append([]section(nil), sections...), routers)
+	t.Cleanup(func() { sections = saved })
+
+	f, err := Parse("t.yaml", []byte(good+"routers: [{name: wan1}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := extra[[]router](f, "routers"); len(rs) != 1 || rs[0].Name != "wan1" || rs[0].Line != 12 {
+		t.Fatalf("routers %+v", rs)
+	}
+	_, err = Parse("t.yaml", []byte(good+"routers: [{name: h1, color: red}]\n"))
+	if err == nil || !strings.Contains(err.Error(), `t.yaml:12: unknown key "color" in router`) {
+		t.Fatalf("err = %v", err)
+	}
+	_, err = Parse("t.yaml", []byte(good+"routers: [{name: h1}]\n"))
+	if err == nil || !strings.Contains(err.Error(), `t.yaml:12: router name "h1" is already the host of line 3`) {
+		t.Fatalf("err = %v", err)
+	}
+	if f, _ := Parse("t.yaml", []byte(good)); extra[[]router](f, "routers") != nil {
+		t.Fatal("a file without the key has routers")
 	}
 }
