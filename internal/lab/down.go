@@ -13,12 +13,9 @@ import (
 // them every veth, bridge and tcx link), what its kinds made besides (the
 // bpffs with its pins), and its state directory. It keeps going past errors
 // and reports them all, so a second run finishes what the first could not.
-func Teardown(st *State, progress io.Writer) error {
-	say := func(format string, a ...any) {
-		if progress != nil {
-			fmt.Fprintf(progress, "  - "+format+"\n", a...)
-		}
-	}
+func Teardown(st *State, w io.Writer) error {
+	out := &progress{w: w}
+	say := func(format string, a ...any) { out.printf("  - "+format+"\n", a...) }
 	var errs []error
 	for _, p := range st.Processes {
 		if alive(p.PID) {
@@ -65,8 +62,9 @@ func Teardown(st *State, progress io.Writer) error {
 }
 
 // Down tears down lab name under root. A lab without state but with leftover
-// namespaces is cleaned too.
+// namespaces is cleaned too. Like Up, it outlives a closed stdout or stderr.
 func Down(root, name string, progress io.Writer) error {
+	survivePipes()
 	st, err := Load(root, name)
 	if err != nil {
 		left, _ := netns.List(NamespaceOf(name, ""))

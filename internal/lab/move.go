@@ -38,11 +38,19 @@ func Move(st *State, vmName, toHost string) (*intent.VM, error) {
 		return nil, fmt.Errorf("lab %q has no VM %q", st.Name, vmName)
 	}
 	vm := st.VMs[idx]
-	if vm.Host == toHost {
-		return nil, fmt.Errorf("vm %s is already on %s", vmName, toHost)
-	}
 	ctx := context.Background()
 	vif := topology.VifName(vmName)
+	if vm.Host == toHost {
+		// A move stopped before its vif came up is finished by asking again.
+		if up, err := linkUp(NamespaceOf(st.Name, toHost), vif); err != nil || up {
+			return nil, fmt.Errorf("vm %s is already on %s", vmName, toHost)
+		}
+		if err := activateVif(ctx, st, toHost, vif); err != nil {
+			return nil, fmt.Errorf("vm %s on %s: %w", vmName, toHost, err)
+		}
+		v := vm
+		return &v, nil
+	}
 	from, to := NamespaceOf(st.Name, vm.Host), NamespaceOf(st.Name, toHost)
 	// The vif moves first: the new host's agent then finds it as soon as
 	// the controller places the VM there, rather than at its next resync.

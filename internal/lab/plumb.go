@@ -106,6 +106,20 @@ func setLinkUp(ns, ifname string, up bool) error {
 	return nil
 }
 
+// linkUp reports whether ifname in namespace ns is administratively up.
+func linkUp(ns, ifname string) (bool, error) {
+	h, err := netns.Handle(ns)
+	if err != nil {
+		return false, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(ifname)
+	if err != nil {
+		return false, fmt.Errorf("%s in %s: %w", ifname, ns, err)
+	}
+	return l.Attrs().Flags&net.FlagUp != 0, nil
+}
+
 // moveLink moves ifname from namespace from to namespace to. The kernel
 // takes a link down when it changes namespace; it stays down until set up.
 func moveLink(from, to, ifname string) error {
