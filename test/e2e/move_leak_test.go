@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -178,4 +179,26 @@ func (l *testLab) icmpCounters(node string) map[string]int {
 		}
 	}
 	return m
+}
+
+// TestPrivilegedMoveStoppedBeforeItsVifCameUpIsFinishedByAskingAgain: a move
+// interrupted between re-plumbing the vif and bringing it up (here, the vif
+// taken down by hand after the move) leaves the VM unreachable; the same
+// move again brings it up, and anything else still says it is already there.
+func TestPrivilegedMoveStoppedBeforeItsVifCameUpIsFinishedByAskingAgain(t *testing.T) {
+	l := upLab(t, threeHosts)
+	vmIP := l.ip("web1")
+	l.onehop("lab", "move", "web1", "--to", "h3")
+	l.mustIn("h3", "ip", "link", "set", "vif-web1", "down")
+	if err := l.ping("web2", vmIP, 1); err == nil {
+		t.Fatal("web1 answered with its vif down")
+	}
+	l.onehop("lab", "move", "web1", "--to", "h3")
+	if err := l.ping("web2", vmIP, 2); err != nil {
+		t.Errorf("after moving to h3 again: %v", err)
+	}
+	out, err := exec.Command(binary, "lab", "move", "web1", "--to", "h3", "--root", testRoot, "--lab", l.name).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "already on h3") {
+		t.Errorf("a third move to h3: %v\n%s", err, out)
+	}
 }
