@@ -141,7 +141,7 @@ func Up(ctx context.Context, t *topology.File, opts Options) (*State, error) {
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			err = fmt.Errorf("lab up interrupted (%w); removing what was built", err)
+			err = fmt.Errorf("lab up interrupted (%w); what it had built is removed", err)
 		} else if kept := keepLogs(st); kept != "" {
 			err = fmt.Errorf("%w\n(daemon logs kept in %s)", err, kept)
 		}
