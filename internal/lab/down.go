@@ -5,25 +5,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
-	"syscall"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
 )
 
 // Teardown removes everything a lab made: its daemons, namespaces (and with
-// them every veth, bridge and tcx link), the bpffs with its pins, and its
-// state directory. It keeps going past errors and reports them all, so a
-// second run finishes what the first could not.
-func Teardown(st *State, progress io.Writer) error {
-	say := func(format string, a ...any) {
-		if progress != nil {
-			fmt.Fprintf(progress, "  - "+format+"\n", a...)
-		}
-	}
+// them every veth, bridge and tcx link), what its kinds made besides (the
+// bpffs with its pins), and its state directory. It keeps going past errors
+// and reports them all, so a second run finishes what the first could not.
+func Teardown(st *State, w io.Writer) error {
+	out := &progress{w: w}
+	say := func(format string, a ...any) { out.printf("  - "+format+"\n", a...) }
 	var errs []error
 	for _, p := range st.Processes {
 		if alive(p.PID) {
@@ -53,21 +45,12 @@ func Teardown(st *State, progress io.Writer) error {
 	if len(seen) > 0 {
 		say("removed %d namespaces", len(seen))
 	}
-	if st.BPFFS != "" {
-		unmounted := false
-		for i := 0; i < 8; i++ { // a bpffs may have been mounted more than once
-			var sfs unix.Statfs_t
-			if unix.Statfs(st.BPFFS, &sfs) != nil || sfs.Type != unix.BPF_FS_MAGIC {
-				break
+	// What kinds made outside namespaces and processes (the agents' bpffs).
+	for _, k := range kinds {
+		if r, ok := k.(remover); ok {
+			if err := r.remove(st, say); err != nil {
+				errs = append(errs, err)
 			}
-			if err := unix.Unmount(st.BPFFS, unix.MNT_DETACH); err != nil {
-				errs = append(errs, fmt.Errorf("unmount %s: %w", st.BPFFS, err))
-				break
-			}
-			unmounted = true
-		}
-		if unmounted {
-			say("unmounted bpffs %s (pinned maps and links)", st.BPFFS)
 		}
 	}
 	if st.Dir != "" && len(errs) == 0 {
@@ -79,8 +62,9 @@ func Teardown(st *State, progress io.Writer) error {
 }
 
 // Down tears down lab name under root. A lab without state but with leftover
-// namespaces is cleaned too.
+// namespaces is cleaned too. Like Up, it outlives a closed stdout or stderr.
 func Down(root, name string, progress io.Writer) error {
+	survivePipes()
 	st, err := Load(root, name)
 	if err != nil {
 		left, _ := netns.List(NamespaceOf(name, ""))
@@ -90,51 +74,4 @@ func Down(root, name string, progress io.Writer) error {
 		st = &State{Name: name}
 	}
 	return Teardown(st, progress)
-}
-
-func alive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	// A zombie or a reused pid is not our daemon.
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "Z" {
-		return false
-	}
-	// Mid-execve the cmdline reads empty; otherwise it must be ours.
-	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return len(cmd) == 0 || strings.Contains(string(cmd), "onehop")
-}
-
-func stop(pid int) error {
-	syscall.Kill(pid, syscall.SIGTERM)
-	for i := 0; i < 50; i++ {
-		if !alive(pid) {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	syscall.Kill(pid, syscall.SIGKILL)
-	for i := 0; i < 20; i++ {
-		if !alive(pid) {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("pid %d still running after SIGKILL", pid)
-}
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "(no log)"
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "    " + strings.Join(lines, "\n    ")
 }

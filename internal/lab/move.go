@@ -1,18 +1,26 @@
 package lab
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/onehop/onehop/internal/client"
 	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/netns"
 	"github.com/onehop/onehop/internal/topology"
 )
 
-// Move moves a VM to another host of the lab, as a live migration would: the
-// controller is told first, then the VM's vif is re-plumbed into the new
-// host's namespace. The VM keeps its interface, address and MAC, so its
-// established connections carry on once the hosts' tables follow.
+// moveTimeout bounds how long a move waits for the new host's datapath.
+const moveTimeout = 30 * time.Second
+
+// Move moves a VM to another host of the lab, as a live migration would. The
+// VM's vif is taken down and re-plumbed into the new host's namespace, the
+// controller is told, and the vif comes up again only once the new host's
+// agent reports its datapath on it: a vif up before that would hand what
+// the VM sends to the new host's own IP stack. The VM keeps its interface,
+// address and MAC, so its established connections carry on once the hosts'
+// tables follow.
 func Move(st *State, vmName, toHost string) (*intent.VM, error) {
 	if st.APISocket == "" || st.Datapath == topology.DatapathBridge {
 		return nil, fmt.Errorf("lab %q has no controller to move VMs with", st.Name)
@@ -30,43 +38,52 @@ func Move(st *State, vmName, toHost string) (*intent.VM, error) {
 		return nil, fmt.Errorf("lab %q has no VM %q", st.Name, vmName)
 	}
 	vm := st.VMs[idx]
+	ctx := context.Background()
+	vif := topology.VifName(vmName)
 	if vm.Host == toHost {
-		return nil, fmt.Errorf("vm %s is already on %s", vmName, toHost)
+		// A move stopped before its vif came up is finished by asking again.
+		if up, err := linkUp(NamespaceOf(st.Name, toHost), vif); err != nil || up {
+			return nil, fmt.Errorf("vm %s is already on %s", vmName, toHost)
+		}
+		if err := activateVif(ctx, st, toHost, vif); err != nil {
+			return nil, fmt.Errorf("vm %s on %s: %w", vmName, toHost, err)
+		}
+		v := vm
+		return &v, nil
+	}
+	from, to := NamespaceOf(st.Name, vm.Host), NamespaceOf(st.Name, toHost)
+	// The vif moves first: the new host's agent then finds it as soon as
+	// the controller places the VM there, rather than at its next resync.
+	if err := moveLink(from, to, vif); err != nil {
+		return nil, fmt.Errorf("move vif of %s to %s: %w", vmName, toHost, err)
 	}
 	var moved intent.VM
 	path := fmt.Sprintf("/v1/farms/%s/subnets/%s/vms/%s/host", vm.Farm, vm.Subnet, vm.Name)
 	if err := client.New(st.APISocket).Do("PUT", path, map[string]string{"host": toHost}, &moved); err != nil {
-		return nil, fmt.Errorf("move %s in the controller: %w", vmName, err)
-	}
-	from, err := netns.Handle(NamespaceOf(st.Name, vm.Host))
-	if err != nil {
+		err = fmt.Errorf("move %s in the controller: %w", vmName, err)
+		// Put it back where the controller still has it.
+		if berr := moveLink(to, from, vif); berr != nil {
+			return nil, errors.Join(err, fmt.Errorf("and putting its vif back on %s: %w", vm.Host, berr))
+		}
+		if berr := activateVif(ctx, st, vm.Host, vif); berr != nil {
+			return nil, errors.Join(err, berr)
+		}
 		return nil, err
-	}
-	defer from.Close()
-	vif, err := from.LinkByName(topology.VifName(vmName))
-	if err != nil {
-		return nil, fmt.Errorf("vif of %s on %s: %w", vmName, vm.Host, err)
-	}
-	toFd, err := netns.Fd(NamespaceOf(st.Name, toHost))
-	if err != nil {
-		return nil, err
-	}
-	defer toFd.Close()
-	if err := from.LinkSetNsFd(vif, int(toFd)); err != nil {
-		return nil, fmt.Errorf("move vif of %s to %s: %w", vmName, toHost, err)
-	}
-	to, err := netns.Handle(NamespaceOf(st.Name, toHost))
-	if err != nil {
-		return nil, err
-	}
-	defer to.Close()
-	vif, err = to.LinkByName(topology.VifName(vmName))
-	if err == nil {
-		err = to.LinkSetUp(vif)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bring up vif of %s on %s: %w", vmName, toHost, err)
 	}
 	st.VMs[idx].Host = toHost
-	return &moved, st.save()
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	if err := activateVif(ctx, st, toHost, vif); err != nil {
+		return nil, fmt.Errorf("vm %s on %s: %w", vmName, toHost, err)
+	}
+	return &moved, nil
+}
+
+// activateVif brings vif on host up once host's datapath is on it.
+func activateVif(ctx context.Context, st *State, host, vif string) error {
+	if err := waitVifAttached(ctx, st, host, vif, moveTimeout); err != nil {
+		return fmt.Errorf("vif %s left down: %w", vif, err)
+	}
+	return setLinkUp(NamespaceOf(st.Name, host), vif, true)
 }

@@ -4,6 +4,12 @@
 // an agent; each VM is a namespace behind a veth pair whose host end, the
 // vif, lives in its host's namespace; the controller, with its embedded
 // etcd, sits on the fabric like any management server.
+//
+// Each of those is a node kind (kind.go), one file each (kind_*.go); Up
+// drives them all through the same steps. The shared plumbing is split by
+// concern: namespaces and links (plumb.go), daemons and their arguments
+// (process.go), the controller's allocations (alloc.go), and when a host's
+// datapath is on a vif (ready.go).
 package lab
 
 import (
@@ -34,7 +40,8 @@ type State struct {
 	EtcdURL    string   `json:"etcdURL"`
 	Phase      string   `json:"phase"` // "building" until up has finished, then "up"
 	Namespaces []string `json:"namespaces"`
-	// Kinds says what each node is: fabric, controller, host or vm.
+	// Kinds says what kind each node is: fabric, controller, host or vm
+	// (see kinds in kind.go).
 	Kinds map[string]string `json:"kinds"`
 	// VMs are the VMs as built, with their addresses.
 	VMs       []intent.VM `json:"vms"`

@@ -24,7 +24,7 @@ type Report struct {
 // NodeReport describes one namespace of the lab.
 type NodeReport struct {
 	Name       string              `json:"name"`
-	Kind       string              `json:"kind"` // fabric, controller, host or vm
+	Kind       string              `json:"kind"` // fabric, controller, host or vm (see kinds)
 	Netns      string              `json:"netns"`
 	Present    bool                `json:"present"`
 	Interfaces []InterfaceReport   `json:"interfaces"`
@@ -49,14 +49,20 @@ type ProcessReport struct {
 	Log   string `json:"log"`
 }
 
+// statusFacts is what lab status learns from the controller's store, for
+// the kinds to report from.
+type statusFacts struct {
+	agents map[string]*intent.AgentStatus
+	vms    map[string]*intent.VM
+}
+
 // Status reports on every node of the lab, reading the namespaces and, when
 // the controller is reachable, the agents' reports and VM allocations.
 func Status(ctx context.Context, st *State) *Report {
 	r := &Report{Name: st.Name, Phase: st.Phase, Datapath: st.Datapath, Topology: st.Topology, StateDir: st.Dir}
-	agents := map[string]*intent.AgentStatus{}
-	vms := map[string]*intent.VM{}
+	f := &statusFacts{agents: map[string]*intent.AgentStatus{}, vms: map[string]*intent.VM{}}
 	for i := range st.VMs {
-		vms[st.VMs[i].Name] = &st.VMs[i]
+		f.vms[st.VMs[i].Name] = &st.VMs[i]
 	}
 	// Only an onehop lab has a controller to ask (a bridge lab has none).
 	if st.EtcdSocket != "" && st.Datapath != "bridge" {
@@ -64,12 +70,12 @@ func Status(ctx context.Context, st *State) *Report {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			if sts, _, err := store.ListJSON[intent.AgentStatus](cctx, s, intent.StatusPrefix); err == nil {
 				for i := range sts {
-					agents[sts[i].Node] = &sts[i]
+					f.agents[sts[i].Node] = &sts[i]
 				}
 			}
 			if vs, _, err := store.ListJSON[intent.VM](cctx, s, intent.VMsPrefix); err == nil {
 				for i := range vs {
-					vms[vs[i].Name] = &vs[i]
+					f.vms[vs[i].Name] = &vs[i]
 				}
 			}
 			cancel()
@@ -84,13 +90,12 @@ func Status(ctx context.Context, st *State) *Report {
 	for _, ns := range st.Namespaces {
 		node := strings.TrimPrefix(ns, prefix)
 		n := NodeReport{Name: node, Netns: ns, Present: netns.Exists(ns), Kind: st.Kinds[node]}
-		if vm, ok := vms[node]; ok {
-			n.VM = vm
+		if rep, ok := kindNamed(n.Kind).(reporter); ok {
+			rep.report(&n, f)
 		}
 		if p, ok := procs[node]; ok {
 			n.Process = &ProcessReport{Name: p.Name, PID: p.PID, Alive: alive(p.PID), Log: p.Log}
 		}
-		n.Agent = agents[node]
 		if n.Present {
 			n.Interfaces = interfaces(ns)
 		}

@@ -1,5 +1,6 @@
 // Package netns creates, enters and removes named network namespaces (the
-// /run/netns/NAME bind mounts iproute2 uses, so `ip netns` sees them too).
+// /run/netns/NAME bind mounts iproute2 uses, so `ip netns` sees them too),
+// and runs commands in them the way `ip netns exec` does, /sys included.
 //
 // A Linux network namespace belongs to a thread, not a process. Every switch
 // happens on a locked OS thread that is never unlocked, so the Go runtime
@@ -169,13 +170,21 @@ func enter(name string) error {
 }
 
 // Exec replaces the current process with argv running inside the named
-// namespace. Only returns on error.
+// namespace, as `ip netns exec` runs it: in a mount namespace of its own
+// whose /sys describes the network namespace, so tools that read
+// /sys/class/net see the node's interfaces, not the machine's. Only returns
+// on error.
 func Exec(name string, argv []string) error {
 	if len(argv) == 0 {
 		return errors.New("no command to run")
 	}
-	runtime.LockOSThread() // execve from the thread that entered the namespace
+	// execve from the thread that entered the namespaces: namespaces
+	// belong to a thread, and the new program keeps the caller's.
+	runtime.LockOSThread()
 	if err := enter(name); err != nil {
+		return err
+	}
+	if err := ownSysfs(name); err != nil {
 		return err
 	}
 	path := argv[0]
@@ -188,6 +197,38 @@ func Exec(name string, argv []string) error {
 	}
 	if err := syscall.Exec(path, argv, os.Environ()); err != nil {
 		return fmt.Errorf("exec %s: %w", argv[0], err)
+	}
+	return nil
+}
+
+// ownSysfs moves the calling thread into a new mount namespace and mounts
+// there a sysfs of the network namespace the thread is in, the way iproute2's
+// netns_switch does. The thread must be locked and already in that network
+// namespace: a sysfs shows the network devices of its mounter's namespace.
+func ownSysfs(name string) error {
+	// A new mount namespace is per thread here: unshare(CLONE_NEWNS)
+	// unshares the thread's fs_struct too, so the other threads of this
+	// process keep the machine's /sys.
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("new mount namespace for %s: %w", name, err)
+	}
+	// Slave, not private: mounts made here never reach the machine, but
+	// the machine's still reach here (a lab's bpffs unmounted at lab down
+	// is gone for its daemons too).
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make / a slave mount for %s: %w", name, err)
+	}
+	var flags uintptr
+	if err := unix.Unmount("/sys", unix.MNT_DETACH); err != nil {
+		// No sysfs there to take away: mount over whatever is; a
+		// read-only /sys cannot be shadowed by a writable one.
+		var st unix.Statfs_t
+		if unix.Statfs("/sys", &st) == nil && st.Flags&unix.ST_RDONLY != 0 {
+			flags = unix.MS_RDONLY
+		}
+	}
+	if err := unix.Mount(name, "/sys", "sysfs", flags, ""); err != nil {
+		return fmt.Errorf("mount /sys for network namespace %s: %w", name, err)
 	}
 	return nil
 }

@@ -2,8 +2,11 @@ package topology
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 func TestQuickstartExampleIsValid(t *testing.T) {
@@ -62,50 +65,52 @@ func TestFarmMayEnableProxyARP(t *testing.T) {
 	}
 }
 
+// errorCases are edits of good that must be refused, with what the error says.
+var errorCases = []struct {
+	name    string
+	edit    func(string) string
+	wantErr string
+}{
+	{"unknown host", func(s string) string { return strings.Replace(s, "host: h1", "host: h9", 1) },
+		`t.yaml:10: vm "web1": host "h9" is not defined`},
+	{"unknown subnet", func(s string) string { return strings.Replace(s, "subnet: blue/web", "subnet: blue/db", 1) },
+		`t.yaml:11: vm "web1": subnet "blue/db" is not defined`},
+	{"duplicate vm", func(s string) string { return s + "  - {name: web1, host: h1, subnet: blue/web}\n" },
+		`t.yaml:12: duplicate vm "web1" (first defined on line 9)`},
+	{"bad cidr", func(s string) string { return s + "fabric:\n  cidr: 192.168.300.0/24\n" },
+		`t.yaml:13: fabric.cidr "192.168.300.0/24" is not a CIDR`},
+	{"fabric in tenant space", func(s string) string { return s + "fabric:\n  cidr: 10.9.0.0/16\n" },
+		`outside the tenant space`},
+	{"misspelt key", func(s string) string { return strings.Replace(s, "    host: h1", "    hots: h1", 1) },
+		`t.yaml:10: unknown key "hots" in vm`},
+	{"duplicate host", func(s string) string { return strings.Replace(s, "  - name: h1\n", "  - name: h1\n  - name: h1\n", 1) },
+		`t.yaml:4: duplicate host "h1"`},
+	{"host outside fabric", func(s string) string {
+		return strings.Replace(s, "  - name: h1\n", "  - name: h1\n    address: 172.16.0.5\n", 1)
+	}, `host h1 address 172.16.0.5 is not a usable address of fabric 192.168.100.0/24`},
+	{"vm name too long for a vif", func(s string) string { return strings.Replace(s, "name: web1", "name: averyveryverylongname", 1) },
+		`must be 1-11 lowercase`},
+	{"no hosts", func(s string) string { return strings.Replace(s, "hosts:\n  - name: h1\n", "", 1) },
+		`no hosts`},
+	{"dhcp not a bool", func(s string) string {
+		return strings.Replace(s, "    subnet: blue/web\n", "    subnet: blue/web\n    dhcp: maybe\n", 1)
+	},
+		`t.yaml:12: vm dhcp must be true or false`},
+	{"proxy_arp not a bool", func(s string) string {
+		return strings.Replace(s, "  - name: blue\n", "  - name: blue\n    proxy_arp: yes\n", 1)
+	},
+		`t.yaml:6: farm proxy_arp must be true or false`},
+	{"arp refresh not a duration", func(s string) string { return s + "arp: {refresh: often}\n" },
+		`t.yaml:12: arp.refresh "often" must be a duration of at least 1s`},
+	{"arp table too small", func(s string) string { return s + "arp:\n  table_size: 8\n" },
+		`t.yaml:13: arp.table_size "8" must be a whole number from 64`},
+	{"unknown arp key", func(s string) string { return s + "arp: {wait: 1s}\n" }, `t.yaml:12: unknown key "wait" in arp`},
+	{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
+	{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
+}
+
 func TestTopologyErrorsNameLineAndReason(t *testing.T) {
-	cases := []struct {
-		name    string
-		edit    func(string) string
-		wantErr string
-	}{
-		{"unknown host", func(s string) string { return strings.Replace(s, "host: h1", "host: h9", 1) },
-			`t.yaml:10: vm "web1": host "h9" is not defined`},
-		{"unknown subnet", func(s string) string { return strings.Replace(s, "subnet: blue/web", "subnet: blue/db", 1) },
-			`t.yaml:11: vm "web1": subnet "blue/db" is not defined`},
-		{"duplicate vm", func(s string) string { return s + "  - {name: web1, host: h1, subnet: blue/web}\n" },
-			`t.yaml:12: duplicate vm "web1" (first defined on line 9)`},
-		{"bad cidr", func(s string) string { return s + "fabric:\n  cidr: 192.168.300.0/24\n" },
-			`t.yaml:13: fabric.cidr "192.168.300.0/24" is not a CIDR`},
-		{"fabric in tenant space", func(s string) string { return s + "fabric:\n  cidr: 10.9.0.0/16\n" },
-			`outside the tenant space`},
-		{"misspelt key", func(s string) string { return strings.Replace(s, "    host: h1", "    hots: h1", 1) },
-			`t.yaml:10: unknown key "hots" in vm`},
-		{"duplicate host", func(s string) string { return strings.Replace(s, "  - name: h1\n", "  - name: h1\n  - name: h1\n", 1) },
-			`t.yaml:4: duplicate host "h1"`},
-		{"host outside fabric", func(s string) string {
-			return strings.Replace(s, "  - name: h1\n", "  - name: h1\n    address: 172.16.0.5\n", 1)
-		}, `host h1 address 172.16.0.5 is not a usable address of fabric 192.168.100.0/24`},
-		{"vm name too long for a vif", func(s string) string { return strings.Replace(s, "name: web1", "name: averyveryverylongname", 1) },
-			`must be 1-11 lowercase`},
-		{"no hosts", func(s string) string { return strings.Replace(s, "hosts:\n  - name: h1\n", "", 1) },
-			`no hosts`},
-		{"dhcp not a bool", func(s string) string {
-			return strings.Replace(s, "    subnet: blue/web\n", "    subnet: blue/web\n    dhcp: maybe\n", 1)
-		},
-			`t.yaml:12: vm dhcp must be true or false`},
-		{"proxy_arp not a bool", func(s string) string {
-			return strings.Replace(s, "  - name: blue\n", "  - name: blue\n    proxy_arp: yes\n", 1)
-		},
-			`t.yaml:6: farm proxy_arp must be true or false`},
-		{"arp refresh not a duration", func(s string) string { return s + "arp: {refresh: often}\n" },
-			`t.yaml:12: arp.refresh "often" must be a duration of at least 1s`},
-		{"arp table too small", func(s string) string { return s + "arp:\n  table_size: 8\n" },
-			`t.yaml:13: arp.table_size "8" must be a whole number from 64`},
-		{"unknown arp key", func(s string) string { return s + "arp: {wait: 1s}\n" }, `t.yaml:12: unknown key "wait" in arp`},
-		{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
-		{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
-	}
-	for _, c := range cases {
+	for _, c := range errorCases {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := Parse("t.yaml", []byte(c.edit(good)))
 			if err == nil {
@@ -163,16 +168,18 @@ func TestRulesAndPeersParseAndQualify(t *testing.T) {
 	}
 }
 
+// badRuleCases are edits of twoFarms that must be refused.
+var badRuleCases = []struct{ old, new, want string }{
+	{"to: db, proto: tcp", "to: dbx, proto: tcp", `t.yaml:8: rule of farm "blue": to "dbx" is not a subnet`},
+	{"port: 5432", "port: 70000", `t.yaml:8: rule port "70000" is not a port number`},
+	{"proto: tcp, port", "proto: sctp, port", `proto "sctp" is not tcp, udp, icmp or any`},
+	{"proto: icmp", "proto: icmp, port: 7", "a port needs proto tcp or udp"},
+	{"to: db, proto", "to: web, proto", "from and to are the same subnet"},
+	{"peers: [red]", "peers: [green]", `farm "blue" peers with "green", which is not another farm`},
+}
+
 func TestBadRulesAreRejectedWithTheirLine(t *testing.T) {
-	cases := []struct{ old, new, want string }{
-		{"to: db, proto: tcp", "to: dbx, proto: tcp", `t.yaml:8: rule of farm "blue": to "dbx" is not a subnet`},
-		{"port: 5432", "port: 70000", `t.yaml:8: rule port "70000" is not a port number`},
-		{"proto: tcp, port", "proto: sctp, port", `proto "sctp" is not tcp, udp, icmp or any`},
-		{"proto: icmp", "proto: icmp, port: 7", "a port needs proto tcp or udp"},
-		{"to: db, proto", "to: web, proto", "from and to are the same subnet"},
-		{"peers: [red]", "peers: [green]", `farm "blue" peers with "green", which is not another farm`},
-	}
-	for _, c := range cases {
+	for _, c := range badRuleCases {
 		t.Run(c.want, func(t *testing.T) {
 			_, err := Parse("t.yaml", []byte(strings.Replace(twoFarms, c.old, c.new, 1)))
 			if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -212,5 +219,132 @@ func TestVMFirewallParsesAndBadRulesAreRejected(t *testing.T) {
 				t.Fatalf("err = %v, want %q with a line", err, c.want)
 			}
 		})
+	}
+}
+
+// duplicateKeyCases repeat a key somewhere in a topology.
+var duplicateKeyCases = []struct {
+	name, topo, want string
+}{
+	{"vm key", strings.Replace(good, "    host: h1\n", "    host: h1\n    host: h2\n", 1),
+		`t.yaml:11: duplicate key "host" in vm (first on line 10, again on line 11)`},
+	{"top-level section", good + "hosts:\n  - name: h2\n",
+		`t.yaml:12: duplicate key "hosts" in topology (first on line 2, again on line 12)`},
+	{"top-level scalar", "name: a\n" + strings.Replace(good, "name: t\n", "name: t\n", 1),
+		`t.yaml:2: duplicate key "name" in topology (first on line 1, again on line 2)`},
+	{"flow mapping", strings.Replace(good, "  - name: h1\n", "  - {name: h1, name: h2}\n", 1),
+		`t.yaml:3: duplicate key "name" in host (first on line 3, again on line 3)`},
+	{"fabric", good + "fabric:\n  cidr: 192.168.100.0/24\n  cidr: 192.168.200.0/24\n",
+		`t.yaml:14: duplicate key "cidr" in fabric (first on line 13, again on line 14)`},
+	{"firewall rule", strings.Replace(good, "    subnet: blue/web\n", `    subnet: blue/web
+    firewall:
+      rules:
+        - {dir: in, action: allow, action: deny}
+`, 1), `t.yaml:14: duplicate key "action" in firewall rule (first on line 14, again on line 14)`},
+}
+
+func TestDuplicateKeysAreRefusedWithTheLinesOfBoth(t *testing.T) {
+	for _, c := range duplicateKeyCases {
+		t.Run(c.name, func(t *testing.T) {
+			f, err := Parse("t.yaml", []byte(c.topo))
+			if err == nil {
+				t.Fatalf("accepted (last one wins: %+v); want %q", f, c.want)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q does not contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+// malformedCases are files that are not a topology at all.
+var malformedCases = map[string]string{
+	"empty":            "",
+	"only a comment":   "# nothing\n",
+	"not a mapping":    "- a\n- b\n",
+	"two documents":    good + "---\nname: u\n",
+	"bad second doc":   good + "---\n[\n",
+	"unclosed flow":    "hosts: [\n",
+	"tab indentation":  "hosts:\n\t- name: h1\n",
+	"not utf-8":        "name: t\nhosts: [{name: \xff}]\n",
+	"control char":     "name: t\x01\n",
+	"alias as a value": "name: &a t\nhosts: [{name: *a}]\n",
+	"merge key":        "x: &a {name: h1}\nhosts: [{<<: *a}]\n",
+	"null value":       "hosts:\n",
+	"key not a scalar": "? [a]\n: b\n",
+}
+
+func TestEveryParseErrorNamesALine(t *testing.T) {
+	for name, topo := range malformedCases {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(topo))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			checkErrorLines(t, err)
+		})
+	}
+}
+
+// errLineRE is how every line of a topology error starts.
+var errLineRE = regexp.MustCompile(`^t\.yaml:[1-9][0-9]*: \S`)
+
+func checkErrorLines(t *testing.T, err error) {
+	t.Helper()
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if !errLineRE.MatchString(line) {
+			t.Fatalf("error line %q does not start with t.yaml:LINE:\nwhole error: %v", line, err)
+		}
+	}
+}
+
+// TestANewNodeKindIsItsOwnSection adds a kind the way a feature will: a
+// section of its own, registered with one line, keeping its entries in
+// File.extra, its names in the same space as every other node's.
+func TestANewNodeKindIsItsOwnSection(t *testing.T) {
+	type router struct {
+		Name string
+		Line int
+	}
+	routers := section{
+		key: "routers",
+		decode: func(d *decoder, v *yaml.Node, f *File) {
+			var rs []router
+			d.report(d.seq("routers", func(item *yaml.Node) {
+				r := router{Line: item.Line}
+				d.mapping(item, "router", map[string]field{"name": d.str(&r.Name, "router name")})
+				rs = append(rs, r)
+			})(v))
+			setExtra(f, "routers", rs)
+		},
+		validate: func(c *checker, f *File) {
+			for _, r := range extra[[]router](f, "routers") {
+				if holder, ok := c.claimNode("router", r.Name, r.Line); !ok {
+					c.fail(r.Line, "router name %q is already the %s of line %d", r.Name, holder.kind, holder.line)
+				}
+			}
+		},
+	}
+	saved := sections
+	sections = append(append([]section(nil), sections...), routers)
+	t.Cleanup(func() { sections = saved })
+
+	f, err := Parse("t.yaml", []byte(good+"routers: [{name: wan1}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := extra[[]router](f, "routers"); len(rs) != 1 || rs[0].Name != "wan1" || rs[0].Line != 12 {
+		t.Fatalf("routers %+v", rs)
+	}
+	_, err = Parse("t.yaml", []byte(good+"routers: [{name: h1, color: red}]\n"))
+	if err == nil || !strings.Contains(err.Error(), `t.yaml:12: unknown key "color" in router`) {
+		t.Fatalf("err = %v", err)
+	}
+	_, err = Parse("t.yaml", []byte(good+"routers: [{name: h1}]\n"))
+	if err == nil || !strings.Contains(err.Error(), `t.yaml:12: router name "h1" is already the host of line 3`) {
+		t.Fatalf("err = %v", err)
+	}
+	if f, _ := Parse("t.yaml", []byte(good)); extra[[]router](f, "routers") != nil {
+		t.Fatal("a file without the key has routers")
 	}
 }

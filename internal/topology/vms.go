@@ -1,0 +1,123 @@
+package topology
+
+import (
+	"regexp"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/policy"
+)
+
+// VM is one guest, placed on a host, in farm/subnet.
+type VM struct {
+	Name   string `yaml:"name"`
+	Host   string `yaml:"host"`
+	Subnet string `yaml:"subnet"`
+	// DHCP leaves the VM's interface without an address: the VM asks for it
+	// (onehop answers on the VM's host).
+	DHCP bool `yaml:"dhcp"`
+	// Firewall is the VM's own firewall, if it has one.
+	Firewall *intent.Firewall `yaml:"-"`
+	Line     int              `yaml:"-"`
+	// Lines of the host and subnet values, so an error points at the field.
+	HostLine, SubnetLine int `yaml:"-"`
+}
+
+// Farm returns the farm part of the VM's "farm/subnet".
+func (v VM) Farm() string { f, _, _ := strings.Cut(v.Subnet, "/"); return f }
+
+// SubnetName returns the subnet part of the VM's "farm/subnet".
+func (v VM) SubnetName() string { _, s, _ := strings.Cut(v.Subnet, "/"); return s }
+
+// A VM's name becomes its vif's, vif-NAME, within Linux's 15 bytes.
+var vmNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,10}$`)
+
+var vmsSection = section{
+	key: "vms",
+	decode: func(d *decoder, v *yaml.Node, f *File) {
+		d.report(d.seq("vms", func(item *yaml.Node) {
+			f.VMs = append(f.VMs, decodeVM(d, item))
+		})(v))
+	},
+	validate: validateVMs,
+}
+
+func decodeVM(d *decoder, item *yaml.Node) VM {
+	vm := VM{Line: item.Line}
+	d.mapping(item, "vm", map[string]field{
+		"name":   d.str(&vm.Name, "vm name"),
+		"host":   at(&vm.HostLine, d.str(&vm.Host, "vm host")),
+		"subnet": at(&vm.SubnetLine, d.str(&vm.Subnet, "vm subnet")),
+		"firewall": func(v *yaml.Node) error {
+			fw := &intent.Firewall{DefaultIn: "allow", DefaultOut: "allow"}
+			d.mapping(v, "firewall", map[string]field{
+				"default_in":  d.str(&fw.DefaultIn, "firewall default_in"),
+				"default_out": d.str(&fw.DefaultOut, "firewall default_out"),
+				"rules": d.seq("firewall rules", func(rn *yaml.Node) {
+					var r intent.FirewallRule
+					var ports string
+					d.mapping(rn, "firewall rule", map[string]field{
+						"dir":    d.str(&r.Dir, "firewall rule dir"),
+						"proto":  d.str(&r.Proto, "firewall rule proto"),
+						"port":   d.str(&ports, "firewall rule port"),
+						"cidr":   d.str(&r.CIDR, "firewall rule cidr"),
+						"action": d.str(&r.Action, "firewall rule action"),
+					})
+					lo, hi, err := policy.ParsePorts(ports)
+					if err != nil {
+						d.report(d.fail(rn, "%v", err))
+					}
+					r.PortLo, r.PortHi = lo, hi
+					fw.Rules = append(fw.Rules, r)
+				}),
+			})
+			if err := policy.CheckFirewall(fw); err != nil {
+				return d.fail(v, "vm %q: %v", vm.Name, err)
+			}
+			vm.Firewall = fw
+			return nil
+		},
+		"dhcp": d.flag(&vm.DHCP, "vm dhcp"),
+	})
+	return vm
+}
+
+func validateVMs(c *checker, f *File) {
+	perSubnet := map[string]int{}
+	for _, vm := range f.VMs {
+		if !vmNameRE.MatchString(vm.Name) {
+			c.fail(vm.Line, "vm name %q must be 1-11 lowercase letters or digits, starting with a letter", vm.Name)
+			continue
+		}
+		if holder, ok := c.claimNode("vm", vm.Name, vm.Line); !ok {
+			if holder.kind == "vm" {
+				c.fail(vm.Line, "duplicate vm %q (first defined on line %d)", vm.Name, holder.line)
+			} else {
+				c.fail(vm.Line, "vm name %q is already a host or reserved name", vm.Name)
+			}
+			continue
+		}
+		if !c.isNode("host", vm.Host) {
+			c.fail(orLine(vm.HostLine, vm.Line), "vm %q: host %q is not defined under hosts", vm.Name, vm.Host)
+		}
+		if !c.subnets[vm.Subnet] {
+			c.fail(orLine(vm.SubnetLine, vm.Line), "vm %q: subnet %q is not defined (write it as farm/subnet, e.g. blue/web)", vm.Name, vm.Subnet)
+		}
+		perSubnet[vm.Subnet]++
+		if perSubnet[vm.Subnet] == 254 {
+			c.fail(vm.Line, "subnet %q holds more than 253 VMs", vm.Subnet)
+		}
+	}
+}
+
+// VMByName returns the VM named name.
+func (f *File) VMByName(name string) (VM, bool) {
+	for _, v := range f.VMs {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return VM{}, false
+}
