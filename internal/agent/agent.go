@@ -62,6 +62,7 @@ type Agent struct {
 	drops, forwards map[string]uint64
 	arpStats        *intent.ARPStats
 	hooks           Hooks
+	shares          *Shares // each local VM's share of the slow path
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -91,7 +92,8 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 	if cfg.Resync <= 0 {
 		cfg.Resync = 2 * time.Second
 	}
-	return &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log}, nil
+	return &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log,
+		shares: NewShares(DHCPPerSecond, DHCPBurst, nil)}, nil
 }
 
 // Run registers the node and reconciles until ctx ends.
@@ -228,6 +230,11 @@ func (a *Agent) apply(d intent.Desired) error {
 			}
 		}
 	}
+	for _, old := range a.locals {
+		if !stillLocal(locals, old.Name) {
+			a.shares.Forget(old.Name)
+		}
+	}
 	a.locals = locals
 	prevMissing := a.status.MissingVifs
 	a.status.AttachedVifs = attached
@@ -250,6 +257,9 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	st := a.status
 	st.Node = a.cfg.Node
 	st.Drops, st.Forwards, st.ARP = a.drops, a.forwards, a.arpStats
+	if r := a.shares.Refused(); len(r) > 0 {
+		st.Refused = r
+	}
 	st.AppliedDigest = d.Digest()
 	st.Error = ""
 	if applyErr != nil {
@@ -272,6 +282,9 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	}
 	return store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
 }
+
+// Shares is the per-VM budget of the agent's slow path.
+func (a *Agent) Shares() *Shares { return a.shares }
 
 // Local returns the VM behind the vif with this ifindex, as last applied.
 func (a *Agent) Local(ifindex int) (intent.LocalEndpoint, bool) {
@@ -296,4 +309,13 @@ func nonZero(m map[string]uint64) map[string]uint64 {
 		}
 	}
 	return out
+}
+
+func stillLocal(locals map[int]intent.LocalEndpoint, name string) bool {
+	for _, l := range locals {
+		if l.Name == name {
+			return true
+		}
+	}
+	return false
 }

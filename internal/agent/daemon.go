@@ -19,6 +19,7 @@ import (
 
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -105,7 +106,10 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer events.Close()
 	wg.Add(1)
-	go func() { defer wg.Done(); LogDrops(events, k.DropReason, ifname, log, 20) }()
+	go func() {
+		defer wg.Done()
+		LogDrops(events, k.DropReason, ifname, log, ratelog.New(log, 5, time.Second, nil))
+	}()
 
 	slow, err := k.SlowPath()
 	if err != nil {
@@ -114,7 +118,9 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
 	wg.Add(1)
-	go func() { defer wg.Done(); ServeSlowPath(slow, sock, dhcpd, engine, log) }()
+	slowPath := &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Shares: a.Shares(),
+		Log: ratelog.New(log, 5, time.Second, nil)}
+	go func() { defer wg.Done(); slowPath.Serve(slow, log) }()
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()

@@ -4,55 +4,43 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
-	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/ratelog"
 )
 
 // LogDrops logs each drop the datapath reports, so an operator can see which
-// VM sent what and why it was refused. At most burst lines per second are
-// written; the rest are summed into one line, and the counters stay exact.
-func LogDrops(r *ringbuf.Reader, name func(reason uint32) string, ifname func(int) string, log *slog.Logger, burst int) {
-	var (
-		windowStart = time.Now()
-		inWindow    int
-		suppressed  int
-	)
+// VM sent what and why it was refused. Lines are budgeted per interface and
+// source subnet: a VM that floods drops exhausts its own budget, never the
+// lines about other tenants; the counters stay exact.
+func LogDrops(r *ringbuf.Reader, name func(reason uint32) string, ifname func(int) string, log *slog.Logger, rl *ratelog.Logger) {
 	for {
 		rec, err := r.Read()
 		if errors.Is(err, ringbuf.ErrClosed) {
 			return
 		}
 		if err != nil {
-			log.Warn("read drop events", "err", err)
+			rl.Warn("read", "read drop events", "err", err)
 			continue
 		}
 		var ev datapath.DropEvent
 		if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev); err != nil {
+			rl.Warn("decode", "drop event record", "bytes", len(rec.RawSample), "err", err)
 			continue
 		}
-		now := time.Now()
-		if now.Sub(windowStart) >= time.Second {
-			if suppressed > 0 {
-				log.Warn("more packets dropped; see onehop_dropped_packets_total", "unlogged", suppressed)
-			}
-			windowStart, inWindow, suppressed = now, 0, 0
-		}
-		if inWindow >= burst {
-			suppressed++
-			continue
-		}
-		inWindow++
-		log.Warn("dropped packet",
+		src := datapath.KeyIP(ev.Saddr)
+		b := src.As4()
+		rl.Warn(fmt.Sprintf("%d/%d.%d.%d", ev.Ifindex, b[0], b[1], b[2]), "dropped packet",
 			"reason", name(ev.Reason),
 			"interface", ifname(int(ev.Ifindex)),
 			"src_mac", net.HardwareAddr(ev.Smac[:]).String(),
 			"ethertype", ev.Ethertype,
-			"src", datapath.KeyIP(ev.Saddr).String(),
+			"src", src.String(),
 			"dst", datapath.KeyIP(ev.Daddr).String())
 	}
 }

@@ -15,6 +15,7 @@ type Collector struct {
 
 	drops, forwards, endpoints, vifs, reconciles, failures *prometheus.Desc
 	mapped, asking, capacity, arpEvents                    *prometheus.Desc
+	refused                                                *prometheus.Desc
 }
 
 // NewCollector returns a collector for a's node.
@@ -36,6 +37,8 @@ func NewCollector(a *Agent) *Collector {
 			"The mapping table's fixed size (LRU beyond it).", nil, l),
 		arpEvents: prometheus.NewDesc("onehop_arp_engine_events_total",
 			"What the ARP engine did, by event (see docs/virtual-router.md).", []string{"event"}, l),
+		refused: prometheus.NewDesc("onehop_vm_refused_total",
+			"Shared work refused to a VM over its share (what: dhcp, ...), by VM.", []string{"vm", "what"}, l),
 		vifs: prometheus.NewDesc("onehop_attached_vifs",
 			"Guest vifs with the datapath attached.", nil, l),
 		reconciles: prometheus.NewDesc("onehop_reconciles_total",
@@ -48,7 +51,7 @@ func NewCollector(a *Agent) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.drops, c.forwards, c.endpoints, c.vifs, c.reconciles, c.failures,
-		c.mapped, c.asking, c.capacity, c.arpEvents} {
+		c.mapped, c.asking, c.capacity, c.arpEvents, c.refused} {
 		ch <- d
 	}
 }
@@ -70,6 +73,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.vifs, prometheus.GaugeValue, float64(len(st.AttachedVifs)))
 	ch <- prometheus.MustNewConstMetric(c.reconciles, prometheus.CounterValue, float64(rec))
 	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(fail))
+	for _, r := range c.agent.shares.Refused() {
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(r.Count), r.VM, r.What)
+	}
 	if c.agent.hooks.ARPStats == nil {
 		return
 	}

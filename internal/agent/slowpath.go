@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/arpengine"
+	"github.com/onehop/onehop/internal/ratelog"
 )
 
 // Kinds of slow-path records: enum slowpath_kind in bpf/lib/common.h.
@@ -45,59 +46,76 @@ func (p *PacketSocket) Send(ifindex int, frame []byte) error {
 // Close closes the socket.
 func (p *PacketSocket) Close() error { return unix.Close(p.fd) }
 
-// ServeSlowPath handles what the datapath hands over until the reader is
-// closed: DHCP requests are answered, held packets and ARP answers go to the
-// ARP engine.
-func ServeSlowPath(r *ringbuf.Reader, sock *PacketSocket, dhcpd *DHCPServer, arp *arpengine.Engine, log *slog.Logger) {
+// SlowPath is the agent's side of what the datapath hands over. Every log
+// line a VM can cause goes through Log, rate-limited per VM and event, and
+// each VM's DHCP requests draw on its own share, so a VM that floods cannot
+// fill the disk or take the slow path away from the others.
+type SlowPath struct {
+	Sock   *PacketSocket
+	DHCP   *DHCPServer
+	ARP    *arpengine.Engine
+	Shares *Shares
+	Log    *ratelog.Logger
+}
+
+// Serve handles records until the reader is closed: DHCP requests are
+// answered, held packets and ARP answers go to the ARP engine.
+func (s *SlowPath) Serve(r *ringbuf.Reader, log *slog.Logger) {
 	for {
 		rec, err := r.Read()
 		if errors.Is(err, ringbuf.ErrClosed) {
 			return
 		}
 		if err != nil {
-			log.Warn("read slow path", "err", err)
+			s.Log.Warn("read", "read slow path", "err", err)
 			continue
 		}
 		ev, err := decodeSlowPath(rec.RawSample)
 		if err != nil {
-			log.Warn("slow path record", "err", err)
+			s.Log.Warn("record", "slow path record", "err", err)
 			continue
 		}
 		switch ev.kind {
 		case slowHold:
-			if err := arp.Hold(ev.frame, ev.origLen); err != nil {
-				log.Warn("held packet", "err", err)
+			if err := s.ARP.Hold(ev.frame, ev.origLen); err != nil {
+				s.Log.Warn(fmt.Sprintf("hold/%d", ev.ifindex), "held packet", "ifindex", ev.ifindex, "err", err)
 			}
-			continue
 		case slowARPReply:
 			a, err := arpengine.ParseAnswer(ev.frame)
 			if err != nil {
-				log.Warn("ARP answer", "err", err)
+				s.Log.Warn("arp-answer", "ARP answer", "err", err)
 				continue
 			}
-			arp.Answered(a)
-			continue
+			s.ARP.Answered(a)
 		case slowDHCP:
+			s.answerDHCP(ev.ifindex, ev.frame, log)
 		default:
-			log.Warn("slow path record of unknown kind", "kind", ev.kind)
-			continue
+			s.Log.Warn("kind", "slow path record of unknown kind", "kind", ev.kind)
 		}
-		ifindex, frame := ev.ifindex, ev.frame
-		reply, err := dhcpd.Handle(ifindex, frame)
-		if err != nil {
-			log.Warn("DHCP request not answered", "err", err)
-			continue
-		}
-		if reply == nil {
-			continue
-		}
-		if err := sock.Send(ifindex, reply); err != nil {
-			log.Warn("send DHCP reply", "ifindex", ifindex, "err", err)
-			continue
-		}
-		vm, _ := dhcpd.Local(ifindex)
-		log.Info("answered DHCP", "vm", vm.Name, "ip", vm.IP)
 	}
+}
+
+func (s *SlowPath) answerDHCP(ifindex int, frame []byte, log *slog.Logger) {
+	key := fmt.Sprintf("dhcp/%d", ifindex)
+	vm, known := s.DHCP.Local(ifindex)
+	if known && !s.Shares.Allow(vm.Name, "dhcp") {
+		s.Log.Warn(key, "DHCP request refused: the VM is over its share", "vm", vm.Name,
+			"share_per_second", DHCPPerSecond)
+		return
+	}
+	reply, err := s.DHCP.Handle(ifindex, frame)
+	if err != nil {
+		s.Log.Warn(key, "DHCP request not answered", "err", err)
+		return
+	}
+	if reply == nil {
+		return
+	}
+	if err := s.Sock.Send(ifindex, reply); err != nil {
+		s.Log.Warn(key, "send DHCP reply", "ifindex", ifindex, "err", err)
+		return
+	}
+	s.Log.Info(key, "answered DHCP", "vm", vm.Name, "ip", vm.IP)
 }
 
 type slowPathEvent struct {

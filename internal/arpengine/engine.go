@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/ratelog"
 )
 
 // Entry is one mapping-table entry as the datapath keeps it.
@@ -72,6 +73,7 @@ type Engine struct {
 	send  func(frame []byte) error
 	now   func() time.Duration
 	log   *slog.Logger
+	rl    *ratelog.Logger // every line a VM can cause
 
 	mu         sync.Mutex
 	pending    map[netip.Addr]*resolution
@@ -122,7 +124,7 @@ func New(cfg Config, table Table, send func([]byte) error, now func() time.Durat
 	if cfg.Refresh <= cfg.Wait*time.Duration(cfg.Tries+1) {
 		return nil, fmt.Errorf("ARP engine: refresh %v must exceed the %v a resolution may take", cfg.Refresh, cfg.Wait*time.Duration(cfg.Tries+1))
 	}
-	return &Engine{cfg: cfg, table: table, send: send, now: now, log: log,
+	return &Engine{cfg: cfg, table: table, send: send, now: now, log: log, rl: ratelog.New(log, 5, time.Second, nil),
 		pending: map[netip.Addr]*resolution{}, refreshing: map[netip.Addr]*probe{},
 		negative: map[netip.Addr]time.Duration{}, lastKnown: map[netip.Addr]net.HardwareAddr{}}, nil
 }
@@ -186,7 +188,7 @@ func (e *Engine) ask(ip netip.Addr, r *resolution, now time.Duration) {
 	}
 	r.askedAt = now
 	if err := e.send(Request(to, e.cfg.HostMAC, e.cfg.HostIP, ip)); err != nil {
-		e.log.Warn("ARP engine: cannot send question", "vm", ip, "to", to, "err", err)
+		e.rl.Warn(logKey("send", ip), "ARP engine: cannot send question", "vm", ip, "to", to, "err", err)
 	}
 }
 
@@ -216,7 +218,7 @@ func (e *Engine) release(frame []byte, mac net.HardwareAddr) {
 	FinishChecksum(frame)
 	if err := e.send(frame); err != nil {
 		e.stats.Discarded++
-		e.log.Warn("ARP engine: cannot send held packet", "err", err)
+		e.rl.Warn("send-held", "ARP engine: cannot send held packet", "err", err)
 		return
 	}
 	e.stats.Released++
@@ -253,7 +255,7 @@ func (e *Engine) Retry() {
 			e.negative[ip] = now + e.cfg.Negative
 			e.stats.Unresolved++
 			e.stats.Discarded += uint64(len(r.held))
-			e.log.Info("ARP engine: no host holds this address; its packets are dropped", "vm", ip,
+			e.rl.Info(logKey("unresolved", ip), "ARP engine: no host holds this address; its packets are dropped", "vm", ip,
 				"questions", r.tries, "dropped", len(r.held))
 			continue
 		}
@@ -321,7 +323,7 @@ func (e *Engine) Sweep() error {
 		case p.multicast && now-p.startedAt >= e.cfg.Wait*time.Duration(e.cfg.Tries+1):
 			forget(en.IP)
 			e.stats.Lost++
-			e.log.Info("ARP engine: the host of this VM stopped answering; entry forgotten", "vm", en.IP,
+			e.rl.Info(logKey("lost", en.IP), "ARP engine: the host of this VM stopped answering; entry forgotten", "vm", en.IP,
 				"host", en.HostMAC)
 		}
 	}
@@ -336,7 +338,7 @@ func (e *Engine) Sweep() error {
 
 func (e *Engine) sendOrLog(frame []byte, ip netip.Addr) {
 	if err := e.send(frame); err != nil {
-		e.log.Warn("ARP engine: cannot send question", "vm", ip, "err", err)
+		e.rl.Warn(logKey("send", ip), "ARP engine: cannot send question", "vm", ip, "err", err)
 	}
 }
 
@@ -365,4 +367,12 @@ func (e *Engine) Stats() intent.ARPStats {
 	}
 	st.Capacity = e.table.MappingCapacity()
 	return st
+}
+
+// logKey is a rate-limit budget per event and subnet: addresses VMs send to
+// are theirs to invent, so one subnet's flood shares one budget and cannot
+// silence the lines about another's.
+func logKey(event string, ip netip.Addr) string {
+	b := ip.As4()
+	return fmt.Sprintf("%s/%d.%d.%d", event, b[0], b[1], b[2])
 }

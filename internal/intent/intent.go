@@ -173,9 +173,19 @@ type AgentStatus struct {
 	Drops    map[string]uint64 `json:"drops,omitempty"`
 	Forwards map[string]uint64 `json:"forwards,omitempty"`
 	// ARP is the ARP engine's view: mapping-table use and what it did.
-	ARP   *ARPStats `json:"arp,omitempty"`
-	Error string    `json:"error,omitempty"`
-	Time  time.Time `json:"time"`
+	ARP *ARPStats `json:"arp,omitempty"`
+	// Refused counts, per VM, the shared work each was refused for going
+	// over its share (one VM must not starve the others).
+	Refused []VMRefusal `json:"refused,omitempty"`
+	Error   string      `json:"error,omitempty"`
+	Time    time.Time   `json:"time"`
+}
+
+// VMRefusal is one VM's count of refused work of one kind (dhcp, ...).
+type VMRefusal struct {
+	VM    string `json:"vm"`
+	What  string `json:"what"`
+	Count uint64 `json:"count"`
 }
 
 // ARPStats reports a host's mapping table and ARP engine (paper §2).
