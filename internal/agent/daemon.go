@@ -108,7 +108,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		LogDrops(events, k.DropReason, ifname, log, ratelog.New(log, 5, time.Second, nil))
+		LogDrops(events, k.DropReason, ifname, ratelog.New(log, 5, time.Second, nil))
 	}()
 
 	slow, err := k.SlowPath()

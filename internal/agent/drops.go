@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -18,7 +17,7 @@ import (
 // VM sent what and why it was refused. Lines are budgeted per interface and
 // source subnet: a VM that floods drops exhausts its own budget, never the
 // lines about other tenants; the counters stay exact.
-func LogDrops(r *ringbuf.Reader, name func(reason uint32) string, ifname func(int) string, log *slog.Logger, rl *ratelog.Logger) {
+func LogDrops(r *ringbuf.Reader, name func(reason uint32) string, ifname func(int) string, rl *ratelog.Logger) {
 	for {
 		rec, err := r.Read()
 		if errors.Is(err, ringbuf.ErrClosed) {
