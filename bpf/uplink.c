@@ -65,7 +65,7 @@ int uplink_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_FABRIC_NOT_LOCAL);
 	/* Checked again on the receiving host: a sending host that skipped
 	 * its check must not open the subnet. */
-	reason = admit(&pkt, 0, dst->firewall, cfg->policy_epoch);
+	reason = admit(&pkt, 0, dst->firewall, cfg->policy_epoch, ip->daddr);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	if (src == SRC_NEW)

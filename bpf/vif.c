@@ -25,6 +25,7 @@ const enum drop_reason *_drop_reason_type __attribute__((unused));
 const enum forward_path *_forward_path_type __attribute__((unused));
 const struct slowpath_event *_slowpath_event_type __attribute__((unused));
 const enum slowpath_kind *_slowpath_kind_type __attribute__((unused));
+const enum share_kind *_share_kind_type __attribute__((unused));
 
 SEC("tc")
 int vif_ingress(struct __sk_buff *skb)
@@ -43,6 +44,8 @@ int vif_ingress(struct __sk_buff *skb)
 	if (is_dhcp_request(&pkt)) {
 		if (!mac_equal(pkt.eth->h_source, vif->mac))
 			return drop_packet(skb, &pkt, DROP_SPOOFED_MAC);
+		if (!share_take(vif->ip, SHARE_PUNTS))
+			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
 		return punt_to_agent(skb, &pkt, SLOW_DHCP);
 	}
 	reason = check_source(&pkt, vif);
@@ -101,7 +104,7 @@ int vif_ingress(struct __sk_buff *skb)
 	if (!in_vm_space(cfg, ip->daddr) || host_id == 0 || host_id == 1)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
-	reason = admit(&pkt, vif->firewall, local && local->firewall, cfg->policy_epoch);
+	reason = admit(&pkt, vif->firewall, local && local->firewall, cfg->policy_epoch, vif->ip);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	int routed = !same_subnet(ip->saddr, ip->daddr);
@@ -138,8 +141,13 @@ int vif_ingress(struct __sk_buff *skb)
 	if (!remote) {
 		/* Paper §2 step 6: queued until the ARP engine finds the host.
 		 * The frame is complete but for its destination MAC. */
-		if (!may_hold(ip->daddr))
+		int held = may_hold(ip->daddr, vif->ip);
+		if (held == HOLD_OVER_SHARE)
+			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
+		if (!held)
 			return drop_packet(skb, &pkt, DROP_UNRESOLVED);
+		if (!share_take(vif->ip, SHARE_PUNTS))
+			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
 		return punt_to_agent(skb, &pkt, SLOW_HOLD);
 	}
 	mac_copy(pkt.eth->h_dest, remote->host_mac);

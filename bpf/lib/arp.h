@@ -73,7 +73,7 @@ static __always_inline int handle_vm_arp(struct packet *pkt, const struct node_c
 	}
 	if (!cfg || !cfg->uplink_ifindex)
 		return (DROP_NO_UPLINK);
-	if (!may_ask_fabric(target))
+	if (!may_ask_fabric(target, arp->spa))
 		return (DROP_ARP_UNKNOWN_TARGET);
 	/* The question goes to the hosts of the target's subnet only; the
 	 * asker's own addresses stay in it so the answer can find its way back. */

@@ -96,6 +96,7 @@ enum drop_reason {
 	DROP_ARP_NOT_HERE,       /* fabric ARP for a VM this host does not hold: multicast reaches every host */
 	DROP_FABRIC_ARP_CONFLICT, /* a host claims, by ARP, a VM that lives on this host */
 	DROP_UNRESOLVED,         /* for an address being resolved, beyond what the agent holds per second */
+	DROP_OVER_SHARE,         /* the VM is over its share of a table or the slow path every tenant shares */
 	DROP_REASON_MAX,
 };
 

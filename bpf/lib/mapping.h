@@ -6,6 +6,7 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "share.h"
 
 static __always_inline int mac_is_zero(const __u8 *m)
 {
@@ -49,7 +50,7 @@ static __always_inline void learn_mapping(__be32 ip, const __u8 *host_mac)
 /* Whether a VM's ARP for ip may go to the fabric now: once per
  * MAPPING_ASK_INTERVAL_NS per address, so a VM asking in a loop for an
  * address nobody holds cannot flood the scope. */
-static __always_inline int may_ask_fabric(__be32 ip)
+static __always_inline int may_ask_fabric(__be32 ip, __be32 asker)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
@@ -61,6 +62,10 @@ static __always_inline int may_ask_fabric(__be32 ip)
 		m->confirmed_ns = now;
 		return 1;
 	}
+	/* A placeholder takes a slot of the shared LRU table: out of the
+	 * asking VM's share, so it cannot evict the others' mappings. */
+	if (!share_take(asker, SHARE_ASKS))
+		return 0;
 	struct mapping asked = {.confirmed_ns = now, .used_ns = now};
 	bpf_map_update_elem(&mappings, &ip, &asked, BPF_ANY);
 	return 1;
@@ -69,11 +74,17 @@ static __always_inline int may_ask_fabric(__be32 ip)
 /* Whether a packet for unmapped ip may be handed to the agent to hold: up
  * to HOLD_PER_ASK per ask interval and address, so a VM sending to
  * addresses nobody holds cannot flood the agent or the fabric. */
-static __always_inline int may_hold(__be32 ip)
+#define HOLD_OVER_SHARE -1
+
+/* Returns 1 when the packet may be held, 0 when the address's hold budget
+ * is spent, HOLD_OVER_SHARE when the sender may not open a placeholder. */
+static __always_inline int may_hold(__be32 ip, __be32 sender)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
 	if (!m) {
+		if (!share_take(sender, SHARE_ASKS))
+			return HOLD_OVER_SHARE;
 		struct mapping asked = {.confirmed_ns = now, .used_ns = now, .held = 1};
 		bpf_map_update_elem(&mappings, &ip, &asked, BPF_NOEXIST);
 		return 1;

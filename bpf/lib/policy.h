@@ -10,6 +10,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "route.h"
+#include "share.h"
 
 #define IPPROTO_ICMP_ 1
 #define IPPROTO_TCP_ 6
@@ -172,7 +173,7 @@ static __always_inline __u16 flow_port(const struct ct_key *k)
  * again, in its own direction, and forgotten if no longer allowed. An
  * admitted packet that can open a flow is remembered. Traffic inside a
  * subnet between VMs without firewalls takes no lookup at all. */
-static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_dst, __u32 epoch)
+static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
 {
 	struct iphdr *ip = pkt->ip;
 	int crossing = !same_subnet(ip->saddr, ip->daddr);
@@ -228,6 +229,11 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 		return reason;
 	if (!opens)
 		return DROP_NONE;
+	/* A new entry comes out of the local VM's share (the sender on its vif,
+	 * the receiver from the fabric): a VM opening flows as fast as it can
+	 * cannot churn the others' flows out of the table. */
+	if (!share_take(owner, SHARE_FLOWS))
+		return DROP_OVER_SHARE;
 	struct ct_entry fresh = {.last_seen_ns = now, .epoch = epoch};
 	bpf_map_update_elem(&conntrack, &fwd, &fresh, BPF_ANY);
 	return DROP_NONE;

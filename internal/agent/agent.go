@@ -63,6 +63,7 @@ type Agent struct {
 	arpStats        *intent.ARPStats
 	hooks           Hooks
 	shares          *Shares // each local VM's share of the slow path
+	dpRefused       map[netip.Addr]map[string]uint64
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -166,6 +167,7 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 		if c, cerr := a.dp.Counters(); cerr == nil {
 			a.mu.Lock()
 			a.drops, a.forwards = nonZero(c.Drops), nonZero(c.Forwards)
+			a.dpRefused = c.Refused
 			a.countersAt = time.Now()
 			a.mu.Unlock()
 		}
@@ -257,9 +259,7 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	st := a.status
 	st.Node = a.cfg.Node
 	st.Drops, st.Forwards, st.ARP = a.drops, a.forwards, a.arpStats
-	if r := a.shares.Refused(); len(r) > 0 {
-		st.Refused = r
-	}
+	st.Refused = a.refusalsLocked(a.dpRefused)
 	st.AppliedDigest = d.Digest()
 	st.Error = ""
 	if applyErr != nil {
@@ -281,6 +281,39 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 		a.log.Info("datapath reconciled", "digest", st.AppliedDigest, "endpoints", st.Endpoints, "vifs", st.AttachedVifs)
 	}
 	return store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
+}
+
+// refusalsLocked lists what each VM was refused: by the datapath (dp, by
+// VM address) and by the agent's own slow path. a.mu must be held.
+func (a *Agent) refusalsLocked(dp map[netip.Addr]map[string]uint64) []intent.VMRefusal {
+	out := a.shares.Refused()
+	names := map[string]string{}
+	for _, l := range a.locals {
+		names[l.IP] = l.Name
+	}
+	for ip, kinds := range dp {
+		vm := names[ip.String()]
+		if vm == "" {
+			vm = ip.String()
+		}
+		for what, n := range kinds {
+			out = append(out, intent.VMRefusal{VM: vm, What: what, Count: n})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].VM < out[j].VM || (out[i].VM == out[j].VM && out[i].What < out[j].What)
+	})
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// Refusals lists what each VM was refused, with the datapath's counts in dp.
+func (a *Agent) Refusals(dp map[netip.Addr]map[string]uint64) []intent.VMRefusal {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.refusalsLocked(dp)
 }
 
 // Shares is the per-VM budget of the agent's slow path.

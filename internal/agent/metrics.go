@@ -58,7 +58,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	if counters, err := c.dp.Counters(); err == nil {
+	counters, err := c.dp.Counters()
+	if err == nil {
 		for reason, n := range counters.Drops {
 			ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(n), reason)
 		}
@@ -73,7 +74,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.vifs, prometheus.GaugeValue, float64(len(st.AttachedVifs)))
 	ch <- prometheus.MustNewConstMetric(c.reconciles, prometheus.CounterValue, float64(rec))
 	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(fail))
-	for _, r := range c.agent.shares.Refused() {
+	for _, r := range c.agent.Refusals(counters.Refused) {
 		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(r.Count), r.VM, r.What)
 	}
 	if c.agent.hooks.ARPStats == nil {

@@ -34,7 +34,49 @@ type (
 	// ScopeKey and ScopeMembers list the local VMs of a farm or subnet.
 	ScopeKey     = vifScopeKey
 	ScopeMembers = vifScopeMembers
+	// ShareLimits sizes every local VM's share of the shared tables.
+	ShareLimits = vifShareLimits
+	// VMShare is a local VM's buckets and refusals (datapath-owned).
+	VMShare = vifVmShare
 )
+
+// Share kinds, as enum share_kind in bpf/lib/share.h, and their names in
+// metrics and status.
+var shareKindNames = [...]string{"flows", "asks", "punts"}
+
+// Capacities the shares are cut from (bpf/lib/maps.h, bpf/lib/slowpath.h).
+const (
+	conntrackCapacity = 65536
+	ctTimeoutSeconds  = 300
+	// punts: the slow-path ring holds ~160 whole frames; a VM's burst must
+	// leave most of it to the others.
+	puntsPerSecond = 64
+	puntsBurst     = 32
+	asksBurst      = 64
+)
+
+// SharesFor cuts the shared tables into per-VM shares for n local VMs: a
+// VM may open new flows at four times its even share of what conntrack
+// turns over in a timeout (never below 100/s), with a burst of a quarter of
+// its even share of the table; it may put placeholders for addresses it
+// asks about into the mapping table at its even share of the table per
+// minute (never below 16/s); and hand the agent puntsPerSecond frames.
+// Flows that are already admitted never draw on a share.
+func SharesFor(n, mappingCapacity int) ShareLimits {
+	if n < 1 {
+		n = 1
+	}
+	var l ShareLimits
+	set := func(kind int, perSecond, burst int) {
+		interval := uint64(1e9) / uint64(perSecond)
+		l.IntervalNs[kind] = interval
+		l.BurstNs[kind] = interval * uint64(burst)
+	}
+	set(0, max(100, 4*conntrackCapacity/ctTimeoutSeconds/n), max(256, conntrackCapacity/(4*n)))
+	set(1, max(16, mappingCapacity/60/n), asksBurst)
+	set(2, puntsPerSecond, puntsBurst)
+	return l
+}
 
 // Entries is the exact content the maps must hold for one node: the output of
 // the agent's compiler and the only input of the kernel writer, and the seed

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -99,13 +100,9 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		k.vif.Close()
 		return nil, err
 	}
-	m := k.vif.vifMaps
-	shared := map[string]*ebpf.Map{
-		"endpoints": m.Endpoints, "vifs": m.Vifs, "config": m.Config, "visibility": m.Visibility,
-		"conntrack": m.Conntrack, "drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
-		"slowpath": m.Slowpath, "firewalls": m.Firewalls, "firewall_rules": m.FirewallRules,
-		"scopes": m.Scopes, "mappings": m.Mappings, "farms": m.Farms,
-	}
+	// Every pinned map of the vif program is shared with the uplink program
+	// by name: a feature's new map needs no line here.
+	shared := mapsByName(&k.vif.vifMaps)
 	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	for name, ms := range uspec.Maps {
 		if ms.Pinning == ebpf.PinNone {
@@ -124,6 +121,20 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		return nil, fmt.Errorf("load uplink program: %w", err)
 	}
 	return k, nil
+}
+
+// mapsByName lists the *ebpf.Map fields of a bpf2go objects struct by their
+// `ebpf:"name"` tags, the names the C gives them.
+func mapsByName(objs any) map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	v := reflect.ValueOf(objs).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && f.Tag.Get("ebpf") != "" && m != nil {
+			out[f.Tag.Get("ebpf")] = m
+		}
+	}
+	return out
 }
 
 func enumNames(spec *ebpf.CollectionSpec, typ, prefix string) ([]string, error) {
@@ -237,6 +248,10 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		errs = append(errs, fmt.Errorf("write config: %w", err))
 	}
 	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes", nil))
+	if err := k.vif.ShareConfig.Put(uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity())); err != nil {
+		errs = append(errs, fmt.Errorf("write share limits: %w", err))
+	}
+	errs = append(errs, k.forgetShares(e.Endpoints))
 	for id, want := range e.Farms {
 		var cur FarmConfig
 		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {
@@ -265,6 +280,29 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forgetShares removes the share of every VM that is no longer local: the
+// datapath creates entries, the VM's stay on the host bounds their life.
+func (k *Kernel) forgetShares(local map[uint32]Endpoint) error {
+	var key uint32
+	var val VMShare
+	var gone []uint32
+	it := k.vif.VmShares.Iterate()
+	for it.Next(&key, &val) {
+		if _, ok := local[key]; !ok {
+			gone = append(gone, key)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read vm shares: %w", err)
+	}
+	for _, key := range gone {
+		if err := k.vif.VmShares.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forget share of %s: %w", KeyIP(key), err)
+		}
+	}
+	return nil
 }
 
 // syncMap writes want into m and deletes every key of m not in want; it
@@ -308,11 +346,14 @@ func syncMap[K, V comparable](m *ebpf.Map, want map[K]V, what string, changed *b
 type Counters struct {
 	Drops    map[string]uint64
 	Forwards map[string]uint64
+	// Refused counts, per local VM address and share kind (flows, asks,
+	// punts), what the VM was refused for being over its share.
+	Refused map[netip.Addr]map[string]uint64
 }
 
 // Counters reads the per-CPU counter maps.
 func (k *Kernel) Counters() (Counters, error) {
-	c := Counters{Drops: map[string]uint64{}, Forwards: map[string]uint64{}}
+	c := Counters{Drops: map[string]uint64{}, Forwards: map[string]uint64{}, Refused: map[netip.Addr]map[string]uint64{}}
 	read := func(m *ebpf.Map, names []string, into map[string]uint64) error {
 		for i, name := range names {
 			if name == "" || name == "none" || strings.HasSuffix(name, "_max") {
@@ -333,7 +374,26 @@ func (k *Kernel) Counters() (Counters, error) {
 	if err := read(k.vif.Drops, k.dropName, c.Drops); err != nil {
 		return c, err
 	}
-	return c, read(k.vif.Forwards, k.fwdName, c.Forwards)
+	if err := read(k.vif.Forwards, k.fwdName, c.Forwards); err != nil {
+		return c, err
+	}
+	var key uint32
+	var val VMShare
+	it := k.vif.VmShares.Iterate()
+	for it.Next(&key, &val) {
+		for kind, n := range val.Refused {
+			if n > 0 && kind < len(shareKindNames) {
+				if c.Refused[KeyIP(key)] == nil {
+					c.Refused[KeyIP(key)] = map[string]uint64{}
+				}
+				c.Refused[KeyIP(key)][shareKindNames[kind]] = n
+			}
+		}
+	}
+	if err := it.Err(); err != nil {
+		return c, fmt.Errorf("read vm shares: %w", err)
+	}
+	return c, nil
 }
 
 // DropReason names a drop reason code as the metrics do.

@@ -100,6 +100,12 @@ type uplinkScopeMembers struct {
 	Ip      [32]uint32
 }
 
+type uplinkShareLimits struct {
+	_          structs.HostLayout
+	IntervalNs [3]uint64
+	BurstNs    [3]uint64
+}
+
 type uplinkVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -119,6 +125,12 @@ type uplinkVisKey struct {
 	Port      uint16
 }
 
+type uplinkVmShare struct {
+	_       structs.HostLayout
+	NextNs  [3]uint64
+	Refused [3]uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -134,9 +146,11 @@ const (
 	uplinkMapForwards       = "forwards"
 	uplinkMapMappings       = "mappings"
 	uplinkMapScopes         = "scopes"
+	uplinkMapShareConfig    = "share_config"
 	uplinkMapSlowpath       = "slowpath"
 	uplinkMapVifs           = "vifs"
 	uplinkMapVisibility     = "visibility"
+	uplinkMapVmShares       = "vm_shares"
 	uplinkProgUplinkIngress = "uplink_ingress"
 )
 
@@ -200,9 +214,11 @@ type uplinkMapSpecs struct {
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -242,9 +258,11 @@ type uplinkMaps struct {
 	Forwards      *ebpf.Map `ebpf:"forwards"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
+	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
+	VmShares      *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -260,9 +278,11 @@ func (m *uplinkMaps) Close() error {
 		m.Forwards,
 		m.Mappings,
 		m.Scopes,
+		m.ShareConfig,
 		m.Slowpath,
 		m.Vifs,
 		m.Visibility,
+		m.VmShares,
 	)
 }
 

@@ -67,7 +67,8 @@ const (
 	vifDropReasonDROP_ARP_NOT_HERE        vifDropReason = 21
 	vifDropReasonDROP_FABRIC_ARP_CONFLICT vifDropReason = 22
 	vifDropReasonDROP_UNRESOLVED          vifDropReason = 23
-	vifDropReasonDROP_REASON_MAX          vifDropReason = 24
+	vifDropReasonDROP_OVER_SHARE          vifDropReason = 24
+	vifDropReasonDROP_REASON_MAX          vifDropReason = 25
 )
 
 type vifEndpoint struct {
@@ -159,6 +160,21 @@ type vifScopeMembers struct {
 	Ip      [32]uint32
 }
 
+type vifShareKind uint32
+
+const (
+	vifShareKindSHARE_FLOWS vifShareKind = 0
+	vifShareKindSHARE_ASKS  vifShareKind = 1
+	vifShareKindSHARE_PUNTS vifShareKind = 2
+	vifShareKindSHARE_KINDS vifShareKind = 3
+)
+
+type vifShareLimits struct {
+	_          structs.HostLayout
+	IntervalNs [3]uint64
+	BurstNs    [3]uint64
+}
+
 type vifSlowpathEvent struct {
 	_       structs.HostLayout
 	Kind    uint32
@@ -195,6 +211,12 @@ type vifVisKey struct {
 	Port      uint16
 }
 
+type vifVmShare struct {
+	_       structs.HostLayout
+	NextNs  [3]uint64
+	Refused [3]uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -210,13 +232,16 @@ const (
 	vifMapForwards          = "forwards"
 	vifMapMappings          = "mappings"
 	vifMapScopes            = "scopes"
+	vifMapShareConfig       = "share_config"
 	vifMapSlowpath          = "slowpath"
 	vifMapVifs              = "vifs"
 	vifMapVisibility        = "visibility"
+	vifMapVmShares          = "vm_shares"
 	vifProgVifIngress       = "vif_ingress"
 	vifVarDropEventType     = "_drop_event_type"
 	vifVarDropReasonType    = "_drop_reason_type"
 	vifVarForwardPathType   = "_forward_path_type"
+	vifVarShareKindType     = "_share_kind_type"
 	vifVarSlowpathEventType = "_slowpath_event_type"
 	vifVarSlowpathKindType  = "_slowpath_kind_type"
 )
@@ -281,9 +306,11 @@ type vifMapSpecs struct {
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // vifVariableSpecs contains global variables before they are loaded into the kernel.
@@ -293,6 +320,7 @@ type vifVariableSpecs struct {
 	DropEventType     *ebpf.VariableSpec `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
+	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
 }
@@ -328,9 +356,11 @@ type vifMaps struct {
 	Forwards      *ebpf.Map `ebpf:"forwards"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
+	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
+	VmShares      *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *vifMaps) Close() error {
@@ -346,9 +376,11 @@ func (m *vifMaps) Close() error {
 		m.Forwards,
 		m.Mappings,
 		m.Scopes,
+		m.ShareConfig,
 		m.Slowpath,
 		m.Vifs,
 		m.Visibility,
+		m.VmShares,
 	)
 }
 
@@ -359,6 +391,7 @@ type vifVariables struct {
 	DropEventType     *ebpf.Variable `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
+	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
 }

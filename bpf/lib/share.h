@@ -1,0 +1,89 @@
+/* Each VM's share of what every tenant on a host shares (issue: one VM
+ * cannot starve the others): new conntrack entries, mapping-table
+ * placeholders for addresses being asked about, and frames handed to the
+ * agent (DHCP, held packets). A VM over its share is refused and counted,
+ * per VM; the others never notice it.
+ *
+ * Each share is a GCRA token bucket in one u64: the theoretical arrival time
+ * of the VM's next unit. A unit is allowed while that time is at most
+ * `burst` ahead of now, and moves it on by one interval. Only the rare
+ * events above take a lookup here; an admitted flow's packets never do. The
+ * agent sizes the shares (share_config) from each table's capacity and the
+ * number of local VMs; an interval of 0 means unlimited. */
+#ifndef ONEHOP_SHARE_H
+#define ONEHOP_SHARE_H
+
+#include "common.h"
+
+enum share_kind {
+	SHARE_FLOWS = 0, /* new conntrack entries the VM's traffic opens */
+	SHARE_ASKS,      /* mapping-table placeholders: addresses asked about */
+	SHARE_PUNTS,     /* frames handed to the agent (DHCP, held packets) */
+	SHARE_KINDS,
+};
+
+/* Written by the agent: per kind, the interval between units (ns) and how
+ * far ahead of now a VM's bucket may run (the burst, in ns of intervals). */
+struct share_limits {
+	__u64 interval_ns[SHARE_KINDS];
+	__u64 burst_ns[SHARE_KINDS];
+};
+
+/* Owned by the datapath, per local VM (by its IPv4): its buckets and what it
+ * was refused. The agent removes a VM's entry when it leaves the host. */
+struct vm_share {
+	__u64 next_ns[SHARE_KINDS];
+	__u64 refused[SHARE_KINDS];
+};
+
+#define MAX_SHARES 4096 /* this host's VMs, as endpoints */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct share_limits);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} share_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_SHARES);
+	__type(key, __be32);
+	__type(value, struct vm_share);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vm_shares SEC(".maps");
+
+/* Takes one unit of vm's share of kind: 1 when allowed, 0 when refused.
+ * Inlined with kind a constant at every call, so each array index is a
+ * fixed offset the verifier can check. */
+static __always_inline int share_take(__be32 vm, const __u32 kind)
+{
+	__u32 zero = 0;
+	struct share_limits *cfg = bpf_map_lookup_elem(&share_config, &zero);
+	if (!cfg)
+		return 1;
+	__u64 interval = cfg->interval_ns[kind];
+	if (!interval)
+		return 1;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct vm_share *s = bpf_map_lookup_elem(&vm_shares, &vm);
+	if (!s) {
+		struct vm_share fresh = {};
+		fresh.next_ns[kind] = now + interval;
+		bpf_map_update_elem(&vm_shares, &vm, &fresh, BPF_NOEXIST);
+		return 1;
+	}
+	__u64 next = s->next_ns[kind];
+	if (next < now)
+		next = now;
+	if (next - now > cfg->burst_ns[kind]) {
+		__sync_fetch_and_add(&s->refused[kind], 1);
+		return 0;
+	}
+	/* Racy across CPUs: a bound, not an exact count. */
+	s->next_ns[kind] = next + interval;
+	return 1;
+}
+
+#endif
