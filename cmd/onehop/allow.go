@@ -9,6 +9,7 @@ import (
 	"github.com/onehop/onehop/internal/client"
 	"github.com/onehop/onehop/internal/controller"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/policy"
 )
 
 func allowCmd() *cobra.Command {
@@ -37,11 +38,15 @@ both allow.`,
 			if owner == "" {
 				owner = from[0]
 			}
+			// The controller's own check, so a mistake names its flag first.
+			r, err := policy.NormalizeRule(intent.Rule{From: args[0], To: args[1], Proto: proto, Port: port})
+			if err != nil {
+				return flagErr(err, map[string]string{"proto": "--proto", "port": "--port"})
+			}
 			c, err := api()
 			if err != nil {
 				return err
 			}
-			r := intent.Rule{From: args[0], To: args[1], Proto: proto, Port: port}
 			if err := c.Do("POST", "/v1/farms/"+owner+"/rules", r, &r); err != nil {
 				return err
 			}

@@ -1,8 +1,8 @@
 package main
 
 import (
+	"errors"
 	"fmt"
-	"net/netip"
 
 	"github.com/spf13/cobra"
 
@@ -12,6 +12,11 @@ import (
 
 func firewallCmd() *cobra.Command {
 	firewall := &cobra.Command{Use: "firewall", Short: "A VM's own firewall, enforced on its host outside the VM"}
+	firewall.AddCommand(firewallAddCmd())
+	return firewall
+}
+
+func firewallAddCmd() *cobra.Command {
 	var in, out, allowF, deny bool
 	var fproto, fport, from, to, defIn, defOut string
 	fwAdd := &cobra.Command{
@@ -24,6 +29,12 @@ func firewallCmd() *cobra.Command {
 			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
 			if err != nil {
 				return err
+			}
+			if defIn, err = policy.NormalizeAction("defaultIn", defIn, true); err != nil {
+				return flagErr(err, firewallFlags)
+			}
+			if defOut, err = policy.NormalizeAction("defaultOut", defOut, true); err != nil {
+				return flagErr(err, firewallFlags)
 			}
 			body := map[string]any{"defaultIn": defIn, "defaultOut": defOut}
 			if in || out || allowF || deny {
@@ -58,10 +69,30 @@ func firewallCmd() *cobra.Command {
 	f.StringVar(&to, "to", "", "remote CIDR, with --out")
 	f.StringVar(&defIn, "default-in", "", "allow or deny what no inbound rule matches")
 	f.StringVar(&defOut, "default-out", "", "allow or deny what no outbound rule matches")
-	firewall.AddCommand(fwAdd)
-	return firewall
+	return fwAdd
 }
 
+// firewallFlags names the flag behind each field policy checks, so an error
+// points at what to change on the command line.
+var firewallFlags = map[string]string{
+	"dir": "--in/--out", "action": "--allow/--deny", "proto": "--proto", "portLo": "--port", "portHi": "--port",
+	"cidr": "--from/--to", "defaultIn": "--default-in", "defaultOut": "--default-out",
+}
+
+// flagErr turns a *policy.FieldError into "--flag: message".
+func flagErr(err error, flags map[string]string) error {
+	var fe *policy.FieldError
+	if errors.As(err, &fe) {
+		if f, ok := flags[fe.Field]; ok {
+			return fmt.Errorf("%s: %s", f, fe.Msg)
+		}
+	}
+	return err
+}
+
+// firewallRule builds the rule the flags describe and checks it with the
+// controller's own check (policy.NormalizeFirewallRule), so a mistake is
+// named by its flag before anything is sent.
 func firewallRule(in, out, allow, deny bool, proto, port, from, to string) (intent.FirewallRule, error) {
 	var r intent.FirewallRule
 	switch {
@@ -87,10 +118,6 @@ func firewallRule(in, out, allow, deny bool, proto, port, from, to string) (inte
 	}
 	r.PortLo, r.PortHi = lo, hi
 	r.CIDR = from + to
-	if r.CIDR != "" {
-		if _, err := netip.ParsePrefix(r.CIDR); err != nil {
-			return r, fmt.Errorf("--from/--to %q: not a CIDR like 10.1.2.0/24", r.CIDR)
-		}
-	}
-	return r, nil
+	r, err = policy.NormalizeFirewallRule(r)
+	return r, flagErr(err, firewallFlags)
 }

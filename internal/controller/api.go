@@ -27,25 +27,77 @@ func (c *Controller) API() http.Handler {
 	} {
 		register(mux)
 	}
+	// Whatever no route takes (an unknown path, a method a path does not
+	// have) gets a JSON error naming the path, like every other error.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, FieldError{Field: "path",
+			Msg: fmt.Sprintf("no operation %s %s (api/openapi.yaml lists them)", r.Method, r.URL.Path)})
+	})
 	return mux
 }
 
-// decode reads a JSON body, rejecting unknown fields; it answers the request
-// itself and returns false when the body is wrong.
+// MaxBody is the largest request body the API reads; a larger one is
+// answered 413.
+const MaxBody = 1 << 20
+
+// decode reads a JSON body: one object, no unknown fields, nothing after it
+// but white space, at most MaxBody bytes. It answers the request itself and
+// returns false when the body is wrong.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		field := "body"
-		if strings.Contains(err.Error(), "unknown field") {
-			field = strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+	err := dec.Decode(v)
+	if err == nil {
+		end := dec.InputOffset()
+		if _, err = dec.Token(); err == io.EOF {
+			return true
+		} else if !isTooLarge(err) {
+			err = fmt.Errorf("unexpected data after the JSON object, at byte %d: want one object", end)
 		}
-		writeJSON(w, http.StatusBadRequest, FieldError{Field: field, Msg: "invalid JSON body: " + err.Error()})
-		return false
 	}
-	return true
+	status, fe := bodyError(err, dec.InputOffset())
+	writeJSON(w, status, fe)
+	return false
 }
 
+func isTooLarge(err error) bool {
+	var mb *http.MaxBytesError
+	return errors.As(err, &mb)
+}
+
+// bodyError says what is wrong with a body that did not decode, naming the
+// field where the decoder knows it; offset is how far it read.
+func bodyError(err error, offset int64) (int, *FieldError) {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	fe := &FieldError{Field: "body", Msg: "invalid JSON body: " + err.Error()}
+	switch {
+	case isTooLarge(err):
+		return http.StatusRequestEntityTooLarge, &FieldError{Field: "body",
+			Msg: fmt.Sprintf("body is larger than the limit of %d bytes", MaxBody)}
+	case err == io.EOF:
+		fe.Msg = "invalid JSON body: empty; want a JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		fe.Msg = fmt.Sprintf("invalid JSON body: it ends at byte %d inside the object", offset)
+	case errors.As(err, &syn):
+		fe.Msg = fmt.Sprintf("invalid JSON body at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ) && typ.Field != "":
+		fe.Field = typ.Field
+		fe.Msg = fmt.Sprintf("invalid JSON body: %s is a %s, want a %s (byte %d)", typ.Field, typ.Value, typ.Type, typ.Offset)
+	case errors.As(err, &typ):
+		fe.Msg = fmt.Sprintf("invalid JSON body: a %s, want a JSON object", typ.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no type for it; the message is its API.
+		if name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`); name != "" {
+			fe.Field = name
+		}
+	}
+	return http.StatusBadRequest, fe
+}
+
+// reply answers with v and status ok, or with err as JSON naming its field:
+// 400 for a bad value, 404, 409, and 500 only for what the client cannot fix
+// (the store failing).
 func reply(w http.ResponseWriter, ok int, v any, err error) {
 	var fe *FieldError
 	switch {
@@ -55,12 +107,12 @@ func reply(w http.ResponseWriter, ok int, v any, err error) {
 			return
 		}
 		writeJSON(w, ok, v)
+	case errors.As(err, &fe) && errors.Is(fe, ErrNotFound):
+		writeJSON(w, http.StatusNotFound, fe)
+	case errors.As(err, &fe) && (errors.Is(fe, ErrConflict) || errors.Is(fe, ErrFull)):
+		writeJSON(w, http.StatusConflict, fe)
 	case errors.As(err, &fe):
 		writeJSON(w, http.StatusBadRequest, fe)
-	case errors.Is(err, ErrNotFound):
-		writeJSON(w, http.StatusNotFound, FieldError{Msg: err.Error()})
-	case errors.Is(err, ErrConflict):
-		writeJSON(w, http.StatusConflict, FieldError{Msg: err.Error()})
 	default:
 		writeJSON(w, http.StatusInternalServerError, FieldError{Msg: err.Error()})
 	}

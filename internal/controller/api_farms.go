@@ -29,7 +29,7 @@ func (c *Controller) getFarm(ctx context.Context, name string) (intent.Farm, err
 	var f intent.Farm
 	err := store.GetJSON(ctx, c.store, intent.FarmsPrefix+name, &f)
 	if errors.Is(err, store.ErrNotFound) {
-		return f, notFound("farm %q", name)
+		return f, notFound("farm", "farm %q", name)
 	}
 	return f, err
 }
@@ -42,7 +42,7 @@ func (c *Controller) CreateFarm(ctx context.Context, name string, proxyARP bool)
 		return intent.Farm{}, fieldErr("name", err)
 	}
 	if _, err := c.getFarm(ctx, name); err == nil {
-		return intent.Farm{}, conflict("farm %q", name)
+		return intent.Farm{}, conflict("name", "farm %q", name)
 	}
 	a, err := c.alloc(ctx)
 	if err != nil {
@@ -50,7 +50,7 @@ func (c *Controller) CreateFarm(ctx context.Context, name string, proxyARP bool)
 	}
 	id, err := a.Farm(name)
 	if err != nil {
-		return intent.Farm{}, err
+		return intent.Farm{}, allocErr("name", err)
 	}
 	f := intent.Farm{Name: name, ID: id, ProxyARP: proxyARP}
 	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {

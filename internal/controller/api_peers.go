@@ -28,8 +28,10 @@ func (c *Controller) Peer(ctx context.Context, farm, other string) (mutual bool,
 		return false, err
 	}
 	o, err := c.getFarm(ctx, other)
-	if err != nil {
+	if errors.Is(err, ErrNotFound) {
 		return false, fieldErr("with", err)
+	} else if err != nil {
+		return false, err
 	}
 	if farm == other {
 		return false, fieldErr("with", errors.New("a farm always talks to itself"))

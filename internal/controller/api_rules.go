@@ -92,18 +92,28 @@ func (c *Controller) Allow(ctx context.Context, farm string, r intent.Rule) (int
 	if !strings.HasPrefix(r.From, farm+"/") && !strings.HasPrefix(r.To, farm+"/") {
 		return r, fieldErr("from", fmt.Errorf("neither %s nor %s belongs to farm %s", r.From, r.To, farm))
 	}
-	p, err := policy.ProtoNumber(r.Proto)
-	if err != nil {
-		return r, fieldErr("proto", err)
+	// The same check as the CLI's; it returns the stored form ("TCP" and
+	// "tcp", "any" and "" are one proto), so a duplicate is caught.
+	if r, err = policy.NormalizeRule(r); err != nil {
+		return r, policyErr("", err)
 	}
-	if r.Port != 0 && p != 6 && p != 17 {
-		return r, fieldErr("port", errors.New("a port needs proto tcp or udp"))
-	}
-	for _, have := range f.Rules {
-		if have == r {
-			return r, conflict("rule %s -> %s %s/%d", r.From, r.To, r.Proto, r.Port)
+	for i, have := range f.Rules {
+		if norm, err := policy.NormalizeRule(have); err == nil && norm == r {
+			return r, conflict("body", "rule %s -> %s %s (farm %s's rule %d)", r.From, r.To, ruleWhat(r), farm, i+1)
 		}
 	}
 	f.Rules = append(f.Rules, r)
 	return r, store.PutJSON(ctx, c.store, intent.FarmsPrefix+farm, f)
+}
+
+// ruleWhat is a rule's protocol and port as people write them: any, tcp/80.
+func ruleWhat(r intent.Rule) string {
+	p := r.Proto
+	if p == "" {
+		p = "any"
+	}
+	if r.Port == 0 {
+		return p
+	}
+	return fmt.Sprintf("%s/%d", p, r.Port)
 }

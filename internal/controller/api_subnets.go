@@ -37,7 +37,7 @@ func (c *Controller) CreateSubnet(ctx context.Context, farm, name string) (inten
 	}
 	key := intent.SubnetsPrefix + farm + "/" + name
 	if _, err := c.store.Get(ctx, key); err == nil {
-		return intent.Subnet{}, conflict("subnet %s/%s", farm, name)
+		return intent.Subnet{}, conflict("name", "subnet %s/%s", farm, name)
 	}
 	a, err := c.alloc(ctx)
 	if err != nil {
@@ -45,7 +45,7 @@ func (c *Controller) CreateSubnet(ctx context.Context, farm, name string) (inten
 	}
 	sid, err := a.Subnet(farm, name)
 	if err != nil {
-		return intent.Subnet{}, fieldErr("name", err)
+		return intent.Subnet{}, allocErr("farm", err)
 	}
 	s := intent.Subnet{Farm: farm, Name: name, ID: sid, Prefix: ipam.SubnetPrefix(f.ID, sid).String(), Gateway: ipam.Gateway(f.ID, sid).String()}
 	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
