@@ -18,16 +18,41 @@ type openAPIDoc struct {
 	Paths map[string]map[string]yaml.Node `yaml:"paths"` // method (or "parameters") -> operation
 }
 
-// opTags returns the tags of one operation.
-func opTags(t *testing.T, op yaml.Node) []string {
+// operation is the part of one operation the tests read.
+type operation struct {
+	Tags        []string       `yaml:"tags"`
+	RequestBody any            `yaml:"requestBody"`
+	Responses   map[string]any `yaml:"responses"`
+}
+
+func decodeOp(t *testing.T, op yaml.Node) operation {
 	t.Helper()
-	var o struct {
-		Tags []string `yaml:"tags"`
-	}
+	var o operation
 	if err := op.Decode(&o); err != nil {
 		t.Fatalf("api/openapi.yaml line %d: %v", op.Line, err)
 	}
-	return o.Tags
+	return o
+}
+
+// An operation that reads a body documents what decode answers: 400 and 413.
+func TestOpenAPIDocumentsBodyErrors(t *testing.T) {
+	doc, _ := readOpenAPI(t)
+	for path, ops := range doc.Paths {
+		for method, node := range ops {
+			if method == "parameters" {
+				continue
+			}
+			op := decodeOp(t, node)
+			if op.RequestBody == nil {
+				continue
+			}
+			for _, code := range []string{"400", "413"} {
+				if op.Responses[code] == nil {
+					t.Errorf("%s %s reads a body but does not document %s", strings.ToUpper(method), path, code)
+				}
+			}
+		}
+	}
 }
 
 // servedRoutes maps "METHOD /v1/..." to the file that registers it: api.go
@@ -109,7 +134,7 @@ func TestOpenAPIGroupsOperationsByNounAsTheHandlersAre(t *testing.T) {
 				continue
 			}
 			key := strings.ToUpper(method) + " " + path
-			tags := opTags(t, op)
+			tags := decodeOp(t, op).Tags
 			if len(tags) != 1 || !declared[tags[0]] {
 				t.Errorf("%s: tags %v, want exactly one of the declared tags", key, tags)
 				continue

@@ -198,3 +198,14 @@ func TestAPIRefusesVMNamesThatCollideWithNodes(t *testing.T) {
 		{"POST", "/v1/farms/blue/subnets/web/vms", `{"name":"abcdefghijk","host":"h1"}`, 201, "", ""},
 	})
 }
+
+// A route that does not exist answers like every other error: JSON naming
+// what to fix (the path), not the router's plain-text page.
+func TestAPIUnknownRouteIsAJSONErrorNamingThePath(t *testing.T) {
+	srv, _ := apiServer(t)
+	do := func(method, path, body string) (int, map[string]any) { return call(t, srv, method, path, body) }
+	runCases(t, do, []apiCase{
+		{"DELETE", "/v1/farms", ``, 404, "path", "no operation DELETE /v1/farms"},
+		{"GET", "/v1/nothing", ``, 404, "path", "no operation GET /v1/nothing"},
+	})
+}
