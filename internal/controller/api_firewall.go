@@ -39,6 +39,9 @@ func (c *Controller) AddFirewallRule(ctx context.Context, farm, subnet, name str
 	if defaultOut, err = policy.NormalizeAction("defaultOut", defaultOut, true); err != nil {
 		return nil, policyErr("", err)
 	}
+	if r == nil && defaultIn == "" && defaultOut == "" {
+		return nil, fieldErr("body", errors.New("nothing to add: give rule, defaultIn or defaultOut"))
+	}
 	var rule intent.FirewallRule
 	if r != nil {
 		if rule, err = policy.NormalizeFirewallRule(*r); err != nil {

@@ -101,6 +101,7 @@ func TestAPIRuleThatDiffersOnlyInCaseIsADuplicate(t *testing.T) {
 		{"POST", fwPath, `{"rule":{"dir":"IN","proto":"TCP","portLo":22,"portHi":22,"action":"Deny"},"defaultIn":"DENY"}`, 200, "", ""},
 		{"POST", fwPath, `{"rule":{"dir":"in","proto":"tcp","portLo":22,"action":"deny"}}`, 409, "rule", "the same rule as rule 1"},
 		{"POST", fwPath, `{"defaultOut":"maybe"}`, 400, "defaultOut", `defaultOut "maybe": want allow or deny`},
+		{"POST", fwPath, `{"rule":null}`, 400, "body", "nothing to add"},
 		{"POST", fwPath, `{"rule":{"dir":"in","proto":"tcp","cidr":"10.1.2.7/24","action":"allow"}}`, 200, "", ""},
 		{"POST", fwPath, `{"rule":{"dir":"in","proto":"tcp","cidr":"10.1.2.0/24","action":"allow"}}`, 409, "rule", "the same rule as rule 2"},
 	})
