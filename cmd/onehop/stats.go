@@ -16,7 +16,9 @@ func statsCmd() *cobra.Command {
 the mapping table's use (remote VMs it holds a host for, out of its fixed size),
 what the ARP engine did (questions unicast to the last known host and multicast
 to a farm/subnet, addresses resolved or not, packets held while resolving), and
-the datapath's counters: every drop by reason and every forwarding path.
+the datapath's counters: every drop by reason and every forwarding path, and
+what each VM was refused for going over its share of what all tenants on the
+host share (new flows, mapping placeholders, frames for the agent, DHCP).
 docs/virtual-router.md says what each counter means.`,
 		Example: "  onehop stats\n  onehop stats --node h1",
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -51,6 +53,9 @@ docs/virtual-router.md says what each counter means.`,
 				}
 				for _, kv := range sortedCounters(st.Forwards) {
 					fmt.Printf("  forwarded %-18s %d\n", kv.k, kv.v)
+				}
+				for _, r := range st.Refused {
+					fmt.Printf("  refused %-20s %-6s %d (over its share)\n", r.VM, r.What, r.Count)
 				}
 			}
 			if !found {
