@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 var binary string
@@ -78,9 +79,7 @@ type testLab struct {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and loads BPF")
-	}
+	testenv.RequireRoot(t, "creates network namespaces and loads BPF")
 }
 
 const quickstart = `name: %s
