@@ -134,7 +134,8 @@ type CPUSnapshot struct {
 // CPUCost turns the snapshots around a transfer of bytes into the cpu
 // figure's sample: busy CPU-seconds of the whole machine per GB (1e9 bytes)
 // received, with the split by kind (per GB), the endpoints' and ksoftirqd's
-// share (per GB, when read at both ends) and the window's idle and steal
+// share and what ran elsewhere (per GB, when both were read at both ends)
+// and the window's idle and steal
 // time (CPU-seconds) and idle's share of all CPU time in the window in Extra.
 func CPUCost(before, after CPUSnapshot, bytes float64) (Measurement, error) {
 	if bytes <= 0 {
@@ -162,6 +163,14 @@ func CPUCost(before, after CPUSnapshot, bytes float64) (Measurement, error) {
 	}
 	if before.KSoftirqd >= 0 && after.KSoftirqd >= 0 {
 		extra["ksoftirqd"] = (after.KSoftirqd - before.KSoftirqd) / gb
+	}
+	// The rest: softirq work charged to the idle task, the launchers, the
+	// labs' daemons, and whatever else the machine ran. Large next to the
+	// others, it says the machine was not quiet.
+	ep, okE := extra["endpoints"]
+	ks, okK := extra["ksoftirqd"]
+	if okE && okK {
+		extra["elsewhere"] = d.Busy()/gb - ep - ks
 	}
 	return Measurement{Value: d.Busy() / gb, Extra: extra}, nil
 }

@@ -76,15 +76,22 @@ func TestCPUCost(t *testing.T) {
 		t.Errorf("value %v, want 1 CPU-s/GB", m.Value)
 	}
 	for k, want := range map[string]float64{"user": 0.25, "system": 0.5, "softirq": 0.25, "irq": 0, "endpoints": 0.5,
-		"ksoftirqd": 0.125, "idle": 1, "steal": 0.5, "gigabytes": 4, "idleShare": 1 / 5.5} {
+		"ksoftirqd": 0.125, "elsewhere": 0.375, "idle": 1, "steal": 0.5, "gigabytes": 4, "idleShare": 1 / 5.5} {
 		if got, ok := m.Extra[k]; !ok || math.Abs(got-want) > 1e-12 {
 			t.Errorf("extra[%s] = %v (present %v), want %v", k, got, ok, want)
 		}
 	}
-	// Without the tools' cgroup the endpoints' share is absent, not zero.
+	// Without the tools' cgroup the endpoints' share is absent, not zero,
+	// and so is what ran elsewhere.
 	before.Endpoints, after.Endpoints = -1, -1
-	if m, _ := CPUCost(before, after, 4e9); func() bool { _, ok := m.Extra["endpoints"]; return ok }() {
-		t.Errorf("endpoints present without a cgroup: %v", m.Extra)
+	m, err = CPUCost(before, after, 4e9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"endpoints", "elsewhere"} {
+		if _, ok := m.Extra[k]; ok {
+			t.Errorf("%s present without a cgroup: %v", k, m.Extra)
+		}
 	}
 	if _, err := CPUCost(before, after, 0); err == nil {
 		t.Error("no bytes: no error")

@@ -64,7 +64,8 @@ type VariantInfo struct {
 const cpuAccounting = "cpu: busy CPU-seconds of the whole machine (/proc/stat user+nice+system+irq+softirq, all CPUs) " +
 	"from the moment every iperf3 client runs until the last exits, per GB (1e9 bytes) the receivers got; " +
 	"extra.user/system/softirq/irq split it per GB, extra.endpoints is the iperf3 processes' own share per GB " +
-	"(their cgroup v2 cpu.stat), extra.ksoftirqd the ksoftirqd threads', extra.idle and extra.steal are CPU-seconds " +
+	"(their cgroup v2 cpu.stat), extra.ksoftirqd the ksoftirqd threads', extra.elsewhere the rest " +
+	"(softirq over idle, the labs' daemons, anything else running), extra.idle and extra.steal are CPU-seconds " +
 	"and extra.idleShare idle's share of all CPU time in the window"
 
 // Report is the JSON the bench writes: configuration, every raw sample, and
@@ -219,10 +220,14 @@ func (r *Report) print(w io.Writer) {
 		}
 		rows = append(rows, []string{c.Subject + " / " + c.Baseline, c.Figure, ratio, target, verdict})
 	}
+	if len(r.Comparisons) == 0 {
+		rows = append(rows, []string{"(none: no scenario ran beside its baseline)", "", "", "", ""})
+	}
 	fmt.Fprint(w, renderTable(rows, []bool{false, false, true, false, false}))
 	fmt.Fprintln(w, "\nEach ratio is the subject's median over the baseline's. Throughput and UDP rate: higher is")
 	fmt.Fprintln(w, "better. RTT and CPU per GB: lower is better, so there a target is an upper bound. PASS/MISS are")
-	fmt.Fprintln(w, "informational. CPU per GB counts the whole machine: anything else running inflates it.")
+	fmt.Fprintln(w, "informational. CPU per GB counts the whole machine: anything else running inflates it (the split's\n"+
+		"elsewhere column shows how much).")
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range r.Samples {
 		lo, hi = math.Min(lo, s.Load1), math.Max(hi, s.Load1)
@@ -234,7 +239,7 @@ func (r *Report) print(w io.Writer) {
 
 // cpuSplitKeys are the parts of the cpu figure shown per variant, in
 // CPU-s per GB (see CPUCost).
-var cpuSplitKeys = []string{"user", "system", "softirq", "irq", "endpoints", "ksoftirqd"}
+var cpuSplitKeys = []string{"user", "system", "softirq", "irq", "endpoints", "ksoftirqd", "elsewhere"}
 
 // printCPUSplit shows where the CPU time per GB went, medians over the
 // rounds, and how idle the machine was during the transfers.
@@ -255,7 +260,7 @@ func (r *Report) printCPUSplit(w io.Writer) {
 		}
 		label := ""
 		if i == 0 {
-			label = "  endpoints: iperf3's cgroup; the rest ran elsewhere"
+			label = "  endpoints: iperf3's cgroup"
 		}
 		row := []string{label, v.Name}
 		for _, k := range cpuSplitKeys {
