@@ -19,13 +19,14 @@ package main
 //   - Recorded beside it, per sample: the same time split by kind, the CPU
 //     time of the processes the bench runs (iperf3 clients and servers,
 //     from a cgroup v2 the bench puts them in: cpu.stat usage_usec) and of
-//     the ksoftirqd threads. The endpoints' cgroup holds the softirq work
-//     done in their context only where the kernel charges softirq ticks to
-//     the interrupted task (tick accounting without
-//     CONFIG_IRQ_TIME_ACCOUNTING, as here); with IRQ time accounting it
-//     holds none. Softirq work in ksoftirqd or over idle is charged to no
-//     cgroup of the bench at all. That is why the machine figure is the
-//     one compared.
+//     the ksoftirqd threads. The cgroup's time is its tasks' scheduler
+//     runtime, which includes softirq work run in their context unless
+//     the kernel takes IRQ time out of it (CONFIG_IRQ_TIME_ACCOUNTING,
+//     which this machine's kernel lacks); softirq work in ksoftirqd or
+//     over idle is charged to no cgroup of the bench at all. That is why
+//     the machine figure is the one compared. What is left of it after the
+//     endpoints and ksoftirqd is recorded as "elsewhere"; since /proc/stat
+//     counts ticks and cpu.stat exact runtime, it can dip slightly below 0.
 
 import (
 	"bytes"
