@@ -109,6 +109,9 @@ func (e *Env) onehop(ctx context.Context, args ...string) *exec.Cmd {
 // processes cleanup kills wholesale.
 func (e *Env) tool(cmd *exec.Cmd) *exec.Cmd {
 	if e.cgfd >= 0 {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = e.cgfd
 	}

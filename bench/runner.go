@@ -361,6 +361,7 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 		errs = append(errs, run.start())
 	}
 	if err := errors.Join(errs...); err != nil {
+		cancel() // the others' figure would not be the scenario's
 		for _, run := range runs {
 			run.wait()
 		}
