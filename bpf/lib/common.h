@@ -96,6 +96,13 @@ enum drop_reason {
 	DROP_ARP_NOT_HERE,       /* fabric ARP for a VM this host does not hold: multicast reaches every host */
 	DROP_FABRIC_ARP_CONFLICT, /* a host claims, by ARP, a VM that lives on this host */
 	DROP_UNRESOLVED,         /* for an address being resolved, beyond what the agent holds per second */
+	DROP_VLAN_TAGGED,        /* a VM sent an 802.1Q/802.1ad tagged frame: no VM picks VLANs or priorities on the underlay */
+	DROP_FABRIC_UNKNOWN_HOST, /* from the fabric, into tenant space, from a MAC that is no known host's uplink */
+	DROP_FABRIC_NOT_TENANT,  /* from the fabric, a source no VM can hold: outside the tenant space, or a subnet's .0, .1 or .255 */
+	DROP_FABRIC_NOT_BROADCAST, /* to a scope's fabric multicast MAC, but not a broadcast or multicast of that scope */
+	DROP_ARP_UNSOLICITED,    /* a fabric ARP reply to this host for an address it did not ask about */
+	DROP_CLAIM_LIMITED,      /* a host claims a VM mapped elsewhere again within a second: the agent is already checking */
+	DROP_FRAG_NO_FIRST,      /* a later fragment whose first fragment this host did not admit (or admitted too long ago) */
 	DROP_REASON_MAX,
 };
 
@@ -197,6 +204,8 @@ enum slowpath_kind {
 	SLOW_HOLD,      /* a routed, admitted frame whose destination host is unknown:
 			 * the agent resolves it and sends the frame on */
 	SLOW_ARP_REPLY, /* a fabric ARP reply to the agent's own question */
+	SLOW_MAPPING_CLAIM, /* a known host says it holds a VM this host maps elsewhere: the
+			     * agent checks the store before the entry follows */
 };
 
 struct slowpath_event {

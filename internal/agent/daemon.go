@@ -113,8 +113,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
+	claims := NewClaimChecker(s, k, monotonic, log)
 	wg.Add(1)
-	go func() { defer wg.Done(); ServeSlowPath(slow, sock, dhcpd, engine, log) }()
+	go func() { defer wg.Done(); claims.Run(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); ServeSlowPath(slow, sock, dhcpd, engine, claims, log) }()
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()

@@ -17,6 +17,7 @@ const (
 	slowDHCP     = 0
 	slowHold     = 1
 	slowARPReply = 2
+	slowClaim    = 3
 )
 
 // PacketSocket sends frames; it receives nothing, so it costs other traffic
@@ -47,8 +48,8 @@ func (p *PacketSocket) Close() error { return unix.Close(p.fd) }
 
 // ServeSlowPath handles what the datapath hands over until the reader is
 // closed: DHCP requests are answered, held packets and ARP answers go to the
-// ARP engine.
-func ServeSlowPath(r *ringbuf.Reader, sock *PacketSocket, dhcpd *DHCPServer, arp *arpengine.Engine, log *slog.Logger) {
+// ARP engine, hosts' claims to the claim checker.
+func ServeSlowPath(r *ringbuf.Reader, sock *PacketSocket, dhcpd *DHCPServer, arp *arpengine.Engine, claims *ClaimChecker, log *slog.Logger) {
 	for {
 		rec, err := r.Read()
 		if errors.Is(err, ringbuf.ErrClosed) {
@@ -76,6 +77,15 @@ func ServeSlowPath(r *ringbuf.Reader, sock *PacketSocket, dhcpd *DHCPServer, arp
 				continue
 			}
 			arp.Answered(a)
+			continue
+		case slowClaim:
+			// An announcement or an answer: both name the VM as sender.
+			a, err := arpengine.ParseAnswer(ev.frame)
+			if err != nil {
+				log.Warn("mapping claim", "err", err)
+				continue
+			}
+			claims.Claim(a)
 			continue
 		case slowDHCP:
 		default:

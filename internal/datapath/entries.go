@@ -34,6 +34,8 @@ type (
 	// ScopeKey and ScopeMembers list the local VMs of a farm or subnet.
 	ScopeKey     = vifScopeKey
 	ScopeMembers = vifScopeMembers
+	// HostKey is a known host's uplink MAC (the hosts map's key).
+	HostKey = vifHostKey
 )
 
 // Entries is the exact content the maps must hold for one node: the output of
@@ -54,6 +56,9 @@ type Entries struct {
 	Farms [256]FarmConfig
 	// Attach lists the vifs that need the vif program, by name and ifindex.
 	Attach map[string]int
+	// Hosts lists the other hosts' uplink MACs (CompileHosts): only they
+	// are heard from the fabric.
+	Hosts map[HostKey]uint8
 }
 
 // farmProxyARP is FARM_PROXY_ARP in bpf/lib/common.h.

@@ -35,6 +35,8 @@ type Options struct {
 	// MappingTableSize is the mapping table's fixed number of entries
 	// (remote VMs this host can address at once); 0 keeps the default.
 	MappingTableSize int
+	// testHooks loads the objects built with ONEHOP_TEST_HOOKS (tests only).
+	testHooks bool
 }
 
 // MinMappingTableSize keeps the LRU's per-CPU lists meaningful.
@@ -45,7 +47,11 @@ const MinMappingTableSize = 64
 // pinDir/links, so traffic keeps flowing across an agent restart and a new
 // agent takes over the same maps.
 func Open(pinDir string, o Options) (*Kernel, error) {
-	spec, err := loadVif()
+	vifSpec, uplinkSpec := loadVif, loadUplink
+	if o.testHooks {
+		vifSpec, uplinkSpec = loadVifTest, loadUplinkTest
+	}
+	spec, err := vifSpec()
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +100,7 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		return nil, fmt.Errorf("load vif program: %w", err)
 	}
 
-	uspec, err := loadUplink()
+	uspec, err := uplinkSpec()
 	if err != nil {
 		k.vif.Close()
 		return nil, err
@@ -105,6 +111,7 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		"conntrack": m.Conntrack, "drops": m.Drops, "forwards": m.Forwards, "drop_events": m.DropEvents,
 		"slowpath": m.Slowpath, "firewalls": m.Firewalls, "firewall_rules": m.FirewallRules,
 		"scopes": m.Scopes, "mappings": m.Mappings, "farms": m.Farms,
+		"hosts": m.Hosts, "mapping_claims": m.MappingClaims, "frag_flows": m.FragFlows,
 	}
 	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	for name, ms := range uspec.Maps {
@@ -237,6 +244,7 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		errs = append(errs, fmt.Errorf("write config: %w", err))
 	}
 	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes", nil))
+	errs = append(errs, k.syncHosts(e.Hosts))
 	for id, want := range e.Farms {
 		var cur FarmConfig
 		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {
