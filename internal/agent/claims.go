@@ -34,6 +34,10 @@ type ClaimChecker struct {
 	now   func() time.Duration // the datapath's clock (CLOCK_MONOTONIC)
 	log   *slog.Logger
 	queue chan arpengine.Answer
+	// ask sends the claimant a question about the VM once its entry moved:
+	// its answer confirms the entry (counted as arp_learned), so a host that
+	// claims but does not answer is noticed by the next refresh.
+	ask func(vm netip.Addr, host net.HardwareAddr)
 
 	mu                sync.Mutex
 	accepted, refused uint64
@@ -49,9 +53,11 @@ const claimQueue = 256
 // claimLogBurst bounds the log lines claims cause per second.
 const claimLogBurst = 10
 
-// NewClaimChecker returns a checker; Run starts it.
-func NewClaimChecker(s store.Store, table MappingPointer, now func() time.Duration, log *slog.Logger) *ClaimChecker {
-	return &ClaimChecker{store: s, table: table, now: now, log: log, queue: make(chan arpengine.Answer, claimQueue)}
+// NewClaimChecker returns a checker; Run starts it. ask (may be nil) sends
+// a question about a VM to one host.
+func NewClaimChecker(s store.Store, table MappingPointer, now func() time.Duration,
+	ask func(vm netip.Addr, host net.HardwareAddr), log *slog.Logger) *ClaimChecker {
+	return &ClaimChecker{store: s, table: table, now: now, ask: ask, log: log, queue: make(chan arpengine.Answer, claimQueue)}
 }
 
 // Claim queues a claim without waiting; it reports false when the queue is
@@ -112,6 +118,9 @@ func (c *ClaimChecker) Check(ctx context.Context, a arpengine.Answer) (bool, err
 	}
 	c.count(true)
 	c.logf(slog.LevelInfo, "VM moved: mapping follows the store", "vm", a.VM, "host", a.HostMAC)
+	if c.ask != nil {
+		c.ask(a.VM, a.HostMAC)
+	}
 	return true, nil
 }
 

@@ -49,7 +49,9 @@ func TestAClaimMovesAMappingOnlyWhereTheStorePlacesTheVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	fp := &fakePointer{}
-	c := NewClaimChecker(s, fp, func() time.Duration { return time.Second }, quiet())
+	var asked []pointed
+	c := NewClaimChecker(s, fp, func() time.Duration { return time.Second },
+		func(vm netip.Addr, host net.HardwareAddr) { asked = append(asked, pointed{vm, host.String()}) }, quiet())
 	mac := func(m string) net.HardwareAddr { h, _ := net.ParseMAC(m); return h }
 	for _, tc := range []struct {
 		name  string
@@ -69,6 +71,9 @@ func TestAClaimMovesAMappingOnlyWhereTheStorePlacesTheVM(t *testing.T) {
 	}
 	if len(fp.moves) != 1 || fp.moves[0] != (pointed{mustAddr("10.1.1.3"), "aa:00:00:00:00:03"}) {
 		t.Errorf("entries moved: %v, want only 10.1.1.3 to h3", fp.moves)
+	}
+	if len(asked) != 1 || asked[0] != fp.moves[0] {
+		t.Errorf("questions sent: %v, want one to h3 about 10.1.1.3 (its answer confirms the entry)", asked)
 	}
 	if acc, ref := c.Counts(); acc != 1 || ref != 4 {
 		t.Errorf("counted %d accepted, %d refused; want 1 and 4", acc, ref)

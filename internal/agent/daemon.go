@@ -113,7 +113,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
-	claims := NewClaimChecker(s, k, monotonic, log)
+	claims := NewClaimChecker(s, k, monotonic, func(vm netip.Addr, host net.HardwareAddr) {
+		if err := sock.Send(upIndex, arpengine.Request(host, upMAC, arpCfg.HostIP, vm)); err != nil {
+			log.Warn("ask a host about a VM it claims", "vm", vm, "host", host, "err", err)
+		}
+	}, log)
 	wg.Add(1)
 	go func() { defer wg.Done(); claims.Run(ctx) }()
 	wg.Add(1)
