@@ -86,8 +86,9 @@ for f in sys.argv[2:]:
 }
 
 // dropsRose runs f and returns how much each reason's drop counter rose on
-// host; a counter the agent does not export fails the test (absent is not
-// zero).
+// host. A counter the agent does not export fails the test (absent is not
+// zero) and is left out of the result; the test goes on, so it also says
+// what got through.
 func (l *testLab) dropsRose(host string, f func(), reasons ...string) map[string]float64 {
 	l.t.Helper()
 	before := l.metrics(host)
@@ -98,7 +99,8 @@ func (l *testLab) dropsRose(host string, f func(), reasons ...string) map[string
 		a, okA := after[drops(r)]
 		b, okB := before[drops(r)]
 		if !okA || !okB {
-			l.t.Fatalf("%s exports no drop counter %q", host, r)
+			l.t.Errorf("%s exports no drop counter %q", host, r)
+			continue
 		}
 		d[r] = a - b
 	}
@@ -142,8 +144,8 @@ func TestAttackVLANTaggedFramesFromAVMNeverReachTheFabric(t *testing.T) {
 			t.Errorf("a tagged frame from web1 reached %s: %s", w.node, f)
 		}
 	}
-	if d["vlan_tagged"] != 3 {
-		t.Errorf("vlan_tagged on h1 rose by %v, want 3", d["vlan_tagged"])
+	if n, ok := d["vlan_tagged"]; ok && n != 3 {
+		t.Errorf("vlan_tagged on h1 rose by %v, want 3", n)
 	}
 }
 
@@ -206,8 +208,8 @@ func TestAttackDHCPServerMessagesFromAVMReachNoOne(t *testing.T) {
 			t.Errorf("a DHCP server or relay message from web1 reached %s: %s", w.node, f)
 		}
 	}
-	if d["rogue_dhcp"] != float64(len(sends)) {
-		t.Errorf("rogue_dhcp on h1 rose by %v, want %d", d["rogue_dhcp"], len(sends))
+	if n, ok := d["rogue_dhcp"]; ok && n != float64(len(sends)) {
+		t.Errorf("rogue_dhcp on h1 rose by %v, want %d", n, len(sends))
 	}
 }
 
@@ -230,8 +232,8 @@ func TestAttackIPv4LongerThanItsFrameIsMalformedNotDelivered(t *testing.T) {
 			t.Errorf("the oversized packet (ip.id %#x) reached web3", id)
 		}
 	}
-	if d["malformed"] != 3 {
-		t.Errorf("malformed on h1 rose by %v, want 3", d["malformed"])
+	if n, ok := d["malformed"]; ok && n != 3 {
+		t.Errorf("malformed on h1 rose by %v, want 3", n)
 	}
 }
 
@@ -275,7 +277,7 @@ func TestAttackTheFabricIsNotTrusted(t *testing.T) {
 			t.Errorf("a frame from a node that is no host reached %s: %s", w.node, f)
 		}
 	}
-	if d["fabric_unknown_host"] != float64(len(fromNoHost)) {
-		t.Errorf("fabric_unknown_host on h1 rose by %v, want %d", d["fabric_unknown_host"], len(fromNoHost))
+	if n, ok := d["fabric_unknown_host"]; ok && n != float64(len(fromNoHost)) {
+		t.Errorf("fabric_unknown_host on h1 rose by %v, want %d", n, len(fromNoHost))
 	}
 }
