@@ -74,7 +74,7 @@ struct node_config {
 enum drop_reason {
 	DROP_NONE = 0,
 	DROP_MALFORMED,          /* truncated or inconsistent headers */
-	DROP_UNSUPPORTED,        /* EtherType we do not carry: IPv6, VLAN, ... */
+	DROP_UNSUPPORTED,        /* EtherType we do not carry: IPv6, ... (VLAN tags: DROP_VLAN_TAGGED) */
 	DROP_UNKNOWN_VIF,        /* frame from a vif the agent has not configured */
 	DROP_SPOOFED_MAC,        /* VM sent with a source MAC not its own */
 	DROP_SPOOFED_IP,         /* VM sent with a source IPv4 not its own */
@@ -84,7 +84,7 @@ enum drop_reason {
 	DROP_ARP_NOT_REQUEST,    /* VM sent an ARP reply or other op: never leaves */
 	DROP_ARP_UNKNOWN_TARGET, /* ARP for an address no VM holds */
 	DROP_ARP_OTHER_SUBNET,   /* ARP for an address outside the asker's subnet */
-	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM mapped to another host, local here, or outside the scope */
+	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM mapped to another host, or local here */
 	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
 	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
 	DROP_TTL_EXCEEDED,       /* routed between subnets with TTL 1: cannot take the gateway hop */
