@@ -120,7 +120,7 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 			return drop_quietly(DROP_ARP_NOT_HERE);
 		if (!is_known_host(from))
 			return drop_packet(skb, pkt, DROP_FABRIC_UNKNOWN_HOST);
-		if (in_vm_space(cfg, spa)) {
+		if (is_tenant_source(cfg, spa)) {
 			if (bpf_map_lookup_elem(&endpoints, &spa))
 				return drop_packet(skb, pkt, DROP_FABRIC_ARP_CONFLICT);
 			/* The asking VM's traffic comes next; answer it without a miss.

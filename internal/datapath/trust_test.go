@@ -37,7 +37,14 @@ func TestPrivilegedFabricARPRequestNeverMovesAMapping(t *testing.T) {
 		{name: "a node that is no host asks for web1 as a new VM: refused",
 			in:          arpFrame(rogueMAC, h1MAC, 1, vmac(newVM), newVM, nil, web1),
 			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+		{name: "a host asks for web1 as the subnet's gateway: answered, nothing learned",
+			in:          arpFrame(h2MAC, subnetMAC, 1, vmac(gw), gw, nil, web1),
+			wantVerdict: actRedirect, want: ptr(arpFrame(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(gw), gw)),
+			wantTo: 7, wantForward: "arp_answered"},
 	})
+	if got := mappingOf(k, gw); got != "" {
+		t.Errorf("a question as the gateway was learned: %s -> %s", gw, got)
+	}
 	if got := mappingOf(k, web2); got != h2MAC.String() {
 		t.Errorf("web2 mapped to %s after other nodes' questions, want h2 (%s)", got, h2MAC)
 	}
