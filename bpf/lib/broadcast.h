@@ -9,6 +9,7 @@
 
 #include "drop.h"
 #include "policy.h"
+#include "redirect.h"
 
 static __always_inline int is_ip_multicast(__be32 a)
 {
@@ -91,7 +92,7 @@ __attribute__((noinline)) int copy_routed(struct __sk_buff *skb, const struct sc
 		virtual_mac(gateway_of(m->ip[i]), gw_mac);
 		if (bpf_skb_store_bytes(skb, ETH_ALEN, gw_mac, ETH_ALEN, 0) < 0)
 			break;
-		if (bpf_clone_redirect(skb, m->ifindex[i], 0) == 0)
+		if (clone_out(skb, m->ifindex[i]) == 0)
 			count_forward(FWD_BROADCAST);
 	}
 	/* The frame goes on (to the fabric) as it came. */
@@ -128,7 +129,7 @@ static __always_inline void copy_to_members(struct __sk_buff *skb, const struct 
 				routed |= 1U << i;
 			continue;
 		}
-		if (bpf_clone_redirect(skb, ifindex, 0) == 0)
+		if (clone_out(skb, ifindex) == 0)
 			count_forward(FWD_BROADCAST);
 	}
 	copy_routed(skb, m, routed, ttl);

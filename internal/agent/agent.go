@@ -64,6 +64,7 @@ type Agent struct {
 	hooks           Hooks
 	shares          *Shares // each local VM's share of the slow path
 	dpRefused       map[netip.Addr]map[string]uint64
+	hostsErr        string // the last node-record problem logged, so it is logged once
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -122,11 +123,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Error("reconcile failed; will retry", "err", err)
 		}
 		changes := a.store.Watch(wctx, intent.DesiredPrefix+a.cfg.Node, rev)
+		// A host joining or leaving changes whom the datapath hears.
+		nodes := a.store.Watch(wctx, intent.NodesPrefix, rev)
 		select {
 		case <-ctx.Done():
 			cancel()
 			return nil
 		case <-changes:
+		case <-nodes:
 		case <-ticker.C:
 		}
 		cancel()
@@ -162,7 +166,11 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 			return rev, fmt.Errorf("desired state of %s: %w", a.cfg.Node, err)
 		}
 	}
-	err = a.apply(d)
+	nodes, _, err := store.ListJSON[intent.Node](ctx, a.store, intent.NodesPrefix)
+	if err != nil {
+		return rev, fmt.Errorf("node records: %w", err)
+	}
+	err = a.apply(d, nodes)
 	if time.Since(a.countersAt) >= countersEvery {
 		if c, cerr := a.dp.Counters(); cerr == nil {
 			a.mu.Lock()
@@ -190,7 +198,7 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 	return rev, err
 }
 
-func (a *Agent) apply(d intent.Desired) error {
+func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 	upIndex, upMAC, _, err := a.ifs.ByName(a.cfg.Uplink)
 	if err != nil {
 		return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
@@ -201,6 +209,16 @@ func (a *Agent) apply(d intent.Desired) error {
 	})
 	if err != nil {
 		return err
+	}
+	// A broken node record leaves only that host unheard.
+	hosts, herr := datapath.CompileHosts(nodes, a.cfg.Node)
+	entries.Hosts = hosts
+	if herr != nil && herr.Error() != a.hostsErr {
+		a.log.Warn("known hosts", "err", herr)
+	}
+	a.hostsErr = ""
+	if herr != nil {
+		a.hostsErr = herr.Error()
 	}
 	if err := a.dp.AttachUplink(a.cfg.Uplink, upIndex); err != nil {
 		return err

@@ -117,8 +117,15 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
+	claims := NewClaimChecker(s, k, monotonic, func(vm netip.Addr, host net.HardwareAddr) {
+		if err := sock.Send(upIndex, arpengine.Request(host, upMAC, arpCfg.HostIP, vm)); err != nil {
+			log.Warn("ask a host about a VM it claims", "vm", vm, "host", host, "err", err)
+		}
+	}, log)
 	wg.Add(1)
-	slowPath := &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Shares: a.Shares(),
+	go func() { defer wg.Done(); claims.Run(ctx) }()
+	wg.Add(1)
+	slowPath := &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Claims: claims, Shares: a.Shares(),
 		Log: ratelog.New(log, 5, time.Second, nil)}
 	go func() { defer wg.Done(); slowPath.Serve(slow, log) }()
 

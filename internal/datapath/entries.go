@@ -38,6 +38,8 @@ type (
 	ShareLimits = vifShareLimits
 	// VMShare is a local VM's buckets and refusals (datapath-owned).
 	VMShare = vifVmShare
+	// HostKey is a known host's uplink MAC (the hosts map's key).
+	HostKey = vifHostKey
 )
 
 // Share kinds, as enum share_kind in bpf/lib/share.h, and their names in
@@ -96,6 +98,9 @@ type Entries struct {
 	Farms [256]FarmConfig
 	// Attach lists the vifs that need the vif program, by name and ifindex.
 	Attach map[string]int
+	// Hosts lists the other hosts' uplink MACs (CompileHosts): only they
+	// are heard from the fabric.
+	Hosts map[HostKey]uint8
 }
 
 // farmProxyARP is FARM_PROXY_ARP in bpf/lib/common.h.

@@ -36,6 +36,8 @@ type Options struct {
 	// MappingTableSize is the mapping table's fixed number of entries
 	// (remote VMs this host can address at once); 0 keeps the default.
 	MappingTableSize int
+	// testHooks loads the objects built with ONEHOP_TEST_HOOKS (tests only).
+	testHooks bool
 }
 
 // MinMappingTableSize keeps the LRU's per-CPU lists meaningful.
@@ -46,7 +48,11 @@ const MinMappingTableSize = 64
 // pinDir/links, so traffic keeps flowing across an agent restart and a new
 // agent takes over the same maps.
 func Open(pinDir string, o Options) (*Kernel, error) {
-	spec, err := loadVif()
+	vifSpec, uplinkSpec := loadVif, loadUplink
+	if o.testHooks {
+		vifSpec, uplinkSpec = loadVifTest, loadUplinkTest
+	}
+	spec, err := vifSpec()
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +101,7 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		return nil, fmt.Errorf("load vif program: %w", err)
 	}
 
-	uspec, err := loadUplink()
+	uspec, err := uplinkSpec()
 	if err != nil {
 		k.vif.Close()
 		return nil, err
@@ -252,6 +258,7 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		errs = append(errs, fmt.Errorf("write share limits: %w", err))
 	}
 	errs = append(errs, k.forgetShares(e.Endpoints))
+	errs = append(errs, k.syncHosts(e.Hosts))
 	for id, want := range e.Farms {
 		var cur FarmConfig
 		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {

@@ -22,18 +22,20 @@ vms:
   - {name: red1, host: h1, subnet: red/web, dhcp: true}
 `
 
-// dhcpFlood sends garbage to the DHCP server port, broadcast, as fast as a
-// VM can for the given seconds: every datagram is a DHCP request to the
-// datapath, and an unparseable one to the agent.
-const dhcpFlood = `import socket,sys,time
+// dhcpFlood sends DHCP DISCOVERs (BOOTREQUEST from the VM's own MAC, as a
+// client does) as fast as a VM can for the given seconds: each one is a
+// request the datapath hands to the agent and the agent answers.
+const dhcpFlood = `import socket,struct,sys,time
+mac=bytes.fromhex(open("/sys/class/net/eth0/address").read().strip().replace(":",""))
 s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET,socket.SO_BROADCAST,1)
 s.setsockopt(socket.SOL_SOCKET,socket.SO_BINDTODEVICE,b"eth0")
 s.bind(("0.0.0.0",68))
 end=time.time()+float(sys.argv[1]); n=0
 while time.time()<end:
+    m=struct.pack("!BBBBIHH4s4s4s4s16s192s4s",1,1,6,0,n,0,0x8000,b"\0"*4,b"\0"*4,b"\0"*4,b"\0"*4,mac+b"\0"*10,b"\0"*192,b"\x63\x82\x53\x63")+b"\x35\x01\x01\xff"
     try:
-        s.sendto(b"not-dhcp-%d"%n,("255.255.255.255",67)); n+=1
+        s.sendto(m,("255.255.255.255",67)); n+=1
     except OSError:
         pass
 print(n)`
