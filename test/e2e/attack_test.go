@@ -96,8 +96,8 @@ func (l *testLab) dropsRose(host string, f func(), reasons ...string) map[string
 	after := l.metrics(host)
 	d := map[string]float64{}
 	for _, r := range reasons {
-		a, okA := after[drops(r)]
-		b, okB := before[drops(r)]
+		a, okA := after.lookup(drops(r))
+		b, okB := before.lookup(drops(r))
 		if !okA || !okB {
 			l.t.Errorf("%s exports no drop counter %q", host, r)
 			continue

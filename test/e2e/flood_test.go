@@ -49,7 +49,7 @@ func TestPrivilegedADHCPFloodFromOneVMNeitherDeniesDHCPToAnotherTenantNorFillsTh
 	flood := l.start("web1", "python3", "-c", dhcpFlood, "12")
 	// Let the flood fill whatever it can fill before red1 asks.
 	waitFor(t, "the flood to reach h1's slow path", 10*time.Second, func() bool {
-		return l.metrics("h1")[forwards("to_agent")]-before[forwards("to_agent")] > 50
+		return l.metrics("h1").at(forwards("to_agent"))-before.at(forwards("to_agent")) > 50
 	})
 
 	dir := t.TempDir()
@@ -81,18 +81,18 @@ func TestPrivilegedADHCPFloodFromOneVMNeitherDeniesDHCPToAnotherTenantNorFillsTh
 	}
 
 	after := l.metrics("h1")
-	overShare, ok := after[drops("over_share")]
+	overShare, ok := after.lookup(drops("over_share"))
 	if !ok {
 		t.Fatal("h1 has no over_share drop counter")
 	}
-	if overShare-before[drops("over_share")] < float64(n)/2 {
-		t.Errorf("of %d flood datagrams only %v were refused in the kernel as over_share", n, overShare-before[drops("over_share")])
+	if overShare-before.at(drops("over_share")) < float64(n)/2 {
+		t.Errorf("of %d flood datagrams only %v were refused in the kernel as over_share", n, overShare-before.at(drops("over_share")))
 	}
 	refused := `onehop_vm_refused_total{vm="blue/web/web1",what="punts"}`
-	if after[refused] < 1 {
-		t.Errorf("web1's refusals are not counted per VM (%s = %v)", refused, after[refused])
+	if after.at(refused) < 1 {
+		t.Errorf("web1's refusals are not counted per VM (%s = %v)", refused, after.at(refused))
 	}
-	for k, v := range after {
+	for k, v := range after.m {
 		if strings.HasPrefix(k, "onehop_vm_refused_total{vm=\"red/") && v > 0 {
 			t.Errorf("red1 was refused something: %s = %v", k, v)
 		}
