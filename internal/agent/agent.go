@@ -72,6 +72,10 @@ type Hooks struct {
 	// Arrived is called for each VM that became local (at start, after a
 	// create or a move), outside the agent's lock.
 	Arrived func(ip netip.Addr)
+	// Departed is called for each VM that stopped being local (moved away
+	// or deleted), outside the agent's lock: any mapping this host held for
+	// it predates its stay and is stale.
+	Departed func(ip netip.Addr)
 	// ARPStats reads the ARP engine's figures for the status record.
 	ARPStats func() intent.ARPStats
 }
@@ -250,9 +254,13 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 			}
 		}
 	}
+	var departed []netip.Addr
 	for _, old := range a.locals {
 		if !stillLocal(locals, old.Name) {
 			a.shares.Forget(old.Name)
+			if ip, err := netip.ParseAddr(old.IP); err == nil {
+				departed = append(departed, ip)
+			}
 		}
 	}
 	a.locals = locals
@@ -263,6 +271,11 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 	a.mu.Unlock()
 	if len(missing) > 0 && !reflect.DeepEqual(missing, prevMissing) {
 		a.log.Info("waiting for vifs to appear", "vifs", missing)
+	}
+	if a.hooks.Departed != nil {
+		for _, ip := range departed {
+			a.hooks.Departed(ip)
+		}
 	}
 	if a.hooks.Arrived != nil {
 		for _, ip := range arrived {

@@ -98,7 +98,12 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats})
+	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats, Departed: func(ip netip.Addr) {
+		// Where it went is the ARP engine's to find out on the next packet.
+		if err := k.ForgetMapping(ip); err != nil {
+			log.Warn("forget the mapping of a VM that left", "vm", ip, "err", err)
+		}
+	}})
 
 	events, err := k.DropEvents()
 	if err != nil {
