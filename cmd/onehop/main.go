@@ -51,7 +51,8 @@ Try it on one machine (as root):
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().StringVar(&apiAddr, "api", "", "controller REST API: a unix socket or http://HOST:PORT (default: the lab's)")
+	root.PersistentFlags().StringVar(&apiAddr, "api", "", "controller REST API: a unix socket or https://HOST:PORT (default: the lab's socket)")
+	addClientTLSFlags(root)
 	root.AddCommand(labCmd(), controllerCmd(), agentCmd(), netnsExecCmd())
 	root.AddCommand(verbCmds()...)
 	return root
@@ -106,6 +107,7 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
 	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
 	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
+	addControllerTLSFlags(c, &cfg)
 	return c
 }
 
@@ -176,6 +178,7 @@ drop is also logged with its reason (rate-limited).`,
 		"confirm a mapping in use when it is older than this (unicast to its host first, then multicast)")
 	f.DurationVar(&cfg.ARP.Idle, "arp-idle", arpengine.DefaultIdle, "forget a mapping unused for this long")
 	f.DurationVar(&cfg.ARP.Wait, "arp-wait", arpengine.DefaultWait, "how long one ARP question waits for its answer")
+	addAgentTLSFlags(c, &cfg)
 	return c
 }
 

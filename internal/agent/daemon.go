@@ -28,11 +28,6 @@ import (
 type DaemonConfig struct {
 	Config
 	EtcdEndpoints []string
-	// TLS names the CA that signed etcd's certificate and this agent's own
-	// client certificate (CN = the node name) and key.
-	TLS pki.Files
-	// Insecure dials etcd over plain TCP, with no certificate.
-	Insecure bool
 	BPFFS         string // a mounted bpffs; the agent pins under BPFFS/NODE
 	MetricsAddr   string
 	DNS           []netip.Addr // handed to VMs by DHCP; none if empty
@@ -41,6 +36,11 @@ type DaemonConfig struct {
 	// ARP tunes the ARP engine (refresh, idle, wait...); host fields are
 	// filled in from the uplink.
 	ARP arpengine.Config
+	// TLS names the CA that signed etcd's certificate and this agent's own
+	// client certificate (CN = the node name) and key.
+	TLS pki.Files
+	// Insecure dials etcd over plain TCP, with no certificate.
+	Insecure bool
 }
 
 // Validate reports the first configuration mistake.

@@ -88,7 +88,7 @@ func Up(ctx context.Context, t *topology.File, opts Options) (*State, error) {
 		BPFFS:      filepath.Join(dir, "bpffs"),
 		EtcdSocket: filepath.Join(dir, "etcd.sock"),
 		APISocket:  filepath.Join(dir, "api.sock"),
-		EtcdURL:    fmt.Sprintf("http://%s", net.JoinHostPort(t.Fabric.Controller, fmt.Sprint(etcdPort))),
+		EtcdURL:    fmt.Sprintf("https://%s", net.JoinHostPort(t.Fabric.Controller, fmt.Sprint(etcdPort))),
 		Phase:      "building", Created: time.Now().UTC(),
 	}
 	if err := st.save(); err != nil {
@@ -151,12 +151,15 @@ func (b *builder) build(ctx context.Context) error {
 		if err := b.plugIntoFabric(fh, ctlNS, "p-controller", ctlInterface, t.Fabric.Controller, fabric.Bits()); err != nil {
 			return err
 		}
-		if err := b.spawn("controller", "controller", ctlNS, "controller",
+		if err := b.makePKI(); err != nil {
+			return err
+		}
+		if err := b.spawn("controller", "controller", ctlNS, append([]string{"controller",
 			"--data-dir", filepath.Join(st.Dir, "etcd"),
 			"--client-url", st.EtcdURL,
 			"--socket", st.EtcdSocket,
 			"--api-socket", st.APISocket,
-			"--topology", st.Topology); err != nil {
+			"--topology", st.Topology}, b.controllerTLSArgs()...)...); err != nil {
 			return err
 		}
 	}
@@ -198,6 +201,7 @@ func (b *builder) build(ctx context.Context) error {
 				"--uplink", HostUplink,
 				"--bpffs", st.BPFFS,
 				"--metrics-addr", fmt.Sprintf(":%d", MetricsPort)}, t.ARP.AgentArgs()...)
+			args = append(args, b.agentTLSArgs(h.Name)...)
 			if err := b.spawn("agent-"+h.Name, h.Name, hostNS, args...); err != nil {
 				return err
 			}

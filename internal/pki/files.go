@@ -180,13 +180,17 @@ func (f Files) ServerConfig(clientAuth tls.ClientAuthType) (*tls.Config, error) 
 }
 
 // ClientConfig is the TLS configuration of a client that verifies servers
-// against f.CA and presents f.Cert (if named) as its identity.
+// against f.CA (the system's roots if f.CA is empty) and presents f.Cert (if
+// named) as its identity.
 func (f Files) ClientConfig() (*tls.Config, error) {
-	pool, err := ReadPool(f.CA)
-	if err != nil {
-		return nil, err
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.CA != "" {
+		pool, err := ReadPool(f.CA)
+		if err != nil {
+			return nil, err
+		}
+		tc.RootCAs = pool
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 	if f.Cert != "" || f.Key != "" {
 		kp, err := f.KeyPair()
 		if err != nil {
