@@ -54,6 +54,9 @@ func TestPrivilegedFabricGetsNeitherEtcdNorTheAPIWithoutCredentials(t *testing.T
 		}
 		delete(vifs, n.Name)
 	}
+	if r.APIURL != st.APIURL {
+		t.Errorf("lab status says the API is at %q, the lab's state %q", r.APIURL, st.APIURL)
+	}
 	if len(vifs) > 0 {
 		t.Errorf("lab status shows no host %v", vifs)
 	}
