@@ -84,7 +84,7 @@ func TestPrivilegedFabricGetsNeitherEtcdNorTheAPIWithoutCredentials(t *testing.T
 		t.Errorf("etcd without a client certificate, not verifying the server: %v\n%s", err, out)
 	}
 	plainEtcd := strings.Replace(st.EtcdURL, "https://", "http://", 1)
-	if out, err := curl(plainEtcd+"/version"); strings.Contains(out, "etcdserver") {
+	if out, err := curl(plainEtcd + "/version"); strings.Contains(out, "etcdserver") {
 		t.Errorf("etcd over plain http answered: %v\n%s", err, out)
 	}
 
