@@ -3,9 +3,12 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lab"
 	"github.com/onehop/onehop/internal/testenv"
 )
@@ -21,7 +24,7 @@ import (
 // agent is connected over TLS and has applied its desired state.
 func TestPrivilegedFabricGetsNeitherEtcdNorTheAPIWithoutCredentials(t *testing.T) {
 	testenv.RequireRoot(t, "creates network namespaces and loads BPF")
-	testenv.RequireTool(t, "curl", "openssl")
+	testenv.RequireTool(t, "curl", "openssl", "tcpdump", "tshark")
 	l := upLab(t, quickstart)
 	st, err := lab.Load(testRoot, l.name)
 	if err != nil {
@@ -59,6 +62,49 @@ func TestPrivilegedFabricGetsNeitherEtcdNorTheAPIWithoutCredentials(t *testing.T
 	}
 	if len(vifs) > 0 {
 		t.Errorf("lab status shows no host %v", vifs)
+	}
+
+	// The intent never crosses the fabric in clear: restart h1's agent
+	// (a new TLS session; it reads its desired state and writes its status)
+	// while capturing the controller's port on the fabric, then look for etcd's keys in the bytes.
+	got, pcap := l.captureFile("fabric", "p-controller", "tcp.srcport", "tcp.dstport", "tcp.len")
+	l.onehop("lab", "restart", "h1")
+	restarted := time.Now()
+	waitFor(t, "the restarted agent to report over TLS", 20*time.Second, func() bool {
+		var r lab.Report
+		if json.Unmarshal([]byte(l.onehop("lab", "status", "-o", "json")), &r) != nil {
+			return false
+		}
+		for _, n := range r.Nodes {
+			if n.Name == "h1" && n.Agent != nil && n.Agent.Error == "" && n.Agent.Time.After(restarted) {
+				return true
+			}
+		}
+		return false
+	})
+	// tcpdump gets packets from the kernel in blocks, up to a second late:
+	// wait until the file holds the new session, or the check proves nothing.
+	waitFor(t, "the capture to hold the agent's etcd traffic", 10*time.Second, func() bool {
+		fi, err := os.Stat(pcap)
+		return err == nil && fi.Size() > 4000
+	})
+	etcdBytes := 0
+	for _, line := range got() {
+		f := strings.Split(line, "\t")
+		if len(f) == 3 && (f[0] == "2379" || f[1] == "2379") {
+			n, _ := strconv.Atoi(f[2])
+			etcdBytes += n
+		}
+	}
+	if etcdBytes < 1000 {
+		t.Errorf("the capture saw %d bytes to or from etcd's port: too few to prove anything", etcdBytes)
+	}
+	raw, err := os.ReadFile(pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), intent.Root) {
+		t.Errorf("etcd keys (%q) crossed the fabric in clear (%s)", intent.Root, pcap)
 	}
 
 	curl := func(args ...string) (string, error) {
