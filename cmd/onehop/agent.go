@@ -72,5 +72,6 @@ drop is also logged with its reason (rate-limited).`,
 		"confirm a mapping in use when it is older than this (unicast to its host first, then multicast)")
 	f.DurationVar(&cfg.ARP.Idle, "arp-idle", arpengine.DefaultIdle, "forget a mapping unused for this long")
 	f.DurationVar(&cfg.ARP.Wait, "arp-wait", arpengine.DefaultWait, "how long one ARP question waits for its answer")
+	addAgentTLSFlags(c, &cfg)
 	return c
 }

@@ -15,7 +15,7 @@ var apiAddr string
 
 func api() (*client.Client, error) {
 	if apiAddr != "" {
-		return client.New(apiAddr), nil
+		return apiClient(apiAddr)
 	}
 	name, err := lab.Resolve(lab.DefaultRoot, "")
 	if err != nil {

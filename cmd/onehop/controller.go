@@ -37,5 +37,6 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
 	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
 	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
+	addControllerTLSFlags(c, &cfg)
 	return c
 }

@@ -69,7 +69,8 @@ Try it on one machine (as root):
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().StringVar(&apiAddr, "api", "", "controller REST API: a unix socket or http://HOST:PORT (default: the lab's)")
+	root.PersistentFlags().StringVar(&apiAddr, "api", "", "controller REST API: a unix socket or https://HOST:PORT (default: the lab's socket)")
+	addClientTLSFlags(root)
 	for _, n := range nouns() {
 		if n.cmd != nil {
 			root.AddCommand(n.cmd())

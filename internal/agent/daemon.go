@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -35,6 +37,11 @@ type DaemonConfig struct {
 	// ARP tunes the ARP engine (refresh, idle, wait...); host fields are
 	// filled in from the uplink.
 	ARP arpengine.Config
+	// TLS names the CA that signed etcd's certificate and this agent's own
+	// client certificate (CN = the node name) and key.
+	TLS pki.Files
+	// Insecure dials etcd over plain TCP, with no certificate.
+	Insecure bool
 }
 
 // Validate reports the first configuration mistake.
@@ -47,6 +54,14 @@ func (c DaemonConfig) Validate() error {
 	case c.BPFFS == "":
 		return errors.New("--bpffs is required: a directory for pinned maps and links")
 	}
+	if err := c.TLS.CheckMode(c.Insecure, "the agent dials etcd"); err != nil {
+		return err
+	}
+	for _, e := range c.EtcdEndpoints {
+		if err := pki.CheckURL("--etcd-endpoints", e, c.Insecure); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -55,6 +70,13 @@ func (c DaemonConfig) Validate() error {
 func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	var etcdTLS *tls.Config
+	if !cfg.Insecure {
+		var err error
+		if etcdTLS, err = cfg.TLS.ClientConfig(); err != nil {
+			return fmt.Errorf("--tls-*: %w", err)
+		}
 	}
 	if err := mount(cfg.BPFFS); err != nil {
 		return err
@@ -89,7 +111,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); runARPEngine(ctx, engine, log) }()
-	s, err := store.DialEtcd(cfg.EtcdEndpoints)
+	s, err := store.DialEtcdTLS(cfg.EtcdEndpoints, etcdTLS)
 	if err != nil {
 		return err
 	}

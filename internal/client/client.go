@@ -1,10 +1,12 @@
 // Package client talks to the controller's REST API, over a unix socket (the
-// lab's default) or HTTP.
+// lab's default; no credentials, its mode keeps it to root) or HTTPS with a
+// bearer token or a client certificate.
 package client
 
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,8 +18,28 @@ import (
 
 // Client is a REST API client.
 type Client struct {
-	base string
-	http *http.Client
+	base  string
+	http  *http.Client
+	token string // sent as "Authorization: Bearer" over https only
+}
+
+// Options are the credentials for an https:// API.
+type Options struct {
+	TLS   *tls.Config // the CA to verify the controller with, and a client certificate if any
+	Token string      // bearer token
+}
+
+// NewWith returns a client for addr with credentials. Over https the
+// controller's certificate is verified against o.TLS's CA (the system's
+// roots if none) and o.Token is sent; over http:// (a controller run with
+// --insecure) and unix sockets no credentials are sent.
+func NewWith(addr string, o Options) *Client {
+	c := New(addr)
+	if strings.HasPrefix(addr, "https://") {
+		c.http.Transport = &http.Transport{TLSClientConfig: o.TLS, TLSHandshakeTimeout: 5 * time.Second}
+		c.token = o.Token
+	}
+	return c
 }
 
 // New returns a client for addr: a unix socket path, or http://host:port.
@@ -62,6 +84,9 @@ func (c *Client) Do(method, path string, in, out any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return fmt.Errorf("controller API unreachable: %w", err)
@@ -72,6 +97,9 @@ func (c *Client) Do(method, path string, in, out any) error {
 		e := &APIError{Status: resp.StatusCode}
 		if json.Unmarshal(b, e) != nil || e.Msg == "" {
 			e.Msg = fmt.Sprintf("%s %s: HTTP %d %s", method, path, resp.StatusCode, strings.TrimSpace(string(b)))
+		}
+		if resp.StatusCode == http.StatusUnauthorized {
+			e.Msg = fmt.Sprintf("controller API %s: %s (HTTP 401); give --token-file FILE (or ONEHOP_TOKEN), or --cert and --key signed by its CA", c.base, e.Msg)
 		}
 		return e
 	}

@@ -122,7 +122,7 @@ func TestDaemonConfigNeedsAStore(t *testing.T) {
 	if err := (DaemonConfig{}).Validate(); err == nil || !strings.Contains(err.Error(), "--data-dir") {
 		t.Fatalf("err = %v", err)
 	}
-	if err := (DaemonConfig{EtcdEndpoints: []string{"http://x:2379"}}).Validate(); err != nil {
+	if err := (DaemonConfig{EtcdEndpoints: []string{"http://x:2379"}, Insecure: true}).Validate(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
@@ -25,6 +27,15 @@ type DaemonConfig struct {
 	Topology      string   // topology file to seed an empty store with, optional
 	APISocket     string   // unix socket the REST API is served on, optional
 	APIListen     string   // TCP address the REST API is served on, optional
+	// TLS names the CA, certificate and key the controller serves etcd's
+	// client URL and the TCP API with, and dials etcd with: the
+	// certificate needs both server and client usage.
+	TLS pki.Files
+	// APITokenFile holds a bearer token the TCP API accepts besides client
+	// certificates; without it only client certificates get in.
+	APITokenFile string
+	// Insecure serves and dials plain TCP with no client authentication.
+	Insecure bool
 }
 
 // Validate reports the first configuration mistake.
@@ -34,6 +45,22 @@ func (c DaemonConfig) Validate() error {
 	}
 	if len(c.EtcdEndpoints) == 0 && c.ClientURL == "" {
 		return errors.New("--client-url is required for the embedded etcd (or give --etcd-endpoints)")
+	}
+	if err := c.TLS.CheckMode(c.Insecure, "the controller serves etcd and the REST API"); err != nil {
+		return err
+	}
+	if c.Insecure && c.APITokenFile != "" {
+		return errors.New("--api-token-file with --insecure: the token would cross the fabric in clear; drop --insecure and give --tls-ca, --tls-cert and --tls-key")
+	}
+	if len(c.EtcdEndpoints) == 0 {
+		if err := pki.CheckURL("--client-url", c.ClientURL, c.Insecure); err != nil {
+			return err
+		}
+	}
+	for _, e := range c.EtcdEndpoints {
+		if err := pki.CheckURL("--etcd-endpoints", e, c.Insecure); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -50,20 +77,40 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 			return err
 		}
 	}
+	// Read every file up front, so a wrong one is named before anything
+	// starts listening.
+	var apiTLS, etcdTLS *tls.Config
+	var token string
+	if cfg.Insecure {
+		log.Warn("--insecure: etcd and the REST API's TCP listener take plain TCP from anyone who reaches them")
+	} else {
+		var err error
+		if apiTLS, err = cfg.TLS.ServerConfig(tls.VerifyClientCertIfGiven); err != nil {
+			return fmt.Errorf("--tls-*: %w", err)
+		}
+		if etcdTLS, err = cfg.TLS.ClientConfig(); err != nil {
+			return fmt.Errorf("--tls-* (the controller dials etcd with them): %w", err)
+		}
+		if cfg.APITokenFile != "" {
+			if token, err = pki.ReadToken(cfg.APITokenFile); err != nil {
+				return fmt.Errorf("--api-token-file: %w", err)
+			}
+		}
+	}
 	endpoints := cfg.EtcdEndpoints
 	if len(endpoints) == 0 {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return fmt.Errorf("etcd data dir: %w", err)
 		}
-		e, err := EmbeddedEtcd(cfg.DataDir, cfg.ClientURL, cfg.Socket, cfg.PeerURL)
+		e, err := EmbeddedEtcd(cfg.DataDir, cfg.ClientURL, cfg.Socket, cfg.PeerURL, cfg.TLS)
 		if err != nil {
 			return err
 		}
 		defer e.Close()
-		log.Info("embedded etcd ready", "client_url", cfg.ClientURL, "socket", cfg.Socket, "data_dir", cfg.DataDir)
+		log.Info("embedded etcd ready", "client_url", cfg.ClientURL, "socket", cfg.Socket, "data_dir", cfg.DataDir, "tls", !cfg.Insecure)
 		endpoints = []string{cfg.ClientURL}
 	}
-	s, err := store.DialEtcd(endpoints)
+	s, err := store.DialEtcdTLS(endpoints, etcdTLS)
 	if err != nil {
 		return err
 	}
@@ -95,10 +142,22 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("api listener %s: %w", l.addr, err)
 		}
-		srv := &http.Server{Handler: c.API(), ReadHeaderTimeout: 5 * time.Second}
+		handler := c.API()
+		switch {
+		case l.network == "unix":
+			// Local tools need no credentials: only root may connect.
+			if err := os.Chmod(l.addr, 0o600); err != nil {
+				ln.Close()
+				return fmt.Errorf("api socket %s: %w", l.addr, err)
+			}
+		case apiTLS != nil:
+			ln = tls.NewListener(ln, apiTLS)
+			handler = Authenticated(handler, token)
+		}
+		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ErrorLog: limitedErrorLog(log, 5)}
 		go srv.Serve(ln)
 		defer srv.Close()
-		log.Info("serving REST API", "on", l.network+":"+l.addr)
+		log.Info("serving REST API", "on", l.network+":"+l.addr, "tls", l.network == "tcp" && apiTLS != nil)
 	}
 	log.Info("controller running", "etcd", endpoints)
 	return c.Run(ctx)

@@ -2,22 +2,37 @@ package controller
 
 import (
 	"fmt"
+	"net/netip"
 	"net/url"
 	"os"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/onehop/onehop/internal/pki"
 )
 
 // EmbeddedEtcd starts a single-member etcd in dataDir, serving clients on
-// clientURL (http://IP:PORT, for agents over the fabric) and on a unix socket
-// (for the operator's CLI on the machine, whatever namespace it is in).
-// Its peer URL is loopback-only: the embedded member never has peers; to
-// grow, point every component at an external cluster with --etcd-endpoints.
-func EmbeddedEtcd(dataDir, clientURL, socket, peerURL string) (*embed.Etcd, error) {
+// clientURL (for agents over the fabric) and on a unix socket (for the
+// operator's tools on the machine, whatever namespace they are in).
+//
+// With TLS files, clientURL is https://IP:PORT and every client must present
+// a certificate the CA signed: the fabric is not trusted. Without them it is
+// http://IP:PORT and open to anyone who reaches it (--insecure). The unix
+// socket is plain either way and made 0600: only root on this machine may
+// use it.
+//
+// Its peer URL is loopback-only: the embedded member never has peers, so no
+// peer traffic crosses the fabric; to grow, point every component at an
+// external cluster with --etcd-endpoints.
+func EmbeddedEtcd(dataDir, clientURL, socket, peerURL string, files pki.Files) (*embed.Etcd, error) {
+	scheme := "https"
+	if files.Empty() {
+		scheme = "http"
+	}
 	cu, err := url.Parse(clientURL)
-	if err != nil || cu.Scheme != "http" || cu.Port() == "" {
-		return nil, fmt.Errorf("etcd client url %q: want http://IP:PORT", clientURL)
+	if err != nil || cu.Scheme != scheme || cu.Port() == "" {
+		return nil, fmt.Errorf("etcd client url %q: want %s://IP:PORT", clientURL, scheme)
 	}
 	cfg := embed.NewConfig()
 	cfg.Name = "onehop"
@@ -29,12 +44,21 @@ func EmbeddedEtcd(dataDir, clientURL, socket, peerURL string) (*embed.Etcd, erro
 		cfg.ListenClientUrls = append(cfg.ListenClientUrls, url.URL{Scheme: "unix", Path: socket})
 	}
 	cfg.AdvertiseClientUrls = []url.URL{*cu}
+	if !files.Empty() {
+		cfg.ClientTLSInfo.CertFile = files.Cert
+		cfg.ClientTLSInfo.KeyFile = files.Key
+		cfg.ClientTLSInfo.TrustedCAFile = files.CA
+		cfg.ClientTLSInfo.ClientCertAuth = true
+	}
 	if peerURL == "" {
 		peerURL = "http://127.0.0.1:2380"
 	}
 	pu, err := url.Parse(peerURL)
 	if err != nil {
 		return nil, fmt.Errorf("etcd peer url %q: %w", peerURL, err)
+	}
+	if ip, err := netip.ParseAddr(pu.Hostname()); err != nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("etcd peer url %q: must be a loopback address (the embedded member has no peers)", peerURL)
 	}
 	peer := *pu
 	cfg.ListenPeerUrls = []url.URL{peer}
@@ -47,6 +71,12 @@ func EmbeddedEtcd(dataDir, clientURL, socket, peerURL string) (*embed.Etcd, erro
 	}
 	select {
 	case <-e.Server.ReadyNotify():
+		if socket != "" {
+			if err := os.Chmod(socket, 0o600); err != nil {
+				e.Close()
+				return nil, fmt.Errorf("etcd socket %s: %w", socket, err)
+			}
+		}
 		return e, nil
 	case <-time.After(30 * time.Second):
 		e.Close()

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,19 +36,40 @@ func writeTopo(t *testing.T) string {
 }
 
 // runUntilVMs runs the controller daemon and waits until the topology's VMs
-// can be read through endpoints.
-func runUntilVMs(t *testing.T, cfg DaemonConfig, readFrom []string) {
+// can be read through endpoints (with tc, if not nil). The controller stops
+// when the test ends.
+func runUntilVMs(t *testing.T, cfg DaemonConfig, readFrom []string, tc *tls.Config) {
+	t.Helper()
+	done := startController(t, cfg)
+	waitVMs(t, done, readFrom, tc)
+}
+
+// startController runs the controller daemon until the test ends; the
+// channel reports if it exits before.
+func startController(t *testing.T, cfg DaemonConfig) <-chan error {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- RunDaemon(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-	defer func() {
+	exited := make(chan error, 1)
+	go func() {
+		err := RunDaemon(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		exited <- err
+		done <- err
+	}()
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("controller: %v", err)
 		}
-	}()
-	s, err := store.DialEtcd(readFrom)
+	})
+	return exited
+}
+
+// waitVMs waits until the topology's VMs can be read through endpoints.
+func waitVMs(t *testing.T, exited <-chan error, readFrom []string, tc *tls.Config) {
+	t.Helper()
+	ctx := t.Context()
+	s, err := store.DialEtcdTLS(readFrom, tc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +77,7 @@ func runUntilVMs(t *testing.T, cfg DaemonConfig, readFrom []string) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		select {
-		case err := <-done:
+		case err := <-exited:
 			t.Fatalf("controller exited: %v", err)
 		default:
 		}
@@ -77,8 +99,10 @@ func TestEmbeddedEtcdServesAgentsOverTCPAndToolsOverUnixSocket(t *testing.T) {
 	clientURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	socket := filepath.Join(dir, "etcd.sock")
 	cfg := DaemonConfig{DataDir: filepath.Join(dir, "etcd"), ClientURL: clientURL, Socket: socket,
-		PeerURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), Topology: writeTopo(t)}
-	runUntilVMs(t, cfg, []string{"unix://" + socket})
+		PeerURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), Topology: writeTopo(t), Insecure: true}
+	exited := startController(t, cfg)
+	waitVMs(t, exited, []string{"unix://" + socket}, nil)
+	waitVMs(t, exited, []string{clientURL}, nil)
 }
 
 func TestControllerUsesAnExternalEtcdCluster(t *testing.T) {
@@ -96,5 +120,5 @@ func TestControllerUsesAnExternalEtcdCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	runUntilVMs(t, DaemonConfig{EtcdEndpoints: []string{client}, Topology: writeTopo(t)}, []string{client})
+	runUntilVMs(t, DaemonConfig{EtcdEndpoints: []string{client}, Topology: writeTopo(t), Insecure: true}, []string{client}, nil)
 }

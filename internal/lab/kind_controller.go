@@ -30,5 +30,8 @@ func (controllerKind) plumb(_ context.Context, b *builder, node string) error {
 }
 
 func (controllerKind) start(_ context.Context, b *builder, node string) error {
-	return b.spawn("controller", node, NamespaceOf(b.st.Name, node), controllerArgs(b.st)...)
+	if err := b.makePKI(); err != nil {
+		return err
+	}
+	return b.spawn("controller", node, NamespaceOf(b.st.Name, node), append(controllerArgs(b.st), b.controllerTLSArgs()...)...)
 }

@@ -55,7 +55,7 @@ func (hostKind) start(ctx context.Context, b *builder, node string) error {
 	}
 	h, _ := b.t.HostByName(node)
 	b.step("agent on %s (metrics on http://%s:%d/metrics)", node, h.Address, MetricsPort)
-	return b.spawn("agent-"+node, node, NamespaceOf(b.st.Name, node), agentArgs(b.st, b.t, node)...)
+	return b.spawn("agent-"+node, node, NamespaceOf(b.st.Name, node), append(agentArgs(b.st, b.t, node), b.agentTLSArgs(node)...)...)
 }
 
 // notReady waits for the agent to have its datapath on every vif of the

@@ -47,6 +47,8 @@ type State struct {
 	VMs       []intent.VM `json:"vms"`
 	Processes []Process   `json:"processes"`
 	Created   time.Time   `json:"created"`
+	// APIURL is the REST API over TLS on the fabric (pki.go).
+	APIURL string `json:"apiURL,omitempty"`
 }
 
 // Process is a daemon the lab started.

@@ -19,6 +19,8 @@ type Report struct {
 	Topology string       `json:"topology"`
 	StateDir string       `json:"stateDir"`
 	Nodes    []NodeReport `json:"nodes"`
+	// APIURL is the controller's REST API over TLS on the fabric.
+	APIURL string `json:"apiURL,omitempty"`
 }
 
 // NodeReport describes one namespace of the lab.
@@ -59,7 +61,7 @@ type statusFacts struct {
 // Status reports on every node of the lab, reading the namespaces and, when
 // the controller is reachable, the agents' reports and VM allocations.
 func Status(ctx context.Context, st *State) *Report {
-	r := &Report{Name: st.Name, Phase: st.Phase, Datapath: st.Datapath, Topology: st.Topology, StateDir: st.Dir}
+	r := &Report{Name: st.Name, Phase: st.Phase, Datapath: st.Datapath, Topology: st.Topology, StateDir: st.Dir, APIURL: st.APIURL}
 	f := &statusFacts{agents: map[string]*intent.AgentStatus{}, vms: map[string]*intent.VM{}}
 	for i := range st.VMs {
 		f.vms[st.VMs[i].Name] = &st.VMs[i]

@@ -125,7 +125,7 @@ func Up(ctx context.Context, t *topology.File, opts Options) (*State, error) {
 		BPFFS:      filepath.Join(dir, "bpffs"),
 		EtcdSocket: filepath.Join(dir, "etcd.sock"),
 		APISocket:  filepath.Join(dir, "api.sock"),
-		EtcdURL:    fmt.Sprintf("http://%s", net.JoinHostPort(t.Fabric.Controller, fmt.Sprint(etcdPort))),
+		EtcdURL:    fmt.Sprintf("https://%s", net.JoinHostPort(t.Fabric.Controller, fmt.Sprint(etcdPort))),
 		Phase:      "building", Created: time.Now().UTC(),
 	}
 	if err := st.save(); err != nil {
