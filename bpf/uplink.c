@@ -40,7 +40,7 @@ int uplink_ingress(struct __sk_buff *skb)
 		virtual_mac(ip->saddr, pkt.eth->h_source);
 		__be32 saddr = ip->saddr;
 		__u8 proto = ip->protocol, ttl = ip->ttl;
-		copy_to_members(skb, &scope, 0, saddr, ttl, proto, rule_port(&pkt));
+		copy_to_members(skb, &scope, 0, saddr, ttl, proto, rule_port(&pkt), policy_gen(cfg->policy_epoch));
 		return TC_ACT_SHOT; /* consumed: each member got its copy */
 	}
 	if (!reason && pkt.arp && cfg && (in_vm_space(cfg, pkt.arp->spa) || in_vm_space(cfg, pkt.arp->tpa)))
