@@ -19,6 +19,7 @@ import (
 
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -73,9 +74,9 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		return err
 	}
 	defer sock.Close()
-	// On the way out: readers closed and ctx cancelled first (deferred
-	// below), then the goroutines are waited for, then the socket and the
-	// maps they use are closed.
+	// On the way out: ctx cancelled first (deferred below), then the
+	// features' work is waited for, then the socket and the maps it uses
+	// are closed.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
@@ -87,8 +88,6 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); runARPEngine(ctx, engine, log) }()
 	s, err := store.DialEtcd(cfg.EtcdEndpoints)
 	if err != nil {
 		return err
@@ -99,28 +98,25 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		return err
 	}
 	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats})
-
-	events, err := k.DropEvents()
-	if err != nil {
-		return fmt.Errorf("open drop events: %w", err)
-	}
-	defer events.Close()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		LogDrops(events, k.DropReason, ifname, ratelog.New(log, 5, time.Second, nil))
-	}()
-
-	slow, err := k.SlowPath()
-	if err != nil {
-		return fmt.Errorf("open slow path: %w", err)
-	}
-	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
-	wg.Add(1)
-	slowPath := &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Shares: a.Shares(),
-		Log: ratelog.New(log, 5, time.Second, nil)}
-	go func() { defer wg.Done(); slowPath.Serve(slow, log) }()
+	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Log: log,
+		SlowPath: &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Shares: a.Shares(), Log: ratelog.New(log, 5, time.Second, nil)}})
+	// Each feature's own work (the router's: the ARP engine, the drop log,
+	// the slow path) runs beside the reconcile loop.
+	for _, f := range a.Features() {
+		r, ok := f.(feature.Runner)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(ctx); err != nil {
+				log.Error("feature stopped", "feature", f.Name(), "err", err)
+				cancel()
+			}
+		}()
+	}
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"time"
 
@@ -587,3 +588,26 @@ func (k *Kernel) ForgetMapping(ip netip.Addr) error {
 
 // MappingCapacity is the mapping table's fixed size.
 func (k *Kernel) MappingCapacity() int { return int(k.vif.Mappings.MaxEntries()) }
+
+// MapNames lists every map the two programs define, by its name in the C
+// (what a feature declares in feature.Feature.Maps).
+func MapNames() ([]string, error) {
+	seen := map[string]bool{}
+	for _, load := range []func() (*ebpf.CollectionSpec, error){loadVif, loadUplink} {
+		spec, err := load()
+		if err != nil {
+			return nil, err
+		}
+		for name, m := range spec.Maps {
+			if m.Pinning != ebpf.PinNone {
+				seen[name] = true
+			}
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for name := range seen {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names, nil
+}
