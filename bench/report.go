@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -51,27 +52,47 @@ type ComparisonResult struct {
 	Met      *bool    `json:"met,omitempty"`    // absent when informational
 }
 
+// VariantInfo describes a scenario (a variant of the comparison) in the
+// report.
+type VariantInfo struct {
+	Name        string   `json:"name"`
+	Description string   `json:"description"`
+	DstIPs      []string `json:"dstIPs"` // one per pair
+}
+
+// cpuAccounting says in the JSON what the cpu figure counts (cpu.go says why).
+const cpuAccounting = "cpu: busy CPU-seconds of the whole machine (/proc/stat user+nice+system+irq+softirq, all CPUs) " +
+	"from the moment every iperf3 client runs until the last exits, per GB (1e9 bytes) the receivers got; " +
+	"extra.user/system/softirq/irq split it per GB, extra.endpoints is the iperf3 processes' own share per GB " +
+	"(their cgroup v2 cpu.stat), extra.ksoftirqd the ksoftirqd threads', extra.elsewhere the rest " +
+	"(softirq over idle, the labs' daemons, anything else running), extra.idle and extra.steal are CPU-seconds " +
+	"and extra.idleShare idle's share of all CPU time in the window"
+
 // Report is the JSON the bench writes: configuration, every raw sample, and
 // the summary.
 type Report struct {
-	Started      time.Time                `json:"started"`
-	Finished     time.Time                `json:"finished"`
-	Rounds       int                      `json:"rounds"`
-	TestSeconds  int                      `json:"testSeconds"`
-	Pings        int                      `json:"pings"`
-	PingInterval string                   `json:"pingInterval"`
-	UDPLength    int                      `json:"udpLength"`
-	Quick        bool                     `json:"quick"`
-	Host         map[string]string        `json:"host"`
-	Variants     []VariantInfo            `json:"variants"`
-	Samples      []Sample                 `json:"samples"`
-	Summary      map[string]FigureSummary `json:"summary"`
-	Comparisons  []ComparisonResult       `json:"comparisons"`
+	Started       time.Time                `json:"started"`
+	Finished      time.Time                `json:"finished"`
+	Rounds        int                      `json:"rounds"`
+	TestSeconds   int                      `json:"testSeconds"`
+	Pings         int                      `json:"pings"`
+	PingInterval  string                   `json:"pingInterval"`
+	UDPLength     int                      `json:"udpLength"`
+	Quick         bool                     `json:"quick"`
+	CPUAccounting string                   `json:"cpuAccounting"`
+	Host          map[string]string        `json:"host"`
+	Variants      []VariantInfo            `json:"variants"`
+	Samples       []Sample                 `json:"samples"`
+	Summary       map[string]FigureSummary `json:"summary"`
+	Comparisons   []ComparisonResult       `json:"comparisons"`
+
+	comparisons []comparison // what summarize computes into Comparisons
 }
 
-func newReport(cfg config) *Report {
+func newReport(cfg config, comps []comparison) *Report {
 	r := &Report{Rounds: cfg.rounds, TestSeconds: cfg.seconds, Pings: cfg.pings, PingInterval: pingGap + "s",
-		UDPLength: udpLen, Quick: cfg.quick, Host: map[string]string{"cpus": strconv.Itoa(runtime.NumCPU())}}
+		UDPLength: udpLen, Quick: cfg.quick, CPUAccounting: cpuAccounting,
+		Host: map[string]string{"cpus": strconv.Itoa(runtime.NumCPU())}, comparisons: comps}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		r.Host["kernel"] = strings.TrimSpace(string(b))
 	}
@@ -105,9 +126,7 @@ func (r *Report) values(fig, variant string) []float64 {
 
 func (r *Report) summarize() {
 	r.Summary = map[string]FigureSummary{}
-	byKey := map[string]figure{}
 	for _, f := range figures {
-		byKey[f.key] = f
 		fs := FigureSummary{Title: f.title, Unit: f.baseUnit, LowerIsBetter: f.lowerIsBetter, Variants: map[string]Summary{}}
 		for _, v := range r.Variants {
 			fs.Variants[v.Name] = Summarize(r.values(f.key, v.Name))
@@ -115,8 +134,8 @@ func (r *Report) summarize() {
 		r.Summary[f.key] = fs
 	}
 	r.Comparisons = nil
-	for _, c := range comparisons {
-		f := byKey[c.figure]
+	for _, c := range r.comparisons {
+		f, _ := figureByKey(c.figure)
 		vs := r.Summary[c.figure].Variants
 		res := ComparisonResult{Subject: c.subject, Baseline: c.baseline, Figure: c.figure}
 		if c.target != 0 {
@@ -151,10 +170,10 @@ func targetOp(lowerIsBetter, strict bool) string {
 
 // print writes the human-readable tables: each figure per variant, then
 // each comparison with its target.
-func (r *Report) print(w *os.File) {
+func (r *Report) print(w io.Writer) {
 	fmt.Fprintf(w, "\nonehop and its baselines, side by side (%d interleaved round(s); iperf3 %d s per test;\n", r.Rounds, r.TestSeconds)
-	fmt.Fprintf(w, "RTT = avg of %d pings %s s apart; UDP payload %d B; two-pair variants run both pairs at once)\n\n",
-		r.Pings, pingGap, udpLen)
+	fmt.Fprintf(w, "RTT = avg of %d pings %s s apart; UDP payload %d B; two-pair variants run both pairs at once;\n", r.Pings, pingGap, udpLen)
+	fmt.Fprintf(w, "CPU = busy time of the whole machine during the TCP test over the bytes received)\n\n")
 	for _, v := range r.Variants {
 		fmt.Fprintf(w, "  %-9s %s\n", v.Name, v.Description)
 	}
@@ -180,6 +199,7 @@ func (r *Report) print(w *os.File) {
 		}
 	}
 	fmt.Fprint(w, renderTable(rows, []bool{false, false, true, true, true}))
+	r.printCPUSplit(w)
 
 	fmt.Fprintln(w)
 	rows = [][]string{{"comparison", "figure", "ratio of medians", "target", ""}}
@@ -200,9 +220,14 @@ func (r *Report) print(w *os.File) {
 		}
 		rows = append(rows, []string{c.Subject + " / " + c.Baseline, c.Figure, ratio, target, verdict})
 	}
+	if len(r.Comparisons) == 0 {
+		rows = append(rows, []string{"(none: no scenario ran beside its baseline)", "", "", "", ""})
+	}
 	fmt.Fprint(w, renderTable(rows, []bool{false, false, true, false, false}))
 	fmt.Fprintln(w, "\nEach ratio is the subject's median over the baseline's. Throughput and UDP rate: higher is")
-	fmt.Fprintln(w, "better. RTT: lower is better, so there the target is an upper bound. PASS/MISS are informational.")
+	fmt.Fprintln(w, "better. RTT and CPU per GB: lower is better, so there a target is an upper bound. PASS/MISS are")
+	fmt.Fprintln(w, "informational. CPU per GB counts the whole machine: anything else running inflates it (the split's\n"+
+		"elsewhere column shows how much).")
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range r.Samples {
 		lo, hi = math.Min(lo, s.Load1), math.Max(hi, s.Load1)
@@ -210,6 +235,56 @@ func (r *Report) print(w *os.File) {
 	if len(r.Samples) > 0 {
 		fmt.Fprintf(w, "1-minute load average during the run: %.2f-%.2f on %s CPUs (expect +-20-30%% run to run).\n", lo, hi, r.Host["cpus"])
 	}
+}
+
+// cpuSplitKeys are the parts of the cpu figure shown per variant, in
+// CPU-s per GB (see CPUCost).
+var cpuSplitKeys = []string{"user", "system", "softirq", "irq", "endpoints", "ksoftirqd", "elsewhere"}
+
+// printCPUSplit shows where the CPU time per GB went, medians over the
+// rounds, and how idle the machine was during the transfers.
+func (r *Report) printCPUSplit(w io.Writer) {
+	rows := [][]string{append(append([]string{"CPU per GB, split (CPU-ms/GB, medians)", "variant"}, cpuSplitKeys...), "idle")}
+	for i, v := range r.Variants {
+		extras := map[string][]float64{}
+		for _, s := range r.Samples {
+			if s.Figure != "cpu" || s.Variant != v.Name {
+				continue
+			}
+			for k, x := range s.Extra {
+				extras[k] = append(extras[k], x)
+			}
+		}
+		if len(extras) == 0 {
+			continue
+		}
+		label := ""
+		if i == 0 {
+			label = "  endpoints: iperf3's cgroup"
+		}
+		row := []string{label, v.Name}
+		for _, k := range cpuSplitKeys {
+			cell := "n/a"
+			if xs := extras[k]; len(xs) > 0 {
+				cell = strconv.FormatFloat(Summarize(xs).Median*1e3, 'f', 0, 64)
+			}
+			row = append(row, cell)
+		}
+		idle := "n/a"
+		if xs := extras["idleShare"]; len(xs) > 0 {
+			idle = strconv.FormatFloat(Summarize(xs).Median*100, 'f', 0, 64) + "%"
+		}
+		rows = append(rows, append(row, idle))
+	}
+	if len(rows) == 1 {
+		return
+	}
+	fmt.Fprintln(w)
+	right := []bool{false, false}
+	for range cpuSplitKeys {
+		right = append(right, true)
+	}
+	fmt.Fprint(w, renderTable(rows, append(right, true)))
 }
 
 // renderTable aligns rows in columns, right-aligning those marked in right.

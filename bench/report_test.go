@@ -11,8 +11,13 @@ import (
 // target verdicts; for RTT a ratio below the target passes, and a strict
 // target is not met by equality.
 func TestReportSummarize(t *testing.T) {
-	r := &Report{}
-	for _, v := range []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth"} {
+	names := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth"}
+	comps, err := Comparisons(scenarios, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Report{comparisons: comps}
+	for _, v := range names {
 		r.Variants = append(r.Variants, VariantInfo{Name: v})
 	}
 	add := func(fig, v string, xs ...float64) {
@@ -33,6 +38,8 @@ func TestReportSummarize(t *testing.T) {
 	add("rtt", "router", 100)                // equal: the strict "<" target misses
 	add("udp64", "routed-2", 240e3)
 	add("udp64", "router-2", 200e3) // 1.2x: meets ">= 1.2"
+	add("cpu", "onehop", 0.9, 1.1, 1.0)
+	add("cpu", "bridge", 0.8, 0.8, 0.8)
 	r.summarize()
 
 	type want struct {
@@ -56,6 +63,8 @@ func TestReportSummarize(t *testing.T) {
 		{"routed", "onehop", "tcp", want{0.95, ">=", &no, false}},
 		{"routed", "router", "rtt", want{1, "<", &no, false}},
 		{"routed-2", "router-2", "udp64", want{1.2, ">=", &yes, false}},
+		{"onehop", "bridge", "cpu", want{1.25, "", nil, true}},
+		{"routed", "onehop", "cpu", want{0, "", nil, true}},
 	} {
 		var got *ComparisonResult
 		for i := range r.Comparisons {

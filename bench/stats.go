@@ -122,6 +122,7 @@ func ParseIperfTCP(out []byte) (Measurement, error) {
 	return Measurement{Value: bps, Extra: map[string]float64{
 		"senderBitsPerSecond": r.End.SumSent.BitsPerSecond,
 		"retransmits":         r.End.SumSent.Retransmits,
+		"receivedBytes":       r.End.SumReceived.Bytes,
 	}}, nil
 }
 

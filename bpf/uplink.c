@@ -12,29 +12,41 @@
 #include "lib/broadcast.h"
 #include "lib/mapping.h"
 #include "lib/arp.h"
+#include "lib/redirect.h"
+#include "lib/fabric_trust.h"
+#include "lib/frag.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 SEC("tc")
 int uplink_ingress(struct __sk_buff *skb)
 {
+	/* A tag the device took out of the frame: the host's own VLANs (tenant
+	 * traffic never carries one), so its stack decides, as for any NIC. */
+	if (skb->vlan_present) {
+		count_forward(FWD_HOST_STACK);
+		return TC_ACT_OK;
+	}
 	struct packet pkt = {};
 	int reason = parse_packet(skb, &pkt);
 	struct node_config *cfg = node_config();
+	int learn;
 
 	__u8 *to = pkt.eth->h_dest;
-	if (!reason && pkt.ip && cfg && to[0] == 0x03 && to[1] == 0 && to[2] == 10 && to[5] == 0) {
-		/* A farm or subnet broadcast: only from a VM of that scope, sent
-		 * by the host that holds it. */
-		struct scope_key scope = {.farm = to[3], .subnet = to[4]};
+	if (!reason && pkt.ip && cfg && is_scope_mac(to)) {
+		/* A farm or subnet broadcast: only a broadcast or multicast of the
+		 * scope its MAC names, from a VM of that scope, sent by the host
+		 * that holds it. */
+		struct scope_key scope;
 		struct iphdr *ip = pkt.ip;
-		const __u8 *s = (const __u8 *)&ip->saddr;
-		int src = fabric_source(ip->saddr, pkt.eth->h_source);
-		if (s[1] != scope.farm || (scope.subnet && s[2] != scope.subnet) || src == SRC_FORGED)
-			return drop_packet(skb, &pkt, DROP_FABRIC_UNKNOWN_SRC);
+		if (!scope_of(ip, &scope) || scope.farm != to[3] || scope.subnet != to[4])
+			return drop_packet(skb, &pkt, DROP_FABRIC_NOT_BROADCAST);
 		if (!bpf_map_lookup_elem(&scopes, &scope))
 			return drop_quietly(DROP_NO_MEMBERS); /* flooded past us: routine */
-		if (src == SRC_NEW)
+		reason = fabric_sender(cfg, ip->saddr, pkt.eth->h_source, &learn);
+		if (reason)
+			return drop_packet(skb, &pkt, reason);
+		if (learn)
 			learn_mapping(ip->saddr, pkt.eth->h_source);
 		delivery_mac(ip->daddr, pkt.eth->h_dest);
 		virtual_mac(ip->saddr, pkt.eth->h_source);
@@ -57,18 +69,18 @@ int uplink_ingress(struct __sk_buff *skb)
 	}
 
 	struct iphdr *ip = pkt.ip;
-	int src = fabric_source(ip->saddr, pkt.eth->h_source);
-	if (src == SRC_FORGED)
-		return drop_packet(skb, &pkt, DROP_FABRIC_UNKNOWN_SRC);
+	reason = fabric_sender(cfg, ip->saddr, pkt.eth->h_source, &learn);
+	if (reason)
+		return drop_packet(skb, &pkt, reason);
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	if (!dst)
 		return drop_packet(skb, &pkt, DROP_FABRIC_NOT_LOCAL);
 	/* Checked again on the receiving host: a sending host that skipped
 	 * its check must not open the subnet. */
-	reason = admit(&pkt, 0, dst->firewall, cfg->policy_epoch, ip->daddr);
+	reason = admit_fragments(&pkt, 0, dst->firewall, cfg->policy_epoch, ip->daddr);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
-	if (src == SRC_NEW)
+	if (learn)
 		learn_mapping(ip->saddr, pkt.eth->h_source);
 
 	mac_copy(pkt.eth->h_dest, dst->mac);
@@ -77,5 +89,5 @@ int uplink_ingress(struct __sk_buff *skb)
 	else /* the gateway illusion (paper §2) */
 		virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 	count_forward(FWD_FROM_FABRIC);
-	return bpf_redirect_peer(dst->ifindex, 0);
+	return redirect_peer(dst->ifindex);
 }

@@ -15,6 +15,8 @@
 #include "lib/icmp_error.h"
 #include "lib/broadcast.h"
 #include "lib/mapping.h"
+#include "lib/redirect.h"
+#include "lib/frag.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -33,6 +35,10 @@ int vif_ingress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	int reason = parse_packet(skb, &pkt);
+	/* A VLAN tag the vif took out of the frame (veths offload it): it would
+	 * leave the uplink with the VM's VLAN and priority on the underlay. */
+	if (skb->vlan_present)
+		reason = DROP_VLAN_TAGGED;
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 
@@ -42,7 +48,8 @@ int vif_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_UNKNOWN_VIF);
 	/* A DHCP client has no address yet (source 0.0.0.0), so only its MAC
 	 * is checked; the agent answers with the VM's own address anyway. */
-	if (is_dhcp_request(&pkt)) {
+	int dhcp = dhcp_class(&pkt);
+	if (dhcp == DHCP_CLIENT) {
 		if (!mac_equal(pkt.eth->h_source, vif->mac))
 			return drop_packet(skb, &pkt, DROP_SPOOFED_MAC);
 		if (!share_take(vif->ip, SHARE_PUNTS))
@@ -52,7 +59,7 @@ int vif_ingress(struct __sk_buff *skb)
 	reason = check_source(&pkt, vif);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
-	if (is_dhcp_server(&pkt))
+	if (dhcp == DHCP_ROGUE)
 		return drop_packet(skb, &pkt, DROP_ROGUE_DHCP);
 
 	struct node_config *cfg = node_config();
@@ -63,11 +70,11 @@ int vif_ingress(struct __sk_buff *skb)
 			return drop_packet(skb, &pkt, reason);
 		if (to_fabric && cfg) {
 			count_forward(FWD_ARP_TO_FABRIC);
-			return bpf_redirect(cfg->uplink_ifindex, 0);
+			return redirect_out(cfg->uplink_ifindex);
 		}
 		count_forward(FWD_ARP_REPLY);
 		/* Egress of the same vif delivers the reply to the asking VM. */
-		return bpf_redirect(ifindex, 0);
+		return redirect_out(ifindex);
 	}
 
 	struct iphdr *ip = pkt.ip;
@@ -75,7 +82,7 @@ int vif_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_MALFORMED);
 	if (answer_gateway_ping(&pkt)) {
 		count_forward(FWD_GATEWAY_REPLY);
-		return bpf_redirect(ifindex, 0);
+		return redirect_out(ifindex);
 	}
 	if (!cfg) /* the agent has not configured this node yet */
 		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
@@ -98,7 +105,7 @@ int vif_ingress(struct __sk_buff *skb)
 		scope_mac(&scope, eth->h_dest);
 		mac_copy(eth->h_source, cfg->uplink_mac);
 		count_forward(FWD_TO_FABRIC);
-		return bpf_redirect(cfg->uplink_ifindex, 0);
+		return redirect_out(cfg->uplink_ifindex);
 	}
 	/* Outside the tenant space, or a subnet's network (.0) or gateway (.1)
 	 * address, which no VM holds (the gateway only answers ping). */
@@ -106,7 +113,7 @@ int vif_ingress(struct __sk_buff *skb)
 	if (!in_vm_space(cfg, ip->daddr) || host_id == 0 || host_id == 1)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
-	reason = admit(&pkt, vif->firewall, local && local->firewall, cfg->policy_epoch, vif->ip);
+	reason = admit_fragments(&pkt, vif->firewall, local && local->firewall, cfg->policy_epoch, vif->ip);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	int routed = !same_subnet(ip->saddr, ip->daddr);
@@ -117,7 +124,7 @@ int vif_ingress(struct __sk_buff *skb)
 			/* Tell the sender, as a router would: traceroute's first hop. */
 			if (make_time_exceeded(skb, vif->mac) == 0) {
 				count_forward(FWD_GATEWAY_REPLY);
-				return bpf_redirect(ifindex, 0);
+				return redirect_out(ifindex);
 			}
 			/* The frame may be half rebuilt: log no headers. */
 			struct packet rebuilt = {};
@@ -132,7 +139,7 @@ int vif_ingress(struct __sk_buff *skb)
 			virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 		count_forward(FWD_LOCAL);
 		/* Straight into the receiving VM's namespace: skips a backlog pass. */
-		return bpf_redirect_peer(local->ifindex, 0);
+		return redirect_peer(local->ifindex);
 	}
 
 	if (!cfg->uplink_ifindex)
@@ -154,5 +161,5 @@ int vif_ingress(struct __sk_buff *skb)
 	}
 	mac_copy(pkt.eth->h_dest, remote->host_mac);
 	count_forward(FWD_TO_FABRIC);
-	return bpf_redirect(cfg->uplink_ifindex, 0);
+	return redirect_out(cfg->uplink_ifindex);
 }

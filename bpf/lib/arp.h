@@ -13,6 +13,8 @@
 #include "mapping.h"
 #include "broadcast.h"
 #include "slowpath.h"
+#include "redirect.h"
+#include "fabric_trust.h"
 
 static __always_inline int farm_has(__be32 ip, __u32 flag)
 {
@@ -96,14 +98,18 @@ static __always_inline int is_broadcast_mac(const __u8 *m)
 }
 
 /* The ARP engine on the fabric side, for ARP about VM addresses (the hosts'
- * own ARP goes to their stacks untouched): answers questions for this host's
- * VMs, learns the answers to its own questions and announcements of moved
- * VMs, and hands a VM the answer it asked for. */
+ * own ARP goes to their stacks untouched): answers known hosts' questions
+ * for this host's VMs, learns the answers to its own questions, and hands
+ * a VM the answer it asked for. Only known hosts are heard; a question
+ * never moves an entry, and an answer or announcement that would (a VM
+ * moved, says another host) goes to the agent, which checks the store
+ * (fabric_trust.h). */
 static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packet *pkt,
 					     const struct node_config *cfg)
 {
 	struct arp_ipv4 *arp = pkt->arp;
 	__u8 *to = pkt->eth->h_dest;
+	__u8 *from = pkt->eth->h_source;
 	__be32 spa = arp->spa, tpa = arp->tpa;
 
 	if (arp->op == bpf_htons(ARPOP_REQUEST)) {
@@ -112,11 +118,19 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 		struct endpoint *ep = bpf_map_lookup_elem(&endpoints, &tpa);
 		if (!ep)
 			return drop_quietly(DROP_ARP_NOT_HERE);
-		if (in_vm_space(cfg, spa)) {
+		if (!is_known_host(from))
+			return drop_packet(skb, pkt, DROP_FABRIC_UNKNOWN_HOST);
+		if (is_tenant_source(cfg, spa)) {
 			if (bpf_map_lookup_elem(&endpoints, &spa))
 				return drop_packet(skb, pkt, DROP_FABRIC_ARP_CONFLICT);
-			/* The asking VM's traffic comes next; answer it without a miss. */
-			learn_mapping(spa, pkt->eth->h_source);
+			/* The asking VM's traffic comes next; answer it without a miss.
+			 * Learned only if new: a question moves no entry, but doubts
+			 * one that disagrees (the sweep then asks). */
+			if (learn_mapping(spa, from)) {
+				struct mapping *m = bpf_map_lookup_elem(&mappings, &spa);
+				if (m)
+					mapping_doubted(m);
+			}
 		}
 		__u8 vm_mac[ETH_ALEN];
 		mac_copy(vm_mac, ep->mac);
@@ -124,29 +138,45 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 		 * the frame's source MAC tells the asker which host holds it. */
 		arp_reply_in_place(pkt, tpa, vm_mac, cfg->uplink_mac);
 		count_forward(FWD_ARP_ANSWERED);
-		return bpf_redirect(cfg->uplink_ifindex, 0);
+		return redirect_out(cfg->uplink_ifindex);
 	}
 	if (arp->op != bpf_htons(ARPOP_REPLY))
 		return drop_packet(skb, pkt, DROP_ARP_NOT_REQUEST);
 	if (!in_vm_space(cfg, spa))
 		return TC_ACT_OK;
+	int announcement = is_broadcast_mac(to) || is_scope_mac(to);
+	if (!announcement && !mac_equal(to, cfg->uplink_mac))
+		return TC_ACT_OK; /* flooded towards another host */
 	if (bpf_map_lookup_elem(&endpoints, &spa))
 		return drop_packet(skb, pkt, DROP_FABRIC_ARP_CONFLICT);
-	if (is_broadcast_mac(to) || is_scope_mac(to)) {
-		/* An announcement (a VM arrived on the sending host): correct an
-		 * entry this host uses; never add one, so announcements cannot
+	if (!is_known_host(from))
+		return drop_packet(skb, pkt, DROP_FABRIC_UNKNOWN_HOST);
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &spa);
+	if (announcement) {
+		/* A VM arrived on the sending host: it concerns only an entry
+		 * this host uses, and never adds one, so announcements cannot
 		 * fill the table. */
-		if (!bpf_map_lookup_elem(&mappings, &spa))
+		if (!m || mac_is_zero(m->host_mac))
 			return drop_quietly(DROP_ARP_NOT_HERE); /* routine: not a VM this host talks to */
-		learn_mapping(spa, pkt->eth->h_source);
+		if (!mac_equal(m->host_mac, from))
+			return claim_to_agent(skb, pkt, spa);
+		learn_mapping(spa, from);
 		count_forward(FWD_ARP_LEARNED);
 		return TC_ACT_SHOT;
 	}
-	if (!mac_equal(to, cfg->uplink_mac))
-		return TC_ACT_OK; /* flooded towards another host */
-	learn_mapping(spa, pkt->eth->h_source);
-	count_forward(FWD_ARP_LEARNED);
+	/* An answer: this host (a VM of it, or the agent) asked, so an entry is
+	 * there, being asked for or being refreshed. */
+	if (!m)
+		return drop_packet(skb, pkt, DROP_ARP_UNSOLICITED);
+	if (!mac_is_zero(m->host_mac) && !mac_equal(m->host_mac, from))
+		return claim_to_agent(skb, pkt, spa);
 	struct endpoint *asker = bpf_map_lookup_elem(&endpoints, &tpa);
+	/* A VM asks only about its own subnet: an answer about another is
+	 * not the one it waits for. */
+	if (asker && !same_subnet(spa, tpa))
+		return drop_packet(skb, pkt, DROP_ARP_OTHER_SUBNET);
+	learn_mapping(spa, from);
+	count_forward(FWD_ARP_LEARNED);
 	if (!asker)
 		return punt_to_agent(skb, pkt, SLOW_ARP_REPLY); /* the agent's own question */
 	/* The answer a VM's ARP was waiting for, as if its subnet had given it. */
@@ -154,7 +184,7 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 	virtual_mac(spa, pkt->eth->h_source);
 	mac_copy(arp->tha, asker->mac);
 	count_forward(FWD_ARP_REPLY);
-	return bpf_redirect_peer(asker->ifindex, 0);
+	return redirect_peer(asker->ifindex);
 }
 
 #endif

@@ -10,6 +10,7 @@
 #include "broadcast_maps.h"
 #include "drop.h"
 #include "policy.h"
+#include "redirect.h"
 
 static __always_inline int is_ip_multicast(__be32 a)
 {
@@ -122,7 +123,7 @@ static long copy_member(__u32 index, void *ctx)
 		if (bpf_skb_store_bytes(w->skb, ETH_ALEN, gw_mac, ETH_ALEN, 0) < 0)
 			return 1;
 	}
-	if (bpf_clone_redirect(w->skb, ifindex, 0) == 0)
+	if (clone_out(w->skb, ifindex) == 0)
 		count_forward(FWD_BROADCAST);
 	return 0;
 }

@@ -51,7 +51,7 @@ static __always_inline int feature_on(const struct node_config *cfg, __u32 bit)
 enum drop_reason {
 	DROP_NONE = 0,
 	DROP_MALFORMED,          /* truncated or inconsistent headers */
-	DROP_UNSUPPORTED,        /* EtherType we do not carry: IPv6, VLAN, ... */
+	DROP_UNSUPPORTED,        /* EtherType we do not carry: IPv6, ... (VLAN tags: DROP_VLAN_TAGGED) */
 	DROP_UNKNOWN_VIF,        /* frame from a vif the agent has not configured */
 	DROP_SPOOFED_MAC,        /* VM sent with a source MAC not its own */
 	DROP_SPOOFED_IP,         /* VM sent with a source IPv4 not its own */
@@ -61,7 +61,7 @@ enum drop_reason {
 	DROP_ARP_NOT_REQUEST,    /* VM sent an ARP reply or other op: never leaves */
 	DROP_ARP_UNKNOWN_TARGET, /* ARP for an address no VM holds */
 	DROP_ARP_OTHER_SUBNET,   /* ARP for an address outside the asker's subnet */
-	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM mapped to another host, local here, or outside the scope */
+	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM mapped to another host, or local here */
 	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
 	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
 	DROP_TTL_EXCEEDED,       /* routed between subnets with TTL 1: cannot take the gateway hop */
@@ -73,6 +73,13 @@ enum drop_reason {
 	DROP_ARP_NOT_HERE,       /* fabric ARP for a VM this host does not hold: multicast reaches every host */
 	DROP_FABRIC_ARP_CONFLICT, /* a host claims, by ARP, a VM that lives on this host */
 	DROP_UNRESOLVED,         /* for an address being resolved, beyond what the agent holds per second */
+	DROP_VLAN_TAGGED,        /* a VM sent an 802.1Q/802.1ad tagged frame: no VM picks VLANs or priorities on the underlay */
+	DROP_FABRIC_UNKNOWN_HOST, /* from the fabric, into tenant space, from a MAC that is no known host's uplink */
+	DROP_FABRIC_NOT_TENANT,  /* from the fabric, a source no VM can hold: outside the tenant space, or a subnet's .0, .1 or .255 */
+	DROP_FABRIC_NOT_BROADCAST, /* to a scope's fabric multicast MAC, but not a broadcast or multicast of that scope */
+	DROP_ARP_UNSOLICITED,    /* a fabric ARP reply to this host for an address it did not ask about */
+	DROP_CLAIM_LIMITED,      /* a host claims a VM mapped elsewhere again within a second: the agent is already checking */
+	DROP_FRAG_NO_FIRST,      /* a later fragment whose first fragment this host did not admit (or admitted too long ago) */
 	DROP_OVER_SHARE,         /* the VM is over its share of a table or the slow path every tenant shares */
 	DROP_REASON_MAX,
 };
@@ -103,6 +110,8 @@ enum slowpath_kind {
 	SLOW_HOLD,      /* a routed, admitted frame whose destination host is unknown:
 			 * the agent resolves it and sends the frame on */
 	SLOW_ARP_REPLY, /* a fabric ARP reply to the agent's own question */
+	SLOW_MAPPING_CLAIM, /* a known host says it holds a VM this host maps elsewhere: the
+			     * agent checks the store before the entry follows */
 };
 
 struct slowpath_event {

@@ -27,24 +27,37 @@ static __always_inline struct mapping *mapping_for_send(__be32 ip)
 	return m;
 }
 
-/* Records that host_mac holds ip, as confirmed now. A new entry counts as
- * used now, so the agent does not age it out before its first packet. */
-static __always_inline void learn_mapping(__be32 ip, const __u8 *host_mac)
+/* Records that host_mac holds ip, as confirmed now: a new entry (or one
+ * being asked for), or a confirmation of the host already mapped. Never
+ * moves a mapped VM to another host (only the agent does, once the store
+ * agrees: fabric_trust.h); returns 1 when host_mac disagrees with the
+ * entry, which is then left as it is. A new entry counts as used now, so
+ * the agent does not age it out before its first packet. */
+static __always_inline int learn_mapping(__be32 ip, const __u8 *host_mac)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
+	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (m && !mac_is_zero(m->host_mac)) {
+		if (!mac_equal(m->host_mac, host_mac))
+			return 1;
+		m->confirmed_ns = now;
+		return 0;
+	}
 	struct mapping fresh = {.confirmed_ns = now, .used_ns = now};
 	mac_copy(fresh.host_mac, host_mac);
-	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
-	if (m) {
-		if (mac_equal(m->host_mac, host_mac)) {
-			m->confirmed_ns = now;
-			return;
-		}
-		fresh.used_ns = m->used_ns;
-	}
-	/* A new host is written as a whole new value: a reader on another
-	 * CPU sees the old MAC or the new one, never half of each. */
+	/* Written as a whole new value: a reader on another CPU sees the
+	 * question or the answer, never half of each. */
 	bpf_map_update_elem(&mappings, &ip, &fresh, BPF_ANY);
+	return 0;
+}
+
+/* Marks ip's entry unconfirmed, so the agent's next sweep (within a
+ * second) asks where the VM is: a host other than the mapped one speaks
+ * for it, and the mapped one may be stale (a move whose announcement was
+ * lost). The answer is a claim the agent checks against the store. */
+static __always_inline void mapping_doubted(struct mapping *m)
+{
+	m->confirmed_ns = 0;
 }
 
 /* Whether a VM's ARP for ip may go to the fabric now: once per
@@ -100,38 +113,6 @@ static __always_inline int may_hold(__be32 ip, __be32 sender)
 		return 0;
 	m->held++; /* racy across CPUs: a bound, not an exact count */
 	return 1;
-}
-
-enum fabric_source {
-	SRC_FORGED = 0, /* mapped to another host, or one of this host's VMs */
-	SRC_KNOWN,      /* mapped to the sending host */
-	SRC_NEW,        /* not mapped: learn it once the packet is admitted */
-};
-
-/* Checks the sending host of a VM packet from the fabric against the table.
- * A new source may be learned by the caller once it admitted the packet (the
- * sending host already checked the VM; its replies then need no question). */
-static __always_inline int fabric_source(__be32 saddr, const __u8 *host_mac)
-{
-	if (bpf_map_lookup_elem(&endpoints, &saddr))
-		return SRC_FORGED;
-	struct mapping *m = bpf_map_lookup_elem(&mappings, &saddr);
-	if (!m || mac_is_zero(m->host_mac))
-		return SRC_NEW;
-	if (!mac_equal(m->host_mac, host_mac)) {
-		/* Refused; but if the VM moved and its announcement was lost, the
-		 * entry is stale: mark it unconfirmed so the agent's next sweep
-		 * (within a second) asks where the VM is. */
-		m->confirmed_ns = 0;
-		return SRC_FORGED;
-	}
-	/* Traffic from the VM through its host confirms the entry as well as an
-	 * ARP reply would: a flow in both directions never needs a refresh
-	 * question. */
-	__u64 now = bpf_ktime_get_coarse_ns();
-	if (now - m->confirmed_ns > MAPPING_USE_STEP_NS)
-		m->confirmed_ns = now;
-	return SRC_KNOWN;
 }
 
 #endif

@@ -33,10 +33,15 @@ struct packet {
 	__u16 proto;          /* host order */
 };
 
+#define ETH_P_8021Q_ 0x8100
+#define ETH_P_8021AD_ 0x88a8
+
 /* parse_packet fills pkt and returns DROP_NONE, or the reason the frame cannot
  * be carried. IPv4 options are allowed (ihl > 5) and skipped by callers that
- * need L4; only a header shorter than 20 bytes or longer than the frame is
- * malformed. */
+ * need L4; a header shorter than 20 bytes or longer than the frame, or a
+ * total length beyond the frame, is malformed. A VLAN tag in the frame is
+ * DROP_VLAN_TAGGED (a tag the device took out of the frame is in
+ * skb->vlan_present; each program checks that itself). */
 static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *pkt)
 {
 	pkt->data = (void *)(long)skb->data;
@@ -56,7 +61,13 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *pk
 			return DROP_MALFORMED;
 		if ((void *)ip + ip->ihl * 4 > pkt->data_end)
 			return DROP_MALFORMED;
-		if (bpf_ntohs(ip->tot_len) < ip->ihl * 4)
+		__u32 tot_len = bpf_ntohs(ip->tot_len);
+		if (tot_len < ip->ihl * 4)
+			return DROP_MALFORMED;
+		/* skb->len, not data_end: a GSO packet's payload lies beyond the
+		 * linear part, and its tot_len covers all of it. Shorter than the
+		 * frame is fine (Ethernet pads small frames). */
+		if (tot_len + ETH_HLEN > skb->len)
 			return DROP_MALFORMED;
 		pkt->ip = ip;
 		return DROP_NONE;
@@ -71,6 +82,8 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *pk
 		pkt->arp = arp;
 		return DROP_NONE;
 	}
+	if (pkt->proto == ETH_P_8021Q_ || pkt->proto == ETH_P_8021AD_)
+		return DROP_VLAN_TAGGED;
 	return DROP_UNSUPPORTED;
 }
 

@@ -24,18 +24,37 @@ static __always_inline int udp_ports(const struct packet *pkt, __be16 *sport, __
 	return 1;
 }
 
-/* UDP from port 67: a DHCP server speaking, which no VM may be. */
-static __always_inline int is_dhcp_server(const struct packet *pkt)
-{
-	__be16 sport, dport;
-	return udp_ports(pkt, &sport, &dport) && sport == bpf_htons(DHCP_SERVER_PORT);
-}
+#define BOOTREQUEST 1
+#define BOOTP_GIADDR_OFF 24
 
-static __always_inline int is_dhcp_request(const struct packet *pkt)
+enum dhcp_class {
+	DHCP_NONE = 0, /* not DHCP: no port 67 or 68 involved */
+	DHCP_CLIENT,   /* a client's request to a server: the agent answers it */
+	DHCP_ROGUE,    /* anything else on DHCP's ports: a VM playing server or relay */
+};
+
+/* What a VM's UDP on DHCP's ports is. A VM is only ever a DHCP client:
+ * from port 68 to port 67, a BOOTREQUEST, relayed by nobody (giaddr 0).
+ * Anything else from port 67, or to port 67 or 68, is a server's or a
+ * relay's message (a reply 68 -> 68 inside a subnet included). */
+static __always_inline int dhcp_class(const struct packet *pkt)
 {
 	__be16 sport, dport;
-	return udp_ports(pkt, &sport, &dport) && sport == bpf_htons(DHCP_CLIENT_PORT) &&
-	       dport == bpf_htons(DHCP_SERVER_PORT);
+	if (!udp_ports(pkt, &sport, &dport))
+		return DHCP_NONE;
+	int to_server = dport == bpf_htons(DHCP_SERVER_PORT);
+	if (sport != bpf_htons(DHCP_SERVER_PORT) && !to_server && dport != bpf_htons(DHCP_CLIENT_PORT))
+		return DHCP_NONE;
+	if (!to_server || sport != bpf_htons(DHCP_CLIENT_PORT))
+		return DHCP_ROGUE;
+	struct iphdr *ip = pkt->ip;
+	__u8 *bootp = (void *)ip + (ip->ihl & 0xf) * 4 + 8;
+	if ((void *)(bootp + BOOTP_GIADDR_OFF + 4) > pkt->data_end)
+		return DHCP_ROGUE;
+	__u8 *gi = bootp + BOOTP_GIADDR_OFF;
+	if (bootp[0] != BOOTREQUEST || (gi[0] | gi[1] | gi[2] | gi[3]))
+		return DHCP_ROGUE;
+	return DHCP_CLIENT;
 }
 
 /* Hands the frame, as it is now, to the agent; the datapath is done with it. */

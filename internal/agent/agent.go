@@ -82,6 +82,10 @@ type Hooks struct {
 	// Arrived is called for each VM that became local (at start, after a
 	// create or a move), outside the agent's lock.
 	Arrived func(ip netip.Addr)
+	// Departed is called for each VM that stopped being local (moved away
+	// or deleted), outside the agent's lock: any mapping this host held for
+	// it predates its stay and is stale.
+	Departed func(ip netip.Addr)
 	// ARPStats reads the ARP engine's figures for the status record.
 	ARPStats func() intent.ARPStats
 }
@@ -89,7 +93,7 @@ type Hooks struct {
 // SetHooks installs h; call it before Run.
 func (a *Agent) SetHooks(h Hooks) {
 	a.hooks = h
-	a.router.arrived = h.Arrived
+	a.router.arrived, a.router.departed = h.Arrived, h.Departed
 }
 
 // countersEvery is how often counters go into the status record: often
@@ -156,11 +160,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Error("reconcile failed; will retry", "err", err)
 		}
 		changes := a.store.Watch(wctx, intent.DesiredPrefix+a.cfg.Node, rev)
+		// A host joining or leaving changes whom the datapath hears.
+		nodes := a.store.Watch(wctx, intent.NodesPrefix, rev)
 		select {
 		case <-ctx.Done():
 			cancel()
 			return nil
 		case <-changes:
+		case <-nodes:
 		case <-ticker.C:
 		}
 		cancel()
@@ -196,7 +203,11 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 			return rev, fmt.Errorf("desired state of %s: %w", a.cfg.Node, err)
 		}
 	}
-	err = a.apply(d)
+	nodes, _, err := store.ListJSON[intent.Node](ctx, a.store, intent.NodesPrefix)
+	if err != nil {
+		return rev, fmt.Errorf("node records: %w", err)
+	}
+	err = a.apply(d, nodes)
 	if time.Since(a.countersAt) >= countersEvery {
 		if c, cerr := a.dp.Counters(); cerr == nil {
 			a.mu.Lock()
@@ -237,12 +248,12 @@ type subController struct {
 // apply runs every feature's sub-controller on d. Features going out of use
 // lose their bit before their maps are emptied; features coming into use
 // get it only once their maps are written.
-func (a *Agent) apply(d intent.Desired) error {
+func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 	upIndex, upMAC, _, err := a.ifs.ByName(a.cfg.Uplink)
 	if err != nil {
 		return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
 	}
-	node := feature.Node{Desired: d, UplinkIfindex: upIndex, UplinkMAC: upMAC, Ifindex: func(name string) (int, error) {
+	node := feature.Node{Name: a.cfg.Node, Desired: d, Nodes: nodes, UplinkIfindex: upIndex, UplinkMAC: upMAC, Ifindex: func(name string) (int, error) {
 		idx, _, _, err := a.ifs.ByName(name)
 		return idx, err
 	}}

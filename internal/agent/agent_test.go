@@ -268,3 +268,28 @@ func TestStatusCarriesNonZeroCounters(t *testing.T) {
 		t.Fatal("zero counters published")
 	}
 }
+
+func TestADepartingVMsStaleMappingIsForgotten(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	if err := store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired()); err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(t, s, &fakeDatapath{}, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
+	var departed []string
+	a.SetHooks(Hooks{Departed: func(ip netip.Addr) { departed = append(departed, ip.String()) }})
+	if _, err := a.ReconcileOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d := desired()
+	d.Local = d.Local[:1] // web3 moves away
+	if err := store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ReconcileOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"10.1.1.4"}; !reflect.DeepEqual(departed, want) {
+		t.Fatalf("departed %v, want %v", departed, want)
+	}
+}

@@ -97,10 +97,21 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats})
+	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats, Departed: func(ip netip.Addr) {
+		// Where it went is the ARP engine's to find out on the next packet.
+		if err := k.ForgetMapping(ip); err != nil {
+			log.Warn("forget the mapping of a VM that left", "vm", ip, "err", err)
+		}
+	}})
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
-	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Log: log,
-		SlowPath: &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Shares: a.Shares(), Log: ratelog.New(log, 5, time.Second, nil)}})
+	claims := NewClaimChecker(s, k, monotonic, func(vm netip.Addr, host net.HardwareAddr) {
+		if err := sock.Send(upIndex, arpengine.Request(host, upMAC, arpCfg.HostIP, vm)); err != nil {
+			log.Warn("ask a host about a VM it claims", "vm", vm, "host", host, "err", err)
+		}
+	}, log)
+	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Log: log,
+		SlowPath: &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Claims: claims, Shares: a.Shares(),
+			Log: ratelog.New(log, 5, time.Second, nil)}})
 	// Each feature's own work (the router's: the ARP engine, the drop log,
 	// the slow path) runs beside the reconcile loop.
 	for _, f := range a.Features() {

@@ -26,11 +26,13 @@ type Router struct {
 	log    *slog.Logger
 	// arrived is told of each VM that became local; left of each that
 	// is no longer (both may be nil).
-	arrived func(ip netip.Addr)
-	left    func(name string)
-	work    *RouterWork
+	arrived  func(ip netip.Addr)
+	departed func(ip netip.Addr)
+	left     func(name string)
+	work     *RouterWork
 
 	mu        sync.Mutex
+	hostsErr  string                       // the last node-record problem logged, so it is logged once
 	locals    map[int]intent.LocalEndpoint // by vif ifindex, as last synced
 	attached  []string
 	missing   []string
@@ -42,6 +44,7 @@ type Router struct {
 type RouterWork struct {
 	Kernel   *datapath.Kernel
 	Engine   *arpengine.Engine
+	Claims   *ClaimChecker
 	SlowPath *SlowPath
 	Log      *slog.Logger
 }
@@ -52,10 +55,11 @@ func newRouter(dp Datapath, uplink string, log *slog.Logger) *Router {
 
 // routerPlan is the router's compiled entries for one node.
 type routerPlan struct {
-	entries datapath.Entries
-	missing []string
-	local   []intent.LocalEndpoint
-	uplink  int
+	entries  datapath.Entries
+	missing  []string
+	local    []intent.LocalEndpoint
+	uplink   int
+	hostsErr error // a node record that could not be read: that host is not heard
 }
 
 func (p *routerPlan) Sizes() feature.Sizes { return p.entries.Sizes() }
@@ -78,10 +82,12 @@ func (r *Router) Maps() []feature.Map {
 	return []feature.Map{
 		rec("config"), rec("endpoints"), rec("vifs"), rec("farms"),
 		rec("visibility"), rec("firewalls"), rec("firewall_rules"),
-		rec("scopes"), rec("scope_members"), rec("share_config"),
+		rec("scopes"), rec("scope_members"), rec("share_config"), rec("hosts"),
 		own("conntrack", "LRU of 65536 flows; an entry idle for 300 s admits nothing; checked again when the rules change"),
 		own("mappings", "LRU of --mapping-table-size; the ARP engine forgets entries unused for 5 minutes or whose host stops answering"),
 		own("vm_shares", "one entry per local VM, removed when the VM leaves the host; LRU of 4096"),
+		own("frag_flows", "LRU of 16384 datagrams; a record admits later fragments for 2 s"),
+		own("mapping_claims", "LRU of 1024 addresses; a claim goes to the agent at most once a second per address"),
 		own("drops", "per-CPU counters, for as long as the pins"),
 		own("forwards", "per-CPU counters, for as long as the pins"),
 		own("drop_events", "ring buffer: a record lives until the agent reads it (256 KiB; a full ring drops records, not counts)"),
@@ -97,7 +103,10 @@ func (r *Router) Compile(n feature.Node) (feature.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &routerPlan{entries: e, missing: missing, local: n.Desired.Local, uplink: n.UplinkIfindex}, nil
+	// A broken node record leaves only that host unheard.
+	hosts, herr := datapath.CompileHosts(n.Nodes, n.Name)
+	e.Hosts = hosts
+	return &routerPlan{entries: e, missing: missing, local: n.Desired.Local, uplink: n.UplinkIfindex, hostsErr: herr}, nil
 }
 
 // Sync implements feature.Feature: the maps are made to hold exactly the
@@ -106,6 +115,17 @@ func (r *Router) Sync(p feature.Plan) error {
 	plan, ok := p.(*routerPlan)
 	if !ok {
 		return fmt.Errorf("router: plan of type %T", p)
+	}
+	herr := ""
+	if plan.hostsErr != nil {
+		herr = plan.hostsErr.Error()
+	}
+	r.mu.Lock()
+	logHosts := herr != "" && herr != r.hostsErr
+	r.hostsErr = herr
+	r.mu.Unlock()
+	if logHosts {
+		r.log.Warn("known hosts", "err", plan.hostsErr)
 	}
 	if err := r.dp.AttachUplink(r.uplink, plan.uplink); err != nil {
 		return err
@@ -138,9 +158,13 @@ func (r *Router) Sync(p feature.Plan) error {
 		}
 	}
 	var left []string
+	var departed []netip.Addr
 	for _, old := range r.locals {
 		if !stillLocal(locals, old.Name) {
 			left = append(left, old.Name)
+			if ip, err := netip.ParseAddr(old.IP); err == nil {
+				departed = append(departed, ip)
+			}
 		}
 	}
 	r.locals = locals
@@ -153,6 +177,11 @@ func (r *Router) Sync(p feature.Plan) error {
 	for _, name := range left {
 		if r.left != nil {
 			r.left(name)
+		}
+	}
+	if r.departed != nil {
+		for _, ip := range departed {
+			r.departed(ip)
 		}
 	}
 	if r.arrived != nil {
@@ -198,8 +227,8 @@ func (r *Router) names() map[string]string {
 // SetWork gives the router its background work; call it before Run.
 func (r *Router) SetWork(w *RouterWork) { r.work = w }
 
-// Run implements feature.Runner: the ARP engine's timers, the drop log and
-// the slow path, until ctx ends.
+// Run implements feature.Runner: the ARP engine's timers, the checks of
+// hosts' claims on VMs, the drop log and the slow path, until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	w := r.work
 	if w == nil {
@@ -216,8 +245,9 @@ func (r *Router) Run(ctx context.Context) error {
 		return fmt.Errorf("open slow path: %w", err)
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); runARPEngine(ctx, w.Engine, w.Log) }()
+	go func() { defer wg.Done(); w.Claims.Run(ctx) }()
 	go func() {
 		defer wg.Done()
 		LogDrops(events, w.Kernel.DropReason, ifname, ratelog.New(w.Log, 5, time.Second, nil))

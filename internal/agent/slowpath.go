@@ -49,12 +49,14 @@ type SlowPath struct {
 	Sock   *PacketSocket
 	DHCP   *DHCPServer
 	ARP    *arpengine.Engine
+	Claims *ClaimChecker
 	Shares *Shares
 	Log    *ratelog.Logger
 }
 
 // Serve handles records until the reader is closed: DHCP requests are
-// answered, held packets and ARP answers go to the ARP engine.
+// answered, held packets and ARP answers go to the ARP engine, hosts'
+// claims to the claim checker.
 func (s *SlowPath) Serve(r *ringbuf.Reader, log *slog.Logger) {
 	for {
 		rec, err := r.Read()
@@ -82,6 +84,14 @@ func (s *SlowPath) Serve(r *ringbuf.Reader, log *slog.Logger) {
 				continue
 			}
 			s.ARP.Answered(a)
+		case datapath.SlowMappingClaim:
+			// An announcement or an answer: both name the VM as sender.
+			a, err := arpengine.ParseAnswer(ev.frame)
+			if err != nil {
+				s.Log.Warn("claim", "mapping claim", "err", err)
+				continue
+			}
+			s.Claims.Claim(a)
 		case datapath.SlowDHCP:
 			s.answerDHCP(ev.ifindex, ev.frame, log)
 		default:

@@ -146,7 +146,13 @@ func (e *Engine) Hold(frame []byte, origLen int) error {
 	}
 	delete(e.negative, ip)
 	if mac, ok := e.table.Mapping(ip); ok {
-		// Learned between the datapath's miss and now.
+		// Learned between the datapath's miss and now (the datapath learns
+		// the answer before this engine hears of it): what is held for ip
+		// goes first, so a flow's packets (a datagram's fragments) leave
+		// in the order they came.
+		if r := e.pending[ip]; r != nil {
+			e.resolved(ip, r, mac)
+		}
 		if len(frame) == origLen {
 			e.release(frame, mac)
 		}

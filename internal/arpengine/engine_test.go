@@ -328,3 +328,22 @@ func TestAddressesResolvedAtOnceAreBounded(t *testing.T) {
 		t.Fatalf("discarded %d, want 10", st.Discarded)
 	}
 }
+
+// The datapath learns an answer before the engine hears of it: a packet
+// handed over in between must not overtake the ones already held (the later
+// fragments of a datagram would reach the other host before its first).
+func TestAPacketHeldAfterTheAnswerWasLearnedLeavesAfterThoseHeldBefore(t *testing.T) {
+	r := newRig(t, Config{})
+	r.e.Hold(heldFrame(db1, 1), 42)
+	r.takeSent() // the question
+	r.table.entries[db1] = Entry{IP: db1, HostMAC: h2}
+	r.e.Hold(heldFrame(db1, 2), 42)
+	sent := r.takeSent()
+	if len(sent) != 2 || sent[0][41] != 1 || sent[1][41] != 2 {
+		t.Fatalf("sent %d frames, want the held one, then the new one", len(sent))
+	}
+	r.e.Answered(Answer{VM: db1, HostMAC: h2})
+	if n := len(r.takeSent()); n != 0 {
+		t.Fatalf("the late answer released %d frames again", n)
+	}
+}

@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,104 +8,96 @@ import (
 	"net/http"
 	"sort"
 	"strings"
-
-	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/policy"
-	"github.com/onehop/onehop/internal/store"
 )
 
-// API is the controller's REST API (api/openapi.yaml documents it).
+// API is the controller's REST API (api/openapi.yaml documents it). Each noun
+// has its own file, api_NOUN.go, with its handlers and operations.
 func (c *Controller) API() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/hosts", c.list(intent.HostsPrefix, func() any { return &[]intent.Host{} }))
-	mux.HandleFunc("GET /v1/farms", c.list(intent.FarmsPrefix, func() any { return &[]intent.Farm{} }))
-	mux.HandleFunc("GET /v1/subnets", c.list(intent.SubnetsPrefix, func() any { return &[]intent.Subnet{} }))
-	mux.HandleFunc("GET /v1/vms", c.list(intent.VMsPrefix, func() any { return &[]intent.VM{} }))
-	mux.HandleFunc("GET /v1/status", c.list(intent.StatusPrefix, func() any { return &[]intent.AgentStatus{} }))
-	mux.HandleFunc("GET /v1/rules", c.rules)
-	mux.HandleFunc("POST /v1/farms", func(w http.ResponseWriter, r *http.Request) {
-		var in struct {
-			Name     string `json:"name"`
-			ProxyARP bool   `json:"proxyARP"`
-		}
-		if decode(w, r, &in) {
-			f, err := c.CreateFarm(r.Context(), in.Name, in.ProxyARP)
-			reply(w, http.StatusCreated, f, err)
-		}
-	})
-	mux.HandleFunc("POST /v1/farms/{farm}/subnets", func(w http.ResponseWriter, r *http.Request) {
-		var in struct {
-			Name string `json:"name"`
-		}
-		if decode(w, r, &in) {
-			s, err := c.CreateSubnet(r.Context(), r.PathValue("farm"), in.Name)
-			reply(w, http.StatusCreated, s, err)
-		}
-	})
-	mux.HandleFunc("POST /v1/farms/{farm}/subnets/{subnet}/vms", func(w http.ResponseWriter, r *http.Request) {
-		var in struct {
-			Name string `json:"name"`
-			Host string `json:"host"`
-		}
-		if decode(w, r, &in) {
-			v, err := c.CreateVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), in.Name, in.Host)
-			reply(w, http.StatusCreated, v, err)
-		}
-	})
-	mux.HandleFunc("DELETE /v1/farms/{farm}/subnets/{subnet}/vms/{vm}", func(w http.ResponseWriter, r *http.Request) {
-		err := c.DeleteVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
-		reply(w, http.StatusNoContent, nil, err)
-	})
-	mux.HandleFunc("PUT /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/host", func(w http.ResponseWriter, r *http.Request) {
-		var in struct {
-			Host string `json:"host"`
-		}
-		if decode(w, r, &in) {
-			v, err := c.MoveVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"), in.Host)
-			reply(w, http.StatusOK, v, err)
-		}
-	})
-	mux.HandleFunc("POST /v1/farms/{farm}/rules", func(w http.ResponseWriter, r *http.Request) {
-		var in intent.Rule
-		if decode(w, r, &in) {
-			out, err := c.Allow(r.Context(), r.PathValue("farm"), in)
-			reply(w, http.StatusCreated, out, err)
-		}
-	})
-	mux.HandleFunc("PUT /v1/farms/{farm}/peers/{with}", func(w http.ResponseWriter, r *http.Request) {
-		mutual, err := c.Peer(r.Context(), r.PathValue("farm"), r.PathValue("with"))
-		reply(w, http.StatusOK, map[string]bool{"mutual": mutual}, err)
-	})
-	mux.HandleFunc("POST /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/firewall", func(w http.ResponseWriter, r *http.Request) {
-		var in struct {
-			DefaultIn  string               `json:"defaultIn"`
-			DefaultOut string               `json:"defaultOut"`
-			Rule       *intent.FirewallRule `json:"rule"`
-		}
-		if decode(w, r, &in) {
-			fw, err := c.AddFirewallRule(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"), in.Rule, in.DefaultIn, in.DefaultOut)
-			reply(w, http.StatusOK, fw, err)
-		}
+	// One line per noun: a new feature adds its file and a line here.
+	for _, register := range []func(*http.ServeMux){
+		c.hostRoutes,
+		c.farmRoutes,
+		c.subnetRoutes,
+		c.vmRoutes,
+		c.firewallRoutes,
+		c.ruleRoutes,
+		c.peerRoutes,
+		c.statusRoutes,
+	} {
+		register(mux)
+	}
+	// Whatever no route takes (an unknown path, a method a path does not
+	// have) gets a JSON error naming the path, like every other error.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, FieldError{Field: "path",
+			Msg: fmt.Sprintf("no operation %s %s (api/openapi.yaml lists them)", r.Method, r.URL.Path)})
 	})
 	return mux
 }
 
-// decode reads a JSON body, rejecting unknown fields; it answers the request
-// itself and returns false when the body is wrong.
+// MaxBody is the largest request body the API reads; a larger one is
+// answered 413.
+const MaxBody = 1 << 20
+
+// decode reads a JSON body: one object, no unknown fields, nothing after it
+// but white space, at most MaxBody bytes. It answers the request itself and
+// returns false when the body is wrong.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		field := "body"
-		if strings.Contains(err.Error(), "unknown field") {
-			field = strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+	err := dec.Decode(v)
+	if err == nil {
+		end := dec.InputOffset()
+		if _, err = dec.Token(); err == io.EOF {
+			return true
+		} else if !isTooLarge(err) {
+			err = fmt.Errorf("unexpected data after the JSON object, at byte %d: want one object", end)
 		}
-		writeJSON(w, http.StatusBadRequest, FieldError{Field: field, Msg: "invalid JSON body: " + err.Error()})
-		return false
 	}
-	return true
+	status, fe := bodyError(err, dec.InputOffset())
+	writeJSON(w, status, fe)
+	return false
 }
 
+func isTooLarge(err error) bool {
+	var mb *http.MaxBytesError
+	return errors.As(err, &mb)
+}
+
+// bodyError says what is wrong with a body that did not decode, naming the
+// field where the decoder knows it; offset is how far it read.
+func bodyError(err error, offset int64) (int, *FieldError) {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	fe := &FieldError{Field: "body", Msg: "invalid JSON body: " + err.Error()}
+	switch {
+	case isTooLarge(err):
+		return http.StatusRequestEntityTooLarge, &FieldError{Field: "body",
+			Msg: fmt.Sprintf("body is larger than the limit of %d bytes", MaxBody)}
+	case err == io.EOF:
+		fe.Msg = "invalid JSON body: empty; want a JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		fe.Msg = fmt.Sprintf("invalid JSON body: it ends at byte %d inside the object", offset)
+	case errors.As(err, &syn):
+		fe.Msg = fmt.Sprintf("invalid JSON body at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ) && typ.Field != "":
+		fe.Field = typ.Field
+		fe.Msg = fmt.Sprintf("invalid JSON body: %s is a %s, want a %s (byte %d)", typ.Field, typ.Value, typ.Type, typ.Offset)
+	case errors.As(err, &typ):
+		fe.Msg = fmt.Sprintf("invalid JSON body: a %s, want a JSON object", typ.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no type for it; the message is its API.
+		if name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`); name != "" {
+			fe.Field = name
+		}
+	}
+	return http.StatusBadRequest, fe
+}
+
+// reply answers with v and status ok, or with err as JSON naming its field:
+// 400 for a bad value, 404, 409, and 500 only for what the client cannot fix
+// (the store failing).
 func reply(w http.ResponseWriter, ok int, v any, err error) {
 	var fe *FieldError
 	switch {
@@ -116,12 +107,12 @@ func reply(w http.ResponseWriter, ok int, v any, err error) {
 			return
 		}
 		writeJSON(w, ok, v)
+	case errors.As(err, &fe) && errors.Is(fe, ErrNotFound):
+		writeJSON(w, http.StatusNotFound, fe)
+	case errors.As(err, &fe) && (errors.Is(fe, ErrConflict) || errors.Is(fe, ErrFull)):
+		writeJSON(w, http.StatusConflict, fe)
 	case errors.As(err, &fe):
 		writeJSON(w, http.StatusBadRequest, fe)
-	case errors.Is(err, ErrNotFound):
-		writeJSON(w, http.StatusNotFound, FieldError{Msg: err.Error()})
-	case errors.Is(err, ErrConflict):
-		writeJSON(w, http.StatusConflict, FieldError{Msg: err.Error()})
 	default:
 		writeJSON(w, http.StatusInternalServerError, FieldError{Msg: err.Error()})
 	}
@@ -156,50 +147,4 @@ func (c *Controller) list(prefix string, newSlice func() any) http.HandlerFunc {
 		}
 		writeJSON(w, http.StatusOK, out)
 	}
-}
-
-// RuleView is a rule with its owner and whether it is in force.
-type RuleView struct {
-	Farm string `json:"farm"`
-	intent.Rule
-	Effective bool `json:"effective"` // within a farm always; across farms once both peer and allow
-}
-
-func (c *Controller) rules(w http.ResponseWriter, r *http.Request) {
-	views, err := c.Rules(r.Context())
-	reply(w, http.StatusOK, views, err)
-}
-
-// Rules lists every farm's rules and whether each is in force.
-func (c *Controller) Rules(ctx context.Context) ([]RuleView, error) {
-	farms, _, err := store.ListJSON[intent.Farm](ctx, c.store, intent.FarmsPrefix)
-	if err != nil {
-		return nil, err
-	}
-	subnets, _, err := store.ListJSON[intent.Subnet](ctx, c.store, intent.SubnetsPrefix)
-	if err != nil {
-		return nil, err
-	}
-	sort.Slice(farms, func(i, j int) bool { return farms[i].Name < farms[j].Name })
-	effective := map[string]bool{}
-	ids := map[string]intent.Subnet{}
-	farmIDs := map[string]uint8{}
-	for _, f := range farms {
-		farmIDs[f.Name] = f.ID
-	}
-	for _, s := range subnets {
-		ids[s.Farm+"/"+s.Name] = s
-	}
-	for _, v := range policy.Visibility(farms, subnets) {
-		effective[fmt.Sprint(v.SrcFarm, v.SrcSubnet, v.DstFarm, v.DstSubnet)] = true
-	}
-	views := []RuleView{}
-	for _, f := range farms {
-		for _, rule := range f.Rules {
-			from, to := ids[rule.From], ids[rule.To]
-			key := fmt.Sprint(farmIDs[from.Farm], from.ID, farmIDs[to.Farm], to.ID)
-			views = append(views, RuleView{Farm: f.Name, Rule: rule, Effective: effective[key]})
-		}
-	}
-	return views, nil
 }

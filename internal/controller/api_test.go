@@ -132,7 +132,7 @@ func TestAPIFirewallRuleIsValidatedAndStored(t *testing.T) {
 	if code, out := call(t, srv, "POST", path, `{"rule":{"dir":"in","proto":"tcp","portLo":22,"portHi":22,"cidr":"10.1.2.7/24","action":"deny"}}`); code != 200 {
 		t.Fatalf("%d %v", code, out)
 	}
-	if code, out := call(t, srv, "POST", path, `{"rule":{"dir":"up","action":"deny"}}`); code != 400 || out["field"] != "firewall" {
+	if code, out := call(t, srv, "POST", path, `{"rule":{"dir":"up","action":"deny"}}`); code != 400 || out["field"] != "rule.dir" {
 		t.Fatalf("bad dir accepted: %d %v", code, out)
 	}
 	var v intent.VM

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
+	"github.com/onehop/onehop/internal/limits"
 	"github.com/onehop/onehop/internal/policy"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
@@ -25,11 +26,13 @@ type Controller struct {
 	store store.Store
 	log   *slog.Logger
 	mu    sync.Mutex // one intent change at a time: read, allocate, write
+	// maxVMsPerHost is how many VMs a host's datapath holds; tests lower it.
+	maxVMsPerHost int
 }
 
 // New returns a controller writing to s.
 func New(s store.Store, log *slog.Logger) *Controller {
-	return &Controller{store: s, log: log}
+	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost}
 }
 
 // ApplyTopology makes the intent in the store equal to the topology file:
@@ -62,7 +65,11 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		}
 		farm := intent.Farm{Name: f.Name, ID: fid, Peers: f.Peers, ProxyARP: f.ProxyARP}
 		for _, r := range f.Rules {
-			farm.Rules = append(farm.Rules, intent.Rule{From: f.Qualify(r.From), To: f.Qualify(r.To), Proto: r.Proto, Port: r.Port})
+			rule, err := policy.NormalizeRule(intent.Rule{From: f.Qualify(r.From), To: f.Qualify(r.To), Proto: r.Proto, Port: r.Port})
+			if err != nil {
+				return fmt.Errorf("farm %s: rule %s -> %s: %w", f.Name, r.From, r.To, err)
+			}
+			farm.Rules = append(farm.Rules, rule)
 		}
 		want[intent.FarmsPrefix+f.Name] = farm
 		for _, s := range f.Subnets {
@@ -76,18 +83,34 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			}
 		}
 	}
+	perHost := map[string]int{}
 	for _, vm := range t.VMs {
 		ip, err := alloc.VM(vm.Farm(), vm.SubnetName(), vm.Name)
 		if err != nil {
 			return err
 		}
+		if perHost[vm.Host]++; perHost[vm.Host] > c.maxVMsPerHost {
+			return fmt.Errorf("vm %s: host %q would hold more VMs than its datapath holds (%d)", vm.Name, vm.Host, c.maxVMsPerHost)
+		}
 		v := intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
-		v.Firewall = vm.Firewall
+		if v.Firewall, err = normalizeFirewall(vm.Firewall); err != nil {
+			return fmt.Errorf("vm %s: %w", vm.Name, err)
+		}
 		want[intent.VMsPrefix+v.FullName()] = v
 	}
 	if err := store.PutJSON(ctx, c.store, intent.AllocKey, alloc); err != nil {
 		return err
 	}
+	if err := c.putExactly(ctx, want); err != nil {
+		return err
+	}
+	c.log.Info("topology applied", "file", t.Path, "hosts", len(t.Hosts), "farms", len(t.Farms), "vms", len(t.VMs))
+	return nil
+}
+
+// putExactly makes the intent prefixes hold exactly want: keys it lacks are
+// deleted, the others written where they changed, in key order.
+func (c *Controller) putExactly(ctx context.Context, want map[string]any) error {
 	for _, prefix := range []string{intent.HostsPrefix, intent.FarmsPrefix, intent.SubnetsPrefix, intent.VMsPrefix} {
 		have, _, err := c.store.List(ctx, prefix)
 		if err != nil {
@@ -111,7 +134,6 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			return err
 		}
 	}
-	c.log.Info("topology applied", "file", t.Path, "hosts", len(t.Hosts), "farms", len(t.Farms), "vms", len(t.VMs))
 	return nil
 }
 

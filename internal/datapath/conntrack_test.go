@@ -48,9 +48,9 @@ func conntrackEntries(t *testing.T, k *Kernel) map[CtKey]CtEntry {
 func TestPrivilegedAReplyFindsItsFlowsOneEntry(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp := layers.IPProtocolTCP
+	open := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens tcp/5432 to db1",
-		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+		in: open, wantVerdict: actRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
 	entries := conntrackEntries(t, k)
 	replyKey, replyDir := ctKeyOf(db1, 5432, web1, 40000, 6)
 	openKey, openDir := ctKeyOf(web1, 40000, db1, 5432, 6)
@@ -65,9 +65,9 @@ func TestPrivilegedAReplyFindsItsFlowsOneEntry(t *testing.T) {
 		t.Fatalf("entry opened %#x, want %#x (the way web1 opened it)", e.Opened, openDir)
 	}
 	// The reply's one lookup is that key: it passes, and adds nothing.
+	reply := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000}
 	runTable(t, k, k.UplinkProgram(), []progCase{{name: "db1's reply passes on the flow's entry",
-		in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-		wantVerdict: actRedirect, wantForward: "from_fabric"}})
+		in: reply, wantVerdict: actRedirect, want: delivered(reply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"}})
 	after := conntrackEntries(t, k)
 	if len(after) != 1 || after[replyKey].Opened != openDir {
 		t.Fatalf("after the reply conntrack holds %v, want the one entry, still opened %#x", after, openDir)
@@ -79,9 +79,10 @@ func TestPrivilegedAReplyFindsItsFlowsOneEntry(t *testing.T) {
 func TestPrivilegedAOneWayRuleStillRefusesNewFlowsTheOtherWay(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
+	open := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens tcp/5432 to db1 (web -> db tcp/5432)",
-		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+		in: open, wantVerdict: actRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
+	reply := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1 opening tcp/5432 towards web1 is refused",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 40000, dport: 5432},
@@ -93,8 +94,7 @@ func TestPrivilegedAOneWayRuleStillRefusesNewFlowsTheOtherWay(t *testing.T) {
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: udp, sport: 5432, dport: 40000},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "the flow's reply passes",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			in: reply, wantVerdict: actRedirect, want: delivered(reply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 	if n := len(conntrackEntries(t, k)); n != 1 {
 		t.Fatalf("refused packets left entries: %d in conntrack, want 1", n)
@@ -106,9 +106,9 @@ func TestPrivilegedAOneWayRuleStillRefusesNewFlowsTheOtherWay(t *testing.T) {
 func TestPrivilegedAWithdrawnFlowsRepliesAreRefused(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp := layers.IPProtocolTCP
+	open := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens tcp/5432 to db1",
-		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+		in: open, wantVerdict: actRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
 	d := testDesired()
 	d.Visibility = d.Visibility[1:] // web -> db withdrawn
 	applyDesired(t, k, d)
@@ -127,20 +127,20 @@ func TestPrivilegedPingsBothWaysShareOneEntry(t *testing.T) {
 	d.Visibility = append(d.Visibility, intentVis(1, 1, 1, 2, 1, 0)) // web -> db icmp too
 	k := loadTestKernelWith(t, d)
 	icmp := layers.IPProtocolICMPv4
+	ping := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpID: 9}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 pings db1 with id 9",
-		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpID: 9},
-		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+		in: ping, wantVerdict: actRedirect, want: routedOut(ping), wantTo: 7, wantForward: "to_fabric,routed"}})
+	theirs := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: 9, ttl: 63}
+	theirReply := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpType: 100, icmpID: 9, ttl: 63}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1 pings web1 with the same id",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: 9, ttl: 63},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			in: theirs, wantVerdict: actRedirect, want: delivered(theirs), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "db1's echo reply to web1's ping passes",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpType: 100, icmpID: 9, ttl: 63},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			in: theirReply, wantVerdict: actRedirect, want: delivered(theirReply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
+	mine := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 9}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1's echo reply to db1's ping passes",
-		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 9},
-		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+		in: mine, wantVerdict: actRedirect, want: routedOut(mine), wantTo: 7, wantForward: "to_fabric,routed"}})
 	key, _ := ctKeyOf(web1, 9, db1, 9, 1)
 	entries := conntrackEntries(t, k)
 	if len(entries) != 1 || entries[key].Opened != ctOpenedAB|ctOpenedBA {

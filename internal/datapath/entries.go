@@ -51,6 +51,8 @@ type (
 	ShareLimits = vifShareLimits
 	// VMShare is a local VM's buckets and refusals (datapath-owned).
 	VMShare = vifVmShare
+	// HostKey is a known host's uplink MAC (the hosts map's key).
+	HostKey = vifHostKey
 )
 
 // Kinds of slow-path records (enum slowpath_kind in bpf/lib/common.h).
@@ -58,6 +60,8 @@ const (
 	SlowDHCP     = vifSlowpathKindSLOW_DHCP
 	SlowHold     = vifSlowpathKindSLOW_HOLD
 	SlowARPReply = vifSlowpathKindSLOW_ARP_REPLY
+	// SlowMappingClaim: a known host claims a VM this host maps elsewhere.
+	SlowMappingClaim = vifSlowpathKindSLOW_MAPPING_CLAIM
 )
 
 // Share kinds, as enum share_kind in bpf/lib/share.h, and their names in
@@ -121,6 +125,9 @@ type Entries struct {
 	Farms [256]FarmConfig
 	// Attach lists the vifs that need the vif program, by name and ifindex.
 	Attach map[string]int
+	// Hosts lists the other hosts' uplink MACs (CompileHosts): only they
+	// are heard from the fabric.
+	Hosts map[HostKey]uint8
 }
 
 // Sizes is how many entries e puts in each map it reconciles. The rule
@@ -129,7 +136,7 @@ func (e Entries) Sizes() feature.Sizes {
 	return feature.Sizes{
 		"endpoints": len(e.Endpoints), "vifs": len(e.Vifs), "visibility": len(e.Visibility),
 		"firewalls": len(e.Firewalls), "firewall_rules": len(e.FirewallRules),
-		"scopes": len(e.Scopes), "scope_members": len(e.Members), "farms": len(e.Farms),
+		"scopes": len(e.Scopes), "scope_members": len(e.Members), "farms": len(e.Farms), "hosts": len(e.Hosts),
 	}
 }
 

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -81,5 +82,20 @@ func TestCompileSetsProxyARPOnlyForListedFarms(t *testing.T) {
 		if want := uint32(boolByte(id == 2)); f.Flags != want {
 			t.Fatalf("farm %d flags %d, want %d", id, f.Flags, want)
 		}
+	}
+}
+
+func TestCompileHostsLeavesOutItselfAndNamesBrokenRecords(t *testing.T) {
+	hosts, err := CompileHosts([]intent.Node{
+		{Name: "h1", UplinkMAC: "aa:00:00:00:00:01"},
+		{Name: "h2", UplinkMAC: "aa:00:00:00:00:02"},
+		{Name: "h3", UplinkMAC: "aa:00:00:00:00"},
+	}, "h1")
+	if err == nil || !strings.Contains(err.Error(), "node h3") {
+		t.Errorf("error %v, want one naming node h3", err)
+	}
+	want := map[HostKey]uint8{hostKey(mustMAC("aa:00:00:00:00:02")): 1}
+	if !reflect.DeepEqual(hosts, want) {
+		t.Errorf("hosts %v, want only h2", hosts)
 	}
 }

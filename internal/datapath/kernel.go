@@ -41,6 +41,8 @@ type Options struct {
 	// MappingTableSize is the mapping table's fixed number of entries
 	// (remote VMs this host can address at once); 0 keeps the default.
 	MappingTableSize int
+	// testHooks loads the objects built with ONEHOP_TEST_HOOKS (tests only).
+	testHooks bool
 }
 
 // MinMappingTableSize keeps the LRU's per-CPU lists meaningful.
@@ -51,7 +53,11 @@ const MinMappingTableSize = 64
 // pinDir/links, so traffic keeps flowing across an agent restart and a new
 // agent takes over the same maps.
 func Open(pinDir string, o Options) (*Kernel, error) {
-	spec, err := loadVif()
+	vifSpec, uplinkSpec := loadVif, loadUplink
+	if o.testHooks {
+		vifSpec, uplinkSpec = loadVifTest, loadUplinkTest
+	}
+	spec, err := vifSpec()
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +106,7 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		return nil, fmt.Errorf("load vif program: %w", err)
 	}
 
-	uspec, err := loadUplink()
+	uspec, err := uplinkSpec()
 	if err != nil {
 		k.vif.Close()
 		return nil, err
@@ -346,6 +352,7 @@ func (k *Kernel) plan(e Entries) ([]step, error) {
 		put(k.vif.ShareConfig, "write share limits", uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity())),
 		step{"forget shares", func() error { return k.forgetShares(e.Endpoints) }},
 		step{"farms", func() error { return k.syncFarms(e.Farms) }},
+		step{"hosts", func() error { return k.syncHosts(e.Hosts) }},
 	)
 	return steps, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // Verdicts a tc program returns (linux/pkt_cls.h).
@@ -30,8 +31,10 @@ const (
 )
 
 var (
-	h1MAC = mustMAC("aa:00:00:00:00:01")
-	h2MAC = mustMAC("aa:00:00:00:00:02")
+	h1MAC    = mustMAC("aa:00:00:00:00:01")
+	h2MAC    = mustMAC("aa:00:00:00:00:02")
+	h3MAC    = mustMAC("aa:00:00:00:00:03")
+	rogueMAC = mustMAC("aa:00:00:00:00:99") // on the fabric, but no host the store knows
 
 	web1 = netip.MustParseAddr("10.1.1.2") // local, on the vif the tests send from (ifindex 1)
 	web2 = netip.MustParseAddr("10.1.1.3") // remote, on h2
@@ -88,8 +91,11 @@ type frame struct {
 	saddr      netip.Addr
 	daddr      netip.Addr
 	proto      layers.IPProtocol
-	ihl        uint8 // 0: 5; 6 adds one word of options
-	fragOffset uint16
+	ihl        uint8  // 0: 5; 6 adds one word of options
+	fragOffset uint16 // in 8-byte units
+	moreFrags  bool   // the MF flag: a fragment with more to come
+	ipID       uint16
+	cutL4      int // >0: keep only this many bytes after the IPv4 header (tot_len follows)
 	arpOp      uint16
 	arpSHA     net.HardwareAddr
 	arpTHA     net.HardwareAddr
@@ -143,7 +149,10 @@ func (f frame) bytes(t testing.TB) []byte {
 			SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}, payload)
 	default:
 		ip := &layers.IPv4{Version: 4, TTL: orDefault(f.ttl, 64), Protocol: f.proto, SrcIP: f.saddr.AsSlice(), DstIP: f.daddr.AsSlice(),
-			FragOffset: f.fragOffset}
+			FragOffset: f.fragOffset, Id: f.ipID}
+		if f.moreFrags {
+			ip.Flags = layers.IPv4MoreFragments
+		}
 		if f.ihl == 6 {
 			ip.Options = []layers.IPv4Option{{OptionType: 1}, {OptionType: 1}, {OptionType: 1}, {OptionType: 0}}
 		}
@@ -173,19 +182,46 @@ func (f frame) bytes(t testing.TB) []byte {
 	if f.ihl != 0 && f.ihl != 6 {
 		b[14] = 0x40 | f.ihl
 	}
+	if f.cutL4 > 0 {
+		hl := int(b[14]&0x0f) * 4
+		b = b[:14+hl+f.cutL4]
+		binary.BigEndian.PutUint16(b[16:18], uint16(hl+f.cutL4))
+		binary.BigEndian.PutUint16(b[24:26], 0)
+		binary.BigEndian.PutUint16(b[24:26], ipChecksum(b[14:14+hl]))
+	}
 	if f.truncate > 0 {
 		b = b[:f.truncate]
 	}
 	return b
 }
 
+func ipChecksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
+
 type progCase struct {
 	name        string
 	in          frame
 	wantVerdict uint32
-	want        *frame // expected output frame for redirects and replies
+	want        *frame // the whole expected output frame (every redirect row has one, or wantBytes)
+	wantBytes   []byte // the whole expected output, for what frame cannot build
 	wantDrop    string // drop counter that must rise by one
 	wantForward string // forward counters that must rise by one, comma-separated
+	// Where a redirect goes (every redirect row says): the target ifindex,
+	// and whether into the peer's namespace (bpf_redirect_peer) rather than
+	// out of the device (bpf_redirect).
+	wantTo   uint32
+	wantPeer bool
+	// wantClones lists the ifindexes copies were sent to (bpf_clone_redirect),
+	// in order; nil: none.
+	wantClones []uint32
 }
 
 func loadTestKernel(t testing.TB) *Kernel {
@@ -200,10 +236,31 @@ func loadTestKernelWith(t testing.TB, d intent.Desired) *Kernel {
 
 func loadTestKernelWithIfindex(t testing.TB, d intent.Desired, ifindexOf func(string) (int, error)) *Kernel {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("BPF_PROG_RUN needs root (unprivileged BPF is disabled on this machine)")
+	return loadKernel(t, Options{testHooks: true}, d, ifindexOf)
+}
+
+// loadKernel loads the objects o names, with h1's maps as its agent writes
+// them and what its ARP engine would have learned.
+func loadKernel(t testing.TB, o Options, d intent.Desired, ifindexOf func(string) (int, error)) *Kernel {
+	t.Helper()
+	k := openTestKernel(t, o)
+	e := compileTest(t, d, ifindexOf)
+	if err := k.Apply(e, ""); err != nil {
+		t.Fatalf("apply: %v", err)
 	}
-	k, err := Open("", Options{})
+	// What h1's ARP engine would have learned: web2 and db1 live on h2.
+	seedMapping(t, k, web2, h2MAC)
+	seedMapping(t, k, db1, h2MAC)
+	return k
+}
+
+// openTestKernel loads the programs unpinned: the objects built with test
+// hooks (every redirect logged) when o.testHooks is set, which every table
+// test does; the production ones otherwise (the cost benchmark).
+func openTestKernel(t testing.TB, o Options) *Kernel {
+	t.Helper()
+	testenv.RequireRoot(t, "BPF_PROG_RUN (unprivileged BPF is disabled on this machine)")
+	k, err := Open("", o)
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -212,18 +269,29 @@ func loadTestKernelWithIfindex(t testing.TB, d intent.Desired, ifindexOf func(st
 		t.Fatalf("load datapath: %v", err)
 	}
 	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+// testNodes are the node records of the store h1's agent reads: h1 itself,
+// h2 and h3. Any other MAC on the fabric is no host.
+var testNodes = []intent.Node{
+	{Name: "h1", UplinkMAC: h1MAC.String()},
+	{Name: "h2", UplinkMAC: h2MAC.String()},
+	{Name: "h3", UplinkMAC: h3MAC.String()},
+}
+
+// compileTest compiles d (and the known hosts) as h1's agent would.
+func compileTest(t testing.TB, d intent.Desired, ifindexOf func(string) (int, error)) Entries {
+	t.Helper()
 	e, missing, err := Compile(d, h1Uplink, ifindexOf)
 	if err != nil || len(missing) != 0 {
 		t.Fatalf("compile: %v (missing %v)", err, missing)
 	}
-	e.Attach = nil // BPF_PROG_RUN needs no attachment
-	if err := k.Apply(e, ""); err != nil {
-		t.Fatalf("apply: %v", err)
+	if e.Hosts, err = CompileHosts(testNodes, "h1"); err != nil {
+		t.Fatal(err)
 	}
-	// What h1's ARP engine would have learned: web2 and db1 live on h2.
-	seedMapping(t, k, web2, h2MAC)
-	seedMapping(t, k, db1, h2MAC)
-	return k
+	e.Attach = nil // BPF_PROG_RUN needs no attachment
+	return e
 }
 
 func seedMapping(t testing.TB, k *Kernel, ip netip.Addr, host net.HardwareAddr) {
@@ -251,25 +319,37 @@ func mappingOf(k *Kernel, ip netip.Addr) string {
 }
 
 func runTable(t *testing.T, k *Kernel, prog *ebpf.Program, cases []progCase) {
+	t.Helper()
+	trace := redirectLog(t, prog)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			before, err := k.Counters()
 			if err != nil {
 				t.Fatal(err)
 			}
+			if err := trace.Put(uint32(0), RedirectTrace{}); err != nil {
+				t.Fatalf("reset redirect log: %v", err)
+			}
 			in := c.in.bytes(t)
-			out := make([]byte, len(in)+64)
-			ret, err := prog.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+			opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+256)}
+			ret, err := prog.Run(opts)
 			if err != nil {
 				t.Fatalf("BPF_PROG_RUN: %v", err)
 			}
 			if ret != c.wantVerdict {
 				t.Fatalf("verdict %d, want %d", ret, c.wantVerdict)
 			}
+			checkRedirects(t, trace, c)
+			want := c.wantBytes
 			if c.want != nil {
-				want := c.want.bytes(t)
-				if !bytes.Equal(out[:len(want)], want) {
-					t.Fatalf("output frame\n got %x\nwant %x", out[:len(want)], want)
+				want = c.want.bytes(t)
+			}
+			if c.wantVerdict == actRedirect && want == nil {
+				t.Fatal("a redirect row must give the whole output frame (want or wantBytes)")
+			}
+			if want != nil {
+				if !bytes.Equal(opts.DataOut, want) {
+					t.Fatalf("output frame\n got %x\nwant %x", opts.DataOut, want)
 				}
 			}
 			after, err := k.Counters()
@@ -300,6 +380,11 @@ func runTable(t *testing.T, k *Kernel, prog *ebpf.Program, cases []progCase) {
 					t.Errorf("forward counter %s rose by %d", name, delta)
 				}
 			}
+			for name := range wantFwd {
+				if _, ok := after.Forwards[name]; name != "" && !ok {
+					t.Errorf("no forward counter named %s", name)
+				}
+			}
 		})
 	}
 }
@@ -315,23 +400,24 @@ func TestPrivilegedVifProgram(t *testing.T) {
 		// zeros in tha, so the expected bytes are patched in the run below).
 		return &frame{src: targetMAC, dst: vmac(web1), ethType: layers.EthernetTypeARP, saddr: target, daddr: web1, arpOp: 2}
 	}
+	expired := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 1}
 	cases := []progCase{
 		{name: "tcp to a VM on the same host goes to its vif with MACs of the VMs",
 			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
 			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
-			wantForward: "local"},
+			wantTo: 42, wantPeer: true, wantForward: "local"},
 		{name: "udp to a VM on another host leaves host-MAC to host-MAC",
 			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp},
 			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web2, proto: udp},
-			wantForward: "to_fabric"},
+			wantTo: 7, wantForward: "to_fabric"},
 		{name: "ip options are carried",
 			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: icmp, ihl: 6},
 			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: icmp, ihl: 6},
-			wantForward: "local"},
+			wantTo: 42, wantPeer: true, wantForward: "local"},
 		{name: "fragments are carried",
 			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp, fragOffset: 100},
 			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web2, proto: udp, fragOffset: 100},
-			wantForward: "to_fabric"},
+			wantTo: 7, wantForward: "to_fabric"},
 		{name: "spoofed source ip is dropped",
 			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web3, daddr: web2, proto: udp},
 			wantVerdict: actShot, wantDrop: "spoofed_ip"},
@@ -341,14 +427,14 @@ func TestPrivilegedVifProgram(t *testing.T) {
 		{name: "tcp to an allowed port of another subnet crosses the gateway: TTL down, host MACs",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
 			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
-			wantForward: "to_fabric,routed"},
+			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "ttl 1 at the gateway hop comes back as the gateway's time-exceeded",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 1},
-			wantVerdict: actRedirect, wantForward: "gateway_reply"},
+			in:          expired,
+			wantVerdict: actRedirect, wantBytes: timeExceeded(t, expired), wantTo: 1, wantForward: "gateway_reply"},
 		{name: "ping to the subnet's gateway is answered in the datapath",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: gw, proto: icmp},
 			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: gw, daddr: web1, proto: icmp, icmpType: 100},
-			wantForward: "gateway_reply"},
+			wantTo: 1, wantForward: "gateway_reply"},
 		{name: "another subnet without a rule is dropped before the wire",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp},
 			wantVerdict: actShot, wantDrop: "not_visible"},
@@ -356,15 +442,15 @@ func TestPrivilegedVifProgram(t *testing.T) {
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: netip.MustParseAddr("192.0.2.1"), proto: icmp},
 			wantVerdict: actShot, wantDrop: "no_route"},
 		{name: "arp for a VM of the subnet is answered locally",
-			in: arpReq(web2), wantVerdict: actRedirect, want: arpReply(web2, vmac(web2)), wantForward: "arp_reply"},
+			in: arpReq(web2), wantVerdict: actRedirect, want: arpReply(web2, vmac(web2)), wantTo: 1, wantForward: "arp_reply"},
 		{name: "arp for the gateway is answered with its derived MAC",
-			in: arpReq(gw), wantVerdict: actRedirect, want: arpReply(gw, vmac(gw)), wantForward: "arp_reply"},
+			in: arpReq(gw), wantVerdict: actRedirect, want: arpReply(gw, vmac(gw)), wantTo: 1, wantForward: "arp_reply"},
 		{name: "arp the mapping table cannot answer goes to the subnet's multicast address from the host",
 			in:          arpReq(netip.MustParseAddr("10.1.1.77")),
 			wantVerdict: actRedirect,
 			want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:01:00"), ethType: layers.EthernetTypeARP, saddr: web1,
 				daddr: netip.MustParseAddr("10.1.1.77"), arpOp: 1, arpSHA: vmac(web1)},
-			wantForward: "arp_to_fabric"},
+			wantTo: 7, wantForward: "arp_to_fabric"},
 		{name: "asked again within a second, it is not repeated on the fabric",
 			in: arpReq(netip.MustParseAddr("10.1.1.77")), wantVerdict: actShot, wantDrop: "arp_unknown_target"},
 		{name: "arp for another subnet is dropped",
@@ -380,12 +466,14 @@ func TestPrivilegedVifProgram(t *testing.T) {
 			wantVerdict: actShot, wantDrop: "arp_spoofed"},
 		{name: "ipv6 is dropped as unsupported",
 			in: frame{src: vmac(web1), dst: vmac(web3), ethType: layers.EthernetTypeIPv6}, wantVerdict: actShot, wantDrop: "unsupported"},
-		{name: "vlan tagged frame is dropped as unsupported",
-			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, vlan: true}, wantVerdict: actShot, wantDrop: "unsupported"},
+		{name: "a vlan tag in the frame is dropped and counted as such",
+			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, vlan: true}, wantVerdict: actShot, wantDrop: "vlan_tagged"},
 		// BPF_PROG_RUN itself refuses IPv4 frames shorter than 20 bytes of
 		// header, so the truncation tested is a header longer than the frame.
 		{name: "ipv4 header longer than the frame is dropped as malformed",
 			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, ihl: 15, truncate: 34}, wantVerdict: actShot, wantDrop: "malformed"},
+		{name: "ipv4 total length beyond the frame is dropped as malformed, not delivered",
+			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, truncate: 14 + 20 + 8 + 10}, wantVerdict: actShot, wantDrop: "malformed"},
 		{name: "ipv4 header length below 20 is dropped as malformed",
 			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, ihl: 4}, wantVerdict: actShot, wantDrop: "malformed"},
 		{name: "truncated arp is dropped as malformed",
@@ -415,19 +503,19 @@ func TestPrivilegedUplinkProgram(t *testing.T) {
 		{name: "from the holding host into the local VM with virtual MACs restored",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
 			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web1), saddr: web2, daddr: web1, proto: tcp},
-			wantForward: "from_fabric"},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "from another subnet without a rule is dropped on the receiving host too",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, dport: 22},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "from another subnet with a rule arrives from the gateway's MAC",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, ttl: 63},
 			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: icmp, ttl: 63},
-			wantForward: "from_fabric"},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "a reply of a flow never started is not let in",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "source VM claimed by a host that does not hold it is dropped",
-			in:          frame{src: mustMAC("aa:00:00:00:00:99"), dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
+			in:          frame{src: h3MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
 			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
 		{name: "a host claiming one of this host's VMs as source is dropped",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web3, daddr: web1, proto: tcp},
@@ -463,7 +551,7 @@ func TestPrivilegedMappingTableLearnsFromTheFabric(t *testing.T) {
 		{name: "a packet from a VM not in the table is admitted and its host learned",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web5, daddr: web1, proto: tcp},
 			wantVerdict: actRedirect, want: &frame{src: vmac(web5), dst: vmac(web1), saddr: web5, daddr: web1, proto: tcp},
-			wantForward: "from_fabric"},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 	if got := mappingOf(k, web5); got != h2MAC.String() {
 		t.Fatalf("10.1.1.6 mapped to %q, want h2 (%s)", got, h2MAC)
@@ -472,37 +560,52 @@ func TestPrivilegedMappingTableLearnsFromTheFabric(t *testing.T) {
 		{name: "so the reply goes straight to h2 without a question",
 			in:          frame{src: vmac(web1), dst: vmac(web5), saddr: web1, daddr: web5, proto: tcp},
 			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web5, proto: tcp},
-			wantForward: "to_fabric"},
+			wantTo: 7, wantForward: "to_fabric"},
 	})
+}
+
+// arpFrame builds an ARP frame as it appears on the fabric.
+func arpFrame(src, dst net.HardwareAddr, op uint16, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) frame {
+	return frame{src: src, dst: dst, ethType: layers.EthernetTypeARP, arpOp: op, arpSHA: sha, saddr: spa, arpTHA: tha, daddr: tpa}
+}
+
+// seedAsking puts an entry "being asked for" (no host yet) into the table,
+// as a VM's or the agent's question leaves it.
+func seedAsking(t testing.TB, k *Kernel, ip netip.Addr) {
+	t.Helper()
+	m := Mapping{ConfirmedNs: uint64(monotonicNow()), UsedNs: uint64(monotonicNow())}
+	if err := k.vif.Mappings.Put(IPKey(ip), m); err != nil {
+		t.Fatalf("seed question for %s: %v", ip, err)
+	}
 }
 
 func TestPrivilegedARPEngineOnTheFabric(t *testing.T) {
 	k := loadTestKernel(t)
-	h3MAC := mustMAC("aa:00:00:00:00:03")
 	hostIP := netip.MustParseAddr("192.168.100.10")
 	asker := netip.MustParseAddr("10.1.1.50") // a VM on h2 asking for web1
 	far := netip.MustParseAddr("10.1.1.60")   // a VM on h2 that web1 asked for
-	arp := func(src, dst net.HardwareAddr, op uint16, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) frame {
-		return frame{src: src, dst: dst, ethType: layers.EthernetTypeARP, arpOp: op, arpSHA: sha, saddr: spa, arpTHA: tha, daddr: tpa}
-	}
+	db9 := netip.MustParseAddr("10.1.2.9")    // a VM on h2 the agent asked for
+	arp := arpFrame
 	subnetMAC := mustMAC("03:00:0a:01:01:00")
+	seedAsking(t, k, far)
+	seedAsking(t, k, db9)
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "a question for a VM of this host is answered from this host's uplink",
 			in:          arp(h2MAC, subnetMAC, 1, vmac(asker), asker, nil, web1),
 			wantVerdict: actRedirect, want: ptr(arp(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(asker), asker)),
-			wantForward: "arp_answered"},
+			wantTo: 7, wantForward: "arp_answered"},
 		{name: "a question for a VM not here is dropped quietly",
 			in:          arp(h2MAC, subnetMAC, 1, vmac(asker), asker, nil, netip.MustParseAddr("10.1.1.61")),
 			wantVerdict: actShot, wantDrop: "arp_not_here"},
 		{name: "the answer to a VM's question is learned and handed to that VM",
 			in:          arp(h2MAC, h1MAC, 2, vmac(far), far, vmac(web1), web1),
 			wantVerdict: actRedirect, want: ptr(arp(vmac(far), vmac(web1), 2, vmac(far), far, vmac(web1), web1)),
-			wantForward: "arp_learned,arp_reply"},
+			wantTo: 1, wantPeer: true, wantForward: "arp_learned,arp_reply"},
 		{name: "the answer to the agent's own question goes to the agent",
-			in:          arp(h2MAC, h1MAC, 2, vmac(db1), netip.MustParseAddr("10.1.2.9"), h1MAC, hostIP),
+			in:          arp(h2MAC, h1MAC, 2, vmac(db9), db9, h1MAC, hostIP),
 			wantVerdict: actShot, wantForward: "arp_learned,to_agent"},
-		{name: "an announcement corrects an entry in use",
-			in:          arp(h3MAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2),
+		{name: "an announcement from the host an entry names confirms it",
+			in:          arp(h2MAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2),
 			wantVerdict: actShot, wantForward: "arp_learned"},
 		{name: "an announcement of a VM nobody here talks to adds nothing",
 			in:          arp(h3MAC, layers.EthernetBroadcast, 2, vmac(far), netip.MustParseAddr("10.1.1.62"), layers.EthernetBroadcast, netip.MustParseAddr("10.1.1.62")),
@@ -514,8 +617,8 @@ func TestPrivilegedARPEngineOnTheFabric(t *testing.T) {
 			in:          arp(h2MAC, h3MAC, 2, vmac(far), far, vmac(web1), web1),
 			wantVerdict: actOK},
 	})
-	for ip, want := range map[netip.Addr]string{asker: h2MAC.String(), far: h2MAC.String(), netip.MustParseAddr("10.1.2.9"): h2MAC.String(),
-		web2: h3MAC.String(), netip.MustParseAddr("10.1.1.62"): "", web3: "", netip.MustParseAddr("10.1.1.61"): ""} {
+	for ip, want := range map[netip.Addr]string{asker: h2MAC.String(), far: h2MAC.String(), db9: h2MAC.String(),
+		web2: h2MAC.String(), netip.MustParseAddr("10.1.1.62"): "", web3: "", netip.MustParseAddr("10.1.1.61"): ""} {
 		if got := mappingOf(k, ip); got != want {
 			t.Errorf("mapping of %s = %q, want %q", ip, got, want)
 		}
@@ -592,7 +695,7 @@ func TestPrivilegedProxyARPAnswersForOtherSubnetsWithTheGateway(t *testing.T) {
 			wantVerdict: actRedirect,
 			want: &frame{src: vmac(gw), dst: vmac(web1), ethType: layers.EthernetTypeARP, saddr: db1, daddr: web1, arpOp: 2,
 				arpSHA: vmac(gw), arpTHA: vmac(web1)},
-			wantForward: "arp_reply"},
+			wantTo: 1, wantForward: "arp_reply"},
 		{name: "but not for an address outside the tenant space",
 			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: netip.MustParseAddr("192.0.2.1"), arpOp: 1},
 			wantVerdict: actShot, wantDrop: "arp_other_subnet"},
@@ -612,12 +715,13 @@ func TestPrivilegedRepliesOfAnAllowedFlowPassBothWays(t *testing.T) {
 	// web1 opens tcp/5432 to db1: allowed, and remembered.
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 connects to db1:5432",
 		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+		wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
+		wantTo: 7, wantForward: "to_fabric,routed"}})
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1's reply comes in",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
 			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-			wantForward: "from_fabric"},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "but not to another port of web1",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40001},
 			wantVerdict: actShot, wantDrop: "not_visible"},
@@ -631,7 +735,8 @@ func TestPrivilegedICMPPassesOnlyAsAnAnswer(t *testing.T) {
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1 pings web1 (allowed)",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: 7, ttl: 63},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: icmp, icmpID: 7, ttl: 63},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 	// What web1 sends back about db1's ping: the quoted header went db1 -> web1.
 	quote := func(id uint16) []byte {
@@ -641,19 +746,22 @@ func TestPrivilegedICMPPassesOnlyAsAnAnswer(t *testing.T) {
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web1's echo reply answers it",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 7},
-			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 7, ttl: 63},
+			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "but web1's echo request with the same id opens nothing web may not",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpID: 7},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "an ICMP error about db1's flow is related and passes",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(7)},
-			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(7), ttl: 63},
+			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "an ICMP error about a flow that never was does not",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(8)},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "web1 opens tcp/5432 to db1 (allowed)",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432},
-			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63},
+			wantTo: 7, wantForward: "to_fabric,routed"},
 	})
 	flow := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432}.bytes(t)[14 : 14+28]
 	stranger := netip.MustParseAddr("10.9.9.9")
@@ -674,11 +782,13 @@ func TestPrivilegedDHCPRequestIsHandedToTheAgentWhole(t *testing.T) {
 	udp := layers.IPProtocolUDP
 	zero := netip.IPv4Unspecified()
 	bcast := netip.MustParseAddr("255.255.255.255")
-	discover := frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67}
+	discover := frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67,
+		payload: bootp(1, netip.IPv4Unspecified())}
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "dhcp from the VM's own MAC goes to the agent, not the wire", in: discover, wantVerdict: actShot, wantForward: "to_agent"},
 		{name: "dhcp from another MAC is dropped as spoofed",
-			in:          frame{src: vmac(web3), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67},
+			in: frame{src: vmac(web3), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67,
+				payload: bootp(1, netip.IPv4Unspecified())},
 			wantVerdict: actShot, wantDrop: "spoofed_mac"},
 		{name: "a rogue dhcp server in a VM reaches nobody",
 			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 67, dport: 68},
@@ -689,6 +799,56 @@ func TestPrivilegedDHCPRequestIsHandedToTheAgentWhole(t *testing.T) {
 	if rec.kind != 0 || rec.ifindex != 1 || !bytes.Equal(rec.data, want) {
 		t.Fatalf("record kind %d ifindex %d len %d, want 0 (DHCP), 1 and the %d-byte frame", rec.kind, rec.ifindex, len(rec.data), len(want))
 	}
+}
+
+// bootp is a BOOTP/DHCP message body (RFC 2131): op 1 request, 2 reply;
+// giaddr set when a relay agent forwarded it.
+func bootp(op byte, giaddr netip.Addr) []byte {
+	b := make([]byte, 240)
+	b[0], b[1], b[2] = op, 1, 6 // op, htype Ethernet, hlen
+	g := giaddr.As4()
+	copy(b[24:28], g[:])
+	copy(b[236:240], []byte{99, 130, 83, 99}) // the DHCP magic cookie
+	return b
+}
+
+// A VM is only ever a DHCP client. What a server or relay says, from any
+// port to any DHCP port, goes nowhere, even inside its subnet where
+// nothing else is checked.
+func TestPrivilegedAVMNeverSendsDHCPServerOrRelayMessages(t *testing.T) {
+	k := loadTestKernel(t)
+	udp := layers.IPProtocolUDP
+	bcast := netip.MustParseAddr("255.255.255.255")
+	zero := netip.IPv4Unspecified()
+	reply := bootp(2, zero)
+	runTable(t, k, k.VifProgram(), []progCase{
+		{name: "a reply from port 68 to port 68 of a VM of its subnet",
+			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 68, dport: 68, payload: reply},
+			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+		{name: "a reply from port 68 to port 68, broadcast",
+			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 68, payload: reply},
+			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+		{name: "a reply from an ephemeral port to port 68",
+			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 40000, dport: 68, payload: reply},
+			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+		{name: "a BOOTREPLY sent as if by a client (68 to 67)",
+			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 67, payload: reply},
+			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+		{name: "a relayed request (giaddr set)",
+			in: frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 67,
+				payload: bootp(1, web1)},
+			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+		{name: "a relay's forward (67 to 67)",
+			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 67, dport: 67, payload: bootp(1, web1)},
+			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+		{name: "a request cut before giaddr",
+			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 67, payload: []byte{1, 1, 6, 0}},
+			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+		{name: "but udp from port 68 to another port is no DHCP and passes",
+			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 68, dport: 5000},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 68, dport: 5000},
+			wantTo: 42, wantPeer: true, wantForward: "local"},
+	})
 }
 
 func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
@@ -716,7 +876,8 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "ssh from web4 is allowed in",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web4, daddr: web3, proto: tcp, dport: 22},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web4), dst: vmac(web3), saddr: web4, daddr: web3, proto: tcp, dport: 22},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "ssh from web2 matches the earlier deny first",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, dport: 22},
 			wantVerdict: actShot, wantDrop: "firewall_in"},
@@ -727,7 +888,8 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web3 opens tcp to web2 (outbound allowed)",
 			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web3, daddr: web2, proto: tcp, sport: 41000, dport: 8080},
-			wantVerdict: actRedirect, wantForward: "to_fabric"},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web3, daddr: web2, proto: tcp, sport: 41000, dport: 8080},
+			wantTo: 7, wantForward: "to_fabric"},
 		{name: "web3 may not send udp out",
 			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web3, daddr: web2, proto: udp},
 			wantVerdict: actShot, wantDrop: "firewall_out"},
@@ -735,32 +897,28 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "web2's reply passes the default deny: the firewall is stateful",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 8080, dport: 41000},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web3), saddr: web2, daddr: web3, proto: tcp, sport: 8080, dport: 41000},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "but web2 cannot open its own connection to that port",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 8081, dport: 41000},
 			wantVerdict: actShot, wantDrop: "firewall_in"},
 	})
 }
 
-func TestPrivilegedTimeExceededQuotesTheExpiredPacket(t *testing.T) {
-	k := loadTestKernel(t)
-	in := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 1}.bytes(t)
-	out := make([]byte, len(in)+64)
-	ret, err := k.VifProgram().Run(&ebpf.RunOptions{Data: in, DataOut: out})
-	if err != nil || ret != actRedirect {
-		t.Fatalf("verdict %d, err %v", ret, err)
-	}
-	// What a router sends: from the gateway to the sender, quoting the
-	// expired packet's IPv4 header and first 8 payload bytes.
-	ip := &layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: gw.AsSlice(), DstIP: web1.AsSlice()}
+// timeExceeded is what a router sends back about the expired frame in: from
+// the gateway to the sender, quoting its IPv4 header and first 8 payload
+// bytes.
+func timeExceeded(t testing.TB, in frame) []byte {
+	t.Helper()
+	b := in.bytes(t)
+	ip := &layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: gw.AsSlice(), DstIP: in.saddr.AsSlice()}
 	buf := gopacket.NewSerializeBuffer()
-	gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
-		&layers.Ethernet{SrcMAC: vmac(gw), DstMAC: vmac(web1), EthernetType: layers.EthernetTypeIPv4}, ip,
-		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(11, 0)}, gopacket.Payload(in[14:14+20+8]))
-	want := buf.Bytes()
-	if !bytes.Equal(out[:len(want)], want) {
-		t.Fatalf("time exceeded\n got %x\nwant %x", out[:len(want)], want)
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		&layers.Ethernet{SrcMAC: vmac(gw), DstMAC: in.src, EthernetType: layers.EthernetTypeIPv4}, ip,
+		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(11, 0)}, gopacket.Payload(b[14:14+20+8])); err != nil {
+		t.Fatalf("build time exceeded: %v", err)
 	}
+	return buf.Bytes()
 }
 
 func TestPrivilegedBroadcastReachesItsScopeOnly(t *testing.T) {
@@ -773,10 +931,10 @@ func TestPrivilegedBroadcastReachesItsScopeOnly(t *testing.T) {
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "web2's subnet broadcast is copied to web1 and web3",
 			in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web2, daddr: subnetBcast, proto: udp},
-			wantVerdict: actShot, wantForward: "broadcast"},
-		{name: "a broadcast claiming another subnet's scope is refused",
+			wantVerdict: actShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
+		{name: "a broadcast sent to another subnet's scope is refused",
 			in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:01:02:00"), saddr: web2, daddr: subnetBcast, proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
 		{name: "a farm broadcast for a farm this host has no VM of is dropped quietly",
 			in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:07:00:00"), saddr: netip.MustParseAddr("10.7.1.2"), daddr: group, proto: udp, ttl: 8},
 			wantVerdict: actShot, wantDrop: "no_members"},
@@ -796,30 +954,18 @@ func TestPrivilegedBroadcastReachesItsScopeOnly(t *testing.T) {
 		{name: "web1's subnet broadcast leaves with the subnet's multicast MAC",
 			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: subnetBcast, proto: udp},
 			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web1, daddr: subnetBcast, proto: udp},
-			wantForward: "to_fabric"},
+			wantTo: 7, wantClones: []uint32{42}, wantForward: "to_fabric"},
 		{name: "multicast with ttl > 1 is farm-scoped",
 			in:          frame{src: vmac(web1), dst: mustMAC("01:00:5e:01:02:03"), saddr: web1, daddr: group, proto: udp, ttl: 4},
 			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:00:00"), saddr: web1, daddr: group, proto: udp, ttl: 4},
-			wantForward: "to_fabric"},
+			wantTo: 7, wantClones: []uint32{42}, wantForward: "to_fabric"},
 	})
 }
 
 func TestPrivilegedMappingTableIsFixedSizeAndKeepsWhatIsInUse(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("BPF_PROG_RUN needs root")
-	}
 	const size = 64
-	k, err := Open("", Options{MappingTableSize: size})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	e, _, err := Compile(testDesired(), h1Uplink, testIfindex)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Attach = nil
-	if err := k.Apply(e, ""); err != nil {
+	k := openTestKernel(t, Options{MappingTableSize: size, testHooks: true})
+	if err := k.Apply(compileTest(t, testDesired(), testIfindex), ""); err != nil {
 		t.Fatal(err)
 	}
 	if k.MappingCapacity() != size {
@@ -859,17 +1005,14 @@ func TestPrivilegedChangedRulesMakeEveryFlowEarnItsAdmissionAgain(t *testing.T) 
 	k := loadTestKernel(t)
 	syn := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{
-		{name: "web1 -> db1:5432 is admitted", in: syn, wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+		{name: "web1 -> db1:5432 is admitted", in: syn, wantVerdict: actRedirect,
+			want:   &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63},
+			wantTo: 7, wantForward: "to_fabric,routed"},
 	})
 	// The farm owner withdraws web -> db.
 	d := testDesired()
 	d.Visibility = d.Visibility[1:]
-	e, _, err := Compile(d, h1Uplink, testIfindex)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Attach = nil
-	if err := k.Apply(e, ""); err != nil {
+	if err := k.Apply(compileTest(t, d, testIfindex), ""); err != nil {
 		t.Fatal(err)
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
@@ -883,22 +1026,19 @@ func TestPrivilegedAnUnrelatedRuleChangeKeepsAllowedFlowsAndTheirReplies(t *test
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web1 -> db1:5432 is admitted",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-			wantVerdict: actRedirect, wantForward: "to_fabric,routed"},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
+			wantTo: 7, wantForward: "to_fabric,routed"},
 	})
 	// Another rule appears (say another tenant's): the epoch moves on.
 	d := testDesired()
 	d.Visibility = append(d.Visibility, intent.VisRule{SrcFarm: 2, SrcSubnet: 1, DstFarm: 2, DstSubnet: 2, Proto: 17, Port: 53})
-	e, _, err := Compile(d, h1Uplink, testIfindex)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Attach = nil
-	if err := k.Apply(e, ""); err != nil {
+	if err := k.Apply(compileTest(t, d, testIfindex), ""); err != nil {
 		t.Fatal(err)
 	}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1's reply still comes in: the flow it answers is still allowed",
 			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 }

@@ -80,12 +80,7 @@ func clearConntrack(t *testing.T, k *Kernel) {
 
 func compiled(t *testing.T, d intent.Desired) Entries {
 	t.Helper()
-	e, missing, err := Compile(d, h1Uplink, testIfindex)
-	if err != nil || len(missing) != 0 {
-		t.Fatalf("compile: %v (missing %v)", err, missing)
-	}
-	e.Attach = nil
-	return e
+	return compileTest(t, d, testIfindex)
 }
 
 // A rule change is never, even for a moment, more permissive than both the

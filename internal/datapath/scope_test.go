@@ -103,7 +103,7 @@ func TestPrivilegedBroadcastReachesEveryMemberOfALargeSubnet(t *testing.T) {
 		t.Fatalf("red/web's broadcast made %d copies, want 1: the other tenant's one VM only", got)
 	}
 	// And the large subnet's unicast still goes: the fabric to one member.
+	unicast := frame{src: h2MAC, dst: h1MAC, saddr: remote, daddr: netip.AddrFrom4([4]byte{10, 1, 1, 2 + n - 1}), proto: udp}
 	runTable(t, k, k.UplinkProgram(), []progCase{{name: "unicast to the 40th member",
-		in:          frame{src: h2MAC, dst: h1MAC, saddr: remote, daddr: netip.AddrFrom4([4]byte{10, 1, 1, 2 + n - 1}), proto: udp},
-		wantVerdict: actRedirect, wantForward: "from_fabric"}})
+		in: unicast, wantVerdict: actRedirect, want: delivered(unicast), wantTo: 1, wantPeer: true, wantForward: "from_fabric"}})
 }

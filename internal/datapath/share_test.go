@@ -44,23 +44,27 @@ func TestPrivilegedAVMOpeningFlowsAsFastAsItCanIsRefusedAloneAndCounted(t *testi
 	tcp := layers.IPProtocolTCP
 	var cases []progCase
 	for i := 0; i < 6; i++ {
+		sport := uint16(40000 + i)
 		c := progCase{name: fmt.Sprintf("web1's new flow %d to db1:5432", i),
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, sport: uint16(40000 + i), dport: 5432},
-			wantVerdict: actRedirect, wantForward: "to_fabric,routed"}
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, sport: sport, dport: 5432},
+			want:        &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, sport: sport, dport: 5432, ttl: 63},
+			wantVerdict: actRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"}
 		if i > 4 { // the bucket allows burst+1 at the first instant
-			c.wantVerdict, c.wantDrop, c.wantForward = actShot, "over_share", ""
+			c.wantVerdict, c.wantDrop, c.wantForward, c.want, c.wantTo = actShot, "over_share", "", nil, 0
 		}
 		cases = append(cases, c)
 	}
 	cases = append(cases,
 		progCase{name: "an admitted flow of web1 carries on over its share",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, sport: 40000, dport: 5432},
-			wantVerdict: actRedirect, wantForward: "to_fabric,routed"})
+			want:        &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, sport: 40000, dport: 5432, ttl: 63},
+			wantVerdict: actRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"})
 	runTable(t, k, k.VifProgram(), cases)
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "meanwhile db1 still opens a new flow to web3, charged to web3's share",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web3, proto: layers.IPProtocolICMPv4},
-			wantVerdict: actRedirect, wantForward: "from_fabric"},
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web3, proto: layers.IPProtocolICMPv4, ttl: 63},
+			want:        &frame{src: vmac(gw), dst: vmac(web3), saddr: db1, daddr: web3, proto: layers.IPProtocolICMPv4, ttl: 63},
+			wantVerdict: actRedirect, wantTo: 42, wantPeer: true, wantForward: "from_fabric"},
 	})
 	c, err := k.Counters()
 	if err != nil {
@@ -83,7 +87,8 @@ func TestPrivilegedADHCPFloodIsRefusedInTheKernelPastTheVMsShare(t *testing.T) {
 	}
 	defer r.Close()
 	discover := frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: netip.IPv4Unspecified(),
-		daddr: netip.MustParseAddr("255.255.255.255"), proto: layers.IPProtocolUDP, sport: 68, dport: 67}
+		daddr: netip.MustParseAddr("255.255.255.255"), proto: layers.IPProtocolUDP, sport: 68, dport: 67,
+		payload: bootp(1, netip.IPv4Unspecified())}
 	var cases []progCase
 	for i := 0; i < 5; i++ {
 		c := progCase{name: fmt.Sprintf("discover %d", i), in: discover, wantVerdict: actShot, wantForward: "to_agent"}
@@ -112,7 +117,8 @@ func TestPrivilegedASharePassesWithTheVMThatLeft(t *testing.T) {
 	tightShares(t, k, 0)
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens a flow",
 		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432},
-		wantVerdict: actRedirect, wantForward: "to_fabric,routed"}})
+		want:        &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63},
+		wantVerdict: actRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"}})
 	var s VMShare
 	if err := k.vif.VmShares.Lookup(IPKey(web1), &s); err != nil {
 		t.Fatalf("web1 has no share entry after opening a flow: %v", err)

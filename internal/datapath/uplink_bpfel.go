@@ -44,6 +44,15 @@ type uplinkFarmConfig struct {
 	Flags uint32
 }
 
+type uplinkFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type uplinkFwKey struct {
 	_     structs.HostLayout
 	Vm    uint32
@@ -75,6 +84,12 @@ type uplinkFwRule struct {
 	Proto  uint8
 	Allow  uint8
 	Pad    uint16
+}
+
+type uplinkHostKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
 }
 
 type uplinkMapping struct {
@@ -166,6 +181,9 @@ const (
 	uplinkMapFirewallRules  = "firewall_rules"
 	uplinkMapFirewalls      = "firewalls"
 	uplinkMapForwards       = "forwards"
+	uplinkMapFragFlows      = "frag_flows"
+	uplinkMapHosts          = "hosts"
+	uplinkMapMappingClaims  = "mapping_claims"
 	uplinkMapMappings       = "mappings"
 	uplinkMapScopeMembers   = "scope_members"
 	uplinkMapScopes         = "scopes"
@@ -235,6 +253,9 @@ type uplinkMapSpecs struct {
 	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	FragFlows     *ebpf.MapSpec `ebpf:"frag_flows"`
+	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
+	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
@@ -280,6 +301,9 @@ type uplinkMaps struct {
 	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.Map `ebpf:"firewalls"`
 	Forwards      *ebpf.Map `ebpf:"forwards"`
+	FragFlows     *ebpf.Map `ebpf:"frag_flows"`
+	Hosts         *ebpf.Map `ebpf:"hosts"`
+	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
 	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
@@ -301,6 +325,9 @@ func (m *uplinkMaps) Close() error {
 		m.FirewallRules,
 		m.Firewalls,
 		m.Forwards,
+		m.FragFlows,
+		m.Hosts,
+		m.MappingClaims,
 		m.Mappings,
 		m.ScopeMembers,
 		m.Scopes,

@@ -44,32 +44,39 @@ type vifDropEvent struct {
 type vifDropReason uint32
 
 const (
-	vifDropReasonDROP_NONE                vifDropReason = 0
-	vifDropReasonDROP_MALFORMED           vifDropReason = 1
-	vifDropReasonDROP_UNSUPPORTED         vifDropReason = 2
-	vifDropReasonDROP_UNKNOWN_VIF         vifDropReason = 3
-	vifDropReasonDROP_SPOOFED_MAC         vifDropReason = 4
-	vifDropReasonDROP_SPOOFED_IP          vifDropReason = 5
-	vifDropReasonDROP_NO_ROUTE            vifDropReason = 6
-	vifDropReasonDROP_NO_UPLINK           vifDropReason = 7
-	vifDropReasonDROP_ARP_SPOOFED         vifDropReason = 8
-	vifDropReasonDROP_ARP_NOT_REQUEST     vifDropReason = 9
-	vifDropReasonDROP_ARP_UNKNOWN_TARGET  vifDropReason = 10
-	vifDropReasonDROP_ARP_OTHER_SUBNET    vifDropReason = 11
-	vifDropReasonDROP_FABRIC_UNKNOWN_SRC  vifDropReason = 12
-	vifDropReasonDROP_FABRIC_NOT_LOCAL    vifDropReason = 13
-	vifDropReasonDROP_NOT_VISIBLE         vifDropReason = 14
-	vifDropReasonDROP_TTL_EXCEEDED        vifDropReason = 15
-	vifDropReasonDROP_AGENT_BUSY          vifDropReason = 16
-	vifDropReasonDROP_FIREWALL_IN         vifDropReason = 17
-	vifDropReasonDROP_FIREWALL_OUT        vifDropReason = 18
-	vifDropReasonDROP_NO_MEMBERS          vifDropReason = 19
-	vifDropReasonDROP_ROGUE_DHCP          vifDropReason = 20
-	vifDropReasonDROP_ARP_NOT_HERE        vifDropReason = 21
-	vifDropReasonDROP_FABRIC_ARP_CONFLICT vifDropReason = 22
-	vifDropReasonDROP_UNRESOLVED          vifDropReason = 23
-	vifDropReasonDROP_OVER_SHARE          vifDropReason = 24
-	vifDropReasonDROP_REASON_MAX          vifDropReason = 25
+	vifDropReasonDROP_NONE                 vifDropReason = 0
+	vifDropReasonDROP_MALFORMED            vifDropReason = 1
+	vifDropReasonDROP_UNSUPPORTED          vifDropReason = 2
+	vifDropReasonDROP_UNKNOWN_VIF          vifDropReason = 3
+	vifDropReasonDROP_SPOOFED_MAC          vifDropReason = 4
+	vifDropReasonDROP_SPOOFED_IP           vifDropReason = 5
+	vifDropReasonDROP_NO_ROUTE             vifDropReason = 6
+	vifDropReasonDROP_NO_UPLINK            vifDropReason = 7
+	vifDropReasonDROP_ARP_SPOOFED          vifDropReason = 8
+	vifDropReasonDROP_ARP_NOT_REQUEST      vifDropReason = 9
+	vifDropReasonDROP_ARP_UNKNOWN_TARGET   vifDropReason = 10
+	vifDropReasonDROP_ARP_OTHER_SUBNET     vifDropReason = 11
+	vifDropReasonDROP_FABRIC_UNKNOWN_SRC   vifDropReason = 12
+	vifDropReasonDROP_FABRIC_NOT_LOCAL     vifDropReason = 13
+	vifDropReasonDROP_NOT_VISIBLE          vifDropReason = 14
+	vifDropReasonDROP_TTL_EXCEEDED         vifDropReason = 15
+	vifDropReasonDROP_AGENT_BUSY           vifDropReason = 16
+	vifDropReasonDROP_FIREWALL_IN          vifDropReason = 17
+	vifDropReasonDROP_FIREWALL_OUT         vifDropReason = 18
+	vifDropReasonDROP_NO_MEMBERS           vifDropReason = 19
+	vifDropReasonDROP_ROGUE_DHCP           vifDropReason = 20
+	vifDropReasonDROP_ARP_NOT_HERE         vifDropReason = 21
+	vifDropReasonDROP_FABRIC_ARP_CONFLICT  vifDropReason = 22
+	vifDropReasonDROP_UNRESOLVED           vifDropReason = 23
+	vifDropReasonDROP_VLAN_TAGGED          vifDropReason = 24
+	vifDropReasonDROP_FABRIC_UNKNOWN_HOST  vifDropReason = 25
+	vifDropReasonDROP_FABRIC_NOT_TENANT    vifDropReason = 26
+	vifDropReasonDROP_FABRIC_NOT_BROADCAST vifDropReason = 27
+	vifDropReasonDROP_ARP_UNSOLICITED      vifDropReason = 28
+	vifDropReasonDROP_CLAIM_LIMITED        vifDropReason = 29
+	vifDropReasonDROP_FRAG_NO_FIRST        vifDropReason = 30
+	vifDropReasonDROP_OVER_SHARE           vifDropReason = 31
+	vifDropReasonDROP_REASON_MAX           vifDropReason = 32
 )
 
 type vifEndpoint struct {
@@ -110,6 +117,15 @@ const (
 	vifForwardPathFWD_PATH_MAX      vifForwardPath = 13
 )
 
+type vifFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type vifFwKey struct {
 	_     structs.HostLayout
 	Vm    uint32
@@ -141,6 +157,12 @@ type vifFwRule struct {
 	Proto  uint8
 	Allow  uint8
 	Pad    uint16
+}
+
+type vifHostKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
 }
 
 type vifMapping struct {
@@ -215,9 +237,10 @@ type vifSlowpathEvent struct {
 type vifSlowpathKind uint32
 
 const (
-	vifSlowpathKindSLOW_DHCP      vifSlowpathKind = 0
-	vifSlowpathKindSLOW_HOLD      vifSlowpathKind = 1
-	vifSlowpathKindSLOW_ARP_REPLY vifSlowpathKind = 2
+	vifSlowpathKindSLOW_DHCP          vifSlowpathKind = 0
+	vifSlowpathKindSLOW_HOLD          vifSlowpathKind = 1
+	vifSlowpathKindSLOW_ARP_REPLY     vifSlowpathKind = 2
+	vifSlowpathKindSLOW_MAPPING_CLAIM vifSlowpathKind = 3
 )
 
 type vifVifInfo struct {
@@ -258,6 +281,9 @@ const (
 	vifMapFirewallRules     = "firewall_rules"
 	vifMapFirewalls         = "firewalls"
 	vifMapForwards          = "forwards"
+	vifMapFragFlows         = "frag_flows"
+	vifMapHosts             = "hosts"
+	vifMapMappingClaims     = "mapping_claims"
 	vifMapMappings          = "mappings"
 	vifMapScopeMembers      = "scope_members"
 	vifMapScopes            = "scopes"
@@ -334,6 +360,9 @@ type vifMapSpecs struct {
 	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
+	FragFlows     *ebpf.MapSpec `ebpf:"frag_flows"`
+	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
+	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
@@ -386,6 +415,9 @@ type vifMaps struct {
 	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls     *ebpf.Map `ebpf:"firewalls"`
 	Forwards      *ebpf.Map `ebpf:"forwards"`
+	FragFlows     *ebpf.Map `ebpf:"frag_flows"`
+	Hosts         *ebpf.Map `ebpf:"hosts"`
+	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
 	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
@@ -407,6 +439,9 @@ func (m *vifMaps) Close() error {
 		m.FirewallRules,
 		m.Firewalls,
 		m.Forwards,
+		m.FragFlows,
+		m.Hosts,
+		m.MappingClaims,
 		m.Mappings,
 		m.ScopeMembers,
 		m.Scopes,

@@ -30,7 +30,11 @@ import (
 // Node is what a feature compiles from: one node's desired state and the
 // facts of its host the entries depend on.
 type Node struct {
+	// Name is the node's name (the host's, as in the intent).
+	Name    string
 	Desired intent.Desired
+	// Nodes are the store's node records: every host's uplink.
+	Nodes []intent.Node
 	// UplinkIfindex and UplinkMAC are the node's link to the fabric.
 	UplinkIfindex int
 	UplinkMAC     net.HardwareAddr

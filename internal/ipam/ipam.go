@@ -4,6 +4,7 @@
 package ipam
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -49,6 +50,11 @@ func VirtualMAC(ip netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x02, 0x00, b[0], b[1], b[2], b[3]}
 }
 
+// ErrExhausted is wrapped by every error of an id range that is full: the
+// 255 farms, a farm's 255 subnets, or a subnet's 253 VMs. Its message says
+// how many ids the range has and that none is left.
+var ErrExhausted = errors.New("no free id left")
+
 // Allocations records which id each farm, subnet (farm/subnet) and VM
 // (farm/subnet/vm) holds. The zero value is empty and ready to use.
 type Allocations struct {
@@ -77,7 +83,7 @@ func (a *Allocations) Farm(name string) (uint8, error) {
 	}
 	id, err := lowestFree(a.Farms, func(string) bool { return true }, minFarmID, maxFarmID)
 	if err != nil {
-		return 0, fmt.Errorf("farm %q: %w", name, err)
+		return 0, fmt.Errorf("farm %q: %w", name, exhausted("for a farm", minFarmID, maxFarmID))
 	}
 	a.Farms[name] = id
 	return id, nil
@@ -94,7 +100,7 @@ func (a *Allocations) Subnet(farm, subnet string) (uint8, error) {
 	}
 	id, err := lowestFree(a.Subnets, hasPrefix(farm+"/"), minSubnetID, maxSubnetID)
 	if err != nil {
-		return 0, fmt.Errorf("subnet %q: %w", key, err)
+		return 0, fmt.Errorf("subnet %q: %w", key, exhausted("for a subnet in farm "+farm, minSubnetID, maxSubnetID))
 	}
 	a.Subnets[key] = id
 	return id, nil
@@ -116,7 +122,7 @@ func (a *Allocations) VM(farm, subnet, vm string) (netip.Addr, error) {
 	if !ok {
 		id, err = lowestFree(a.VMs, hasPrefix(prefix), minVMID, maxVMID)
 		if err != nil {
-			return netip.Addr{}, fmt.Errorf("vm %q: %w", key, err)
+			return netip.Addr{}, fmt.Errorf("vm %q: %w", key, exhausted("for a VM in subnet "+farm+"/"+subnet, minVMID, maxVMID))
 		}
 		a.VMs[key] = id
 	}
@@ -144,7 +150,11 @@ func lowestFree(used map[string]uint8, inScope func(string) bool, lo, hi int) (u
 		}
 	}
 	if next > hi {
-		return 0, fmt.Errorf("no free id left in %d..%d", lo, hi)
+		return 0, ErrExhausted
 	}
 	return uint8(next), nil
+}
+
+func exhausted(what string, lo, hi int) error {
+	return fmt.Errorf("%w %s: all %d of %d..%d are in use, 0 left", ErrExhausted, what, hi-lo+1, lo, hi)
 }

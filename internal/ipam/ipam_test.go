@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 )
@@ -60,5 +61,41 @@ func TestVirtualMACIsDerivedFromAddress(t *testing.T) {
 	}
 	if got := Gateway(3, 4).String(); got != "10.3.4.1" {
 		t.Fatalf("gateway %s", got)
+	}
+}
+
+// Each id range that runs out says so with ErrExhausted (the API answers 409)
+// and with its size and "0 left", not a bare failure.
+func TestRunningOutOfIDsSaysWhichRangeAndHowManyAreLeft(t *testing.T) {
+	var a Allocations
+	for i := 0; i < 255; i++ {
+		if _, err := a.Farm(fmt.Sprint("f", i)); err != nil {
+			t.Fatalf("farm %d: %v", i, err)
+		}
+	}
+	_, err := a.Farm("f255")
+	checkExhausted(t, err, `farm "f255": no free id left for a farm: all 255 of 1..255 are in use, 0 left`)
+
+	for i := 0; i < 255; i++ {
+		if _, err := a.Subnet("f0", fmt.Sprint("s", i)); err != nil {
+			t.Fatalf("subnet %d: %v", i, err)
+		}
+	}
+	_, err = a.Subnet("f0", "s255")
+	checkExhausted(t, err, `subnet "f0/s255": no free id left for a subnet in farm f0: all 255 of 1..255 are in use, 0 left`)
+
+	for i := 0; i < 253; i++ {
+		if _, err := a.VM("f1", "s", fmt.Sprint("vm", i)); err != nil {
+			t.Fatalf("vm %d: %v", i, err)
+		}
+	}
+	_, err = a.VM("f1", "s", "vm253")
+	checkExhausted(t, err, `vm "f1/s/vm253": no free id left for a VM in subnet f1/s: all 253 of 2..254 are in use, 0 left`)
+}
+
+func checkExhausted(t *testing.T, err error, want string) {
+	t.Helper()
+	if !errors.Is(err, ErrExhausted) || err.Error() != want {
+		t.Errorf("err = %v, want %q wrapping ErrExhausted", err, want)
 	}
 }

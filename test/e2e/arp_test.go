@@ -48,10 +48,10 @@ func TestPrivilegedARPEngineLearnsOnDemand(t *testing.T) {
 	web2, db1 := l.ip("web2"), l.ip("db1")
 
 	// Nothing is pushed: h1 knows no other host's VM before anyone speaks.
-	if n := l.metrics("h1")["onehop_mapping_table_entries"]; n != 0 {
+	if n := l.metrics("h1").at("onehop_mapping_table_entries"); n != 0 {
 		t.Fatalf("h1's mapping table holds %v entries before any traffic; want 0 (learned on demand)", n)
 	}
-	if c := l.metrics("h1")["onehop_mapping_table_capacity"]; c < 64 {
+	if c := l.metrics("h1").at("onehop_mapping_table_capacity"); c < 64 {
 		t.Fatalf("mapping table capacity %v", c)
 	}
 
@@ -67,8 +67,8 @@ func TestPrivilegedARPEngineLearnsOnDemand(t *testing.T) {
 	h1b, h2b := l.metrics("h1"), l.metrics("h2")
 	for _, c := range []struct {
 		host      string
-		before    map[string]float64
-		after     map[string]float64
+		before    metricSet
+		after     metricSet
 		key, what string
 	}{
 		{"h1", h1, h1b, forwards("arp_to_fabric"), "web1's ARP sent to the subnet's multicast address"},
@@ -76,11 +76,11 @@ func TestPrivilegedARPEngineLearnsOnDemand(t *testing.T) {
 		{"h1", h1, h1b, forwards("arp_learned"), "the answer learned"},
 		{"h1", h1, h1b, forwards("arp_reply"), "the answer handed to web1"},
 	} {
-		if c.after[c.key]-c.before[c.key] < 1 {
+		if c.after.at(c.key)-c.before.at(c.key) < 1 {
 			t.Errorf("%s: %s did not rise (%s)", c.host, c.key, c.what)
 		}
 	}
-	if n := h1b["onehop_mapping_table_entries"]; n < 1 {
+	if n := h1b.at("onehop_mapping_table_entries"); n < 1 {
 		t.Errorf("h1's mapping table has %v entries after web1 talked to web2", n)
 	}
 
@@ -106,14 +106,14 @@ print("got", s.recv(100).decode(), flush=True)`)
 		t.Fatalf("first ping web1 -> db1 (routed; held while resolved): %v\n%s", err, out)
 	}
 	h1c, h3 := l.metrics("h1"), l.metrics("h3")
-	if h1c[arpEvent("held")] < 1 || h1c[arpEvent("released")] < 1 || h1c[arpEvent("resolved")] < 1 {
+	if h1c.at(arpEvent("held")) < 1 || h1c.at(arpEvent("released")) < 1 || h1c.at(arpEvent("resolved")) < 1 {
 		t.Errorf("h1's engine: held %v released %v resolved %v; want each >= 1",
-			h1c[arpEvent("held")], h1c[arpEvent("released")], h1c[arpEvent("resolved")])
+			h1c.at(arpEvent("held")), h1c.at(arpEvent("released")), h1c.at(arpEvent("resolved")))
 	}
 	// h3 learned web1's host from the packet itself: its reply needed no
 	// question of its own.
-	if h3[arpEvent("held")] != 0 {
-		t.Errorf("h3 held %v packets; the reply's destination was learned from the request", h3[arpEvent("held")])
+	if h3.at(arpEvent("held")) != 0 {
+		t.Errorf("h3 held %v packets; the reply's destination was learned from the request", h3.at(arpEvent("held")))
 	}
 
 	// An address nobody holds: web1 is forced to believe it exists; the
@@ -125,7 +125,7 @@ print("got", s.recv(100).decode(), flush=True)`)
 	}
 	waitFor(t, "h1's engine to give up on "+ghost, 5*time.Second, func() bool {
 		m := l.metrics("h1")
-		return m[arpEvent("unresolved")] >= 1 && m[arpEvent("discarded")] >= 1
+		return m.at(arpEvent("unresolved")) >= 1 && m.at(arpEvent("discarded")) >= 1
 	})
 	stats, err := l.cli("stats", "--node", "h1")
 	if err != nil || !strings.Contains(stats, "mapping table:") || !strings.Contains(stats, "ARP engine:") {
@@ -156,7 +156,7 @@ func TestPrivilegedProxyARPAnswersForOtherSubnetsOnlyWhereTheFarmAsks(t *testing
 	if out, err := l.in("web1", "ping", "-c", "2", "-i", "0.2", "-W", "1", db1); err == nil {
 		t.Fatalf("blue (proxy ARP off): web1 reached %s by ARPing for it directly:\n%s", db1, out)
 	}
-	if d := l.metrics("h1")[drops("arp_other_subnet")] - before[drops("arp_other_subnet")]; d < 1 {
+	if d := l.metrics("h1").at(drops("arp_other_subnet")) - before.at(drops("arp_other_subnet")); d < 1 {
 		t.Errorf("web1's ARP for another subnet was not counted as arp_other_subnet")
 	}
 }
@@ -204,15 +204,15 @@ for i in range(60):
 		}
 	}
 	m := l.metrics("h1")
-	if unicast == 0 || m[arpEvent("unicast_request")] < 1 {
+	if unicast == 0 || m.at(arpEvent("unicast_request")) < 1 {
 		t.Fatalf("no refresh question unicast to h2 during 6 s of one-way traffic (fabric saw %d, engine counted %v):\n%s",
-			unicast, m[arpEvent("unicast_request")], strings.Join(lines, "\n"))
+			unicast, m.at(arpEvent("unicast_request")), strings.Join(lines, "\n"))
 	}
-	if m[arpEvent("multicast_request")] != 0 || m[arpEvent("lost")] != 0 {
+	if m.at(arpEvent("multicast_request")) != 0 || m.at(arpEvent("lost")) != 0 {
 		t.Errorf("h2 answered, yet the engine asked by multicast %v times / lost %v entries",
-			m[arpEvent("multicast_request")], m[arpEvent("lost")])
+			m.at(arpEvent("multicast_request")), m.at(arpEvent("lost")))
 	}
-	if m[arpEvent("refreshed")] < 1 {
-		t.Errorf("refreshed %v, want >= 1", m[arpEvent("refreshed")])
+	if m.at(arpEvent("refreshed")) < 1 {
+		t.Errorf("refreshed %v, want >= 1", m.at(arpEvent("refreshed")))
 	}
 }

@@ -39,7 +39,7 @@ func TestPrivilegedVMFirewallAdmitsOnlyItsRulesAndReplies(t *testing.T) {
 	if err := l.ping("web2", web1, 2); err == nil {
 		t.Error("web2 pinged web1 through its default-deny firewall")
 	}
-	if d := l.metrics("h1")[drops("firewall_in")] - before[drops("firewall_in")]; d < 2 {
+	if d := l.metrics("h1").at(drops("firewall_in")) - before.at(drops("firewall_in")); d < 2 {
 		t.Errorf("firewall_in drops rose by %v, want the 2 echo requests", d)
 	}
 	// Outbound from web1 is open, and the replies come back in: stateful.

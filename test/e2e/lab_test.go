@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 var binary string
@@ -78,9 +79,7 @@ type testLab struct {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and loads BPF")
-	}
+	testenv.RequireRoot(t, "creates network namespaces and loads BPF")
 }
 
 const quickstart = `name: %s
@@ -242,8 +241,33 @@ func (l *testLab) ip(vm string) string {
 	return n.VM.IP
 }
 
-// metrics returns an agent's counters as "name{labels}" -> value.
-func (l *testLab) metrics(host string) map[string]float64 {
+// metricSet is an agent's counters as "name{labels}" -> value. A counter a
+// test reads must exist: at fails the test on an absent one, which would
+// otherwise read as zero and make "it did not rise" pass vacuously.
+type metricSet struct {
+	t    *testing.T
+	host string
+	m    map[string]float64
+}
+
+// at is the value of key, which must exist.
+func (s metricSet) at(key string) float64 {
+	s.t.Helper()
+	v, ok := s.m[key]
+	if !ok {
+		s.t.Fatalf("%s's agent exports no metric %s", s.host, key)
+	}
+	return v
+}
+
+// lookup is the value of key and whether it exists.
+func (s metricSet) lookup(key string) (float64, bool) {
+	v, ok := s.m[key]
+	return v, ok
+}
+
+// metrics returns an agent's counters.
+func (l *testLab) metrics(host string) metricSet {
 	l.t.Helper()
 	out := l.mustIn(host, "curl", "-sf", fmt.Sprintf("http://127.0.0.1:%d/metrics", lab.MetricsPort))
 	m := map[string]float64{}
@@ -264,7 +288,7 @@ func (l *testLab) metrics(host string) map[string]float64 {
 		key = strings.Replace(key, fmt.Sprintf(`{node="%s"}`, host), "", 1)
 		m[key] = v
 	}
-	return m
+	return metricSet{t: l.t, host: host, m: m}
 }
 
 func drops(reason string) string {

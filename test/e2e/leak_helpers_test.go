@@ -63,7 +63,7 @@ func (l *testLab) watchFabric(from, to string) *watch {
 func (l *testLab) startWatch(w *watch, ifname string, extra ...string) *watch {
 	l.t.Helper()
 	w.pcap = filepath.Join(l.t.TempDir(), w.node+".pcap")
-	args := append([]string{"tcpdump", "-i", ifname, "-n", "-U", "-w", w.pcap}, extra...)
+	args := append([]string{"tcpdump", "-i", ifname, "-n", "-U", "--immediate-mode", "-w", w.pcap}, extra...)
 	// Not waited for here: proveLive, which must come before anything
 	// forbidden is sent, waits until the capture records.
 	w.dump = l.start(w.node, args...)
@@ -85,7 +85,11 @@ func (w *watch) read() []frame {
 	for _, f := range frameFields {
 		args = append(args, "-e", f)
 	}
-	out, _ := exec.Command("tshark", args...).Output()
+	out, err := exec.Command("tshark", args...).Output()
+	if err != nil {
+		// An unreadable capture would read as "nothing arrived".
+		w.l.t.Fatalf("tshark -r %s: %v", w.pcap, err)
+	}
 	var frames []frame
 	for _, line := range strings.Split(string(out), "\n") {
 		if line == "" {
@@ -171,7 +175,7 @@ func (l *testLab) dropDelta(host string, f func(), reasons ...string) map[string
 	after := l.metrics(host)
 	d := map[string]float64{}
 	for _, r := range reasons {
-		d[r] = after[drops(r)] - before[drops(r)]
+		d[r] = after.at(drops(r)) - before.at(drops(r))
 	}
 	return d
 }

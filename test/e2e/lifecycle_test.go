@@ -31,11 +31,13 @@ func TestPrivilegedAgentRestartKeepsTrafficFlowingAndMaps(t *testing.T) {
 
 	// A steady ping across hosts while h1's agent is killed outright.
 	pinger := l.start("web1", "ping", "-i", "0.05", "-W", "1", web2)
-	time.Sleep(300 * time.Millisecond)
+	replies := func() int { return strings.Count(pinger.Output(), "bytes from") }
+	waitFor(t, "web1's ping to reach web2 before the kill", 5*time.Second, func() bool { return replies() >= 3 })
 	if err := syscall.Kill(agent.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond) // no agent at all on h1
+	// What is measured: 1.5 s with no agent at all on h1, the ping running.
+	time.Sleep(1500 * time.Millisecond)
 	if err := l.ping("web3", web2, 3); err != nil {
 		t.Errorf("with h1's agent dead, a new flow from h1 failed: %v", err)
 	}
@@ -46,7 +48,8 @@ func TestPrivilegedAgentRestartKeepsTrafficFlowingAndMaps(t *testing.T) {
 		_, err := l.in("h1", "curl", "-sf", "http://127.0.0.1:9100/metrics")
 		return err == nil
 	})
-	time.Sleep(500 * time.Millisecond)
+	restarted := replies()
+	waitFor(t, "the ping to carry on under the restarted agent", 5*time.Second, func() bool { return replies() >= restarted+5 })
 	out := pinger.Stop()
 
 	sent, recv := pingCounts(t, out)
@@ -56,14 +59,17 @@ func TestPrivilegedAgentRestartKeepsTrafficFlowingAndMaps(t *testing.T) {
 	after := l.metrics("h1")
 	// The counters live in the pinned maps: a new agent that reused them
 	// continues from where the old one was; fresh maps would start at zero.
-	if after[forwards("to_fabric")] < before[forwards("to_fabric")]+float64(sent) {
+	if after.at(forwards("to_fabric")) < before.at(forwards("to_fabric"))+float64(sent) {
 		t.Errorf("to_fabric counter %v -> %v after %d pings: maps were not reused across the restart",
-			before[forwards("to_fabric")], after[forwards("to_fabric")], sent)
+			before.at(forwards("to_fabric")), after.at(forwards("to_fabric")), sent)
 	}
 	if newPID == agent.PID {
 		t.Errorf("agent pid unchanged (%d): restart did not happen", newPID)
 	}
-	log, _ := os.ReadFile(l.node("h1").Process.Log)
+	log, err := os.ReadFile(l.node("h1").Process.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(string(log), "datapath reconciled") {
 		t.Errorf("restarted agent never reconciled; log:\n%s", log)
 	}
@@ -86,7 +92,9 @@ func pingCounts(t *testing.T, out string) (sent, recv int) {
 func TestPrivilegedSecondUpOfRunningLabSaysSo(t *testing.T) {
 	l := upLab(t, quickstart)
 	path := filepath.Join(t.TempDir(), "again.yaml")
-	os.WriteFile(path, []byte(fmt.Sprintf(quickstart, l.name)), 0o600)
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(quickstart, l.name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput()
 	if err == nil {
 		t.Fatalf("second lab up succeeded:\n%s", out)
@@ -105,7 +113,9 @@ func TestPrivilegedBadTopologyIsRejectedBeforeAnythingIsCreated(t *testing.T) {
 	name := "e2ebad"
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	bad := strings.Replace(fmt.Sprintf(quickstart, name), "host: h2", "host: h9", 1)
-	os.WriteFile(path, []byte(bad), 0o600)
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput()
 	if err == nil {
 		t.Fatalf("lab up accepted a VM on an unknown host:\n%s", out)
@@ -113,7 +123,7 @@ func TestPrivilegedBadTopologyIsRejectedBeforeAnythingIsCreated(t *testing.T) {
 	if !strings.Contains(string(out), "bad.yaml:11:") || !strings.Contains(string(out), `host "h9" is not defined`) {
 		t.Errorf("error does not name the line and reason:\n%s", out)
 	}
-	if left, _ := netns.List(lab.NamespaceOf(name, "")); len(left) > 0 {
+	if left := mustList(t, lab.NamespaceOf(name, "")); len(left) > 0 {
 		t.Errorf("rejected topology still created namespaces %v", left)
 	}
 	if _, err := os.Stat(filepath.Join(testRoot, name)); err == nil {
@@ -124,7 +134,7 @@ func TestPrivilegedBadTopologyIsRejectedBeforeAnythingIsCreated(t *testing.T) {
 // assertNothingLeft checks the machine holds nothing of lab name.
 func assertNothingLeft(t *testing.T, name string, pids []int, bpffs string) {
 	t.Helper()
-	if left, _ := netns.List(lab.NamespaceOf(name, "")); len(left) > 0 {
+	if left := mustList(t, lab.NamespaceOf(name, "")); len(left) > 0 {
 		t.Errorf("namespaces left behind: %v", left)
 	}
 	for _, pid := range pids {
@@ -134,7 +144,11 @@ func assertNothingLeft(t *testing.T, name string, pids []int, bpffs string) {
 			}
 		}
 	}
-	if mounts, _ := os.ReadFile("/proc/self/mounts"); bpffs != "" && strings.Contains(string(mounts), bpffs) {
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bpffs != "" && strings.Contains(string(mounts), bpffs) {
 		t.Errorf("bpffs %s still mounted", bpffs)
 	}
 	if _, err := os.Stat(filepath.Join(testRoot, name)); !errors.Is(err, os.ErrNotExist) {
@@ -153,7 +167,9 @@ func TestPrivilegedLabDownLeavesNothingBehind(t *testing.T) {
 	needRoot(t)
 	name := "e2edown"
 	path := filepath.Join(t.TempDir(), "topo.yaml")
-	os.WriteFile(path, []byte(fmt.Sprintf(quickstart, name)), 0o600)
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(quickstart, name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput()
 	if err != nil {
 		t.Fatalf("lab up: %v\n%s", err, out)
@@ -200,7 +216,9 @@ func TestPrivilegedLabDownWorksWhenIproute2SharesTheNamespaceDir(t *testing.T) {
 	needRoot(t)
 	name := "e2eiproute"
 	path := filepath.Join(t.TempDir(), "topo.yaml")
-	os.WriteFile(path, []byte(fmt.Sprintf(quickstart, name)), 0o600)
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(quickstart, name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.Command(binary, "lab", "up", path, "--root", testRoot).CombinedOutput(); err != nil {
 		t.Fatalf("lab up: %v\n%s", err, out)
 	}
@@ -210,9 +228,22 @@ func TestPrivilegedLabDownWorksWhenIproute2SharesTheNamespaceDir(t *testing.T) {
 		t.Fatalf("ip netns add: %v\n%s", err, out)
 	}
 	exec.Command("ip", "netns", "del", "ohe2e-iproute").Run()
-	st, _ := lab.Load(testRoot, name)
+	st, err := lab.Load(testRoot, name)
+	if err != nil {
+		t.Fatalf("load the lab's state: %v", err)
+	}
 	if out, err := exec.Command(binary, "lab", "down", "--root", testRoot, "--lab", name).CombinedOutput(); err != nil {
 		t.Fatalf("lab down after iproute2 touched /run/netns: %v\n%s", err, out)
 	}
 	assertNothingLeft(t, name, nil, st.BPFFS)
+}
+
+// mustList lists the namespaces with prefix; an error would read as "none left".
+func mustList(t *testing.T, prefix string) []string {
+	t.Helper()
+	left, err := netns.List(prefix)
+	if err != nil {
+		t.Fatalf("list namespaces %s*: %v", prefix, err)
+	}
+	return left
 }

@@ -27,7 +27,10 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 	})
 	// A 6-second TCP stream from web2, with web1 moved to h3 in the middle.
 	client := l.start("web2", "iperf3", "-c", web1, "-t", "6", "-C", "cubic", "-J")
-	time.Sleep(2 * time.Second)
+	waitFor(t, "the stream from web2 to be established and moving", 5*time.Second, func() bool {
+		o, _ := l.in("web2", "ss", "-tni", "state", "established", "dport", "= :5201")
+		return strings.Contains(o, "bytes_acked:") && !strings.Contains(o, "bytes_acked:0 ")
+	})
 	h2Before := l.metrics("h2")
 	moved := time.Now()
 	l.onehop("lab", "move", "web1", "--to", "h3")
@@ -37,10 +40,10 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 	t.Logf("web1 reachable on h3 %.2fs after the move began", time.Since(moved).Seconds())
 	// h3 announced its new VM; h2, which was sending to web1, corrected its
 	// mapping from that announcement rather than waiting for a refresh.
-	if n := l.metrics("h3")[arpEvent("announced")]; n < 1 {
+	if n := l.metrics("h3").at(arpEvent("announced")); n < 1 {
 		t.Errorf("h3 announced %v VMs after web1 arrived", n)
 	}
-	if d := l.metrics("h2")[forwards("arp_learned")] - h2Before[forwards("arp_learned")]; d < 1 {
+	if d := l.metrics("h2").at(forwards("arp_learned")) - h2Before.at(forwards("arp_learned")); d < 1 {
 		t.Errorf("h2 learned nothing from the fabric after the move (arp_learned +%v)", d)
 	}
 

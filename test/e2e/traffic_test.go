@@ -33,14 +33,14 @@ func TestPrivilegedPingAndTCPBetweenVMsOnOneHostAndAcrossHosts(t *testing.T) {
 
 	after := l.metrics("h1")
 	for _, path := range []string{"local", "to_fabric", "from_fabric", "arp_reply"} {
-		if after[forwards(path)] <= before[forwards(path)] {
+		if after.at(forwards(path)) <= before.at(forwards(path)) {
 			t.Errorf("forwarded counter %s did not rise (%v -> %v): traffic bypassed the datapath?",
-				path, before[forwards(path)], after[forwards(path)])
+				path, before.at(forwards(path)), after.at(forwards(path)))
 		}
 	}
-	for k, v := range after {
-		if strings.HasPrefix(k, "onehop_dropped_packets_total") && v != before[k] {
-			t.Errorf("legitimate traffic was dropped: %s %v -> %v", k, before[k], v)
+	for k, v := range after.m {
+		if strings.HasPrefix(k, "onehop_dropped_packets_total") && v != before.m[k] {
+			t.Errorf("legitimate traffic was dropped: %s %v -> %v", k, before.m[k], v)
 		}
 	}
 }
@@ -57,14 +57,14 @@ func (l *testLab) capture(node, ifname string, fields ...string) func() []string
 func (l *testLab) captureFile(node, ifname string, fields ...string) (func() []string, string) {
 	l.t.Helper()
 	pcap := filepath.Join(l.t.TempDir(), node+".pcap")
-	dump := l.start(node, "tcpdump", "-i", ifname, "-n", "-U", "-w", pcap)
+	dump := l.start(node, "tcpdump", "-i", ifname, "-n", "-U", "--immediate-mode", "-w", pcap)
 	waitFor(l.t, "tcpdump on "+node, 5*time.Second, func() bool {
 		return strings.Contains(dump.Output(), "listening on")
 	})
 	return func() []string {
-		// Let what is in flight land and tcpdump write it out: stopping at
-		// once loses the last packets, and a "nothing arrived" check would
-		// then prove nothing.
+		// Let what is in flight land and tcpdump write it out (immediate
+		// mode: without it packets wait in the ring for up to a second, and
+		// a "nothing arrived" check would prove nothing).
 		time.Sleep(500 * time.Millisecond)
 		dump.Stop()
 		args := []string{"-r", pcap, "-T", "fields"}
@@ -112,6 +112,11 @@ func TestPrivilegedSpoofedSourceIPAndMACNeverArrive(t *testing.T) {
 	l.mustIn("web1", "ip", "neigh", "replace", web2, "lladdr", web2MAC, "dev", "eth0", "nud", "permanent")
 	l.in("web1", "ping", "-c", "3", "-i", "0.2", "-W", "1", web2)
 	l.mustIn("web1", "ip", "link", "set", "eth0", "address", realMAC)
+	// And legitimate pings last: the capture was live to the end.
+	l.mustIn("web1", "ip", "neigh", "replace", web2, "lladdr", web2MAC, "dev", "eth0", "nud", "permanent")
+	if err := l.ping("web1", web2, 2); err != nil {
+		t.Fatal(err)
+	}
 	lines := got()
 
 	var legit int
@@ -129,18 +134,18 @@ func TestPrivilegedSpoofedSourceIPAndMACNeverArrive(t *testing.T) {
 			legit++
 		}
 	}
-	if legit != 2 {
-		t.Errorf("capture at web2 saw %d of web1's 2 legitimate echo requests; capture lines:\n%s", legit, strings.Join(lines, "\n"))
+	if legit != 4 {
+		t.Errorf("capture at web2 saw %d of web1's 4 legitimate echo requests (2 before, 2 after the spoofing); capture lines:\n%s", legit, strings.Join(lines, "\n"))
 	}
 	after := l.metrics("h1")
-	if d := after[drops("spoofed_ip")] - before[drops("spoofed_ip")]; d != 3 {
+	if d := after.at(drops("spoofed_ip")) - before.at(drops("spoofed_ip")); d != 3 {
 		t.Errorf("spoofed_ip drops rose by %v, want 3", d)
 	}
-	if d := after[drops("spoofed_mac")] - before[drops("spoofed_mac")]; d != 3 {
+	if d := after.at(drops("spoofed_mac")) - before.at(drops("spoofed_mac")); d != 3 {
 		t.Errorf("spoofed_mac drops rose by %v, want 3", d)
-		for k, v := range after {
-			if v != before[k] {
-				t.Logf("%s: %v -> %v", k, before[k], v)
+		for k, v := range after.m {
+			if v != before.m[k] {
+				t.Logf("%s: %v -> %v", k, before.m[k], v)
 			}
 		}
 	}
@@ -243,6 +248,12 @@ func TestPrivilegedInterSubnetAndInterFarmTrafficDroppedWithoutRules(t *testing.
 	web1, db1 := l.ip("web1"), l.ip("db1")
 	h1Before, h2Before := l.metrics("h1"), l.metrics("h2")
 	got := l.capture("db1", "eth0", "ip.src")
+	// db1's own gateway answers its pings: replies the capture must see,
+	// before and after, or "nothing arrived" proves nothing.
+	db1GW := l.node("db1").VM.Gateway
+	if err := l.ping("db1", db1GW, 1); err != nil {
+		t.Fatal(err)
+	}
 
 	if err := l.ping("web1", db1, 2); err == nil {
 		t.Error("web1 reached db1 in another subnet with no rule")
@@ -253,13 +264,27 @@ func TestPrivilegedInterSubnetAndInterFarmTrafficDroppedWithoutRules(t *testing.
 	if out, err := l.in("web1", "iperf3", "-c", db1, "-t", "1", "--connect-timeout", "1000"); err == nil {
 		t.Errorf("TCP web1 -> db1 connected without a rule:\n%s", out)
 	}
-	if lines := got(); len(lines) != 0 {
-		t.Errorf("db1 received packets from outside its subnet: %v", lines)
+	if err := l.ping("db1", db1GW, 1); err != nil {
+		t.Fatal(err)
 	}
-	if d := l.metrics("h1")[drops("not_visible")] - h1Before[drops("not_visible")]; d < 3 {
+	gatewayReplies := 0
+	for _, src := range got() {
+		switch src {
+		case db1GW:
+			gatewayReplies++
+		case "", db1:
+			// db1's own: its ARP for its gateway, its echo requests
+		default:
+			t.Errorf("db1 received a packet from outside its subnet: %s", src)
+		}
+	}
+	if gatewayReplies != 2 {
+		t.Errorf("the capture at db1 saw %d of the gateway's 2 replies: it was not live throughout", gatewayReplies)
+	}
+	if d := l.metrics("h1").at(drops("not_visible")) - h1Before.at(drops("not_visible")); d < 3 {
 		t.Errorf("h1 not_visible drops rose by %v; want the pings and the SYN dropped before the wire", d)
 	}
-	if d := l.metrics("h2")[drops("not_visible")] - h2Before[drops("not_visible")]; d < 2 {
+	if d := l.metrics("h2").at(drops("not_visible")) - h2Before.at(drops("not_visible")); d < 2 {
 		t.Errorf("h2 not_visible drops rose by %v; want red1's pings dropped", d)
 	}
 }
@@ -321,7 +346,7 @@ func TestPrivilegedInterSubnetRuleOpensOnlyWhatItNamesInOneHop(t *testing.T) {
 	if o, err := l.in("web1", "iperf3", "-c", db1, "-p", "5201", "-t", "1", "--connect-timeout", "1000"); err == nil {
 		t.Errorf("TCP web1 -> db1:5201 (no rule) connected:\n%s", o)
 	}
-	if d := l.metrics("h1")[drops("not_visible")] - before[drops("not_visible")]; d < 1 {
+	if d := l.metrics("h1").at(drops("not_visible")) - before.at(drops("not_visible")); d < 1 {
 		t.Errorf("blocked SYN to db1:5201 not counted as not_visible on h1")
 	}
 	// The rule is one-way: db cannot start anything towards web.

@@ -1,0 +1,30 @@
+package main
+
+// The labs several scenarios share: the same two hosts, farms and VM
+// placement, once with onehop's datapath and once built on Linux bridges,
+// so that a figure of one lab has its counterpart in the other.
+
+// labVMs places the VMs alike in both labs: vm1 and vm4 on h1 in subnet
+// net; vm2 on h2 in net (the traffic crosses the fabric); vm3 and vm5 on h2
+// in net2 (one-hop routing between subnets).
+const labVMs = `vms:
+  - {name: vm1, host: h1, subnet: bench/net}
+  - {name: vm2, host: h2, subnet: bench/net}
+  - {name: vm3, host: h2, subnet: bench/net2}
+  - {name: vm4, host: h1, subnet: bench/net}
+  - {name: vm5, host: h2, subnet: bench/net2}
+`
+
+// onehopLab runs onehop's eBPF datapath; net may reach net2.
+var onehopLab = LabSpec{Name: "benchoh", Datapath: "onehop", Body: `farms:
+  - name: bench
+    subnets: [{name: net}, {name: net2}]
+    rules: [{from: net, to: net2}]
+` + labVMs}
+
+// bridgeLab is the physical reference: a Linux bridge per host, no
+// virtualization (no controller, no agents).
+var bridgeLab = LabSpec{Name: "benchbr", Datapath: "bridge", Body: `farms:
+  - name: bench
+    subnets: [{name: net}, {name: net2}]
+` + labVMs}

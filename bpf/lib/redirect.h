@@ -1,0 +1,84 @@
+/* Every way a program hands a frame to another device, in one place.
+ * BPF_PROG_RUN returns TC_ACT_REDIRECT whatever the target, so a test
+ * cannot see where a frame would have gone. Built with
+ * -DONEHOP_TEST_HOOKS (the vifTest/uplinkTest objects, loaded only by
+ * tests), each redirect and clone is also written to `redirect_log`; the
+ * production objects compile these helpers down to the bare helper call. */
+#ifndef ONEHOP_REDIRECT_H
+#define ONEHOP_REDIRECT_H
+
+#include "common.h"
+
+/* How a frame left: out of a device (bpf_redirect to its egress), into a
+ * veth peer's namespace (bpf_redirect_peer), or as a copy (bpf_clone_redirect
+ * to its egress). */
+enum redirect_kind {
+	REDIRECT_NONE = 0,
+	REDIRECT_OUT,
+	REDIRECT_PEER,
+	REDIRECT_CLONE,
+};
+
+#ifdef ONEHOP_TEST_HOOKS
+#define REDIRECT_LOG_MAX 8
+/* What one program run redirected and cloned, in order; count goes on past
+ * REDIRECT_LOG_MAX so a test sees that entries were lost. The test zeroes
+ * it before each run. */
+struct redirect_trace {
+	__u32 count;
+	__u32 ifindex[REDIRECT_LOG_MAX];
+	__u32 kind[REDIRECT_LOG_MAX];
+};
+
+/* Not pinned: each test object has its own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct redirect_trace);
+} redirect_log SEC(".maps");
+
+const struct redirect_trace *_redirect_trace_type __attribute__((unused));
+const enum redirect_kind *_redirect_kind_type __attribute__((unused));
+
+static __always_inline void log_redirect(__u32 ifindex, __u32 kind)
+{
+	__u32 zero = 0;
+	struct redirect_trace *l = bpf_map_lookup_elem(&redirect_log, &zero);
+	if (!l)
+		return;
+	__u32 i = l->count;
+	if (i < REDIRECT_LOG_MAX) {
+		l->ifindex[i & (REDIRECT_LOG_MAX - 1)] = ifindex;
+		l->kind[i & (REDIRECT_LOG_MAX - 1)] = kind;
+	}
+	l->count = i + 1;
+}
+#else
+#define log_redirect(ifindex, kind) ((void)0)
+#endif
+
+/* Out of the device with this ifindex (its egress). */
+static __always_inline int redirect_out(__u32 ifindex)
+{
+	log_redirect(ifindex, REDIRECT_OUT);
+	return bpf_redirect(ifindex, 0);
+}
+
+/* Straight into the namespace of the veth peer of ifindex, as if it had
+ * arrived there: skips a backlog pass. */
+static __always_inline int redirect_peer(__u32 ifindex)
+{
+	log_redirect(ifindex, REDIRECT_PEER);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* A copy out of the device with this ifindex; the frame itself stays with
+ * the caller. Returns 0 when the copy was sent. */
+static __always_inline long clone_out(struct __sk_buff *skb, __u32 ifindex)
+{
+	log_redirect(ifindex, REDIRECT_CLONE);
+	return bpf_clone_redirect(skb, ifindex, 0);
+}
+
+#endif

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/agent"
+	"github.com/onehop/onehop/internal/arpengine"
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/lab"
+)
+
+func agentCmd() *cobra.Command {
+	var cfg agent.DaemonConfig
+	var endpoints, dns string
+	c := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the per-host agent: keeps this host's eBPF datapath equal to its desired state",
+		Long: `The agent runs in the host's network namespace. It loads the datapath, attaches
+it (tcx ingress) to the uplink and to every local VM's vif, reports the uplink's
+MAC to etcd, and reconciles the BPF maps to the host's desired state whenever it
+changes and every --resync. Maps and links are pinned under --bpffs/NODE, so
+stopping or restarting the agent does not interrupt traffic.
+
+Where other hosts' VMs live is not pushed to it: its ARP engine learns that on
+demand into a fixed-size LRU mapping table (--mapping-table-size). A packet for
+an address not in the table waits in the agent while the engine asks the last
+known host, then the farm/subnet's Ethernet multicast address; entries in use
+are confirmed every --arp-refresh and forgotten after --arp-idle unused.
+
+Metrics (per-reason drop counters, forwarded packets, mapping-table use, ARP
+engine events) are served in Prometheus format on --metrics-addr/metrics; every
+drop is also logged with its reason (rate-limited).`,
+		Example: `  onehop agent --node h1 --etcd-endpoints http://192.168.100.1:2379 --uplink uplink0 --bpffs /run/onehop/bpffs`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.EtcdEndpoints = splitList(endpoints)
+			if cfg.MappingTableSize < datapath.MinMappingTableSize {
+				return fmt.Errorf("--mapping-table-size %d: must be at least %d", cfg.MappingTableSize, datapath.MinMappingTableSize)
+			}
+			for flag, d := range map[string]time.Duration{"--arp-refresh": cfg.ARP.Refresh, "--arp-idle": cfg.ARP.Idle, "--arp-wait": cfg.ARP.Wait} {
+				if d <= 0 {
+					return fmt.Errorf("%s %v: must be positive", flag, d)
+				}
+			}
+			for _, d := range splitList(dns) {
+				a, err := netip.ParseAddr(d)
+				if err != nil || !a.Is4() {
+					return fmt.Errorf("--dns %q: not an IPv4 address", d)
+				}
+				cfg.DNS = append(cfg.DNS, a)
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			return agent.RunDaemon(ctx, cfg, lab.MountBPFFS, logger())
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.Node, "node", "", "this host's name, as in the intent")
+	f.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd endpoints")
+	f.StringVar(&cfg.Uplink, "uplink", "uplink0", "the host's interface on the fabric")
+	f.StringVar(&cfg.BPFFS, "bpffs", "/run/onehop/bpffs", "bpffs mount point (mounted if needed); keep it outside /sys")
+	f.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9100", "address for /metrics; empty to disable")
+	f.DurationVar(&cfg.Resync, "resync", 2*time.Second, "reconcile at least this often")
+	f.StringVar(&dns, "dns", "", "comma-separated DNS servers handed to VMs by DHCP (none by default)")
+	f.IntVar(&cfg.MappingTableSize, "mapping-table-size", 16384,
+		"fixed number of remote VMs the mapping table holds (LRU beyond it; at least 64)")
+	f.DurationVar(&cfg.ARP.Refresh, "arp-refresh", arpengine.DefaultRefresh,
+		"confirm a mapping in use when it is older than this (unicast to its host first, then multicast)")
+	f.DurationVar(&cfg.ARP.Idle, "arp-idle", arpengine.DefaultIdle, "forget a mapping unused for this long")
+	f.DurationVar(&cfg.ARP.Wait, "arp-wait", arpengine.DefaultWait, "how long one ARP question waits for its answer")
+	return c
+}

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/onehop/onehop/internal/client"
+	"github.com/onehop/onehop/internal/lab"
+)
+
+// apiAddr is the --api flag: a unix socket or http://host:port.
+var apiAddr string
+
+func api() (*client.Client, error) {
+	if apiAddr != "" {
+		return client.New(apiAddr), nil
+	}
+	name, err := lab.Resolve(lab.DefaultRoot, "")
+	if err != nil {
+		return nil, fmt.Errorf("no --api given and %w", err)
+	}
+	st, err := lab.Load(lab.DefaultRoot, name)
+	if err != nil {
+		return nil, err
+	}
+	if st.APISocket == "" {
+		return nil, fmt.Errorf("lab %q has no controller API (datapath %s)", name, st.Datapath)
+	}
+	return client.New(st.APISocket), nil
+}
+
+// splitPath checks "a/b/c"-style names have n parts.
+func splitPath(arg string, n int, shape string) ([]string, error) {
+	parts := strings.Split(arg, "/")
+	if len(parts) != n {
+		return nil, fmt.Errorf("%q: want %s", arg, shape)
+	}
+	for _, p := range parts {
+		if p == "" {
+			return nil, fmt.Errorf("%q: want %s", arg, shape)
+		}
+	}
+	return parts, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/controller"
+)
+
+func controllerCmd() *cobra.Command {
+	var cfg controller.DaemonConfig
+	var endpoints string
+	c := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the controller: intent, address allocation, per-host desired state",
+		Long: `The controller is the only writer of intent. It allocates every VM's 10.f.s.h
+address and virtual MAC, and compiles intent plus the agents' node reports into
+each host's desired state under /onehop/desired/HOST in etcd.
+
+By default it runs etcd embedded (data in --data-dir, served on --client-url
+for agents and on --socket for local tools). With --etcd-endpoints it uses an
+external etcd cluster instead.`,
+		Example: `  onehop controller --data-dir /var/lib/onehop/etcd --client-url http://192.168.100.1:2379 --topology lab.yaml
+  onehop controller --etcd-endpoints http://10.0.0.5:2379,http://10.0.0.6:2379`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.EtcdEndpoints = splitList(endpoints)
+			ctx, cancel := signalContext()
+			defer cancel()
+			return controller.RunDaemon(ctx, cfg, logger())
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "", "embedded etcd data directory")
+	f.StringVar(&cfg.ClientURL, "client-url", "", "embedded etcd client URL, http://IP:PORT, reachable by agents")
+	f.StringVar(&cfg.Socket, "socket", "", "unix socket the embedded etcd also serves (optional)")
+	f.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated external etcd endpoints; disables the embedded etcd")
+	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
+	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
+	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
+	return c
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/topology"
+)
+
+// labFlags are the lab command's persistent flags, shared by its subcommands.
+type labFlags struct{ root, name string }
+
+func labCmd() *cobra.Command {
+	lf := &labFlags{}
+	c := &cobra.Command{
+		Use:   "lab",
+		Short: "Emulate a data center on this machine: hosts and VMs in network namespaces",
+		Long: `A lab is built from a topology file: a fabric namespace with a Linux bridge (the
+flat L2 underlay), one namespace per host with an uplink into it and an agent,
+one namespace per VM behind a veth pair whose host end (vif-VM) lives in the
+host's namespace, and the controller with its embedded etcd on the fabric.
+Namespaces are named oh-LAB-NODE, so 'ip netns' and 'nsenter' work on them too.`,
+	}
+	c.PersistentFlags().StringVar(&lf.root, "root", lab.DefaultRoot, "where labs keep their state")
+	c.PersistentFlags().StringVar(&lf.name, "lab", "", "which lab (default: the only one that is up)")
+	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf))
+	return c
+}
+
+func labUpCmd(lf *labFlags) *cobra.Command {
+	var timeout time.Duration
+	up := &cobra.Command{
+		Use:   "up FILE",
+		Short: "Build the lab a topology file describes and start its controller and agents",
+		Long: `Validates FILE completely before creating anything (errors name the line),
+builds the lab step by step, and returns once every agent has programmed its
+datapath. If any step fails, everything made so far is removed again.`,
+		Example: "  onehop lab up examples/quickstart.yaml",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			t, err := topology.Load(args[0])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			fmt.Fprintf(os.Stderr, "Building lab %q from %s (%d hosts, %d VMs, datapath %s):\n", t.Name, args[0], len(t.Hosts), len(t.VMs), t.Datapath)
+			start := time.Now()
+			st, err := lab.Up(ctx, t, lab.Options{Root: lf.root, Progress: os.Stderr, Timeout: timeout})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Lab %q is up in %.1fs. Next: `onehop lab status`, `onehop lab exec NODE -- CMD`, `onehop lab down`.\n", st.Name, time.Since(start).Seconds())
+			return nil
+		},
+	}
+	up.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long to wait for the controller and agents")
+	return up
+}
+
+func labDownCmd(lf *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Remove everything the lab made: daemons, namespaces, links, pins, state",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			n, err := lab.Resolve(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Tearing down lab %q:\n", n)
+			if err := lab.Down(lf.root, n, os.Stderr); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Lab %q is down.\n", n)
+			return nil
+		},
+	}
+}
+
+func labStatusCmd(lf *labFlags) *cobra.Command {
+	var output string
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Show every node of the lab: namespace, interfaces, MACs, IPs, daemons",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			r := lab.Status(cmd.Context(), st)
+			switch output {
+			case "json":
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(r)
+			case "text", "":
+				printStatus(r)
+				return nil
+			}
+			return fmt.Errorf("-o %q: want text or json", output)
+		},
+	}
+	status.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return status
+}
+
+func labExecCmd(lf *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "exec NODE -- COMMAND [ARG...]",
+		Short: "Run a command inside a node of the lab (a VM, a host, the fabric or the controller)",
+		Example: `  onehop lab exec web1 -- ping -c 3 10.1.1.3
+  onehop lab exec h1 -- curl -s localhost:9100/metrics
+  onehop lab exec fabric -- tcpdump -eni br0`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := lab.Resolve(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			ns := lab.NamespaceOf(n, args[0])
+			if !netns.Exists(ns) {
+				return fmt.Errorf("lab %q has no node %q (no namespace %s); `onehop lab status` lists them", n, args[0], ns)
+			}
+			return netns.Exec(ns, args[1:])
+		},
+	}
+}
+
+func labRestartCmd(lf *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "restart NODE",
+		Short: "Restart the daemon of a lab node (a host's agent, or the controller)",
+		Long: `Stops the daemon (SIGTERM) and starts it again with the same arguments. Maps and
+links are pinned, so traffic between VMs keeps flowing while an agent is down,
+and the new agent takes the same maps over and reconciles them.`,
+		Example: "  onehop lab restart h1",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			p, err := lab.Restart(st, args[0], "")
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Restarted %s on %s (pid %d, log %s).\n", p.Name, args[0], p.PID, p.Log)
+			return nil
+		},
+	}
+}
+
+func labMoveCmd(lf *labFlags) *cobra.Command {
+	var to string
+	move := &cobra.Command{
+		Use:   "move VM --to HOST",
+		Short: "Move a VM to another host (its address stays; its connections survive)",
+		Long: `Tells the controller the VM now runs on HOST, then re-plumbs the VM's vif into
+HOST's namespace, as a live migration would: the VM keeps its interface,
+address and MAC, and every host's mapping table follows within a second.`,
+		Example: "  onehop lab move web1 --to h2",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if to == "" {
+				return fmt.Errorf("--to is required: the host to move %s to", args[0])
+			}
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			v, err := lab.Move(st, args[0], to)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Moved %s (%s) to %s.\n", v.FullName(), v.IP, v.Host)
+			return nil
+		},
+	}
+	move.Flags().StringVar(&to, "to", "", "the host to move the VM to")
+	return move
+}
+
+func printStatus(r *lab.Report) {
+	fmt.Printf("lab %s (%s, datapath %s) from %s\n\n", r.Name, r.Phase, r.Datapath, r.Topology)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tKIND\tNETNS\tINTERFACE\tMAC\tADDRESS\tSTATE")
+	for _, n := range r.Nodes {
+		state := "present"
+		if !n.Present {
+			state = "MISSING"
+		}
+		if n.Process != nil {
+			if n.Process.Alive {
+				state = fmt.Sprintf("%s pid %d", n.Process.Name, n.Process.PID)
+			} else {
+				state = fmt.Sprintf("%s NOT RUNNING (log %s)", n.Process.Name, n.Process.Log)
+			}
+		}
+		if n.Agent != nil {
+			state += fmt.Sprintf(", %d endpoints, vifs %v", n.Agent.Endpoints, n.Agent.AttachedVifs)
+			if n.Agent.Error != "" {
+				state += ", error: " + n.Agent.Error
+			}
+		}
+		if len(n.Interfaces) == 0 {
+			fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t%s\n", n.Name, n.Kind, n.Netns, state)
+		}
+		for i, ifc := range n.Interfaces {
+			name, kind, ns, st := n.Name, n.Kind, n.Netns, state
+			if i > 0 {
+				name, kind, ns, st = "", "", "", ""
+			}
+			addrs := strings.Join(ifc.Addrs, ",")
+			if addrs == "" {
+				addrs = "-"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, kind, ns, ifc.Name, ifc.MAC, addrs, st)
+		}
+	}
+	w.Flush()
+}
+
+// loadLab finds the lab a command is about (named, or the only one up).
+func loadLab(root, name string) (*lab.State, error) {
+	n, err := lab.Resolve(root, name)
+	if err != nil {
+		return nil, err
+	}
+	return lab.Load(root, n)
+}

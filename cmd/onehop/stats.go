@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/intent"
+)
+
+func statsCmd() *cobra.Command {
+	var node string
+	stats := &cobra.Command{
+		Use: "stats [--node HOST]", Short: "Per-host datapath state: mapping table, ARP engine, vifs, drops by reason", Args: cobra.NoArgs,
+		Long: `Per host, as its agent last reported (every few seconds): its VMs and vifs,
+the mapping table's use (remote VMs it holds a host for, out of its fixed size),
+what the ARP engine did (questions unicast to the last known host and multicast
+to a farm/subnet, addresses resolved or not, packets held while resolving), and
+the datapath's counters: every drop by reason and every forwarding path, and
+what each VM was refused for going over its share of what all tenants on the
+host share (new flows, mapping placeholders, frames for the agent, DHCP).
+docs/virtual-router.md says what each counter means.`,
+		Example: "  onehop stats\n  onehop stats --node h1",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var sts []intent.AgentStatus
+			if err := c.Do("GET", "/v1/status", nil, &sts); err != nil {
+				return err
+			}
+			found := false
+			for _, st := range sts {
+				if node != "" && st.Node != node {
+					continue
+				}
+				found = true
+				fmt.Printf("%s: %d local VMs, vifs %v, applied %s at %s\n", st.Node, st.Endpoints, st.AttachedVifs, st.AppliedDigest, st.Time.Format("15:04:05"))
+				if st.Error != "" {
+					fmt.Printf("  error: %s\n", st.Error)
+				}
+				if a := st.ARP; a != nil {
+					fmt.Printf("  mapping table: %d remote VMs mapped, %d being asked, of %d entries\n", a.Mapped, a.Asking, a.Capacity)
+					fmt.Printf("  ARP engine: VMs' questions to the fabric %d (datapath), answered for other hosts %d, answers learned %d\n",
+						st.Forwards["arp_to_fabric"], st.Forwards["arp_answered"], st.Forwards["arp_learned"])
+					fmt.Printf("              agent asked %d unicast + %d multicast: resolved %d, unresolved %d; refreshed %d, expired %d, lost %d\n",
+						a.UnicastRequests, a.MulticastRequests, a.Resolved, a.Unresolved, a.Refreshed, a.Expired, a.Lost)
+					fmt.Printf("  held packets: %d held, %d released, %d discarded; %d VMs announced\n", a.Held, a.Released, a.Discarded, a.Announced)
+				}
+				for _, kv := range sortedCounters(st.Drops) {
+					fmt.Printf("  dropped %-20s %d\n", kv.k, kv.v)
+				}
+				for _, kv := range sortedCounters(st.Forwards) {
+					fmt.Printf("  forwarded %-18s %d\n", kv.k, kv.v)
+				}
+				for _, r := range st.Refused {
+					fmt.Printf("  refused %-20s %-6s %d (over its share)\n", r.VM, r.What, r.Count)
+				}
+			}
+			if !found {
+				return fmt.Errorf("no agent has reported%s", map[bool]string{true: " for node " + node, false: ""}[node != ""])
+			}
+			return nil
+		},
+	}
+	stats.Flags().StringVar(&node, "node", "", "only this host")
+	return stats
+}
+
+type counter struct {
+	k string
+	v uint64
+}
+
+func sortedCounters(m map[string]uint64) []counter {
+	var out []counter
+	for k, v := range m {
+		if v > 0 {
+			out = append(out, counter{k, v})
+		}
+	}
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j].k < out[i].k {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}

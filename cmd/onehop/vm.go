@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/client"
+	"github.com/onehop/onehop/internal/intent"
+)
+
+func vmCmd() *cobra.Command {
+	vm := &cobra.Command{Use: "vm", Short: "VMs: an address in a subnet, placed on a host"}
+	vm.AddCommand(vmCreateCmd(), vmMoveCmd(), vmDeleteCmd())
+	return vm
+}
+
+func vmCreateCmd() *cobra.Command {
+	var host string
+	vmCreate := &cobra.Command{
+		Use: "create FARM/SUBNET/VM --host HOST", Short: "Create a VM and allocate its 10.f.s.h and virtual MAC", Args: cobra.ExactArgs(1),
+		Example: "  onehop vm create blue/web/web4 --host h2",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			if err != nil {
+				return err
+			}
+			if host == "" {
+				return fmt.Errorf("--host is required: the host the VM runs on")
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var v intent.VM
+			if err := c.Do("POST", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms", map[string]string{"name": p[2], "host": host}, &v); err != nil {
+				return err
+			}
+			fmt.Printf("vm %s on %s: %s, MAC %s, gateway %s, vif %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface)
+			return nil
+		},
+	}
+	vmCreate.Flags().StringVar(&host, "host", "", "host the VM runs on")
+	return vmCreate
+}
+
+func vmMoveCmd() *cobra.Command {
+	var moveTo string
+	vmMove := &cobra.Command{
+		Use:   "move FARM/SUBNET/VM --to HOST",
+		Short: "Record that a VM now runs on HOST (address and MAC stay); every host's table follows",
+		Long: `Tells the controller only. Whatever migrates the VM (the hypervisor; in the lab,
+'onehop lab move', which also calls this) plugs its vif in on HOST.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			if err != nil {
+				return err
+			}
+			if moveTo == "" {
+				return fmt.Errorf("--to is required: the host the VM now runs on")
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var v intent.VM
+			if err := c.Do("PUT", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2]+"/host", map[string]string{"host": moveTo}, &v); err != nil {
+				return err
+			}
+			fmt.Printf("vm %s now on %s (%s)\n", v.FullName(), v.Host, v.IP)
+			return nil
+		},
+	}
+	vmMove.Flags().StringVar(&moveTo, "to", "", "the host the VM now runs on")
+	return vmMove
+}
+
+func vmDeleteCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "delete FARM/SUBNET/VM", Short: "Delete a VM and free its address", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			if err != nil {
+				return err
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			return c.Do("DELETE", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2], nil, nil)
+		},
+	}
+}
+
+var vmListing = listing{kind: "vms", print: func(c *client.Client, output string, w io.Writer) error {
+	return listAndPrint(c, "/v1/vms", output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL", func(v intent.VM) string {
+		fw := "-"
+		if v.Firewall != nil {
+			fw = fmt.Sprintf("in %s, out %s, %d rules", v.Firewall.DefaultIn, v.Firewall.DefaultOut, len(v.Firewall.Rules))
+		}
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, fw)
+	})
+}}

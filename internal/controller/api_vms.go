@@ -1,0 +1,150 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/topology"
+)
+
+// vmRoutes serves VMs: create (allocating 10.f.s.h), delete, move.
+func (c *Controller) vmRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/vms", c.list(intent.VMsPrefix, func() any { return &[]intent.VM{} }))
+	mux.HandleFunc("POST /v1/farms/{farm}/subnets/{subnet}/vms", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Name string `json:"name"`
+			Host string `json:"host"`
+		}
+		if decode(w, r, &in) {
+			v, err := c.CreateVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), in.Name, in.Host)
+			reply(w, http.StatusCreated, v, err)
+		}
+	})
+	mux.HandleFunc("DELETE /v1/farms/{farm}/subnets/{subnet}/vms/{vm}", func(w http.ResponseWriter, r *http.Request) {
+		err := c.DeleteVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		reply(w, http.StatusNoContent, nil, err)
+	})
+	mux.HandleFunc("PUT /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/host", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Host string `json:"host"`
+		}
+		if decode(w, r, &in) {
+			v, err := c.MoveVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"), in.Host)
+			reply(w, http.StatusOK, v, err)
+		}
+	})
+}
+
+// CreateVM places farm/subnet/name on host and allocates its address.
+func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host string) (intent.VM, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := topology.CheckVMName(name); err != nil {
+		return intent.VM{}, fieldErr("name", err)
+	}
+	if _, err := c.store.Get(ctx, intent.SubnetsPrefix+farm+"/"+subnet); errors.Is(err, store.ErrNotFound) {
+		return intent.VM{}, notFound("subnet", "subnet %s/%s", farm, subnet)
+	}
+	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
+		return intent.VM{}, fieldErr("host", fmt.Errorf("no host %q", host))
+	}
+	// VMs and hosts share one set of node names: the vif is vif-NAME on
+	// every host, and the lab names each node's namespace oh-LAB-NAME.
+	if _, err := c.store.Get(ctx, intent.HostsPrefix+name); err == nil {
+		return intent.VM{}, conflict("name", "host %q (VMs and hosts share one set of node names, as the lab's namespaces oh-LAB-NAME do)", name)
+	}
+	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+	if err != nil {
+		return intent.VM{}, err
+	}
+	for _, v := range vms {
+		if v.Name == name {
+			return intent.VM{}, conflict("name", "vm %q (as %s)", name, v.FullName())
+		}
+	}
+	if err := c.checkRoom(vms, host); err != nil {
+		return intent.VM{}, err
+	}
+	a, err := c.alloc(ctx)
+	if err != nil {
+		return intent.VM{}, err
+	}
+	ip, err := a.VM(farm, subnet, name)
+	if err != nil {
+		return intent.VM{}, allocErr("subnet", err)
+	}
+	v := intent.NewVM(farm, subnet, name, host, ip)
+	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+		return v, err
+	}
+	return v, store.PutJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), v)
+}
+
+// checkRoom refuses one more VM on a host whose datapath is full
+// (limits.MaxVMsPerHost endpoints): refused here, with an error naming the
+// host, it never reaches the host's agent, where it could not be programmed
+// and would take the host's other VMs down with it.
+func (c *Controller) checkRoom(vms []intent.VM, host string) error {
+	n := 0
+	for _, v := range vms {
+		if v.Host == host {
+			n++
+		}
+	}
+	if n >= c.maxVMsPerHost {
+		return full("host", fmt.Errorf("host %q holds %d VMs, as many as its datapath holds (%d), 0 left: place the VM on another host", host, n, c.maxVMsPerHost))
+	}
+	return nil
+}
+
+// DeleteVM removes a VM and frees its address.
+func (c *Controller) DeleteVM(ctx context.Context, farm, subnet, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
+	if _, err := c.store.Get(ctx, key); errors.Is(err, store.ErrNotFound) {
+		return notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	}
+	a, err := c.alloc(ctx)
+	if err != nil {
+		return err
+	}
+	delete(a.VMs, farm+"/"+subnet+"/"+name)
+	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+		return err
+	}
+	return c.store.Delete(ctx, key)
+}
+
+// MoveVM records that a VM now runs on host. Its address and MAC stay; every
+// host's mapping table follows from the recompiled desired state.
+func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host string) (intent.VM, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
+	var v intent.VM
+	if err := store.GetJSON(ctx, c.store, key, &v); errors.Is(err, store.ErrNotFound) {
+		return v, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	} else if err != nil {
+		return v, err
+	}
+	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
+		return v, fieldErr("host", fmt.Errorf("no host %q", host))
+	}
+	if v.Host == host {
+		return v, nil
+	}
+	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+	if err != nil {
+		return v, err
+	}
+	if err := c.checkRoom(vms, host); err != nil {
+		return v, err
+	}
+	v.Host = host
+	return v, store.PutJSON(ctx, c.store, key, v)
+}

@@ -1,0 +1,215 @@
+package datapath
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/google/gopacket/layers"
+)
+
+// The fabric is not trusted (bpf/lib/fabric_trust.h): every test here sends
+// what a node on the fabric that is no host (or a host lying about a VM)
+// could send. testNodes makes h2 and h3 known hosts; rogueMAC is on the
+// fabric but in no node record.
+
+func confirmedOf(t *testing.T, k *Kernel, ip netip.Addr) (uint64, bool) {
+	t.Helper()
+	var m Mapping
+	if err := k.vif.Mappings.Lookup(IPKey(ip), &m); err != nil {
+		return 0, false
+	}
+	return m.ConfirmedNs, true
+}
+
+func TestPrivilegedFabricARPRequestNeverMovesAMapping(t *testing.T) {
+	k := loadTestKernel(t)
+	subnetMAC := mustMAC("03:00:0a:01:01:00")
+	newVM := netip.MustParseAddr("10.1.1.70")
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "h3 asks for web1 as web2 (mapped to h2): answered, but web2 stays on h2",
+			in:          arpFrame(h3MAC, subnetMAC, 1, vmac(web2), web2, nil, web1),
+			wantVerdict: actRedirect, want: ptr(arpFrame(h1MAC, h3MAC, 2, vmac(web1), web1, vmac(web2), web2)),
+			wantTo: 7, wantForward: "arp_answered"},
+		{name: "a node that is no host asks for web1 as web2: refused, nothing learned",
+			in:          arpFrame(rogueMAC, subnetMAC, 1, vmac(web2), web2, nil, web1),
+			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+		{name: "a node that is no host asks for web1 as a new VM: refused",
+			in:          arpFrame(rogueMAC, h1MAC, 1, vmac(newVM), newVM, nil, web1),
+			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+		{name: "a host asks for web1 as the subnet's gateway: answered, nothing learned",
+			in:          arpFrame(h2MAC, subnetMAC, 1, vmac(gw), gw, nil, web1),
+			wantVerdict: actRedirect, want: ptr(arpFrame(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(gw), gw)),
+			wantTo: 7, wantForward: "arp_answered"},
+	})
+	if got := mappingOf(k, gw); got != "" {
+		t.Errorf("a question as the gateway was learned: %s -> %s", gw, got)
+	}
+	if got := mappingOf(k, web2); got != h2MAC.String() {
+		t.Errorf("web2 mapped to %s after other nodes' questions, want h2 (%s)", got, h2MAC)
+	}
+	// Doubted, though: the agent's next sweep asks where web2 is, and the
+	// answer is a claim it checks against the store.
+	if c, ok := confirmedOf(t, k, web2); !ok || c != 0 {
+		t.Errorf("web2's entry confirmed at %d (present %v), want 0: doubted", c, ok)
+	}
+	if got := mappingOf(k, newVM); got != "" {
+		t.Errorf("a question from a node that is no host was learned: %s -> %s", newVM, got)
+	}
+}
+
+func TestPrivilegedOnlyTheStoreMovesAMappingAHostClaims(t *testing.T) {
+	k := loadTestKernel(t)
+	r, err := k.SlowPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	stranger := netip.MustParseAddr("10.1.1.71")
+	tcp := layers.IPProtocolTCP
+	announce := arpFrame(h3MAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2)
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "h3 announces web2, mapped to h2: the agent is asked, the entry stays",
+			in: announce, wantVerdict: actShot, wantForward: "to_agent"},
+		{name: "the same claim within a second costs the agent nothing",
+			in: announce, wantVerdict: actShot, wantDrop: "claim_limited"},
+		{name: "h3 answers this host about db1, mapped to h2: the agent is asked",
+			in:          arpFrame(h3MAC, h1MAC, 2, vmac(db1), db1, h1MAC, netip.MustParseAddr("192.168.100.10")),
+			wantVerdict: actShot, wantForward: "to_agent"},
+		{name: "an answer nobody here asked for is refused and adds nothing",
+			in:          arpFrame(h3MAC, h1MAC, 2, vmac(stranger), stranger, vmac(web1), web1),
+			wantVerdict: actShot, wantDrop: "arp_unsolicited"},
+		{name: "a node that is no host announcing web2 is refused",
+			in:          arpFrame(rogueMAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2),
+			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+	})
+	for _, ip := range []netip.Addr{web2, db1} {
+		if got := mappingOf(k, ip); got != h2MAC.String() {
+			t.Errorf("%s mapped to %s after h3's claim, want h2 (%s) until the store agrees", ip, got, h2MAC)
+		}
+	}
+	if got := mappingOf(k, stranger); got != "" {
+		t.Errorf("an unsolicited answer was learned: %s -> %s", stranger, got)
+	}
+	// The agent gets each claim whole, to check it against the store.
+	for _, want := range []frame{announce,
+		arpFrame(h3MAC, h1MAC, 2, vmac(db1), db1, h1MAC, netip.MustParseAddr("192.168.100.10"))} {
+		rec := readSlowPath(t, r)
+		if rec.kind != 3 || !bytes.Equal(rec.data, want.bytes(t)) {
+			t.Fatalf("slow-path record kind %d\n got %x\nwant kind 3 (claim), %x", rec.kind, rec.data, want.bytes(t))
+		}
+	}
+	// The store places web2 on h3 (a move): the agent points the entry.
+	if err := k.PointMapping(web2, h3MAC, uint64(monotonicNow())); err != nil {
+		t.Fatal(err)
+	}
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "then web2's traffic comes from h3",
+			in:          frame{src: h3MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
+			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web1), saddr: web2, daddr: web1, proto: tcp},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
+		{name: "and no longer from h2",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
+			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+	})
+}
+
+func TestPrivilegedTenantSpaceFromTheFabricOnlyFromKnownHostsWithTenantSources(t *testing.T) {
+	k := loadTestKernel(t)
+	icmp, udp := layers.IPProtocolICMPv4, layers.IPProtocolUDP
+	newVM := netip.MustParseAddr("10.1.1.70")
+	// 192.1.2.7 reads as farm 1, subnet 2 (blue/db) to a check that looks
+	// only at the middle bytes, and db may ping web.
+	outside := netip.MustParseAddr("192.1.2.7")
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "a node that is no host sends as a VM new to the table",
+			in:          frame{src: rogueMAC, dst: h1MAC, saddr: newVM, daddr: web1, proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+		{name: "a node that is no host sends as web2",
+			in:          frame{src: rogueMAC, dst: h1MAC, saddr: web2, daddr: web1, proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+		{name: "a host sends from outside the tenant space",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: outside, daddr: web1, proto: icmp},
+			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+		{name: "a host sends as the subnet's gateway",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: gw, daddr: web1, proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+		{name: "a host sends as the subnet's broadcast address",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("10.1.1.255"), daddr: web1, proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+		{name: "a known host with a VM new to the table is heard, and learned",
+			in:          frame{src: h3MAC, dst: h1MAC, saddr: newVM, daddr: web1, proto: udp},
+			wantVerdict: actRedirect, want: &frame{src: vmac(newVM), dst: vmac(web1), saddr: newVM, daddr: web1, proto: udp},
+			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
+	})
+	if got := mappingOf(k, newVM); got != h3MAC.String() {
+		t.Errorf("%s mapped to %q, want h3 (%s): the node that is no host must not have been learned", newVM, got, h3MAC)
+	}
+}
+
+func TestPrivilegedFabricBroadcastIsOnlyABroadcastOfItsScopeFromAKnownHost(t *testing.T) {
+	k := loadTestKernel(t)
+	udp := layers.IPProtocolUDP
+	subnetMAC, farmMAC := mustMAC("03:00:0a:01:01:00"), mustMAC("03:00:0a:01:00:00")
+	newVM := netip.MustParseAddr("10.1.1.70")
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "unicast to web1 sent to the subnet's multicast MAC",
+			in:          frame{src: h2MAC, dst: subnetMAC, saddr: web2, daddr: web1, proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
+		{name: "another subnet's broadcast sent to this subnet's multicast MAC",
+			in:          frame{src: h2MAC, dst: subnetMAC, saddr: web2, daddr: netip.MustParseAddr("10.1.2.255"), proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
+		{name: "subnet-scoped multicast (ttl 1) sent to the farm's multicast MAC",
+			in:          frame{src: h2MAC, dst: farmMAC, saddr: web2, daddr: netip.MustParseAddr("239.1.2.3"), proto: udp, ttl: 1},
+			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
+		{name: "a node that is no host broadcasts as a new VM of the subnet",
+			in:          frame{src: rogueMAC, dst: subnetMAC, saddr: newVM, daddr: netip.MustParseAddr("10.1.1.255"), proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+		{name: "a host broadcasts from outside the tenant space",
+			in:          frame{src: h2MAC, dst: subnetMAC, saddr: netip.MustParseAddr("192.1.1.9"), daddr: netip.MustParseAddr("255.255.255.255"), proto: udp},
+			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+		{name: "web2's real subnet broadcast still reaches web1 and web3",
+			in:          frame{src: h2MAC, dst: subnetMAC, saddr: web2, daddr: netip.MustParseAddr("10.1.1.255"), proto: udp},
+			wantVerdict: actShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
+	})
+	if got := mappingOf(k, newVM); got != "" {
+		t.Errorf("a broadcast from a node that is no host was learned: %s -> %s", newVM, got)
+	}
+}
+
+func TestPrivilegedFabricARPReplyReachesAVMOnlyForItsSubnet(t *testing.T) {
+	k := loadTestKernel(t)
+	db20 := netip.MustParseAddr("10.1.2.20")
+	seedAsking(t, k, db20) // asked for (by the agent, for a held packet)
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "an answer about another subnet's VM addressed to web1",
+			in:          arpFrame(h2MAC, h1MAC, 2, vmac(db20), db20, vmac(web1), web1),
+			wantVerdict: actShot, wantDrop: "arp_other_subnet"},
+	})
+	if got := mappingOf(k, db20); got != "" {
+		t.Errorf("the refused answer was learned: %s -> %s", db20, got)
+	}
+}
+
+// A host that leaves the store leaves the hosts map, and the entries that
+// point at it go with it: a frame that matches its entry is believed
+// without asking the hosts map.
+func TestPrivilegedAHostThatLeavesTheStoreTakesItsMappingsAlong(t *testing.T) {
+	k := loadTestKernel(t)
+	seedMapping(t, k, netip.MustParseAddr("10.1.1.80"), h3MAC)
+	e := compileTest(t, testDesired(), testIfindex)
+	delete(e.Hosts, hostKey(h2MAC))
+	if err := k.Apply(e, ""); err != nil {
+		t.Fatal(err)
+	}
+	for ip, want := range map[netip.Addr]string{web2: "", db1: "", netip.MustParseAddr("10.1.1.80"): h3MAC.String()} {
+		if got := mappingOf(k, ip); got != want {
+			t.Errorf("mapping of %s = %q, want %q", ip, got, want)
+		}
+	}
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "h2, gone from the store, is not heard",
+			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: layers.IPProtocolUDP},
+			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+	})
+}
