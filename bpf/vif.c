@@ -146,7 +146,7 @@ int vif_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
 	/* No virtual MAC on the wire (paper §2): host MAC to host MAC. */
 	mac_copy(pkt.eth->h_source, cfg->uplink_mac);
-	struct mapping *remote = mapping_for_send(ip->daddr);
+	struct mapping *remote = mapping_for_send_at(ip->daddr, packet_now(&pkt));
 	if (!remote) {
 		/* Paper §2 step 6: queued until the ARP engine finds the host.
 		 * The frame is complete but for its destination MAC. */

@@ -46,7 +46,8 @@ static __always_inline int is_tenant_source(const struct node_config *cfg, __be3
  * question). A source VM that lives here, or is mapped to another host, is
  * forged; when a known host disagrees with the entry the entry is doubted,
  * for it may be stale (a move whose announcement was lost). */
-static __always_inline int fabric_sender(const struct node_config *cfg, __be32 saddr, const __u8 *host_mac, int *learn)
+static __always_inline int fabric_sender(const struct node_config *cfg, __be32 saddr, const __u8 *host_mac, int *learn,
+					 struct packet *pkt)
 {
 	*learn = 0;
 	if (!is_tenant_source(cfg, saddr))
@@ -59,7 +60,7 @@ static __always_inline int fabric_sender(const struct node_config *cfg, __be32 s
 			/* Traffic from the VM through its host confirms the entry as
 			 * well as an ARP reply would: a flow in both directions never
 			 * needs a refresh question. */
-			__u64 now = bpf_ktime_get_coarse_ns();
+			__u64 now = packet_now(pkt);
 			if (now - m->confirmed_ns > MAPPING_USE_STEP_NS)
 				m->confirmed_ns = now;
 			return DROP_NONE;

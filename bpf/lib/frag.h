@@ -25,7 +25,7 @@
 
 /* admit (policy.h), for fragments too. An unfragmented packet costs one
  * test more than admit itself. */
-static __always_inline int admit_fragments(const struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
+static __always_inline int admit_fragments(struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
 {
 	struct iphdr *ip = pkt->ip;
 	if (!(ip->frag_off & bpf_htons(IP_MF | IP_OFFSET_MASK)) ||
@@ -33,7 +33,7 @@ static __always_inline int admit_fragments(const struct packet *pkt, int fw_src,
 		return admit(pkt, fw_src, fw_dst, epoch, owner);
 
 	struct frag_key k = {.saddr = ip->saddr, .daddr = ip->daddr, .id = ip->id, .proto = ip->protocol};
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = packet_now(pkt);
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
 		__u64 *seen = bpf_map_lookup_elem(&frag_flows, &k);
 		if (seen && now - *seen < FRAG_LIFETIME_NS)

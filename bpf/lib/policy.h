@@ -172,7 +172,7 @@ static __always_inline __u16 flow_port(__u8 proto, __be16 dport)
  * no longer allowed. An admitted packet that can open a flow is remembered,
  * out of owner's share. Traffic inside a subnet between VMs without
  * firewalls takes no lookup at all. */
-static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
+static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
 {
 	struct iphdr *ip = pkt->ip;
 	int crossing = !same_subnet(ip->saddr, ip->daddr);
@@ -181,7 +181,7 @@ static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_ds
 
 	__u8 gen = policy_gen(epoch);
 	struct l4_ports l4 = l4_of(pkt);
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = packet_now(pkt);
 	/* What this packet may do with a flow. TCP/UDP open flows and answer
 	 * them. For ICMP only an echo request opens one and only an echo reply
 	 * answers (an echo request reusing a reply's id must not pass as one);
