@@ -43,7 +43,7 @@ int uplink_ingress(struct __sk_buff *skb)
 			return drop_packet(skb, &pkt, DROP_FABRIC_NOT_BROADCAST);
 		if (!bpf_map_lookup_elem(&scopes, &scope))
 			return drop_quietly(DROP_NO_MEMBERS); /* flooded past us: routine */
-		reason = fabric_sender(cfg, ip->saddr, pkt.eth->h_source, &learn);
+		reason = fabric_sender(cfg, ip->saddr, pkt.eth->h_source, &learn, &pkt);
 		if (reason)
 			return drop_packet(skb, &pkt, reason);
 		if (learn)
@@ -52,7 +52,7 @@ int uplink_ingress(struct __sk_buff *skb)
 		virtual_mac(ip->saddr, pkt.eth->h_source);
 		__be32 saddr = ip->saddr;
 		__u8 proto = ip->protocol, ttl = ip->ttl;
-		copy_to_members(skb, &scope, 0, saddr, ttl, proto, rule_port(&pkt));
+		copy_to_members(skb, &scope, 0, saddr, ttl, proto, rule_port(&pkt), policy_gen(cfg->policy_epoch));
 		return TC_ACT_SHOT; /* consumed: each member got its copy */
 	}
 	if (!reason && pkt.arp && cfg && (in_vm_space(cfg, pkt.arp->spa) || in_vm_space(cfg, pkt.arp->tpa)))
@@ -69,7 +69,7 @@ int uplink_ingress(struct __sk_buff *skb)
 	}
 
 	struct iphdr *ip = pkt.ip;
-	reason = fabric_sender(cfg, ip->saddr, pkt.eth->h_source, &learn);
+	reason = fabric_sender(cfg, ip->saddr, pkt.eth->h_source, &learn, &pkt);
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &ip->daddr);

@@ -28,6 +28,7 @@ const enum forward_path *_forward_path_type __attribute__((unused));
 const struct slowpath_event *_slowpath_event_type __attribute__((unused));
 const enum slowpath_kind *_slowpath_kind_type __attribute__((unused));
 const enum share_kind *_share_kind_type __attribute__((unused));
+const enum feature_bit *_feature_bit_type __attribute__((unused));
 
 SEC("tc")
 int vif_ingress(struct __sk_buff *skb)
@@ -90,9 +91,10 @@ int vif_ingress(struct __sk_buff *skb)
 		__be32 saddr = ip->saddr;
 		__u8 proto = ip->protocol, ttl = ip->ttl;
 		__u16 port = rule_port(&pkt);
-		if (vif->firewall && !firewall_allows(saddr, FW_OUT, ip->daddr, proto, port))
+		__u8 gen = policy_gen(cfg->policy_epoch);
+		if (vif->firewall && !firewall_allows(saddr, FW_SIDE(FW_OUT, gen), ip->daddr, proto, port))
 			return drop_packet(skb, &pkt, DROP_FIREWALL_OUT);
-		copy_to_members(skb, &scope, ifindex, saddr, ttl, proto, port);
+		copy_to_members(skb, &scope, ifindex, saddr, ttl, proto, port, gen);
 		/* And one copy onto the fabric, to the scope's multicast address:
 		 * the hosts with VMs there take it from there. */
 		if (!cfg->uplink_ifindex)
@@ -144,7 +146,7 @@ int vif_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
 	/* No virtual MAC on the wire (paper §2): host MAC to host MAC. */
 	mac_copy(pkt.eth->h_source, cfg->uplink_mac);
-	struct mapping *remote = mapping_for_send(ip->daddr);
+	struct mapping *remote = mapping_for_send_at(ip->daddr, packet_now(&pkt));
 	if (!remote) {
 		/* Paper §2 step 6: queued until the ARP engine finds the host.
 		 * The frame is complete but for its destination MAC. */

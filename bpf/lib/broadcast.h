@@ -7,6 +7,7 @@
 #ifndef ONEHOP_BROADCAST_H
 #define ONEHOP_BROADCAST_H
 
+#include "broadcast_maps.h"
 #include "drop.h"
 #include "policy.h"
 #include "redirect.h"
@@ -74,65 +75,88 @@ static __always_inline int set_ttl(struct __sk_buff *skb, __u8 ttl)
 	return bpf_skb_store_bytes(skb, ETH_HLEN + 8, word, 1, 0);
 }
 
-/* The second pass of copy_to_members: the members of other subnets (bits of
- * routed), each from its own gateway's MAC. A global function, so the
- * verifier checks it once on its own rather than once per path through the
- * first pass's firewall loops. */
-__attribute__((noinline)) int copy_routed(struct __sk_buff *skb, const struct scope_members *m, __u32 routed, __u8 ttl)
+/* What one walk over a scope's members needs: bpf_loop hands it to
+ * copy_member for each index. */
+struct copy_walk {
+	struct __sk_buff *skb;
+	struct member_key key;
+	__u32 skip_ifindex;
+	__be32 saddr;
+	__u16 port;
+	__u8 proto;
+	__u8 gen;
+	__u8 routed_pass; /* 0: the sender's subnet; 1: other subnets, TTL already lowered */
+	__u8 other_subnets; /* set by pass 0: a member of another subnet was seen */
+};
+
+/* One member: its copy, its own firewall and (across subnets) the farm's
+ * rules permitting. A bpf_loop callback, so the verifier checks it once
+ * however many members a scope has. Returns 0: go on with the next one. */
+static long copy_member(__u32 index, void *ctx)
 {
-	if (!skb || !m || !routed || ttl <= 1)
+	struct copy_walk *w = ctx;
+	w->key.index = index;
+	struct scope_member *m = bpf_map_lookup_elem(&scope_members, &w->key);
+	if (!m)
+		return 0; /* removed meanwhile: the count is read before the members */
+	__u32 ifindex = m->ifindex;
+	__be32 vm = m->ip;
+	if (!ifindex || ifindex == w->skip_ifindex)
 		return 0;
-	__u8 saved_src[ETH_ALEN];
-	if (bpf_skb_load_bytes(skb, ETH_ALEN, saved_src, ETH_ALEN) < 0 || set_ttl(skb, ttl - 1) < 0)
+	int same = same_subnet(vm, w->saddr);
+	if (!w->routed_pass && !same) {
+		w->other_subnets = 1;
 		return 0;
-	for (int i = 0; i < MAX_SCOPE_MEMBERS; i++) {
-		if (!(routed & (1U << i)))
-			continue;
-		__u8 gw_mac[ETH_ALEN];
-		virtual_mac(gateway_of(m->ip[i]), gw_mac);
-		if (bpf_skb_store_bytes(skb, ETH_ALEN, gw_mac, ETH_ALEN, 0) < 0)
-			break;
-		if (clone_out(skb, m->ifindex[i]) == 0)
-			count_forward(FWD_BROADCAST);
 	}
-	/* The frame goes on (to the fabric) as it came. */
-	bpf_skb_store_bytes(skb, ETH_ALEN, saved_src, ETH_ALEN, 0);
-	set_ttl(skb, ttl);
+	if (w->routed_pass && same)
+		return 0;
+	if (!firewall_allows(vm, FW_SIDE(FW_IN, w->gen), w->saddr, w->proto, w->port))
+		return 0;
+	if (!same) {
+		/* Farm-wide multicast crosses subnets only where the farm's rules
+		 * let the sender's subnet reach the member's, and arrives as a
+		 * router hands it over: from the member's gateway's MAC. */
+		if (!rule_allows(w->saddr, vm, w->proto, w->port, w->gen))
+			return 0;
+		__u8 gw_mac[ETH_ALEN];
+		virtual_mac(gateway_of(vm), gw_mac);
+		if (bpf_skb_store_bytes(w->skb, ETH_ALEN, gw_mac, ETH_ALEN, 0) < 0)
+			return 1;
+	}
+	if (clone_out(w->skb, ifindex) == 0)
+		count_forward(FWD_BROADCAST);
 	return 0;
 }
 
 /* Copies the packet to every local VM of the scope but skip_ifindex, each
- * VM's own firewall permitting. A VM of another subnet than the sender's (a
- * farm-wide multicast) gets its copy as a router would hand it over: TTL
- * one less, from its own gateway's MAC. The frame is left as it came. The
- * caller's packet pointers are stale afterwards. */
+ * VM's own firewall permitting (rule generation gen). A VM of another
+ * subnet than the sender's (a farm-wide multicast) gets its copy as a
+ * router would hand it over: TTL one less, from its own gateway's MAC. The
+ * frame is left as it came. The caller's packet pointers are stale
+ * afterwards. */
 static __always_inline void copy_to_members(struct __sk_buff *skb, const struct scope_key *k, __u32 skip_ifindex,
-					    __be32 saddr, __u8 ttl, __u8 proto, __u16 port)
+					    __be32 saddr, __u8 ttl, __u8 proto, __u16 port, __u8 gen)
 {
-	struct scope_members *m = bpf_map_lookup_elem(&scopes, k);
-	if (!m)
+	struct scope_info *info = bpf_map_lookup_elem(&scopes, k);
+	if (!info)
 		return;
-	__u32 routed = 0; /* members of other subnets, by index, for the second pass */
-	for (int i = 0; i < MAX_SCOPE_MEMBERS; i++) {
-		if (i >= m->count)
-			break;
-		__u32 ifindex = m->ifindex[i];
-		if (!ifindex || ifindex == skip_ifindex)
-			continue;
-		__be32 vm = m->ip[i];
-		if (bpf_map_lookup_elem(&firewalls, &vm) && !firewall_allows(vm, FW_IN, saddr, proto, port))
-			continue;
-		if (!same_subnet(vm, saddr)) {
-			/* Farm-wide multicast crosses subnets only where the farm's
-			 * rules let the sender's subnet reach the member's. */
-			if (rule_allows(saddr, vm, proto, port))
-				routed |= 1U << i;
-			continue;
-		}
-		if (clone_out(skb, ifindex) == 0)
-			count_forward(FWD_BROADCAST);
-	}
-	copy_routed(skb, m, routed, ttl);
+	__u32 n = info->count;
+	if (n > MAX_SCOPE_MEMBERS)
+		n = MAX_SCOPE_MEMBERS;
+	struct copy_walk w = {.skb = skb, .key = {.farm = k->farm, .subnet = k->subnet}, .skip_ifindex = skip_ifindex,
+			      .saddr = saddr, .port = port, .proto = proto, .gen = gen};
+	bpf_loop(n, copy_member, &w, 0);
+	if (!w.other_subnets || ttl <= 1)
+		return;
+	/* The second pass: the members of other subnets, with the TTL one
+	 * less; then the frame goes on (to the fabric) as it came. */
+	__u8 saved_src[ETH_ALEN];
+	if (bpf_skb_load_bytes(skb, ETH_ALEN, saved_src, ETH_ALEN) < 0 || set_ttl(skb, ttl - 1) < 0)
+		return;
+	w.routed_pass = 1;
+	bpf_loop(n, copy_member, &w, 0);
+	bpf_skb_store_bytes(skb, ETH_ALEN, saved_src, ETH_ALEN, 0);
+	set_ttl(skb, ttl);
 }
 
 /* The destination port rules match on; 0 for ICMP and fragments. */

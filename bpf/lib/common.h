@@ -14,60 +14,37 @@
 
 #define ETH_ALEN 6
 
-/* A VM on this host, keyed by its IPv4 address in network order. The agent
- * installs exactly the host's own VMs; where other VMs live is learned by
- * the ARP engine into the mapping table below. */
-struct endpoint {
-	__u32 ifindex;      /* its vif in this host's namespace */
-	__u8 mac[ETH_ALEN]; /* the VM's virtual MAC, never seen on the wire */
-	__u8 firewall;      /* 1: the VM has its own firewall (in `firewalls`) */
-	__u8 _pad;
-};
-
-/* One entry of the per-node mapping table (paper §2, "The VNET ARP engine"):
- * the host that holds a remote VM, learned from ARP replies and from the
- * fabric's own traffic. A fixed-size LRU: a lookup refreshes an entry, and a
- * full table forgets its least recently used one. An all-zero host_mac means
- * "asked, not yet answered": it rate-limits the fabric ARP for that address. */
-struct mapping {
-	__u8 host_mac[ETH_ALEN];
-	__u16 held;         /* while asking: packets handed to the agent since the last ask */
-	__u64 confirmed_ns; /* last ARP reply or announcement (or the last ask, while unanswered) */
-	__u64 used_ns;      /* last packet sent with it, in steps of MAPPING_USE_STEP_NS */
-};
-
-#define MAPPING_USE_STEP_NS 1000000000ULL
-/* How often a VM's unanswered ARP may go to the fabric for one address. */
-#define MAPPING_ASK_INTERVAL_NS 1000000000ULL
-/* Packets for one unmapped address handed to the agent per ask interval
- * (the agent holds as many): beyond, they are dropped in the kernel. */
-#define HOLD_PER_ASK 16
-
-/* Per-farm switches set by the farm's owner; an array slot per farm id. */
-#define FARM_PROXY_ARP 1
-struct farm_config {
-	__u32 flags;
-};
-
-/* What a VM behind a vif is allowed to send as (anti-spoofing, step 1). */
-struct vif_info {
-	__be32 ip;
-	__u8 mac[ETH_ALEN];
-	__u8 firewall; /* 1: the VM has its own firewall: saves a lookup per packet otherwise */
-	__u8 _pad;
-};
-
-/* Per-node facts the programs need; a single-slot array. */
+/* Per-node facts the programs need; a single-slot array (node_maps.h). */
 struct node_config {
 	__u32 uplink_ifindex;
 	__u8 uplink_mac[ETH_ALEN];
 	__u16 _pad;
 	__be32 vm_net;  /* the tenant address space (10.0.0.0/8) ... */
 	__be32 vm_mask; /* ... so the uplink can tell VM traffic from management */
-	/* Moves on whenever rules or firewalls change: a flow admitted under an
-	 * older epoch is checked again against the rules in force. */
+	/* Moves on by one whenever rules or firewalls change: a flow admitted
+	 * under an older epoch is checked again against the rules in force.
+	 * Its low bit is the policy generation in force (policy_maps.h): the
+	 * agent writes a new rule set beside the old one, under the other
+	 * generation, and this one word switches to it. */
 	__u32 policy_epoch;
+	/* Which features have state on this node (enum feature_bit): a
+	 * feature's stage runs only when its bit is set, so a node that uses
+	 * no feature pays one test of this word, already loaded, and no map
+	 * lookup (docs/architecture.md). */
+	__u32 features;
 };
+
+/* One bit per feature in node_config.features, assigned as features arrive
+ * (port space, TAP, VNAT, LISP). The virtual router is the programs' core
+ * and has none. */
+enum feature_bit {
+	FEATURE_NONE = 0, /* none yet: the first feature takes 1 << 0, the next 1 << 1, ... */
+};
+
+static __always_inline int feature_on(const struct node_config *cfg, __u32 bit)
+{
+	return cfg->features & bit;
+}
 
 /* Why a packet was dropped. Each reason is its own metric label; the Go side
  * names them from this enum, so a new reason needs no hand-written mapping. */
@@ -125,80 +102,8 @@ enum forward_path {
 	FWD_PATH_MAX,
 };
 
-/* A visibility rule (paper §2, step 2): traffic from one subnet to another
- * that the farm owner (and, across farms, both owners) allowed. proto 0 and
- * port 0 are wildcards; port is the destination port, host order. */
-struct vis_key {
-	__u8 src_farm;
-	__u8 src_subnet;
-	__u8 dst_farm;
-	__u8 dst_subnet;
-	__u8 proto;
-	__u8 _pad;
-	__u16 port;
-};
-
-/* A VM's own firewall (paper §2, per-VM policies): ordered rules per
- * direction, first match wins, else the direction's default. Enforced on the
- * VM's host, outside the VM, so a compromised VM cannot lift it. */
-#define FW_MAX_RULES 16
-#define FW_IN 0
-#define FW_OUT 1
-
-struct fw_key {
-	__be32 vm;
-	__u8 dir;
-	__u8 index;
-	__u16 _pad;
-};
-
-struct fw_rule {
-	__be32 net;     /* remote address ... */
-	__be32 mask;    /* ... and prefix mask */
-	__u16 port_lo;  /* VM-side port for in, remote port for out; 0: any */
-	__u16 port_hi;
-	__u8 proto;     /* 0: any */
-	__u8 allow;
-	__u16 _pad;
-};
-
-struct fw_policy {
-	__u8 count[2];         /* rules per direction (FW_IN, FW_OUT) */
-	__u8 default_allow[2];
-};
-
-/* One direction of a flow a rule allowed; its reverse lets replies in. */
-struct ct_key {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
-	__u8 proto;
-	__u8 _pad[3];
-};
-
-struct ct_entry {
-	__u64 last_seen_ns;
-	__u32 epoch; /* the node's policy_epoch when the flow was last admitted */
-	__u32 _pad;
-};
-
-/* The VMs of one scope on this host: a subnet (subnet != 0) or a whole farm
- * (subnet == 0), for scoped broadcast and multicast (paper §2). */
-#define MAX_SCOPE_MEMBERS 32
-struct scope_key {
-	__u8 farm;
-	__u8 subnet;
-	__u16 _pad;
-};
-
-struct scope_members {
-	__u32 count;
-	__u32 ifindex[MAX_SCOPE_MEMBERS];
-	__be32 ip[MAX_SCOPE_MEMBERS];
-};
-
-/* A frame the agent must handle, copied whole (up to SLOWPATH_MAX bytes). */
+/* A frame the agent must handle, copied whole (up to SLOWPATH_MAX bytes)
+ * into the slowpath ring (slowpath_maps.h). */
 #define SLOWPATH_MAX 1536
 enum slowpath_kind {
 	SLOW_DHCP = 0,  /* a VM's DHCP request: the agent answers it */

@@ -22,33 +22,7 @@
 #include "drop.h"
 #include "slowpath.h"
 #include "mapping.h"
-
-struct host_key {
-	__u8 mac[ETH_ALEN];
-	__u16 _pad;
-};
-
-#define MAX_HOSTS 4096
-
-/* The uplink MACs of the other hosts, from the store's node records. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_HOSTS);
-	__type(key, struct host_key);
-	__type(value, __u8);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} hosts SEC(".maps");
-
-/* When a claim about a VM last went to the agent, so a host repeating it
- * costs the agent one store lookup per address and second. */
-#define CLAIM_INTERVAL_NS 1000000000ULL
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __be32);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} mapping_claims SEC(".maps");
+#include "fabric_trust_maps.h"
 
 static __always_inline int is_known_host(const __u8 *mac)
 {
@@ -72,7 +46,8 @@ static __always_inline int is_tenant_source(const struct node_config *cfg, __be3
  * question). A source VM that lives here, or is mapped to another host, is
  * forged; when a known host disagrees with the entry the entry is doubted,
  * for it may be stale (a move whose announcement was lost). */
-static __always_inline int fabric_sender(const struct node_config *cfg, __be32 saddr, const __u8 *host_mac, int *learn)
+static __always_inline int fabric_sender(const struct node_config *cfg, __be32 saddr, const __u8 *host_mac, int *learn,
+					 struct packet *pkt)
 {
 	*learn = 0;
 	if (!is_tenant_source(cfg, saddr))
@@ -85,7 +60,7 @@ static __always_inline int fabric_sender(const struct node_config *cfg, __be32 s
 			/* Traffic from the VM through its host confirms the entry as
 			 * well as an ARP reply would: a flow in both directions never
 			 * needs a refresh question. */
-			__u64 now = bpf_ktime_get_coarse_ns();
+			__u64 now = packet_now(pkt);
 			if (now - m->confirmed_ns > MAPPING_USE_STEP_NS)
 				m->confirmed_ns = now;
 			return DROP_NONE;

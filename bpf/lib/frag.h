@@ -16,32 +16,16 @@
 #include "parse.h"
 #include "route.h"
 #include "policy.h"
+#include "frag_maps.h"
 
 #define IP_MF 0x2000
 /* A datagram's fragments leave back to back; two seconds is ample, and
  * short enough that an IP id is not reused within it at any sane rate. */
 #define FRAG_LIFETIME_NS (2ULL * 1000000000ULL)
 
-struct frag_key {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 id;
-	__u8 proto;
-	__u8 _pad;
-};
-
-/* Datagrams whose first fragment was admitted: key -> when. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct frag_key);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} frag_flows SEC(".maps");
-
 /* admit (policy.h), for fragments too. An unfragmented packet costs one
  * test more than admit itself. */
-static __always_inline int admit_fragments(const struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
+static __always_inline int admit_fragments(struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
 {
 	struct iphdr *ip = pkt->ip;
 	if (!(ip->frag_off & bpf_htons(IP_MF | IP_OFFSET_MASK)) ||
@@ -49,7 +33,7 @@ static __always_inline int admit_fragments(const struct packet *pkt, int fw_src,
 		return admit(pkt, fw_src, fw_dst, epoch, owner);
 
 	struct frag_key k = {.saddr = ip->saddr, .daddr = ip->daddr, .id = ip->id, .proto = ip->protocol};
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = packet_now(pkt);
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
 		__u64 *seen = bpf_map_lookup_elem(&frag_flows, &k);
 		if (seen && now - *seen < FRAG_LIFETIME_NS)

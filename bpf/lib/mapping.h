@@ -16,15 +16,19 @@ static __always_inline int mac_is_zero(const __u8 *m)
 /* The remote VM's entry for a packet about to be sent with it, or 0. The
  * lookup itself refreshes the LRU; used_ns moves at most once a step, so a
  * busy flow costs a read, not a cache-line write per packet. */
-static __always_inline struct mapping *mapping_for_send(__be32 ip)
+static __always_inline struct mapping *mapping_for_send_at(__be32 ip, __u64 now)
 {
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
 	if (!m || mac_is_zero(m->host_mac))
 		return 0;
-	__u64 now = bpf_ktime_get_coarse_ns();
 	if (now - m->used_ns > MAPPING_USE_STEP_NS)
 		m->used_ns = now;
 	return m;
+}
+
+static __always_inline struct mapping *mapping_for_send(__be32 ip)
+{
+	return mapping_for_send_at(ip, bpf_ktime_get_coarse_ns());
 }
 
 /* Records that host_mac holds ip, as confirmed now: a new entry (or one

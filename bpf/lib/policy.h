@@ -7,7 +7,8 @@
 #ifndef ONEHOP_POLICY_H
 #define ONEHOP_POLICY_H
 
-#include "maps.h"
+#include "policy_maps.h"
+#include "conntrack.h"
 #include "parse.h"
 #include "route.h"
 #include "share.h"
@@ -18,18 +19,6 @@
 #define IP_OFFSET_MASK 0x1fff
 #define ICMP_ECHO_REPLY 0
 #define ICMP_ECHO_REQUEST 8
-
-/* Idle flows stop letting replies in after this long. */
-#define CT_TIMEOUT_NS (300ULL * 1000000000ULL)
-/* A flow's last-seen time moves in steps this big: a busy flow costs a
- * read per packet, not a shared cache-line write. */
-#define CT_TOUCH_STEP_NS 1000000000ULL
-
-static __always_inline void ct_touch(struct ct_entry *e, __u64 now)
-{
-	if (now - e->last_seen_ns > CT_TOUCH_STEP_NS)
-		e->last_seen_ns = now;
-}
 
 struct l4_ports {
 	__be16 sport;
@@ -73,7 +62,7 @@ static __always_inline int is_icmp_error(__u8 type)
 /* For an ICMP error, the flow of the packet it quotes (the quoted header
  * went from the error's destination to its source): that is the flow the
  * error is related to. Returns 0 when it is no error or cannot be read. */
-static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, struct ct_key *k)
+static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, struct flow *k)
 {
 	if (!is_icmp_error(type))
 		return 0;
@@ -104,11 +93,11 @@ static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, 
 
 /* A global function, like firewall_allows: checked once by the verifier,
  * not once per path through the broadcast loop that calls it. */
-__attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port)
+__attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port, __u8 gen)
 {
 	const __u8 *s = (const __u8 *)&saddr, *d = (const __u8 *)&daddr;
 	struct vis_key k = {.src_farm = s[1], .src_subnet = s[2], .dst_farm = d[1], .dst_subnet = d[2],
-			    .proto = proto, .port = port};
+			    .proto = proto, .gen = gen & 1, .port = port};
 	if (port && bpf_map_lookup_elem(&visibility, &k))
 		return 1;
 	k.port = 0;
@@ -121,19 +110,25 @@ __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto
 /* A global function: the verifier checks its rule loop once, on its own,
  * instead of once per path through every caller (broadcast copies loop over
  * up to 32 members, each with its own firewall). */
-__attribute__((noinline)) int firewall_allows(__be32 vm, __u8 dir, __be32 remote, __u8 proto, __u16 port)
+/* A BPF call takes five arguments: the direction and the rule generation
+ * travel in one byte. */
+#define FW_SIDE(dir, gen) ((__u8)(((dir) & 1) | (((gen) & 1) << 1)))
+
+__attribute__((noinline)) int firewall_allows(__be32 vm, __u8 side, __be32 remote, __u8 proto, __u16 port)
 {
-	struct fw_policy *p = bpf_map_lookup_elem(&firewalls, &vm);
+	__u8 dir = side & 1, gen = (side >> 1) & 1;
+	struct fw_policy_key pk = {.vm = vm, .gen = gen};
+	struct fw_policy *p = bpf_map_lookup_elem(&firewalls, &pk);
 	if (!p)
 		return 1;
-	__u8 n = p->count[dir & 1];
+	__u8 n = p->count[dir];
 	for (__u8 i = 0; i < FW_MAX_RULES; i++) {
 		if (i >= n)
 			break;
-		struct fw_key k = {.vm = vm, .dir = dir, .index = i};
+		struct fw_key k = {.vm = vm, .dir = dir, .index = i, .gen = gen};
 		struct fw_rule *r = bpf_map_lookup_elem(&firewall_rules, &k);
 		if (!r)
-			continue;
+			return 0; /* a rule the count promises is missing: refuse, never skip a deny */
 		if ((remote & r->mask) != r->net)
 			continue;
 		if (r->proto && r->proto != proto)
@@ -142,100 +137,114 @@ __attribute__((noinline)) int firewall_allows(__be32 vm, __u8 dir, __be32 remote
 			continue;
 		return r->allow;
 	}
-	return p->default_allow[dir & 1];
+	return p->default_allow[dir];
 }
 
 /* What the rules say about a flow from src to dst (proto, destination
  * port): visibility between their subnets, then the firewalls of the VMs
  * among them that live on this host and have one. */
-static __always_inline int policy_allows(__be32 src, __be32 dst, __u8 proto, __u16 port, int fw_src, int fw_dst)
+static __always_inline int policy_allows(__be32 src, __be32 dst, __u8 proto, __u16 port, int fw_src, int fw_dst,
+					 __u8 gen)
 {
-	if (!same_subnet(src, dst) && !rule_allows(src, dst, proto, port))
+	if (!same_subnet(src, dst) && !rule_allows(src, dst, proto, port, gen))
 		return DROP_NOT_VISIBLE;
-	if (fw_src && !firewall_allows(src, FW_OUT, dst, proto, port))
+	if (fw_src && !firewall_allows(src, FW_SIDE(FW_OUT, gen), dst, proto, port))
 		return DROP_FIREWALL_OUT;
-	if (fw_dst && !firewall_allows(dst, FW_IN, src, proto, port))
+	if (fw_dst && !firewall_allows(dst, FW_SIDE(FW_IN, gen), src, proto, port))
 		return DROP_FIREWALL_IN;
 	return DROP_NONE;
 }
 
-static __always_inline __u16 flow_port(const struct ct_key *k)
+/* The destination port rules match on for a flow's opening direction. */
+static __always_inline __u16 flow_port(__u8 proto, __be16 dport)
 {
-	return (k->proto == IPPROTO_TCP_ || k->proto == IPPROTO_UDP_) ? bpf_ntohs(k->dport) : 0;
+	return (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_) ? bpf_ntohs(dport) : 0;
 }
 
 /* admit decides whether a packet from src to dst may be delivered: the
  * visibility rules between their subnets (paper §2, step 2) and the
  * firewalls of the VMs among them that live on this host and have one
- * (fw_src, fw_dst: the flags in their vif_info/endpoint entries). A packet
- * of a flow this host admitted, or one that answers it, passes on one
- * lookup, unless the rules changed since (epoch): then the flow is checked
- * again, in its own direction, and forgotten if no longer allowed. An
- * admitted packet that can open a flow is remembered. Traffic inside a
- * subnet between VMs without firewalls takes no lookup at all. */
-static __always_inline int admit(const struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
+ * (fw_src, fw_dst: the flags in their vif_info/endpoint entries), all from
+ * the rule generation of epoch. A packet of a flow this host admitted, in
+ * the flow's direction or answering it, passes on one lookup (the flow's
+ * one entry, conntrack.h), unless the rules changed since (epoch): then the
+ * flow is checked again, in the direction it was opened, and forgotten if
+ * no longer allowed. An admitted packet that can open a flow is remembered,
+ * out of owner's share. Traffic inside a subnet between VMs without
+ * firewalls takes no lookup at all. */
+static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
 {
 	struct iphdr *ip = pkt->ip;
 	int crossing = !same_subnet(ip->saddr, ip->daddr);
 	if (!crossing && !fw_src && !fw_dst)
 		return DROP_NONE;
 
+	__u8 gen = policy_gen(epoch);
 	struct l4_ports l4 = l4_of(pkt);
-	__u64 now = bpf_ktime_get_coarse_ns();
-	/* An echo reply or a non-first fragment starts no flow of its own:
-	 * only a rule for the whole protocol lets it through. */
-	int opens = l4.known && !(ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REQUEST);
-	struct ct_key fwd = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
-			     .proto = ip->protocol};
-	struct ct_entry *e = opens ? bpf_map_lookup_elem(&conntrack, &fwd) : 0;
-	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
-		if (e->epoch != epoch) {
-			int reason = policy_allows(fwd.saddr, fwd.daddr, fwd.proto, flow_port(&fwd), fw_src, fw_dst);
-			if (reason) {
-				bpf_map_delete_elem(&conntrack, &fwd);
-				return reason;
-			}
-			e->epoch = epoch;
-		}
-		ct_touch(e, now);
-		return DROP_NONE;
+	__u64 now = packet_now(pkt);
+	/* What this packet may do with a flow. TCP/UDP open flows and answer
+	 * them. For ICMP only an echo request opens one and only an echo reply
+	 * answers (an echo request reusing a reply's id must not pass as one);
+	 * an error answers the flow it quotes. A non-first fragment does
+	 * neither: only a rule for the whole protocol lets it through. */
+	int is_icmp = ip->protocol == IPPROTO_ICMP_;
+	int opens = l4.known && !(is_icmp && l4.icmp_type != ICMP_ECHO_REQUEST);
+	int answers = l4.known && !(is_icmp && l4.icmp_type != ICMP_ECHO_REPLY);
+	struct flow f = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
+			 .proto = ip->protocol};
+	struct flow quoted;
+	if (l4.known && is_icmp && icmp_error_flow(pkt, l4.icmp_type, &quoted)) {
+		/* The quoted packet went from this packet's destination to its
+		 * source: this packet goes the other way in the quoted flow. */
+		f.saddr = quoted.daddr;
+		f.daddr = quoted.saddr;
+		f.sport = quoted.dport;
+		f.dport = quoted.sport;
+		f.proto = quoted.proto;
+		answers = 1;
 	}
-	/* What this packet may answer: for TCP/UDP the reverse flow; for ICMP
-	 * only an echo reply answers (an echo request reusing a reply's id must
-	 * not pass as one), and an error answers the flow it quotes. */
-	struct ct_key answers = {.saddr = ip->daddr, .daddr = ip->saddr, .sport = l4.dport, .dport = l4.sport,
-				 .proto = ip->protocol};
-	int may_answer = l4.known;
-	if (ip->protocol == IPPROTO_ICMP_ && l4.icmp_type != ICMP_ECHO_REPLY)
-		may_answer = icmp_error_flow(pkt, l4.icmp_type, &answers);
-	e = may_answer ? bpf_map_lookup_elem(&conntrack, &answers) : 0;
-	if (e && now - e->last_seen_ns < CT_TIMEOUT_NS) {
-		int still = e->epoch == epoch;
-		/* The answered flow ran from this packet's destination to its
-		 * source: check it that way round. */
-		if (!still && !policy_allows(answers.saddr, answers.daddr, answers.proto, flow_port(&answers), fw_dst, fw_src)) {
-			e->epoch = epoch;
-			still = 1;
+	struct ct_key k;
+	__u8 dir = ct_key_of(&f, &k);
+	__u8 back = dir ^ CT_OPENED_BOTH;
+	struct ct_entry *e = (opens || answers) ? bpf_map_lookup_elem(&conntrack, &k) : 0;
+	if (e && ct_live(e, now)) {
+		/* Going the way the flow was opened, or answering it. */
+		__u8 way = (opens && (e->opened & dir)) ? dir : (answers && (e->opened & back)) ? back : 0;
+		if (way && e->epoch != epoch) {
+			/* The rules changed: check the flow again the way it was
+			 * opened, from the opener's source to its destination. */
+			int reason = way == dir ? policy_allows(f.saddr, f.daddr, f.proto, flow_port(f.proto, f.dport), fw_src, fw_dst, gen)
+						: policy_allows(f.daddr, f.saddr, f.proto, flow_port(f.proto, f.sport), fw_dst, fw_src, gen);
+			if (reason) {
+				bpf_map_delete_elem(&conntrack, &k);
+				e = 0;
+				if (way == dir)
+					return reason;
+				way = 0; /* answers nothing any more: judged on its own below */
+			} else {
+				/* Only the way just checked is vouched for now. */
+				e->opened = way;
+				e->epoch = epoch;
+			}
 		}
-		if (still) {
+		if (way) {
 			ct_touch(e, now);
 			return DROP_NONE;
 		}
-		bpf_map_delete_elem(&conntrack, &answers);
 	}
-	__u16 port = opens ? flow_port(&fwd) : 0;
-	int reason = policy_allows(ip->saddr, ip->daddr, ip->protocol, port, fw_src, fw_dst);
+	__u16 port = opens ? flow_port(ip->protocol, l4.dport) : 0;
+	int reason = policy_allows(ip->saddr, ip->daddr, ip->protocol, port, fw_src, fw_dst, gen);
 	if (reason)
 		return reason;
 	if (!opens)
 		return DROP_NONE;
 	/* A new entry comes out of the local VM's share (the sender on its vif,
 	 * the receiver from the fabric): a VM opening flows as fast as it can
-	 * cannot churn the others' flows out of the table. */
-	if (!share_take(owner, SHARE_FLOWS))
+	 * cannot churn the others' flows out of the table. An entry opened the
+	 * other way already is no new entry. */
+	if (!e && !share_take(owner, SHARE_FLOWS))
 		return DROP_OVER_SHARE;
-	struct ct_entry fresh = {.last_seen_ns = now, .epoch = epoch};
-	bpf_map_update_elem(&conntrack, &fwd, &fresh, BPF_ANY);
+	ct_open(&k, e, dir, epoch, now);
 	return DROP_NONE;
 }
 

@@ -19,16 +19,23 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 )
 
-// Datapath is what the agent needs from the kernel datapath; the real one is
-// *datapath.Kernel, tests use a fake.
+// Datapath is what the agent and its router need from the kernel datapath;
+// the real one is *datapath.Kernel, tests use a fake.
 type Datapath interface {
 	AttachUplink(name string, ifindex int) error
 	Apply(e datapath.Entries, uplinkName string) error
 	Counters() (datapath.Counters, error)
+	// Capacity is how many entries of one plan a map takes (-1: no such
+	// map): a plan is checked against it before anything is written.
+	Capacity(name string) int
+	// SetFeatures sets node_config.features, the bits that switch the
+	// features' datapath stages on.
+	SetFeatures(bits uint32) error
 }
 
 // Interfaces looks up the host's network interfaces.
@@ -52,8 +59,12 @@ type Agent struct {
 	ifs   Interfaces
 	log   *slog.Logger
 
+	router   *Router
+	features []feature.Feature // the registry: one sub-controller each
+	bits     uint32            // node_config.features as last written
+
 	mu         sync.Mutex
-	locals     map[int]intent.LocalEndpoint // by vif ifindex, as last applied
+	subs       map[string]*subController
 	status     intent.AgentStatus
 	reconciles uint64
 	failures   uint64
@@ -64,7 +75,6 @@ type Agent struct {
 	hooks           Hooks
 	shares          *Shares // each local VM's share of the slow path
 	dpRefused       map[netip.Addr]map[string]uint64
-	hostsErr        string // the last node-record problem logged, so it is logged once
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -81,7 +91,10 @@ type Hooks struct {
 }
 
 // SetHooks installs h; call it before Run.
-func (a *Agent) SetHooks(h Hooks) { a.hooks = h }
+func (a *Agent) SetHooks(h Hooks) {
+	a.hooks = h
+	a.router.arrived, a.router.departed = h.Arrived, h.Departed
+}
 
 // countersEvery is how often counters go into the status record: often
 // enough for `onehop stats`, rare enough not to load etcd.
@@ -98,9 +111,29 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 	if cfg.Resync <= 0 {
 		cfg.Resync = 2 * time.Second
 	}
-	return &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log,
-		shares: NewShares(DHCPPerSecond, DHCPBurst, nil)}, nil
+	a := &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log,
+		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{}}
+	a.router = newRouter(dp, cfg.Uplink, log)
+	a.router.left = a.shares.Forget
+	env := Env{Router: a.router}
+	if k, ok := dp.(*datapath.Kernel); ok {
+		env.Kernel = k
+	}
+	a.features = registry(env)
+	if err := feature.Check(a.features); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	for _, f := range a.features {
+		a.subs[f.Name()] = &subController{}
+	}
+	return a, nil
 }
+
+// Features lists the registered features, in sync order.
+func (a *Agent) Features() []feature.Feature { return a.features }
+
+// Router is the virtual router feature.
+func (a *Agent) Router() *Router { return a.router }
 
 // Run registers the node and reconciles until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
@@ -202,87 +235,78 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 	return rev, err
 }
 
+// subController is one feature's reconcile: compiled, checked against its
+// maps' capacities and synced on its own, so one feature's failure never
+// stops another's.
+type subController struct {
+	reconciles, failures uint64
+	err                  error
+	sizes                feature.Sizes
+	overflows            []feature.Overflow
+}
+
+// apply runs every feature's sub-controller on d. Features going out of use
+// lose their bit before their maps are emptied; features coming into use
+// get it only once their maps are written.
 func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 	upIndex, upMAC, _, err := a.ifs.ByName(a.cfg.Uplink)
 	if err != nil {
 		return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
 	}
-	entries, missing, err := datapath.Compile(d, datapath.Uplink{Ifindex: upIndex, MAC: upMAC}, func(name string) (int, error) {
+	node := feature.Node{Name: a.cfg.Node, Desired: d, Nodes: nodes, UplinkIfindex: upIndex, UplinkMAC: upMAC, Ifindex: func(name string) (int, error) {
 		idx, _, _, err := a.ifs.ByName(name)
 		return idx, err
-	})
-	if err != nil {
-		return err
-	}
-	// A broken node record leaves only that host unheard.
-	hosts, herr := datapath.CompileHosts(nodes, a.cfg.Node)
-	entries.Hosts = hosts
-	if herr != nil && herr.Error() != a.hostsErr {
-		a.log.Warn("known hosts", "err", herr)
-	}
-	a.hostsErr = ""
-	if herr != nil {
-		a.hostsErr = herr.Error()
-	}
-	if err := a.dp.AttachUplink(a.cfg.Uplink, upIndex); err != nil {
-		return err
-	}
-	if err := a.dp.Apply(entries, a.cfg.Uplink); err != nil {
-		return err
-	}
-	attached := make([]string, 0, len(entries.Attach))
-	for name := range entries.Attach {
-		attached = append(attached, name)
-	}
-	sort.Strings(attached)
-	locals := map[int]intent.LocalEndpoint{}
-	for _, l := range d.Local {
-		if idx, ok := entries.Attach[l.Interface]; ok {
-			locals[idx] = l
+	}}
+	plans := make([]feature.Plan, len(a.features))
+	errs := make([]error, len(a.features))
+	want := uint32(0)
+	for i, f := range a.features {
+		plans[i], errs[i] = f.Compile(node)
+		if errs[i] == nil && plans[i].InUse() {
+			want |= f.Bit()
 		}
 	}
-	a.mu.Lock()
-	var arrived []netip.Addr
-	known := map[string]bool{}
-	for _, l := range a.locals {
-		known[l.IP] = true
+	if keep := a.bits & want; keep != a.bits {
+		if err := a.dp.SetFeatures(keep); err != nil {
+			return err
+		}
+		a.bits = keep
 	}
-	for _, l := range locals {
-		if !known[l.IP] {
-			if ip, err := netip.ParseAddr(l.IP); err == nil {
-				arrived = append(arrived, ip)
-			}
+	on := a.bits
+	for i, f := range a.features {
+		if errs[i] == nil {
+			errs[i] = feature.CheckFit(f.Name(), plans[i].Sizes(), a.dp.Capacity)
+		}
+		if errs[i] == nil {
+			errs[i] = f.Sync(plans[i])
+		}
+		if errs[i] == nil {
+			on |= want & f.Bit()
+		}
+		a.mu.Lock()
+		sub := a.subs[f.Name()]
+		sub.reconciles++
+		sub.err = errs[i]
+		sub.overflows = feature.Overflows(errs[i])
+		if plans[i] != nil {
+			sub.sizes = plans[i].Sizes()
+		}
+		if errs[i] != nil {
+			sub.failures++
+		}
+		a.mu.Unlock()
+		if errs[i] != nil {
+			errs[i] = fmt.Errorf("%s: %w", f.Name(), errs[i])
+			a.log.Error("feature not reconciled", "feature", f.Name(), "err", errs[i])
 		}
 	}
-	var departed []netip.Addr
-	for _, old := range a.locals {
-		if !stillLocal(locals, old.Name) {
-			a.shares.Forget(old.Name)
-			if ip, err := netip.ParseAddr(old.IP); err == nil {
-				departed = append(departed, ip)
-			}
+	if on != a.bits {
+		if err := a.dp.SetFeatures(on); err != nil {
+			return err
 		}
+		a.bits = on
 	}
-	a.locals = locals
-	prevMissing := a.status.MissingVifs
-	a.status.AttachedVifs = attached
-	a.status.MissingVifs = missing
-	a.status.Endpoints = len(entries.Endpoints)
-	a.mu.Unlock()
-	if len(missing) > 0 && !reflect.DeepEqual(missing, prevMissing) {
-		a.log.Info("waiting for vifs to appear", "vifs", missing)
-	}
-	if a.hooks.Departed != nil {
-		for _, ip := range departed {
-			a.hooks.Departed(ip)
-		}
-	}
-	if a.hooks.Arrived != nil {
-		for _, ip := range arrived {
-			a.hooks.Arrived(ip)
-		}
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr error) error {
@@ -291,6 +315,15 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	st.Node = a.cfg.Node
 	st.Drops, st.Forwards, st.ARP = a.drops, a.forwards, a.arpStats
 	st.Refused = a.refusalsLocked(a.dpRefused)
+	st.Overflows = nil
+	for _, f := range a.features {
+		if r, ok := f.(feature.Reporter); ok {
+			r.Report(&st)
+		}
+		for _, o := range a.subs[f.Name()].overflows {
+			st.Overflows = append(st.Overflows, intent.MapOverflow{Feature: f.Name(), Map: o.Map, Want: o.Want, Capacity: o.Capacity})
+		}
+	}
 	st.AppliedDigest = d.Digest()
 	st.Error = ""
 	if applyErr != nil {
@@ -318,10 +351,7 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 // VM address) and by the agent's own slow path. a.mu must be held.
 func (a *Agent) refusalsLocked(dp map[netip.Addr]map[string]uint64) []intent.VMRefusal {
 	out := a.shares.Refused()
-	names := map[string]string{}
-	for _, l := range a.locals {
-		names[l.IP] = l.Name
-	}
+	names := a.router.names()
 	for ip, kinds := range dp {
 		vm := names[ip.String()]
 		if vm == "" {
@@ -351,11 +381,34 @@ func (a *Agent) Refusals(dp map[netip.Addr]map[string]uint64) []intent.VMRefusal
 func (a *Agent) Shares() *Shares { return a.shares }
 
 // Local returns the VM behind the vif with this ifindex, as last applied.
-func (a *Agent) Local(ifindex int) (intent.LocalEndpoint, bool) {
+func (a *Agent) Local(ifindex int) (intent.LocalEndpoint, bool) { return a.router.Local(ifindex) }
+
+// MapUse is one reconciled map's use as of the last pass: entries wanted,
+// and how many of them did not fit (0: all did).
+type MapUse struct {
+	Feature, Map   string
+	Want, Capacity int
+	Over           int
+}
+
+// MapUses lists every reconciled map's use as of the last pass, by feature
+// and map, for metrics.
+func (a *Agent) MapUses() []MapUse {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	l, ok := a.locals[ifindex]
-	return l, ok
+	var out []MapUse
+	for _, f := range a.features {
+		sub := a.subs[f.Name()]
+		for name, n := range sub.sizes {
+			u := MapUse{Feature: f.Name(), Map: name, Want: n, Capacity: a.dp.Capacity(name)}
+			if n > u.Capacity {
+				u.Over = n - u.Capacity
+			}
+			out = append(out, u)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Feature+out[i].Map < out[j].Feature+out[j].Map })
+	return out
 }
 
 // Status returns the last reconcile's outcome and the reconcile counts.

@@ -23,6 +23,8 @@ type fakeDatapath struct {
 	applies  int
 	uplink   string
 	applyErr error
+	caps     map[string]int
+	bits     []uint32 // every SetFeatures, in order
 }
 
 func (f *fakeDatapath) AttachUplink(name string, _ int) error {
@@ -40,6 +42,23 @@ func (f *fakeDatapath) Apply(e datapath.Entries, _ string) error {
 	}
 	f.entries = e
 	f.applies++
+	return nil
+}
+
+// Capacity is each map's size in the fake: caps, else plenty.
+func (f *fakeDatapath) Capacity(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.caps[name]; ok {
+		return c
+	}
+	return 1 << 20
+}
+
+func (f *fakeDatapath) SetFeatures(bits uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bits = append(f.bits, bits)
 	return nil
 }
 

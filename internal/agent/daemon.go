@@ -20,6 +20,7 @@ import (
 
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
@@ -95,9 +96,9 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		return err
 	}
 	defer sock.Close()
-	// On the way out: readers closed and ctx cancelled first (deferred
-	// below), then the goroutines are waited for, then the socket and the
-	// maps they use are closed.
+	// On the way out: ctx cancelled first (deferred below), then the
+	// features' work is waited for, then the socket and the maps it uses
+	// are closed.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
@@ -109,8 +110,6 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); runARPEngine(ctx, engine, log) }()
 	s, err := store.DialEtcdTLS(cfg.EtcdEndpoints, etcdTLS)
 	if err != nil {
 		return err
@@ -126,35 +125,31 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 			log.Warn("forget the mapping of a VM that left", "vm", ip, "err", err)
 		}
 	}})
-
-	events, err := k.DropEvents()
-	if err != nil {
-		return fmt.Errorf("open drop events: %w", err)
-	}
-	defer events.Close()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		LogDrops(events, k.DropReason, ifname, ratelog.New(log, 5, time.Second, nil))
-	}()
-
-	slow, err := k.SlowPath()
-	if err != nil {
-		return fmt.Errorf("open slow path: %w", err)
-	}
-	defer slow.Close()
 	dhcpd := &DHCPServer{DNS: cfg.DNS, Local: a.Local}
 	claims := NewClaimChecker(s, k, monotonic, func(vm netip.Addr, host net.HardwareAddr) {
 		if err := sock.Send(upIndex, arpengine.Request(host, upMAC, arpCfg.HostIP, vm)); err != nil {
 			log.Warn("ask a host about a VM it claims", "vm", vm, "host", host, "err", err)
 		}
 	}, log)
-	wg.Add(1)
-	go func() { defer wg.Done(); claims.Run(ctx) }()
-	wg.Add(1)
-	slowPath := &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Claims: claims, Shares: a.Shares(),
-		Log: ratelog.New(log, 5, time.Second, nil)}
-	go func() { defer wg.Done(); slowPath.Serve(slow, log) }()
+	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Log: log,
+		SlowPath: &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Claims: claims, Shares: a.Shares(),
+			Log: ratelog.New(log, 5, time.Second, nil)}})
+	// Each feature's own work (the router's: the ARP engine, the drop log,
+	// the slow path) runs beside the reconcile loop.
+	for _, f := range a.Features() {
+		r, ok := f.(feature.Runner)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(ctx); err != nil {
+				log.Error("feature stopped", "feature", f.Name(), "err", err)
+				cancel()
+			}
+		}()
+	}
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()

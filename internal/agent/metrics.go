@@ -16,6 +16,7 @@ type Collector struct {
 	drops, forwards, endpoints, vifs, reconciles, failures *prometheus.Desc
 	mapped, asking, capacity, arpEvents                    *prometheus.Desc
 	refused                                                *prometheus.Desc
+	mapEntries, mapCapacity, mapOverflow                   *prometheus.Desc
 }
 
 // NewCollector returns a collector for a's node.
@@ -39,6 +40,12 @@ func NewCollector(a *Agent) *Collector {
 			"What the ARP engine did, by event (see docs/virtual-router.md).", []string{"event"}, l),
 		refused: prometheus.NewDesc("onehop_vm_refused_total",
 			"Shared work refused to a VM over its share (what: dhcp, ...), by VM.", []string{"vm", "what"}, l),
+		mapEntries: prometheus.NewDesc("onehop_map_entries",
+			"Entries this node's intent puts in each reconciled map, by feature and map.", []string{"feature", "map"}, l),
+		mapCapacity: prometheus.NewDesc("onehop_map_capacity",
+			"Entries each reconciled map takes for one plan (half the map for rule maps: two generations).", []string{"feature", "map"}, l),
+		mapOverflow: prometheus.NewDesc("onehop_map_overflow_entries",
+			"Entries that did not fit a full map: nothing of that feature was written (0: all fit).", []string{"feature", "map"}, l),
 		vifs: prometheus.NewDesc("onehop_attached_vifs",
 			"Guest vifs with the datapath attached.", nil, l),
 		reconciles: prometheus.NewDesc("onehop_reconciles_total",
@@ -51,7 +58,7 @@ func NewCollector(a *Agent) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.drops, c.forwards, c.endpoints, c.vifs, c.reconciles, c.failures,
-		c.mapped, c.asking, c.capacity, c.arpEvents, c.refused} {
+		c.mapped, c.asking, c.capacity, c.arpEvents, c.refused, c.mapEntries, c.mapCapacity, c.mapOverflow} {
 		ch <- d
 	}
 }
@@ -74,6 +81,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.vifs, prometheus.GaugeValue, float64(len(st.AttachedVifs)))
 	ch <- prometheus.MustNewConstMetric(c.reconciles, prometheus.CounterValue, float64(rec))
 	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(fail))
+	for _, u := range c.agent.MapUses() {
+		ch <- prometheus.MustNewConstMetric(c.mapEntries, prometheus.GaugeValue, float64(u.Want), u.Feature, u.Map)
+		ch <- prometheus.MustNewConstMetric(c.mapCapacity, prometheus.GaugeValue, float64(u.Capacity), u.Feature, u.Map)
+		ch <- prometheus.MustNewConstMetric(c.mapOverflow, prometheus.GaugeValue, float64(u.Over), u.Feature, u.Map)
+	}
 	for _, r := range c.agent.Refusals(counters.Refused) {
 		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(r.Count), r.VM, r.What)
 	}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,15 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/arpengine"
+	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/ratelog"
-)
-
-// Kinds of slow-path records: enum slowpath_kind in bpf/lib/common.h.
-const (
-	slowDHCP     = 0
-	slowHold     = 1
-	slowARPReply = 2
-	slowClaim    = 3
 )
 
 // PacketSocket sends frames; it receives nothing, so it costs other traffic
@@ -79,18 +73,18 @@ func (s *SlowPath) Serve(r *ringbuf.Reader, log *slog.Logger) {
 			continue
 		}
 		switch ev.kind {
-		case slowHold:
+		case datapath.SlowHold:
 			if err := s.ARP.Hold(ev.frame, ev.origLen); err != nil {
 				s.Log.Warn(fmt.Sprintf("hold/%d", ev.ifindex), "held packet", "ifindex", ev.ifindex, "err", err)
 			}
-		case slowARPReply:
+		case datapath.SlowARPReply:
 			a, err := arpengine.ParseAnswer(ev.frame)
 			if err != nil {
 				s.Log.Warn("arp-answer", "ARP answer", "err", err)
 				continue
 			}
 			s.ARP.Answered(a)
-		case slowClaim:
+		case datapath.SlowMappingClaim:
 			// An announcement or an answer: both name the VM as sender.
 			a, err := arpengine.ParseAnswer(ev.frame)
 			if err != nil {
@@ -98,7 +92,7 @@ func (s *SlowPath) Serve(r *ringbuf.Reader, log *slog.Logger) {
 				continue
 			}
 			s.Claims.Claim(a)
-		case slowDHCP:
+		case datapath.SlowDHCP:
 			s.answerDHCP(ev.ifindex, ev.frame, log)
 		default:
 			s.Log.Warn("kind", "slow path record of unknown kind", "kind", ev.kind)
@@ -130,25 +124,25 @@ func (s *SlowPath) answerDHCP(ifindex int, frame []byte, log *slog.Logger) {
 }
 
 type slowPathEvent struct {
-	kind, ifindex, origLen int
-	frame                  []byte
+	kind             datapath.SlowpathKind
+	ifindex, origLen int
+	frame            []byte
 }
 
-// decodeSlowPath splits a struct slowpath_event (bpf/lib/common.h).
+// decodeSlowPath reads a struct slowpath_event (bpf/lib/common.h) into its
+// generated Go twin: no offset is written twice.
 func decodeSlowPath(b []byte) (slowPathEvent, error) {
-	const header = 16
-	if len(b) < header {
-		return slowPathEvent{}, fmt.Errorf("%d-byte record", len(b))
+	var rec datapath.SlowpathEvent
+	if err := binary.Read(bytes.NewReader(b), binary.NativeEndian, &rec); err != nil {
+		return slowPathEvent{}, fmt.Errorf("%d-byte record: %w", len(b), err)
 	}
-	u32 := func(i int) int { return int(binary.NativeEndian.Uint32(b[i : i+4])) }
-	ev := slowPathEvent{kind: u32(0), ifindex: u32(4), origLen: u32(12)}
-	n := u32(8)
-	if n > len(b)-header {
-		return slowPathEvent{}, fmt.Errorf("record claims %d bytes, holds %d", n, len(b)-header)
+	n := int(rec.Len)
+	if n > len(rec.Data) {
+		return slowPathEvent{}, fmt.Errorf("record claims %d bytes, holds %d", n, len(rec.Data))
 	}
-	if ev.origLen < n {
-		return slowPathEvent{}, fmt.Errorf("record holds %d bytes of a %d-byte frame", n, ev.origLen)
+	if int(rec.OrigLen) < n {
+		return slowPathEvent{}, fmt.Errorf("record holds %d bytes of a %d-byte frame", n, rec.OrigLen)
 	}
-	ev.frame = b[header : header+n]
-	return ev, nil
+	return slowPathEvent{kind: datapath.SlowpathKind(rec.Kind), ifindex: int(rec.Ifindex), origLen: int(rec.OrigLen),
+		frame: rec.Data[:n:n]}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"time"
 
@@ -18,17 +19,21 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/onehop/onehop/internal/arpengine"
+	"github.com/onehop/onehop/internal/feature"
 )
 
 // Kernel is the datapath in the running kernel: the loaded programs, their
 // shared maps, and the tcx links that attach them.
 type Kernel struct {
-	pinDir   string // "" when nothing is pinned (tests)
-	vif      vifObjects
-	uplink   uplinkObjects
-	links    map[string]link.Link
-	dropName []string
-	fwdName  []string
+	pinDir string // "" when nothing is pinned (tests)
+	vif    vifObjects
+	uplink uplinkObjects
+	links  map[string]link.Link
+	maps   map[string]*ebpf.Map // every map of both programs, by its name in the C
+	// barrier and barrierInner: waitForPrograms updates one in the other.
+	barrier, barrierInner *ebpf.Map
+	dropName              []string
+	fwdName               []string
 }
 
 // Options size what the operator may size.
@@ -126,6 +131,16 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		k.vif.Close()
 		return nil, fmt.Errorf("load uplink program: %w", err)
 	}
+	k.maps = shared
+	for name, m := range mapsByName(&k.uplink.uplinkMaps) {
+		if _, ok := k.maps[name]; !ok {
+			k.maps[name] = m
+		}
+	}
+	if k.barrier, k.barrierInner, err = newBarrier(); err != nil {
+		k.Close()
+		return nil, err
+	}
 	return k, nil
 }
 
@@ -172,6 +187,10 @@ func (k *Kernel) Close() error {
 		l.Close()
 	}
 	k.uplink.Close()
+	if k.barrier != nil {
+		k.barrier.Close()
+		k.barrierInner.Close()
+	}
 	return k.vif.Close()
 }
 
@@ -228,44 +247,25 @@ func (k *Kernel) AttachUplink(ifname string, ifindex int) error {
 }
 
 // Apply makes the maps hold exactly e and the vif program sit on exactly the
-// vifs in e.Attach (plus the uplink). Map entries are written before a vif is
-// attached, so a newly attached vif never sees an empty table.
+// vifs in e.Attach (plus the uplink). Nothing is written when a map cannot
+// hold its part of e (a *feature.OverflowError says which and by how much):
+// the maps keep what they held rather than a random subset. Map entries are
+// written before a vif is attached, so a newly attached vif never sees an
+// empty table; a changed rule set is switched to at once, never piecemeal
+// (policy_update.go).
 func (k *Kernel) Apply(e Entries, uplinkName string) error {
+	if err := feature.CheckFit("router", e.Sizes(), k.Capacity); err != nil {
+		return err
+	}
+	steps, err := k.plan(e)
+	if err != nil {
+		return err
+	}
 	var errs []error
-	var cur NodeConfig
-	_ = k.vif.Config.Lookup(uint32(0), &cur) // a fresh map holds zeros
-	errs = append(errs, syncMap(k.vif.Endpoints, e.Endpoints, "endpoints", nil))
-	errs = append(errs, syncMap(k.vif.Vifs, e.Vifs, "vifs", nil))
-	policyChanged := false
-	errs = append(errs, syncMap(k.vif.Visibility, e.Visibility, "visibility", &policyChanged))
-	// Rules before policies: a policy's count must never cover a rule
-	// not written yet.
-	errs = append(errs, syncMap(k.vif.FirewallRules, e.FirewallRules, "firewall rules", &policyChanged))
-	errs = append(errs, syncMap(k.vif.Firewalls, e.Firewalls, "firewalls", &policyChanged))
-	// Admitted flows pass on one lookup; with the rules changed, a new
-	// epoch makes each flow be checked again against them (and kept only
-	// if still allowed) the next time it is seen.
-	cfg := e.Config
-	cfg.PolicyEpoch = cur.PolicyEpoch
-	if policyChanged {
-		cfg.PolicyEpoch++
-	}
-	if err := k.vif.Config.Put(uint32(0), cfg); err != nil {
-		errs = append(errs, fmt.Errorf("write config: %w", err))
-	}
-	errs = append(errs, syncMap(k.vif.Scopes, e.Scopes, "scopes", nil))
-	if err := k.vif.ShareConfig.Put(uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity())); err != nil {
-		errs = append(errs, fmt.Errorf("write share limits: %w", err))
-	}
-	errs = append(errs, k.forgetShares(e.Endpoints))
-	errs = append(errs, k.syncHosts(e.Hosts))
-	for id, want := range e.Farms {
-		var cur FarmConfig
-		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {
-			continue
-		}
-		if err := k.vif.Farms.Put(uint32(id), want); err != nil {
-			errs = append(errs, fmt.Errorf("write farm %d: %w", id, err))
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			errs = append(errs, err)
+			break
 		}
 	}
 	for name, ifindex := range e.Attach {
@@ -287,6 +287,141 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// plan lists the map writes that take the maps from what they hold to e, in
+// an order that keeps every packet judged by exactly one rule set.
+func (k *Kernel) plan(e Entries) ([]step, error) {
+	var cur NodeConfig
+	if err := k.vif.Config.Lookup(uint32(0), &cur); err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	sets, err := k.readPolicy()
+	if err != nil {
+		return nil, err
+	}
+	want := policySet{vis: e.Visibility, fw: e.Firewalls, rules: e.FirewallRules}
+	inForce := uint8(cur.PolicyEpoch & 1)
+	switching := !sets[inForce].equal(want)
+	cfg := e.Config
+	cfg.PolicyEpoch = cur.PolicyEpoch
+	cfg.Features = cur.Features // the agent's to set (SetFeatures)
+	if switching {
+		// Admitted flows pass on one lookup; a new epoch makes each be
+		// checked again against the new rules the next time it is seen.
+		cfg.PolicyEpoch++
+	}
+	next := uint8(cfg.PolicyEpoch & 1)
+
+	// The endpoints first, with every firewall flag either rule set needs.
+	eps, err := withFlags(k.vif.Endpoints, e.Endpoints, func(v *Endpoint) *uint8 { return &v.Firewall })
+	if err != nil {
+		return nil, err
+	}
+	vifs, err := withFlags(k.vif.Vifs, e.Vifs, func(v *VifInfo) *uint8 { return &v.Firewall })
+	if err != nil {
+		return nil, err
+	}
+	steps := []step{
+		{"endpoints", func() error { return syncMap(k.vif.Endpoints, eps, "endpoints", nil) }},
+		{"vifs", func() error { return syncMap(k.vif.Vifs, vifs, "vifs", nil) }},
+	}
+	// Whatever the generation not in force holds is left over from an
+	// interrupted switch: no program reads it.
+	spare := inForce ^ 1
+	if !sets[spare].empty() {
+		steps = append(steps, k.deleteSet(sets[spare], spare)...)
+	}
+	if switching {
+		steps = append(steps, k.writeSet(want, next)...)
+	}
+	if cfg != cur {
+		steps = append(steps, put(k.vif.Config, "write config", uint32(0), cfg))
+	}
+	if switching {
+		steps = append(steps, step{"wait for programs under the old rules", k.waitForPrograms})
+		steps = append(steps, k.deleteSet(sets[inForce], inForce)...)
+	}
+	// Only the flags the rule set in force needs.
+	steps = append(steps,
+		step{"endpoint flags", func() error { return syncMap(k.vif.Endpoints, e.Endpoints, "endpoints", nil) }},
+		step{"vif flags", func() error { return syncMap(k.vif.Vifs, e.Vifs, "vifs", nil) }},
+		// Members before the counts that cover them.
+		step{"scope members", func() error { return syncMap(k.vif.ScopeMembers, e.Members, "scope members", nil) }},
+		step{"scopes", func() error { return syncMap(k.vif.Scopes, e.Scopes, "scopes", nil) }},
+		put(k.vif.ShareConfig, "write share limits", uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity())),
+		step{"forget shares", func() error { return k.forgetShares(e.Endpoints) }},
+		step{"farms", func() error { return k.syncFarms(e.Farms) }},
+		step{"hosts", func() error { return k.syncHosts(e.Hosts) }},
+	)
+	return steps, nil
+}
+
+func (k *Kernel) syncFarms(farms [256]FarmConfig) error {
+	for id, want := range farms {
+		var cur FarmConfig
+		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {
+			continue
+		}
+		if err := k.vif.Farms.Put(uint32(id), want); err != nil {
+			return fmt.Errorf("write farm %d: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// SetFeatures sets the node's feature bits (node_config.features), which
+// switch the features' datapath stages on; the rest of the config stays.
+func (k *Kernel) SetFeatures(bits uint32) error {
+	var cfg NodeConfig
+	if err := k.vif.Config.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	if cfg.Features == bits {
+		return nil
+	}
+	cfg.Features = bits
+	if err := k.vif.Config.Put(uint32(0), cfg); err != nil {
+		return fmt.Errorf("write feature bits: %w", err)
+	}
+	return nil
+}
+
+// Features returns the node's feature bits.
+func (k *Kernel) Features() (uint32, error) {
+	var cfg NodeConfig
+	if err := k.vif.Config.Lookup(uint32(0), &cfg); err != nil {
+		return 0, fmt.Errorf("read config: %w", err)
+	}
+	return cfg.Features, nil
+}
+
+// generational maps hold two rule sets while one replaces the other: each
+// set gets half.
+var generational = map[string]bool{"visibility": true, "firewalls": true, "firewall_rules": true}
+
+// Capacity is how many entries of one plan the named map takes: its size,
+// or half of it for a map holding two rule generations; -1 for a map the
+// programs do not have.
+func (k *Kernel) Capacity(name string) int {
+	m, ok := k.maps[name]
+	if !ok {
+		return -1
+	}
+	if generational[name] {
+		return int(m.MaxEntries()) / 2
+	}
+	return int(m.MaxEntries())
+}
+
+// Map returns one of the programs' maps by its name in the C, for a
+// feature's sync to write.
+func (k *Kernel) Map(name string) (*ebpf.Map, error) {
+	m, ok := k.maps[name]
+	if !ok {
+		return nil, fmt.Errorf("no map named %s in the datapath", name)
+	}
+	return m, nil
 }
 
 // forgetShares removes the share of every VM that is no longer local: the
@@ -460,3 +595,26 @@ func (k *Kernel) ForgetMapping(ip netip.Addr) error {
 
 // MappingCapacity is the mapping table's fixed size.
 func (k *Kernel) MappingCapacity() int { return int(k.vif.Mappings.MaxEntries()) }
+
+// MapNames lists every map the two programs define, by its name in the C
+// (what a feature declares in feature.Feature.Maps).
+func MapNames() ([]string, error) {
+	seen := map[string]bool{}
+	for _, load := range []func() (*ebpf.CollectionSpec, error){loadVif, loadUplink} {
+		spec, err := load()
+		if err != nil {
+			return nil, err
+		}
+		for name, m := range spec.Maps {
+			if m.Pinning != ebpf.PinNone {
+				seen[name] = true
+			}
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for name := range seen {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names, nil
+}

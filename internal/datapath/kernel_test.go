@@ -678,10 +678,14 @@ func readSlowPath(t *testing.T, r *ringbuf.Reader) slowRecord {
 	if err != nil {
 		t.Fatalf("no slow-path record: %v", err)
 	}
-	b := rec.RawSample
-	u32 := func(i int) int { return int(binary.NativeEndian.Uint32(b[i:])) }
-	n := u32(8)
-	return slowRecord{kind: u32(0), ifindex: u32(4), origLen: u32(12), data: b[16 : 16+n]}
+	var ev SlowpathEvent
+	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev); err != nil {
+		t.Fatalf("slow-path record of %d bytes: %v", len(rec.RawSample), err)
+	}
+	if int(ev.Len) > len(ev.Data) {
+		t.Fatalf("slow-path record claims %d bytes", ev.Len)
+	}
+	return slowRecord{kind: int(ev.Kind), ifindex: int(ev.Ifindex), origLen: int(ev.OrigLen), data: ev.Data[:ev.Len]}
 }
 
 func TestPrivilegedProxyARPAnswersForOtherSubnetsWithTheGateway(t *testing.T) {

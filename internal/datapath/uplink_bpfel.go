@@ -17,15 +17,16 @@ type uplinkCtEntry struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
 	Epoch      uint32
-	Pad        uint32
+	Opened     uint8
+	Pad        [3]uint8
 }
 
 type uplinkCtKey struct {
 	_     structs.HostLayout
-	Saddr uint32
-	Daddr uint32
-	Sport uint16
-	Dport uint16
+	AddrA uint32
+	AddrB uint32
+	PortA uint16
+	PortB uint16
 	Proto uint8
 	Pad   [3]uint8
 }
@@ -57,13 +58,21 @@ type uplinkFwKey struct {
 	Vm    uint32
 	Dir   uint8
 	Index uint8
-	Pad   uint16
+	Gen   uint8
+	Pad   uint8
 }
 
 type uplinkFwPolicy struct {
 	_            structs.HostLayout
 	Count        [2]uint8
 	DefaultAllow [2]uint8
+}
+
+type uplinkFwPolicyKey struct {
+	_   structs.HostLayout
+	Vm  uint32
+	Gen uint8
+	Pad [3]uint8
 }
 
 type uplinkFwRule struct {
@@ -91,6 +100,14 @@ type uplinkMapping struct {
 	UsedNs      uint64
 }
 
+type uplinkMemberKey struct {
+	_      structs.HostLayout
+	Farm   uint8
+	Subnet uint8
+	Pad    uint16
+	Index  uint32
+}
+
 type uplinkNodeConfig struct {
 	_             structs.HostLayout
 	UplinkIfindex uint32
@@ -99,6 +116,12 @@ type uplinkNodeConfig struct {
 	VmNet         uint32
 	VmMask        uint32
 	PolicyEpoch   uint32
+	Features      uint32
+}
+
+type uplinkScopeInfo struct {
+	_     structs.HostLayout
+	Count uint32
 }
 
 type uplinkScopeKey struct {
@@ -108,11 +131,10 @@ type uplinkScopeKey struct {
 	Pad    uint16
 }
 
-type uplinkScopeMembers struct {
+type uplinkScopeMember struct {
 	_       structs.HostLayout
-	Count   uint32
-	Ifindex [32]uint32
-	Ip      [32]uint32
+	Ifindex uint32
+	Ip      uint32
 }
 
 type uplinkShareLimits struct {
@@ -136,7 +158,7 @@ type uplinkVisKey struct {
 	DstFarm   uint8
 	DstSubnet uint8
 	Proto     uint8
-	Pad       uint8
+	Gen       uint8
 	Port      uint16
 }
 
@@ -163,6 +185,7 @@ const (
 	uplinkMapHosts          = "hosts"
 	uplinkMapMappingClaims  = "mapping_claims"
 	uplinkMapMappings       = "mappings"
+	uplinkMapScopeMembers   = "scope_members"
 	uplinkMapScopes         = "scopes"
 	uplinkMapShareConfig    = "share_config"
 	uplinkMapSlowpath       = "slowpath"
@@ -234,6 +257,7 @@ type uplinkMapSpecs struct {
 	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
+	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
@@ -281,6 +305,7 @@ type uplinkMaps struct {
 	Hosts         *ebpf.Map `ebpf:"hosts"`
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
+	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
@@ -304,6 +329,7 @@ func (m *uplinkMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,

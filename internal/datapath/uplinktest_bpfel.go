@@ -17,15 +17,16 @@ type uplinkTestCtEntry struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
 	Epoch      uint32
-	Pad        uint32
+	Opened     uint8
+	Pad        [3]uint8
 }
 
 type uplinkTestCtKey struct {
 	_     structs.HostLayout
-	Saddr uint32
-	Daddr uint32
-	Sport uint16
-	Dport uint16
+	AddrA uint32
+	AddrB uint32
+	PortA uint16
+	PortB uint16
 	Proto uint8
 	Pad   [3]uint8
 }
@@ -57,13 +58,21 @@ type uplinkTestFwKey struct {
 	Vm    uint32
 	Dir   uint8
 	Index uint8
-	Pad   uint16
+	Gen   uint8
+	Pad   uint8
 }
 
 type uplinkTestFwPolicy struct {
 	_            structs.HostLayout
 	Count        [2]uint8
 	DefaultAllow [2]uint8
+}
+
+type uplinkTestFwPolicyKey struct {
+	_   structs.HostLayout
+	Vm  uint32
+	Gen uint8
+	Pad [3]uint8
 }
 
 type uplinkTestFwRule struct {
@@ -91,6 +100,14 @@ type uplinkTestMapping struct {
 	UsedNs      uint64
 }
 
+type uplinkTestMemberKey struct {
+	_      structs.HostLayout
+	Farm   uint8
+	Subnet uint8
+	Pad    uint16
+	Index  uint32
+}
+
 type uplinkTestNodeConfig struct {
 	_             structs.HostLayout
 	UplinkIfindex uint32
@@ -99,6 +116,7 @@ type uplinkTestNodeConfig struct {
 	VmNet         uint32
 	VmMask        uint32
 	PolicyEpoch   uint32
+	Features      uint32
 }
 
 type uplinkTestRedirectTrace struct {
@@ -108,6 +126,11 @@ type uplinkTestRedirectTrace struct {
 	Kind    [8]uint32
 }
 
+type uplinkTestScopeInfo struct {
+	_     structs.HostLayout
+	Count uint32
+}
+
 type uplinkTestScopeKey struct {
 	_      structs.HostLayout
 	Farm   uint8
@@ -115,11 +138,10 @@ type uplinkTestScopeKey struct {
 	Pad    uint16
 }
 
-type uplinkTestScopeMembers struct {
+type uplinkTestScopeMember struct {
 	_       structs.HostLayout
-	Count   uint32
-	Ifindex [32]uint32
-	Ip      [32]uint32
+	Ifindex uint32
+	Ip      uint32
 }
 
 type uplinkTestShareLimits struct {
@@ -143,7 +165,7 @@ type uplinkTestVisKey struct {
 	DstFarm   uint8
 	DstSubnet uint8
 	Proto     uint8
-	Pad       uint8
+	Gen       uint8
 	Port      uint16
 }
 
@@ -171,6 +193,7 @@ const (
 	uplinkTestMapMappingClaims     = "mapping_claims"
 	uplinkTestMapMappings          = "mappings"
 	uplinkTestMapRedirectLog       = "redirect_log"
+	uplinkTestMapScopeMembers      = "scope_members"
 	uplinkTestMapScopes            = "scopes"
 	uplinkTestMapShareConfig       = "share_config"
 	uplinkTestMapSlowpath          = "slowpath"
@@ -245,6 +268,7 @@ type uplinkTestMapSpecs struct {
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	RedirectLog   *ebpf.MapSpec `ebpf:"redirect_log"`
+	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
@@ -295,6 +319,7 @@ type uplinkTestMaps struct {
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
 	RedirectLog   *ebpf.Map `ebpf:"redirect_log"`
+	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
@@ -319,6 +344,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.MappingClaims,
 		m.Mappings,
 		m.RedirectLog,
+		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,

@@ -17,15 +17,16 @@ type vifCtEntry struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
 	Epoch      uint32
-	Pad        uint32
+	Opened     uint8
+	Pad        [3]uint8
 }
 
 type vifCtKey struct {
 	_     structs.HostLayout
-	Saddr uint32
-	Daddr uint32
-	Sport uint16
-	Dport uint16
+	AddrA uint32
+	AddrB uint32
+	PortA uint16
+	PortB uint16
 	Proto uint8
 	Pad   [3]uint8
 }
@@ -91,6 +92,12 @@ type vifFarmConfig struct {
 	Flags uint32
 }
 
+type vifFeatureBit uint32
+
+const (
+	vifFeatureBitFEATURE_NONE vifFeatureBit = 0
+)
+
 type vifForwardPath uint32
 
 const (
@@ -124,13 +131,21 @@ type vifFwKey struct {
 	Vm    uint32
 	Dir   uint8
 	Index uint8
-	Pad   uint16
+	Gen   uint8
+	Pad   uint8
 }
 
 type vifFwPolicy struct {
 	_            structs.HostLayout
 	Count        [2]uint8
 	DefaultAllow [2]uint8
+}
+
+type vifFwPolicyKey struct {
+	_   structs.HostLayout
+	Vm  uint32
+	Gen uint8
+	Pad [3]uint8
 }
 
 type vifFwRule struct {
@@ -158,6 +173,14 @@ type vifMapping struct {
 	UsedNs      uint64
 }
 
+type vifMemberKey struct {
+	_      structs.HostLayout
+	Farm   uint8
+	Subnet uint8
+	Pad    uint16
+	Index  uint32
+}
+
 type vifNodeConfig struct {
 	_             structs.HostLayout
 	UplinkIfindex uint32
@@ -166,6 +189,12 @@ type vifNodeConfig struct {
 	VmNet         uint32
 	VmMask        uint32
 	PolicyEpoch   uint32
+	Features      uint32
+}
+
+type vifScopeInfo struct {
+	_     structs.HostLayout
+	Count uint32
 }
 
 type vifScopeKey struct {
@@ -175,11 +204,10 @@ type vifScopeKey struct {
 	Pad    uint16
 }
 
-type vifScopeMembers struct {
+type vifScopeMember struct {
 	_       structs.HostLayout
-	Count   uint32
-	Ifindex [32]uint32
-	Ip      [32]uint32
+	Ifindex uint32
+	Ip      uint32
 }
 
 type vifShareKind uint32
@@ -230,7 +258,7 @@ type vifVisKey struct {
 	DstFarm   uint8
 	DstSubnet uint8
 	Proto     uint8
-	Pad       uint8
+	Gen       uint8
 	Port      uint16
 }
 
@@ -257,6 +285,7 @@ const (
 	vifMapHosts             = "hosts"
 	vifMapMappingClaims     = "mapping_claims"
 	vifMapMappings          = "mappings"
+	vifMapScopeMembers      = "scope_members"
 	vifMapScopes            = "scopes"
 	vifMapShareConfig       = "share_config"
 	vifMapSlowpath          = "slowpath"
@@ -266,6 +295,7 @@ const (
 	vifProgVifIngress       = "vif_ingress"
 	vifVarDropEventType     = "_drop_event_type"
 	vifVarDropReasonType    = "_drop_reason_type"
+	vifVarFeatureBitType    = "_feature_bit_type"
 	vifVarForwardPathType   = "_forward_path_type"
 	vifVarShareKindType     = "_share_kind_type"
 	vifVarSlowpathEventType = "_slowpath_event_type"
@@ -334,6 +364,7 @@ type vifMapSpecs struct {
 	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
+	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
@@ -348,6 +379,7 @@ type vifMapSpecs struct {
 type vifVariableSpecs struct {
 	DropEventType     *ebpf.VariableSpec `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
+	FeatureBitType    *ebpf.VariableSpec `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
@@ -387,6 +419,7 @@ type vifMaps struct {
 	Hosts         *ebpf.Map `ebpf:"hosts"`
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
+	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
@@ -410,6 +443,7 @@ func (m *vifMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
@@ -425,6 +459,7 @@ func (m *vifMaps) Close() error {
 type vifVariables struct {
 	DropEventType     *ebpf.Variable `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
+	FeatureBitType    *ebpf.Variable `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`

@@ -17,15 +17,16 @@ type vifTestCtEntry struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
 	Epoch      uint32
-	Pad        uint32
+	Opened     uint8
+	Pad        [3]uint8
 }
 
 type vifTestCtKey struct {
 	_     structs.HostLayout
-	Saddr uint32
-	Daddr uint32
-	Sport uint16
-	Dport uint16
+	AddrA uint32
+	AddrB uint32
+	PortA uint16
+	PortB uint16
 	Proto uint8
 	Pad   [3]uint8
 }
@@ -57,13 +58,21 @@ type vifTestFwKey struct {
 	Vm    uint32
 	Dir   uint8
 	Index uint8
-	Pad   uint16
+	Gen   uint8
+	Pad   uint8
 }
 
 type vifTestFwPolicy struct {
 	_            structs.HostLayout
 	Count        [2]uint8
 	DefaultAllow [2]uint8
+}
+
+type vifTestFwPolicyKey struct {
+	_   structs.HostLayout
+	Vm  uint32
+	Gen uint8
+	Pad [3]uint8
 }
 
 type vifTestFwRule struct {
@@ -91,6 +100,14 @@ type vifTestMapping struct {
 	UsedNs      uint64
 }
 
+type vifTestMemberKey struct {
+	_      structs.HostLayout
+	Farm   uint8
+	Subnet uint8
+	Pad    uint16
+	Index  uint32
+}
+
 type vifTestNodeConfig struct {
 	_             structs.HostLayout
 	UplinkIfindex uint32
@@ -99,6 +116,7 @@ type vifTestNodeConfig struct {
 	VmNet         uint32
 	VmMask        uint32
 	PolicyEpoch   uint32
+	Features      uint32
 }
 
 type vifTestRedirectKind uint32
@@ -117,6 +135,11 @@ type vifTestRedirectTrace struct {
 	Kind    [8]uint32
 }
 
+type vifTestScopeInfo struct {
+	_     structs.HostLayout
+	Count uint32
+}
+
 type vifTestScopeKey struct {
 	_      structs.HostLayout
 	Farm   uint8
@@ -124,11 +147,10 @@ type vifTestScopeKey struct {
 	Pad    uint16
 }
 
-type vifTestScopeMembers struct {
+type vifTestScopeMember struct {
 	_       structs.HostLayout
-	Count   uint32
-	Ifindex [32]uint32
-	Ip      [32]uint32
+	Ifindex uint32
+	Ip      uint32
 }
 
 type vifTestShareLimits struct {
@@ -152,7 +174,7 @@ type vifTestVisKey struct {
 	DstFarm   uint8
 	DstSubnet uint8
 	Proto     uint8
-	Pad       uint8
+	Gen       uint8
 	Port      uint16
 }
 
@@ -180,6 +202,7 @@ const (
 	vifTestMapMappingClaims     = "mapping_claims"
 	vifTestMapMappings          = "mappings"
 	vifTestMapRedirectLog       = "redirect_log"
+	vifTestMapScopeMembers      = "scope_members"
 	vifTestMapScopes            = "scopes"
 	vifTestMapShareConfig       = "share_config"
 	vifTestMapSlowpath          = "slowpath"
@@ -189,6 +212,7 @@ const (
 	vifTestProgVifIngress       = "vif_ingress"
 	vifTestVarDropEventType     = "_drop_event_type"
 	vifTestVarDropReasonType    = "_drop_reason_type"
+	vifTestVarFeatureBitType    = "_feature_bit_type"
 	vifTestVarForwardPathType   = "_forward_path_type"
 	vifTestVarRedirectKindType  = "_redirect_kind_type"
 	vifTestVarRedirectTraceType = "_redirect_trace_type"
@@ -260,6 +284,7 @@ type vifTestMapSpecs struct {
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
 	RedirectLog   *ebpf.MapSpec `ebpf:"redirect_log"`
+	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
@@ -274,6 +299,7 @@ type vifTestMapSpecs struct {
 type vifTestVariableSpecs struct {
 	DropEventType     *ebpf.VariableSpec `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
+	FeatureBitType    *ebpf.VariableSpec `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
 	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
@@ -316,6 +342,7 @@ type vifTestMaps struct {
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
 	RedirectLog   *ebpf.Map `ebpf:"redirect_log"`
+	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
@@ -340,6 +367,7 @@ func (m *vifTestMaps) Close() error {
 		m.MappingClaims,
 		m.Mappings,
 		m.RedirectLog,
+		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
@@ -355,6 +383,7 @@ func (m *vifTestMaps) Close() error {
 type vifTestVariables struct {
 	DropEventType     *ebpf.Variable `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
+	FeatureBitType    *ebpf.Variable `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
 	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.Variable `ebpf:"_redirect_trace_type"`

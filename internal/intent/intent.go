@@ -177,8 +177,20 @@ type AgentStatus struct {
 	// Refused counts, per VM, the shared work each was refused for going
 	// over its share (one VM must not starve the others).
 	Refused []VMRefusal `json:"refused,omitempty"`
-	Error   string      `json:"error,omitempty"`
-	Time    time.Time   `json:"time"`
+	// Overflows lists the maps that cannot hold what this node needs:
+	// nothing was written to them, they keep what they held (and Error
+	// says so too).
+	Overflows []MapOverflow `json:"overflows,omitempty"`
+	Error     string        `json:"error,omitempty"`
+	Time      time.Time     `json:"time"`
+}
+
+// MapOverflow is a datapath map too small for what a node needs.
+type MapOverflow struct {
+	Feature  string `json:"feature"`
+	Map      string `json:"map"`
+	Want     int    `json:"want"`
+	Capacity int    `json:"capacity"`
 }
 
 // VMRefusal is one VM's count of refused work of one kind (dhcp, ...).

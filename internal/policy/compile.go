@@ -5,6 +5,7 @@ package policy
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -36,9 +37,6 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	})
 
 	visibility := Visibility(s.Farms, s.Subnets)
-	if visibility == nil {
-		visibility = []intent.VisRule{}
-	}
 	var proxyARP []uint8
 	for _, f := range s.Farms {
 		if f.ProxyARP {
@@ -48,14 +46,18 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	sort.Slice(proxyARP, func(i, j int) bool { return proxyARP[i] < proxyARP[j] })
 	desired = map[string]intent.Desired{}
 	for _, h := range s.Hosts {
-		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, Visibility: visibility,
-			ProxyARPFarms: proxyARP}
+		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, ProxyARPFarms: proxyARP}
+		farms := map[uint8]bool{}
 		for _, vm := range vms {
 			if vm.Host == h.Name {
 				d.Local = append(d.Local, intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface,
 					Firewall: vm.Firewall})
+				if ip, err := netip.ParseAddr(vm.IP); err == nil && ip.Is4() {
+					farms[ip.As4()[1]] = true
+				}
 			}
 		}
+		d.Visibility = visibleFrom(visibility, farms)
 		desired[h.Name] = d
 	}
 	for _, vm := range vms {
@@ -64,4 +66,18 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 		}
 	}
 	return desired, pending
+}
+
+// visibleFrom keeps the rules a host with VMs of these farms can use: a
+// host checks a rule only for a packet from or to one of its own VMs, so a
+// rule between two farms it holds no VM of is of no use to it, and would
+// take room in its map and move its epoch for nothing.
+func visibleFrom(rules []intent.VisRule, farms map[uint8]bool) []intent.VisRule {
+	out := []intent.VisRule{}
+	for _, r := range rules {
+		if farms[r.SrcFarm] || farms[r.DstFarm] {
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -70,3 +70,47 @@ func TestCompileIsDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// A host gets only the rules of farms it has VMs of: another tenant's rules
+// would take room in its map and move its epoch for nothing.
+func TestAHostGetsOnlyTheRulesOfFarmsWithVMsOnIt(t *testing.T) {
+	s := State{
+		Hosts: []intent.Host{{Name: "h1"}, {Name: "h2"}, {Name: "h3"}},
+		Farms: []intent.Farm{
+			{Name: "blue", ID: 1, Peers: []string{"red"}, Rules: []intent.Rule{
+				{From: "blue/web", To: "blue/db", Proto: "tcp", Port: 5432},
+				{From: "blue/web", To: "red/web", Proto: "tcp", Port: 80},
+			}},
+			{Name: "red", ID: 2, Peers: []string{"blue"}, Rules: []intent.Rule{
+				{From: "red/web", To: "red/db", Proto: "udp", Port: 53},
+				{From: "blue/web", To: "red/web", Proto: "tcp", Port: 80},
+			}},
+			{Name: "green", ID: 3, Rules: []intent.Rule{{From: "green/a", To: "green/b"}}},
+		},
+		Subnets: []intent.Subnet{
+			{Farm: "blue", Name: "web", ID: 1}, {Farm: "blue", Name: "db", ID: 2},
+			{Farm: "red", Name: "web", ID: 1}, {Farm: "red", Name: "db", ID: 2},
+			{Farm: "green", Name: "a", ID: 1}, {Farm: "green", Name: "b", ID: 2},
+		},
+		VMs: []intent.VM{vm("web1", "h1", "10.1.1.2"), {Farm: "red", Subnet: "db", Name: "rdb", Host: "h2", IP: "10.2.2.2"}},
+	}
+	d, _ := Compile(s)
+	blueDB := intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432}
+	blueRed := intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 2, DstSubnet: 1, Proto: 6, Port: 80}
+	redDB := intent.VisRule{SrcFarm: 2, SrcSubnet: 1, DstFarm: 2, DstSubnet: 2, Proto: 17, Port: 53}
+	for host, want := range map[string][]intent.VisRule{
+		"h1": {blueDB, blueRed}, // blue only: its rules, and the one into red
+		"h2": {blueRed, redDB},  // red only: its rules, and the one from blue
+		"h3": {},                // no VM: no rule
+	} {
+		got := d[host].Visibility
+		if got == nil || len(got) != len(want) {
+			t.Fatalf("%s gets %+v, want %+v", host, got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("%s gets %+v, want %+v", host, got, want)
+			}
+		}
+	}
+}

@@ -1,18 +1,18 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // MaxFirewallRules is how many rules a VM's firewall holds per direction
 // (FW_MAX_RULES in bpf/lib/common.h: the datapath walks them in a bounded loop).
-const MaxFirewallRules = 16
+const MaxFirewallRules = limits.MaxFirewallRules
 
 // FieldError says which field of a rule a check rejected: Field is its JSON
 // name (portLo, dir, ...), so the API can name it and the CLI can map it to
@@ -185,7 +185,7 @@ func CheckFirewall(fw *intent.Firewall) error {
 		}
 		count[r.Dir]++
 		if count[r.Dir] > MaxFirewallRules {
-			return errors.New(where + ": more than 16 rules in one direction")
+			return fmt.Errorf("%s: more than %d rules in one direction", where, MaxFirewallRules)
 		}
 	}
 	return nil

@@ -1,0 +1,24 @@
+package agent
+
+import (
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
+)
+
+// Env is what a feature's constructor may need from the agent.
+type Env struct {
+	// Router is the virtual router, the first feature.
+	Router *Router
+	// Kernel is the loaded datapath, for a feature's sync to reach its maps
+	// (Kernel.Map). Nil in tests that run the agent on a fake datapath.
+	Kernel *datapath.Kernel
+}
+
+// registry lists every datapath feature the agent runs, in the order they
+// sync. A new feature adds its one line here (docs/architecture.md); the
+// agent runs a sub-controller for each.
+func registry(env Env) []feature.Feature {
+	return []feature.Feature{
+		env.Router,
+	}
+}

@@ -1,0 +1,262 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"reflect"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/onehop/onehop/internal/arpengine"
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/ratelog"
+)
+
+// Router is the virtual router (paper §2) as a feature, the first one: its
+// compile is datapath.Compile, its sync the kernel's Apply, its background
+// work the ARP engine's timers, the drop log and the slow path.
+type Router struct {
+	dp     Datapath
+	uplink string
+	log    *slog.Logger
+	// arrived is told of each VM that became local; left of each that
+	// is no longer (both may be nil).
+	arrived  func(ip netip.Addr)
+	departed func(ip netip.Addr)
+	left     func(name string)
+	work     *RouterWork
+
+	mu        sync.Mutex
+	hostsErr  string                       // the last node-record problem logged, so it is logged once
+	locals    map[int]intent.LocalEndpoint // by vif ifindex, as last synced
+	attached  []string
+	missing   []string
+	endpoints int
+}
+
+// RouterWork is what the router runs beside its maps. The daemon fills it
+// in; tests leave it out.
+type RouterWork struct {
+	Kernel   *datapath.Kernel
+	Engine   *arpengine.Engine
+	Claims   *ClaimChecker
+	SlowPath *SlowPath
+	Log      *slog.Logger
+}
+
+func newRouter(dp Datapath, uplink string, log *slog.Logger) *Router {
+	return &Router{dp: dp, uplink: uplink, log: log, locals: map[int]intent.LocalEndpoint{}}
+}
+
+// routerPlan is the router's compiled entries for one node.
+type routerPlan struct {
+	entries  datapath.Entries
+	missing  []string
+	local    []intent.LocalEndpoint
+	uplink   int
+	hostsErr error // a node record that could not be read: that host is not heard
+}
+
+func (p *routerPlan) Sizes() feature.Sizes { return p.entries.Sizes() }
+
+// InUse: the router is the programs' core, always on.
+func (p *routerPlan) InUse() bool { return true }
+
+// Name implements feature.Feature.
+func (r *Router) Name() string { return "router" }
+
+// Bit implements feature.Feature: the router has none, its stages always run.
+func (r *Router) Bit() uint32 { return 0 }
+
+// Maps implements feature.Feature.
+func (r *Router) Maps() []feature.Map {
+	rec := func(name string) feature.Map { return feature.Map{Name: name, Owner: feature.Reconciled} }
+	own := func(name, lifetime string) feature.Map {
+		return feature.Map{Name: name, Owner: feature.Datapath, Lifetime: lifetime}
+	}
+	return []feature.Map{
+		rec("config"), rec("endpoints"), rec("vifs"), rec("farms"),
+		rec("visibility"), rec("firewalls"), rec("firewall_rules"),
+		rec("scopes"), rec("scope_members"), rec("share_config"), rec("hosts"),
+		own("conntrack", "LRU of 65536 flows; an entry idle for 300 s admits nothing; checked again when the rules change"),
+		own("mappings", "LRU of --mapping-table-size; the ARP engine forgets entries unused for 5 minutes or whose host stops answering"),
+		own("vm_shares", "one entry per local VM, removed when the VM leaves the host; LRU of 4096"),
+		own("frag_flows", "LRU of 16384 datagrams; a record admits later fragments for 2 s"),
+		own("mapping_claims", "LRU of 1024 addresses; a claim goes to the agent at most once a second per address"),
+		own("drops", "per-CPU counters, for as long as the pins"),
+		own("forwards", "per-CPU counters, for as long as the pins"),
+		own("drop_events", "ring buffer: a record lives until the agent reads it (256 KiB; a full ring drops records, not counts)"),
+		own("slowpath", "ring buffer: a frame lives until the agent reads it (256 KiB; full: agent_busy)"),
+	}
+}
+
+// Compile implements feature.Feature: the node's desired state into map
+// entries (datapath.Compile). A VM whose vif does not exist yet is left out
+// until it appears.
+func (r *Router) Compile(n feature.Node) (feature.Plan, error) {
+	e, missing, err := datapath.Compile(n.Desired, datapath.Uplink{Ifindex: n.UplinkIfindex, MAC: n.UplinkMAC}, n.Ifindex)
+	if err != nil {
+		return nil, err
+	}
+	// A broken node record leaves only that host unheard.
+	hosts, herr := datapath.CompileHosts(n.Nodes, n.Name)
+	e.Hosts = hosts
+	return &routerPlan{entries: e, missing: missing, local: n.Desired.Local, uplink: n.UplinkIfindex, hostsErr: herr}, nil
+}
+
+// Sync implements feature.Feature: the maps are made to hold exactly the
+// plan (the kernel's Apply), then the VMs that arrived are announced.
+func (r *Router) Sync(p feature.Plan) error {
+	plan, ok := p.(*routerPlan)
+	if !ok {
+		return fmt.Errorf("router: plan of type %T", p)
+	}
+	herr := ""
+	if plan.hostsErr != nil {
+		herr = plan.hostsErr.Error()
+	}
+	r.mu.Lock()
+	logHosts := herr != "" && herr != r.hostsErr
+	r.hostsErr = herr
+	r.mu.Unlock()
+	if logHosts {
+		r.log.Warn("known hosts", "err", plan.hostsErr)
+	}
+	if err := r.dp.AttachUplink(r.uplink, plan.uplink); err != nil {
+		return err
+	}
+	if err := r.dp.Apply(plan.entries, r.uplink); err != nil {
+		return err
+	}
+	attached := make([]string, 0, len(plan.entries.Attach))
+	for name := range plan.entries.Attach {
+		attached = append(attached, name)
+	}
+	sort.Strings(attached)
+	locals := map[int]intent.LocalEndpoint{}
+	for _, l := range plan.local {
+		if idx, ok := plan.entries.Attach[l.Interface]; ok {
+			locals[idx] = l
+		}
+	}
+	r.mu.Lock()
+	var arrived []netip.Addr
+	known := map[string]bool{}
+	for _, l := range r.locals {
+		known[l.IP] = true
+	}
+	for _, l := range locals {
+		if !known[l.IP] {
+			if ip, err := netip.ParseAddr(l.IP); err == nil {
+				arrived = append(arrived, ip)
+			}
+		}
+	}
+	var left []string
+	var departed []netip.Addr
+	for _, old := range r.locals {
+		if !stillLocal(locals, old.Name) {
+			left = append(left, old.Name)
+			if ip, err := netip.ParseAddr(old.IP); err == nil {
+				departed = append(departed, ip)
+			}
+		}
+	}
+	r.locals = locals
+	prevMissing := r.missing
+	r.attached, r.missing, r.endpoints = attached, plan.missing, len(plan.entries.Endpoints)
+	r.mu.Unlock()
+	if len(plan.missing) > 0 && !reflect.DeepEqual(plan.missing, prevMissing) {
+		r.log.Info("waiting for vifs to appear", "vifs", plan.missing)
+	}
+	for _, name := range left {
+		if r.left != nil {
+			r.left(name)
+		}
+	}
+	if r.departed != nil {
+		for _, ip := range departed {
+			r.departed(ip)
+		}
+	}
+	if r.arrived != nil {
+		sort.Slice(arrived, func(i, j int) bool { return arrived[i].Less(arrived[j]) })
+		for _, ip := range arrived {
+			r.arrived(ip)
+		}
+	}
+	return nil
+}
+
+// Report implements feature.Reporter.
+func (r *Router) Report(st *intent.AgentStatus) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st.AttachedVifs = r.attached
+	if st.AttachedVifs == nil {
+		st.AttachedVifs = []string{}
+	}
+	st.MissingVifs = r.missing
+	st.Endpoints = r.endpoints
+}
+
+// Local returns the VM behind the vif with this ifindex, as last synced.
+func (r *Router) Local(ifindex int) (intent.LocalEndpoint, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l, ok := r.locals[ifindex]
+	return l, ok
+}
+
+// names maps each local VM's address to its name.
+func (r *Router) names() map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]string{}
+	for _, l := range r.locals {
+		out[l.IP] = l.Name
+	}
+	return out
+}
+
+// SetWork gives the router its background work; call it before Run.
+func (r *Router) SetWork(w *RouterWork) { r.work = w }
+
+// Run implements feature.Runner: the ARP engine's timers, the checks of
+// hosts' claims on VMs, the drop log and the slow path, until ctx ends.
+func (r *Router) Run(ctx context.Context) error {
+	w := r.work
+	if w == nil {
+		<-ctx.Done()
+		return nil
+	}
+	events, err := w.Kernel.DropEvents()
+	if err != nil {
+		return fmt.Errorf("open drop events: %w", err)
+	}
+	slow, err := w.Kernel.SlowPath()
+	if err != nil {
+		events.Close()
+		return fmt.Errorf("open slow path: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() { defer wg.Done(); runARPEngine(ctx, w.Engine, w.Log) }()
+	go func() { defer wg.Done(); w.Claims.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		LogDrops(events, w.Kernel.DropReason, ifname, ratelog.New(w.Log, 5, time.Second, nil))
+	}()
+	go func() { defer wg.Done(); w.SlowPath.Serve(slow, w.Log) }()
+	<-ctx.Done()
+	// Closing the readers ends the loops that read them.
+	events.Close()
+	slow.Close()
+	wg.Wait()
+	return nil
+}
