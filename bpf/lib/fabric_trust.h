@@ -77,14 +77,17 @@ static __always_inline int fabric_sender(const struct node_config *cfg, __be32 s
 }
 
 /* Hands the agent a known host's claim that it holds ip, which this host
- * maps elsewhere; at most once a second per address. */
+ * maps elsewhere; at most once a second per address and claiming host (a VM
+ * moved twice within a second is claimed by its second host at once). */
 static __always_inline int claim_to_agent(struct __sk_buff *skb, struct packet *pkt, __be32 ip)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
-	__u64 *last = bpf_map_lookup_elem(&mapping_claims, &ip);
-	if (last && now - *last < CLAIM_INTERVAL_NS)
+	struct claim_seen *last = bpf_map_lookup_elem(&mapping_claims, &ip);
+	if (last && now - last->at_ns < CLAIM_INTERVAL_NS && mac_equal(last->host_mac, pkt->eth->h_source))
 		return drop_quietly(DROP_CLAIM_LIMITED);
-	bpf_map_update_elem(&mapping_claims, &ip, &now, BPF_ANY);
+	struct claim_seen seen = {.at_ns = now};
+	mac_copy(seen.host_mac, pkt->eth->h_source);
+	bpf_map_update_elem(&mapping_claims, &ip, &seen, BPF_ANY);
 	return punt_to_agent(skb, pkt, SLOW_MAPPING_CLAIM);
 }
 

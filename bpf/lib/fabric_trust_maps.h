@@ -22,14 +22,21 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } hosts SEC(".maps");
 
-/* When a claim about a VM last went to the agent, so a host repeating it
- * costs the agent one store lookup per address and second. */
+/* When a claim about a VM last went to the agent, and from which host, so a
+ * host repeating its claim costs the agent one store lookup per address and
+ * second, while another host's claim (the VM moved on again) goes at once. */
 #define CLAIM_INTERVAL_NS 1000000000ULL
+struct claim_seen {
+	__u64 at_ns;
+	__u8 host_mac[ETH_ALEN];
+	__u16 _pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 1024);
 	__type(key, __be32);
-	__type(value, __u64);
+	__type(value, struct claim_seen);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mapping_claims SEC(".maps");
 

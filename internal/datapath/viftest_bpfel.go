@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type vifTestClaimSeen struct {
+	_       structs.HostLayout
+	AtNs    uint64
+	HostMac [6]uint8
+	Pad     uint16
+}
+
 type vifTestCtEntry struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
