@@ -1,6 +1,18 @@
 // Package e2e proves onehop's features end to end: real labs of network
 // namespaces, real traffic from ordinary tools (ping, iperf3, tcpdump,
 // tshark), assertions on what arrived and what was counted as dropped.
+//
+// A test here must be able to fail:
+//   - it needs root and tools through internal/testenv (upLab asks for the
+//     common ones), so under CI=true nothing skips;
+//   - "nothing arrived" is read from a watch (watchVM, watchFabric) proven
+//     live before and after by proveLive and stopWatches;
+//   - a counter is read with metricSet.at, rise or dropDelta: one the agent
+//     does not export fails the test instead of reading as zero;
+//   - it waits for a condition (waitFor, eventually, waitListening), never
+//     for a time, unless the time is what it measures (and says so);
+//   - every lab it brings up is down when it ends: TestMain fails the run
+//     on a lab left behind.
 package e2e
 
 import (
