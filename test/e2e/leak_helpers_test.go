@@ -221,6 +221,39 @@ func stopWatches(t *testing.T, ws ...*watch) {
 	}
 }
 
+// captureFile records packets on ifname inside node, and returns the pcap
+// file being written and a function that stops the capture and returns one
+// line per packet with the requested tshark fields, tab-separated. It is
+// for what must be seen (the caller checks it was): a check that nothing
+// arrived needs a watch, proven live before and after.
+func (l *testLab) captureFile(node, ifname string, fields ...string) (func() []string, string) {
+	l.t.Helper()
+	pcap := filepath.Join(l.t.TempDir(), node+".pcap")
+	dump := l.start(node, "tcpdump", "-i", ifname, "-n", "-U", "--immediate-mode", "-w", pcap)
+	waitFor(l.t, "tcpdump on "+node, 5*time.Second, func() bool {
+		return strings.Contains(dump.Output(), "listening on")
+	})
+	return func() []string {
+		l.t.Helper()
+		dump.Stop() // SIGINT: tcpdump writes out what it holds
+		args := []string{"-r", pcap, "-T", "fields"}
+		for _, f := range fields {
+			args = append(args, "-e", f)
+		}
+		out, err := exec.Command("tshark", args...).Output()
+		if err != nil {
+			l.t.Fatalf("tshark -r %s: %v", pcap, err)
+		}
+		var lines []string
+		for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+			if line != "" {
+				lines = append(lines, line)
+			}
+		}
+		return lines
+	}, pcap
+}
+
 // liveness tells whether f is one of the watches' own proof packets.
 func (f frame) liveness() bool { return strings.HasPrefix(f.payload, "alive-") }
 
