@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/dhcp"
 )
 
@@ -98,29 +99,31 @@ func checkDHCPReplyFrame(t *testing.T, request, reply []byte) {
 	}
 }
 
-// record wraps frame in a struct slowpath_event as the datapath writes it
-// (bpf/lib/common.h): kind, ifindex, length kept, length of the frame.
-func record(kind, ifindex uint32, frame []byte, origLen uint32) []byte {
-	b := make([]byte, 16, 16+len(frame))
-	binary.NativeEndian.PutUint32(b[0:], kind)
-	binary.NativeEndian.PutUint32(b[4:], ifindex)
-	binary.NativeEndian.PutUint32(b[8:], uint32(len(frame)))
-	binary.NativeEndian.PutUint32(b[12:], origLen)
-	return append(b, frame...)
+// slowRecord is a struct slowpath_event (bpf/lib/common.h) around frame as
+// the datapath writes it, through its generated Go twin; n is the length it
+// claims to hold.
+func slowRecord(kind datapath.SlowpathKind, ifindex uint32, frame []byte, n, origLen uint32) []byte {
+	ev := datapath.SlowpathEvent{Kind: uint32(kind), Ifindex: ifindex, Len: n, OrigLen: origLen}
+	copy(ev.Data[:], frame)
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.NativeEndian, &ev); err != nil {
+		panic(err) // a fixed-size struct into memory: cannot fail
+	}
+	return buf.Bytes()
 }
 
 func FuzzSlowPathRecord(f *testing.F) {
-	// Kinds by number (enum slowpath_kind): 0 DHCP, 1 held packet, 2 ARP
-	// answer, 3 claim.
 	for _, s := range dhcpSeeds() {
-		f.Add(record(0, 5, s, uint32(len(s))))
+		f.Add(slowRecord(datapath.SlowDHCP, 5, s, uint32(len(s)), uint32(len(s))))
 	}
 	d := discover(web1MAC)
-	f.Add(record(1, 5, d, 9000))
-	f.Add(record(2, 2, d, 10))             // claims more than its frame
-	f.Add(record(0, 5, d, 0)[:20])         // cut short by the ring
-	f.Add(record(3, 2, nil, 0)[:15])       // shorter than its header
-	f.Add(record(7, 2, d, uint32(len(d)))) // a kind the agent does not know
+	n := uint32(len(d))
+	f.Add(slowRecord(datapath.SlowHold, 5, d, n, 9000))
+	f.Add(slowRecord(datapath.SlowARPReply, 2, d, n, 10))           // more than its frame
+	f.Add(slowRecord(datapath.SlowDHCP, 5, d, 5000, 5000))          // more than a record holds
+	f.Add(slowRecord(datapath.SlowDHCP, 5, d, n, n)[:100])          // cut short by the ring
+	f.Add(slowRecord(datapath.SlowMappingClaim, 2, nil, 0, 0)[:15]) // shorter than its header
+	f.Add(slowRecord(datapath.SlowpathKind(7), 2, d, n, n))         // a kind the agent does not know
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ev, err := decodeSlowPath(b)
 		if err != nil {
