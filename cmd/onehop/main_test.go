@@ -19,7 +19,9 @@ func run(args ...string) error {
 
 func TestBadInvocationsSayWhatIsWrong(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	os.WriteFile(bad, []byte("hosts:\n  - name: h1\nvms:\n  - {name: v1, host: h2, subnet: a/b}\n"), 0o600)
+	if err := os.WriteFile(bad, []byte("hosts:\n  - name: h1\nvms:\n  - {name: v1, host: h2, subnet: a/b}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	empty := t.TempDir()
 	cases := []struct {
 		args []string

@@ -102,7 +102,7 @@ func TestReconcileWritesDesiredEntriesAndReportsDigest(t *testing.T) {
 	ctx := context.Background()
 	s := store.NewMemory()
 	d := desired()
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", d)
+	putDesired(t, s, "h1", d)
 	dp := &fakeDatapath{}
 	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
 
@@ -115,23 +115,19 @@ func TestReconcileWritesDesiredEntriesAndReportsDigest(t *testing.T) {
 	if dp.entries.Attach["vif-web1"] != 5 || dp.uplink != "uplink0" {
 		t.Fatalf("attach %v uplink %q", dp.entries.Attach, dp.uplink)
 	}
-	var st intent.AgentStatus
-	if err := store.GetJSON(ctx, s, intent.StatusPrefix+"h1", &st); err != nil {
-		t.Fatal(err)
-	}
+	st := publishedStatus(t, s, "h1")
 	if st.AppliedDigest != d.Digest() || st.Endpoints != 2 || len(st.AttachedVifs) != 2 {
 		t.Fatalf("status %+v", st)
 	}
 }
 
 func TestVifThatAppearsLaterIsAttachedOnTheNextPass(t *testing.T) {
-	ctx := context.Background()
 	s := store.NewMemory()
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	putDesired(t, s, "h1", desired())
 	dp := &fakeDatapath{}
 	ifs := fakeInterfaces{"uplink0": 2, "vif-web1": 5}
 	a := newAgent(t, s, dp, ifs)
-	a.ReconcileOnce(ctx)
+	reconcile(t, a)
 	if _, ok := dp.entries.Attach["vif-web3"]; ok {
 		t.Fatal("attached a vif that does not exist")
 	}
@@ -143,20 +139,19 @@ func TestVifThatAppearsLaterIsAttachedOnTheNextPass(t *testing.T) {
 		t.Fatalf("missing %v", st.MissingVifs)
 	}
 	ifs["vif-web3"] = 6
-	a.ReconcileOnce(ctx)
+	reconcile(t, a)
 	if dp.entries.Attach["vif-web3"] != 6 {
 		t.Fatalf("vif-web3 not attached after it appeared: %v", dp.entries.Attach)
 	}
 }
 
 func TestRestartedAgentComputesTheSameEntries(t *testing.T) {
-	ctx := context.Background()
 	s := store.NewMemory()
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	putDesired(t, s, "h1", desired())
 	ifs := fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6}
 	first, second := &fakeDatapath{}, &fakeDatapath{}
-	newAgent(t, s, first, ifs).ReconcileOnce(ctx)
-	newAgent(t, s, second, ifs).ReconcileOnce(ctx)
+	reconcile(t, newAgent(t, s, first, ifs))
+	reconcile(t, newAgent(t, s, second, ifs))
 	if fmt.Sprint(first.entries) != fmt.Sprint(second.entries) {
 		t.Fatalf("a restarted agent wants different maps:\n%v\n%v", first.entries, second.entries)
 	}
@@ -177,14 +172,13 @@ func TestMissingDesiredStateEmptiesTheTables(t *testing.T) {
 func TestApplyFailureIsReportedAndCounted(t *testing.T) {
 	ctx := context.Background()
 	s := store.NewMemory()
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	putDesired(t, s, "h1", desired())
 	dp := &fakeDatapath{applyErr: fmt.Errorf("map full")}
 	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
 	if _, err := a.ReconcileOnce(ctx); err == nil {
 		t.Fatal("reconcile hid the datapath error")
 	}
-	var st intent.AgentStatus
-	store.GetJSON(ctx, s, intent.StatusPrefix+"h1", &st)
+	st := publishedStatus(t, s, "h1")
 	if st.Error == "" || st.AppliedDigest != "" {
 		t.Fatalf("status after failure %+v", st)
 	}
@@ -194,18 +188,17 @@ func TestApplyFailureIsReportedAndCounted(t *testing.T) {
 }
 
 func TestArrivingVMsAreAnnouncedOnce(t *testing.T) {
-	ctx := context.Background()
 	s := store.NewMemory()
 	d := desired()
 	d.Local = d.Local[:1]
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", d)
+	putDesired(t, s, "h1", d)
 	a := newAgent(t, s, &fakeDatapath{}, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
 	var arrived []string
 	a.SetHooks(Hooks{Arrived: func(ip netip.Addr) { arrived = append(arrived, ip.String()) }})
-	a.ReconcileOnce(ctx)
-	a.ReconcileOnce(ctx) // nothing new: nothing announced
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
-	a.ReconcileOnce(ctx) // web3 moved here
+	reconcile(t, a)
+	reconcile(t, a) // nothing new: nothing announced
+	putDesired(t, s, "h1", desired())
+	reconcile(t, a) // web3 moved here
 	if want := []string{"10.1.1.2", "10.1.1.4"}; !reflect.DeepEqual(arrived, want) {
 		t.Fatalf("announced %v, want %v", arrived, want)
 	}
@@ -229,13 +222,13 @@ func TestRunRegistersNodeAndFollowsDesiredChanges(t *testing.T) {
 	waitUntil(t, func() bool {
 		var n intent.Node
 		return store.GetJSON(ctx, s, intent.NodesPrefix+"h1", &n) == nil && n.UplinkMAC == "aa:00:00:00:00:02"
-	})
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	}, "the agent to register h1 with its uplink's MAC")
+	putDesired(t, s, "h1", desired())
 	waitUntil(t, func() bool {
 		dp.mu.Lock()
 		defer dp.mu.Unlock()
 		return len(dp.entries.Endpoints) == 2
-	})
+	}, "the agent to write the desired state's 2 endpoints")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -254,13 +247,11 @@ func (c *countingDatapath) Counters() (datapath.Counters, error) {
 }
 
 func TestStatusCarriesNonZeroCounters(t *testing.T) {
-	ctx := context.Background()
 	s := store.NewMemory()
 	dp := &countingDatapath{}
 	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2})
-	a.ReconcileOnce(ctx)
-	var st intent.AgentStatus
-	store.GetJSON(ctx, s, intent.StatusPrefix+"h1", &st)
+	reconcile(t, a)
+	st := publishedStatus(t, s, "h1")
 	if st.Drops["firewall_in"] != 1 {
 		t.Fatalf("status drops %v", st.Drops)
 	}

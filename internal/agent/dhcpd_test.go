@@ -12,6 +12,9 @@ import (
 
 var web1 = intent.LocalEndpoint{Name: "blue/web/web1", IP: "10.1.1.2", MAC: "02:00:0a:01:01:02", Interface: "vif-web1"}
 
+// web1MAC is web1.MAC as bytes.
+var web1MAC = net.HardwareAddr{0x02, 0x00, 0x0a, 0x01, 0x01, 0x02}
+
 func discover(chaddr net.HardwareAddr) []byte {
 	p := make([]byte, 240)
 	p[0], p[1], p[2] = 1, 1, 6
@@ -19,8 +22,7 @@ func discover(chaddr net.HardwareAddr) []byte {
 	copy(p[28:], chaddr)
 	binary.BigEndian.PutUint32(p[236:], 0x63825363)
 	p = append(p, 53, 1, 1, 255)
-	mac, _ := net.ParseMAC(web1.MAC)
-	return udpFrame(mac, net.HardwareAddr{255, 255, 255, 255, 255, 255}, netip.IPv4Unspecified(),
+	return udpFrame(web1MAC, net.HardwareAddr{255, 255, 255, 255, 255, 255}, netip.IPv4Unspecified(),
 		netip.AddrFrom4([4]byte{255, 255, 255, 255}), 68, 67, p)
 }
 
@@ -29,7 +31,7 @@ func server() *DHCPServer {
 }
 
 func TestDHCPDiscoverIsOfferedTheVMsAddressFromItsGateway(t *testing.T) {
-	mac, _ := net.ParseMAC(web1.MAC)
+	mac := mustMAC(t, web1.MAC)
 	reply, err := server().Handle(5, discover(mac))
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +58,7 @@ func TestDHCPForAnotherHardwareAddressOrUnknownVifIsRefused(t *testing.T) {
 	if _, err := server().Handle(5, discover(net.HardwareAddr{2, 0, 10, 1, 1, 9})); err == nil || !strings.Contains(err.Error(), "not its own") {
 		t.Fatalf("err = %v", err)
 	}
-	mac, _ := net.ParseMAC(web1.MAC)
+	mac := mustMAC(t, web1.MAC)
 	if _, err := server().Handle(6, discover(mac)); err == nil {
 		t.Fatal("answered on a vif with no VM")
 	}

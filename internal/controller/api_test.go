@@ -15,25 +15,58 @@ import (
 func apiServer(t *testing.T) (*httptest.Server, *store.Memory) {
 	t.Helper()
 	c, s := newController()
-	store.PutJSON(t.Context(), s, intent.HostsPrefix+"h1", intent.Host{Name: "h1"})
+	putHost(t, s, "h1")
 	srv := httptest.NewServer(c.API())
 	t.Cleanup(srv.Close)
 	return srv, s
 }
 
+// putHost registers a host in the store, as an agent does when it starts.
+func putHost(t *testing.T, s *store.Memory, name string) {
+	t.Helper()
+	if err := store.PutJSON(t.Context(), s, intent.HostsPrefix+name, intent.Host{Name: name}); err != nil {
+		t.Fatalf("register host %s: %v", name, err)
+	}
+}
+
+// call sends one request and returns the status and the JSON object it
+// answered with (nil for an empty body or a JSON array). A body that is not
+// JSON fails the test: every answer of the API is JSON.
 func call(t *testing.T, srv *httptest.Server, method, path, body string) (int, map[string]any) {
 	t.Helper()
-	req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var out map[string]any
 	var buf bytes.Buffer
-	buf.ReadFrom(resp.Body)
-	json.Unmarshal(buf.Bytes(), &out)
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		t.Fatalf("%s %s: read the answer: %v", method, path, err)
+	}
+	if len(bytes.TrimSpace(buf.Bytes())) == 0 {
+		return resp.StatusCode, nil
+	}
+	var v any
+	if err := json.Unmarshal(buf.Bytes(), &v); err != nil {
+		t.Fatalf("%s %s: answer %d is not JSON (%v): %q", method, path, resp.StatusCode, err, buf.String())
+	}
+	out, _ := v.(map[string]any) // a list answers no fields
 	return resp.StatusCode, out
+}
+
+// mustCall is call for the setup of a test: any other status than want
+// fails it there, instead of leaving the test to pass on missing state.
+func mustCall(t *testing.T, srv *httptest.Server, method, path, body string, want int) map[string]any {
+	t.Helper()
+	code, out := call(t, srv, method, path, body)
+	if code != want {
+		t.Fatalf("setup %s %s %s: status %d, want %d (%v)", method, path, body, code, want, out)
+	}
+	return out
 }
 
 func TestAPICreatesFarmSubnetVMWithAllocatedAddresses(t *testing.T) {
@@ -52,9 +85,9 @@ func TestAPICreatesFarmSubnetVMWithAllocatedAddresses(t *testing.T) {
 
 func TestAPIErrorsSayWhichFieldAndWhy(t *testing.T) {
 	srv, _ := apiServer(t)
-	call(t, srv, "POST", "/v1/farms", `{"name":"blue"}`)
-	call(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`)
-	call(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"db"}`)
+	mustCall(t, srv, "POST", "/v1/farms", `{"name":"blue"}`, 201)
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`, 201)
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"db"}`, 201)
 	cases := []struct {
 		method, path, body string
 		code               int
@@ -93,18 +126,19 @@ func TestAPIErrorsSayWhichFieldAndWhy(t *testing.T) {
 func TestAPIInterFarmRuleIsEffectiveOnlyOnceBothPeerAndAllow(t *testing.T) {
 	srv, _ := apiServer(t)
 	for _, f := range []string{"blue", "red"} {
-		call(t, srv, "POST", "/v1/farms", `{"name":"`+f+`"}`)
-		call(t, srv, "POST", "/v1/farms/"+f+"/subnets", `{"name":"web"}`)
+		mustCall(t, srv, "POST", "/v1/farms", `{"name":"`+f+`"}`, 201)
+		mustCall(t, srv, "POST", "/v1/farms/"+f+"/subnets", `{"name":"web"}`, 201)
 	}
 	effective := func() bool {
-		req, _ := http.NewRequest("GET", srv.URL+"/v1/rules", nil)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := http.Get(srv.URL + "/v1/rules")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
 		var views []RuleView
-		json.NewDecoder(resp.Body).Decode(&views)
+		if err := json.NewDecoder(resp.Body).Decode(&views); err != nil {
+			t.Fatalf("GET /v1/rules: %v", err)
+		}
 		for _, v := range views {
 			if v.Farm == "blue" {
 				return v.Effective
@@ -113,11 +147,11 @@ func TestAPIInterFarmRuleIsEffectiveOnlyOnceBothPeerAndAllow(t *testing.T) {
 		t.Fatal("blue's rule not listed")
 		return false
 	}
-	call(t, srv, "POST", "/v1/farms/blue/rules", `{"from":"web","to":"red/web","proto":"tcp","port":80}`)
+	mustCall(t, srv, "POST", "/v1/farms/blue/rules", `{"from":"web","to":"red/web","proto":"tcp","port":80}`, 201)
 	if _, out := call(t, srv, "PUT", "/v1/farms/blue/peers/red", ""); out["mutual"] != false || effective() {
 		t.Fatalf("effective before red agreed (%v)", out)
 	}
-	call(t, srv, "POST", "/v1/farms/red/rules", `{"from":"blue/web","to":"web","proto":"tcp","port":80}`)
+	mustCall(t, srv, "POST", "/v1/farms/red/rules", `{"from":"blue/web","to":"web","proto":"tcp","port":80}`, 201)
 	if _, out := call(t, srv, "PUT", "/v1/farms/red/peers/blue", ""); out["mutual"] != true || !effective() {
 		t.Fatalf("not effective after both peered and allowed (%v)", out)
 	}
@@ -125,9 +159,9 @@ func TestAPIInterFarmRuleIsEffectiveOnlyOnceBothPeerAndAllow(t *testing.T) {
 
 func TestAPIFirewallRuleIsValidatedAndStored(t *testing.T) {
 	srv, s := apiServer(t)
-	call(t, srv, "POST", "/v1/farms", `{"name":"blue"}`)
-	call(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`)
-	call(t, srv, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"web1","host":"h1"}`)
+	mustCall(t, srv, "POST", "/v1/farms", `{"name":"blue"}`, 201)
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`, 201)
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"web1","host":"h1"}`, 201)
 	path := "/v1/farms/blue/subnets/web/vms/web1/firewall"
 	if code, out := call(t, srv, "POST", path, `{"rule":{"dir":"in","proto":"tcp","portLo":22,"portHi":22,"cidr":"10.1.2.7/24","action":"deny"}}`); code != 200 {
 		t.Fatalf("%d %v", code, out)
@@ -136,7 +170,9 @@ func TestAPIFirewallRuleIsValidatedAndStored(t *testing.T) {
 		t.Fatalf("bad dir accepted: %d %v", code, out)
 	}
 	var v intent.VM
-	store.GetJSON(t.Context(), s, intent.VMsPrefix+"blue/web/web1", &v)
+	if err := store.GetJSON(t.Context(), s, intent.VMsPrefix+"blue/web/web1", &v); err != nil {
+		t.Fatal(err)
+	}
 	if v.Firewall == nil || len(v.Firewall.Rules) != 1 || v.Firewall.Rules[0].CIDR != "10.1.2.0/24" {
 		t.Fatalf("stored firewall %+v", v.Firewall)
 	}
@@ -144,10 +180,10 @@ func TestAPIFirewallRuleIsValidatedAndStored(t *testing.T) {
 
 func TestAPIMoveKeepsTheVMsAddress(t *testing.T) {
 	srv, s := apiServer(t)
-	store.PutJSON(t.Context(), s, intent.HostsPrefix+"h2", intent.Host{Name: "h2"})
-	call(t, srv, "POST", "/v1/farms", `{"name":"blue"}`)
-	call(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`)
-	call(t, srv, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"web1","host":"h1"}`)
+	putHost(t, s, "h2")
+	mustCall(t, srv, "POST", "/v1/farms", `{"name":"blue"}`, 201)
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`, 201)
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"web1","host":"h1"}`, 201)
 	if code, out := call(t, srv, "PUT", "/v1/farms/blue/subnets/web/vms/web1/host", `{"host":"h9"}`); code != 400 || out["field"] != "host" {
 		t.Fatalf("move to an unknown host: %d %v", code, out)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 func freePort(t *testing.T) int {
@@ -108,7 +109,7 @@ func TestEmbeddedEtcdServesAgentsOverTCPAndToolsOverUnixSocket(t *testing.T) {
 func TestControllerUsesAnExternalEtcdCluster(t *testing.T) {
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Fatal("etcd binary not installed (Debian etcd-server; make deps installs it)")
+		testenv.Missing(t, "needs an etcd binary on PATH (Debian etcd-server; make deps installs it): %v", err)
 	}
 	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))

@@ -19,6 +19,7 @@ import (
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // testPKI is a CA with the controller's and an agent's files, and a token.
@@ -332,7 +333,7 @@ func TestAPIOverTCPNeedsTheTokenOrAClientCertificate(t *testing.T) {
 func TestControllerDialsAnExternalEtcdClusterWithItsCertificate(t *testing.T) {
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		t.Fatal("etcd binary not installed (Debian etcd-server; make deps installs it)")
+		testenv.Missing(t, "needs an etcd binary on PATH (Debian etcd-server; make deps installs it): %v", err)
 	}
 	p := makePKI(t)
 	client := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))

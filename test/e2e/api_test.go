@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 const twoSubnets = `name: %s
@@ -30,13 +32,11 @@ func (l *testLab) cli(args ...string) (string, error) {
 }
 
 func TestPrivilegedOperatorVerbsChangeTheDatapathThroughTheAPI(t *testing.T) {
+	testenv.RequireTool(t, "iperf3")
 	l := upLab(t, twoSubnets)
 	db1 := l.ip("db1")
 	l.start("db1", "iperf3", "-s", "-p", "5432")
-	waitFor(t, "iperf3 on db1", 5*time.Second, func() bool {
-		o, _ := l.in("db1", "ss", "-ltn", "sport = :5432")
-		return strings.Contains(o, "5432")
-	})
+	l.waitListening("db1", "tcp", 5432)
 	connects := func() bool {
 		// timeout: a rule landing mid-test can strand iperf3 between its
 		// control and data connections.
@@ -58,8 +58,8 @@ func TestPrivilegedOperatorVerbsChangeTheDatapathThroughTheAPI(t *testing.T) {
 	}
 	// API -> etcd -> controller -> agents -> BPF maps.
 	waitFor(t, "the rule to reach the datapath", 10*time.Second, connects)
-	if out, _ := l.cli("get", "rules"); !strings.Contains(out, "blue/web") || !strings.Contains(out, "true") {
-		t.Errorf("get rules does not show the rule in force:\n%s", out)
+	if out, err := l.cli("get", "rules"); err != nil || !strings.Contains(out, "blue/web") || !strings.Contains(out, "true") {
+		t.Errorf("get rules does not show the rule in force (%v):\n%s", err, out)
 	}
 
 	// The VM's own firewall can still refuse what visibility allows.
@@ -67,8 +67,14 @@ func TestPrivilegedOperatorVerbsChangeTheDatapathThroughTheAPI(t *testing.T) {
 		t.Fatalf("firewall add: %v\n%s", err, out)
 	}
 	waitFor(t, "the firewall to reach the datapath", 10*time.Second, func() bool { return !connects() })
-	waitFor(t, "stats to show the firewall drop", 15*time.Second, func() bool {
-		out, _ := l.cli("stats", "--node", "h2")
-		return strings.Contains(out, "firewall_in")
+	eventually(t, "stats to show the firewall drop", 15*time.Second, func() error {
+		out, err := l.cli("stats", "--node", "h2")
+		if err != nil {
+			return fmt.Errorf("onehop stats: %v: %s", err, out)
+		}
+		if !strings.Contains(out, "firewall_in") {
+			return fmt.Errorf("no firewall_in in:\n%s", out)
+		}
+		return nil
 	})
 }

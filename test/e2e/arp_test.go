@@ -33,7 +33,8 @@ func arpEvent(event string) string {
 
 // neighMAC is the MAC a VM's neighbour table holds for ip ("" if none).
 func (l *testLab) neighMAC(vm, ip string) string {
-	out, _ := l.in(vm, "ip", "neigh", "show", ip, "dev", "eth0")
+	l.t.Helper()
+	out := l.mustIn(vm, "ip", "neigh", "show", ip, "dev", "eth0")
 	f := strings.Fields(out)
 	for i := range f {
 		if f[i] == "lladdr" && i+1 < len(f) {
@@ -76,7 +77,7 @@ func TestPrivilegedARPEngineLearnsOnDemand(t *testing.T) {
 		{"h1", h1, h1b, forwards("arp_learned"), "the answer learned"},
 		{"h1", h1, h1b, forwards("arp_reply"), "the answer handed to web1"},
 	} {
-		if c.after.at(c.key)-c.before.at(c.key) < 1 {
+		if rise(c.before, c.after, c.key) < 1 {
 			t.Errorf("%s: %s did not rise (%s)", c.host, c.key, c.what)
 		}
 	}
@@ -93,10 +94,7 @@ s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
 s.bind(("0.0.0.0",9999))
 s.settimeout(5)
 print("got", s.recv(100).decode(), flush=True)`)
-	waitFor(t, "the UDP sink on db1", 5*time.Second, func() bool {
-		o, _ := l.in("db1", "ss", "-Hlun", "sport = :9999")
-		return strings.Contains(o, "9999")
-	})
+	l.waitListening("db1", "udp", 9999)
 	l.sendUDP("web1", db1, 64, "first-datagram")
 	waitFor(t, "db1 to receive web1's first datagram (held, then released)", 5*time.Second, func() bool {
 		return strings.Contains(sink.Output(), "got first-datagram")
@@ -106,14 +104,14 @@ print("got", s.recv(100).decode(), flush=True)`)
 		t.Fatalf("first ping web1 -> db1 (routed; held while resolved): %v\n%s", err, out)
 	}
 	h1c, h3 := l.metrics("h1"), l.metrics("h3")
-	if h1c.at(arpEvent("held")) < 1 || h1c.at(arpEvent("released")) < 1 || h1c.at(arpEvent("resolved")) < 1 {
-		t.Errorf("h1's engine: held %v released %v resolved %v; want each >= 1",
-			h1c.at(arpEvent("held")), h1c.at(arpEvent("released")), h1c.at(arpEvent("resolved")))
+	held, released, resolved := h1c.at(arpEvent("held")), h1c.at(arpEvent("released")), h1c.at(arpEvent("resolved"))
+	if held < 1 || released < 1 || resolved < 1 {
+		t.Errorf("h1's engine: held %v released %v resolved %v; want each >= 1", held, released, resolved)
 	}
 	// h3 learned web1's host from the packet itself: its reply needed no
 	// question of its own.
-	if h3.at(arpEvent("held")) != 0 {
-		t.Errorf("h3 held %v packets; the reply's destination was learned from the request", h3.at(arpEvent("held")))
+	if n := h3.at(arpEvent("held")); n != 0 {
+		t.Errorf("h3 held %v packets; the reply's destination was learned from the request", n)
 	}
 
 	// An address nobody holds: web1 is forced to believe it exists; the
@@ -156,17 +154,14 @@ func TestPrivilegedProxyARPAnswersForOtherSubnetsOnlyWhereTheFarmAsks(t *testing
 	if out, err := l.in("web1", "ping", "-c", "2", "-i", "0.2", "-W", "1", db1); err == nil {
 		t.Fatalf("blue (proxy ARP off): web1 reached %s by ARPing for it directly:\n%s", db1, out)
 	}
-	if d := l.metrics("h1").at(drops("arp_other_subnet")) - before.at(drops("arp_other_subnet")); d < 1 {
+	if d := rise(before, l.metrics("h1"), drops("arp_other_subnet")); d < 1 {
 		t.Errorf("web1's ARP for another subnet was not counted as arp_other_subnet")
 	}
 }
 
-// gatewayMAC is the virtual MAC of a gateway address: 02:00 and its bytes.
-func gatewayMAC(ip string) string {
-	var b [4]int
-	fmt.Sscanf(ip, "%d.%d.%d.%d", &b[0], &b[1], &b[2], &b[3])
-	return fmt.Sprintf("02:00:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
-}
+// gatewayMAC is the virtual MAC of a gateway address: 02:00 and its bytes,
+// as a VM's (virtualMAC).
+func gatewayMAC(ip string) string { return virtualMAC(ip) }
 
 const quickRefresh = `name: %s
 arp: {refresh: 2s}
@@ -190,29 +185,33 @@ s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
 s.bind(("0.0.0.0",9999))
 while True: s.recv(2048)`)
 	defer sink.Stop()
-	got := l.capture("fabric", "br0", "eth.src", "eth.dst", "arp.opcode", "arp.dst.proto_ipv4")
+	w := l.watchFabric("web1", "web2")
+	proveLive(t, "start", w)
+	before := l.metrics("h1")
 	l.mustIn("web1", "python3", "-c", `import socket,sys,time
 s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
 for i in range(60):
     s.sendto(b"x",(sys.argv[1],9999)); time.sleep(0.1)`, web2)
-	lines := got()
+	stopWatches(t, w)
 	unicast := 0
-	for _, line := range lines {
-		f := strings.Split(line, "\t")
-		if len(f) >= 4 && f[2] == "1" && f[3] == web2 && f[1] == h2MAC {
+	for _, f := range w.frames {
+		if f.arpOp == "1" && f.arpTPA == web2 && f.ethDst == h2MAC {
 			unicast++
 		}
 	}
-	m := l.metrics("h1")
-	if unicast == 0 || m.at(arpEvent("unicast_request")) < 1 {
+	after := l.metrics("h1")
+	if unicast == 0 || rise(before, after, arpEvent("unicast_request")) < 1 {
+		var lines []string
+		for _, f := range w.frames {
+			lines = append(lines, f.String())
+		}
 		t.Fatalf("no refresh question unicast to h2 during 6 s of one-way traffic (fabric saw %d, engine counted %v):\n%s",
-			unicast, m.at(arpEvent("unicast_request")), strings.Join(lines, "\n"))
+			unicast, rise(before, after, arpEvent("unicast_request")), strings.Join(lines, "\n"))
 	}
-	if m.at(arpEvent("multicast_request")) != 0 || m.at(arpEvent("lost")) != 0 {
-		t.Errorf("h2 answered, yet the engine asked by multicast %v times / lost %v entries",
-			m.at(arpEvent("multicast_request")), m.at(arpEvent("lost")))
+	if m, lost := after.at(arpEvent("multicast_request")), after.at(arpEvent("lost")); m != 0 || lost != 0 {
+		t.Errorf("h2 answered, yet the engine asked by multicast %v times / lost %v entries", m, lost)
 	}
-	if m.at(arpEvent("refreshed")) < 1 {
-		t.Errorf("refreshed %v, want >= 1", m.at(arpEvent("refreshed")))
+	if n := rise(before, after, arpEvent("refreshed")); n < 1 {
+		t.Errorf("refreshed rose by %v, want >= 1", n)
 	}
 }

@@ -3,7 +3,8 @@ package e2e
 import (
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 const withFirewall = `name: %s
@@ -23,15 +24,13 @@ vms:
 `
 
 func TestPrivilegedVMFirewallAdmitsOnlyItsRulesAndReplies(t *testing.T) {
+	testenv.RequireTool(t, "iperf3")
 	l := upLab(t, withFirewall)
 	web1, web2 := l.ip("web1"), l.ip("web2")
 
 	// Inbound: tcp/5201 is allowed, ping is not (default deny).
 	l.start("web1", "iperf3", "-s", "-p", "5201")
-	waitFor(t, "iperf3 on web1", 5*time.Second, func() bool {
-		o, _ := l.in("web1", "ss", "-ltn", "sport = :5201")
-		return strings.Contains(o, "5201")
-	})
+	l.waitListening("web1", "tcp", 5201)
 	if o, err := l.in("web2", "iperf3", "-c", web1, "-n", "5M", "-C", "cubic"); err != nil || !strings.Contains(o, "receiver") {
 		t.Errorf("tcp/5201 into web1 (allowed by its firewall) failed: %v\n%s", err, o)
 	}
@@ -39,7 +38,7 @@ func TestPrivilegedVMFirewallAdmitsOnlyItsRulesAndReplies(t *testing.T) {
 	if err := l.ping("web2", web1, 2); err == nil {
 		t.Error("web2 pinged web1 through its default-deny firewall")
 	}
-	if d := l.metrics("h1").at(drops("firewall_in")) - before.at(drops("firewall_in")); d < 2 {
+	if d := rise(before, l.metrics("h1"), drops("firewall_in")); d < 2 {
 		t.Errorf("firewall_in drops rose by %v, want the 2 echo requests", d)
 	}
 	// Outbound from web1 is open, and the replies come back in: stateful.

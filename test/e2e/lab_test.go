@@ -1,6 +1,18 @@
 // Package e2e proves onehop's features end to end: real labs of network
 // namespaces, real traffic from ordinary tools (ping, iperf3, tcpdump,
 // tshark), assertions on what arrived and what was counted as dropped.
+//
+// A test here must be able to fail:
+//   - it needs root and tools through internal/testenv (upLab asks for the
+//     common ones), so under CI=true nothing skips;
+//   - "nothing arrived" is read from a watch (watchVM, watchFabric) proven
+//     live before and after by proveLive and stopWatches;
+//   - a counter is read with metricSet.at, rise or dropDelta: one the agent
+//     does not export fails the test instead of reading as zero;
+//   - it waits for a condition (waitFor, eventually, waitListening), never
+//     for a time, unless the time is what it measures (and says so);
+//   - every lab it brings up is down when it ends: TestMain fails the run
+//     on a lab left behind.
 package e2e
 
 import (
@@ -8,11 +20,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,7 +58,10 @@ func TestMain(m *testing.M) {
 	}
 	// One e2e run at a time on a machine: a second run would take the first
 	// one's labs for leftovers and tear them down.
-	os.MkdirAll(testRoot, 0o700)
+	if err := os.MkdirAll(testRoot, 0o700); err != nil {
+		fmt.Println("e2e:", err)
+		os.Exit(1)
+	}
 	lock, err := os.OpenFile(filepath.Join(testRoot, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err == nil {
 		err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX)
@@ -53,21 +70,42 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: lock", testRoot, err)
 		os.Exit(1)
 	}
-	removeStaleLabs()
+	if err := removeStaleLabs("a killed run left"); err != nil {
+		fmt.Println("e2e:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
-	removeStaleLabs()
-	lock.Close()
-	os.RemoveAll(dir)
+	// Every test takes its lab down; one still here leaked.
+	if left := lab.Names(testRoot); len(left) > 0 {
+		fmt.Printf("e2e: FAIL: labs left behind by the tests: %v\n", left)
+		code = 1
+	}
+	if err := removeStaleLabs("the tests left"); err != nil {
+		fmt.Println("e2e:", err)
+		code = 1
+	}
+	if err := lock.Close(); err != nil {
+		fmt.Println("e2e: unlock:", err)
+		code = 1
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Println("e2e:", err)
+		code = 1
+	}
 	os.Exit(code)
 }
 
 const testRoot = "/run/onehop-e2e"
 
-// removeStaleLabs tears down labs a killed test run left behind.
-func removeStaleLabs() {
+// removeStaleLabs tears down labs left behind (by whom: why).
+func removeStaleLabs(why string) error {
 	for _, name := range lab.Names(testRoot) {
-		lab.Down(testRoot, name, nil)
+		fmt.Printf("e2e: removing lab %s, which %s\n", name, why)
+		if err := lab.Down(testRoot, name, nil); err != nil {
+			return fmt.Errorf("remove lab %s: %w", name, err)
+		}
 	}
+	return nil
 }
 
 // testLab is a lab brought up for one test and torn down after it, pass or fail.
@@ -96,9 +134,15 @@ vms:
   - {name: web3, host: h1, subnet: blue/web}
 `
 
+// labTools are what every lab test runs: in the nodes (ping, python3 for
+// crafted packets, curl for metrics, ss), to capture (tcpdump, tshark), and
+// iproute2. A test that needs more asks for it itself.
+var labTools = []string{"ip", "ping", "python3", "curl", "ss", "tcpdump", "tshark"}
+
 func upLab(t *testing.T, topo string) *testLab {
 	t.Helper()
 	needRoot(t)
+	testenv.RequireTool(t, labTools...)
 	name := fmt.Sprintf("e2e%d", rand.Intn(1_000_000))
 	path := filepath.Join(t.TempDir(), "topo.yaml")
 	if err := os.WriteFile(path, []byte(fmt.Sprintf(topo, name)), 0o600); err != nil {
@@ -175,15 +219,27 @@ func (b *background) Stop() string {
 	select {
 	case <-b.done:
 	default:
-		b.cmd.Process.Signal(syscall.SIGINT)
+		// An error means it has just exited: done is about to close.
+		if err := b.cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			b.kill()
+		}
 		select {
 		case <-b.done:
 		case <-time.After(5 * time.Second):
-			b.cmd.Process.Kill()
-			<-b.done
+			b.kill()
 		}
 	}
 	return b.Output()
+}
+
+// kill ends the command for good and waits for it.
+func (b *background) kill() {
+	if err := b.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		// Waiting would hang the suite; say so loudly instead.
+		fmt.Fprintf(os.Stderr, "e2e: cannot kill %v (pid %d): %v\n", b.cmd.Args, b.cmd.Process.Pid, err)
+		return
+	}
+	<-b.done
 }
 
 // start runs a command inside a node in the background; it is stopped when
@@ -196,7 +252,8 @@ func (l *testLab) start(node string, cmd ...string) *background {
 	if err := b.cmd.Start(); err != nil {
 		l.t.Fatal(err)
 	}
-	go func() { b.cmd.Wait(); close(b.done) }()
+	// How it ended shows in its output; Stop only needs to know it did.
+	go func() { _ = b.cmd.Wait(); close(b.done) }()
 	l.t.Cleanup(func() { b.Stop() })
 	return b
 }
@@ -241,9 +298,10 @@ func (l *testLab) ip(vm string) string {
 	return n.VM.IP
 }
 
-// metricSet is an agent's counters as "name{labels}" -> value. A counter a
-// test reads must exist: at fails the test on an absent one, which would
-// otherwise read as zero and make "it did not rise" pass vacuously.
+// metricSet is one reading of an agent's /metrics: "name{labels}" (the node
+// label left out) -> value. A counter a test reads must exist: at fails the
+// test on an absent one, which would otherwise read as zero and make "it
+// did not rise" pass vacuously.
 type metricSet struct {
 	t    *testing.T
 	host string
@@ -255,7 +313,7 @@ func (s metricSet) at(key string) float64 {
 	s.t.Helper()
 	v, ok := s.m[key]
 	if !ok {
-		s.t.Fatalf("%s's agent exports no metric %s", s.host, key)
+		s.t.Fatalf("%s's agent exports no metric %s (absent is not zero); of its family it has %v", s.host, key, s.family(key))
 	}
 	return v
 }
@@ -266,11 +324,31 @@ func (s metricSet) lookup(key string) (float64, bool) {
 	return v, ok
 }
 
-// metrics returns an agent's counters.
+// family lists the exported metrics with key's name, whatever their labels.
+func (s metricSet) family(key string) []string {
+	name, _, _ := strings.Cut(key, "{")
+	var out []string
+	for k := range s.m {
+		if n, _, _ := strings.Cut(k, "{"); n == name {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// rise is how much a metric grew from before to after; both must have it.
+func rise(before, after metricSet, key string) float64 {
+	before.t.Helper()
+	return after.at(key) - before.at(key)
+}
+
+// metrics reads an agent's /metrics. Every line must parse, and the
+// datapath's counter families must be there.
 func (l *testLab) metrics(host string) metricSet {
 	l.t.Helper()
 	out := l.mustIn(host, "curl", "-sf", fmt.Sprintf("http://127.0.0.1:%d/metrics", lab.MetricsPort))
-	m := map[string]float64{}
+	m := metricSet{t: l.t, host: host, m: map[string]float64{}}
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		line := sc.Text()
@@ -278,17 +356,28 @@ func (l *testLab) metrics(host string) metricSet {
 			continue
 		}
 		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			l.t.Fatalf("%s /metrics: line %q has no value", host, line)
+		}
 		v, err := strconv.ParseFloat(line[i+1:], 64)
 		if err != nil {
-			continue
+			l.t.Fatalf("%s /metrics: line %q: %v", host, line, err)
 		}
 		key := line[:i]
 		key = strings.Replace(key, fmt.Sprintf(`node="%s",`, host), "", 1)
 		key = strings.Replace(key, fmt.Sprintf(`,node="%s"`, host), "", 1)
 		key = strings.Replace(key, fmt.Sprintf(`{node="%s"}`, host), "", 1)
-		m[key] = v
+		m.m[key] = v
 	}
-	return metricSet{t: l.t, host: host, m: m}
+	if err := sc.Err(); err != nil {
+		l.t.Fatalf("%s /metrics: %v", host, err)
+	}
+	for _, family := range []string{"onehop_dropped_packets_total", "onehop_forwarded_packets_total"} {
+		if len(m.family(family)) == 0 {
+			l.t.Fatalf("%s /metrics has no %s counters: the datapath's counters could not be read\n%s", host, family, out)
+		}
+	}
+	return m
 }
 
 func drops(reason string) string {
@@ -298,8 +387,11 @@ func forwards(path string) string {
 	return fmt.Sprintf(`onehop_forwarded_packets_total{path="%s"}`, path)
 }
 
-func (l *testLab) ping(from, to string, count int) error {
-	out, err := l.in(from, "ping", "-c", strconv.Itoa(count), "-i", "0.2", "-W", "1", to)
+// ping sends count echo requests (with extra ping options) and says whether
+// every one was answered.
+func (l *testLab) ping(from, to string, count int, extra ...string) error {
+	args := append([]string{"ping", "-c", strconv.Itoa(count), "-i", "0.2", "-W", "1"}, extra...)
+	out, err := l.in(from, append(args, to)...)
 	if err != nil {
 		return fmt.Errorf("ping %s -> %s: %v\n%s", from, to, err, out)
 	}
@@ -309,15 +401,48 @@ func (l *testLab) ping(from, to string, count int) error {
 	return nil
 }
 
+// waitFor polls ok every 100 ms until it holds, failing the test after
+// timeout with what was awaited.
 func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	for !ok() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		case <-time.After(100 * time.Millisecond):
+	eventually(t, what, timeout, func() error {
+		if !ok() {
+			return errors.New("not yet")
 		}
+		return nil
+	})
+}
+
+// eventually polls check every 100 ms until it returns nil, failing the test
+// after timeout with what was awaited and the last error check gave.
+func eventually(t *testing.T, what string, timeout time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+		}
+		time.Sleep(100 * time.Millisecond) // the poll interval
 	}
+}
+
+// waitListening waits until a server in vm listens on proto ("tcp" or
+// "udp") port.
+func (l *testLab) waitListening(vm, proto string, port int) {
+	l.t.Helper()
+	flag := map[string]string{"tcp": "-Hltn", "udp": "-Hlun"}[proto]
+	eventually(l.t, fmt.Sprintf("a %s server on %s:%d", proto, vm, port), 5*time.Second, func() error {
+		out, err := l.in(vm, "ss", flag, fmt.Sprintf("sport = :%d", port))
+		if err != nil {
+			return fmt.Errorf("ss: %v: %s", err, out)
+		}
+		if !strings.Contains(out, fmt.Sprintf(":%d", port)) {
+			return fmt.Errorf("ss shows no listener: %q", out)
+		}
+		return nil
+	})
 }

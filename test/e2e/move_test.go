@@ -2,9 +2,13 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 const threeHosts = `name: %s
@@ -18,32 +22,34 @@ vms:
 `
 
 func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
+	testenv.RequireTool(t, "iperf3")
 	l := upLab(t, threeHosts)
 	web1 := l.ip("web1")
 	l.start("web1", "iperf3", "-s", "-1")
-	waitFor(t, "iperf3 on web1", 5*time.Second, func() bool {
-		o, _ := l.in("web1", "ss", "-ltn", "sport = :5201")
-		return strings.Contains(o, "5201")
-	})
-	// A 6-second TCP stream from web2, with web1 moved to h3 in the middle.
+	l.waitListening("web1", "tcp", 5201)
+	// A 6-second TCP stream from web2, with web1 moved to h3 while it runs.
 	client := l.start("web2", "iperf3", "-c", web1, "-t", "6", "-C", "cubic", "-J")
-	waitFor(t, "the stream from web2 to be established and moving", 5*time.Second, func() bool {
-		o, _ := l.in("web2", "ss", "-tni", "state", "established", "dport", "= :5201")
-		return strings.Contains(o, "bytes_acked:") && !strings.Contains(o, "bytes_acked:0 ")
+	eventually(t, "web2's TCP stream to web1 to carry data", 10*time.Second, func() error {
+		acked, err := l.bytesAcked("web2", web1+":5201")
+		if err == nil && acked < 1<<20 {
+			err = fmt.Errorf("%d bytes acked so far", acked)
+		}
+		return err
 	})
+	streaming := time.Now()
 	h2Before := l.metrics("h2")
-	moved := time.Now()
 	l.onehop("lab", "move", "web1", "--to", "h3")
 	waitFor(t, "web2 to reach web1 on h3", 10*time.Second, func() bool {
 		return l.ping("web2", web1, 1) == nil
 	})
-	t.Logf("web1 reachable on h3 %.2fs after the move began", time.Since(moved).Seconds())
+	movedAfter := time.Since(streaming)
+	t.Logf("web1 reachable on h3 %.2fs into the stream", movedAfter.Seconds())
 	// h3 announced its new VM; h2, which was sending to web1, corrected its
 	// mapping from that announcement rather than waiting for a refresh.
 	if n := l.metrics("h3").at(arpEvent("announced")); n < 1 {
 		t.Errorf("h3 announced %v VMs after web1 arrived", n)
 	}
-	if d := l.metrics("h2").at(forwards("arp_learned")) - h2Before.at(forwards("arp_learned")); d < 1 {
+	if d := rise(h2Before, l.metrics("h2"), forwards("arp_learned")); d < 1 {
 		t.Errorf("h2 learned nothing from the fabric after the move (arp_learned +%v)", d)
 	}
 
@@ -65,20 +71,33 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 		Error string `json:"error"`
 	}
 	out := client.Stop()
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res); err != nil {
+	i := strings.Index(out, "{")
+	if i < 0 {
+		t.Fatalf("iperf3 printed no JSON:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(out[i:]), &res); err != nil {
 		t.Fatalf("iperf3 output: %v\n%s", err, out)
 	}
 	if res.Error != "" {
 		t.Fatalf("the TCP connection broke across the move: %s", res.Error)
 	}
+	// Data must flow in the intervals that began once web1 answered on h3
+	// (iperf3 counts from its start, which came less than a second before
+	// the stream was seen carrying data).
+	from := movedAfter.Seconds() + 1
 	var after float64
+	var counted int
 	for _, iv := range res.Intervals {
-		if iv.Sum.Start >= 4 {
+		if iv.Sum.Start >= from {
 			after += iv.Sum.Bytes
+			counted++
 		}
 	}
+	if counted == 0 {
+		t.Fatalf("the move took %.1fs, past the end of the 6 s stream: nothing shows the connection carried data after it", from)
+	}
 	if after == 0 {
-		t.Errorf("no data flowed in the last seconds, after the move: %+v", res.Intervals)
+		t.Errorf("no data flowed in the %d intervals after the move: %+v", counted, res.Intervals)
 	}
 	l.refresh()
 	if n := l.node("h3"); n.Agent == nil || len(n.Agent.AttachedVifs) != 1 || n.Agent.AttachedVifs[0] != "vif-web1" {
@@ -87,4 +106,27 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 	if n := l.node("web1"); n.VM == nil || n.VM.Host != "h3" || n.VM.IP != web1 {
 		t.Errorf("web1 after the move: %+v", n.VM)
 	}
+}
+
+// bytesAcked is the most bytes_acked among vm's established TCP
+// connections to dst (ADDR:PORT).
+func (l *testLab) bytesAcked(vm, dst string) (int64, error) {
+	out, err := l.in(vm, "ss", "-Htin", "state", "established", "dst", dst)
+	if err != nil {
+		return 0, fmt.Errorf("ss: %v: %s", err, out)
+	}
+	var most int64 = -1
+	for _, f := range strings.Fields(out) {
+		if v, ok := strings.CutPrefix(f, "bytes_acked:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("ss: %q: %v", f, err)
+			}
+			most = max(most, n)
+		}
+	}
+	if most < 0 {
+		return 0, fmt.Errorf("no established connection to %s: %q", dst, out)
+	}
+	return most, nil
 }

@@ -1,14 +1,14 @@
 package e2e
 
 import (
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 func TestPrivilegedPingAndTCPBetweenVMsOnOneHostAndAcrossHosts(t *testing.T) {
+	testenv.RequireTool(t, "iperf3")
 	l := upLab(t, quickstart)
 	web2, web3 := l.ip("web2"), l.ip("web3")
 	before := l.metrics("h1")
@@ -20,11 +20,8 @@ func TestPrivilegedPingAndTCPBetweenVMsOnOneHostAndAcrossHosts(t *testing.T) {
 		t.Errorf("across hosts: %v", err)
 	}
 	for _, dst := range []struct{ vm, ip string }{{"web3", web3}, {"web2", web2}} {
-		l.mustIn(dst.vm, "iperf3", "-s", "-1", "-D")
-		waitFor(t, "iperf3 server on "+dst.vm, 5*time.Second, func() bool {
-			out, _ := l.in(dst.vm, "ss", "-ltn", "sport = :5201")
-			return strings.Contains(out, "5201")
-		})
+		l.start(dst.vm, "iperf3", "-s", "-1")
+		l.waitListening(dst.vm, "tcp", 5201)
 		out := l.mustIn("web1", "iperf3", "-c", dst.ip, "-n", "20M", "-C", "cubic")
 		if !strings.Contains(out, "receiver") {
 			t.Errorf("TCP web1 -> %s did not complete:\n%s", dst.vm, out)
@@ -33,7 +30,7 @@ func TestPrivilegedPingAndTCPBetweenVMsOnOneHostAndAcrossHosts(t *testing.T) {
 
 	after := l.metrics("h1")
 	for _, path := range []string{"local", "to_fabric", "from_fabric", "arp_reply"} {
-		if after.at(forwards(path)) <= before.at(forwards(path)) {
+		if d := rise(before, after, forwards(path)); d <= 0 {
 			t.Errorf("forwarded counter %s did not rise (%v -> %v): traffic bypassed the datapath?",
 				path, before.at(forwards(path)), after.at(forwards(path)))
 		}
@@ -45,46 +42,6 @@ func TestPrivilegedPingAndTCPBetweenVMsOnOneHostAndAcrossHosts(t *testing.T) {
 	}
 }
 
-// capture records packets on ifname inside node until the returned function
-// is called; that function returns one line per packet with the requested
-// tshark fields, tab-separated.
-func (l *testLab) capture(node, ifname string, fields ...string) func() []string {
-	stop, _ := l.captureFile(node, ifname, fields...)
-	return stop
-}
-
-// captureFile is capture that also returns the pcap file being written.
-func (l *testLab) captureFile(node, ifname string, fields ...string) (func() []string, string) {
-	l.t.Helper()
-	pcap := filepath.Join(l.t.TempDir(), node+".pcap")
-	dump := l.start(node, "tcpdump", "-i", ifname, "-n", "-U", "--immediate-mode", "-w", pcap)
-	waitFor(l.t, "tcpdump on "+node, 5*time.Second, func() bool {
-		return strings.Contains(dump.Output(), "listening on")
-	})
-	return func() []string {
-		// Let what is in flight land and tcpdump write it out (immediate
-		// mode: without it packets wait in the ring for up to a second, and
-		// a "nothing arrived" check would prove nothing).
-		time.Sleep(500 * time.Millisecond)
-		dump.Stop()
-		args := []string{"-r", pcap, "-T", "fields"}
-		for _, f := range fields {
-			args = append(args, "-e", f)
-		}
-		out, err := exec.Command("tshark", args...).Output()
-		if err != nil {
-			l.t.Fatalf("tshark -r %s: %v", pcap, err)
-		}
-		var lines []string
-		for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
-			if line != "" {
-				lines = append(lines, line)
-			}
-		}
-		return lines
-	}, pcap
-}
-
 func TestPrivilegedSpoofedSourceIPAndMACNeverArrive(t *testing.T) {
 	l := upLab(t, quickstart)
 	web1, web2 := l.ip("web1"), l.ip("web2")
@@ -93,16 +50,20 @@ func TestPrivilegedSpoofedSourceIPAndMACNeverArrive(t *testing.T) {
 	// IPv4 (not ARP) and reach the anti-spoofing check as such.
 	l.mustIn("web1", "ip", "neigh", "replace", web2, "lladdr", web2MAC, "dev", "eth0", "nud", "permanent")
 	before := l.metrics("h1")
-	got := l.capture("web2", "eth0", "ip.src", "eth.src", "icmp.type")
+	w := l.watchVM("web2", "web1")
+	proveLive(t, "start", w)
 
-	// Legitimate pings first: the capture must see these, or it proves nothing.
+	// Legitimate pings first: the capture must see these too.
 	if err := l.ping("web1", web2, 2); err != nil {
 		t.Fatal(err)
 	}
 	// A source IP that is not web1's (another VM's address in the subnet).
+	// The pings get no answer: their failure is the point.
 	spoofIP := "10.1.1.77"
 	l.mustIn("web1", "ip", "addr", "add", spoofIP+"/32", "dev", "eth0")
-	l.in("web1", "ping", "-c", "3", "-i", "0.2", "-W", "1", "-I", spoofIP, web2)
+	if err := l.ping("web1", web2, 3, "-I", spoofIP); err == nil {
+		t.Errorf("pings from the spoofed %s were answered", spoofIP)
+	}
 	l.mustIn("web1", "ip", "addr", "del", spoofIP+"/32", "dev", "eth0")
 	// A source MAC that is not web1's.
 	realMAC := l.mac("web1", "eth0")
@@ -110,38 +71,34 @@ func TestPrivilegedSpoofedSourceIPAndMACNeverArrive(t *testing.T) {
 	l.mustIn("web1", "ip", "link", "set", "eth0", "address", spoofMAC)
 	// Changing the MAC flushes the neighbour table, permanent entries too.
 	l.mustIn("web1", "ip", "neigh", "replace", web2, "lladdr", web2MAC, "dev", "eth0", "nud", "permanent")
-	l.in("web1", "ping", "-c", "3", "-i", "0.2", "-W", "1", web2)
-	l.mustIn("web1", "ip", "link", "set", "eth0", "address", realMAC)
-	// And legitimate pings last: the capture was live to the end.
-	l.mustIn("web1", "ip", "neigh", "replace", web2, "lladdr", web2MAC, "dev", "eth0", "nud", "permanent")
-	if err := l.ping("web1", web2, 2); err != nil {
-		t.Fatal(err)
+	if err := l.ping("web1", web2, 3); err == nil {
+		t.Errorf("pings from the spoofed MAC %s were answered", spoofMAC)
 	}
-	lines := got()
+	l.mustIn("web1", "ip", "link", "set", "eth0", "address", realMAC)
+	stopWatches(t, w)
 
 	var legit int
-	for _, line := range lines {
-		f := strings.Split(line, "\t")
-		if len(f) < 3 || f[2] != "8" { // echo requests only
+	for _, f := range w.frames {
+		if f.icmpType != "8" { // echo requests only
 			continue
 		}
 		switch {
-		case f[0] == spoofIP:
-			t.Errorf("packet with spoofed source IP reached web2: %s", line)
-		case f[1] == spoofMAC:
-			t.Errorf("packet with spoofed source MAC reached web2: %s", line)
-		case f[0] == web1:
+		case f.ipSrc == spoofIP:
+			t.Errorf("packet with spoofed source IP reached web2: %s", f)
+		case f.ethSrc == spoofMAC:
+			t.Errorf("packet with spoofed source MAC reached web2: %s", f)
+		case f.ipSrc == web1:
 			legit++
 		}
 	}
-	if legit != 4 {
-		t.Errorf("capture at web2 saw %d of web1's 4 legitimate echo requests (2 before, 2 after the spoofing); capture lines:\n%s", legit, strings.Join(lines, "\n"))
+	if legit != 2 {
+		t.Errorf("capture at web2 saw %d of web1's 2 legitimate echo requests", legit)
 	}
 	after := l.metrics("h1")
-	if d := after.at(drops("spoofed_ip")) - before.at(drops("spoofed_ip")); d != 3 {
+	if d := rise(before, after, drops("spoofed_ip")); d != 3 {
 		t.Errorf("spoofed_ip drops rose by %v, want 3", d)
 	}
-	if d := after.at(drops("spoofed_mac")) - before.at(drops("spoofed_mac")); d != 3 {
+	if d := rise(before, after, drops("spoofed_mac")); d != 3 {
 		t.Errorf("spoofed_mac drops rose by %v, want 3", d)
 		for k, v := range after.m {
 			if v != before.m[k] {
@@ -152,6 +109,7 @@ func TestPrivilegedSpoofedSourceIPAndMACNeverArrive(t *testing.T) {
 }
 
 func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
+	testenv.RequireTool(t, "iperf3")
 	l := upLab(t, quickstart)
 	allowed := map[string]string{
 		l.mac("h1", "uplink0"):       "h1",
@@ -165,60 +123,58 @@ func TestPrivilegedFabricCarriesOnlyHostMACsAndPlainIPv4(t *testing.T) {
 	for _, i := range l.node("fabric").Interfaces {
 		switchMACs[i.MAC] = true
 	}
-	got := l.capture("fabric", "br0", "eth.src", "eth.dst", "eth.type", "ip.src", "ip.dst", "ip.proto", "arp.opcode", "arp.dst.proto_ipv4")
+	w := l.watchFabric("web1", "web2")
+	proveLive(t, "start", w)
 	if err := l.ping("web1", l.ip("web2"), 3); err != nil {
 		t.Fatal(err)
 	}
-	l.mustIn("web2", "iperf3", "-s", "-1", "-D")
-	waitFor(t, "iperf3 server", 5*time.Second, func() bool {
-		out, _ := l.in("web2", "ss", "-ltn", "sport = :5201")
-		return strings.Contains(out, "5201")
-	})
+	l.start("web2", "iperf3", "-s", "-1")
+	l.waitListening("web2", "tcp", 5201)
 	l.mustIn("web1", "iperf3", "-c", l.ip("web2"), "-n", "5M", "-C", "cubic")
-	lines := got()
+	stopWatches(t, w)
 
 	tenant, questions, answers := 0, 0, 0
 	subnetScope := "03:00:0a:01:01:00" // blue/web's Ethernet multicast address
-	for _, line := range lines {
-		f := strings.Split(line, "\t")
-		for len(f) < 8 {
-			f = append(f, "")
+	for _, f := range w.frames {
+		if f.liveness() {
+			continue // the capture's own proof, checked by stopWatches
 		}
-		if switchMACs[f[0]] && !strings.HasPrefix(f[3], "10.") {
+		if switchMACs[f.ethSrc] && !strings.HasPrefix(f.ipSrc, "10.") {
 			continue // the switch's own control traffic (IGMP from its ports)
 		}
-		if f[2] == "0x0806" && strings.HasPrefix(f[7], "10.") {
+		macs := []string{f.ethSrc, f.ethDst}
+		if f.ethType == "0x0806" && strings.HasPrefix(f.arpTPA, "10.") {
 			// The ARP engine: a question for a VM goes to its subnet's
 			// multicast address, never to broadcast; the answer is unicast
 			// between hosts.
 			switch {
-			case f[6] == "1" && f[1] == subnetScope:
+			case f.arpOp == "1" && f.ethDst == subnetScope:
 				questions++
-			case f[6] == "2" && f[1] != "ff:ff:ff:ff:ff:ff":
+			case f.arpOp == "2" && f.ethDst != "ff:ff:ff:ff:ff:ff":
 				answers++
-			case f[6] == "2":
+			case f.arpOp == "2":
 				// an announcement of a VM that arrived on a host
 			default:
-				t.Errorf("ARP about a VM that is neither a scoped question nor a host's answer: %s", line)
+				t.Errorf("ARP about a VM that is neither a scoped question nor a host's answer: %s", f)
 			}
-			f[1] = l.mac("h1", "uplink0") // checked above
+			macs = macs[:1] // the destination was checked above
 		}
-		for _, mac := range f[:2] {
+		for _, mac := range macs {
 			if _, ok := allowed[mac]; !ok {
-				t.Errorf("MAC %s on the fabric is no host's uplink (virtual MACs must never be on the wire): %s", mac, line)
+				t.Errorf("MAC %s on the fabric is no host's uplink (virtual MACs must never be on the wire): %s", mac, f)
 			}
 		}
-		if f[2] != "0x0800" && f[2] != "0x0806" {
-			t.Errorf("non-IPv4/ARP frame on the fabric: %s", line)
+		if f.ethType != "0x0800" && f.ethType != "0x0806" {
+			t.Errorf("non-IPv4/ARP frame on the fabric: %s", f)
 		}
-		if strings.HasPrefix(f[3], "10.") {
+		if strings.HasPrefix(f.ipSrc, "10.") {
 			tenant++
 			// ICMP (1) and TCP (6) straight in IPv4: no UDP/GRE/IP-in-IP wrapper.
-			if f[5] != "1" && f[5] != "6" {
-				t.Errorf("tenant packet on the fabric is encapsulated or unexpected (ip.proto %s): %s", f[5], line)
+			if f.proto != "1" && f.proto != "6" {
+				t.Errorf("tenant packet on the fabric is encapsulated or unexpected (ip.proto %s): %s", f.proto, f)
 			}
-			if strings.Contains(f[3], ",") {
-				t.Errorf("nested IPv4 header (encapsulation) on the fabric: %s", line)
+			if strings.Count(":"+f.protocols+":", ":ip:") > 1 {
+				t.Errorf("nested IPv4 header (encapsulation) on the fabric: %s", f)
 			}
 		}
 	}
@@ -241,19 +197,17 @@ vms:
   - {name: web1, host: h1, subnet: blue/web}
   - {name: db1, host: h2, subnet: blue/db}
   - {name: red1, host: h2, subnet: red/web}
+  - {name: db2, host: h1, subnet: blue/db}
 `
 
 func TestPrivilegedInterSubnetAndInterFarmTrafficDroppedWithoutRules(t *testing.T) {
+	testenv.RequireTool(t, "iperf3")
 	l := upLab(t, twoFarms)
 	web1, db1 := l.ip("web1"), l.ip("db1")
 	h1Before, h2Before := l.metrics("h1"), l.metrics("h2")
-	got := l.capture("db1", "eth0", "ip.src")
-	// db1's own gateway answers its pings: replies the capture must see,
-	// before and after, or "nothing arrived" proves nothing.
-	db1GW := l.node("db1").VM.Gateway
-	if err := l.ping("db1", db1GW, 1); err != nil {
-		t.Fatal(err)
-	}
+	// db2 is in db1's subnet: its datagrams prove db1's capture live.
+	w := l.watchVM("db1", "db2")
+	proveLive(t, "start", w)
 
 	if err := l.ping("web1", db1, 2); err == nil {
 		t.Error("web1 reached db1 in another subnet with no rule")
@@ -264,27 +218,16 @@ func TestPrivilegedInterSubnetAndInterFarmTrafficDroppedWithoutRules(t *testing.
 	if out, err := l.in("web1", "iperf3", "-c", db1, "-t", "1", "--connect-timeout", "1000"); err == nil {
 		t.Errorf("TCP web1 -> db1 connected without a rule:\n%s", out)
 	}
-	if err := l.ping("db1", db1GW, 1); err != nil {
-		t.Fatal(err)
-	}
-	gatewayReplies := 0
-	for _, src := range got() {
-		switch src {
-		case db1GW:
-			gatewayReplies++
-		case "", db1:
-			// db1's own: its ARP for its gateway, its echo requests
-		default:
-			t.Errorf("db1 received a packet from outside its subnet: %s", src)
+	stopWatches(t, w)
+	for _, f := range w.frames {
+		if f.ipSrc != "" && subnetOf(f.ipSrc) != subnetOf(db1) {
+			t.Errorf("db1 received a packet from outside its subnet: %s", f)
 		}
 	}
-	if gatewayReplies != 2 {
-		t.Errorf("the capture at db1 saw %d of the gateway's 2 replies: it was not live throughout", gatewayReplies)
-	}
-	if d := l.metrics("h1").at(drops("not_visible")) - h1Before.at(drops("not_visible")); d < 3 {
+	if d := rise(h1Before, l.metrics("h1"), drops("not_visible")); d < 3 {
 		t.Errorf("h1 not_visible drops rose by %v; want the pings and the SYN dropped before the wire", d)
 	}
-	if d := l.metrics("h2").at(drops("not_visible")) - h2Before.at(drops("not_visible")); d < 2 {
+	if d := rise(h2Before, l.metrics("h2"), drops("not_visible")); d < 2 {
 		t.Errorf("h2 not_visible drops rose by %v; want red1's pings dropped", d)
 	}
 }
@@ -303,6 +246,7 @@ vms:
 `
 
 func TestPrivilegedInterSubnetRuleOpensOnlyWhatItNamesInOneHop(t *testing.T) {
+	testenv.RequireTool(t, "iperf3", "traceroute")
 	l := upLab(t, withRules)
 	web1, db1 := l.ip("web1"), l.ip("db1")
 
@@ -335,10 +279,8 @@ func TestPrivilegedInterSubnetRuleOpensOnlyWhatItNamesInOneHop(t *testing.T) {
 	// TCP to the allowed port works, to another port does not.
 	l.start("db1", "iperf3", "-s", "-p", "5432")
 	l.start("db1", "iperf3", "-s", "-p", "5201")
-	waitFor(t, "iperf3 servers on db1", 5*time.Second, func() bool {
-		o, _ := l.in("db1", "ss", "-ltn")
-		return strings.Contains(o, ":5432") && strings.Contains(o, ":5201")
-	})
+	l.waitListening("db1", "tcp", 5432)
+	l.waitListening("db1", "tcp", 5201)
 	if o, err := l.in("web1", "iperf3", "-c", db1, "-p", "5432", "-n", "10M", "-C", "cubic"); err != nil || !strings.Contains(o, "receiver") {
 		t.Errorf("TCP web1 -> db1:5432 (allowed) failed: %v\n%s", err, o)
 	}
@@ -346,7 +288,7 @@ func TestPrivilegedInterSubnetRuleOpensOnlyWhatItNamesInOneHop(t *testing.T) {
 	if o, err := l.in("web1", "iperf3", "-c", db1, "-p", "5201", "-t", "1", "--connect-timeout", "1000"); err == nil {
 		t.Errorf("TCP web1 -> db1:5201 (no rule) connected:\n%s", o)
 	}
-	if d := l.metrics("h1").at(drops("not_visible")) - before.at(drops("not_visible")); d < 1 {
+	if d := rise(before, l.metrics("h1"), drops("not_visible")); d < 1 {
 		t.Errorf("blocked SYN to db1:5201 not counted as not_visible on h1")
 	}
 	// The rule is one-way: db cannot start anything towards web.
