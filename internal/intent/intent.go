@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/onehop/onehop/internal/ipam"
@@ -21,6 +22,7 @@ const (
 	FarmsPrefix   = Root + "intent/farms/"
 	SubnetsPrefix = Root + "intent/subnets/"
 	VMsPrefix     = Root + "intent/vms/"
+	SliversPrefix = Root + "intent/slivers/" // + HOST/NAME
 	AllocKey      = Root + "intent/allocations"
 	NodesPrefix   = Root + "nodes/"
 	DesiredPrefix = Root + "desired/"
@@ -126,6 +128,70 @@ type Node struct {
 	Uplink    string `json:"uplink"`
 	UplinkMAC string `json:"uplinkMAC"`
 	UplinkIP  string `json:"uplinkIP"`
+	// Uplinks lists every link of the host to the fabric, index 0 first (the
+	// one above); a multi-homed host has more (paper §3.3d). Empty from an
+	// agent that predates them: then Uplink* is the only one.
+	Uplinks []NodeUplink `json:"uplinks,omitempty"`
+	// EphemeralLo/Hi are the host's own net.ipv4.ip_local_port_range: no
+	// sliver may lease a port in it. 0/0: not reported yet.
+	EphemeralLo uint16 `json:"ephemeralLo,omitempty"`
+	EphemeralHi uint16 `json:"ephemeralHi,omitempty"`
+}
+
+// NodeUplink is one of a host's links to the fabric and its public address.
+type NodeUplink struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	MAC   string `json:"mac"`
+	IP    string `json:"ip"`
+	Bits  int    `json:"bits"` // the fabric prefix length
+}
+
+// Sliver is a guest that shares its host's public IPv4 and MAC and is told
+// apart from the host and the other slivers by the ports it leases
+// (port-space isolation). Its name is unique on its host (HOST/NAME).
+type Sliver struct {
+	Host string `json:"host"`
+	Name string `json:"name"`
+	// Slot is the sliver's number on its host (1..limits.Slivers), allocated
+	// by the controller and never changed while the sliver lives: the
+	// datapath's per-sliver state and counters are indexed by it.
+	Slot   uint32  `json:"slot"`
+	Leases []Lease `json:"leases"`
+}
+
+// FullName is HOST/NAME.
+func (s Sliver) FullName() string { return s.Host + "/" + s.Name }
+
+// Lease is an inclusive port range on one of the host's uplinks, for TCP,
+// UDP and ICMP echo ids alike.
+type Lease struct {
+	Uplink int    `json:"uplink"`
+	Lo     uint16 `json:"lo"`
+	Hi     uint16 `json:"hi"`
+}
+
+// SliverIfname is the host-side end of a sliver's link on an uplink: the
+// sliver's own end is eth<uplink>.
+func SliverIfname(sliver string, uplink int) string {
+	return "s" + strconv.Itoa(uplink) + "-" + sliver
+}
+
+// LocalSliver is a sliver on the node itself, as its agent needs it.
+type LocalSliver struct {
+	Name   string  `json:"name"`
+	Slot   uint32  `json:"slot"`
+	Leases []Lease `json:"leases"`
+}
+
+// SliverStats is one sliver's traffic as its host's datapath counted it.
+type SliverStats struct {
+	Name       string            `json:"name"`
+	PacketsIn  uint64            `json:"packetsIn"`
+	PacketsOut uint64            `json:"packetsOut"`
+	BytesIn    uint64            `json:"bytesIn"`
+	BytesOut   uint64            `json:"bytesOut"`
+	Drops      map[string]uint64 `json:"drops,omitempty"` // by reason
 }
 
 // LocalEndpoint is a VM on the node itself.
@@ -151,6 +217,8 @@ type Desired struct {
 	Visibility []VisRule `json:"visibility"`
 	// ProxyARPFarms lists the ids of farms that enabled proxy ARP.
 	ProxyARPFarms []uint8 `json:"proxyARPFarms,omitempty"`
+	// Slivers are the node's slivers and their leases (port-space).
+	Slivers []LocalSliver `json:"slivers,omitempty"`
 }
 
 // Digest identifies a Desired by content, so an agent can report which
@@ -177,6 +245,8 @@ type AgentStatus struct {
 	// Refused counts, per VM, the shared work each was refused for going
 	// over its share (one VM must not starve the others).
 	Refused []VMRefusal `json:"refused,omitempty"`
+	// Slivers are the per-sliver counters of the port-space datapath.
+	Slivers []SliverStats `json:"slivers,omitempty"`
 	// Overflows lists the maps that cannot hold what this node needs:
 	// nothing was written to them, they keep what they held (and Error
 	// says so too).
