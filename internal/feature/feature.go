@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
 
@@ -38,8 +39,21 @@ type Node struct {
 	// UplinkIfindex and UplinkMAC are the node's link to the fabric.
 	UplinkIfindex int
 	UplinkMAC     net.HardwareAddr
+	// Uplinks are all of the node's links to the fabric, index 0 (the one
+	// above) first; a multi-homed host has more.
+	Uplinks []Uplink
 	// Ifindex resolves an interface name in the node's namespace.
 	Ifindex func(name string) (int, error)
+}
+
+// Uplink is one of the node's links to the fabric.
+type Uplink struct {
+	Index   int
+	Name    string
+	Ifindex int
+	MAC     net.HardwareAddr
+	Addr    netip.Addr
+	Bits    int
 }
 
 // Sizes is how many entries a plan puts in each map it reconciles, by the
