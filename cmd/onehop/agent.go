@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,11 +12,13 @@ import (
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/portspace"
 )
 
 func agentCmd() *cobra.Command {
 	var cfg agent.DaemonConfig
 	var endpoints, dns string
+	var uplinks []string
 	c := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the per-host agent: keeps this host's eBPF datapath equal to its desired state",
@@ -38,6 +41,9 @@ drop is also logged with its reason (rate-limited).`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.EtcdEndpoints = splitList(endpoints)
+			if err := setUplinks(&cfg.Config, uplinks); err != nil {
+				return err
+			}
 			if cfg.MappingTableSize < datapath.MinMappingTableSize {
 				return fmt.Errorf("--mapping-table-size %d: must be at least %d", cfg.MappingTableSize, datapath.MinMappingTableSize)
 			}
@@ -61,7 +67,10 @@ drop is also logged with its reason (rate-limited).`,
 	f := c.Flags()
 	f.StringVar(&cfg.Node, "node", "", "this host's name, as in the intent")
 	f.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd endpoints")
-	f.StringVar(&cfg.Uplink, "uplink", "uplink0", "the host's interface on the fabric")
+	f.StringSliceVar(&uplinks, "uplink", []string{"uplink0"},
+		"the host's interface on the fabric; repeat for a multi-homed host (the first carries the VMs' traffic, slivers may lease ports on every one)")
+	f.StringVar(&cfg.SliverCgroups, "sliver-cgroups", "",
+		"cgroup v2 directory whose child NAME holds sliver NAME's processes: binds outside its lease fail there with EPERM")
 	f.StringVar(&cfg.BPFFS, "bpffs", "/run/onehop/bpffs", "bpffs mount point (mounted if needed); keep it outside /sys")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9100", "address for /metrics; empty to disable")
 	f.DurationVar(&cfg.Resync, "resync", 2*time.Second, "reconcile at least this often")
@@ -74,4 +83,27 @@ drop is also logged with its reason (rate-limited).`,
 	f.DurationVar(&cfg.ARP.Wait, "arp-wait", arpengine.DefaultWait, "how long one ARP question waits for its answer")
 	addAgentTLSFlags(c, &cfg)
 	return c
+}
+
+// setUplinks takes the --uplink list: the first is the router's, the rest a
+// multi-homed host's other links; names must be distinct interface names.
+func setUplinks(cfg *agent.Config, names []string) error {
+	if len(names) == 0 {
+		return fmt.Errorf("--uplink: at least one interface is required")
+	}
+	if len(names) > portspace.MaxUplinks {
+		return fmt.Errorf("--uplink: %d given, at most %d uplinks per host", len(names), portspace.MaxUplinks)
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		if n == "" || len(n) > 15 || strings.ContainsAny(n, "/ \t") {
+			return fmt.Errorf("--uplink %q: not an interface name (1-15 characters, no '/' or spaces)", n)
+		}
+		if seen[n] {
+			return fmt.Errorf("--uplink %q: given twice", n)
+		}
+		seen[n] = true
+	}
+	cfg.Uplink, cfg.MoreUplinks = names[0], names[1:]
+	return nil
 }

@@ -47,9 +47,21 @@ type Interfaces interface {
 // Config is the agent's configuration.
 type Config struct {
 	Node   string        // host name, as in the intent
-	Uplink string        // the host's interface on the fabric
+	Uplink string        // the host's interface on the fabric (index 0, the router's)
 	Resync time.Duration // reconcile at least this often, to pick up vifs that appeared
+	// MoreUplinks are a multi-homed host's other links to the fabric
+	// (indexes 1, 2, ...): slivers may lease ports on their addresses too.
+	MoreUplinks []string
+	// Ephemeral reads the host's own ip_local_port_range, reported so the
+	// controller refuses leases inside it; nil reports none.
+	Ephemeral func() (lo, hi uint16, err error)
+	// SliverCgroups is the cgroup v2 directory whose child S holds sliver
+	// S's processes; "" when the host has no slivers' processes to confine.
+	SliverCgroups string
 }
+
+// uplinks lists every uplink name, index 0 first.
+func (c Config) uplinks() []string { return append([]string{c.Uplink}, c.MoreUplinks...) }
 
 // Agent reconciles one host.
 type Agent struct {
@@ -115,7 +127,7 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{}}
 	a.router = newRouter(dp, cfg.Uplink, log)
 	a.router.left = a.shares.Forget
-	env := Env{Router: a.router}
+	env := Env{Router: a.router, SliverCgroups: cfg.SliverCgroups}
 	if k, ok := dp.(*datapath.Kernel); ok {
 		env.Kernel = k
 	}
@@ -180,6 +192,18 @@ func (a *Agent) register(ctx context.Context) error {
 		return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
 	}
 	n := intent.Node{Name: a.cfg.Node, Uplink: a.cfg.Uplink, UplinkMAC: mac.String(), UplinkIP: ip}
+	for i, name := range a.cfg.uplinks() {
+		_, mac, ip, err := a.ifs.ByName(name)
+		if err != nil {
+			return fmt.Errorf("uplink %s: %w", name, err)
+		}
+		n.Uplinks = append(n.Uplinks, intent.NodeUplink{Index: i, Name: name, MAC: mac.String(), IP: ip})
+	}
+	if a.cfg.Ephemeral != nil {
+		if n.EphemeralLo, n.EphemeralHi, err = a.cfg.Ephemeral(); err != nil {
+			return fmt.Errorf("ephemeral port range: %w", err)
+		}
+	}
 	if err := store.PutJSON(ctx, a.store, intent.NodesPrefix+a.cfg.Node, n); err != nil {
 		return err
 	}
@@ -257,6 +281,24 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 		idx, _, _, err := a.ifs.ByName(name)
 		return idx, err
 	}}
+	for i, name := range a.cfg.uplinks() {
+		idx, mac, ip, err := a.ifs.ByName(name)
+		if err != nil {
+			return fmt.Errorf("uplink %s: %w", name, err)
+		}
+		u := feature.Uplink{Index: i, Name: name, Ifindex: idx, MAC: mac}
+		if addr, err := netip.ParseAddr(ip); err == nil {
+			u.Addr = addr
+		}
+		node.Uplinks = append(node.Uplinks, u)
+		if i > 0 {
+			// The router attaches uplink 0; the others carry only what
+			// features steer (slivers' leases on their addresses).
+			if err := a.dp.AttachUplink(name, idx); err != nil {
+				return err
+			}
+		}
+	}
 	plans := make([]feature.Plan, len(a.features))
 	errs := make([]error, len(a.features))
 	want := uint32(0)

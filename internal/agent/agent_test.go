@@ -284,3 +284,38 @@ func TestADepartingVMsStaleMappingIsForgotten(t *testing.T) {
 		t.Fatalf("departed %v, want %v", departed, want)
 	}
 }
+
+func TestParsePortRangeReadsTheSysctlAndRefusesNonsense(t *testing.T) {
+	lo, hi, err := ParsePortRange("32768\t60999\n")
+	if err != nil || lo != 32768 || hi != 60999 {
+		t.Fatalf("ParsePortRange = %d, %d, %v; want 32768, 60999", lo, hi, err)
+	}
+	for _, bad := range []string{"", "1", "5 4", "0 10", "1 70000", "a b", "1 2 3"} {
+		if _, _, err := ParsePortRange(bad); err == nil {
+			t.Errorf("ParsePortRange(%q) accepted", bad)
+		}
+	}
+}
+
+func TestAgentRegistersEveryUplinkAndItsEphemeralRange(t *testing.T) {
+	s := store.NewMemory()
+	ifs := fakeInterfaces{"uplink0": 2, "uplink1": 3}
+	a, err := New(Config{Node: "h1", Uplink: "uplink0", MoreUplinks: []string{"uplink1"},
+		Ephemeral: func() (uint16, uint16, error) { return 40000, 50000, nil }}, s, &fakeDatapath{}, ifs, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var n intent.Node
+	if err := store.GetJSON(t.Context(), s, intent.NodesPrefix+"h1", &n); err != nil {
+		t.Fatalf("node record: %v", err)
+	}
+	if len(n.Uplinks) != 2 || n.Uplinks[1].Name != "uplink1" || n.Uplinks[1].Index != 1 || n.Uplinks[1].MAC != "aa:00:00:00:00:03" {
+		t.Errorf("uplinks = %+v, want uplink0 and uplink1 (index 1, its MAC)", n.Uplinks)
+	}
+	if n.EphemeralLo != 40000 || n.EphemeralHi != 50000 {
+		t.Errorf("ephemeral = %d-%d, want 40000-50000", n.EphemeralLo, n.EphemeralHi)
+	}
+}

@@ -9,7 +9,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -115,6 +118,9 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		return err
 	}
 	defer s.Close()
+	if cfg.Ephemeral == nil {
+		cfg.Ephemeral = EphemeralRange
+	}
 	a, err := New(cfg.Config, s, k, LinkTable{}, log)
 	if err != nil {
 		return err
@@ -166,6 +172,29 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		log.Info("serving metrics", "addr", ln.Addr().String()+"/metrics")
 	}
 	return a.Run(ctx)
+}
+
+// EphemeralRange reads this network namespace's net.ipv4.ip_local_port_range.
+func EphemeralRange() (lo, hi uint16, err error) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, err
+	}
+	return ParsePortRange(string(b))
+}
+
+// ParsePortRange parses ip_local_port_range's "LO<whitespace>HI".
+func ParsePortRange(s string) (lo, hi uint16, err error) {
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		return 0, 0, fmt.Errorf("port range %q: want two numbers", strings.TrimSpace(s))
+	}
+	l, err1 := strconv.ParseUint(f[0], 10, 16)
+	h, err2 := strconv.ParseUint(f[1], 10, 16)
+	if err1 != nil || err2 != nil || l == 0 || l > h {
+		return 0, 0, fmt.Errorf("port range %q: want 1 <= lo <= hi <= 65535", strings.TrimSpace(s))
+	}
+	return uint16(l), uint16(h), nil
 }
 
 // waitForUplink returns the uplink's ifindex, MAC and IPv4 once it exists.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/intent"
 )
 
 // Kernel is the datapath in the running kernel: the loaded programs, their
@@ -241,6 +242,10 @@ func (k *Kernel) detach(ifname string) {
 	}
 }
 
+// isVifLink reports whether a link is a VM's vif (intent.VifName), the only
+// links Apply attaches and removes.
+func isVifLink(ifname string) bool { return strings.HasPrefix(ifname, intent.VifName("")) }
+
 // AttachUplink puts the uplink program on the node's uplink.
 func (k *Kernel) AttachUplink(ifname string, ifindex int) error {
 	return k.attach(ifname, ifindex, k.uplink.UplinkIngress)
@@ -271,8 +276,10 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	for name, ifindex := range e.Attach {
 		errs = append(errs, k.attach(name, ifindex, k.vif.VifIngress))
 	}
+	// Only the router's own links (vifs) are Apply's to remove: the
+	// uplinks and the links other features attach are theirs.
 	for name := range k.links {
-		if _, want := e.Attach[name]; !want && name != uplinkName {
+		if _, want := e.Attach[name]; !want && name != uplinkName && isVifLink(name) {
 			k.detach(name)
 		}
 	}
@@ -281,7 +288,7 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		// agent ran) are stale too.
 		entries, _ := os.ReadDir(filepath.Join(k.pinDir, "links"))
 		for _, de := range entries {
-			if _, want := e.Attach[de.Name()]; !want && de.Name() != uplinkName {
+			if _, want := e.Attach[de.Name()]; !want && de.Name() != uplinkName && isVifLink(de.Name()) {
 				os.Remove(filepath.Join(k.pinDir, "links", de.Name()))
 			}
 		}
