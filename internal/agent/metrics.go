@@ -6,8 +6,8 @@ import (
 	"github.com/onehop/onehop/internal/intent"
 )
 
-// Collector exposes the datapath counters and the agent's own state to
-// Prometheus. It reads the per-CPU maps at scrape time: nothing is polled.
+// Collector exposes the datapath counters, the agent's own state and every
+// feature that is itself a prometheus.Collector to Prometheus. It reads the per-CPU maps at scrape time: nothing is polled.
 type Collector struct {
 	node  string
 	dp    Datapath
@@ -61,6 +61,11 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.mapped, c.asking, c.capacity, c.arpEvents, c.refused, c.mapEntries, c.mapCapacity, c.mapOverflow} {
 		ch <- d
 	}
+	for _, f := range c.agent.features {
+		if m, ok := f.(prometheus.Collector); ok {
+			m.Describe(ch)
+		}
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -88,6 +93,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, r := range c.agent.Refusals(counters.Refused) {
 		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(r.Count), r.VM, r.What)
+	}
+	// A feature with figures of its own (per sliver, per TAP policy)
+	// exports them itself, under the same node label.
+	for _, f := range c.agent.features {
+		if m, ok := f.(prometheus.Collector); ok {
+			m.Collect(ch)
+		}
 	}
 	if c.agent.hooks.ARPStats == nil {
 		return
