@@ -12,6 +12,8 @@ type Env struct {
 	// Kernel is the loaded datapath, for a feature's sync to reach its maps
 	// (Kernel.Map). Nil in tests that run the agent on a fake datapath.
 	Kernel *datapath.Kernel
+	// Node is the host's name (a metric's node label).
+	Node string
 	// SliverCgroups is Config.SliverCgroups: where slivers' processes live.
 	SliverCgroups string
 }
