@@ -65,7 +65,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	for _, s := range scenarios {
 		all = append(all, s.Name)
 	}
-	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth"}; !reflect.DeepEqual(all, want) {
+	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "sliver", "pshost", "nat"}; !reflect.DeepEqual(all, want) {
 		t.Fatalf("scenarios %v, want %v", all, want)
 	}
 	comps, err := Comparisons(scenarios, all)
@@ -81,11 +81,11 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 			order = append(order, p)
 		}
 	}
-	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2"}; !reflect.DeepEqual(order, want) {
+	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "sliver/pshost", "sliver/nat"}; !reflect.DeepEqual(order, want) {
 		t.Errorf("comparisons %v, want %v", order, want)
 	}
-	if len(comps) != 5*len(figures) {
-		t.Errorf("%d comparisons, want %d (5 pairs x %d figures)", len(comps), 5*len(figures), len(figures))
+	if len(comps) != 7*len(figures) {
+		t.Errorf("%d comparisons, want %d (7 pairs x %d figures)", len(comps), 7*len(figures), len(figures))
 	}
 	for _, w := range []comparison{
 		{"onehop", "bridge", "tcp", 1.0, false},
@@ -102,6 +102,12 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 		{"routed-2", "router-2", "rtt", 1.0, true},
 		{"routed-2", "router-2", "udp64", 1.2, false},
 		{"routed-2", "router-2", "cpu", 0, false},
+		{"sliver", "pshost", "tcp", 0.97, false},
+		{"sliver", "pshost", "udp64", 0.97, false},
+		{"sliver", "pshost", "rtt", 1.05, false},
+		{"sliver", "nat", "udp64", 1.5, false},
+		{"sliver", "nat", "rtt", 1.0, true},
+		{"sliver", "nat", "tcp", 0, false},
 	} {
 		if c, ok := got[key{w.subject, w.baseline, w.figure}]; !ok || c != w {
 			t.Errorf("%s/%s %s: got %+v (present %v), want %+v", w.subject, w.baseline, w.figure, c, ok, w)
@@ -142,7 +148,7 @@ func TestSelect(t *testing.T) {
 	if all, _ := Select(scenarios, "all"); len(all) != len(scenarios) {
 		t.Errorf("all selects %d of %d", len(all), len(scenarios))
 	}
-	if _, err := Select(scenarios, "onehop,nat"); err == nil || !strings.Contains(err.Error(), "no scenario nat") {
+	if _, err := Select(scenarios, "onehop,nta"); err == nil || !strings.Contains(err.Error(), "no scenario nta") {
 		t.Errorf("unknown scenario: err %v", err)
 	}
 	if _, err := Select(scenarios, ","); err == nil {

@@ -11,4 +11,7 @@ var scenarios = []*Scenario{
 	router2Scenario,
 	bridgeScenario,
 	vethScenario,
+	sliverScenario,
+	psHostScenario,
+	natScenario,
 }

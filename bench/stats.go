@@ -281,3 +281,29 @@ func Combine(figure string, ms []Measurement) Measurement {
 	}
 	return out
 }
+
+// NodeAddress returns the first IPv4 address on interface ifname of node in
+// the JSON of `onehop lab status -o json` (a host's uplink0, say).
+func NodeAddress(statusJSON []byte, node, ifname string) (string, error) {
+	var st labStatus
+	if err := json.Unmarshal(statusJSON, &st); err != nil {
+		return "", fmt.Errorf("lab status is not JSON: %w", err)
+	}
+	for _, n := range st.Nodes {
+		if n.Name != node {
+			continue
+		}
+		for _, ifc := range n.Interfaces {
+			if ifc.Name != ifname {
+				continue
+			}
+			for _, a := range ifc.Addrs {
+				if ip, _, _ := strings.Cut(a, "/"); !strings.Contains(ip, ":") {
+					return ip, nil
+				}
+			}
+		}
+		return "", fmt.Errorf("lab status: node %s has no IPv4 address on %s", node, ifname)
+	}
+	return "", fmt.Errorf("lab status: no node %s", node)
+}

@@ -18,6 +18,7 @@ declare -A need=(
   [traceroute]=traceroute
   [python3]=python3          # e2e and demo: raw frames, UDP senders, JSON
   [etcd]=etcd-server       # an external etcd cluster in tests
+  [nft]=nftables           # bench: the NAT baseline port-space isolation is compared with
 )
 missing=()
 for cmd in "${!need[@]}"; do
