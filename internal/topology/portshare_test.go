@@ -169,10 +169,10 @@ func TestAFullFabricIsReportedOnTheLineThatNeedsAnAddress(t *testing.T) {
 // import): one port, a range, an uplink prefix, lists in any order.
 func TestLeaseGrammarMatchesTheController(t *testing.T) {
 	cases := map[string]string{
-		"10022":                       "10022",
-		"10000-10099":                 "10000-10099",
+		"10022":                        "10022",
+		"10000-10099":                  "10000-10099",
 		" 1:20000-20099 , 10000-10099": "10000-10099,1:20000-20099",
-		"3:1-65535":                   "3:1-65535",
+		"3:1-65535":                    "3:1-65535",
 	}
 	for in, want := range cases {
 		ls, err := parseLeases(in)
