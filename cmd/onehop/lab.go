@@ -226,6 +226,17 @@ func printStatus(r *lab.Report) {
 				state += ", error: " + n.Agent.Error
 			}
 		}
+		if n.Sliver != nil {
+			var ls []string
+			for _, l := range n.Sliver.Leases {
+				r := fmt.Sprintf("%d-%d", l.Lo, l.Hi)
+				if l.Uplink != 0 {
+					r = fmt.Sprintf("%d:%s", l.Uplink, r)
+				}
+				ls = append(ls, r)
+			}
+			state += fmt.Sprintf(", on %s, ports %s", n.Sliver.Host, strings.Join(ls, ","))
+		}
 		if len(n.Interfaces) == 0 {
 			fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t%s\n", n.Name, n.Kind, n.Netns, state)
 		}

@@ -170,6 +170,29 @@ func TestPrivilegedSliverCarriesItsHostsAddressAndMACAndExternalsReachHosts(t *t
 		}
 	}
 
+	// What h2 sends from an uplink's address leaves by that uplink.
+	h2, _ := f.HostByName("h2")
+	hh, err := netns.Handle(NamespaceOf(st.Name, "h2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hh.Close()
+	for k, src := range h2.UplinkAddrs {
+		routes, err := hh.RouteGetWithOptions(net.ParseIP(inet.Address), &netlink.RouteGetOptions{SrcAddr: net.ParseIP(src)})
+		if err != nil || len(routes) != 1 {
+			t.Fatalf("route from %s to inet: %v %v", src, routes, err)
+		}
+		dev, err := hh.LinkByIndex(routes[0].LinkIndex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Uplink 0's address sits on the bridge of a bridge lab.
+		want := map[int]string{0: "br0", 1: "uplink1"}[k]
+		if dev.Attrs().Name != want {
+			t.Errorf("h2 sends from %s to inet by %s, want %s", src, dev.Attrs().Name, want)
+		}
+	}
+
 	// lab status lists the new kinds.
 	r := Status(context.Background(), st)
 	kinds := map[string]string{}
