@@ -4,8 +4,9 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 BIN := bin/onehop
 QUICKSTART ?= examples/quickstart.yaml
+PORTSHARE ?= examples/portshare.yaml
 
-.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down bench clean
+.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare bench clean
 
 all: build
 
@@ -46,6 +47,11 @@ demo: deps build
 
 demo-down: build
 	$(BIN) lab down --lab quickstart
+
+# Port-space isolation: slivers sharing their host's address, told apart by
+# port; builds examples/portshare.yaml, shows it, and tears it down.
+demo-portshare: deps build
+	@bash scripts/demo-portshare.sh $(BIN) $(PORTSHARE)
 
 bench: deps build
 	$(GO) run ./bench -binary $(BIN) -rounds $${ROUNDS:-5} -out bench/results/latest.json

@@ -117,10 +117,15 @@ func labStatusCmd(lf *labFlags) *cobra.Command {
 func labExecCmd(lf *labFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "exec NODE -- COMMAND [ARG...]",
-		Short: "Run a command inside a node of the lab (a VM, a host, the fabric or the controller)",
+		Short: "Run a command inside a node of the lab (a VM, a sliver, a host, an external, the fabric or the controller)",
+		Long: `Runs COMMAND in the node's network namespace, with /sys remounted for it as
+'ip netns exec' does. In a sliver it also runs in the sliver's cgroup
+(cgroup v2), where the host confines bind() and connect() to the sliver's
+ports.`,
 		Example: `  onehop lab exec web1 -- ping -c 3 10.1.1.3
   onehop lab exec h1 -- curl -s localhost:9100/metrics
-  onehop lab exec fabric -- tcpdump -eni br0`,
+  onehop lab exec fabric -- tcpdump -eni br0
+  onehop lab exec s1 -- python3 -m http.server 10022`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := lab.Resolve(lf.root, lf.name)
@@ -130,6 +135,15 @@ func labExecCmd(lf *labFlags) *cobra.Command {
 			ns := lab.NamespaceOf(n, args[0])
 			if !netns.Exists(ns) {
 				return fmt.Errorf("lab %q has no node %q (no namespace %s); `onehop lab status` lists them", n, args[0], ns)
+			}
+			// A sliver's commands run in its cgroup, where its host
+			// confines bind() and connect() to its lease.
+			st, err := lab.Load(lf.root, n)
+			if err != nil {
+				return err
+			}
+			if err := lab.JoinSliver(st, args[0]); err != nil {
+				return err
 			}
 			return netns.Exec(ns, args[1:])
 		},
@@ -211,6 +225,17 @@ func printStatus(r *lab.Report) {
 			if n.Agent.Error != "" {
 				state += ", error: " + n.Agent.Error
 			}
+		}
+		if n.Sliver != nil {
+			var ls []string
+			for _, l := range n.Sliver.Leases {
+				r := fmt.Sprintf("%d-%d", l.Lo, l.Hi)
+				if l.Uplink != 0 {
+					r = fmt.Sprintf("%d:%s", l.Uplink, r)
+				}
+				ls = append(ls, r)
+			}
+			state += fmt.Sprintf(", on %s, ports %s", n.Sliver.Host, strings.Join(ls, ","))
 		}
 		if len(n.Interfaces) == 0 {
 			fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t%s\n", n.Name, n.Kind, n.Netns, state)

@@ -62,7 +62,9 @@ var kinds = []nodeKind{
 	fabricKind{},
 	controllerKind{},
 	hostKind{},
+	externalKind{},
 	vmKind{},
+	sliverKind{},
 }
 
 // kindNamed returns the kind called name, or nil.

@@ -25,19 +25,45 @@ func (hostKind) nodes(t *topology.File) []string {
 func (hostKind) plumb(_ context.Context, b *builder, node string) error {
 	h, _ := b.t.HostByName(node)
 	bits := b.t.FabricPrefix().Bits()
-	b.step("host %s (%s): uplink %s %s/%d", node, NamespaceOf(b.st.Name, node), HostUplink, h.Address, bits)
+	for k, addr := range h.UplinkAddrs {
+		b.step("host %s (%s): uplink %s %s/%d", node, NamespaceOf(b.st.Name, node), topology.UplinkName(k), addr, bits)
+	}
 	ns, err := b.newNamespace(node, "host")
 	if err != nil {
 		return err
 	}
-	if b.t.Datapath == topology.DatapathBridge {
-		// The address goes on the host's bridge instead.
-		if err := b.plugIntoFabric(ns, "p-"+node, HostUplink, "", bits); err != nil {
+	devs := make([]string, len(h.UplinkAddrs))
+	for k, addr := range h.UplinkAddrs {
+		devs[k] = topology.UplinkName(k)
+		if k == 0 && b.t.Datapath == topology.DatapathBridge {
+			// The address goes on the host's bridge instead.
+			if err := b.plugIntoFabric(ns, fabricPort(node, 0), HostUplink, "", bits); err != nil {
+				return err
+			}
+			if err := hostBridge(ns, addr, bits); err != nil {
+				return err
+			}
+			devs[k] = "br0"
+			continue
+		}
+		if err := b.plugIntoFabric(ns, fabricPort(node, k), topology.UplinkName(k), addr, bits); err != nil {
 			return err
 		}
-		return hostBridge(ns, h.Address, bits)
 	}
-	return b.plugIntoFabric(ns, "p-"+node, HostUplink, h.Address, bits)
+	if len(h.UplinkAddrs) > 1 {
+		return multiHome(ns, devs, h.UplinkAddrs, b.t.FabricPrefix())
+	}
+	return nil
+}
+
+// fabricPort is the fabric's end of a host's uplink k: p-HOST for uplink 0
+// (as it always was), p<k>-HOST for the others; 15 bytes at most for a
+// 12-byte host name.
+func fabricPort(host string, k int) string {
+	if k == 0 {
+		return "p-" + host
+	}
+	return fmt.Sprintf("p%d-%s", k, host)
 }
 
 func (hostKind) start(ctx context.Context, b *builder, node string) error {
@@ -51,6 +77,10 @@ func (hostKind) start(ctx context.Context, b *builder, node string) error {
 	}
 	// An agent that cannot reach etcd at start gives up.
 	if err := b.waitStore(ctx); err != nil {
+		return err
+	}
+	// The agent attaches its slivers' socket programs to this directory.
+	if err := ensureCgroup(b.st, HostCgroupDir(b.st, node)); err != nil {
 		return err
 	}
 	h, _ := b.t.HostByName(node)

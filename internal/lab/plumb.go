@@ -3,6 +3,7 @@ package lab
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 
@@ -19,16 +20,22 @@ import (
 // newNamespace makes the namespace of node, a node of kind, and records it
 // in the state before anything goes into it, so a teardown finds it.
 func (b *builder) newNamespace(node, kind string) (string, error) {
-	name := NamespaceOf(b.st.Name, node)
+	return newNamespace(b.st, node, kind)
+}
+
+// newNamespace makes the namespace of node in lab st (see builder's), for
+// what adds nodes to a lab that is up (AddSliver).
+func newNamespace(st *State, node, kind string) (string, error) {
+	name := NamespaceOf(st.Name, node)
 	if err := netns.Create(name); err != nil {
 		return "", err
 	}
-	b.st.Namespaces = append(b.st.Namespaces, name)
-	if b.st.Kinds == nil {
-		b.st.Kinds = map[string]string{}
+	st.Namespaces = append(st.Namespaces, name)
+	if st.Kinds == nil {
+		st.Kinds = map[string]string{}
 	}
-	b.st.Kinds[strings.TrimPrefix(name, NamespaceOf(b.st.Name, ""))] = kind
-	if err := b.st.save(); err != nil {
+	st.Kinds[strings.TrimPrefix(name, NamespaceOf(st.Name, ""))] = kind
+	if err := st.save(); err != nil {
 		return "", err
 	}
 	// The lab carries IPv4 only; IPv6 autoconfiguration would put router
@@ -184,6 +191,13 @@ func hostBridge(ns, addr string, bits int) error {
 	if err != nil {
 		return err
 	}
+	// The bridge answers for the host's address with the uplink's MAC, as
+	// the uplink itself does in an onehop lab. Left to itself it would take
+	// the lowest MAC among its ports, which changes as vifs join it, and
+	// the host's slivers carry this MAC.
+	if err := h.LinkSetHardwareAddr(br, up.Attrs().HardwareAddr); err != nil {
+		return fmt.Errorf("host bridge MAC in %s: %w", ns, err)
+	}
 	if err := h.LinkSetMaster(up, br); err != nil {
 		return err
 	}
@@ -229,3 +243,47 @@ func unmountBPFFS(dir string) (bool, error) {
 	}
 	return unmounted, nil
 }
+
+// multiHome makes a host with several links on one subnet (devs[k] carries
+// addrs[k], all in fabric) behave as one per address: each address answers
+// ARP only on its own link and announces itself with its own address
+// (arp_ignore=1, arp_announce=2; without them every link answers for every
+// address, "ARP flux"), and what leaves from an address leaves by its link
+// (one routing table per link, chosen by source address). The main table
+// keeps the kernel's connected routes for sockets that bind no address.
+func multiHome(ns string, devs, addrs []string, fabric netip.Prefix) error {
+	for _, kv := range [][2]string{{"net/ipv4/conf/all/arp_ignore", "1"}, {"net/ipv4/conf/all/arp_announce", "2"}} {
+		if err := netns.WriteSysctl(ns, kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	h, err := netns.Handle(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	for k, dev := range devs {
+		l, err := h.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", dev, ns, err)
+		}
+		src := net.ParseIP(addrs[k]).To4()
+		table := uplinkTable + k
+		dst := &net.IPNet{IP: fabric.Addr().AsSlice(), Mask: net.CIDRMask(fabric.Bits(), 32)}
+		if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Src: src, Table: table, Scope: netlink.SCOPE_LINK}); err != nil {
+			return fmt.Errorf("route %s dev %s table %d in %s: %w", fabric, dev, table, ns, err)
+		}
+		r := netlink.NewRule()
+		r.Src = &net.IPNet{IP: src, Mask: net.CIDRMask(32, 32)}
+		r.Table = table
+		r.Priority = table
+		if err := h.RuleAdd(r); err != nil {
+			return fmt.Errorf("rule from %s lookup %d in %s: %w", src, table, ns, err)
+		}
+	}
+	return nil
+}
+
+// uplinkTable is the routing table of a multi-homed host's uplink 0; uplink
+// k's is uplinkTable+k.
+const uplinkTable = 100

@@ -27,20 +27,30 @@ func controllerArgs(st *State) []string {
 		"--topology", st.Topology}
 }
 
-// agentArgs are the arguments of host's agent.
+// agentArgs are the arguments of host's agent: every uplink, index 0 first
+// (--uplink repeats), and the directory its slivers' cgroups are made in.
 func agentArgs(st *State, t *topology.File, host string) []string {
-	return append([]string{"agent",
-		"--node", host,
-		"--etcd-endpoints", st.EtcdURL,
-		"--uplink", HostUplink,
+	args := []string{"agent", "--node", host, "--etcd-endpoints", st.EtcdURL}
+	h, _ := t.HostByName(host)
+	for k := 0; k < max(h.Uplinks, 1); k++ {
+		args = append(args, "--uplink", topology.UplinkName(k))
+	}
+	args = append(args,
+		"--sliver-cgroups", HostCgroupDir(st, host),
 		"--bpffs", st.BPFFS,
-		"--metrics-addr", fmt.Sprintf(":%d", MetricsPort)}, t.ARP.AgentArgs()...)
+		"--metrics-addr", fmt.Sprintf(":%d", MetricsPort))
+	return append(args, t.ARP.AgentArgs()...)
 }
 
 // spawn starts a daemon of node inside namespace ns and records it in the
 // state, so that status sees it and teardown stops it.
 func (b *builder) spawn(name, node, ns string, args ...string) error {
 	p := Process{Name: name, Node: node, Netns: ns, Args: args, Log: filepath.Join(b.st.Dir, name+".log")}
+	for _, s := range b.st.Slivers {
+		if s.Name == node {
+			p.Cgroup = SliverCgroupDir(b.st, s.Host, s.Name)
+		}
+	}
 	if err := start(b.opts.Binary, &p); err != nil {
 		return err
 	}
@@ -60,6 +70,16 @@ func start(binary string, p *Process) error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A session of its own: a Ctrl-C meant for `lab up` does not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if p.Cgroup != "" {
+		// Born in its sliver's cgroup (clone3 CLONE_INTO_CGROUP): not
+		// one instruction of it runs outside the sliver's confinement.
+		cg, err := os.Open(p.Cgroup)
+		if err != nil {
+			return fmt.Errorf("start %s: cgroup: %w", p.Name, err)
+		}
+		defer cg.Close()
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(cg.Fd())
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.Name, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -42,11 +43,20 @@ func agentWaitsFor(d *intent.Desired, st *intent.AgentStatus, vifs []string, exa
 			return fmt.Sprintf("datapath not yet on %s (attached %d/%d vifs)", vif, len(st.AttachedVifs), len(vifs))
 		}
 	}
-	if exact && (len(st.AttachedVifs) != len(vifs) || len(st.MissingVifs) > 0) {
-		return fmt.Sprintf("datapath on %d vifs, want %d (missing %v)", len(st.AttachedVifs), len(vifs), st.MissingVifs)
+	if exact {
+		// Only VMs' vifs count: a sliver's links (s<k>-NAME) are its
+		// kind's to wait for.
+		attached := slices.DeleteFunc(slices.Clone(st.AttachedVifs), notVMVif)
+		missing := slices.DeleteFunc(slices.Clone(st.MissingVifs), notVMVif)
+		if len(attached) != len(vifs) || len(missing) > 0 {
+			return fmt.Sprintf("datapath on %d vifs, want %d (missing %v)", len(attached), len(vifs), missing)
+		}
 	}
 	return ""
 }
+
+// notVMVif tells a sliver's link from a VM's vif in an agent's report.
+func notVMVif(ifname string) bool { return !strings.HasPrefix(ifname, intent.VifName("")) }
 
 // agentReport reads host's desired state and agent status; a record not
 // written yet is nil, not an error.

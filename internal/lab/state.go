@@ -40,13 +40,18 @@ type State struct {
 	EtcdURL    string   `json:"etcdURL"`
 	Phase      string   `json:"phase"` // "building" until up has finished, then "up"
 	Namespaces []string `json:"namespaces"`
-	// Kinds says what kind each node is: fabric, controller, host or vm
-	// (see kinds in kind.go).
+	// Kinds says what kind each node is: fabric, controller, host,
+	// external, vm or sliver (see kinds in kind.go).
 	Kinds map[string]string `json:"kinds"`
 	// VMs are the VMs as built, with their addresses.
-	VMs       []intent.VM `json:"vms"`
-	Processes []Process   `json:"processes"`
-	Created   time.Time   `json:"created"`
+	VMs []intent.VM `json:"vms"`
+	// Slivers are the slivers as built (lab up, or `sliver create`).
+	Slivers []intent.Sliver `json:"slivers,omitempty"`
+	// CgroupFS is where the lab mounts cgroup2 once a host or sliver needs
+	// a cgroup (cgroup.go); "" until then.
+	CgroupFS  string    `json:"cgroupFS,omitempty"`
+	Processes []Process `json:"processes"`
+	Created   time.Time `json:"created"`
 	// APIURL is the REST API over TLS on the fabric (pki.go).
 	APIURL string `json:"apiURL,omitempty"`
 }
@@ -59,6 +64,9 @@ type Process struct {
 	Args  []string `json:"args"` // onehop subcommand and flags
 	PID   int      `json:"pid"`
 	Log   string   `json:"log"`
+	// Cgroup is the cgroup it runs in, for a process of a sliver ("" for
+	// the daemons of hosts and the controller).
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // NamespaceOf returns the namespace name of a node of lab name.

@@ -26,13 +26,16 @@ type Report struct {
 // NodeReport describes one namespace of the lab.
 type NodeReport struct {
 	Name       string              `json:"name"`
-	Kind       string              `json:"kind"` // fabric, controller, host or vm (see kinds)
+	Kind       string              `json:"kind"` // fabric, controller, host, external, vm or sliver (see kinds)
 	Netns      string              `json:"netns"`
 	Present    bool                `json:"present"`
 	Interfaces []InterfaceReport   `json:"interfaces"`
 	Process    *ProcessReport      `json:"process,omitempty"`
 	Agent      *intent.AgentStatus `json:"agent,omitempty"`
 	VM         *intent.VM          `json:"vm,omitempty"`
+	// Sliver is a sliver's host and leases (and its slot, once the
+	// controller has allocated it).
+	Sliver *intent.Sliver `json:"sliver,omitempty"`
 }
 
 // InterfaceReport is one interface of a node.
@@ -54,17 +57,21 @@ type ProcessReport struct {
 // statusFacts is what lab status learns from the controller's store, for
 // the kinds to report from.
 type statusFacts struct {
-	agents map[string]*intent.AgentStatus
-	vms    map[string]*intent.VM
+	agents  map[string]*intent.AgentStatus
+	vms     map[string]*intent.VM
+	slivers map[string]*intent.Sliver
 }
 
 // Status reports on every node of the lab, reading the namespaces and, when
 // the controller is reachable, the agents' reports and VM allocations.
 func Status(ctx context.Context, st *State) *Report {
 	r := &Report{Name: st.Name, Phase: st.Phase, Datapath: st.Datapath, Topology: st.Topology, StateDir: st.Dir, APIURL: st.APIURL}
-	f := &statusFacts{agents: map[string]*intent.AgentStatus{}, vms: map[string]*intent.VM{}}
+	f := &statusFacts{agents: map[string]*intent.AgentStatus{}, vms: map[string]*intent.VM{}, slivers: map[string]*intent.Sliver{}}
 	for i := range st.VMs {
 		f.vms[st.VMs[i].Name] = &st.VMs[i]
+	}
+	for i := range st.Slivers {
+		f.slivers[st.Slivers[i].Name] = &st.Slivers[i]
 	}
 	// Only an onehop lab has a controller to ask (a bridge lab has none).
 	if st.EtcdSocket != "" && st.Datapath != "bridge" {
@@ -78,6 +85,15 @@ func Status(ctx context.Context, st *State) *Report {
 			if vs, _, err := store.ListJSON[intent.VM](cctx, s, intent.VMsPrefix); err == nil {
 				for i := range vs {
 					f.vms[vs[i].Name] = &vs[i]
+				}
+			}
+			// The controller's record has the slot; sliver names are
+			// unique in a lab, so one of another host is not this one.
+			if ss, _, err := store.ListJSON[intent.Sliver](cctx, s, intent.SliversPrefix); err == nil {
+				for i := range ss {
+					if mine, ok := f.slivers[ss[i].Name]; ok && mine.Host == ss[i].Host {
+						f.slivers[ss[i].Name] = &ss[i]
+					}
 				}
 			}
 			cancel()

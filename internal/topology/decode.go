@@ -15,6 +15,9 @@ import (
 // and how it is checked against the rest of the file. Each node kind keeps its
 // section in its own file (hosts.go, vms.go); sections lists them all.
 type section struct {
+	// key is the top-level key; "" for a section that only validates (it
+	// fills in what depends on every section before it, like addresses
+	// allocated after all others).
 	key string
 	// decode reads the key's value into f. It reports what is wrong with
 	// the value itself through d and keeps going, so one run names every
@@ -41,6 +44,9 @@ var sections = []section{
 	hostsSection,
 	farmsSection,
 	vmsSection,
+	externalsSection,
+	sliversSection,
+	uplinksSection,
 }
 
 // extra returns what the section key stored in f.extra, for node kinds
@@ -189,6 +195,9 @@ type checker struct {
 	fabric   netip.Prefix
 	fabricOK bool
 	addrs    map[netip.Addr]string
+	// next is where allocate looks for a free fabric address next, as an
+	// offset into the fabric; 0 until the first allocation.
+	next int
 	// nodes maps a node name to its kind and the line it was defined on.
 	nodes   map[string]nodeName
 	farms   map[string]bool
@@ -252,6 +261,33 @@ func (c *checker) fabricAddr(line int, who, s string) {
 		return
 	}
 	c.addrs[a] = who
+}
+
+// allocate gives who the first free usable fabric address at or after
+// offset from (or after the last one it gave, if that is further on), and
+// records it; "" (with the error reported on line) when the fabric is full.
+func (c *checker) allocate(line int, who string, from int) string {
+	if !c.fabricOK {
+		return ""
+	}
+	last := lastAddr(c.fabric)
+	a := nthAddr(c.fabric, max(from, c.next))
+	for ; a.IsValid() && a.Less(last); a = a.Next() {
+		if _, used := c.addrs[a]; !used && a != c.fabric.Addr() {
+			c.addrs[a] = who
+			c.next = offset(c.fabric, a) + 1
+			return a.String()
+		}
+	}
+	c.fail(line, "%s: no free address left on fabric %s", who, c.fabric)
+	return ""
+}
+
+// offset is how far a lies from the start of p.
+func offset(p netip.Prefix, a netip.Addr) int {
+	x, y := p.Addr().As4(), a.As4()
+	u := func(b [4]byte) int { return int(b[0])<<24 | int(b[1])<<16 | int(b[2])<<8 | int(b[3]) }
+	return u(y) - u(x)
 }
 
 func (c *checker) err() error { return errors.Join(c.errs...) }

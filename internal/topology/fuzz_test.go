@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -14,8 +15,15 @@ func FuzzParse(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, s := range []string{string(quickstart), good, twoFarms} {
+	portshare, err := os.ReadFile("../../examples/portshare.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{string(quickstart), string(portshare), good, twoFarms, shared} {
 		f.Add(s)
+	}
+	for _, c := range sliverErrorCases {
+		f.Add(strings.Replace(shared, c.old, c.new, 1))
 	}
 	for _, c := range errorCases {
 		f.Add(c.edit(good))
@@ -40,9 +48,36 @@ func FuzzParse(f *testing.F) {
 		if !p.Addr().Is4() || top.Name == "" || top.Datapath == "" || len(top.Hosts) == 0 {
 			t.Fatalf("accepted an incomplete topology: %+v", top)
 		}
+		used := map[string]string{top.Fabric.Controller: "controller"}
+		claim := func(who, addr string) {
+			if addr == "" || !p.Contains(netip.MustParseAddr(addr)) {
+				t.Fatalf("%s has address %q, not one of fabric %s", who, addr, p)
+			}
+			if other, dup := used[addr]; dup {
+				t.Fatalf("%s and %s both have %s", who, other, addr)
+			}
+			used[addr] = who
+		}
 		for _, h := range top.Hosts {
-			if _, ok := top.HostByName(h.Name); !ok || h.Address == "" {
+			if _, ok := top.HostByName(h.Name); !ok || h.Uplinks < 1 || len(h.UplinkAddrs) != h.Uplinks || h.UplinkAddrs[0] != h.Address {
 				t.Fatalf("host %+v has no address or cannot be found", h)
+			}
+			for k, a := range h.UplinkAddrs {
+				claim(h.Name+" "+UplinkName(k), a)
+			}
+		}
+		for _, e := range top.Externals() {
+			claim("external "+e.Name, e.Address)
+		}
+		for _, s := range top.Slivers() {
+			h, ok := top.HostByName(s.Host)
+			if !ok || len(s.Leases) == 0 {
+				t.Fatalf("sliver %+v has no host or no leases", s)
+			}
+			for _, l := range s.Leases {
+				if l.Uplink >= h.Uplinks || l.Lo == 0 || l.Lo > l.Hi {
+					t.Fatalf("sliver %+v: lease %+v does not fit host %+v", s, l, h)
+				}
 			}
 		}
 		for _, vm := range top.VMs {

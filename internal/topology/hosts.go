@@ -2,6 +2,7 @@ package topology
 
 import (
 	"regexp"
+	"strconv"
 
 	"gopkg.in/yaml.v3"
 )
@@ -9,9 +10,23 @@ import (
 // Host is one physical server.
 type Host struct {
 	Name    string `yaml:"name"`
-	Address string `yaml:"address"`
-	Line    int    `yaml:"-"`
+	Address string `yaml:"address"` // uplink 0's address
+	// Uplinks is how many links the host has to the fabric, 1..MaxUplinks
+	// (multi-homing, paper 000 §3.3d); each has its own address.
+	Uplinks int `yaml:"uplinks"`
+	// UplinkAddrs are the uplinks' addresses by index; UplinkAddrs[0] is
+	// Address. The others are allocated after every other fabric address
+	// (uplinksSection), so adding an uplink moves no one else's.
+	UplinkAddrs []string `yaml:"-"`
+	Line        int      `yaml:"-"`
 }
+
+// MaxUplinks is how many uplinks a host may have (portspace.MaxUplinks).
+const MaxUplinks = 4
+
+// UplinkName is the name of a host's uplink k in its namespace: uplink0,
+// uplink1, ...
+func UplinkName(k int) string { return "uplink" + strconv.Itoa(k) }
 
 // Host and VM names become parts of interface names (p-HOST in the fabric,
 // vif-VM on the host), which Linux caps at 15 bytes.
@@ -25,6 +40,7 @@ var hostsSection = section{
 			d.mapping(item, "host", map[string]field{
 				"name":    d.str(&h.Name, "host name"),
 				"address": d.str(&h.Address, "host address"),
+				"uplinks": d.integer(&h.Uplinks, "host uplinks", 1, MaxUplinks),
 			})
 			f.Hosts = append(f.Hosts, h)
 		})(v))
@@ -38,6 +54,9 @@ var hostsSection = section{
 			if !hostNameRE.MatchString(h.Name) {
 				c.fail(h.Line, "host name %q must be 1-12 lowercase letters or digits, starting with a letter", h.Name)
 				continue
+			}
+			if h.Uplinks == 0 {
+				h.Uplinks = 1
 			}
 			if holder, ok := c.claimNode("host", h.Name, h.Line); !ok {
 				switch holder.kind {

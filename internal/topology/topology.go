@@ -1,11 +1,13 @@
 // Package topology reads and validates a lab topology file: the fabric, the
-// hosts, the farms with their subnets, and the VMs. Validation is complete
-// before anything is built, and every error names the file line it is about.
+// hosts, the farms with their subnets, the VMs, the slivers and the external
+// machines. Validation is complete before anything is built, and every error
+// names the file line it is about.
 //
 // Each top-level key is a section (decode.go): the lab's name and datapath
 // here, the fabric and ARP tuning in fabric.go, one file per node kind
-// (hosts.go, vms.go) and farms.go. A new node kind adds its own file and one
-// line to sections.
+// (hosts.go, vms.go, slivers.go, externals.go) and farms.go; uplinks.go
+// allocates hosts' extra uplink addresses last. A new node kind adds its own
+// file and one line to sections.
 package topology
 
 import (
@@ -93,6 +95,9 @@ func Parse(path string, data []byte) (*File, error) {
 	fields := map[string]field{}
 	for _, s := range sections {
 		s := s
+		if s.key == "" {
+			continue
+		}
 		fields[s.key] = func(v *yaml.Node) error { s.decode(d, v, f); return nil }
 	}
 	d.mapping(top, "topology", fields)
@@ -180,7 +185,7 @@ func (f *File) FabricPrefix() netip.Prefix {
 
 func nthAddr(p netip.Prefix, n int) netip.Addr {
 	a := p.Addr()
-	for i := 0; i < n; i++ {
+	for i := 0; i < n && a.IsValid(); i++ {
 		a = a.Next()
 	}
 	return a
