@@ -10,7 +10,9 @@ import (
 )
 
 // lease is a lease, short for the tables.
-func lease(uplink int, lo, hi uint16) intent.Lease { return intent.Lease{Uplink: uplink, Lo: lo, Hi: hi} }
+func lease(uplink int, lo, hi uint16) intent.Lease {
+	return intent.Lease{Uplink: uplink, Lo: lo, Hi: hi}
+}
 
 func TestParseLeasesReadsRangesPortsAndUplinks(t *testing.T) {
 	cases := []struct {
