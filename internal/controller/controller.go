@@ -171,8 +171,12 @@ func (c *Controller) CompileOnce(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	rev = min(rev, rev2, rev3, rev4, rev5)
-	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes})
+	slivers, rev6, err := store.ListJSON[intent.Sliver](ctx, c.store, intent.SliversPrefix)
+	if err != nil {
+		return 0, err
+	}
+	rev = min(rev, rev2, rev3, rev4, rev5, rev6)
+	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes, Slivers: slivers})
 	for host, d := range desired {
 		if err := putIfChanged(ctx, c.store, intent.DesiredPrefix+host, d); err != nil {
 			return rev, err
