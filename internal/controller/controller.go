@@ -17,6 +17,7 @@ import (
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/limits"
 	"github.com/onehop/onehop/internal/policy"
+	"github.com/onehop/onehop/internal/portspace"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
@@ -28,11 +29,14 @@ type Controller struct {
 	mu    sync.Mutex // one intent change at a time: read, allocate, write
 	// maxVMsPerHost is how many VMs a host's datapath holds; tests lower it.
 	maxVMsPerHost int
+	// maxSlivers is how many slivers a host's datapath holds
+	// (portspace.MaxSlivers); tests lower it.
+	maxSlivers int
 }
 
 // New returns a controller writing to s.
 func New(s store.Store, log *slog.Logger) *Controller {
-	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost}
+	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: portspace.MaxSlivers}
 }
 
 // ApplyTopology makes the intent in the store equal to the topology file:
