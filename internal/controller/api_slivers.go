@@ -43,21 +43,21 @@ func (c *Controller) sliverRoutes(mux *http.ServeMux) {
 			reply(w, http.StatusCreated, viewOf(s), err)
 		}
 	})
-	mux.HandleFunc("GET /v1/slivers/{host}/{name}", func(w http.ResponseWriter, r *http.Request) {
-		s, _, err := c.getSliver(r.Context(), r.PathValue("host"), r.PathValue("name"))
+	mux.HandleFunc("GET /v1/slivers/{host}/{sliver}", func(w http.ResponseWriter, r *http.Request) {
+		s, _, err := c.getSliver(r.Context(), r.PathValue("host"), r.PathValue("sliver"))
 		reply(w, http.StatusOK, viewOf(s), err)
 	})
-	mux.HandleFunc("PUT /v1/slivers/{host}/{name}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("PUT /v1/slivers/{host}/{sliver}", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Ports string `json:"ports"`
 		}
 		if decode(w, r, &in) {
-			s, err := c.SetSliverPorts(r.Context(), r.PathValue("host"), r.PathValue("name"), in.Ports)
+			s, err := c.SetSliverPorts(r.Context(), r.PathValue("host"), r.PathValue("sliver"), in.Ports)
 			reply(w, http.StatusOK, viewOf(s), err)
 		}
 	})
-	mux.HandleFunc("DELETE /v1/slivers/{host}/{name}", func(w http.ResponseWriter, r *http.Request) {
-		err := c.DeleteSliver(r.Context(), r.PathValue("host"), r.PathValue("name"))
+	mux.HandleFunc("DELETE /v1/slivers/{host}/{sliver}", func(w http.ResponseWriter, r *http.Request) {
+		err := c.DeleteSliver(r.Context(), r.PathValue("host"), r.PathValue("sliver"))
 		reply(w, http.StatusNoContent, nil, err)
 	})
 }
