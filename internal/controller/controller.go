@@ -108,6 +108,10 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 	if err := c.putExactly(ctx, want); err != nil {
 		return err
 	}
+	seeds, uplinks := topologySlivers(t)
+	if err := c.applySlivers(ctx, t.Path, seeds, uplinks); err != nil {
+		return err
+	}
 	c.log.Info("topology applied", "file", t.Path, "hosts", len(t.Hosts), "farms", len(t.Farms), "vms", len(t.VMs))
 	return nil
 }
