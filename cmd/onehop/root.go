@@ -40,6 +40,7 @@ func nouns() []noun {
 		{list: &hostListing},
 		{cmd: peerCmd},
 		{cmd: firewallCmd},
+		{cmd: sliverCmd, list: &sliverListing},
 		{cmd: getCmd},
 		{cmd: statsCmd},
 	}

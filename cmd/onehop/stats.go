@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -18,8 +21,10 @@ what the ARP engine did (questions unicast to the last known host and multicast
 to a farm/subnet, addresses resolved or not, packets held while resolving), and
 the datapath's counters: every drop by reason and every forwarding path, and
 what each VM was refused for going over its share of what all tenants on the
-host share (new flows, mapping placeholders, frames for the agent, DHCP).
-docs/virtual-router.md says what each counter means.`,
+host share (new flows, mapping placeholders, frames for the agent, DHCP),
+and each sliver's packets and bytes in and out and its drops by reason
+(port-space: frames from ports, ids, addresses not its own).
+docs/virtual-router.md and docs/port-space.md say what each counter means.`,
 		Example: "  onehop stats\n  onehop stats --node h1",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := api()
@@ -36,27 +41,7 @@ docs/virtual-router.md says what each counter means.`,
 					continue
 				}
 				found = true
-				fmt.Printf("%s: %d local VMs, vifs %v, applied %s at %s\n", st.Node, st.Endpoints, st.AttachedVifs, st.AppliedDigest, st.Time.Format("15:04:05"))
-				if st.Error != "" {
-					fmt.Printf("  error: %s\n", st.Error)
-				}
-				if a := st.ARP; a != nil {
-					fmt.Printf("  mapping table: %d remote VMs mapped, %d being asked, of %d entries\n", a.Mapped, a.Asking, a.Capacity)
-					fmt.Printf("  ARP engine: VMs' questions to the fabric %d (datapath), answered for other hosts %d, answers learned %d\n",
-						st.Forwards["arp_to_fabric"], st.Forwards["arp_answered"], st.Forwards["arp_learned"])
-					fmt.Printf("              agent asked %d unicast + %d multicast: resolved %d, unresolved %d; refreshed %d, expired %d, lost %d\n",
-						a.UnicastRequests, a.MulticastRequests, a.Resolved, a.Unresolved, a.Refreshed, a.Expired, a.Lost)
-					fmt.Printf("  held packets: %d held, %d released, %d discarded; %d VMs announced\n", a.Held, a.Released, a.Discarded, a.Announced)
-				}
-				for _, kv := range sortedCounters(st.Drops) {
-					fmt.Printf("  dropped %-20s %d\n", kv.k, kv.v)
-				}
-				for _, kv := range sortedCounters(st.Forwards) {
-					fmt.Printf("  forwarded %-18s %d\n", kv.k, kv.v)
-				}
-				for _, r := range st.Refused {
-					fmt.Printf("  refused %-20s %-6s %d (over its share)\n", r.VM, r.What, r.Count)
-				}
+				printAgentStatus(cmd.OutOrStdout(), st)
 			}
 			if !found {
 				return fmt.Errorf("no agent has reported%s", map[bool]string{true: " for node " + node, false: ""}[node != ""])
@@ -88,4 +73,43 @@ func sortedCounters(m map[string]uint64) []counter {
 		}
 	}
 	return out
+}
+
+// printAgentStatus writes one agent's report: what `onehop stats` shows per host.
+func printAgentStatus(w io.Writer, st intent.AgentStatus) {
+	fmt.Fprintf(w, "%s: %d local VMs, vifs %v, applied %s at %s\n", st.Node, st.Endpoints, st.AttachedVifs, st.AppliedDigest, st.Time.Format("15:04:05"))
+	if st.Error != "" {
+		fmt.Fprintf(w, "  error: %s\n", st.Error)
+	}
+	if a := st.ARP; a != nil {
+		fmt.Fprintf(w, "  mapping table: %d remote VMs mapped, %d being asked, of %d entries\n", a.Mapped, a.Asking, a.Capacity)
+		fmt.Fprintf(w, "  ARP engine: VMs' questions to the fabric %d (datapath), answered for other hosts %d, answers learned %d\n",
+			st.Forwards["arp_to_fabric"], st.Forwards["arp_answered"], st.Forwards["arp_learned"])
+		fmt.Fprintf(w, "              agent asked %d unicast + %d multicast: resolved %d, unresolved %d; refreshed %d, expired %d, lost %d\n",
+			a.UnicastRequests, a.MulticastRequests, a.Resolved, a.Unresolved, a.Refreshed, a.Expired, a.Lost)
+		fmt.Fprintf(w, "  held packets: %d held, %d released, %d discarded; %d VMs announced\n", a.Held, a.Released, a.Discarded, a.Announced)
+	}
+	for _, kv := range sortedCounters(st.Drops) {
+		fmt.Fprintf(w, "  dropped %-20s %d\n", kv.k, kv.v)
+	}
+	for _, kv := range sortedCounters(st.Forwards) {
+		fmt.Fprintf(w, "  forwarded %-18s %d\n", kv.k, kv.v)
+	}
+	for _, r := range st.Refused {
+		fmt.Fprintf(w, "  refused %-20s %-6s %d (over its share)\n", r.VM, r.What, r.Count)
+	}
+	printSliverStats(w, st.Slivers)
+}
+
+// printSliverStats writes each sliver's traffic and its drops by reason (the
+// port-space datapath's counters), by name.
+func printSliverStats(w io.Writer, ss []intent.SliverStats) {
+	ss = slices.Clone(ss)
+	slices.SortFunc(ss, func(a, b intent.SliverStats) int { return strings.Compare(a.Name, b.Name) })
+	for _, s := range ss {
+		fmt.Fprintf(w, "  sliver %-12s in %d packets %d bytes, out %d packets %d bytes\n", s.Name, s.PacketsIn, s.BytesIn, s.PacketsOut, s.BytesOut)
+		for _, kv := range sortedCounters(s.Drops) {
+			fmt.Fprintf(w, "    dropped %-18s %d\n", kv.k, kv.v)
+		}
+	}
 }

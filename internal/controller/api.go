@@ -24,6 +24,7 @@ func (c *Controller) API() http.Handler {
 		c.ruleRoutes,
 		c.peerRoutes,
 		c.statusRoutes,
+		c.sliverRoutes,
 	} {
 		register(mux)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/limits"
 	"github.com/onehop/onehop/internal/policy"
+	"github.com/onehop/onehop/internal/portspace"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
@@ -28,11 +29,14 @@ type Controller struct {
 	mu    sync.Mutex // one intent change at a time: read, allocate, write
 	// maxVMsPerHost is how many VMs a host's datapath holds; tests lower it.
 	maxVMsPerHost int
+	// maxSlivers is how many slivers a host's datapath holds
+	// (portspace.MaxSlivers); tests lower it.
+	maxSlivers int
 }
 
 // New returns a controller writing to s.
 func New(s store.Store, log *slog.Logger) *Controller {
-	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost}
+	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: portspace.MaxSlivers}
 }
 
 // ApplyTopology makes the intent in the store equal to the topology file:
@@ -104,6 +108,10 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 	if err := c.putExactly(ctx, want); err != nil {
 		return err
 	}
+	seeds, uplinks := topologySlivers(t)
+	if err := c.applySlivers(ctx, t.Path, seeds, uplinks); err != nil {
+		return err
+	}
 	c.log.Info("topology applied", "file", t.Path, "hosts", len(t.Hosts), "farms", len(t.Farms), "vms", len(t.VMs))
 	return nil
 }
@@ -171,8 +179,12 @@ func (c *Controller) CompileOnce(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	rev = min(rev, rev2, rev3, rev4, rev5)
-	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes})
+	slivers, rev6, err := store.ListJSON[intent.Sliver](ctx, c.store, intent.SliversPrefix)
+	if err != nil {
+		return 0, err
+	}
+	rev = min(rev, rev2, rev3, rev4, rev5, rev6)
+	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes, Slivers: slivers})
 	for host, d := range desired {
 		if err := putIfChanged(ctx, c.store, intent.DesiredPrefix+host, d); err != nil {
 			return rev, err

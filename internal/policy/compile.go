@@ -21,10 +21,11 @@ type State struct {
 	Subnets []intent.Subnet
 	VMs     []intent.VM
 	Nodes   []intent.Node
+	Slivers []intent.Sliver
 }
 
 // Compile returns the desired state of every host, keyed by host name: its
-// own VMs and the cluster-wide rules. A VM on a host whose agent has not
+// own VMs and slivers, and the cluster-wide rules. A VM on a host whose agent has not
 // reported its uplink yet is listed in pending (nobody can reach it yet).
 func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	nodeMAC := map[string]string{}
@@ -58,6 +59,7 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 			}
 		}
 		d.Visibility = visibleFrom(visibility, farms)
+		d.Slivers = localSlivers(s.Slivers, h.Name)
 		desired[h.Name] = d
 	}
 	for _, vm := range vms {
@@ -66,6 +68,22 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 		}
 	}
 	return desired, pending
+}
+
+// localSlivers are host's slivers, by slot (then name, so that even
+// intent the controller never writes compiles the same every time), each
+// with its own copy of its leases.
+func localSlivers(all []intent.Sliver, host string) []intent.LocalSliver {
+	var out []intent.LocalSliver
+	for _, s := range all {
+		if s.Host == host {
+			out = append(out, intent.LocalSliver{Name: s.Name, Slot: s.Slot, Leases: append([]intent.Lease(nil), s.Leases...)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Slot < out[j].Slot || (out[i].Slot == out[j].Slot && out[i].Name < out[j].Name)
+	})
+	return out
 }
 
 // visibleFrom keeps the rules a host with VMs of these farms can use: a

@@ -114,3 +114,33 @@ func TestAHostGetsOnlyTheRulesOfFarmsWithVMsOnIt(t *testing.T) {
 		}
 	}
 }
+
+func TestEachNodeGetsOnlyItsOwnSliversBySlot(t *testing.T) {
+	lease := func(up int, lo, hi uint16) []intent.Lease { return []intent.Lease{{Uplink: up, Lo: lo, Hi: hi}} }
+	s := State{
+		Hosts: []intent.Host{{Name: "h1"}, {Name: "h2"}, {Name: "h3"}},
+		Slivers: []intent.Sliver{
+			{Host: "h1", Name: "s2", Slot: 2, Leases: lease(0, 10100, 10199)},
+			{Host: "h2", Name: "s9", Slot: 1, Leases: lease(0, 10000, 10099)},
+			{Host: "h1", Name: "s1", Slot: 1, Leases: lease(1, 10000, 10099)},
+		},
+	}
+	d, _ := Compile(s)
+	want := []intent.LocalSliver{{Name: "s1", Slot: 1, Leases: lease(1, 10000, 10099)}, {Name: "s2", Slot: 2, Leases: lease(0, 10100, 10199)}}
+	if got := d["h1"].Slivers; !reflect.DeepEqual(got, want) {
+		t.Fatalf("h1 slivers %+v, want %+v", got, want)
+	}
+	if got := d["h2"].Slivers; len(got) != 1 || got[0].Name != "s9" {
+		t.Fatalf("h2 slivers %+v, want only s9", got)
+	}
+	if got := d["h3"].Slivers; got != nil {
+		t.Fatalf("h3 slivers %+v, want none (and none in its JSON)", got)
+	}
+	// A host's desired state changes with its own slivers only.
+	before := d["h2"].Digest()
+	s.Slivers[0].Leases = lease(0, 10100, 10150)
+	d, _ = Compile(s)
+	if d["h2"].Digest() != before {
+		t.Fatal("h2's desired state changed with a lease on h1")
+	}
+}

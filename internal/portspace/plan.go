@@ -25,6 +25,9 @@ type Plan struct {
 	Uplinks []Uplink
 	// Slivers are the node's slivers, by slot.
 	Slivers []Sliver
+	// Missing are the slivers left out because a link of theirs is not
+	// there yet (Compile).
+	Missing []MissingVif
 }
 
 // Uplink is one of the host's links to the fabric and the public address

@@ -70,6 +70,19 @@ func (e *Etcd) Put(ctx context.Context, key string, value []byte) error {
 	return nil
 }
 
+// PutIfUnchanged implements Store: one etcd transaction comparing the
+// mod revision of every key under prefix (a range compare) with rev.
+func (e *Etcd) PutIfUnchanged(ctx context.Context, prefix string, rev int64, key string, value []byte) (bool, error) {
+	r, err := e.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithPrefix()).
+		Then(clientv3.OpPut(key, string(value))).
+		Commit()
+	if err != nil {
+		return false, fmt.Errorf("etcd put %s if %s unchanged since %d: %w", key, prefix, rev, err)
+	}
+	return r.Succeeded, nil
+}
+
 // Delete implements Store.
 func (e *Etcd) Delete(ctx context.Context, key string) error {
 	if _, err := e.c.Delete(ctx, key); err != nil {

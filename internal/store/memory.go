@@ -10,13 +10,14 @@ import (
 type Memory struct {
 	mu       sync.Mutex
 	kv       map[string][]byte
+	mod      map[string]int64 // the revision each key was last written at
 	rev      int64
 	watchers map[chan struct{}]string
 }
 
 // NewMemory returns an empty Memory store.
 func NewMemory() *Memory {
-	return &Memory{kv: map[string][]byte{}, watchers: map[chan struct{}]string{}}
+	return &Memory{kv: map[string][]byte{}, mod: map[string]int64{}, watchers: map[chan struct{}]string{}}
 }
 
 // Get implements Store.
@@ -47,9 +48,27 @@ func (m *Memory) List(_ context.Context, prefix string) (map[string][]byte, int6
 func (m *Memory) Put(_ context.Context, key string, value []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.put(key, value)
+	return nil
+}
+
+func (m *Memory) put(key string, value []byte) {
 	m.kv[key] = append([]byte(nil), value...)
 	m.changed(key)
-	return nil
+	m.mod[key] = m.rev
+}
+
+// PutIfUnchanged implements Store.
+func (m *Memory) PutIfUnchanged(_ context.Context, prefix string, rev int64, key string, value []byte) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, mod := range m.mod {
+		if strings.HasPrefix(k, prefix) && mod > rev {
+			return false, nil
+		}
+	}
+	m.put(key, value)
+	return true, nil
 }
 
 // Delete implements Store.
@@ -58,6 +77,7 @@ func (m *Memory) Delete(_ context.Context, key string) error {
 	defer m.mu.Unlock()
 	if _, ok := m.kv[key]; ok {
 		delete(m.kv, key)
+		delete(m.mod, key)
 		m.changed(key)
 	}
 	return nil

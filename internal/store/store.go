@@ -21,6 +21,13 @@ type Store interface {
 	List(ctx context.Context, prefix string) (map[string][]byte, int64, error)
 	// Put writes key.
 	Put(ctx context.Context, key string, value []byte) error
+	// PutIfUnchanged writes key only if no key under prefix was created or
+	// changed after revision rev (the revision a List returned), and
+	// reports whether it wrote: the compare-and-swap that keeps two
+	// writers who read the same state from both taking what they saw free.
+	// A key deleted after rev does not stop it (deleting frees, never
+	// takes).
+	PutIfUnchanged(ctx context.Context, prefix string, rev int64, key string, value []byte) (bool, error)
 	// Delete removes key; a missing key is not an error.
 	Delete(ctx context.Context, key string) error
 	// Watch sends a signal after any change under prefix made after revision
