@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -46,18 +45,16 @@ type sliverHook interface {
 
 // labSliverHook is what `sliver create` and `sliver delete` call when they
 // talk to a lab's controller (no --api given), after the controller has
-// accepted the change.
-var labSliverHook sliverHook = noSliverPlumbing{}
+// accepted the change: the lab builds or removes the sliver's namespace.
+var labSliverHook sliverHook = labPlumbing{}
 
-// noSliverPlumbing stands in until the lab's sliver plumbing is wired in
-// (labSliverHook = a type calling lab.AddSliver and lab.RemoveSliver): the
-// controller's record is made, and the command says the namespace is not.
-type noSliverPlumbing struct{}
+// labPlumbing is the lab's own sliver plumbing.
+type labPlumbing struct{}
 
-var errNoSliverPlumbing = errors.New("this onehop cannot build sliver namespaces in a lab yet")
-
-func (noSliverPlumbing) AddSliver(*lab.State, intent.Sliver) error     { return errNoSliverPlumbing }
-func (noSliverPlumbing) RemoveSliver(*lab.State, string, string) error { return errNoSliverPlumbing }
+func (labPlumbing) AddSliver(st *lab.State, s intent.Sliver) error { return lab.AddSliver(st, s) }
+func (labPlumbing) RemoveSliver(st *lab.State, host, name string) error {
+	return lab.RemoveSliver(st, host, name)
+}
 
 // sliverLab is the lab the CLI talks to, or nil when --api names a
 // controller (then there are no namespaces to build).

@@ -20,21 +20,15 @@ type SliverSeed struct {
 
 // topologySlivers reads the slivers of t and how many uplinks each host
 // has (topology `slivers:` and `uplinks: N` on a host).
-//
-// The lab's topology types (internal/topology/slivers.go, File.Slivers and
-// Host.Uplinks) are on another branch; until it is merged, this returns
-// none, and once it is, its body becomes:
-//
-//	for _, s := range t.Slivers() {
-//		seeds = append(seeds, SliverSeed{Name: s.Name, Host: s.Host, Ports: s.Ports, Line: s.Line})
-//	}
-//	uplinks = map[string]int{}
-//	for _, h := range t.Hosts {
-//		uplinks[h.Name] = max(h.Uplinks, 1)
-//	}
-//	return seeds, uplinks
 func topologySlivers(t *topology.File) (seeds []SliverSeed, uplinks map[string]int) {
-	return nil, nil
+	for _, s := range t.Slivers() {
+		seeds = append(seeds, SliverSeed{Name: s.Name, Host: s.Host, Ports: s.Ports, Line: s.Line})
+	}
+	uplinks = map[string]int{}
+	for _, h := range t.Hosts {
+		uplinks[h.Name] = max(h.Uplinks, 1)
+	}
+	return seeds, uplinks
 }
 
 // applySlivers makes the store's slivers those of a topology file: each is
