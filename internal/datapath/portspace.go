@@ -248,3 +248,9 @@ func CgroupID(dir string) (uint64, error) {
 	}
 	return st.Ino, nil
 }
+
+// OpenTestObjects loads the objects built with ONEHOP_TEST_HOOKS (every
+// redirect logged in each program's redirect_log), unpinned: for other
+// packages' BPF_PROG_RUN tests (port space's sync and datapath). The agent
+// never calls it.
+func OpenTestObjects() (*Kernel, error) { return Open("", Options{testHooks: true}) }

@@ -21,6 +21,9 @@ type Feature struct {
 	// vifMAC reads a sliver link's own MAC (a frame for the host is
 	// given it); tests replace it.
 	vifMAC func(ifindex int) (net.HardwareAddr, error)
+	// links attaches the programs: the kernel; a recording fake in the
+	// BPF_PROG_RUN tests, whose links are made up.
+	links linker
 
 	mu    sync.Mutex
 	cur   *state            // what the maps hold; nil until first read
@@ -29,7 +32,18 @@ type Feature struct {
 
 // New is the feature on the loaded datapath k.
 func New(k *datapath.Kernel) *Feature {
-	return &Feature{k: k, vifMAC: interfaceMAC, names: map[uint32]string{}}
+	return &Feature{k: k, vifMAC: interfaceMAC, links: k, names: map[uint32]string{}}
+}
+
+// linker is what Sync needs of the kernel to attach the programs.
+type linker interface {
+	AttachSliver(ifname string, ifindex int) error
+	DetachSliver(ifname string) error
+	SliverLinks() ([]string, error)
+	AttachLoopback() error
+	DetachLoopback() error
+	AttachSliverCgroups(dir string) error
+	DetachSliverCgroups() error
 }
 
 // WithCgroups sets the parent of the slivers' cgroups (the agent's

@@ -229,26 +229,26 @@ func (f *Feature) Sync(fp feature.Plan) error {
 func (f *Feature) attach(p Plan, want map[string]int) error {
 	var errs []error
 	for name, ifindex := range want {
-		errs = append(errs, f.k.AttachSliver(name, ifindex))
+		errs = append(errs, f.links.AttachSliver(name, ifindex))
 	}
-	have, err := f.k.SliverLinks()
+	have, err := f.links.SliverLinks()
 	if err != nil {
 		errs = append(errs, err)
 	}
 	for _, name := range have {
 		if _, ok := want[name]; !ok {
-			errs = append(errs, f.k.DetachSliver(name))
+			errs = append(errs, f.links.DetachSliver(name))
 		}
 	}
 	if len(p.Slivers) > 0 {
-		errs = append(errs, f.k.AttachLoopback())
+		errs = append(errs, f.links.AttachLoopback())
 		if f.cgroupDir != "" {
-			errs = append(errs, f.k.AttachSliverCgroups(f.cgroupDir))
+			errs = append(errs, f.links.AttachSliverCgroups(f.cgroupDir))
 		}
 	} else {
-		errs = append(errs, f.k.DetachLoopback())
+		errs = append(errs, f.links.DetachLoopback())
 		if f.cgroupDir != "" {
-			errs = append(errs, f.k.DetachSliverCgroups())
+			errs = append(errs, f.links.DetachSliverCgroups())
 		}
 	}
 	return errors.Join(errs...)
