@@ -74,3 +74,73 @@ func TestPrivilegedFabricSteersByPortToTheLeasingSliver(t *testing.T) {
 		toHost("a later fragment whose first went nowhere", stray),
 	})
 }
+
+func fromS1(proto layers.IPProtocol, sport uint16) frame {
+	return frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: proto, sport: sport, dport: 53}
+}
+
+// What a sliver sends: only from its uplink's MAC and address and its own
+// ports, ids and fragments; to the shared address, to whoever holds the port.
+func TestPrivilegedASliverSendsOnlyFromItsOwnPorts(t *testing.T) {
+	k, f, _ := loadFeature(t)
+	syncPlan(t, f, testPlan(1)) // s1 sends (its link is ifindex 1)
+	sl := k.SliverProgram()
+	toFabric := func(name string, in frame) row {
+		return row{name: name, prog: sl, in: in, verdict: actRedirect, to: uplinkIf, kind: kindOut, counts: out("s1")}
+	}
+	dropped := func(name string, in frame, reason string) row {
+		return row{name: name, prog: sl, in: in, verdict: actShot, drop: reason, counts: map[string]string{"s1": reason}}
+	}
+	with := func(fr frame, fn func(*frame)) frame { fn(&fr); return fr }
+	errAbout := func(dst netip.Addr, dport uint16, proto layers.IPProtocol) frame {
+		return frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 3, icmpCode: 3,
+			quote: &frame{saddr: inet, daddr: dst, proto: proto, sport: 53, dport: dport}}
+	}
+	first := with(fromS1(udp, 10000), func(f *frame) { f.ipID, f.moreFrags = 5, true })
+	later := frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: udp, ipID: 5, fragOffset: 5}
+	stray := with(later, func(f *frame) { f.ipID = 6 })
+	hairpin := func(dst netip.Addr, dport uint16, mac []byte) frame {
+		return frame{src: upMAC, dst: mac, saddr: public, daddr: dst, proto: tcp, sport: 10010, dport: dport}
+	}
+	run(t, k, f, []row{
+		toFabric("tcp from the low edge of its lease", fromS1(tcp, 10000)),
+		toFabric("udp from the high edge", fromS1(udp, 10099)),
+		dropped("from s2's port", fromS1(tcp, 10100), "ps_foreign_port"),
+		dropped("from the host's port", fromS1(udp, 9999), "ps_foreign_port"),
+		dropped("from another address", with(fromS1(tcp, 10000), func(f *frame) { f.saddr = other }), "ps_foreign_ip"),
+		dropped("from another MAC", with(fromS1(tcp, 10000), func(f *frame) { f.src = evilMAC }), "ps_foreign_mac"),
+		dropped("IPv6", frame{src: upMAC, dst: peerMAC, ipv6: true}, "ps_not_ipv4"),
+		dropped("GRE", with(fromS1(layers.IPProtocolGRE, 0), func(f *frame) {}), "ps_proto"),
+		{name: "an ARP request as the host", prog: sl, in: frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, arpOp: 1},
+			verdict: actRedirect, to: uplinkIf, kind: kindOut, counts: out("s1")},
+		dropped("an ARP reply", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, arpOp: 2}, "ps_arp_forged"),
+		dropped("an ARP request for another address", frame{src: upMAC, dst: peerMAC, saddr: other, daddr: inet, arpOp: 1}, "ps_arp_forged"),
+		dropped("an ARP request with another sender MAC", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, arpOp: 1, arpSHA: evilMAC}, "ps_arp_forged"),
+		{name: "an echo request with an id of its lease leaves as is", prog: sl, in: frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 8, icmpID: 10050},
+			verdict: actRedirect, to: uplinkIf, kind: kindOut, counts: out("s1"), icmpID: 10050},
+		toFabric("port unreachable about its own port", errAbout(public, 10005, udp)),
+		dropped("port unreachable about s2's port", errAbout(public, 10100, udp), "ps_foreign_port"),
+		dropped("port unreachable about another address", errAbout(other, 10005, udp), "ps_foreign_port"),
+		dropped("an echo reply", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 0, icmpID: 10050}, "ps_icmp_refused"),
+		dropped("a timestamp request", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 13}, "ps_icmp_refused"),
+		dropped("a later fragment of nothing it sent", stray, "ps_frag_unknown"),
+		toFabric("a first fragment from its port", first),
+		toFabric("its later fragment", later),
+		{name: "hairpin to s2's port", prog: sl, in: hairpin(public, 10150, upMAC), verdict: actRedirect, to: s2If, kind: kindPeer,
+			counts: map[string]string{"s1": "out", "s2": "in"}, wantDst: upMAC},
+		{name: "hairpin to s2's port on uplink 1", prog: sl, in: hairpin(public1, 20005, peerMAC), verdict: actRedirect, to: s2If1, kind: kindPeer,
+			counts: map[string]string{"s1": "out", "s2": "in"}, wantDst: upMAC},
+		{name: "hairpin to the host: given the link's MAC and taken in again", prog: sl, in: hairpin(public, 22, upMAC), verdict: actRedirect, to: 1, kind: kindIn, wantDst: vifMAC},
+		{name: "hairpin to the host, addressed to the link: its stack", prog: sl, in: hairpin(public, 22, vifMAC), verdict: actOK, counts: out("s1")},
+		dropped("hairpin from s2's port", with(hairpin(public, 10150, upMAC), func(f *frame) { f.sport = 10100 }), "ps_foreign_port"),
+	})
+	lo := k.LoopbackProgram()
+	fromHost := func(dport uint16) frame {
+		return frame{lo: true, saddr: public, daddr: public, proto: tcp, sport: 40000, dport: dport}
+	}
+	run(t, k, f, []row{
+		{name: "the host to s2's port on its own address", prog: lo, in: fromHost(10100), verdict: actRedirect, to: s2If, kind: kindOut, counts: in("s2"), wantDst: upMAC},
+		{name: "the host to its own port", prog: lo, in: fromHost(22), verdict: actOK},
+		{name: "the host to 127.0.0.1", prog: lo, in: frame{lo: true, saddr: netip.MustParseAddr("127.0.0.1"), daddr: netip.MustParseAddr("127.0.0.1"), proto: tcp, sport: 1, dport: 10100}, verdict: actOK},
+	})
+}
