@@ -1,6 +1,8 @@
 package portspace
 
 import (
+	"encoding/binary"
+	"github.com/cilium/ebpf"
 	"net/netip"
 	"testing"
 
@@ -142,5 +144,52 @@ func TestPrivilegedASliverSendsOnlyFromItsOwnPorts(t *testing.T) {
 		{name: "the host to s2's port on its own address", prog: lo, in: fromHost(10100), verdict: actRedirect, to: s2If, kind: kindOut, counts: in("s2"), wantDst: upMAC},
 		{name: "the host to its own port", prog: lo, in: fromHost(22), verdict: actOK},
 		{name: "the host to 127.0.0.1", prog: lo, in: frame{lo: true, saddr: netip.MustParseAddr("127.0.0.1"), daddr: netip.MustParseAddr("127.0.0.1"), proto: tcp, sport: 1, dport: 10100}, verdict: actOK},
+	})
+}
+
+// Two slivers ping the same remote with the same id (the paper's unsolved
+// case): each leaves with an id of its own lease, and each reply goes back
+// to its sender alone with the sender's id restored, as does an ICMP error
+// quoting the request.
+func TestPrivilegedTwoSliversPingingOneRemoteEachGetTheirOwnReplies(t *testing.T) {
+	k, f, _ := loadFeature(t)
+	sl := k.SliverProgram()
+	ping := frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 8, icmpID: 1}
+	wire := map[string]uint16{}
+	for _, s := range []struct {
+		name   string
+		slot   uint32
+		lo, hi uint16
+	}{{"s1", 1, 10000, 10099}, {"s2", 2, 10100, 10199}} {
+		syncPlan(t, f, testPlan(s.slot))
+		in := ping.bytes(t)
+		opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in))}
+		ret, err := sl.Run(opts)
+		if err != nil || ret != actRedirect {
+			t.Fatalf("%s's ping: verdict %d, %v", s.name, ret, err)
+		}
+		id := binary.BigEndian.Uint16(opts.DataOut[14+20+4:])
+		if id < s.lo || id > s.hi {
+			t.Fatalf("%s's ping left with id %d, outside its lease %d-%d", s.name, id, s.lo, s.hi)
+		}
+		if checksum(opts.DataOut[14+20:]) != 0 {
+			t.Fatalf("%s's ping: ICMP checksum broken by the rewrite", s.name)
+		}
+		wire[s.name] = id
+	}
+	syncPlan(t, f, testPlan(0))
+	reply := func(id uint16) frame {
+		return frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, proto: icmp, icmpType: 0, icmpID: id}
+	}
+	expired := func(id uint16) frame {
+		return frame{src: peerMAC, dst: upMAC, saddr: other, daddr: public, proto: icmp, icmpType: 11,
+			quote: &frame{saddr: public, daddr: inet, proto: icmp, icmpType: 8, icmpID: id}}
+	}
+	up := k.UplinkProgram()
+	run(t, k, f, []row{
+		{name: "s1's reply", prog: up, in: reply(wire["s1"]), verdict: actRedirect, to: s1If, kind: kindPeer, counts: in("s1"), icmpID: 1},
+		{name: "s2's reply", prog: up, in: reply(wire["s2"]), verdict: actRedirect, to: s2If, kind: kindPeer, counts: in("s2"), icmpID: 1},
+		{name: "time exceeded about s2's ping", prog: up, in: expired(wire["s2"]), verdict: actRedirect, to: s2If, kind: kindPeer, counts: in("s2"), icmpID: 1},
+		{name: "a reply with an id nobody sent", prog: up, in: reply(wire["s1"] + 1), verdict: actOK},
 	})
 }
