@@ -254,3 +254,17 @@ func CgroupID(dir string) (uint64, error) {
 // packages' BPF_PROG_RUN tests (port space's sync and datapath). The agent
 // never calls it.
 func OpenTestObjects() (*Kernel, error) { return Open("", Options{testHooks: true}) }
+
+// MapSizes is every map's size as compiled (the vif program defines them
+// all), by its name in the C.
+func MapSizes() (map[string]int, error) {
+	spec, err := loadVif()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for name, m := range spec.Maps {
+		out[name] = int(m.MaxEntries)
+	}
+	return out, nil
+}
