@@ -34,7 +34,7 @@ type Kernel struct {
 	// psLinks are port space's links (sliver links, lo, the slivers'
 	// cgroup), kept apart from the router's so its Apply leaves them be.
 	psLinks map[string]link.Link
-	maps   map[string]*ebpf.Map // every map of both programs, by its name in the C
+	maps    map[string]*ebpf.Map // every map of both programs, by its name in the C
 	// barrier and barrierInner: waitForPrograms updates one in the other.
 	barrier, barrierInner *ebpf.Map
 	dropName              []string

@@ -29,7 +29,7 @@ func BenchmarkPrivilegedPortspaceCost(b *testing.B) {
 		cfg, _ := k.Map("config")
 		var nc datapath.NodeConfig
 		nc.Features = datapath.FeaturePortspace
-		nc.VmNet = 10 // 10.0.0.0/8 in network order
+		nc.VmNet = 10    // 10.0.0.0/8 in network order
 		nc.VmMask = 0xff // /8
 		if err := cfg.Put(uint32(0), nc); err != nil {
 			b.Fatal(err)
