@@ -15,6 +15,7 @@
 #include "lib/redirect.h"
 #include "lib/fabric_trust.h"
 #include "lib/frag.h"
+#include "lib/portspace.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -58,7 +59,11 @@ int uplink_ingress(struct __sk_buff *skb)
 	if (!reason && pkt.arp && cfg && (in_vm_space(cfg, pkt.arp->spa) || in_vm_space(cfg, pkt.arp->tpa)))
 		return handle_fabric_arp(skb, &pkt, cfg);
 	if (reason || !pkt.ip || !cfg || !in_vm_space(cfg, pkt.ip->daddr)) {
-		/* Not tenant IPv4: the host's stack decides, as for any NIC. */
+		/* Not tenant IPv4: the host's stack decides, as for any NIC, but
+		 * for what belongs to a sliver sharing its address. A node
+		 * without slivers pays one test of a word already loaded. */
+		if (!reason && cfg && feature_on(cfg, FEATURE_PORTSPACE))
+			return portspace_from_fabric(skb, &pkt);
 		count_forward(FWD_HOST_STACK);
 		return TC_ACT_OK;
 	}

@@ -17,6 +17,9 @@
 #include "lib/mapping.h"
 #include "lib/redirect.h"
 #include "lib/frag.h"
+/* Not used here: its maps are defined with the rest, so every program
+ * shares them by name (internal/datapath). */
+#include "lib/portspace_maps.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

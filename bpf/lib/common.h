@@ -38,7 +38,8 @@ struct node_config {
  * (port space, TAP, VNAT, LISP). The virtual router is the programs' core
  * and has none. */
 enum feature_bit {
-	FEATURE_NONE = 0, /* none yet: the first feature takes 1 << 0, the next 1 << 1, ... */
+	FEATURE_NONE = 0,
+	FEATURE_PORTSPACE = 1 << 0, /* slivers share the host's address (portspace.h) */
 };
 
 static __always_inline int feature_on(const struct node_config *cfg, __u32 bit)
@@ -81,6 +82,19 @@ enum drop_reason {
 	DROP_CLAIM_LIMITED,      /* a host claims a VM mapped elsewhere again within a second: the agent is already checking */
 	DROP_FRAG_NO_FIRST,      /* a later fragment whose first fragment this host did not admit (or admitted too long ago) */
 	DROP_OVER_SHARE,         /* the VM is over its share of a table or the slow path every tenant shares */
+	/* Port space (portspace.h); DROP_PS_FIRST..DROP_PS_LAST are also counted per sliver. */
+	DROP_PS_NO_SLIVER,       /* from a sliver link the agent has not configured */
+	DROP_PS_FOREIGN_MAC,     /* a sliver sent with a source MAC not its uplink's */
+	DROP_PS_FOREIGN_IP,      /* a sliver sent with a source IPv4 not its uplink's public address */
+	DROP_PS_FOREIGN_PORT,    /* a sliver sent from a TCP/UDP port (or about one, in an ICMP error) it does not lease */
+	DROP_PS_FOREIGN_ECHO_ID, /* a sliver's echo request whose id could not be given one of its lease */
+	DROP_PS_ICMP_REFUSED,    /* a sliver sent ICMP other than echo requests and errors about its own ports */
+	DROP_PS_ARP_FORGED,      /* a sliver's ARP was not a request from its uplink's MAC and address */
+	DROP_PS_FRAG_UNKNOWN,    /* a sliver's later fragment whose first fragment it did not send (or long ago) */
+	DROP_PS_NOT_IPV4,        /* a sliver sent neither IPv4 nor ARP (IPv6, VLAN tags, ...) */
+	DROP_PS_PROTO,           /* a sliver sent an IP protocol other than TCP, UDP, ICMP */
+	DROP_PS_NO_UPLINK,       /* the sliver's uplink is not configured */
+	DROP_PS_OVER_SHARE,      /* the sliver is over its share of fragment or echo-id records */
 	DROP_REASON_MAX,
 };
 
@@ -99,6 +113,8 @@ enum forward_path {
 	FWD_ARP_ANSWERED,  /* a fabric ARP for one of this host's VMs, answered in the datapath */
 	FWD_ARP_LEARNED,   /* a fabric ARP reply or announcement taken into the mapping table */
 	FWD_HELD,          /* a packet for an address not yet mapped, held by the agent while it resolves */
+	FWD_TO_SLIVER,     /* port space: delivered to a sliver by its port or echo id (or an ARP reply's copy) */
+	FWD_FROM_SLIVER,   /* port space: a sliver's frame, checked, out of its uplink */
 	FWD_PATH_MAX,
 };
 

@@ -17,6 +17,7 @@ enum redirect_kind {
 	REDIRECT_OUT,
 	REDIRECT_PEER,
 	REDIRECT_CLONE,
+	REDIRECT_IN, /* bpf_redirect to a device's ingress, as if it had arrived there */
 };
 
 #ifdef ONEHOP_TEST_HOOKS
@@ -71,6 +72,15 @@ static __always_inline int redirect_peer(__u32 ifindex)
 {
 	log_redirect(ifindex, REDIRECT_PEER);
 	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* Into the device with this ifindex, as if it had arrived there: the
+ * kernel takes the frame through eth_type_trans again (its packet type is
+ * judged anew from its destination MAC). */
+static __always_inline int redirect_in(__u32 ifindex)
+{
+	log_redirect(ifindex, REDIRECT_IN);
+	return bpf_redirect(ifindex, BPF_F_INGRESS);
 }
 
 /* A copy out of the device with this ifindex; the frame itself stays with

@@ -127,7 +127,7 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{}}
 	a.router = newRouter(dp, cfg.Uplink, log)
 	a.router.left = a.shares.Forget
-	env := Env{Router: a.router, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups}
+	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups}
 	if k, ok := dp.(*datapath.Kernel); ok {
 		env.Kernel = k
 	}

@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"log/slog"
+
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/portspace"
 )
 
 // Env is what a feature's constructor may need from the agent.
@@ -12,6 +15,8 @@ type Env struct {
 	// Kernel is the loaded datapath, for a feature's sync to reach its maps
 	// (Kernel.Map). Nil in tests that run the agent on a fake datapath.
 	Kernel *datapath.Kernel
+	// Log is the agent's log.
+	Log *slog.Logger
 	// Node is the host's name (a metric's node label).
 	Node string
 	// SliverCgroups is Config.SliverCgroups: where slivers' processes live.
@@ -24,5 +29,6 @@ type Env struct {
 func registry(env Env) []feature.Feature {
 	return []feature.Feature{
 		env.Router,
+		portspace.New(env.Kernel).WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
 	}
 }

@@ -29,8 +29,13 @@ type Kernel struct {
 	pinDir string // "" when nothing is pinned (tests)
 	vif    vifObjects
 	uplink uplinkObjects
+	sliver sliverObjects
+	sock   sliverSockObjects
 	links  map[string]link.Link
-	maps   map[string]*ebpf.Map // every map of both programs, by its name in the C
+	// psLinks are port space's links (sliver links, lo, the slivers'
+	// cgroup), kept apart from the router's so its Apply leaves them be.
+	psLinks map[string]link.Link
+	maps    map[string]*ebpf.Map // every map of both programs, by its name in the C
 	// barrier and barrierInner: waitForPrograms updates one in the other.
 	barrier, barrierInner *ebpf.Map
 	dropName              []string
@@ -54,9 +59,9 @@ const MinMappingTableSize = 64
 // pinDir/links, so traffic keeps flowing across an agent restart and a new
 // agent takes over the same maps.
 func Open(pinDir string, o Options) (*Kernel, error) {
-	vifSpec, uplinkSpec := loadVif, loadUplink
+	vifSpec, uplinkSpec, sliverSpec := loadVif, loadUplink, loadSliver
 	if o.testHooks {
-		vifSpec, uplinkSpec = loadVifTest, loadUplinkTest
+		vifSpec, uplinkSpec, sliverSpec = loadVifTest, loadUplinkTest, loadSliverTest
 	}
 	spec, err := vifSpec()
 	if err != nil {
@@ -68,7 +73,7 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		}
 		spec.Maps["mappings"].MaxEntries = uint32(o.MappingTableSize)
 	}
-	k := &Kernel{pinDir: pinDir, links: map[string]link.Link{}}
+	k := &Kernel{pinDir: pinDir, links: map[string]link.Link{}, psLinks: map[string]link.Link{}}
 	if k.dropName, err = enumNames(spec, "drop_reason", "DROP_"); err != nil {
 		return nil, err
 	}
@@ -132,6 +137,17 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		k.vif.Close()
 		return nil, fmt.Errorf("load uplink program: %w", err)
 	}
+	if err := loadSharing(sliverSpec, shared, &k.sliver, "sliver"); err != nil {
+		k.uplink.Close()
+		k.vif.Close()
+		return nil, err
+	}
+	if err := loadSharing(loadSliverSock, shared, &k.sock, "sliver socket"); err != nil {
+		k.sliver.Close()
+		k.uplink.Close()
+		k.vif.Close()
+		return nil, err
+	}
 	k.maps = shared
 	for name, m := range mapsByName(&k.uplink.uplinkMaps) {
 		if _, ok := k.maps[name]; !ok {
@@ -187,6 +203,11 @@ func (k *Kernel) Close() error {
 	for _, l := range k.links {
 		l.Close()
 	}
+	for _, l := range k.psLinks {
+		l.Close()
+	}
+	k.sock.Close()
+	k.sliver.Close()
 	k.uplink.Close()
 	if k.barrier != nil {
 		k.barrier.Close()
@@ -199,28 +220,34 @@ func (k *Kernel) Close() error {
 // same ifindex is taken over and given the freshly loaded program; a pinned
 // link for an interface that was recreated (new ifindex) is replaced.
 func (k *Kernel) attach(ifname string, ifindex int, prog *ebpf.Program) error {
-	if l, ok := k.links[ifname]; ok {
+	return k.attachTCX(k.links, "links", ifname, ifname, ifindex, prog, ebpf.AttachTCXIngress)
+}
+
+// attachTCX puts prog on ifindex's tcx hook at, as the link named name in
+// links (pinned under pinDir/pinSub/name).
+func (k *Kernel) attachTCX(links map[string]link.Link, pinSub, name, ifname string, ifindex int, prog *ebpf.Program, at ebpf.AttachType) error {
+	if l, ok := links[name]; ok {
 		if info, err := l.Info(); err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
 			return nil
 		}
-		k.detach(ifname)
+		detachFrom(links, k.pinDir != "", name)
 	}
 	pin := ""
 	if k.pinDir != "" {
-		pin = filepath.Join(k.pinDir, "links", ifname)
+		pin = filepath.Join(k.pinDir, pinSub, name)
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 			info, ierr := l.Info()
 			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex && l.Update(prog) == nil {
-				k.links[ifname] = l
+				links[name] = l
 				return nil
 			}
 			l.Unpin()
 			l.Close()
 		}
 	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
 	if err != nil {
-		return fmt.Errorf("attach tcx ingress to %s (ifindex %d): %w", ifname, ifindex, err)
+		return fmt.Errorf("attach tcx %s to %s (ifindex %d): %w", at, ifname, ifindex, err)
 	}
 	if pin != "" {
 		if err := l.Pin(pin); err != nil {
@@ -228,17 +255,21 @@ func (k *Kernel) attach(ifname string, ifindex int, prog *ebpf.Program) error {
 			return fmt.Errorf("pin link of %s: %w", ifname, err)
 		}
 	}
-	k.links[ifname] = l
+	links[name] = l
 	return nil
 }
 
 func (k *Kernel) detach(ifname string) {
-	if l, ok := k.links[ifname]; ok {
-		if k.pinDir != "" {
+	detachFrom(k.links, k.pinDir != "", ifname)
+}
+
+func detachFrom(links map[string]link.Link, pinned bool, name string) {
+	if l, ok := links[name]; ok {
+		if pinned {
 			l.Unpin()
 		}
 		l.Close()
-		delete(k.links, ifname)
+		delete(links, name)
 	}
 }
 

@@ -126,6 +126,89 @@ type uplinkNodeConfig struct {
 	Features      uint32
 }
 
+type uplinkPsCounters struct {
+	_          structs.HostLayout
+	PacketsIn  uint64
+	BytesIn    uint64
+	PacketsOut uint64
+	BytesOut   uint64
+	Drops      [16]uint64
+}
+
+type uplinkPsEcho struct {
+	_      structs.HostLayout
+	OrigId uint16
+	Pad    uint16
+	Slot   uint32
+}
+
+type uplinkPsEchoKey struct {
+	_      structs.HostLayout
+	Remote uint32
+	Id     uint16
+	Uplink uint8
+	Pad    uint8
+}
+
+type uplinkPsFanoutKey struct {
+	_      structs.HostLayout
+	Uplink uint32
+	Index  uint32
+}
+
+type uplinkPsFrag struct {
+	_      structs.HostLayout
+	WhenNs uint64
+	Slot   uint32
+	Pad    uint32
+}
+
+type uplinkPsFragKey struct {
+	_         structs.HostLayout
+	Remote    uint32
+	Id        uint16
+	Proto     uint8
+	UplinkDir uint8
+	Slot      uint32
+}
+
+type uplinkPsLimits struct {
+	_          structs.HostLayout
+	IntervalNs [2]uint64
+	BurstNs    [2]uint64
+}
+
+type uplinkPsShare struct {
+	_       structs.HostLayout
+	NextNs  [2]uint64
+	Refused [2]uint64
+}
+
+type uplinkPsSliver struct {
+	_      structs.HostLayout
+	Vif    [4]uint32
+	EchoLo [4]uint16
+	EchoHi [4]uint16
+}
+
+type uplinkPsUplink struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+	Mac     [6]uint8
+	Index   uint8
+	Pad     uint8
+	Vifs    uint32
+}
+
+type uplinkPsVif struct {
+	_      structs.HostLayout
+	Slot   uint32
+	Uplink uint8
+	Mac    [6]uint8
+	Pad    uint8
+}
+
 type uplinkScopeInfo struct {
 	_     structs.HostLayout
 	Count uint32
@@ -192,6 +275,19 @@ const (
 	uplinkMapHosts          = "hosts"
 	uplinkMapMappingClaims  = "mapping_claims"
 	uplinkMapMappings       = "mappings"
+	uplinkMapPsAddrs        = "ps_addrs"
+	uplinkMapPsCgroups      = "ps_cgroups"
+	uplinkMapPsConfig       = "ps_config"
+	uplinkMapPsEchoIds      = "ps_echo_ids"
+	uplinkMapPsFanout       = "ps_fanout"
+	uplinkMapPsFrags        = "ps_frags"
+	uplinkMapPsPorts        = "ps_ports"
+	uplinkMapPsShares       = "ps_shares"
+	uplinkMapPsSlivers      = "ps_slivers"
+	uplinkMapPsStats        = "ps_stats"
+	uplinkMapPsUplinkIndex  = "ps_uplink_index"
+	uplinkMapPsUplinks      = "ps_uplinks"
+	uplinkMapPsVifs         = "ps_vifs"
 	uplinkMapScopeMembers   = "scope_members"
 	uplinkMapScopes         = "scopes"
 	uplinkMapShareConfig    = "share_config"
@@ -264,6 +360,19 @@ type uplinkMapSpecs struct {
 	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
+	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
+	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
+	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
+	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
 	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
@@ -312,6 +421,19 @@ type uplinkMaps struct {
 	Hosts         *ebpf.Map `ebpf:"hosts"`
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
+	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.Map `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
+	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
+	PsShares      *ebpf.Map `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
+	PsStats       *ebpf.Map `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
 	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
@@ -336,6 +458,19 @@ func (m *uplinkMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.PsAddrs,
+		m.PsCgroups,
+		m.PsConfig,
+		m.PsEchoIds,
+		m.PsFanout,
+		m.PsFrags,
+		m.PsPorts,
+		m.PsShares,
+		m.PsSlivers,
+		m.PsStats,
+		m.PsUplinkIndex,
+		m.PsUplinks,
+		m.PsVifs,
 		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,

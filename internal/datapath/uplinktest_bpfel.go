@@ -126,6 +126,89 @@ type uplinkTestNodeConfig struct {
 	Features      uint32
 }
 
+type uplinkTestPsCounters struct {
+	_          structs.HostLayout
+	PacketsIn  uint64
+	BytesIn    uint64
+	PacketsOut uint64
+	BytesOut   uint64
+	Drops      [16]uint64
+}
+
+type uplinkTestPsEcho struct {
+	_      structs.HostLayout
+	OrigId uint16
+	Pad    uint16
+	Slot   uint32
+}
+
+type uplinkTestPsEchoKey struct {
+	_      structs.HostLayout
+	Remote uint32
+	Id     uint16
+	Uplink uint8
+	Pad    uint8
+}
+
+type uplinkTestPsFanoutKey struct {
+	_      structs.HostLayout
+	Uplink uint32
+	Index  uint32
+}
+
+type uplinkTestPsFrag struct {
+	_      structs.HostLayout
+	WhenNs uint64
+	Slot   uint32
+	Pad    uint32
+}
+
+type uplinkTestPsFragKey struct {
+	_         structs.HostLayout
+	Remote    uint32
+	Id        uint16
+	Proto     uint8
+	UplinkDir uint8
+	Slot      uint32
+}
+
+type uplinkTestPsLimits struct {
+	_          structs.HostLayout
+	IntervalNs [2]uint64
+	BurstNs    [2]uint64
+}
+
+type uplinkTestPsShare struct {
+	_       structs.HostLayout
+	NextNs  [2]uint64
+	Refused [2]uint64
+}
+
+type uplinkTestPsSliver struct {
+	_      structs.HostLayout
+	Vif    [4]uint32
+	EchoLo [4]uint16
+	EchoHi [4]uint16
+}
+
+type uplinkTestPsUplink struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+	Mac     [6]uint8
+	Index   uint8
+	Pad     uint8
+	Vifs    uint32
+}
+
+type uplinkTestPsVif struct {
+	_      structs.HostLayout
+	Slot   uint32
+	Uplink uint8
+	Mac    [6]uint8
+	Pad    uint8
+}
+
 type uplinkTestRedirectTrace struct {
 	_       structs.HostLayout
 	Count   uint32
@@ -199,6 +282,19 @@ const (
 	uplinkTestMapHosts             = "hosts"
 	uplinkTestMapMappingClaims     = "mapping_claims"
 	uplinkTestMapMappings          = "mappings"
+	uplinkTestMapPsAddrs           = "ps_addrs"
+	uplinkTestMapPsCgroups         = "ps_cgroups"
+	uplinkTestMapPsConfig          = "ps_config"
+	uplinkTestMapPsEchoIds         = "ps_echo_ids"
+	uplinkTestMapPsFanout          = "ps_fanout"
+	uplinkTestMapPsFrags           = "ps_frags"
+	uplinkTestMapPsPorts           = "ps_ports"
+	uplinkTestMapPsShares          = "ps_shares"
+	uplinkTestMapPsSlivers         = "ps_slivers"
+	uplinkTestMapPsStats           = "ps_stats"
+	uplinkTestMapPsUplinkIndex     = "ps_uplink_index"
+	uplinkTestMapPsUplinks         = "ps_uplinks"
+	uplinkTestMapPsVifs            = "ps_vifs"
 	uplinkTestMapRedirectLog       = "redirect_log"
 	uplinkTestMapScopeMembers      = "scope_members"
 	uplinkTestMapScopes            = "scopes"
@@ -274,6 +370,19 @@ type uplinkTestMapSpecs struct {
 	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
+	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
+	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
+	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
+	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
 	RedirectLog   *ebpf.MapSpec `ebpf:"redirect_log"`
 	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
@@ -325,6 +434,19 @@ type uplinkTestMaps struct {
 	Hosts         *ebpf.Map `ebpf:"hosts"`
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
+	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.Map `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
+	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
+	PsShares      *ebpf.Map `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
+	PsStats       *ebpf.Map `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
 	RedirectLog   *ebpf.Map `ebpf:"redirect_log"`
 	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
@@ -350,6 +472,19 @@ func (m *uplinkTestMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.PsAddrs,
+		m.PsCgroups,
+		m.PsConfig,
+		m.PsEchoIds,
+		m.PsFanout,
+		m.PsFrags,
+		m.PsPorts,
+		m.PsShares,
+		m.PsSlivers,
+		m.PsStats,
+		m.PsUplinkIndex,
+		m.PsUplinks,
+		m.PsVifs,
 		m.RedirectLog,
 		m.ScopeMembers,
 		m.Scopes,

@@ -83,7 +83,19 @@ const (
 	vifDropReasonDROP_CLAIM_LIMITED        vifDropReason = 29
 	vifDropReasonDROP_FRAG_NO_FIRST        vifDropReason = 30
 	vifDropReasonDROP_OVER_SHARE           vifDropReason = 31
-	vifDropReasonDROP_REASON_MAX           vifDropReason = 32
+	vifDropReasonDROP_PS_NO_SLIVER         vifDropReason = 32
+	vifDropReasonDROP_PS_FOREIGN_MAC       vifDropReason = 33
+	vifDropReasonDROP_PS_FOREIGN_IP        vifDropReason = 34
+	vifDropReasonDROP_PS_FOREIGN_PORT      vifDropReason = 35
+	vifDropReasonDROP_PS_FOREIGN_ECHO_ID   vifDropReason = 36
+	vifDropReasonDROP_PS_ICMP_REFUSED      vifDropReason = 37
+	vifDropReasonDROP_PS_ARP_FORGED        vifDropReason = 38
+	vifDropReasonDROP_PS_FRAG_UNKNOWN      vifDropReason = 39
+	vifDropReasonDROP_PS_NOT_IPV4          vifDropReason = 40
+	vifDropReasonDROP_PS_PROTO             vifDropReason = 41
+	vifDropReasonDROP_PS_NO_UPLINK         vifDropReason = 42
+	vifDropReasonDROP_PS_OVER_SHARE        vifDropReason = 43
+	vifDropReasonDROP_REASON_MAX           vifDropReason = 44
 )
 
 type vifEndpoint struct {
@@ -102,7 +114,8 @@ type vifFarmConfig struct {
 type vifFeatureBit uint32
 
 const (
-	vifFeatureBitFEATURE_NONE vifFeatureBit = 0
+	vifFeatureBitFEATURE_NONE      vifFeatureBit = 0
+	vifFeatureBitFEATURE_PORTSPACE vifFeatureBit = 1
 )
 
 type vifForwardPath uint32
@@ -121,7 +134,9 @@ const (
 	vifForwardPathFWD_ARP_ANSWERED  vifForwardPath = 10
 	vifForwardPathFWD_ARP_LEARNED   vifForwardPath = 11
 	vifForwardPathFWD_HELD          vifForwardPath = 12
-	vifForwardPathFWD_PATH_MAX      vifForwardPath = 13
+	vifForwardPathFWD_TO_SLIVER     vifForwardPath = 13
+	vifForwardPathFWD_FROM_SLIVER   vifForwardPath = 14
+	vifForwardPathFWD_PATH_MAX      vifForwardPath = 15
 )
 
 type vifFragKey struct {
@@ -197,6 +212,89 @@ type vifNodeConfig struct {
 	VmMask        uint32
 	PolicyEpoch   uint32
 	Features      uint32
+}
+
+type vifPsCounters struct {
+	_          structs.HostLayout
+	PacketsIn  uint64
+	BytesIn    uint64
+	PacketsOut uint64
+	BytesOut   uint64
+	Drops      [16]uint64
+}
+
+type vifPsEcho struct {
+	_      structs.HostLayout
+	OrigId uint16
+	Pad    uint16
+	Slot   uint32
+}
+
+type vifPsEchoKey struct {
+	_      structs.HostLayout
+	Remote uint32
+	Id     uint16
+	Uplink uint8
+	Pad    uint8
+}
+
+type vifPsFanoutKey struct {
+	_      structs.HostLayout
+	Uplink uint32
+	Index  uint32
+}
+
+type vifPsFrag struct {
+	_      structs.HostLayout
+	WhenNs uint64
+	Slot   uint32
+	Pad    uint32
+}
+
+type vifPsFragKey struct {
+	_         structs.HostLayout
+	Remote    uint32
+	Id        uint16
+	Proto     uint8
+	UplinkDir uint8
+	Slot      uint32
+}
+
+type vifPsLimits struct {
+	_          structs.HostLayout
+	IntervalNs [2]uint64
+	BurstNs    [2]uint64
+}
+
+type vifPsShare struct {
+	_       structs.HostLayout
+	NextNs  [2]uint64
+	Refused [2]uint64
+}
+
+type vifPsSliver struct {
+	_      structs.HostLayout
+	Vif    [4]uint32
+	EchoLo [4]uint16
+	EchoHi [4]uint16
+}
+
+type vifPsUplink struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+	Mac     [6]uint8
+	Index   uint8
+	Pad     uint8
+	Vifs    uint32
+}
+
+type vifPsVif struct {
+	_      structs.HostLayout
+	Slot   uint32
+	Uplink uint8
+	Mac    [6]uint8
+	Pad    uint8
 }
 
 type vifScopeInfo struct {
@@ -292,6 +390,19 @@ const (
 	vifMapHosts             = "hosts"
 	vifMapMappingClaims     = "mapping_claims"
 	vifMapMappings          = "mappings"
+	vifMapPsAddrs           = "ps_addrs"
+	vifMapPsCgroups         = "ps_cgroups"
+	vifMapPsConfig          = "ps_config"
+	vifMapPsEchoIds         = "ps_echo_ids"
+	vifMapPsFanout          = "ps_fanout"
+	vifMapPsFrags           = "ps_frags"
+	vifMapPsPorts           = "ps_ports"
+	vifMapPsShares          = "ps_shares"
+	vifMapPsSlivers         = "ps_slivers"
+	vifMapPsStats           = "ps_stats"
+	vifMapPsUplinkIndex     = "ps_uplink_index"
+	vifMapPsUplinks         = "ps_uplinks"
+	vifMapPsVifs            = "ps_vifs"
 	vifMapScopeMembers      = "scope_members"
 	vifMapScopes            = "scopes"
 	vifMapShareConfig       = "share_config"
@@ -371,6 +482,19 @@ type vifMapSpecs struct {
 	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
+	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
+	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
+	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
+	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
 	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
@@ -426,6 +550,19 @@ type vifMaps struct {
 	Hosts         *ebpf.Map `ebpf:"hosts"`
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
+	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.Map `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
+	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
+	PsShares      *ebpf.Map `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
+	PsStats       *ebpf.Map `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
 	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
@@ -450,6 +587,19 @@ func (m *vifMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.PsAddrs,
+		m.PsCgroups,
+		m.PsConfig,
+		m.PsEchoIds,
+		m.PsFanout,
+		m.PsFrags,
+		m.PsPorts,
+		m.PsShares,
+		m.PsSlivers,
+		m.PsStats,
+		m.PsUplinkIndex,
+		m.PsUplinks,
+		m.PsVifs,
 		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,

@@ -126,6 +126,89 @@ type vifTestNodeConfig struct {
 	Features      uint32
 }
 
+type vifTestPsCounters struct {
+	_          structs.HostLayout
+	PacketsIn  uint64
+	BytesIn    uint64
+	PacketsOut uint64
+	BytesOut   uint64
+	Drops      [16]uint64
+}
+
+type vifTestPsEcho struct {
+	_      structs.HostLayout
+	OrigId uint16
+	Pad    uint16
+	Slot   uint32
+}
+
+type vifTestPsEchoKey struct {
+	_      structs.HostLayout
+	Remote uint32
+	Id     uint16
+	Uplink uint8
+	Pad    uint8
+}
+
+type vifTestPsFanoutKey struct {
+	_      structs.HostLayout
+	Uplink uint32
+	Index  uint32
+}
+
+type vifTestPsFrag struct {
+	_      structs.HostLayout
+	WhenNs uint64
+	Slot   uint32
+	Pad    uint32
+}
+
+type vifTestPsFragKey struct {
+	_         structs.HostLayout
+	Remote    uint32
+	Id        uint16
+	Proto     uint8
+	UplinkDir uint8
+	Slot      uint32
+}
+
+type vifTestPsLimits struct {
+	_          structs.HostLayout
+	IntervalNs [2]uint64
+	BurstNs    [2]uint64
+}
+
+type vifTestPsShare struct {
+	_       structs.HostLayout
+	NextNs  [2]uint64
+	Refused [2]uint64
+}
+
+type vifTestPsSliver struct {
+	_      structs.HostLayout
+	Vif    [4]uint32
+	EchoLo [4]uint16
+	EchoHi [4]uint16
+}
+
+type vifTestPsUplink struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+	Mac     [6]uint8
+	Index   uint8
+	Pad     uint8
+	Vifs    uint32
+}
+
+type vifTestPsVif struct {
+	_      structs.HostLayout
+	Slot   uint32
+	Uplink uint8
+	Mac    [6]uint8
+	Pad    uint8
+}
+
 type vifTestRedirectKind uint32
 
 const (
@@ -133,6 +216,7 @@ const (
 	vifTestRedirectKindREDIRECT_OUT   vifTestRedirectKind = 1
 	vifTestRedirectKindREDIRECT_PEER  vifTestRedirectKind = 2
 	vifTestRedirectKindREDIRECT_CLONE vifTestRedirectKind = 3
+	vifTestRedirectKindREDIRECT_IN    vifTestRedirectKind = 4
 )
 
 type vifTestRedirectTrace struct {
@@ -208,6 +292,19 @@ const (
 	vifTestMapHosts             = "hosts"
 	vifTestMapMappingClaims     = "mapping_claims"
 	vifTestMapMappings          = "mappings"
+	vifTestMapPsAddrs           = "ps_addrs"
+	vifTestMapPsCgroups         = "ps_cgroups"
+	vifTestMapPsConfig          = "ps_config"
+	vifTestMapPsEchoIds         = "ps_echo_ids"
+	vifTestMapPsFanout          = "ps_fanout"
+	vifTestMapPsFrags           = "ps_frags"
+	vifTestMapPsPorts           = "ps_ports"
+	vifTestMapPsShares          = "ps_shares"
+	vifTestMapPsSlivers         = "ps_slivers"
+	vifTestMapPsStats           = "ps_stats"
+	vifTestMapPsUplinkIndex     = "ps_uplink_index"
+	vifTestMapPsUplinks         = "ps_uplinks"
+	vifTestMapPsVifs            = "ps_vifs"
 	vifTestMapRedirectLog       = "redirect_log"
 	vifTestMapScopeMembers      = "scope_members"
 	vifTestMapScopes            = "scopes"
@@ -290,6 +387,19 @@ type vifTestMapSpecs struct {
 	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
+	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
+	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
+	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
+	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
 	RedirectLog   *ebpf.MapSpec `ebpf:"redirect_log"`
 	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
@@ -348,6 +458,19 @@ type vifTestMaps struct {
 	Hosts         *ebpf.Map `ebpf:"hosts"`
 	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings      *ebpf.Map `ebpf:"mappings"`
+	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
+	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
+	PsConfig      *ebpf.Map `ebpf:"ps_config"`
+	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
+	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
+	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
+	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
+	PsShares      *ebpf.Map `ebpf:"ps_shares"`
+	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
+	PsStats       *ebpf.Map `ebpf:"ps_stats"`
+	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
+	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
+	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
 	RedirectLog   *ebpf.Map `ebpf:"redirect_log"`
 	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
 	Scopes        *ebpf.Map `ebpf:"scopes"`
@@ -373,6 +496,19 @@ func (m *vifTestMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.PsAddrs,
+		m.PsCgroups,
+		m.PsConfig,
+		m.PsEchoIds,
+		m.PsFanout,
+		m.PsFrags,
+		m.PsPorts,
+		m.PsShares,
+		m.PsSlivers,
+		m.PsStats,
+		m.PsUplinkIndex,
+		m.PsUplinks,
+		m.PsVifs,
 		m.RedirectLog,
 		m.ScopeMembers,
 		m.Scopes,

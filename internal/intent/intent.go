@@ -192,6 +192,9 @@ type SliverStats struct {
 	BytesIn    uint64            `json:"bytesIn"`
 	BytesOut   uint64            `json:"bytesOut"`
 	Drops      map[string]uint64 `json:"drops,omitempty"` // by reason
+	// Cut counts the sliver's connections cut because a lease change took
+	// their ports away.
+	Cut uint64 `json:"cut,omitempty"`
 }
 
 // LocalEndpoint is a VM on the node itself.

@@ -252,7 +252,9 @@ func TestPrivilegedShrunkLeaseCutsTheConnectionsOnLostPortsOnly(t *testing.T) {
 	// Two connections inside the sliver, one on a port it keeps (10010)
 	// and one on a port it is about to lose (10090).
 	type pair struct{ client, server net.Conn }
-	dial := func(port int) pair {
+	// Both ends are explicit: the namespace's ephemeral range is the
+	// lease, and a picked port could fall in the part it loses.
+	dial := func(port, clientPort int) pair {
 		var p pair
 		if err := netns.Do(l.sliver, func() error {
 			ln, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
@@ -260,7 +262,8 @@ func TestPrivilegedShrunkLeaseCutsTheConnectionsOnLostPortsOnly(t *testing.T) {
 				return err
 			}
 			defer ln.Close()
-			if p.client, err = net.Dial("tcp4", ln.Addr().String()); err != nil {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: clientPort}}
+			if p.client, err = d.Dial("tcp4", ln.Addr().String()); err != nil {
 				return err
 			}
 			p.server, err = ln.Accept()
@@ -271,7 +274,7 @@ func TestPrivilegedShrunkLeaseCutsTheConnectionsOnLostPortsOnly(t *testing.T) {
 		t.Cleanup(func() { p.client.Close(); p.server.Close() })
 		return p
 	}
-	kept, lost := dial(10010), dial(10090)
+	kept, lost := dial(10010, 10011), dial(10090, 10012)
 
 	l.apply(t, c, l.plan(Lease{Uplink: 0, Lo: 10000, Hi: 10049}))
 

@@ -1,0 +1,260 @@
+/* Port-space isolation (paper 000 §3; docs/port-space-datapath.md).
+ * Slivers carry their host's public IPv4 and MAC; the host leases each a
+ * port range per uplink. What arrives for a public address is steered by
+ * destination port (one array lookup, whatever the number of leases), by
+ * echo id for echo replies, by the quoted port or id for ICMP errors;
+ * whatever a sliver sends must come from its own ports. Nothing here keeps
+ * per-connection state: only fragments (their first fragment's port) and
+ * echo ids (who sent the request, and which id it chose) are remembered,
+ * each in an LRU where every sliver has a share. */
+#ifndef ONEHOP_PORTSPACE_H
+#define ONEHOP_PORTSPACE_H
+
+#include "common.h"
+#include "parse.h"
+#include "drop.h"
+#include "policy.h"
+#include "redirect.h"
+#include "portspace_maps.h"
+
+#define PS_IP_MF 0x2000
+/* A datagram's fragments leave back to back: two seconds is ample and far
+ * shorter than an IP id takes to wrap (as frag.h). */
+#define PS_FRAG_LIFETIME_NS (2ULL * 1000000000ULL)
+#define PS_DIR_OUT 0x80
+#define PS_ECHO_PROBES 8
+#define DROP_PS_FIRST DROP_PS_NO_SLIVER
+#define DROP_PS_LAST DROP_PS_OVER_SHARE
+
+static __always_inline struct ps_counters *ps_counters_of(__u32 slot)
+{
+	return bpf_map_lookup_elem(&ps_stats, &slot);
+}
+
+static __always_inline void ps_count_in(__u32 slot, __u32 len)
+{
+	struct ps_counters *c = ps_counters_of(slot);
+	if (c) {
+		c->packets_in += 1;
+		c->bytes_in += len;
+	}
+}
+
+static __always_inline void ps_count_out(__u32 slot, __u32 len)
+{
+	struct ps_counters *c = ps_counters_of(slot);
+	if (c) {
+		c->packets_out += 1;
+		c->bytes_out += len;
+	}
+}
+
+/* Drops a sliver's frame: counted for the node (drop.h) and for the sliver. */
+static __always_inline int ps_drop(struct __sk_buff *skb, struct packet *pkt, __u32 slot, __u32 reason)
+{
+	struct ps_counters *c = ps_counters_of(slot);
+	if (c) {
+		__u32 i = 0;
+		if (reason >= DROP_PS_FIRST && reason <= DROP_PS_LAST)
+			i = 1 + reason - DROP_PS_FIRST;
+		if (i < PS_DROP_SLOTS)
+			c->drops[i] += 1;
+	}
+	return drop_packet(skb, pkt, reason);
+}
+
+/* One unit of slot's share of kind (a GCRA bucket, as share.h): 1 allowed,
+ * 0 refused. Only a new record takes one; refreshing a record does not. */
+static __always_inline int ps_share_take(__u32 slot, const __u32 kind, __u64 now)
+{
+	__u32 zero = 0;
+	struct ps_limits *cfg = bpf_map_lookup_elem(&ps_config, &zero);
+	if (!cfg)
+		return 1;
+	__u64 interval = cfg->interval_ns[kind];
+	if (!interval)
+		return 1;
+	struct ps_share *s = bpf_map_lookup_elem(&ps_shares, &slot);
+	if (!s)
+		return 0;
+	__u64 next = s->next_ns[kind];
+	if (next < now)
+		next = now;
+	if (next - now > cfg->burst_ns[kind]) {
+		__sync_fetch_and_add(&s->refused[kind], 1);
+		return 0;
+	}
+	/* Racy across CPUs: a bound, not an exact count. */
+	s->next_ns[kind] = next + interval;
+	return 1;
+}
+
+/* Who leases port (host order) on uplink u: a slot, 0 for the host. */
+static __always_inline __u32 ps_port_owner(__u32 u, __u16 port)
+{
+	__u32 key = (u << 16) | port;
+	__u32 *slot = bpf_map_lookup_elem(&ps_ports, &key);
+	return slot ? *slot : 0;
+}
+
+/* Where a packet for a public address goes, and the echo id to put back
+ * (at id_off, checksum at csum_off) when its sliver's id was rewritten. */
+struct ps_target {
+	__u32 slot;
+	__u32 id_off;
+	__u32 csum_off;
+	__be16 id;      /* the id now in the packet */
+	__be16 orig_id; /* the sliver's own */
+};
+
+/* The sliver whose echo request to remote left with id: 0 for none. */
+static __always_inline __u32 ps_echo_owner(__be32 remote, __be16 id, __u32 u, struct ps_target *t, __u32 id_off, __u32 csum_off)
+{
+	struct ps_echo_key k = {.remote = remote, .id = id, .uplink = u};
+	struct ps_echo *e = bpf_map_lookup_elem(&ps_echo_ids, &k);
+	if (!e)
+		return 0;
+	/* Only an id of its lease left on the wire: a record of a sliver that
+	 * lost the lease since delivers nothing. */
+	if (ps_port_owner(u, bpf_ntohs(id)) != e->slot)
+		return 0;
+	if (e->orig_id != id) {
+		t->id_off = id_off;
+		t->csum_off = csum_off;
+		t->id = id;
+		t->orig_id = e->orig_id;
+	}
+	return e->slot;
+}
+
+/* The owner of the flow an ICMP error quotes (icmp: its header, at
+ * icmp_off in the frame): the quoted packet left from public (one of this
+ * host's addresses on uplink u), so its source port or echo id says whose. */
+static __always_inline __u32 ps_error_owner(struct packet *pkt, __u8 *icmp, __u32 icmp_off, __be32 public, __u32 u, struct ps_target *t)
+{
+	struct iphdr *q = (void *)(icmp + 8);
+	if ((void *)(q + 1) > pkt->data_end)
+		return 0;
+	if (q->saddr != public || q->ihl < 5 || (q->frag_off & bpf_htons(IP_OFFSET_MASK)))
+		return 0;
+	__u32 qhl = (q->ihl & 0xf) * 4;
+	__u8 *ql4 = (void *)q + qhl;
+	if ((void *)(ql4 + 8) > pkt->data_end)
+		return 0;
+	if (q->protocol == IPPROTO_TCP_ || q->protocol == IPPROTO_UDP_)
+		return ps_port_owner(u, bpf_ntohs(*(__be16 *)ql4));
+	if (q->protocol == IPPROTO_ICMP_ && ql4[0] == ICMP_ECHO_REQUEST)
+		return ps_echo_owner(q->daddr, *(__be16 *)(ql4 + 4), u, t, icmp_off + 8 + qhl + 4, icmp_off + 2);
+	return 0;
+}
+
+/* Which sliver a packet to public (the address of uplink u) belongs to: 0
+ * for the host's own stack. A later fragment goes where its first went,
+ * if that was a sliver; a first fragment steered to a sliver is recorded
+ * (on the sliver's share). */
+static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_target *t)
+{
+	struct iphdr *ip = pkt->ip;
+	__u8 proto = ip->protocol;
+	t->slot = 0;
+	t->id_off = 0;
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
+		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
+		struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, &k);
+		if (f && packet_now(pkt) - f->when_ns < PS_FRAG_LIFETIME_NS)
+			t->slot = f->slot;
+		return;
+	}
+	__u32 hl = (ip->ihl & 0xf) * 4;
+	__u8 *l4 = (void *)ip + hl;
+	if ((void *)(l4 + 8) > pkt->data_end)
+		return;
+	__u32 l4_off = ETH_HLEN + hl;
+	if (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_) {
+		t->slot = ps_port_owner(u, bpf_ntohs(((__be16 *)l4)[1]));
+	} else if (proto == IPPROTO_ICMP_) {
+		__u8 type = l4[0];
+		if (type == ICMP_ECHO_REPLY)
+			t->slot = ps_echo_owner(ip->saddr, *(__be16 *)(l4 + 4), u, t, l4_off + 4, l4_off + 2);
+		else if (is_icmp_error(type))
+			t->slot = ps_error_owner(pkt, l4, l4_off, ip->daddr, u, t);
+	}
+	if (t->slot && (ip->frag_off & bpf_htons(PS_IP_MF))) {
+		__u64 now = packet_now(pkt);
+		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
+		struct ps_frag f = {.when_ns = now, .slot = t->slot};
+		if (ps_share_take(t->slot, PS_SHARE_FRAGS, now))
+			bpf_map_update_elem(&ps_frags, &k, &f, BPF_ANY);
+	}
+}
+
+/* Puts the sliver's own echo id back (the frame's pointers are stale
+ * afterwards). */
+static __always_inline int ps_restore_id(struct __sk_buff *skb, struct ps_target *t)
+{
+	if (!t->id_off)
+		return 0;
+	if (bpf_l4_csum_replace(skb, t->csum_off, t->id, t->orig_id, 2) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, t->id_off, &t->orig_id, 2, 0);
+}
+
+/* What one walk over an uplink's sliver links needs (bpf_loop). */
+struct ps_fan_walk {
+	struct __sk_buff *skb;
+	__u32 uplink;
+};
+
+static long ps_fan_one(__u32 index, void *ctx)
+{
+	struct ps_fan_walk *w = ctx;
+	struct ps_fanout_key k = {.uplink = w->uplink, .index = index};
+	__u32 *ifindex = bpf_map_lookup_elem(&ps_fanout, &k);
+	if (!ifindex || !*ifindex)
+		return 0;
+	if (clone_out(w->skb, *ifindex) == 0)
+		count_forward(FWD_TO_SLIVER);
+	return 0;
+}
+
+/* From the fabric, on an uplink, for a node with slivers: what is theirs
+ * goes to them, the rest to the host's stack as before. */
+static __always_inline int portspace_from_fabric(struct __sk_buff *skb, struct packet *pkt)
+{
+	__u32 ifindex = skb->ifindex;
+	struct ps_uplink *up = bpf_map_lookup_elem(&ps_uplinks, &ifindex);
+	if (!up)
+		goto host;
+	if (pkt->arp) {
+		/* Only the host answers for the public address; a reply to it
+		 * answers whoever asked, host or sliver (they share the MAC). */
+		if (pkt->arp->op == bpf_htons(ARPOP_REPLY) && pkt->arp->tpa == up->addr && up->vifs) {
+			struct ps_fan_walk w = {.skb = skb, .uplink = up->index};
+			bpf_loop(up->vifs, ps_fan_one, &w, 0);
+		}
+		goto host;
+	}
+	struct iphdr *ip = pkt->ip;
+	if (!ip || ip->daddr != up->addr || !mac_equal(pkt->eth->h_dest, up->mac))
+		goto host;
+	__u32 u = up->index;
+	struct ps_target t = {};
+	ps_steer(pkt, u, &t);
+	if (!t.slot)
+		goto host;
+	__u32 slot = t.slot;
+	struct ps_sliver *s = bpf_map_lookup_elem(&ps_slivers, &slot);
+	if (!s || u >= PS_MAX_UPLINKS || !s->vif[u & (PS_MAX_UPLINKS - 1)])
+		goto host;
+	__u32 vif = s->vif[u & (PS_MAX_UPLINKS - 1)];
+	if (ps_restore_id(skb, &t) < 0)
+		return drop_quietly(DROP_MALFORMED);
+	ps_count_in(slot, skb->len);
+	count_forward(FWD_TO_SLIVER);
+	return redirect_peer(vif);
+host:
+	count_forward(FWD_HOST_STACK);
+	return TC_ACT_OK;
+}
+
+#endif

@@ -1,0 +1,114 @@
+package portspace
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/ratelog"
+)
+
+// Feature is port space as the agent runs it: Compile (pure, compile.go),
+// Sync writing the plan into the datapath's maps and putting the sliver
+// program on the slivers' links, Stats reading the per-sliver counters.
+type Feature struct {
+	k *datapath.Kernel
+	// cgroupDir is the parent of the slivers' cgroups ("": no socket
+	// confinement): the socket programs sit there, and DIR/NAME is
+	// sliver NAME's cgroup.
+	cgroupDir string
+	node      string // the metrics' node label
+	// vifMAC reads a sliver link's own MAC (a frame for the host is
+	// given it); tests replace it.
+	vifMAC func(ifindex int) (net.HardwareAddr, error)
+	// links attaches the programs: the kernel; a recording fake in the
+	// BPF_PROG_RUN tests, whose links are made up.
+	links linker
+
+	// confiner keeps each sliver's namespace to its lease (confine.go);
+	// nil in tests of the maps alone.
+	confiner *Confiner
+	log      *slog.Logger
+	rl       *ratelog.Logger
+
+	mu    sync.Mutex
+	cur   *state            // what the maps hold; nil until first read
+	names map[uint32]string // slot -> sliver name, as last synced
+}
+
+// New is the feature on the loaded datapath k.
+func New(k *datapath.Kernel) *Feature {
+	return &Feature{k: k, vifMAC: interfaceMAC, links: k, names: map[uint32]string{}}
+}
+
+// linker is what Sync needs of the kernel to attach the programs.
+type linker interface {
+	AttachSliver(ifname string, ifindex int) error
+	DetachSliver(ifname string) error
+	SliverLinks() ([]string, error)
+	AttachLoopback() error
+	DetachLoopback() error
+	AttachSliverCgroups(dir string) error
+	DetachSliverCgroups() error
+}
+
+// WithAgent gives the feature the agent's log and node name and has it
+// confine each sliver's namespace to its lease (sysctls, routing for its
+// own address, connections on lost ports cut) before its maps are synced.
+func (f *Feature) WithAgent(node string, log *slog.Logger) *Feature {
+	f.node, f.log = node, log
+	f.confiner = NewConfiner(log)
+	f.rl = ratelog.New(log, 1, time.Minute, time.Now)
+	return f
+}
+
+// WithCgroups sets the parent of the slivers' cgroups (the agent's
+// --sliver-cgroups): Sync attaches the socket programs there and maps
+// each sliver's cgroup DIR/NAME to its slot.
+func (f *Feature) WithCgroups(dir string) *Feature {
+	f.cgroupDir = dir
+	return f
+}
+
+func interfaceMAC(ifindex int) (net.HardwareAddr, error) {
+	ifc, err := net.InterfaceByIndex(ifindex)
+	if err != nil {
+		return nil, fmt.Errorf("sliver link %d: %w", ifindex, err)
+	}
+	return ifc.HardwareAddr, nil
+}
+
+// Name implements feature.Feature.
+func (f *Feature) Name() string { return "portspace" }
+
+// Bit implements feature.Feature: FEATURE_PORTSPACE in the C.
+func (f *Feature) Bit() uint32 { return datapath.FeaturePortspace }
+
+// Maps implements feature.Feature: every map of bpf/lib/portspace_maps.h.
+func (f *Feature) Maps() []feature.Map {
+	rec := func(name string) feature.Map { return feature.Map{Name: name, Owner: feature.Reconciled} }
+	own := func(name, lifetime string) feature.Map {
+		return feature.Map{Name: name, Owner: feature.Datapath, Lifetime: lifetime}
+	}
+	return []feature.Map{
+		rec(MapUplinks), rec("ps_uplink_index"), rec(MapAddrs), rec(MapPorts), rec(MapSlivers),
+		rec(MapVifs), rec(MapFanout), rec(MapCgroups), rec("ps_config"),
+		own("ps_frags", "LRU of 16384 datagrams; a record steers later fragments for 2 s; each sliver's new records are limited by its share"),
+		own("ps_echo_ids", "LRU of 16384 echo requests; each sliver's new records are limited by its share; a record delivers only while its id is in the sliver's lease"),
+		own("ps_shares", "one entry per slot, zeroed when a sliver takes the slot"),
+		own("ps_stats", "per-CPU counters per slot, zeroed when a sliver takes the slot"),
+	}
+}
+
+// Compile implements feature.Feature (compile.go).
+func (f *Feature) Compile(n feature.Node) (feature.Plan, error) {
+	p, err := Compile(n)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}

@@ -1,0 +1,195 @@
+package portspace
+
+import (
+	"encoding/binary"
+	"github.com/cilium/ebpf"
+	"net/netip"
+	"testing"
+
+	"github.com/google/gopacket/layers"
+)
+
+var (
+	tcp  = layers.IPProtocolTCP
+	udp  = layers.IPProtocolUDP
+	icmp = layers.IPProtocolICMPv4
+)
+
+func fromInet(proto layers.IPProtocol, dport uint16) frame {
+	return frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, proto: proto, sport: 53, dport: dport}
+}
+
+func in(s string) map[string]string  { return map[string]string{s: "in"} }
+func out(s string) map[string]string { return map[string]string{s: "out"} }
+
+// From the fabric: by destination port to the sliver that leases it (both
+// edges of every range), the rest to the host unchanged; ICMP errors by the
+// quoted source port; later fragments where their first went.
+func TestPrivilegedFabricSteersByPortToTheLeasingSliver(t *testing.T) {
+	k, f, links := loadFeature(t)
+	syncPlan(t, f, testPlan(0))
+	if links.slivers["s0-s1"] != s1If || links.slivers["s1-s2"] != s2If1 || !links.lo {
+		t.Fatalf("sync attached %v (lo %v)", links.slivers, links.lo)
+	}
+	up := k.UplinkProgram()
+	toSliver := func(name string, in frame, ifindex uint32, sliver string) row {
+		return row{name: name, prog: up, in: in, verdict: actRedirect, to: ifindex, kind: kindPeer, drop: "", counts: map[string]string{sliver: "in"}, wantDst: upMAC}
+	}
+	toHost := func(name string, in frame) row {
+		return row{name: name, prog: up, in: in, verdict: actOK}
+	}
+	quoted := func(proto layers.IPProtocol, src netip.Addr, sport uint16) *frame {
+		return &frame{saddr: src, daddr: inet, proto: proto, sport: sport, dport: 53}
+	}
+	unreach := func(q *frame, typ uint8) frame {
+		return frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, proto: icmp, icmpType: typ, icmpCode: 3, quote: q}
+	}
+	first := fromInet(udp, 10001)
+	first.ipID, first.moreFrags = 77, true
+	later := fromInet(udp, 0)
+	later.ipID, later.fragOffset = 77, 5
+	stray := later
+	stray.ipID = 78
+	arpReply := frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, arpOp: 2}
+	arpReq := frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, arpOp: 1}
+	run(t, k, f, []row{
+		toSliver("tcp to the low edge of s1's lease", fromInet(tcp, 10000), s1If, "s1"),
+		toSliver("udp to the high edge of s1's lease", fromInet(udp, 10099), s1If, "s1"),
+		toSliver("tcp to the low edge of s2's lease", fromInet(tcp, 10100), s2If, "s2"),
+		toSliver("udp to the high edge of s2's lease", fromInet(udp, 10199), s2If, "s2"),
+		toSliver("a one-port lease", fromInet(tcp, 30000), s3If, "s3"),
+		toHost("below s1's lease: the host's", fromInet(tcp, 9999)),
+		toHost("above s2's lease: the host's", fromInet(udp, 10200)),
+		toHost("above s3's one port", fromInet(tcp, 30001)),
+		toHost("another address", frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: other, proto: tcp, sport: 53, dport: 10000}),
+		toHost("IPv6", frame{src: peerMAC, dst: upMAC, ipv6: true}),
+		toHost("echo requests are the host's", frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, proto: icmp, icmpType: 8, icmpID: 10005}),
+		toHost("an echo reply nobody asked for, even with a leased id", frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, proto: icmp, icmpType: 0, icmpID: 10005}),
+		toHost("ARP requests are the host's", arpReq),
+		{name: "an ARP reply for the address reaches the host and every sliver of the uplink", prog: up, in: arpReply, verdict: actOK, clones: []uint32{s1If, s2If, s3If}},
+		toSliver("port unreachable about s1's port", unreach(quoted(udp, public, 10005), 3), s1If, "s1"),
+		toSliver("time exceeded about s2's port", unreach(quoted(tcp, public, 10150), 11), s2If, "s2"),
+		toHost("frag needed about the host's port", unreach(quoted(tcp, public, 9000), 3)),
+		toHost("an error quoting another source", unreach(quoted(udp, other, 10005), 3)),
+		toSliver("a first fragment goes by its port", first, s1If, "s1"),
+		toSliver("its later fragment follows it", later, s1If, "s1"),
+		toHost("a later fragment whose first went nowhere", stray),
+	})
+}
+
+func fromS1(proto layers.IPProtocol, sport uint16) frame {
+	return frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: proto, sport: sport, dport: 53}
+}
+
+// What a sliver sends: only from its uplink's MAC and address and its own
+// ports, ids and fragments; to the shared address, to whoever holds the port.
+func TestPrivilegedASliverSendsOnlyFromItsOwnPorts(t *testing.T) {
+	k, f, _ := loadFeature(t)
+	syncPlan(t, f, testPlan(1)) // s1 sends (its link is ifindex 1)
+	sl := k.SliverProgram()
+	toFabric := func(name string, in frame) row {
+		return row{name: name, prog: sl, in: in, verdict: actRedirect, to: uplinkIf, kind: kindOut, counts: out("s1")}
+	}
+	dropped := func(name string, in frame, reason string) row {
+		return row{name: name, prog: sl, in: in, verdict: actShot, drop: reason, counts: map[string]string{"s1": reason}}
+	}
+	with := func(fr frame, fn func(*frame)) frame { fn(&fr); return fr }
+	errAbout := func(dst netip.Addr, dport uint16, proto layers.IPProtocol) frame {
+		return frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 3, icmpCode: 3,
+			quote: &frame{saddr: inet, daddr: dst, proto: proto, sport: 53, dport: dport}}
+	}
+	first := with(fromS1(udp, 10000), func(f *frame) { f.ipID, f.moreFrags = 5, true })
+	later := frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: udp, ipID: 5, fragOffset: 5}
+	stray := with(later, func(f *frame) { f.ipID = 6 })
+	hairpin := func(dst netip.Addr, dport uint16, mac []byte) frame {
+		return frame{src: upMAC, dst: mac, saddr: public, daddr: dst, proto: tcp, sport: 10010, dport: dport}
+	}
+	run(t, k, f, []row{
+		toFabric("tcp from the low edge of its lease", fromS1(tcp, 10000)),
+		toFabric("udp from the high edge", fromS1(udp, 10099)),
+		dropped("from s2's port", fromS1(tcp, 10100), "ps_foreign_port"),
+		dropped("from the host's port", fromS1(udp, 9999), "ps_foreign_port"),
+		dropped("from another address", with(fromS1(tcp, 10000), func(f *frame) { f.saddr = other }), "ps_foreign_ip"),
+		dropped("from another MAC", with(fromS1(tcp, 10000), func(f *frame) { f.src = evilMAC }), "ps_foreign_mac"),
+		dropped("IPv6", frame{src: upMAC, dst: peerMAC, ipv6: true}, "ps_not_ipv4"),
+		dropped("GRE", with(fromS1(layers.IPProtocolGRE, 0), func(f *frame) {}), "ps_proto"),
+		{name: "an ARP request as the host", prog: sl, in: frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, arpOp: 1},
+			verdict: actRedirect, to: uplinkIf, kind: kindOut, counts: out("s1")},
+		dropped("an ARP reply", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, arpOp: 2}, "ps_arp_forged"),
+		dropped("an ARP request for another address", frame{src: upMAC, dst: peerMAC, saddr: other, daddr: inet, arpOp: 1}, "ps_arp_forged"),
+		dropped("an ARP request with another sender MAC", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, arpOp: 1, arpSHA: evilMAC}, "ps_arp_forged"),
+		{name: "an echo request with an id of its lease leaves as is", prog: sl, in: frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 8, icmpID: 10050},
+			verdict: actRedirect, to: uplinkIf, kind: kindOut, counts: out("s1"), icmpID: 10050},
+		toFabric("port unreachable about its own port", errAbout(public, 10005, udp)),
+		dropped("port unreachable about s2's port", errAbout(public, 10100, udp), "ps_foreign_port"),
+		dropped("port unreachable about another address", errAbout(other, 10005, udp), "ps_foreign_port"),
+		dropped("an echo reply", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 0, icmpID: 10050}, "ps_icmp_refused"),
+		dropped("a timestamp request", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 13}, "ps_icmp_refused"),
+		dropped("a later fragment of nothing it sent", stray, "ps_frag_unknown"),
+		toFabric("a first fragment from its port", first),
+		toFabric("its later fragment", later),
+		{name: "hairpin to s2's port", prog: sl, in: hairpin(public, 10150, upMAC), verdict: actRedirect, to: s2If, kind: kindPeer,
+			counts: map[string]string{"s1": "out", "s2": "in"}, wantDst: upMAC},
+		{name: "hairpin to s2's port on uplink 1", prog: sl, in: hairpin(public1, 20005, peerMAC), verdict: actRedirect, to: s2If1, kind: kindPeer,
+			counts: map[string]string{"s1": "out", "s2": "in"}, wantDst: upMAC},
+		{name: "hairpin to the host: given the link's MAC and taken in again", prog: sl, in: hairpin(public, 22, upMAC), verdict: actRedirect, to: 1, kind: kindIn, wantDst: vifMAC},
+		{name: "hairpin to the host, addressed to the link: its stack", prog: sl, in: hairpin(public, 22, vifMAC), verdict: actOK, counts: out("s1")},
+		dropped("hairpin from s2's port", with(hairpin(public, 10150, upMAC), func(f *frame) { f.sport = 10100 }), "ps_foreign_port"),
+	})
+	lo := k.LoopbackProgram()
+	fromHost := func(dport uint16) frame {
+		return frame{lo: true, saddr: public, daddr: public, proto: tcp, sport: 40000, dport: dport}
+	}
+	run(t, k, f, []row{
+		{name: "the host to s2's port on its own address", prog: lo, in: fromHost(10100), verdict: actRedirect, to: s2If, kind: kindOut, counts: in("s2"), wantDst: upMAC},
+		{name: "the host to its own port", prog: lo, in: fromHost(22), verdict: actOK},
+		{name: "the host to 127.0.0.1", prog: lo, in: frame{lo: true, saddr: netip.MustParseAddr("127.0.0.1"), daddr: netip.MustParseAddr("127.0.0.1"), proto: tcp, sport: 1, dport: 10100}, verdict: actOK},
+	})
+}
+
+// Two slivers ping the same remote with the same id (the paper's unsolved
+// case): each leaves with an id of its own lease, and each reply goes back
+// to its sender alone with the sender's id restored, as does an ICMP error
+// quoting the request.
+func TestPrivilegedTwoSliversPingingOneRemoteEachGetTheirOwnReplies(t *testing.T) {
+	k, f, _ := loadFeature(t)
+	sl := k.SliverProgram()
+	ping := frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 8, icmpID: 1}
+	wire := map[string]uint16{}
+	for _, s := range []struct {
+		name   string
+		slot   uint32
+		lo, hi uint16
+	}{{"s1", 1, 10000, 10099}, {"s2", 2, 10100, 10199}} {
+		syncPlan(t, f, testPlan(s.slot))
+		in := ping.bytes(t)
+		opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in))}
+		ret, err := sl.Run(opts)
+		if err != nil || ret != actRedirect {
+			t.Fatalf("%s's ping: verdict %d, %v", s.name, ret, err)
+		}
+		id := binary.BigEndian.Uint16(opts.DataOut[14+20+4:])
+		if id < s.lo || id > s.hi {
+			t.Fatalf("%s's ping left with id %d, outside its lease %d-%d", s.name, id, s.lo, s.hi)
+		}
+		if checksum(opts.DataOut[14+20:]) != 0 {
+			t.Fatalf("%s's ping: ICMP checksum broken by the rewrite", s.name)
+		}
+		wire[s.name] = id
+	}
+	syncPlan(t, f, testPlan(0))
+	reply := func(id uint16) frame {
+		return frame{src: peerMAC, dst: upMAC, saddr: inet, daddr: public, proto: icmp, icmpType: 0, icmpID: id}
+	}
+	expired := func(id uint16) frame {
+		return frame{src: peerMAC, dst: upMAC, saddr: other, daddr: public, proto: icmp, icmpType: 11,
+			quote: &frame{saddr: public, daddr: inet, proto: icmp, icmpType: 8, icmpID: id}}
+	}
+	up := k.UplinkProgram()
+	run(t, k, f, []row{
+		{name: "s1's reply", prog: up, in: reply(wire["s1"]), verdict: actRedirect, to: s1If, kind: kindPeer, counts: in("s1"), icmpID: 1},
+		{name: "s2's reply", prog: up, in: reply(wire["s2"]), verdict: actRedirect, to: s2If, kind: kindPeer, counts: in("s2"), icmpID: 1},
+		{name: "time exceeded about s2's ping", prog: up, in: expired(wire["s2"]), verdict: actRedirect, to: s2If, kind: kindPeer, counts: in("s2"), icmpID: 1},
+		{name: "a reply with an id nobody sent", prog: up, in: reply(wire["s1"] + 1), verdict: actOK},
+	})
+}

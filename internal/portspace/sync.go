@@ -1,0 +1,444 @@
+package portspace
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/intent"
+)
+
+// state is what the reconciled maps hold (arrays: only their non-zero
+// entries). Sync keeps the last one it wrote, so a pass writes only what
+// changed: rewriting 4×65536 port slots every pass would be too slow.
+type state struct {
+	uplinks map[uint32]datapath.PsUplink // by ifindex
+	index   map[uint32]datapath.PsUplink // by uplink index
+	addrs   map[uint32]uint32
+	ports   map[uint32]uint32
+	slivers map[uint32]datapath.PsSliver
+	vifs    map[uint32]datapath.PsVif
+	fanout  map[datapath.PsFanoutKey]uint32
+	cgroups map[uint64]uint32
+	limits  map[uint32]datapath.PsLimits
+}
+
+func newState() *state {
+	return &state{
+		uplinks: map[uint32]datapath.PsUplink{}, index: map[uint32]datapath.PsUplink{},
+		addrs: map[uint32]uint32{}, ports: map[uint32]uint32{}, slivers: map[uint32]datapath.PsSliver{},
+		vifs: map[uint32]datapath.PsVif{}, fanout: map[datapath.PsFanoutKey]uint32{},
+		cgroups: map[uint64]uint32{}, limits: map[uint32]datapath.PsLimits{},
+	}
+}
+
+// Lifetimes the shares are sized from (bpf/lib/portspace_maps.h, portspace.h).
+const (
+	fragLifetime = 2 * time.Second
+	// echoWindow: a sliver may fill its part of the echo table once in
+	// this long (a ping sends one id for its whole run).
+	echoWindow = 60 * time.Second
+)
+
+// limitsFor sizes each sliver's share of the two LRUs: together the slivers
+// cannot add more records in a lifetime than the table holds, so no sliver
+// evicts another's records while its own are fresh.
+func limitsFor(slivers int, fragCap, echoCap int) datapath.PsLimits {
+	var l datapath.PsLimits
+	if slivers < 1 {
+		slivers = 1
+	}
+	set := func(kind int, capacity int, window time.Duration) {
+		per := capacity / slivers
+		if per < 2 {
+			per = 2
+		}
+		interval := window / time.Duration(per)
+		l.IntervalNs[kind] = uint64(interval)
+		l.BurstNs[kind] = uint64(interval) * uint64(per/2) // half its part at once
+	}
+	set(datapath.PsShareFrags, fragCap, fragLifetime)
+	set(datapath.PsShareEcho, echoCap, echoWindow)
+	return l
+}
+
+// want is the maps' content for p.
+func (f *Feature) want(p Plan) (*state, map[string]int, error) {
+	s := newState()
+	attach := map[string]int{}
+	bySlot := append([]Sliver(nil), p.Slivers...)
+	sort.Slice(bySlot, func(i, j int) bool { return bySlot[i].Slot < bySlot[j].Slot })
+	fan := map[int]uint32{}
+	for _, sl := range bySlot {
+		if sl.Slot < 1 || sl.Slot > MaxSlivers {
+			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, MaxSlivers)
+		}
+		var rec datapath.PsSliver
+		for u := range rec.EchoLo {
+			rec.EchoLo[u], rec.EchoHi[u] = 1, 0 // none
+		}
+		for _, l := range sl.Leases {
+			if l.Uplink < 0 || l.Uplink >= MaxUplinks || l.Lo > l.Hi {
+				return nil, nil, fmt.Errorf("sliver %s: lease %d-%d on uplink %d is not a range on an uplink 0..%d", sl.Name, l.Lo, l.Hi, l.Uplink, MaxUplinks-1)
+			}
+			for port := int(l.Lo); port <= int(l.Hi); port++ {
+				key := uint32(l.Uplink)<<16 | uint32(port)
+				if other, taken := s.ports[key]; taken {
+					return nil, nil, fmt.Errorf("sliver %s: port %d on uplink %d is also slot %d's", sl.Name, port, l.Uplink, other)
+				}
+				s.ports[key] = sl.Slot
+			}
+			// Rewritten echo ids come from its lowest lease on the uplink.
+			if rec.EchoLo[l.Uplink] > rec.EchoHi[l.Uplink] || l.Lo < rec.EchoLo[l.Uplink] {
+				rec.EchoLo[l.Uplink], rec.EchoHi[l.Uplink] = l.Lo, l.Hi
+			}
+		}
+		for _, v := range sl.Vifs {
+			if v.Uplink < 0 || v.Uplink >= MaxUplinks || v.Ifindex <= 0 {
+				return nil, nil, fmt.Errorf("sliver %s: link %s (ifindex %d) on uplink %d", sl.Name, v.Name, v.Ifindex, v.Uplink)
+			}
+			mac, err := f.vifMAC(v.Ifindex)
+			if err != nil {
+				return nil, nil, fmt.Errorf("sliver %s: %w", sl.Name, err)
+			}
+			rec.Vif[v.Uplink] = uint32(v.Ifindex)
+			pv := datapath.PsVif{Slot: sl.Slot, Uplink: uint8(v.Uplink)}
+			copy(pv.Mac[:], mac)
+			s.vifs[uint32(v.Ifindex)] = pv
+			s.fanout[datapath.PsFanoutKey{Uplink: uint32(v.Uplink), Index: fan[v.Uplink]}] = uint32(v.Ifindex)
+			fan[v.Uplink]++
+			attach[v.Name] = v.Ifindex
+		}
+		s.slivers[sl.Slot] = rec
+	}
+	for _, u := range p.Uplinks {
+		if u.Index < 0 || u.Index >= MaxUplinks || !u.Addr.Is4() || len(u.MAC) != 6 {
+			return nil, nil, fmt.Errorf("uplink %s: index %d, address %s, MAC %s: not an IPv4 uplink 0..%d", u.Name, u.Index, u.Addr, u.MAC, MaxUplinks-1)
+		}
+		rec := datapath.PsUplink{Ifindex: uint32(u.Ifindex), Addr: datapath.IPKey(u.Addr), Index: uint8(u.Index), Vifs: fan[u.Index]}
+		copy(rec.Mac[:], u.MAC)
+		s.uplinks[uint32(u.Ifindex)] = rec
+		s.index[uint32(u.Index)] = rec
+		s.addrs[rec.Addr] = uint32(u.Index)
+	}
+	if len(p.Slivers) > 0 {
+		s.limits[0] = limitsFor(len(p.Slivers), f.capacity("ps_frags"), f.capacity("ps_echo_ids"))
+	}
+	return s, attach, nil
+}
+
+func (f *Feature) capacity(name string) int {
+	if c := f.k.Capacity(name); c > 0 {
+		return c
+	}
+	return 1
+}
+
+// Sync implements feature.Feature: the reconciled maps are made to hold
+// exactly p, writing only what differs from what they hold; the sliver
+// program is put on every sliver link of p and taken off every other.
+// New entries are written before the ports point at them, and the ports
+// are let go before what they pointed at is removed.
+func (f *Feature) Sync(fp feature.Plan) error {
+	p, ok := fp.(Plan)
+	if !ok {
+		return fmt.Errorf("portspace: plan of type %T", fp)
+	}
+	if f.k == nil {
+		// An agent on a fake datapath (tests): nothing to write to.
+		if len(p.Slivers) == 0 {
+			return nil
+		}
+		return errors.New("portspace: no datapath loaded")
+	}
+	// The namespaces first: the host's end of a sliver's link takes the
+	// shared MAC there, which the maps record.
+	// A sliver whose namespace cannot be set up (not there yet, gone)
+	// is logged and tried again next pass; it must not keep the other
+	// slivers' ports from being steered, and its frames are confined by
+	// the datapath whatever its namespace says.
+	if f.confiner != nil {
+		if err := f.confiner.Apply(p); err != nil {
+			f.rl.Warn("confine", "a sliver's namespace is not confined to its lease yet; tried again every pass", "err", err)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sync(p)
+}
+
+func (f *Feature) sync(p Plan) error {
+	want, attach, err := f.want(p)
+	if err != nil {
+		return fmt.Errorf("portspace: %w", err)
+	}
+	if want.cgroups, err = f.cgroupIDs(p); err != nil {
+		return fmt.Errorf("portspace: %w", err)
+	}
+	if f.cur == nil {
+		if f.cur, err = f.read(); err != nil {
+			return fmt.Errorf("portspace: %w", err)
+		}
+	} else {
+		// A slot a sliver takes anew starts with nothing counted.
+		for slot := range want.slivers {
+			if _, had := f.cur.slivers[slot]; !had {
+				if err := f.resetSlot(slot); err != nil {
+					return fmt.Errorf("portspace: %w", err)
+				}
+			}
+		}
+	}
+	cur := f.cur
+	m := func(name string) *ebpf.Map {
+		mm, merr := f.k.Map(name)
+		if merr != nil && err == nil {
+			err = merr
+		}
+		return mm
+	}
+	maps := struct{ uplinks, index, addrs, ports, slivers, vifs, fanout, cgroups, limits *ebpf.Map }{
+		m(MapUplinks), m("ps_uplink_index"), m(MapAddrs), m(MapPorts), m(MapSlivers), m(MapVifs), m(MapFanout), m(MapCgroups), m("ps_config"),
+	}
+	if err != nil {
+		return fmt.Errorf("portspace: %w", err)
+	}
+	steps := []func() error{
+		// What the ports will point at, first.
+		func() error { return put(maps.slivers, cur.slivers, want.slivers, "ps_slivers") },
+		func() error { return put(maps.vifs, cur.vifs, want.vifs, "ps_vifs") },
+		func() error { return put(maps.fanout, cur.fanout, want.fanout, "ps_fanout") },
+		func() error { return put(maps.index, cur.index, want.index, "ps_uplink_index") },
+		func() error { return put(maps.uplinks, cur.uplinks, want.uplinks, "ps_uplinks") },
+		func() error { return put(maps.addrs, cur.addrs, want.addrs, "ps_addrs") },
+		func() error { return put(maps.limits, cur.limits, want.limits, "ps_config") },
+		func() error { return put(maps.cgroups, cur.cgroups, want.cgroups, "ps_cgroups") },
+		func() error { return put(maps.ports, cur.ports, want.ports, "ps_ports") },
+		func() error { return remove(maps.ports, cur.ports, want.ports, true, "ps_ports") },
+		func() error { return remove(maps.cgroups, cur.cgroups, want.cgroups, false, "ps_cgroups") },
+		func() error { return remove(maps.addrs, cur.addrs, want.addrs, false, "ps_addrs") },
+		func() error { return remove(maps.uplinks, cur.uplinks, want.uplinks, false, "ps_uplinks") },
+		func() error { return remove(maps.index, cur.index, want.index, true, "ps_uplink_index") },
+		func() error { return remove(maps.fanout, cur.fanout, want.fanout, false, "ps_fanout") },
+		func() error { return remove(maps.vifs, cur.vifs, want.vifs, false, "ps_vifs") },
+		func() error { return remove(maps.slivers, cur.slivers, want.slivers, true, "ps_slivers") },
+		func() error { return remove(maps.limits, cur.limits, want.limits, true, "ps_config") },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			// What the maps hold is no longer known for sure: read it
+			// again on the next pass.
+			f.cur = nil
+			return fmt.Errorf("portspace: %w", err)
+		}
+	}
+	f.names = map[uint32]string{}
+	for _, sl := range p.Slivers {
+		f.names[sl.Slot] = sl.Name
+	}
+	return f.attach(p, attach)
+}
+
+// attach puts the programs where p needs them and takes them off where it
+// no longer does.
+func (f *Feature) attach(p Plan, want map[string]int) error {
+	var errs []error
+	for name, ifindex := range want {
+		errs = append(errs, f.links.AttachSliver(name, ifindex))
+	}
+	have, err := f.links.SliverLinks()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range have {
+		if _, ok := want[name]; !ok {
+			errs = append(errs, f.links.DetachSliver(name))
+		}
+	}
+	if len(p.Slivers) > 0 {
+		errs = append(errs, f.links.AttachLoopback())
+		if f.cgroupDir != "" {
+			errs = append(errs, f.links.AttachSliverCgroups(f.cgroupDir))
+		}
+	} else {
+		errs = append(errs, f.links.DetachLoopback())
+		if f.cgroupDir != "" {
+			errs = append(errs, f.links.DetachSliverCgroups())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cgroupIDs maps each sliver's cgroup to its slot; a cgroup not made yet
+// is taken in on a later pass.
+func (f *Feature) cgroupIDs(p Plan) (map[uint64]uint32, error) {
+	out := map[uint64]uint32{}
+	if f.cgroupDir == "" {
+		return out, nil
+	}
+	for _, sl := range p.Slivers {
+		id, err := datapath.CgroupID(filepath.Join(f.cgroupDir, sl.Name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[id] = sl.Slot
+	}
+	return out, nil
+}
+
+// resetSlot zeroes a slot's counters and shares.
+func (f *Feature) resetSlot(slot uint32) error {
+	stats, err := f.k.Map("ps_stats")
+	if err != nil {
+		return err
+	}
+	shares, err := f.k.Map("ps_shares")
+	if err != nil {
+		return err
+	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("possible cpus: %w", err)
+	}
+	if err := stats.Put(slot, make([]datapath.PsCounters, cpus)); err != nil {
+		return fmt.Errorf("reset counters of slot %d: %w", slot, err)
+	}
+	if err := shares.Put(slot, datapath.PsShare{}); err != nil {
+		return fmt.Errorf("reset shares of slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// read takes what the maps hold (once, when the feature starts: an agent
+// restart finds the maps its predecessor wrote).
+func (f *Feature) read() (*state, error) {
+	s := newState()
+	for _, r := range []func() error{
+		func() error { return readMap(f.k, MapUplinks, s.uplinks) },
+		func() error { return readMap(f.k, "ps_uplink_index", s.index) },
+		func() error { return readMap(f.k, MapAddrs, s.addrs) },
+		func() error { return readMap(f.k, MapPorts, s.ports) },
+		func() error { return readMap(f.k, MapSlivers, s.slivers) },
+		func() error { return readMap(f.k, MapVifs, s.vifs) },
+		func() error { return readMap(f.k, MapFanout, s.fanout) },
+		func() error { return readMap(f.k, MapCgroups, s.cgroups) },
+		func() error { return readMap(f.k, "ps_config", s.limits) },
+	} {
+		if err := r(); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// readMap reads a map's non-zero entries into into.
+func readMap[K, V comparable](k *datapath.Kernel, name string, into map[K]V) error {
+	m, err := k.Map(name)
+	if err != nil {
+		return err
+	}
+	var key K
+	var val, zero V
+	it := m.Iterate()
+	for it.Next(&key, &val) {
+		if val != zero {
+			into[key] = val
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	return nil
+}
+
+// put writes every entry of want that cur does not hold as is.
+func put[K, V comparable](m *ebpf.Map, cur, want map[K]V, what string) error {
+	for k, v := range want {
+		if c, ok := cur[k]; ok && c == v {
+			continue
+		}
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("write %s: %w", what, err)
+		}
+		cur[k] = v
+	}
+	return nil
+}
+
+// remove takes out every entry of cur that want does not have: deleted
+// from a hash, zeroed in an array.
+func remove[K, V comparable](m *ebpf.Map, cur, want map[K]V, array bool, what string) error {
+	for k := range cur {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		var err error
+		if array {
+			var zero V
+			err = m.Put(k, zero)
+		} else if err = m.Delete(k); errors.Is(err, ebpf.ErrKeyNotExist) {
+			err = nil
+		}
+		if err != nil {
+			return fmt.Errorf("remove from %s: %w", what, err)
+		}
+		delete(cur, k)
+	}
+	return nil
+}
+
+// Stats reads each synced sliver's counters, summed over CPUs, with its
+// drops by reason (named as the node's drop metrics name them).
+func (f *Feature) Stats() ([]intent.SliverStats, error) {
+	f.mu.Lock()
+	names := make(map[uint32]string, len(f.names))
+	for slot, n := range f.names {
+		names[slot] = n
+	}
+	f.mu.Unlock()
+	m, err := f.k.Map("ps_stats")
+	if err != nil {
+		return nil, err
+	}
+	slots := make([]uint32, 0, len(names))
+	for slot := range names {
+		slots = append(slots, slot)
+	}
+	sort.Slice(slots, func(i, j int) bool { return slots[i] < slots[j] })
+	out := make([]intent.SliverStats, 0, len(slots))
+	for _, slot := range slots {
+		var per []datapath.PsCounters
+		if err := m.Lookup(slot, &per); err != nil {
+			return nil, fmt.Errorf("read counters of %s: %w", names[slot], err)
+		}
+		st := intent.SliverStats{Name: names[slot], Drops: map[string]uint64{}}
+		for _, c := range per {
+			st.PacketsIn += c.PacketsIn
+			st.PacketsOut += c.PacketsOut
+			st.BytesIn += c.BytesIn
+			st.BytesOut += c.BytesOut
+			for i, n := range c.Drops {
+				if n == 0 {
+					continue
+				}
+				name := f.k.PsDropName(i)
+				if name == "" {
+					name = fmt.Sprintf("ps_drop_%d", i)
+				}
+				st.Drops[name] += n
+			}
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
