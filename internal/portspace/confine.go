@@ -25,8 +25,10 @@ import (
 const (
 	rulePrefLease   = 100  // own leases to the shared address: deliver here
 	rulePrefHairpin = 110  // the rest to the shared address: out to the host
+	rulePrefSource  = 120  // sent from uplink k's address: out through eth<k>
 	rulePrefLocal   = 1000 // where the kernel's "lookup local" (pref 0) moves
 	hairpinTable    = 200
+	sourceTable     = 210
 )
 
 // Confiner keeps each sliver's namespace configured for its lease: its
@@ -275,6 +277,27 @@ func hairpinRoutes(h *netlink.Handle, s Sliver, uplinks map[int]Uplink) error {
 		route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: self, Table: table, Scope: netlink.SCOPE_LINK}
 		if err := h.RouteReplace(route); err != nil {
 			return fmt.Errorf("hairpin route via %s: %w", dev, err)
+		}
+		// A multi-homed sliver's packets from uplink k's address leave
+		// through eth<k>, whatever the main table's first route says: the
+		// host's program on that link takes only that uplink's address and
+		// MAC (and an ARP from eth0 asking with eth1's address is forged).
+		addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+		if err != nil {
+			return fmt.Errorf("addresses of %s: %w", dev, err)
+		}
+		for _, a := range addrs {
+			subnet := &net.IPNet{IP: a.IP.Mask(a.Mask), Mask: a.Mask}
+			route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: subnet, Src: a.IP, Table: sourceTable + v.Uplink, Scope: netlink.SCOPE_LINK}
+			if err := h.RouteReplace(route); err != nil {
+				return fmt.Errorf("route for %s's own subnet %s: %w", dev, subnet, err)
+			}
+		}
+		fromSelf := netlink.NewRule()
+		fromSelf.Priority, fromSelf.Table, fromSelf.Family = rulePrefSource, sourceTable+v.Uplink, netlink.FAMILY_V4
+		fromSelf.IifName, fromSelf.Src = "lo", self
+		if err := h.RuleAdd(fromSelf); err != nil {
+			return fmt.Errorf("add source rule for %s: %w", dev, err)
 		}
 		// The address is the sliver's own: it must never ARP for it.
 		neigh := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
