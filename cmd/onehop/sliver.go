@@ -13,7 +13,7 @@ import (
 	"github.com/onehop/onehop/internal/controller"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lab"
-	"github.com/onehop/onehop/internal/portspace"
+	"github.com/onehop/onehop/internal/lease"
 )
 
 const sliverLong = `A sliver is a guest that shares its host's public IPv4 address and MAC:
@@ -159,13 +159,13 @@ func sliverArgs(arg, ports string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := portspace.CheckName(p[1]); err != nil {
+	if err := lease.CheckSliverName(p[1]); err != nil {
 		return nil, err
 	}
 	if ports == "" {
 		return nil, fmt.Errorf(`--ports is required: the port ranges to lease, "[UPLINK:]LO-HI[,...]", e.g. 10000-10099`)
 	}
-	if _, err := portspace.ParseLeases(ports); err != nil {
+	if _, err := lease.Parse(ports); err != nil {
 		return nil, fmt.Errorf("--ports: %w", err)
 	}
 	return p, nil

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/portspace"
+	"github.com/onehop/onehop/internal/lease"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -22,7 +22,7 @@ type SliverView struct {
 }
 
 func viewOf(s intent.Sliver) SliverView {
-	return SliverView{Sliver: s, Ports: portspace.FormatLeases(s.Leases)}
+	return SliverView{Sliver: s, Ports: lease.Format(s.Leases)}
 }
 
 // sliverRoutes serves slivers (port-space isolation): guests that share
@@ -123,7 +123,7 @@ func (c *Controller) getSliver(ctx context.Context, host, name string) (intent.S
 func (c *Controller) CreateSliver(ctx context.Context, host, name, ports string) (intent.Sliver, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	leases, err := portspace.ParseLeases(ports)
+	leases, err := lease.Parse(ports)
 	if err != nil {
 		return intent.Sliver{}, fieldErr("ports", err)
 	}
@@ -134,7 +134,7 @@ func (c *Controller) CreateSliver(ctx context.Context, host, name, ports string)
 func (c *Controller) SetSliverPorts(ctx context.Context, host, name, ports string) (intent.Sliver, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	leases, err := portspace.ParseLeases(ports)
+	leases, err := lease.Parse(ports)
 	if err != nil {
 		return intent.Sliver{}, fieldErr("ports", err)
 	}
@@ -167,7 +167,7 @@ const sliverRetries = 8
 // what is there now, so two writers can never both take one range or one
 // slot.
 func (c *Controller) writeSliver(ctx context.Context, host, name string, leases []intent.Lease, create bool, uplinks []int) (intent.Sliver, error) {
-	if err := portspace.CheckName(name); err != nil {
+	if err := lease.CheckSliverName(name); err != nil {
 		return intent.Sliver{}, fieldErr("name", err)
 	}
 	if err := c.checkHost(ctx, "host", host); err != nil {
@@ -196,7 +196,7 @@ func (c *Controller) writeSliver(ctx context.Context, host, name string, leases 
 		}
 		switch {
 		case create && self != nil:
-			return intent.Sliver{}, conflict("name", "sliver %s/%s (slot %d, ports %s)", host, name, self.Slot, portspace.FormatLeases(self.Leases))
+			return intent.Sliver{}, conflict("name", "sliver %s/%s (slot %d, ports %s)", host, name, self.Slot, lease.Format(self.Leases))
 		case !create && self == nil:
 			return intent.Sliver{}, notFound("sliver", "sliver %s/%s", host, name)
 		}
@@ -207,8 +207,8 @@ func (c *Controller) writeSliver(ctx context.Context, host, name string, leases 
 		if err := checkUplinks(host, leases, node, uplinks); err != nil {
 			return intent.Sliver{}, err
 		}
-		lo, hi := portspace.Ephemeral(node)
-		if err := portspace.Overlap(host, name, leases, others, lo, hi); err != nil {
+		lo, hi := lease.Ephemeral(node)
+		if err := lease.Overlap(host, name, leases, others, lo, hi); err != nil {
 			return intent.Sliver{}, &FieldError{Field: "ports", Msg: err.Error(), kind: ErrConflict}
 		}
 		s := intent.Sliver{Host: host, Name: name, Leases: leases}
@@ -268,7 +268,7 @@ func checkUplinks(host string, leases []intent.Lease, n intent.Node, uplinks []i
 				have[i] = fmt.Sprint(u)
 			}
 			return fieldErr("ports", fmt.Errorf("lease %s is on uplink %d, but host %s has uplinks %s only (as its agent reports them)",
-				portspace.FormatLease(l), l.Uplink, host, strings.Join(have, ", ")))
+				lease.FormatOne(l), l.Uplink, host, strings.Join(have, ", ")))
 		}
 	}
 	return nil

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/portspace"
+	"github.com/onehop/onehop/internal/lease"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -34,7 +34,7 @@ func FuzzAPISliverBody(f *testing.F) {
 		if len(stored) != 1 || stored[0].Slot != 1 {
 			t.Fatalf("%q created, stored %+v: want one sliver on slot 1", body, stored)
 		}
-		if err := portspace.CheckLeases(stored[0].Leases); err != nil {
+		if err := lease.Check(stored[0].Leases); err != nil {
 			t.Fatalf("%q stored leases CheckLeases refuses: %v", body, err)
 		}
 	})

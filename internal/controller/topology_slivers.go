@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/portspace"
+	"github.com/onehop/onehop/internal/lease"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
@@ -55,7 +55,7 @@ func (c *Controller) applySlivers(ctx context.Context, path string, seeds []Sliv
 		}
 	}
 	for _, s := range seeds {
-		leases, err := portspace.ParseLeases(s.Ports)
+		leases, err := lease.Parse(s.Ports)
 		if err != nil {
 			return fmt.Errorf("%s:%d: sliver %s: ports %q: %w", path, s.Line, s.Name, s.Ports, err)
 		}

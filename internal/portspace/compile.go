@@ -7,6 +7,7 @@ import (
 
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/lease"
 )
 
 // The feature's maps, by their names in bpf/lib/portspace_maps.h: what
@@ -67,7 +68,7 @@ func Compile(n feature.Node) (Plan, error) {
 	slots, names := map[uint32]string{}, map[string]bool{}
 	var all []intent.Sliver // for the overlap check between slivers
 	for _, s := range slivers {
-		if err := CheckName(s.Name); err != nil {
+		if err := lease.CheckSliverName(s.Name); err != nil {
 			return Plan{}, fmt.Errorf("node %s: %w", n.Name, err)
 		}
 		if s.Slot < 1 || s.Slot > MaxSlivers {
@@ -81,12 +82,12 @@ func Compile(n feature.Node) (Plan, error) {
 		}
 		slots[s.Slot], names[s.Name] = s.Name, true
 		leases := slices.Clone(s.Leases)
-		SortLeases(leases)
-		if err := CheckLeases(leases); err != nil {
+		lease.Sort(leases)
+		if err := lease.Check(leases); err != nil {
 			return Plan{}, fmt.Errorf("node %s: sliver %s: %w", n.Name, s.Name, err)
 		}
 		// Ephemeral range 1-0: empty; the controller checked the host's.
-		if err := Overlap(n.Name, s.Name, leases, all, 1, 0); err != nil {
+		if err := lease.Overlap(n.Name, s.Name, leases, all, 1, 0); err != nil {
 			return Plan{}, fmt.Errorf("node %s: sliver %s: %w", n.Name, s.Name, err)
 		}
 		all = append(all, intent.Sliver{Host: n.Name, Name: s.Name, Slot: s.Slot, Leases: leases})
@@ -98,7 +99,7 @@ func Compile(n feature.Node) (Plan, error) {
 		for _, l := range s.Leases {
 			if !have[l.Uplink] {
 				return Plan{}, fmt.Errorf("node %s: sliver %s leases %s on uplink %d, which the node does not have (it has %s)",
-					n.Name, s.Name, FormatLease(l), l.Uplink, uplinkList(p.Uplinks))
+					n.Name, s.Name, lease.FormatOne(l), l.Uplink, uplinkList(p.Uplinks))
 			}
 			sl.Leases = append(sl.Leases, Lease{Uplink: l.Uplink, Lo: l.Lo, Hi: l.Hi})
 			if !slices.Contains(uplinks, l.Uplink) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/lease"
 )
 
 var (
@@ -37,7 +38,7 @@ func node(slivers []intent.LocalSliver, links map[string]int) feature.Node {
 }
 
 func local(name string, slot uint32, leases string) intent.LocalSliver {
-	ls, err := ParseLeases(leases)
+	ls, err := lease.Parse(leases)
 	if err != nil {
 		panic(err)
 	}

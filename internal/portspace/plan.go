@@ -6,6 +6,7 @@
 package portspace
 
 import (
+	"github.com/onehop/onehop/internal/lease"
 	"net"
 	"net/netip"
 )
@@ -14,7 +15,7 @@ import (
 // them with the compiled programs).
 const (
 	// MaxUplinks is how many uplinks one host may lease ports on.
-	MaxUplinks = 4
+	MaxUplinks = lease.MaxUplinks
 	// MaxSlivers is the highest slot: slots run 1..MaxSlivers.
 	MaxSlivers = 16384
 )

@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"github.com/onehop/onehop/internal/lease"
 	"regexp"
 	"strconv"
 
@@ -21,8 +22,8 @@ type Host struct {
 	Line        int      `yaml:"-"`
 }
 
-// MaxUplinks is how many uplinks a host may have (portspace.MaxUplinks).
-const MaxUplinks = 4
+// MaxUplinks is how many uplinks a host may have.
+const MaxUplinks = lease.MaxUplinks
 
 // UplinkName is the name of a host's uplink k in its namespace: uplink0,
 // uplink1, ...

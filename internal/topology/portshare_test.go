@@ -163,33 +163,3 @@ func TestAFullFabricIsReportedOnTheLineThatNeedsAnAddress(t *testing.T) {
 	}
 	checkErrorLines(t, err)
 }
-
-// TestLeaseGrammarMatchesTheController holds parseLeases to the syntax the
-// controller's portspace.ParseLeases reads (which this pure package does not
-// import): one port, a range, an uplink prefix, lists in any order.
-func TestLeaseGrammarMatchesTheController(t *testing.T) {
-	cases := map[string]string{
-		"10022":                        "10022",
-		"10000-10099":                  "10000-10099",
-		" 1:20000-20099 , 10000-10099": "10000-10099,1:20000-20099",
-		"3:1-65535":                    "3:1-65535",
-	}
-	for in, want := range cases {
-		ls, err := parseLeases(in)
-		if err != nil {
-			t.Fatalf("%q: %v", in, err)
-		}
-		var got []string
-		for _, l := range ls {
-			got = append(got, formatLease(l))
-		}
-		if strings.Join(got, ",") != want {
-			t.Errorf("%q read as %v, want %s", in, got, want)
-		}
-	}
-	for _, bad := range []string{"", ",", "1-", "-5", "a:1-2", "4:1-2", "-1:1-2", "1-2-3", "10-5", "65536", "1:2:3-4"} {
-		if ls, err := parseLeases(bad); err == nil {
-			t.Errorf("%q accepted as %+v", bad, ls)
-		}
-	}
-}

@@ -1,10 +1,8 @@
 package topology
 
 import (
-	"fmt"
+	"github.com/onehop/onehop/internal/lease"
 	"slices"
-	"strconv"
-	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -43,17 +41,6 @@ func (s Sliver) Uplinks() []int {
 func (s Sliver) Intent() intent.Sliver {
 	return intent.Sliver{Host: s.Host, Name: s.Name, Leases: slices.Clone(s.Leases)}
 }
-
-// The host's own ephemeral range in a fresh namespace (Linux's default
-// net.ipv4.ip_local_port_range): its own connections take ports from it,
-// so no sliver may lease them.
-const (
-	hostEphemeralLo = 32768
-	hostEphemeralHi = 60999
-)
-
-// maxLeases is how many ranges one sliver may lease (portspace.MaxLeases).
-const maxLeases = 16
 
 const sliversKey = "slivers"
 
@@ -100,7 +87,7 @@ func validateSlivers(c *checker, f *File) {
 			c.fail(orLine(s.HostLine, s.Line), "sliver %q: host %q is not defined under hosts", s.Name, s.Host)
 		}
 		pline := orLine(s.PortsLine, s.Line)
-		leases, err := parseLeases(s.Ports)
+		leases, err := lease.Parse(s.Ports)
 		if err != nil {
 			c.fail(pline, "sliver %q: ports %q: %v", s.Name, s.Ports, err)
 			continue
@@ -112,18 +99,18 @@ func validateSlivers(c *checker, f *File) {
 		for _, l := range leases {
 			if l.Uplink >= max(host.Uplinks, 1) {
 				c.fail(pline, "sliver %q: lease %s is on uplink %d, but host %s has %d uplink(s) (uplinks: N on the host adds more)",
-					s.Name, formatLease(l), l.Uplink, host.Name, max(host.Uplinks, 1))
+					s.Name, lease.FormatOne(l), l.Uplink, host.Name, max(host.Uplinks, 1))
 				continue
 			}
-			if l.Lo <= hostEphemeralHi && l.Hi >= hostEphemeralLo {
+			if l.Lo <= lease.DefaultEphemeralHi && l.Hi >= lease.DefaultEphemeralLo {
 				c.fail(pline, "sliver %q: lease %s overlaps host %s's own ephemeral ports %d-%d (its connections take them)",
-					s.Name, formatLease(l), host.Name, hostEphemeralLo, hostEphemeralHi)
+					s.Name, lease.FormatOne(l), host.Name, lease.DefaultEphemeralLo, lease.DefaultEphemeralHi)
 				continue
 			}
 			for _, o := range byHost[s.Host] {
 				if o.lease.Uplink == l.Uplink && l.Lo <= o.lease.Hi && l.Hi >= o.lease.Lo {
 					c.fail(pline, "sliver %q: lease %s overlaps sliver %q's lease %s on host %s (line %d)",
-						s.Name, formatLease(l), o.sliver, formatLease(o.lease), host.Name, o.line)
+						s.Name, lease.FormatOne(l), o.sliver, lease.FormatOne(o.lease), host.Name, o.line)
 				}
 			}
 		}
@@ -144,84 +131,4 @@ func (f *File) SliverByName(name string) (Sliver, bool) {
 		}
 	}
 	return Sliver{}, false
-}
-
-// parseLeases reads a lease list, "[UPLINK:]LO-HI[,...]" ("10000-10099",
-// "10000-10099,1:20000-20099"; a single port "10022" is LO=HI), as
-// portspace.ParseLeases does, which the controller applies to what the API
-// gets. This package stays free of the feature's kernel-facing package, so
-// it reads the same syntax itself; a test holds the two to one grammar.
-func parseLeases(s string) ([]intent.Lease, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, fmt.Errorf("no ports: want [UPLINK:]LO-HI[,...], e.g. 10000-10099")
-	}
-	var out []intent.Lease
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		l, err := parseLease(part)
-		if err != nil {
-			return nil, fmt.Errorf("%q: %w", part, err)
-		}
-		out = append(out, l)
-	}
-	if len(out) > maxLeases {
-		return nil, fmt.Errorf("%d ranges: a sliver may lease at most %d", len(out), maxLeases)
-	}
-	slices.SortFunc(out, func(a, b intent.Lease) int {
-		if a.Uplink != b.Uplink {
-			return a.Uplink - b.Uplink
-		}
-		return int(a.Lo) - int(b.Lo)
-	})
-	for i := 1; i < len(out); i++ {
-		if a, b := out[i-1], out[i]; a.Uplink == b.Uplink && b.Lo <= a.Hi {
-			return nil, fmt.Errorf("ranges %s and %s overlap", formatLease(a), formatLease(b))
-		}
-	}
-	return out, nil
-}
-
-func parseLease(s string) (intent.Lease, error) {
-	var l intent.Lease
-	if up, rest, ok := strings.Cut(s, ":"); ok {
-		n, err := strconv.Atoi(up)
-		if err != nil || n < 0 || n >= MaxUplinks {
-			return l, fmt.Errorf("uplink %q: want a number 0..%d before the colon", up, MaxUplinks-1)
-		}
-		l.Uplink, s = n, rest
-	}
-	lo, hi, isRange := strings.Cut(s, "-")
-	var err error
-	if l.Lo, err = parsePort(lo); err != nil {
-		return l, err
-	}
-	l.Hi = l.Lo
-	if isRange {
-		if l.Hi, err = parsePort(hi); err != nil {
-			return l, err
-		}
-	}
-	if l.Lo > l.Hi {
-		return l, fmt.Errorf("range %d-%d runs backwards: want LO-HI with LO <= HI", l.Lo, l.Hi)
-	}
-	return l, nil
-}
-
-func parsePort(s string) (uint16, error) {
-	n, err := strconv.ParseUint(s, 10, 16)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("port %q: want a number 1..65535 (syntax [UPLINK:]LO-HI)", s)
-	}
-	return uint16(n), nil
-}
-
-func formatLease(l intent.Lease) string {
-	s := strconv.Itoa(int(l.Lo))
-	if l.Hi != l.Lo {
-		s += "-" + strconv.Itoa(int(l.Hi))
-	}
-	if l.Uplink != 0 {
-		s = strconv.Itoa(l.Uplink) + ":" + s
-	}
-	return s
 }

@@ -1,4 +1,9 @@
-package portspace
+// Package lease reads, writes and checks port leases (port-space
+// isolation): "[UPLINK:]LO-HI[,...]" lists, the rules one sliver's leases
+// follow, and overlaps with other slivers' leases and the host's own
+// ephemeral range. Pure: the topology file, the controller and the CLI
+// share it.
+package lease
 
 import (
 	"fmt"
@@ -17,6 +22,10 @@ const (
 	DefaultEphemeralHi = 60999
 )
 
+// MaxUplinks is how many uplinks one host may lease ports on (the
+// datapath's limit, portspace.MaxUplinks).
+const MaxUplinks = 4
+
 // MaxLeases is how many ranges one sliver may lease: enough for a few
 // services per uplink, small enough that a list stays readable.
 const MaxLeases = 16
@@ -25,20 +34,20 @@ const MaxLeases = 16
 // name (s<k>-NAME, intent.SliverIfname), which Linux caps at 15 bytes.
 var sliverNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
 
-// CheckName applies the naming rule of slivers: 1-12 lowercase letters or
+// CheckSliverName applies the naming rule of slivers: 1-12 lowercase letters or
 // digits, starting with a letter (like hosts).
-func CheckName(name string) error {
+func CheckSliverName(name string) error {
 	if !sliverNameRE.MatchString(name) {
 		return fmt.Errorf("sliver name %q must be 1-12 lowercase letters or digits, starting with a letter", name)
 	}
 	return nil
 }
 
-// ParseLeases reads a lease list, "[UPLINK:]LO-HI[,...]": "10000-10099",
+// Parse reads a lease list, "[UPLINK:]LO-HI[,...]": "10000-10099",
 // "10000-10099,1:20000-20099", "10022" (one port, LO=HI). A range without
-// an uplink is on uplink 0. The result is checked (CheckLeases) and in
+// an uplink is on uplink 0. The result is checked (Check) and in
 // canonical order (by uplink, then port).
-func ParseLeases(s string) ([]intent.Lease, error) {
+func Parse(s string) ([]intent.Lease, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, fmt.Errorf("empty lease list: want [UPLINK:]LO-HI[,...], e.g. 10000-10099")
 	}
@@ -50,8 +59,8 @@ func ParseLeases(s string) ([]intent.Lease, error) {
 		}
 		out = append(out, l)
 	}
-	SortLeases(out)
-	if err := CheckLeases(out); err != nil {
+	Sort(out)
+	if err := Check(out); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -94,8 +103,8 @@ func parsePort(s string) (uint16, error) {
 	return uint16(n), nil
 }
 
-// SortLeases puts leases in canonical order: by uplink, then by first port.
-func SortLeases(ls []intent.Lease) {
+// Sort puts leases in canonical order: by uplink, then by first port.
+func Sort(ls []intent.Lease) {
 	slices.SortFunc(ls, func(a, b intent.Lease) int {
 		if a.Uplink != b.Uplink {
 			return a.Uplink - b.Uplink
@@ -104,10 +113,10 @@ func SortLeases(ls []intent.Lease) {
 	})
 }
 
-// CheckLeases validates one sliver's leases, whatever their order: at
+// Check validates one sliver's leases, whatever their order: at
 // least one, at most MaxLeases, 1 <= lo <= hi <= 65535, uplink
 // 0..MaxUplinks-1, no two overlapping.
-func CheckLeases(ls []intent.Lease) error {
+func Check(ls []intent.Lease) error {
 	if len(ls) == 0 {
 		return fmt.Errorf("no leases: a sliver leases at least one port range")
 	}
@@ -116,16 +125,16 @@ func CheckLeases(ls []intent.Lease) error {
 	}
 	for _, l := range ls {
 		if l.Uplink < 0 || l.Uplink >= MaxUplinks {
-			return fmt.Errorf("lease %s: uplink %d: want 0..%d", FormatLease(l), l.Uplink, MaxUplinks-1)
+			return fmt.Errorf("lease %s: uplink %d: want 0..%d", FormatOne(l), l.Uplink, MaxUplinks-1)
 		}
 		if l.Lo < 1 || l.Lo > l.Hi {
-			return fmt.Errorf("lease %s: want 1 <= LO <= HI <= 65535", FormatLease(l))
+			return fmt.Errorf("lease %s: want 1 <= LO <= HI <= 65535", FormatOne(l))
 		}
 	}
 	for i, a := range ls {
 		for _, b := range ls[i+1:] {
 			if lo, hi, ok := intersect(a, b); ok {
-				return fmt.Errorf("leases %s and %s overlap on ports %s", FormatLease(a), FormatLease(b), portRange(lo, hi))
+				return fmt.Errorf("leases %s and %s overlap on ports %s", FormatOne(a), FormatOne(b), portRange(lo, hi))
 			}
 		}
 	}
@@ -198,18 +207,18 @@ func intersect(a, b intent.Lease) (lo, hi uint16, ok bool) {
 	return lo, hi, lo <= hi
 }
 
-// FormatLeases writes leases back in the form ParseLeases reads, in the
+// Format writes leases back in the form Parse reads, in the
 // order given: "10000-10099,1:20000-20099".
-func FormatLeases(ls []intent.Lease) string {
+func Format(ls []intent.Lease) string {
 	parts := make([]string, len(ls))
 	for i, l := range ls {
-		parts[i] = FormatLease(l)
+		parts[i] = FormatOne(l)
 	}
 	return strings.Join(parts, ",")
 }
 
-// FormatLease writes one lease: "10000-10099", "1:20000-20099", "10022".
-func FormatLease(l intent.Lease) string {
+// FormatOne writes one lease: "10000-10099", "1:20000-20099", "10022".
+func FormatOne(l intent.Lease) string {
 	s := portRange(l.Lo, l.Hi)
 	if l.Uplink != 0 {
 		s = strconv.Itoa(l.Uplink) + ":" + s

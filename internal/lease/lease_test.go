@@ -1,4 +1,4 @@
-package portspace
+package lease
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ func TestParseLeasesReadsRangesPortsAndUplinks(t *testing.T) {
 	cases := []struct {
 		in   string
 		want []intent.Lease
-		text string // FormatLeases of the result
+		text string // Format of the result
 	}{
 		{"10000-10099", []intent.Lease{lease(0, 10000, 10099)}, "10000-10099"},
 		{"10022", []intent.Lease{lease(0, 10022, 10022)}, "10022"},
@@ -34,15 +34,15 @@ func TestParseLeasesReadsRangesPortsAndUplinks(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.in, func(t *testing.T) {
-			got, err := ParseLeases(c.in)
+			got, err := Parse(c.in)
 			if err != nil {
-				t.Fatalf("ParseLeases(%q): %v", c.in, err)
+				t.Fatalf("Parse(%q): %v", c.in, err)
 			}
 			if !reflect.DeepEqual(got, c.want) {
-				t.Fatalf("ParseLeases(%q) = %+v, want %+v", c.in, got, c.want)
+				t.Fatalf("Parse(%q) = %+v, want %+v", c.in, got, c.want)
 			}
-			if s := FormatLeases(got); s != c.text {
-				t.Fatalf("FormatLeases = %q, want %q", s, c.text)
+			if s := Format(got); s != c.text {
+				t.Fatalf("Format = %q, want %q", s, c.text)
 			}
 		})
 	}
@@ -70,9 +70,9 @@ func TestParseLeasesRefusesBadListsSayingWhy(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.in, func(t *testing.T) {
-			got, err := ParseLeases(c.in)
+			got, err := Parse(c.in)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("ParseLeases(%q) = %+v, %v; want an error containing %q", c.in, got, err, c.want)
+				t.Fatalf("Parse(%q) = %+v, %v; want an error containing %q", c.in, got, err, c.want)
 			}
 		})
 	}
@@ -90,8 +90,8 @@ func TestCheckLeasesRefusesWhatParseCannotProduce(t *testing.T) {
 		{[]intent.Lease{lease(MaxUplinks, 1, 10)}, "uplink 4"},
 	}
 	for _, c := range cases {
-		if err := CheckLeases(c.ls); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("CheckLeases(%+v) = %v, want %q", c.ls, err, c.want)
+		if err := Check(c.ls); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Check(%+v) = %v, want %q", c.ls, err, c.want)
 		}
 	}
 }
@@ -124,7 +124,7 @@ func TestOverlapNamesTheOtherHolderOrTheHostsEphemeralRange(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ls, err := ParseLeases(c.leases)
+			ls, err := Parse(c.leases)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -168,13 +168,13 @@ func TestEphemeralDefaultsToLinuxsRangeWhenUnreported(t *testing.T) {
 
 func TestSliverNamesFollowTheHostRule(t *testing.T) {
 	for _, ok := range []string{"s1", "a", "abcdefghijkl", "web9"} {
-		if err := CheckName(ok); err != nil {
-			t.Errorf("CheckName(%q): %v", ok, err)
+		if err := CheckSliverName(ok); err != nil {
+			t.Errorf("CheckSliverName(%q): %v", ok, err)
 		}
 	}
 	for _, bad := range []string{"", "1s", "S1", "s-1", "abcdefghijklm", "s_1", "s/1"} {
-		if err := CheckName(bad); err == nil || !strings.Contains(err.Error(), "1-12 lowercase") {
-			t.Errorf("CheckName(%q) = %v, want a refusal", bad, err)
+		if err := CheckSliverName(bad); err == nil || !strings.Contains(err.Error(), "1-12 lowercase") {
+			t.Errorf("CheckSliverName(%q) = %v, want a refusal", bad, err)
 		}
 	}
 	if n := len(intent.SliverIfname("abcdefghijkl", MaxUplinks-1)); n > 15 {
@@ -182,26 +182,26 @@ func TestSliverNamesFollowTheHostRule(t *testing.T) {
 	}
 }
 
-// FuzzParseLeases: whatever a user types, ParseLeases either refuses it
-// or returns leases that pass CheckLeases and read back the same from
+// FuzzParseLeases: whatever a user types, Parse either refuses it
+// or returns leases that pass Check and read back the same from
 // their formatted form.
 func FuzzParseLeases(f *testing.F) {
 	for _, s := range []string{"10000-10099", "10022", "10000-10099,1:20000-20099", "3:1-65535", "0-1", "1,1", "1:2:3", " 5 - 6 ", "65535-65535,0:1"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		ls, err := ParseLeases(s)
+		ls, err := Parse(s)
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatalf("%q: empty error", s)
 			}
 			return
 		}
-		if err := CheckLeases(ls); err != nil {
-			t.Fatalf("%q parsed to %+v, which CheckLeases refuses: %v", s, ls, err)
+		if err := Check(ls); err != nil {
+			t.Fatalf("%q parsed to %+v, which Check refuses: %v", s, ls, err)
 		}
-		text := FormatLeases(ls)
-		again, err := ParseLeases(text)
+		text := Format(ls)
+		again, err := Parse(text)
 		if err != nil {
 			t.Fatalf("%q -> %q does not parse again: %v", s, text, err)
 		}
