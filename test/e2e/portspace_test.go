@@ -221,10 +221,18 @@ func TestPrivilegedTwoSliversPingingOneRemoteEachGetOnlyTheirOwnReplies(t *testi
 			t.Errorf("sliver %d: %v", i+1, err)
 		}
 	}
+	// Echo requests to the shared address are the host's to answer:
+	// the slivers must not see them.
+	if err := l.ping("inet", l.addr("h1", "uplink0"), 3); err != nil {
+		t.Errorf("inet pinging h1's address: %v", err)
+	}
 	check := func(c *sliverCapture, wantID string) {
 		replies := 0
 		for _, f := range c.finish() {
 			fs := strings.Split(f, "\t")
+			if len(fs) > 1 && fs[1] == "8" && strings.HasPrefix(fs[0], l.addr("inet", "eth0")) {
+				t.Errorf("%s received inet's echo request to the shared address: %q", c.node, f)
+			}
 			if len(fs) < 3 || fs[1] != "0" { // echo replies only
 				continue
 			}
