@@ -110,7 +110,7 @@ func withNATGuest(ctx context.Context, e *Env, l *Lab) (string, error) {
 		}
 		rules := fmt.Sprintf(`table ip onehop-bench-nat {
 	chain pre { type nat hook prerouting priority dstnat; ip daddr %[1]s tcp dport 11000-11999 dnat to 172.31.0.2; ip daddr %[1]s udp dport 11000-11999 dnat to 172.31.0.2; }
-	chain post { type nat hook postrouting priority srcnat; ip saddr 172.31.0.2 oifname "uplink0" snat to %[1]s:11000-11999; }
+	chain post { type nat hook postrouting priority srcnat; ip saddr 172.31.0.2 oifname "uplink0" meta l4proto { tcp, udp } snat to %[1]s:11000-11999; ip saddr 172.31.0.2 oifname "uplink0" snat to %[1]s; }
 }
 `, pub)
 		cmd := command(ctx, "ip", "netns", "exec", h1, "nft", "-f", "-")
