@@ -23,6 +23,7 @@ const (
 	SubnetsPrefix = Root + "intent/subnets/"
 	VMsPrefix     = Root + "intent/vms/"
 	SliversPrefix = Root + "intent/slivers/" // + HOST/NAME
+	TapsPrefix    = Root + "intent/taps/"    // + NAME
 	AllocKey      = Root + "intent/allocations"
 	NodesPrefix   = Root + "nodes/"
 	DesiredPrefix = Root + "desired/"
@@ -222,6 +223,73 @@ type Desired struct {
 	ProxyARPFarms []uint8 `json:"proxyARPFarms,omitempty"`
 	// Slivers are the node's slivers and their leases (port-space).
 	Slivers []LocalSliver `json:"slivers,omitempty"`
+	// Taps are the TAP rules this node plays a part in: as the sender's
+	// edge (a local VM may match the rule's sender) or the monitor's edge
+	// (the monitor is local).
+	Taps []TapRule `json:"taps,omitempty"`
+}
+
+// TapPolicy is an operator's virtual TAP (paper 002, §III): copies of what
+// Sender sends Receiver that pass the filters go to Monitor. One direction;
+// BothDirections adds the reverse as a rule of its own.
+type TapPolicy struct {
+	Name string `json:"name"`
+	// ID is allocated by the controller, stable while the policy lives:
+	// the datapath's counters and rules are keyed by it (1..limits).
+	ID       uint32 `json:"id"`
+	Sender   string `json:"sender"`   // farm/subnet/vm, farm/subnet or any (IP or MAC of a VM resolved by the controller)
+	Receiver string `json:"receiver"` // the same forms
+	Monitor  string `json:"monitor"`  // farm/subnet/vm
+	TapFilter
+	BothDirections bool `json:"bothDirections,omitempty"`
+	// CrossFarm lets the monitor sit in a farm other than the sender's
+	// or receiver's, which must also peer with it.
+	CrossFarm bool `json:"crossFarm,omitempty"`
+}
+
+// TapFilter is a policy's optional filters; zero values match anything.
+type TapFilter struct {
+	Proto   uint8  `json:"proto,omitempty"` // IP protocol number; 0 any
+	SportLo uint16 `json:"sportLo,omitempty"`
+	SportHi uint16 `json:"sportHi,omitempty"`
+	DportLo uint16 `json:"dportLo,omitempty"`
+	DportHi uint16 `json:"dportHi,omitempty"`
+	// VLAN is the paper's VLAN ID. An onehop network is a subnet, not a
+	// VLAN: N matches packets whose sender's subnet is segment N =
+	// farm*256 + subnet (docs/tap.md); 0 any.
+	VLAN uint16 `json:"vlan,omitempty"`
+}
+
+// TapEnd is a compiled sender or receiver: one VM, one subnet or any.
+type TapEnd struct {
+	Kind   string `json:"kind"`             // vm, subnet or any
+	IP     string `json:"ip,omitempty"`     // kind vm
+	Farm   uint8  `json:"farm,omitempty"`   // kind subnet
+	Subnet uint8  `json:"subnet,omitempty"` // kind subnet
+}
+
+// TapRule is one direction of a policy, as a node's datapath needs it.
+type TapRule struct {
+	ID       uint32 `json:"id"`     // the policy's ID; the reverse of a two-way policy is ID|TapReverse
+	Policy   string `json:"policy"` // its name, for stats and logs
+	Sender   TapEnd `json:"sender"`
+	Receiver TapEnd `json:"receiver"`
+	TapFilter
+	// MonitorIP is the monitor VM; MonitorHost the node that holds it.
+	MonitorIP   string `json:"monitorIP"`
+	MonitorHost string `json:"monitorHost"`
+}
+
+// TapReverse marks the reverse rule of a two-way policy in TapRule.ID.
+const TapReverse = 1 << 31
+
+// TapStats is one rule's copies on one node.
+type TapStats struct {
+	Policy  string `json:"policy"`
+	ID      uint32 `json:"id"`
+	Packets uint64 `json:"packets"` // copies made (sender edge) or delivered (monitor edge)
+	Bytes   uint64 `json:"bytes"`
+	Dropped uint64 `json:"dropped"` // copies lost: the monitor's share exceeded, a clone failed
 }
 
 // Digest identifies a Desired by content, so an agent can report which
@@ -250,6 +318,8 @@ type AgentStatus struct {
 	Refused []VMRefusal `json:"refused,omitempty"`
 	// Slivers are the per-sliver counters of the port-space datapath.
 	Slivers []SliverStats `json:"slivers,omitempty"`
+	// Taps are the per-rule copy counters of the virtual TAP datapath.
+	Taps []TapStats `json:"taps,omitempty"`
 	// Overflows lists the maps that cannot hold what this node needs:
 	// nothing was written to them, they keep what they held (and Error
 	// says so too).

@@ -1,0 +1,51 @@
+// Package tap is the virtual TAP (paper 002, §III–IV): copies of the
+// traffic a policy names go to its monitor VM on any host, with no SPAN
+// port and no encapsulation. Compile turns a node's TAP rules into the
+// feature's map entries (pure); Sync writes them.
+package tap
+
+import (
+	"net"
+	"net/netip"
+
+	"github.com/onehop/onehop/internal/intent"
+)
+
+// MaxRules is how many TAP rules (policy directions) one host holds.
+const MaxRules = 256
+
+// Plan is one node's TAP entries: what Compile makes and Sync writes.
+type Plan struct {
+	// Copy are the rules whose sender may be a local VM: the sender's
+	// edge copies what matches.
+	Copy []CopyRule
+	// Recover are the rules whose monitor is local: the monitor's edge
+	// takes copies from the fabric and hands them to the monitor.
+	Recover []RecoverRule
+}
+
+// Match is what a rule matches, compiled.
+type Match struct {
+	ID       uint32 // intent.TapRule.ID
+	Policy   string
+	Sender   intent.TapEnd
+	Receiver intent.TapEnd
+	intent.TapFilter
+}
+
+// CopyRule is a rule at the sender's edge: where its copies go.
+type CopyRule struct {
+	Match
+	MonitorIP netip.Addr
+	// MonitorIfindex is the monitor's vif when it is on this node (0 if
+	// not); MonitorHostMAC the uplink MAC of its host otherwise.
+	MonitorIfindex int
+	MonitorHostMAC net.HardwareAddr
+}
+
+// RecoverRule is a rule at the monitor's edge.
+type RecoverRule struct {
+	Match
+	MonitorIP      netip.Addr
+	MonitorIfindex int
+}
