@@ -140,21 +140,34 @@ s=socket.create_connection((sys.argv[1],7000)); print(s.getsockname()[1])`, l.ad
 	if _, err := fmt.Sscan(strings.TrimSpace(out), &sport); err != nil || sport < 10000 || sport > 10099 {
 		t.Errorf("s1's connection out used source port %q, want one of its lease 10000-10099", out)
 	}
-	l.refresh()
-	st := l.node("h1").Agent
-	if st == nil {
-		t.Fatal("h1's agent reported no status")
-	}
-	seen := map[string]bool{}
-	for _, s := range st.Slivers {
-		seen[s.Name] = true
-		if s.PacketsIn == 0 || s.PacketsOut == 0 {
-			t.Errorf("sliver %s counted %d in, %d out after traffic both ways", s.Name, s.PacketsIn, s.PacketsOut)
+	// /metrics reads the counters live; the status record (onehop stats)
+	// has them within its refresh interval.
+	m := l.metrics("h1")
+	for _, s := range []string{"s1", "s2"} {
+		for _, dir := range []string{"in", "out"} {
+			key := fmt.Sprintf(`onehop_sliver_packets_total{dir="%s",sliver="%s"}`, dir, s)
+			if v := m.at(key); v == 0 {
+				t.Errorf("%s = 0 after traffic both ways", key)
+			}
 		}
 	}
-	if !seen["s1"] || !seen["s2"] {
-		t.Errorf("h1's status has slivers %v, want s1 and s2", st.Slivers)
-	}
+	eventually(t, "h1's status to count both slivers' traffic", 15*time.Second, func() error {
+		l.refresh()
+		st := l.node("h1").Agent
+		if st == nil {
+			return fmt.Errorf("h1's agent reported no status")
+		}
+		busy := 0
+		for _, s := range st.Slivers {
+			if (s.Name == "s1" || s.Name == "s2") && s.PacketsIn > 0 && s.PacketsOut > 0 {
+				busy++
+			}
+		}
+		if busy != 2 {
+			return fmt.Errorf("slivers %+v", st.Slivers)
+		}
+		return nil
+	})
 }
 
 // sliverCapture records what a sliver receives on eth0; live proves the
