@@ -55,7 +55,7 @@ type tapBody struct {
 
 func (b tapBody) policy() intent.TapPolicy {
 	return intent.TapPolicy{Name: b.Name, ID: b.ID, Sender: b.Sender, Receiver: b.Receiver, Monitor: b.Monitor,
-		TapFilter: intent.TapFilter{Proto: b.Proto, SportLo: b.SportLo, SportHi: b.SportHi, DportLo: b.DportLo, DportHi: b.DportHi, VLAN: b.VLAN},
+		TapFilter:      intent.TapFilter{Proto: b.Proto, SportLo: b.SportLo, SportHi: b.SportHi, DportLo: b.DportLo, DportHi: b.DportHi, VLAN: b.VLAN},
 		BothDirections: b.BothDirections, CrossFarm: b.CrossFarm}
 }
 
