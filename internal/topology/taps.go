@@ -26,7 +26,9 @@ var tapsSection = section{
 		var ts []Tap
 		d.report(d.seq("taps", func(item *yaml.Node) {
 			t := Tap{Line: item.Line, Lines: map[string]int{}}
-			line := func(key string, set field) field { return func(v *yaml.Node) error { t.Lines[key] = v.Line; return set(v) } }
+			line := func(key string, set field) field {
+				return func(v *yaml.Node) error { t.Lines[key] = v.Line; return set(v) }
+			}
 			d.mapping(item, "tap", map[string]field{
 				"name":            line("name", d.str(&t.Name, "tap name")),
 				"sender":          line("sender", d.str(&t.Sender, "tap sender")),
