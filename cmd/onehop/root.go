@@ -41,6 +41,7 @@ func nouns() []noun {
 		{cmd: peerCmd},
 		{cmd: firewallCmd},
 		{cmd: sliverCmd, list: &sliverListing},
+		{cmd: tapCmd, list: &tapListing},
 		{cmd: getCmd},
 		{cmd: statsCmd},
 	}

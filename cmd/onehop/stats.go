@@ -23,8 +23,10 @@ the datapath's counters: every drop by reason and every forwarding path, and
 what each VM was refused for going over its share of what all tenants on the
 host share (new flows, mapping placeholders, frames for the agent, DHCP),
 and each sliver's packets and bytes in and out and its drops by reason
-(port-space: frames from ports, ids, addresses not its own).
-docs/virtual-router.md and docs/port-space.md say what each counter means.`,
+(port-space: frames from ports, ids, addresses not its own), and each TAP
+policy's copies (made on a sender's host, delivered on the monitor's) and
+copies dropped. docs/virtual-router.md, docs/port-space.md and docs/tap.md
+say what each counter means.`,
 		Example: "  onehop stats\n  onehop stats --node h1",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := api()
@@ -99,6 +101,7 @@ func printAgentStatus(w io.Writer, st intent.AgentStatus) {
 		fmt.Fprintf(w, "  refused %-20s %-6s %d (over its share)\n", r.VM, r.What, r.Count)
 	}
 	printSliverStats(w, st.Slivers)
+	printTapStats(w, st.Taps)
 }
 
 // printSliverStats writes each sliver's traffic and its drops by reason (the

@@ -25,6 +25,7 @@ func (c *Controller) API() http.Handler {
 		c.peerRoutes,
 		c.statusRoutes,
 		c.sliverRoutes,
+		c.tapRoutes,
 	} {
 		register(mux)
 	}

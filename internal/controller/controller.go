@@ -19,6 +19,7 @@ import (
 	"github.com/onehop/onehop/internal/policy"
 	"github.com/onehop/onehop/internal/portspace"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/tap"
 	"github.com/onehop/onehop/internal/topology"
 )
 
@@ -32,11 +33,15 @@ type Controller struct {
 	// maxSlivers is how many slivers a host's datapath holds
 	// (portspace.MaxSlivers); tests lower it.
 	maxSlivers int
+	// maxTaps is how many TAP policies there may be: half a host's TAP
+	// rules (tap.MaxRules), so each fits in both directions; tests lower it.
+	maxTaps int
 }
 
 // New returns a controller writing to s.
 func New(s store.Store, log *slog.Logger) *Controller {
-	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: portspace.MaxSlivers}
+	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: portspace.MaxSlivers,
+		maxTaps: tap.MaxRules / 2}
 }
 
 // ApplyTopology makes the intent in the store equal to the topology file:
@@ -112,6 +117,9 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 	if err := c.applySlivers(ctx, t.Path, seeds, uplinks); err != nil {
 		return err
 	}
+	if err := c.applyTaps(ctx, t.Path, topologyTaps(t)); err != nil {
+		return err
+	}
 	c.log.Info("topology applied", "file", t.Path, "hosts", len(t.Hosts), "farms", len(t.Farms), "vms", len(t.VMs))
 	return nil
 }
@@ -183,8 +191,12 @@ func (c *Controller) CompileOnce(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	rev = min(rev, rev2, rev3, rev4, rev5, rev6)
-	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes, Slivers: slivers})
+	taps, rev7, err := store.ListJSON[intent.TapPolicy](ctx, c.store, intent.TapsPrefix)
+	if err != nil {
+		return 0, err
+	}
+	rev = min(rev, rev2, rev3, rev4, rev5, rev6, rev7)
+	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes, Slivers: slivers, Taps: taps})
 	for host, d := range desired {
 		if err := putIfChanged(ctx, c.store, intent.DesiredPrefix+host, d); err != nil {
 			return rev, err

@@ -261,10 +261,12 @@ type TapFilter struct {
 }
 
 // TapEnd is a compiled sender or receiver: one VM, one subnet or any.
+// Kind any is any VM of farm Farm (the monitor's farm: a monitor sees only
+// its own farm's traffic, internal/tappolicy), never any address at all.
 type TapEnd struct {
 	Kind   string `json:"kind"`             // vm, subnet or any
 	IP     string `json:"ip,omitempty"`     // kind vm
-	Farm   uint8  `json:"farm,omitempty"`   // kind subnet
+	Farm   uint8  `json:"farm,omitempty"`   // kind subnet, and kind any (any VM of this farm)
 	Subnet uint8  `json:"subnet,omitempty"` // kind subnet
 }
 

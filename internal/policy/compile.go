@@ -6,9 +6,11 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/tappolicy"
 )
 
 // TenantNet is the address space every VM address lives in.
@@ -22,6 +24,7 @@ type State struct {
 	VMs     []intent.VM
 	Nodes   []intent.Node
 	Slivers []intent.Sliver
+	Taps    []intent.TapPolicy
 }
 
 // Compile returns the desired state of every host, keyed by host name: its
@@ -45,6 +48,7 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 		}
 	}
 	sort.Slice(proxyARP, func(i, j int) bool { return proxyARP[i] < proxyARP[j] })
+	taps := tapRules(s)
 	desired = map[string]intent.Desired{}
 	for _, h := range s.Hosts {
 		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, ProxyARPFarms: proxyARP}
@@ -60,6 +64,7 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 		}
 		d.Visibility = visibleFrom(visibility, farms)
 		d.Slivers = localSlivers(s.Slivers, h.Name)
+		d.Taps = localTaps(taps, vms, h.Name)
 		desired[h.Name] = d
 	}
 	for _, vm := range vms {
@@ -83,6 +88,43 @@ func localSlivers(all []intent.Sliver, host string) []intent.LocalSliver {
 	sort.Slice(out, func(i, j int) bool {
 		return out[i].Slot < out[j].Slot || (out[i].Slot == out[j].Slot && out[i].Name < out[j].Name)
 	})
+	return out
+}
+
+// tapRules compiles every TAP policy into its rules (one per direction),
+// by ID. A policy today's intent cannot enforce (a VM it names is gone, a
+// peering it relied on withdrawn) compiles to none: it copies nothing
+// rather than copying to the wrong place.
+func tapRules(s State) []intent.TapRule {
+	if len(s.Taps) == 0 {
+		return nil
+	}
+	w := tappolicy.NewWorld(s.Farms, s.Subnets, s.VMs)
+	var out []intent.TapRule
+	for _, p := range s.Taps {
+		rules, err := w.Rules(p)
+		if err != nil {
+			continue // the controller checked it when written; what changed since is intent, not an error here
+		}
+		out = append(out, rules...)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].ID < out[j].ID || (out[i].ID == out[j].ID && out[i].Policy < out[j].Policy)
+	})
+	return out
+}
+
+// localTaps are the rules host plays a part in: as the sender's edge (one
+// of its VMs may be the rule's sender) or as the monitor's edge.
+func localTaps(rules []intent.TapRule, vms []intent.VM, host string) []intent.TapRule {
+	var out []intent.TapRule
+	for _, r := range rules {
+		if r.MonitorHost == host || slices.ContainsFunc(vms, func(v intent.VM) bool {
+			return v.Host == host && tappolicy.Matches(r.Sender, v)
+		}) {
+			out = append(out, r)
+		}
+	}
 	return out
 }
 

@@ -46,6 +46,7 @@ var sections = []section{
 	vmsSection,
 	externalsSection,
 	sliversSection,
+	tapsSection,
 	uplinksSection,
 }
 

@@ -1,0 +1,69 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+)
+
+func storedTaps(t *testing.T, s store.Store) string {
+	t.Helper()
+	list, _, err := store.ListJSON[intent.TapPolicy](t.Context(), s, intent.TapsPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(list, func(a, b intent.TapPolicy) int { return strings.Compare(a.Name, b.Name) })
+	var out []string
+	for _, p := range list {
+		out = append(out, fmt.Sprintf("%s#%d=%s>%s@%s", p.Name, p.ID, p.Sender, p.Receiver, p.Monitor))
+	}
+	return strings.Join(out, " ")
+}
+
+func TestTopologyTapsAreSeededThroughTheAPIsChecks(t *testing.T) {
+	file := tapTopo + `taps:
+  - {name: web, sender: blue/web/web1, receiver: any, monitor: blue/ops/mon, proto: tcp, dport: 80}
+  - {name: by-addr, sender: 10.1.1.3, receiver: blue/db, monitor: "02:00:0a:01:03:02", both_directions: true}
+`
+	c, s := newController()
+	if err := c.ApplyTopology(t.Context(), parse(t, file)); err != nil {
+		t.Fatal(err)
+	}
+	// The IP and MAC resolve to the VMs the file has just been given.
+	want := "by-addr#2=blue/web/web2>blue/db@blue/ops/mon web#1=blue/web/web1>any@blue/ops/mon"
+	if got := storedTaps(t, s); got != want {
+		t.Fatalf("seeded %s, want %s", got, want)
+	}
+	// Applied again without web and by-addr changed: by-addr keeps its id.
+	file = tapTopo + `taps:
+  - {name: by-addr, sender: blue/web, receiver: blue/db, monitor: blue/ops/mon}
+`
+	if err := c.ApplyTopology(t.Context(), parse(t, file)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := storedTaps(t, s), "by-addr#2=blue/web>blue/db@blue/ops/mon"; got != want {
+		t.Fatalf("re-applied %s, want %s", got, want)
+	}
+
+	cases := []struct {
+		taps string
+		want string
+	}{
+		// What only the controller knows: addresses, segment ids.
+		{"  - name: a\n    sender: 10.1.1.99\n    receiver: any\n    monitor: blue/ops/mon\n", "t.yaml:22: tap a: sender: no VM has address 10.1.1.99"},
+		{"  - name: a\n    sender: blue/web/web1\n    receiver: any\n    monitor: 10.2.1.3\n", "t.yaml:24: tap a: monitor: the monitor is in farm red and the sender in farm blue"},
+		{"  - name: a\n    sender: any\n    receiver: any\n    monitor: blue/ops/mon\n    vlan: 1000\n", "t.yaml:25: tap a: vlan: vlan 1000 is farm id 3 subnet id 232"},
+		{"  - {name: a, sender: any, receiver: any, monitor: blue/ops/mon}\n  - {name: b, sender: any, receiver: any, monitor: 10.1.3.2}\n", "t.yaml:22: tap b: body: tap a copies the same traffic"},
+	}
+	for _, tc := range cases {
+		c, _ := newController()
+		err := c.ApplyTopology(t.Context(), parse(t, tapTopo+"taps:\n"+tc.taps))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v\nwant %q", tc.taps, err, tc.want)
+		}
+	}
+}
