@@ -74,7 +74,7 @@ var labs int
 
 // newLab makes the namespace with a veth pair per name (NAME on the host's
 // side, NAME-p on the far side, both up) and a capture on each far end.
-func newLab(t *testing.T, names ...string) *lab {
+func newLab(t testing.TB, names ...string) *lab {
 	t.Helper()
 	testenv.RequireRoot(t, "BPF_PROG_RUN and namespaces")
 	labs++
@@ -306,9 +306,17 @@ var testNodes = []intent.Node{
 
 // newHost loads a datapath for node name in l, with desired state d; vif
 // names are mapped to l's links ("vif-web1" to lo).
-func newHost(t *testing.T, l *lab, name string, mac net.HardwareAddr, d intent.Desired, remote map[netip.Addr]net.HardwareAddr) *host {
+func newHost(t testing.TB, l *lab, name string, mac net.HardwareAddr, d intent.Desired, remote map[netip.Addr]net.HardwareAddr) *host {
 	t.Helper()
-	k, err := datapath.OpenTestObjects()
+	return loadHost(t, l, name, mac, d, remote, datapath.OpenTestObjects)
+}
+
+// loadHost is newHost with the objects open loads (the production ones for
+// the cost benchmarks).
+func loadHost(t testing.TB, l *lab, name string, mac net.HardwareAddr, d intent.Desired, remote map[netip.Addr]net.HardwareAddr,
+	open func() (*datapath.Kernel, error)) *host {
+	t.Helper()
+	k, err := open()
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -366,7 +374,7 @@ func monotonicNow() uint64 {
 
 // sync compiles and syncs the TAP as the agent would, and sets its bit
 // when the plan is in use.
-func (h *host) sync(t *testing.T, d intent.Desired, nodes []intent.Node, ifindexOf func(string) (int, error)) Plan {
+func (h *host) sync(t testing.TB, d intent.Desired, nodes []intent.Node, ifindexOf func(string) (int, error)) Plan {
 	t.Helper()
 	p, err := Compile(feature.Node{Name: h.name, Desired: d, Nodes: nodes, Ifindex: ifindexOf})
 	if err != nil {
@@ -386,7 +394,7 @@ func (h *host) sync(t *testing.T, d intent.Desired, nodes []intent.Node, ifindex
 	return p
 }
 
-func (h *host) setBit(t *testing.T, on bool) {
+func (h *host) setBit(t testing.TB, on bool) {
 	t.Helper()
 	bits, err := h.k.Features()
 	if err != nil {
@@ -440,7 +448,7 @@ type result struct {
 
 // run runs prog on in inside the lab's namespace (where the copies'
 // devices are).
-func (h *host) run(t *testing.T, prog *ebpf.Program, in []byte) result {
+func (h *host) run(t testing.TB, prog *ebpf.Program, in []byte) result {
 	t.Helper()
 	logm := redirectLog(t, prog)
 	if err := logm.Put(uint32(0), trace{}); err != nil {
