@@ -16,6 +16,7 @@
 #include "lib/fabric_trust.h"
 #include "lib/frag.h"
 #include "lib/portspace.h"
+#include "lib/tap.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -32,6 +33,12 @@ int uplink_ingress(struct __sk_buff *skb)
 	int reason = parse_packet(skb, &pkt);
 	struct node_config *cfg = node_config();
 	int learn;
+
+	/* A TAP copy (the reserved flag, tap.h) goes to its monitors or
+	 * nowhere, never down the tenant path; a node that taps nothing pays
+	 * this one test of a header word. */
+	if (!reason && pkt.ip && cfg && is_tap_copy(pkt.ip) && in_vm_space(cfg, pkt.ip->daddr))
+		return tap_from_fabric(skb, &pkt, cfg);
 
 	__u8 *to = pkt.eth->h_dest;
 	if (!reason && pkt.ip && cfg && is_scope_mac(to)) {

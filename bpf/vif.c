@@ -17,6 +17,7 @@
 #include "lib/mapping.h"
 #include "lib/redirect.h"
 #include "lib/frag.h"
+#include "lib/tap.h"
 /* Not used here: its maps are defined with the rest, so every program
  * shares them by name (internal/datapath). */
 #include "lib/portspace_maps.h"
@@ -42,6 +43,10 @@ int vif_ingress(struct __sk_buff *skb)
 	 * leave the uplink with the VM's VLAN and priority on the underlay. */
 	if (skb->vlan_present)
 		reason = DROP_VLAN_TAGGED;
+	/* The fabric's copy marker (tap.h): no VM may forge a copy, whether or
+	 * not this node taps anything. */
+	if (!reason && pkt.ip && is_tap_copy(pkt.ip))
+		reason = DROP_RESERVED_FLAG;
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 
@@ -141,6 +146,8 @@ int vif_ingress(struct __sk_buff *skb)
 		if (routed) /* the gateway illusion: it arrives from the gateway */
 			virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 		count_forward(FWD_LOCAL);
+		if (feature_on(cfg, FEATURE_TAP)) /* its copies, once its verdict is decided */
+			tap_copy(skb, cfg);
 		/* Straight into the receiving VM's namespace: skips a backlog pass. */
 		return redirect_peer(local->ifindex);
 	}
@@ -160,9 +167,15 @@ int vif_ingress(struct __sk_buff *skb)
 			return drop_packet(skb, &pkt, DROP_UNRESOLVED);
 		if (!share_take(vif->ip, SHARE_PUNTS))
 			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
+		if (feature_on(cfg, FEATURE_TAP)) {
+			tap_copy(skb, cfg);
+			parse_packet(skb, &pkt); /* the copies made the pointers stale */
+		}
 		return punt_to_agent(skb, &pkt, SLOW_HOLD);
 	}
 	mac_copy(pkt.eth->h_dest, remote->host_mac);
 	count_forward(FWD_TO_FABRIC);
+	if (feature_on(cfg, FEATURE_TAP))
+		tap_copy(skb, cfg);
 	return redirect_out(cfg->uplink_ifindex);
 }

@@ -40,6 +40,7 @@ struct node_config {
 enum feature_bit {
 	FEATURE_NONE = 0,
 	FEATURE_PORTSPACE = 1 << 0, /* slivers share the host's address (portspace.h) */
+	FEATURE_TAP = 1 << 1,       /* copies of tapped traffic to monitor VMs (tap.h) */
 };
 
 static __always_inline int feature_on(const struct node_config *cfg, __u32 bit)
@@ -95,6 +96,9 @@ enum drop_reason {
 	DROP_PS_PROTO,           /* a sliver sent an IP protocol other than TCP, UDP, ICMP */
 	DROP_PS_NO_UPLINK,       /* the sliver's uplink is not configured */
 	DROP_PS_OVER_SHARE,      /* the sliver is over its share of fragment or echo-id records */
+	/* Virtual TAP (tap.h). */
+	DROP_RESERVED_FLAG,      /* a VM sent IPv4 with the reserved flag set: the fabric's copy marker, which no VM may forge */
+	DROP_TAP_COPY_UNKNOWN,   /* a copy from the fabric that no rule with a monitor on this host wants (or flooded past us) */
 	DROP_REASON_MAX,
 };
 
@@ -115,6 +119,9 @@ enum forward_path {
 	FWD_HELD,          /* a packet for an address not yet mapped, held by the agent while it resolves */
 	FWD_TO_SLIVER,     /* port space: delivered to a sliver by its port or echo id (or an ARP reply's copy) */
 	FWD_FROM_SLIVER,   /* port space: a sliver's frame, checked, out of its uplink */
+	FWD_TAP_COPY_LOCAL,     /* TAP: a copy into a monitor on this host, at the sender's edge */
+	FWD_TAP_COPY_REMOTE,    /* TAP: a marked copy to a monitor's host, out of the uplink */
+	FWD_TAP_COPY_RECOVERED, /* TAP: a copy from the fabric, restored, into a monitor on this host */
 	FWD_PATH_MAX,
 };
 

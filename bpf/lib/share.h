@@ -16,6 +16,22 @@
 #include "common.h"
 #include "share_maps.h"
 
+/* One GCRA step on the bucket *next (the theoretical arrival time of the
+ * next unit): 1 when a unit is allowed now, which moves *next on by one
+ * interval; 0 when *next is more than burst ahead of now. Racy across
+ * CPUs: a bound, not an exact count. Shared with the TAP's copy rate
+ * (tap.h). */
+static __always_inline int gcra_take(__u64 *next_ns, __u64 interval, __u64 burst, __u64 now)
+{
+	__u64 next = *next_ns;
+	if (next < now)
+		next = now;
+	if (next - now > burst)
+		return 0;
+	*next_ns = next + interval;
+	return 1;
+}
+
 /* Takes one unit of vm's share of kind: 1 when allowed, 0 when refused.
  * Inlined with kind a constant at every call, so each array index is a
  * fixed offset the verifier can check. */
@@ -36,15 +52,10 @@ static __always_inline int share_take(__be32 vm, const __u32 kind)
 		bpf_map_update_elem(&vm_shares, &vm, &fresh, BPF_NOEXIST);
 		return 1;
 	}
-	__u64 next = s->next_ns[kind];
-	if (next < now)
-		next = now;
-	if (next - now > cfg->burst_ns[kind]) {
+	if (!gcra_take(&s->next_ns[kind], interval, cfg->burst_ns[kind], now)) {
 		__sync_fetch_and_add(&s->refused[kind], 1);
 		return 0;
 	}
-	/* Racy across CPUs: a bound, not an exact count. */
-	s->next_ns[kind] = next + interval;
 	return 1;
 }
 

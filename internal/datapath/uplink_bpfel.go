@@ -233,6 +233,56 @@ type uplinkShareLimits struct {
 	BurstNs    [3]uint64
 }
 
+type uplinkTapBits struct {
+	_ structs.HostLayout
+	W [4]uint64
+}
+
+type uplinkTapCounters struct {
+	_                structs.HostLayout
+	CopiedPackets    uint64
+	CopiedBytes      uint64
+	DeliveredPackets uint64
+	DeliveredBytes   uint64
+	Dropped          uint64
+}
+
+type uplinkTapKey struct {
+	_    structs.HostLayout
+	Addr uint32
+	Role uint8
+	Side uint8
+	Kind uint8
+	Pad  uint8
+}
+
+type uplinkTapLimits struct {
+	_          structs.HostLayout
+	IntervalNs uint64
+	BurstNs    uint64
+}
+
+type uplinkTapRule struct {
+	_       structs.HostLayout
+	Id      uint32
+	Target  uint32
+	Proto   uint8
+	Ports   uint8
+	SportLo uint16
+	SportHi uint16
+	DportLo uint16
+	DportHi uint16
+	Pad     uint16
+}
+
+type uplinkTapTarget struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	HostMac [6]uint8
+	Remote  uint8
+	Pad     uint8
+}
+
 type uplinkVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -292,10 +342,19 @@ const (
 	uplinkMapScopes         = "scopes"
 	uplinkMapShareConfig    = "share_config"
 	uplinkMapSlowpath       = "slowpath"
+	uplinkMapTapBuckets     = "tap_buckets"
+	uplinkMapTapConfig      = "tap_config"
+	uplinkMapTapIndex       = "tap_index"
+	uplinkMapTapRules       = "tap_rules"
+	uplinkMapTapStats       = "tap_stats"
+	uplinkMapTapTargets     = "tap_targets"
 	uplinkMapVifs           = "vifs"
 	uplinkMapVisibility     = "visibility"
 	uplinkMapVmShares       = "vm_shares"
 	uplinkProgUplinkIngress = "uplink_ingress"
+	uplinkVarTapKeyKindType = "_tap_key_kind_type"
+	uplinkVarTapRoleType    = "_tap_role_type"
+	uplinkVarTapSideType    = "_tap_side_type"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -377,6 +436,12 @@ type uplinkMapSpecs struct {
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -386,6 +451,9 @@ type uplinkMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
+	TapKeyKindType *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
+	TapRoleType    *ebpf.VariableSpec `ebpf:"_tap_role_type"`
+	TapSideType    *ebpf.VariableSpec `ebpf:"_tap_side_type"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -438,6 +506,12 @@ type uplinkMaps struct {
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.Map `ebpf:"tap_config"`
+	TapIndex      *ebpf.Map `ebpf:"tap_index"`
+	TapRules      *ebpf.Map `ebpf:"tap_rules"`
+	TapStats      *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
 	VmShares      *ebpf.Map `ebpf:"vm_shares"`
@@ -475,6 +549,12 @@ func (m *uplinkMaps) Close() error {
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
+		m.TapBuckets,
+		m.TapConfig,
+		m.TapIndex,
+		m.TapRules,
+		m.TapStats,
+		m.TapTargets,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -485,6 +565,9 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
+	TapKeyKindType *ebpf.Variable `ebpf:"_tap_key_kind_type"`
+	TapRoleType    *ebpf.Variable `ebpf:"_tap_role_type"`
+	TapSideType    *ebpf.Variable `ebpf:"_tap_side_type"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

@@ -240,6 +240,56 @@ type uplinkTestShareLimits struct {
 	BurstNs    [3]uint64
 }
 
+type uplinkTestTapBits struct {
+	_ structs.HostLayout
+	W [4]uint64
+}
+
+type uplinkTestTapCounters struct {
+	_                structs.HostLayout
+	CopiedPackets    uint64
+	CopiedBytes      uint64
+	DeliveredPackets uint64
+	DeliveredBytes   uint64
+	Dropped          uint64
+}
+
+type uplinkTestTapKey struct {
+	_    structs.HostLayout
+	Addr uint32
+	Role uint8
+	Side uint8
+	Kind uint8
+	Pad  uint8
+}
+
+type uplinkTestTapLimits struct {
+	_          structs.HostLayout
+	IntervalNs uint64
+	BurstNs    uint64
+}
+
+type uplinkTestTapRule struct {
+	_       structs.HostLayout
+	Id      uint32
+	Target  uint32
+	Proto   uint8
+	Ports   uint8
+	SportLo uint16
+	SportHi uint16
+	DportLo uint16
+	DportHi uint16
+	Pad     uint16
+}
+
+type uplinkTestTapTarget struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	HostMac [6]uint8
+	Remote  uint8
+	Pad     uint8
+}
+
 type uplinkTestVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -300,12 +350,21 @@ const (
 	uplinkTestMapScopes            = "scopes"
 	uplinkTestMapShareConfig       = "share_config"
 	uplinkTestMapSlowpath          = "slowpath"
+	uplinkTestMapTapBuckets        = "tap_buckets"
+	uplinkTestMapTapConfig         = "tap_config"
+	uplinkTestMapTapIndex          = "tap_index"
+	uplinkTestMapTapRules          = "tap_rules"
+	uplinkTestMapTapStats          = "tap_stats"
+	uplinkTestMapTapTargets        = "tap_targets"
 	uplinkTestMapVifs              = "vifs"
 	uplinkTestMapVisibility        = "visibility"
 	uplinkTestMapVmShares          = "vm_shares"
 	uplinkTestProgUplinkIngress    = "uplink_ingress"
 	uplinkTestVarRedirectKindType  = "_redirect_kind_type"
 	uplinkTestVarRedirectTraceType = "_redirect_trace_type"
+	uplinkTestVarTapKeyKindType    = "_tap_key_kind_type"
+	uplinkTestVarTapRoleType       = "_tap_role_type"
+	uplinkTestVarTapSideType       = "_tap_side_type"
 )
 
 // loadUplinkTest returns the embedded CollectionSpec for uplinkTest.
@@ -388,6 +447,12 @@ type uplinkTestMapSpecs struct {
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -399,6 +464,9 @@ type uplinkTestMapSpecs struct {
 type uplinkTestVariableSpecs struct {
 	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
+	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
+	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
+	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
 }
 
 // uplinkTestObjects contains all objects after they have been loaded into the kernel.
@@ -452,6 +520,12 @@ type uplinkTestMaps struct {
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.Map `ebpf:"tap_config"`
+	TapIndex      *ebpf.Map `ebpf:"tap_index"`
+	TapRules      *ebpf.Map `ebpf:"tap_rules"`
+	TapStats      *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
 	VmShares      *ebpf.Map `ebpf:"vm_shares"`
@@ -490,6 +564,12 @@ func (m *uplinkTestMaps) Close() error {
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
+		m.TapBuckets,
+		m.TapConfig,
+		m.TapIndex,
+		m.TapRules,
+		m.TapStats,
+		m.TapTargets,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -502,6 +582,9 @@ func (m *uplinkTestMaps) Close() error {
 type uplinkTestVariables struct {
 	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.Variable `ebpf:"_redirect_trace_type"`
+	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
+	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
+	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
 }
 
 // uplinkTestPrograms contains all programs after they have been loaded into the kernel.

@@ -95,7 +95,9 @@ const (
 	vifDropReasonDROP_PS_PROTO             vifDropReason = 41
 	vifDropReasonDROP_PS_NO_UPLINK         vifDropReason = 42
 	vifDropReasonDROP_PS_OVER_SHARE        vifDropReason = 43
-	vifDropReasonDROP_REASON_MAX           vifDropReason = 44
+	vifDropReasonDROP_RESERVED_FLAG        vifDropReason = 44
+	vifDropReasonDROP_TAP_COPY_UNKNOWN     vifDropReason = 45
+	vifDropReasonDROP_REASON_MAX           vifDropReason = 46
 )
 
 type vifEndpoint struct {
@@ -116,27 +118,31 @@ type vifFeatureBit uint32
 const (
 	vifFeatureBitFEATURE_NONE      vifFeatureBit = 0
 	vifFeatureBitFEATURE_PORTSPACE vifFeatureBit = 1
+	vifFeatureBitFEATURE_TAP       vifFeatureBit = 2
 )
 
 type vifForwardPath uint32
 
 const (
-	vifForwardPathFWD_LOCAL         vifForwardPath = 0
-	vifForwardPathFWD_TO_FABRIC     vifForwardPath = 1
-	vifForwardPathFWD_FROM_FABRIC   vifForwardPath = 2
-	vifForwardPathFWD_ARP_REPLY     vifForwardPath = 3
-	vifForwardPathFWD_HOST_STACK    vifForwardPath = 4
-	vifForwardPathFWD_GATEWAY_REPLY vifForwardPath = 5
-	vifForwardPathFWD_ROUTED        vifForwardPath = 6
-	vifForwardPathFWD_TO_AGENT      vifForwardPath = 7
-	vifForwardPathFWD_BROADCAST     vifForwardPath = 8
-	vifForwardPathFWD_ARP_TO_FABRIC vifForwardPath = 9
-	vifForwardPathFWD_ARP_ANSWERED  vifForwardPath = 10
-	vifForwardPathFWD_ARP_LEARNED   vifForwardPath = 11
-	vifForwardPathFWD_HELD          vifForwardPath = 12
-	vifForwardPathFWD_TO_SLIVER     vifForwardPath = 13
-	vifForwardPathFWD_FROM_SLIVER   vifForwardPath = 14
-	vifForwardPathFWD_PATH_MAX      vifForwardPath = 15
+	vifForwardPathFWD_LOCAL              vifForwardPath = 0
+	vifForwardPathFWD_TO_FABRIC          vifForwardPath = 1
+	vifForwardPathFWD_FROM_FABRIC        vifForwardPath = 2
+	vifForwardPathFWD_ARP_REPLY          vifForwardPath = 3
+	vifForwardPathFWD_HOST_STACK         vifForwardPath = 4
+	vifForwardPathFWD_GATEWAY_REPLY      vifForwardPath = 5
+	vifForwardPathFWD_ROUTED             vifForwardPath = 6
+	vifForwardPathFWD_TO_AGENT           vifForwardPath = 7
+	vifForwardPathFWD_BROADCAST          vifForwardPath = 8
+	vifForwardPathFWD_ARP_TO_FABRIC      vifForwardPath = 9
+	vifForwardPathFWD_ARP_ANSWERED       vifForwardPath = 10
+	vifForwardPathFWD_ARP_LEARNED        vifForwardPath = 11
+	vifForwardPathFWD_HELD               vifForwardPath = 12
+	vifForwardPathFWD_TO_SLIVER          vifForwardPath = 13
+	vifForwardPathFWD_FROM_SLIVER        vifForwardPath = 14
+	vifForwardPathFWD_TAP_COPY_LOCAL     vifForwardPath = 15
+	vifForwardPathFWD_TAP_COPY_REMOTE    vifForwardPath = 16
+	vifForwardPathFWD_TAP_COPY_RECOVERED vifForwardPath = 17
+	vifForwardPathFWD_PATH_MAX           vifForwardPath = 18
 )
 
 type vifFragKey struct {
@@ -348,6 +354,78 @@ const (
 	vifSlowpathKindSLOW_MAPPING_CLAIM vifSlowpathKind = 3
 )
 
+type vifTapBits struct {
+	_ structs.HostLayout
+	W [4]uint64
+}
+
+type vifTapCounters struct {
+	_                structs.HostLayout
+	CopiedPackets    uint64
+	CopiedBytes      uint64
+	DeliveredPackets uint64
+	DeliveredBytes   uint64
+	Dropped          uint64
+}
+
+type vifTapKey struct {
+	_    structs.HostLayout
+	Addr uint32
+	Role uint8
+	Side uint8
+	Kind uint8
+	Pad  uint8
+}
+
+type vifTapKeyKind uint32
+
+const (
+	vifTapKeyKindTAP_KEY_IP      vifTapKeyKind = 0
+	vifTapKeyKindTAP_KEY_SEGMENT vifTapKeyKind = 1
+	vifTapKeyKindTAP_KEY_ANY     vifTapKeyKind = 2
+)
+
+type vifTapLimits struct {
+	_          structs.HostLayout
+	IntervalNs uint64
+	BurstNs    uint64
+}
+
+type vifTapRole uint32
+
+const (
+	vifTapRoleTAP_ROLE_COPY    vifTapRole = 0
+	vifTapRoleTAP_ROLE_RECOVER vifTapRole = 1
+)
+
+type vifTapRule struct {
+	_       structs.HostLayout
+	Id      uint32
+	Target  uint32
+	Proto   uint8
+	Ports   uint8
+	SportLo uint16
+	SportHi uint16
+	DportLo uint16
+	DportHi uint16
+	Pad     uint16
+}
+
+type vifTapSide uint32
+
+const (
+	vifTapSideTAP_SIDE_SENDER   vifTapSide = 0
+	vifTapSideTAP_SIDE_RECEIVER vifTapSide = 1
+)
+
+type vifTapTarget struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	HostMac [6]uint8
+	Remote  uint8
+	Pad     uint8
+}
+
 type vifVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -407,6 +485,12 @@ const (
 	vifMapScopes            = "scopes"
 	vifMapShareConfig       = "share_config"
 	vifMapSlowpath          = "slowpath"
+	vifMapTapBuckets        = "tap_buckets"
+	vifMapTapConfig         = "tap_config"
+	vifMapTapIndex          = "tap_index"
+	vifMapTapRules          = "tap_rules"
+	vifMapTapStats          = "tap_stats"
+	vifMapTapTargets        = "tap_targets"
 	vifMapVifs              = "vifs"
 	vifMapVisibility        = "visibility"
 	vifMapVmShares          = "vm_shares"
@@ -418,6 +502,9 @@ const (
 	vifVarShareKindType     = "_share_kind_type"
 	vifVarSlowpathEventType = "_slowpath_event_type"
 	vifVarSlowpathKindType  = "_slowpath_kind_type"
+	vifVarTapKeyKindType    = "_tap_key_kind_type"
+	vifVarTapRoleType       = "_tap_role_type"
+	vifVarTapSideType       = "_tap_side_type"
 )
 
 // loadVif returns the embedded CollectionSpec for vif.
@@ -499,6 +586,12 @@ type vifMapSpecs struct {
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -515,6 +608,9 @@ type vifVariableSpecs struct {
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
+	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
+	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
+	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
 }
 
 // vifObjects contains all objects after they have been loaded into the kernel.
@@ -567,6 +663,12 @@ type vifMaps struct {
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.Map `ebpf:"tap_config"`
+	TapIndex      *ebpf.Map `ebpf:"tap_index"`
+	TapRules      *ebpf.Map `ebpf:"tap_rules"`
+	TapStats      *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
 	VmShares      *ebpf.Map `ebpf:"vm_shares"`
@@ -604,6 +706,12 @@ func (m *vifMaps) Close() error {
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
+		m.TapBuckets,
+		m.TapConfig,
+		m.TapIndex,
+		m.TapRules,
+		m.TapStats,
+		m.TapTargets,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -621,6 +729,9 @@ type vifVariables struct {
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
+	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
+	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
+	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
 }
 
 // vifPrograms contains all programs after they have been loaded into the kernel.

@@ -250,6 +250,56 @@ type vifTestShareLimits struct {
 	BurstNs    [3]uint64
 }
 
+type vifTestTapBits struct {
+	_ structs.HostLayout
+	W [4]uint64
+}
+
+type vifTestTapCounters struct {
+	_                structs.HostLayout
+	CopiedPackets    uint64
+	CopiedBytes      uint64
+	DeliveredPackets uint64
+	DeliveredBytes   uint64
+	Dropped          uint64
+}
+
+type vifTestTapKey struct {
+	_    structs.HostLayout
+	Addr uint32
+	Role uint8
+	Side uint8
+	Kind uint8
+	Pad  uint8
+}
+
+type vifTestTapLimits struct {
+	_          structs.HostLayout
+	IntervalNs uint64
+	BurstNs    uint64
+}
+
+type vifTestTapRule struct {
+	_       structs.HostLayout
+	Id      uint32
+	Target  uint32
+	Proto   uint8
+	Ports   uint8
+	SportLo uint16
+	SportHi uint16
+	DportLo uint16
+	DportHi uint16
+	Pad     uint16
+}
+
+type vifTestTapTarget struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	HostMac [6]uint8
+	Remote  uint8
+	Pad     uint8
+}
+
 type vifTestVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -310,6 +360,12 @@ const (
 	vifTestMapScopes            = "scopes"
 	vifTestMapShareConfig       = "share_config"
 	vifTestMapSlowpath          = "slowpath"
+	vifTestMapTapBuckets        = "tap_buckets"
+	vifTestMapTapConfig         = "tap_config"
+	vifTestMapTapIndex          = "tap_index"
+	vifTestMapTapRules          = "tap_rules"
+	vifTestMapTapStats          = "tap_stats"
+	vifTestMapTapTargets        = "tap_targets"
 	vifTestMapVifs              = "vifs"
 	vifTestMapVisibility        = "visibility"
 	vifTestMapVmShares          = "vm_shares"
@@ -323,6 +379,9 @@ const (
 	vifTestVarShareKindType     = "_share_kind_type"
 	vifTestVarSlowpathEventType = "_slowpath_event_type"
 	vifTestVarSlowpathKindType  = "_slowpath_kind_type"
+	vifTestVarTapKeyKindType    = "_tap_key_kind_type"
+	vifTestVarTapRoleType       = "_tap_role_type"
+	vifTestVarTapSideType       = "_tap_side_type"
 )
 
 // loadVifTest returns the embedded CollectionSpec for vifTest.
@@ -405,6 +464,12 @@ type vifTestMapSpecs struct {
 	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -423,6 +488,9 @@ type vifTestVariableSpecs struct {
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
+	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
+	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
+	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
 }
 
 // vifTestObjects contains all objects after they have been loaded into the kernel.
@@ -476,6 +544,12 @@ type vifTestMaps struct {
 	Scopes        *ebpf.Map `ebpf:"scopes"`
 	ShareConfig   *ebpf.Map `ebpf:"share_config"`
 	Slowpath      *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig     *ebpf.Map `ebpf:"tap_config"`
+	TapIndex      *ebpf.Map `ebpf:"tap_index"`
+	TapRules      *ebpf.Map `ebpf:"tap_rules"`
+	TapStats      *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
 	Vifs          *ebpf.Map `ebpf:"vifs"`
 	Visibility    *ebpf.Map `ebpf:"visibility"`
 	VmShares      *ebpf.Map `ebpf:"vm_shares"`
@@ -514,6 +588,12 @@ func (m *vifTestMaps) Close() error {
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
+		m.TapBuckets,
+		m.TapConfig,
+		m.TapIndex,
+		m.TapRules,
+		m.TapStats,
+		m.TapTargets,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -533,6 +613,9 @@ type vifTestVariables struct {
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
+	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
+	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
+	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
 }
 
 // vifTestPrograms contains all programs after they have been loaded into the kernel.

@@ -22,6 +22,12 @@ type Plan struct {
 	// Recover are the rules whose monitor is local: the monitor's edge
 	// takes copies from the fabric and hands them to the monitor.
 	Recover []RecoverRule
+	// Locals are the node's VMs: the sender's edge finds the rules a
+	// packet can match by its sender, one of them.
+	Locals []netip.Addr
+	// Missing are the rules left out because their monitor cannot be
+	// placed yet (Compile).
+	Missing []MissingMonitor
 }
 
 // Match is what a rule matches, compiled.

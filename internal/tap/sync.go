@@ -1,0 +1,416 @@
+package tap
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/intent"
+)
+
+// state is what the reconciled maps hold (arrays: only their non-zero
+// entries). Sync keeps the last one it wrote and writes only what changed.
+type state struct {
+	rules   map[uint32]datapath.TapRule
+	targets map[uint32]datapath.TapTarget
+	index   map[datapath.TapKey]datapath.TapBits
+	config  map[uint32]datapath.TapLimits
+}
+
+func newState() *state {
+	return &state{rules: map[uint32]datapath.TapRule{}, targets: map[uint32]datapath.TapTarget{},
+		index: map[datapath.TapKey]datapath.TapBits{}, config: map[uint32]datapath.TapLimits{}}
+}
+
+// Sync implements feature.Feature: the reconciled maps are made to hold
+// exactly p, writing only what differs from what they hold. What a key
+// points at is written before the key: targets, then rules, then the
+// index; and the index lets go of a rule before its slot is cleared. A
+// rule keeps its slot (and its counters) while it lives; a slot a rule
+// takes or leaves starts from zero counters, so after a policy's delete
+// nothing of it is left in any map.
+func (f *Feature) Sync(fp feature.Plan) error {
+	p, ok := fp.(Plan)
+	if !ok {
+		return fmt.Errorf("tap: plan of type %T", fp)
+	}
+	if f.k == nil {
+		// An agent on a fake datapath (tests): nothing to write to.
+		if !p.InUse() {
+			return nil
+		}
+		return errors.New("tap: no datapath loaded")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.sync(p); err != nil {
+		// What the maps hold is no longer known for sure: read it again
+		// on the next pass.
+		f.cur = nil
+		return fmt.Errorf("tap: %w", err)
+	}
+	return nil
+}
+
+func (f *Feature) sync(p Plan) error {
+	l, err := layoutOf(p)
+	if err != nil {
+		return err
+	}
+	if f.cur == nil {
+		if f.cur, err = f.read(); err != nil {
+			return err
+		}
+	}
+	want, fresh, err := f.want(l)
+	if err != nil {
+		return err
+	}
+	var maps struct{ rules, targets, index, config, buckets, stats *ebpf.Map }
+	for _, m := range []struct {
+		name string
+		to   **ebpf.Map
+	}{{MapRules, &maps.rules}, {MapTargets, &maps.targets}, {MapIndex, &maps.index}, {MapConfig, &maps.config},
+		{MapBuckets, &maps.buckets}, {MapStats, &maps.stats}} {
+		if *m.to, err = f.k.Map(m.name); err != nil {
+			return err
+		}
+	}
+	cur := f.cur
+	// Slots taken anew start from nothing counted, before anything
+	// points at them.
+	for _, s := range fresh.rules {
+		if err := zeroStats(maps.stats, s); err != nil {
+			return err
+		}
+	}
+	for _, t := range fresh.targets {
+		if err := maps.buckets.Put(t, uint64(0)); err != nil {
+			return fmt.Errorf("reset bucket of target %d: %w", t, err)
+		}
+	}
+	steps := []func() error{
+		func() error { return put(maps.config, cur.config, want.config, MapConfig) },
+		func() error { return put(maps.targets, cur.targets, want.targets, MapTargets) },
+		func() error { return put(maps.rules, cur.rules, want.rules, MapRules) },
+		func() error { return put(maps.index, cur.index, want.index, MapIndex) },
+		func() error { return remove(maps.index, cur.index, want.index, false, MapIndex) },
+		func() error { return remove(maps.rules, cur.rules, want.rules, true, MapRules) },
+		func() error { return remove(maps.targets, cur.targets, want.targets, true, MapTargets) },
+		func() error { return remove(maps.config, cur.config, want.config, true, MapConfig) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	// Slots let go of: nothing of them stays.
+	for _, s := range fresh.freedRules {
+		if err := zeroStats(maps.stats, s); err != nil {
+			return err
+		}
+	}
+	for _, t := range fresh.freedTargets {
+		if err := maps.buckets.Put(t, uint64(0)); err != nil {
+			return fmt.Errorf("reset bucket of target %d: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// slotChanges are the slots a pass gives out and takes back.
+type slotChanges struct {
+	rules, targets           []uint32
+	freedRules, freedTargets []uint32
+}
+
+// want gives every rule and target a slot (keeping the ones they have)
+// and packs the entries for the datapath.
+func (f *Feature) want(l layout) (*state, slotChanges, error) {
+	var ch slotChanges
+	// Rules: keep slots, free the gone, give the new the lowest free.
+	ids := make([]uint32, 0, len(l.rules))
+	for id := range l.rules {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	slotOf := map[uint32]uint32{}
+	used := map[uint32]bool{}
+	for _, id := range ids {
+		if s, ok := f.slotOf[id]; ok {
+			slotOf[id], used[s] = s, true
+		}
+	}
+	next := uint32(0)
+	for _, id := range ids {
+		if _, ok := slotOf[id]; ok {
+			continue
+		}
+		for next < MaxRules && used[next] {
+			next++
+		}
+		if next >= MaxRules {
+			return nil, ch, fmt.Errorf("%d rules: more than %d", len(ids), MaxRules)
+		}
+		slotOf[id], used[next] = next, true
+		ch.rules = append(ch.rules, next)
+	}
+	for id, s := range f.slotOf {
+		if _, ok := slotOf[id]; !ok {
+			ch.freedRules = append(ch.freedRules, s)
+		}
+	}
+	// Targets likewise.
+	targetOf := map[target]uint32{}
+	tused := map[uint32]bool{}
+	for _, t := range l.targets {
+		if s, ok := f.targetOf[t]; ok {
+			targetOf[t], tused[s] = s, true
+		}
+	}
+	tnext := uint32(0)
+	for _, t := range l.targets {
+		if _, ok := targetOf[t]; ok {
+			continue
+		}
+		for tnext < MaxTargets && tused[tnext] {
+			tnext++
+		}
+		if tnext >= MaxTargets {
+			return nil, ch, fmt.Errorf("%d monitors to copy to: more than %d", len(l.targets), MaxTargets)
+		}
+		targetOf[t], tused[tnext] = tnext, true
+		ch.targets = append(ch.targets, tnext)
+	}
+	for t, s := range f.targetOf {
+		if _, ok := targetOf[t]; !ok {
+			ch.freedTargets = append(ch.freedTargets, s)
+		}
+	}
+
+	s := newState()
+	for t, slot := range targetOf {
+		tt := datapath.TapTarget{Ifindex: uint32(t.ifindex)}
+		if t.hostMAC != "" {
+			mac, err := net.ParseMAC(t.hostMAC)
+			if err != nil {
+				return nil, ch, fmt.Errorf("target %s: %w", t, err)
+			}
+			tt.Remote = 1
+			copy(tt.HostMac[:], mac)
+			tt.Ifindex = 0 // the uplink's, from the node's config below
+		}
+		s.targets[slot] = tt
+	}
+	names := map[uint32]string{}
+	for id, r := range l.rules {
+		slot := slotOf[id]
+		e := datapath.TapRule{Id: id, Target: targetOf[r.target], Proto: r.Proto}
+		if r.hasPorts() {
+			e.Ports = 1
+			e.SportLo, e.SportHi, e.DportLo, e.DportHi = r.SportLo, r.SportHi, r.DportLo, r.DportHi
+			if e.SportLo == 0 && e.SportHi == 0 {
+				e.SportHi = 65535
+			}
+			if e.DportLo == 0 && e.DportHi == 0 {
+				e.DportHi = 65535
+			}
+		}
+		s.rules[slot] = e
+		names[slot] = r.Policy
+	}
+	for k, ids := range l.index {
+		var b datapath.TapBits
+		for _, id := range ids {
+			slot := slotOf[id]
+			b.W[slot/64] |= 1 << (slot % 64)
+		}
+		s.index[datapath.TapKey{Addr: datapath.IPKey(k.addr), Role: k.role, Side: k.side, Kind: k.kind}] = b
+	}
+	if len(l.rules) > 0 {
+		var lim datapath.TapLimits
+		if f.rate > 0 {
+			interval := time.Second / time.Duration(f.rate)
+			lim.IntervalNs = uint64(interval)
+			lim.BurstNs = uint64(interval) * uint64(max(f.burst, 1))
+		}
+		// Slot 0 present even when unlimited: "in use" is told by rules.
+		s.config[0] = lim
+	}
+	// Remote targets go out of the node's uplink.
+	for slot, t := range s.targets {
+		if t.Remote == 1 {
+			up, err := f.uplinkIfindex()
+			if err != nil {
+				return nil, ch, err
+			}
+			t.Ifindex = up
+			s.targets[slot] = t
+		}
+	}
+	f.slotOf, f.targetOf, f.names = slotOf, targetOf, names
+	return s, ch, nil
+}
+
+// uplinkIfindex is where copies to other hosts leave: the node's uplink,
+// as the router configured it.
+func (f *Feature) uplinkIfindex() (uint32, error) {
+	cfg, err := f.k.Map("config")
+	if err != nil {
+		return 0, err
+	}
+	var nc datapath.NodeConfig
+	if err := cfg.Lookup(uint32(0), &nc); err != nil {
+		return 0, fmt.Errorf("read node config: %w", err)
+	}
+	if nc.UplinkIfindex == 0 {
+		return 0, errors.New("no uplink configured yet: copies to other hosts cannot leave")
+	}
+	return nc.UplinkIfindex, nil
+}
+
+func zeroStats(m *ebpf.Map, slot uint32) error {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("possible cpus: %w", err)
+	}
+	if err := m.Put(slot, make([]datapath.TapCounters, cpus)); err != nil {
+		return fmt.Errorf("reset counters of rule slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// read takes what the maps hold (once, when the feature starts: an agent
+// restart finds the maps its predecessor wrote), and the slots in them.
+func (f *Feature) read() (*state, error) {
+	s := newState()
+	if err := readMap(f.k, MapRules, s.rules); err != nil {
+		return nil, err
+	}
+	if err := readMap(f.k, MapTargets, s.targets); err != nil {
+		return nil, err
+	}
+	if err := readMap(f.k, MapIndex, s.index); err != nil {
+		return nil, err
+	}
+	if err := readMap(f.k, MapConfig, s.config); err != nil {
+		return nil, err
+	}
+	f.slotOf, f.targetOf, f.names = map[uint32]uint32{}, map[target]uint32{}, map[uint32]string{}
+	for slot, r := range s.rules {
+		f.slotOf[r.Id] = slot
+		f.names[slot] = fmt.Sprintf("id %d", r.Id) // named again by the next pass
+	}
+	for slot, t := range s.targets {
+		if t.Remote == 1 {
+			f.targetOf[target{hostMAC: strings.ToLower(net.HardwareAddr(t.HostMac[:]).String())}] = slot
+		} else {
+			f.targetOf[target{ifindex: int(t.Ifindex)}] = slot
+		}
+	}
+	return s, nil
+}
+
+// readMap reads a map's non-zero entries into into.
+func readMap[K, V comparable](k *datapath.Kernel, name string, into map[K]V) error {
+	m, err := k.Map(name)
+	if err != nil {
+		return err
+	}
+	var key K
+	var val, zero V
+	it := m.Iterate()
+	for it.Next(&key, &val) {
+		if val != zero {
+			into[key] = val
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	return nil
+}
+
+// put writes every entry of want that cur does not hold as it is.
+func put[K, V comparable](m *ebpf.Map, cur, want map[K]V, what string) error {
+	for k, v := range want {
+		if c, ok := cur[k]; ok && c == v {
+			continue
+		}
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("write %s: %w", what, err)
+		}
+		cur[k] = v
+	}
+	return nil
+}
+
+// remove takes out every entry of cur that want does not have: deleted
+// from a hash, zeroed in an array.
+func remove[K, V comparable](m *ebpf.Map, cur, want map[K]V, array bool, what string) error {
+	for k := range cur {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		var err error
+		if array {
+			var zero V
+			err = m.Put(k, zero)
+		} else if err = m.Delete(k); errors.Is(err, ebpf.ErrKeyNotExist) {
+			err = nil
+		}
+		if err != nil {
+			return fmt.Errorf("remove from %s: %w", what, err)
+		}
+		delete(cur, k)
+	}
+	return nil
+}
+
+// Stats reads each synced rule's counters, summed over CPUs: Packets and
+// Bytes are copies made at the sender's edge plus copies delivered at the
+// monitor's edge (one rule may be both on one node: a copy is counted at
+// the one edge that handed it on), Dropped the copies lost.
+func (f *Feature) Stats() ([]intent.TapStats, error) {
+	if f.k == nil {
+		return nil, nil
+	}
+	f.mu.Lock()
+	type rule struct {
+		slot uint32
+		id   uint32
+		name string
+	}
+	var rules []rule
+	for id, slot := range f.slotOf {
+		rules = append(rules, rule{slot, id, f.names[slot]})
+	}
+	f.mu.Unlock()
+	sort.Slice(rules, func(i, j int) bool { return rules[i].id < rules[j].id })
+	m, err := f.k.Map(MapStats)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]intent.TapStats, 0, len(rules))
+	for _, r := range rules {
+		var per []datapath.TapCounters
+		if err := m.Lookup(r.slot, &per); err != nil {
+			return nil, fmt.Errorf("read counters of tap rule %d: %w", r.id, err)
+		}
+		st := intent.TapStats{Policy: r.name, ID: r.id}
+		for _, c := range per {
+			st.Packets += c.CopiedPackets + c.DeliveredPackets
+			st.Bytes += c.CopiedBytes + c.DeliveredBytes
+			st.Dropped += c.Dropped
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
