@@ -6,6 +6,7 @@ import (
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/portspace"
+	"github.com/onehop/onehop/internal/tap"
 )
 
 // Env is what a feature's constructor may need from the agent.
@@ -30,5 +31,6 @@ func registry(env Env) []feature.Feature {
 	return []feature.Feature{
 		env.Router,
 		portspace.New(env.Kernel).WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
+		tap.New(env.Kernel).WithAgent(env.Node, env.Log),
 	}
 }

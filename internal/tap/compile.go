@@ -204,7 +204,7 @@ func endMatches(e intent.TapEnd, a netip.Addr) bool {
 		b := a.As4()
 		return b[1] == e.Farm && b[2] == e.Subnet
 	case "any":
-		return true
+		return a.As4()[1] == e.Farm
 	}
 	return false
 }
@@ -296,7 +296,9 @@ type ruleEntry struct {
 	target target
 }
 
-var anyAddr = netip.AddrFrom4([4]byte{})
+// farmKey is the index address of "any" VM of a farm: "any" never reaches
+// past the farm the policy's monitor may see (tappolicy).
+func farmKey(farm uint8) netip.Addr { return netip.AddrFrom4([4]byte{0, farm, 0, 0}) }
 
 func segmentKey(farm, subnet uint8) netip.Addr { return netip.AddrFrom4([4]byte{0, farm, subnet, 0}) }
 
@@ -310,7 +312,7 @@ func endKeys(e intent.TapEnd, role, side uint8) indexKey {
 	case "subnet":
 		return indexKey{addr: segmentKey(e.Farm, e.Subnet), role: role, side: side, kind: kindSegment}
 	}
-	return indexKey{addr: anyAddr, role: role, side: side, kind: kindAny}
+	return indexKey{addr: farmKey(e.Farm), role: role, side: side, kind: kindAny}
 }
 
 // layoutOf lays the plan out. The VLAN filter lives in the index: a local

@@ -28,7 +28,9 @@ func subnet(f, s uint8) intent.TapEnd {
 	return intent.TapEnd{Kind: "subnet", Farm: f, Subnet: s}
 }
 
-var anyEnd = intent.TapEnd{Kind: "any"}
+// anyEnd is "any" VM of farm 1, the farm the tests' VMs are in ("any"
+// never reaches past a farm).
+var anyEnd = intent.TapEnd{Kind: "any", Farm: 1}
 
 func rule(id uint32, s, r intent.TapEnd, mon netip.Addr, host string) intent.TapRule {
 	return intent.TapRule{ID: id, Policy: fmt.Sprintf("p%d", id), Sender: s, Receiver: r, MonitorIP: mon.String(), MonitorHost: host}
@@ -91,6 +93,7 @@ func TestCompileCopiesWhatALocalVMMaySendAndRecoversForLocalMonitors(t *testing.
 		{"a subnet with a local VM sends", []intent.TapRule{rule(5, subnet(1, 1), anyEnd, mon2, "h2")}, "5>aa:00:00:00:00:02", true},
 		{"a subnet without one does not", []intent.TapRule{rule(6, subnet(1, 2), anyEnd, mon2, "h2")}, "", false},
 		{"any sender has local VMs", []intent.TapRule{rule(7, anyEnd, anyEnd, mon2, "h2")}, "7>aa:00:00:00:00:02", true},
+		{"any of another farm has none here", []intent.TapRule{rule(14, intent.TapEnd{Kind: "any", Farm: 2}, anyEnd, mon2, "h2")}, "", false},
 		{"a VLAN no local VM is on", []intent.TapRule{vlan(rule(8, anyEnd, anyEnd, mon2, "h2"), 1*256+2)}, "", false},
 		{"a VLAN a local VM is on", []intent.TapRule{vlan(rule(9, anyEnd, anyEnd, mon2, "h2"), 1*256+1)}, "9>aa:00:00:00:00:02", true},
 		{"monitor host not reported yet", []intent.TapRule{rule(10, vm(web1), vm(web2), mon3, "h3")}, "10?", false},
@@ -178,10 +181,10 @@ func TestLayoutIndexesSendersExactlyAndFoldsTheVLANIn(t *testing.T) {
 		"copy/sender/ip/10.1.1.9":          "[2 3]",
 		"copy/receiver/ip/10.1.1.3":        "[1]",
 		"copy/receiver/segment/0.1.2.0":    "[2]",
-		"copy/receiver/any/0.0.0.0":        "[3]",
+		"copy/receiver/any/0.1.0.0":        "[3]",
 		"recover/sender/segment/0.1.1.0":   "[2 3]",
 		"recover/receiver/segment/0.1.2.0": "[2]",
-		"recover/receiver/any/0.0.0.0":     "[3 4]",
+		"recover/receiver/any/0.1.0.0":     "[3 4]",
 	}
 	got := indexOf(t, p)
 	if fmt.Sprint(got) != fmt.Sprint(want) {
