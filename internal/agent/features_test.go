@@ -155,10 +155,10 @@ func TestFeatureBitsFollowTheirMapsAndFeaturesFailAlone(t *testing.T) {
 	var mu sync.Mutex
 	dp := &loggingDatapath{log: &log, mu: &mu}
 	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
-	tap := &stubFeature{name: "tap", bit: 1 << 8, inUse: true, log: &log, mu: &mu}
+	tap := &stubFeature{name: "stage", bit: 1 << 8, inUse: true, log: &log, mu: &mu}
 	broken := &stubFeature{name: "broken", bit: 1 << 9, failing: errors.New("bad intent"), log: &log, mu: &mu}
 	a.features = append([]feature.Feature{tap, broken}, a.features...)
-	a.subs["tap"], a.subs["broken"] = &subController{}, &subController{}
+	a.subs["stage"], a.subs["broken"] = &subController{}, &subController{}
 	if err := feature.Check(a.features); err != nil {
 		t.Fatal(err)
 	}
@@ -170,13 +170,13 @@ func TestFeatureBitsFollowTheirMapsAndFeaturesFailAlone(t *testing.T) {
 	if dp.applies != 1 {
 		t.Fatalf("the router synced %d times beside a broken feature, want 1", dp.applies)
 	}
-	if want := []string{"sync tap inUse=true", "bits 0x100"}; !reflect.DeepEqual(log, want) {
+	if want := []string{"sync stage inUse=true", "bits 0x100"}; !reflect.DeepEqual(log, want) {
 		t.Fatalf("first pass did %v, want %v (the bit after the maps)", log, want)
 	}
 	log = nil
 	tap.inUse = false
 	a.ReconcileOnce(ctx)
-	if want := []string{"bits 0x0", "sync tap inUse=false"}; !reflect.DeepEqual(log, want) {
+	if want := []string{"bits 0x0", "sync stage inUse=false"}; !reflect.DeepEqual(log, want) {
 		t.Fatalf("second pass did %v, want %v (the bit cleared before the maps)", log, want)
 	}
 }
