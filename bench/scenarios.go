@@ -14,4 +14,5 @@ var scenarios = []*Scenario{
 	sliverScenario,
 	psHostScenario,
 	natScenario,
+	tappedScenario,
 }
