@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Runs every fuzz target in the module briefly (FUZZTIME each, default 5s):
-# go test -fuzz takes one target per run, so they are found and run one by one.
-# A new Fuzz function needs no registration here.
+# Runs every fuzz target in the module briefly (FUZZTIME each, default 10000
+# executions): go test -fuzz takes one target per run, so they are found and
+# run one by one. A new Fuzz function needs no registration here.
+#
+# A count, not a duration: Go 1.26's fuzz coordinator can fail a target with
+# a bare "context deadline exceeded" when a -fuzztime duration runs out while
+# a worker is mid-input (go.dev/issue/75804, fixed in Go 1.27), which a
+# loaded CI machine hits. A count has no deadline to race.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
-FUZZTIME=${FUZZTIME:-5s}
+FUZZTIME=${FUZZTIME:-10000x}
 found=0
 while IFS=: read -r file name; do
   pkg="./$(dirname "$file")"
