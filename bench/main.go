@@ -229,6 +229,17 @@ func run(ctx context.Context, cfg config, selected []*Scenario) (err error) {
 	}
 	rep.Finished = time.Now().UTC()
 	progress("measured %d round(s) in %.0fs", cfg.rounds, rep.Finished.Sub(rep.Started).Seconds())
+	for _, s := range selected {
+		if s.Checks == nil {
+			continue
+		}
+		progress("checks: %s", s.Name)
+		cs, err := s.Checks(ctx, e, r.pairs[s.Name])
+		if err != nil {
+			return stopped(fmt.Errorf("checks of %s: %w", s.Name, err))
+		}
+		rep.Checks = append(rep.Checks, cs...)
+	}
 	rep.summarize()
 	rep.print(os.Stdout)
 	if err := rep.write(cfg.out); err != nil {

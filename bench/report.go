@@ -85,6 +85,7 @@ type Report struct {
 	Samples       []Sample                 `json:"samples"`
 	Summary       map[string]FigureSummary `json:"summary"`
 	Comparisons   []ComparisonResult       `json:"comparisons"`
+	Checks        []Check                  `json:"checks,omitempty"`
 
 	comparisons []comparison // what summarize computes into Comparisons
 }
@@ -228,6 +229,29 @@ func (r *Report) print(w io.Writer) {
 	fmt.Fprintln(w, "better. RTT and CPU per GB: lower is better, so there a target is an upper bound. PASS/MISS are")
 	fmt.Fprintln(w, "informational. CPU per GB counts the whole machine: anything else running inflates it (the split's\n"+
 		"elsewhere column shows how much).")
+	if len(r.Checks) > 0 {
+		fmt.Fprintln(w)
+		rows = [][]string{{"check", "", "value", "target", ""}}
+		for _, c := range r.Checks {
+			target, verdict := "(informational)", ""
+			if c.Op != "" {
+				target = fmt.Sprintf("%s %g %s", c.Op, c.Target, c.Unit)
+			}
+			if c.Met != nil {
+				verdict = "MISS"
+				if *c.Met {
+					verdict = "PASS"
+				}
+			}
+			rows = append(rows, []string{c.Scenario, c.Name, fmt.Sprintf("%.2f %s", c.Value, c.Unit), target, verdict})
+		}
+		fmt.Fprint(w, renderTable(rows, []bool{false, false, true, false, false}))
+		for _, c := range r.Checks {
+			if c.Detail != "" {
+				fmt.Fprintf(w, "  %s %s: %s\n", c.Scenario, c.Name, c.Detail)
+			}
+		}
+	}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range r.Samples {
 		lo, hi = math.Min(lo, s.Load1), math.Max(hi, s.Load1)

@@ -33,6 +33,24 @@ type Scenario struct {
 	// Baselines are the scenarios this one is compared with: one ratio of
 	// medians per figure, this scenario's over the baseline's.
 	Baselines []Baseline
+	// Checks, if set, measures what the figures cannot show (how many of
+	// a TAP policy's copies arrive, say), once after the rounds, on the
+	// pairs Build returned.
+	Checks func(ctx context.Context, e *Env, pairs []*Pair) ([]Check, error)
+}
+
+// Check is one scenario-specific measurement against its target.
+type Check struct {
+	Scenario string  `json:"scenario"`
+	Name     string  `json:"name"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	// Op and Target: the issue's target, if any (">=" or "<="); Met says
+	// whether Value reaches it.
+	Op     string  `json:"op,omitempty"`
+	Target float64 `json:"target,omitempty"`
+	Met    *bool   `json:"met,omitempty"`
+	Detail string  `json:"detail,omitempty"`
 }
 
 // Baseline is a scenario another is compared with, and the targets (by

@@ -153,6 +153,7 @@ func ParseIperfUDP(out []byte, datagramLen int) (Measurement, error) {
 	}
 	extra := map[string]float64{
 		"sentPacketsPerSecond": sent.Packets / sent.Seconds,
+		"sentPackets":          sent.Packets,
 		"lostPackets":          sent.LostPackets,
 	}
 	if rcv := r.End.SumReceived; rcv.Seconds > 0 && rcv.Bytes > 0 {
