@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -160,9 +162,9 @@ func TestPrivilegedTapCopiesATCPTransferAndPingsByteForByte(t *testing.T) {
 	l.tap("create", "t-icmp", "--sender", "blue/web/web1", "--receiver", "blue/web", "--monitor", "blue/web/mon1", "--proto", "icmp")
 	// Captures of the flow on the receiver and on the monitors, all
 	// directions: the receiver's view is what the monitor must match.
-	stopRecv, _ := l.captureFile("web2", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type")
-	stopMon2, _ := l.captureFile("mon2", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type")
-	stopMon1, _ := l.captureFile("mon1", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type")
+	stopRecv, _ := l.captureFile("web2", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type", "tcp.seq_raw")
+	stopMon2, _ := l.captureFile("mon2", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type", "tcp.seq_raw")
+	stopMon1, _ := l.captureFile("mon1", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type", "tcp.seq_raw")
 	eventually(t, "the policies on h1", 5*time.Second, func() error {
 		l.refresh()
 		if st := l.node("h1").Agent; st != nil && len(st.Taps) >= 2 {
@@ -193,18 +195,32 @@ s.shutdown(socket.SHUT_WR); print(s.recv(64).decode())`, web2, fmt.Sprint(size))
 	time.Sleep(300 * time.Millisecond) // let the last copies land before the captures stop
 	recv, mon2, mon1 := stopRecv(), stopMon2(), stopMon1()
 
-	// The bytes web1 sent to web2:8080, in order of capture, per view.
+	// The segments web1 sent to web2:8080, per view, in sequence order:
+	// a copy crosses the fabric apart from its original, so the two may
+	// arrive in another order.
 	flow := func(lines []string) (segments int, payload string) {
-		var b strings.Builder
+		type segment struct {
+			seq     uint64
+			payload string
+		}
+		var segs []segment
 		for _, line := range lines {
 			f := strings.Split(line, "\t")
-			if len(f) < 6 || f[0] != web1 || f[1] != web2 || f[3] != "8080" {
+			if len(f) < 8 || f[0] != web1 || f[1] != web2 || f[3] != "8080" {
 				continue
 			}
-			segments++
-			b.WriteString(strings.ReplaceAll(f[5], ":", ""))
+			seq, err := strconv.ParseUint(f[7], 10, 32)
+			if err != nil {
+				t.Fatalf("tcp.seq_raw %q in %q: %v", f[7], line, err)
+			}
+			segs = append(segs, segment{seq, strings.ReplaceAll(f[5], ":", "")})
 		}
-		return segments, b.String()
+		sort.SliceStable(segs, func(i, j int) bool { return segs[i].seq < segs[j].seq })
+		var b strings.Builder
+		for _, sg := range segs {
+			b.WriteString(sg.payload)
+		}
+		return len(segs), b.String()
 	}
 	rs, rp := flow(recv)
 	ms, mp := flow(mon2)
