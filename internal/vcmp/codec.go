@@ -514,16 +514,28 @@ func decode(b []byte, topLevel bool) (Message, error) {
 	switch cmd {
 	case CmdSuspPrimary:
 		r, err := record(b, cmd, true)
-		return &SuspPrimary{r}, err
+		if err != nil {
+			return nil, err
+		}
+		return &SuspPrimary{r}, nil
 	case CmdSuspSecondary:
 		r, err := record(b, cmd, true)
-		return &SuspSecondary{r}, err
+		if err != nil {
+			return nil, err
+		}
+		return &SuspSecondary{r}, nil
 	case CmdUpdate:
 		r, err := record(b, cmd, true)
-		return &Update{r}, err
+		if err != nil {
+			return nil, err
+		}
+		return &Update{r}, nil
 	case CmdLocStore:
 		r, err := record(b, cmd, true)
-		return &LocStore{r}, err
+		if err != nil {
+			return nil, err
+		}
+		return &LocStore{r}, nil
 	case CmdUpdateReply:
 		r, err := record(b, cmd, false)
 		if err != nil {
