@@ -180,11 +180,11 @@ type UpdateStatus uint8
 
 // Update results.
 const (
-	UpdateOK       UpdateStatus = 0 // mapping updated; Record.Phys is the responder's own physical endpoint
-	UpdateUnknown  UpdateStatus = 1 // no such virtual connection here
-	UpdateRefused  UpdateStatus = 2 // the update was not authenticated (forged, replayed or unkeyed)
-	UpdateConflict UpdateStatus = 3 // the virtual endpoint conflicts with another connection here (§3.4.2, policy abort)
-	updateStatusMax               = UpdateConflict
+	UpdateOK        UpdateStatus = 0 // mapping updated; Record.Phys is the responder's own physical endpoint
+	UpdateUnknown   UpdateStatus = 1 // no such virtual connection here
+	UpdateRefused   UpdateStatus = 2 // the update was not authenticated (forged, replayed or unkeyed)
+	UpdateConflict  UpdateStatus = 3 // the virtual endpoint conflicts with another connection here (§3.4.2, policy abort)
+	updateStatusMax              = UpdateConflict
 )
 
 // UpdateReply is VNAT_UPD_R (figure 3-7). Unlike the paper, which leaves the
@@ -209,11 +209,11 @@ type LocStatus uint8
 
 // Location results.
 const (
-	LocFound    LocStatus = 0 // Peer is the sought end's location
-	LocStored   LocStatus = 1 // the sought end is unknown here; the sender's location is stored
-	LocNotFound LocStatus = 2 // the sought end is unknown here and nothing was stored
-	LocRefused  LocStatus = 3 // this place keeps no locations for this connection
-	locStatusMax          = LocRefused
+	LocFound     LocStatus = 0 // Peer is the sought end's location
+	LocStored    LocStatus = 1 // the sought end is unknown here; the sender's location is stored
+	LocNotFound  LocStatus = 2 // the sought end is unknown here and nothing was stored
+	LocRefused   LocStatus = 3 // this place keeps no locations for this connection
+	locStatusMax           = LocRefused
 )
 
 // LocAnswer is VCMP_LOC_ANSWER: the query's record echoed, the status, and
