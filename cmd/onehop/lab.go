@@ -259,6 +259,9 @@ func printStatus(r *lab.Report) {
 				state += ", error: " + n.Agent.Error
 			}
 		}
+		if n.VNAT {
+			state += ", vnat"
+		}
 		if n.Sliver != nil {
 			var ls []string
 			for _, l := range n.Sliver.Leases {
