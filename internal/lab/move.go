@@ -48,6 +48,11 @@ func Move(st *State, vmName, toHost, toSubnet string) (*intent.VM, error) {
 		if err := checkSubnetMove(vm, toSubnet); err != nil {
 			return nil, err
 		}
+		// Asked before the vif is touched, so the answer to a typo is not
+		// a vif moved away and back.
+		if err := subnetExists(st, toSubnet); err != nil {
+			return nil, err
+		}
 	}
 	ctx := context.Background()
 	vif := topology.VifName(vmName)

@@ -1,18 +1,21 @@
 package lab
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
 
@@ -37,6 +40,25 @@ func checkSubnetMove(vm intent.VM, to string) error {
 		return fmt.Errorf("vm %s is in farm %s and cannot move to %s: a VM moves only within its farm", vm.Name, vm.Farm, to)
 	case subnet == vm.Subnet:
 		return fmt.Errorf("vm %s is already in subnet %s: leave out --subnet to move it to another host only", vm.Name, to)
+	}
+	return nil
+}
+
+// subnetExists asks the controller's store whether FARM/SUBNET exists.
+func subnetExists(st *State, subnet string) error {
+	s, err := dialStore(st)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	farm, _, _ := strings.Cut(subnet, "/")
+	switch _, err := s.Get(ctx, intent.SubnetsPrefix+subnet); {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("no subnet %q in farm %s", subnet, farm)
+	case err != nil:
+		return fmt.Errorf("read subnet %s from the controller's store: %w", subnet, err)
 	}
 	return nil
 }
