@@ -99,16 +99,18 @@ func Move(st *State, vmName, toHost, toSubnet string) (*intent.VM, error) {
 		}
 		return nil, err
 	}
+	// Recorded as soon as the controller has it, so the lab and the
+	// controller agree on where the VM is whatever fails next.
+	st.VMs[idx] = moved
+	if err := st.save(); err != nil {
+		return nil, err
+	}
 	if toSubnet != "" {
 		// The vif is down: the VM is re-addressed before any frame of
 		// its can reach the new host's datapath.
 		if err := readdressVM(NamespaceOf(st.Name, vmName), vm, moved); err != nil {
-			return nil, fmt.Errorf("vm %s now %s in the controller, its vif left down: %w", vmName, moved.IP, err)
+			return nil, fmt.Errorf("vm %s is %s on %s in the controller, its vif left down: %w", vmName, moved.IP, toHost, err)
 		}
-	}
-	st.VMs[idx] = moved
-	if err := st.save(); err != nil {
-		return nil, err
 	}
 	if err := activateVif(ctx, st, toHost, vif, moved.IP); err != nil {
 		return nil, fmt.Errorf("vm %s on %s: %w", vmName, toHost, err)
