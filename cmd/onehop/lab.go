@@ -31,7 +31,7 @@ Namespaces are named oh-LAB-NODE, so 'ip netns' and 'nsenter' work on them too.`
 	}
 	c.PersistentFlags().StringVar(&lf.root, "root", lab.DefaultRoot, "where labs keep their state")
 	c.PersistentFlags().StringVar(&lf.name, "lab", "", "which lab (default: the only one that is up)")
-	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf))
+	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf), labReaddressCmd(lf))
 	return c
 }
 
@@ -175,15 +175,22 @@ and the new agent takes the same maps over and reconciles them.`,
 }
 
 func labMoveCmd(lf *labFlags) *cobra.Command {
-	var to string
+	var to, subnet string
 	move := &cobra.Command{
-		Use:   "move VM --to HOST",
-		Short: "Move a VM to another host (its address stays; its connections survive)",
+		Use:   "move VM --to HOST [--subnet FARM/SUBNET]",
+		Short: "Move a VM to another host (its address stays; its connections survive), or to another subnet",
 		Long: `Tells the controller the VM now runs on HOST, then re-plumbs the VM's vif into
 HOST's namespace, as a live migration would: the VM keeps its interface,
-address and MAC, and every host's mapping table follows within a second.`,
-		Example: "  onehop lab move web1 --to h2",
-		Args:    cobra.ExactArgs(1),
+address and MAC, and every host's mapping table follows within a second.
+
+With --subnet FARM/SUBNET (another subnet of the VM's farm; HOST may be its own)
+the controller gives the VM a new address there, and the VM's eth0 takes it,
+with the new virtual MAC and a default route via the new gateway, before its
+vif comes up again; its old address comes off. Nothing in the VM restarts:
+its processes and sockets stay (its connections carry on only with VNAT).`,
+		Example: `  onehop lab move web1 --to h2
+  onehop lab move web1 --to h3 --subnet blue/db`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if to == "" {
 				return fmt.Errorf("--to is required: the host to move %s to", args[0])
@@ -192,16 +199,42 @@ address and MAC, and every host's mapping table follows within a second.`,
 			if err != nil {
 				return err
 			}
-			v, err := lab.Move(st, args[0], to)
+			v, err := lab.Move(st, args[0], to, subnet)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "Moved %s (%s) to %s.\n", v.FullName(), v.IP, v.Host)
+			fmt.Fprintf(os.Stderr, "Moved %s (%s, MAC %s) to %s.\n", v.FullName(), v.IP, v.MAC, v.Host)
 			return nil
 		},
 	}
 	move.Flags().StringVar(&to, "to", "", "the host to move the VM to")
+	move.Flags().StringVar(&subnet, "subnet", "", "FARM/SUBNET: move the VM to this subnet of its farm too (a new address there)")
 	return move
+}
+
+func labReaddressCmd(lf *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "readdress NODE",
+		Short: "Give an external a new fabric address; its processes and sockets stay",
+		Long: `Allocates the external a new fabric address, as the topology allocates
+externals' and never one the lab has used before, puts it on the node's eth0 and
+takes the old one off. Nothing in the node restarts. A VM gets a new address
+by moving to another subnet instead ('onehop lab move VM --to HOST --subnet').`,
+		Example: "  onehop lab readdress inet",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			old, fresh, err := lab.Readdress(st, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Readdressed %s: %s, was %s.\n", args[0], fresh, old)
+			return nil
+		},
+	}
 }
 
 func printStatus(r *lab.Report) {
@@ -225,6 +258,9 @@ func printStatus(r *lab.Report) {
 			if n.Agent.Error != "" {
 				state += ", error: " + n.Agent.Error
 			}
+		}
+		if n.VNAT {
+			state += ", vnat"
 		}
 		if n.Sliver != nil {
 			var ls []string

@@ -46,12 +46,16 @@ func vmCreateCmd() *cobra.Command {
 }
 
 func vmMoveCmd() *cobra.Command {
-	var moveTo string
+	var moveTo, subnet string
 	vmMove := &cobra.Command{
-		Use:   "move FARM/SUBNET/VM --to HOST",
+		Use:   "move FARM/SUBNET/VM --to HOST [--subnet FARM/SUBNET]",
 		Short: "Record that a VM now runs on HOST (address and MAC stay); every host's table follows",
 		Long: `Tells the controller only. Whatever migrates the VM (the hypervisor; in the lab,
-'onehop lab move', which also calls this) plugs its vif in on HOST.`,
+'onehop lab move', which also calls this) plugs its vif in on HOST.
+
+With --subnet (another subnet of the VM's farm) the VM gets a new address, MAC
+and gateway in that subnet and its old address is freed; the guest must take
+the new address (in the lab, 'onehop lab move --subnet' does that).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
@@ -65,15 +69,20 @@ func vmMoveCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			body := map[string]string{"host": moveTo}
+			if subnet != "" {
+				body["subnet"] = subnet
+			}
 			var v intent.VM
-			if err := c.Do("PUT", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2]+"/host", map[string]string{"host": moveTo}, &v); err != nil {
+			if err := c.Do("PUT", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2]+"/host", body, &v); err != nil {
 				return err
 			}
-			fmt.Printf("vm %s now on %s (%s)\n", v.FullName(), v.Host, v.IP)
+			fmt.Printf("vm %s now on %s (%s, MAC %s, gateway %s)\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway)
 			return nil
 		},
 	}
 	vmMove.Flags().StringVar(&moveTo, "to", "", "the host the VM now runs on")
+	vmMove.Flags().StringVar(&subnet, "subnet", "", "FARM/SUBNET: move it to this subnet of its farm too (a new address there)")
 	return vmMove
 }
 

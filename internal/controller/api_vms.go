@@ -31,9 +31,12 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("PUT /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/host", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Host string `json:"host"`
+			// Subnet, FARM/SUBNET, moves the VM to another subnet of its
+			// farm as well: it gets a new address there (api_vms_move.go).
+			Subnet string `json:"subnet"`
 		}
 		if decode(w, r, &in) {
-			v, err := c.MoveVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"), in.Host)
+			v, err := c.MoveVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"), in.Host, in.Subnet)
 			reply(w, http.StatusOK, v, err)
 		}
 	})
@@ -118,33 +121,4 @@ func (c *Controller) DeleteVM(ctx context.Context, farm, subnet, name string) er
 		return err
 	}
 	return c.store.Delete(ctx, key)
-}
-
-// MoveVM records that a VM now runs on host. Its address and MAC stay; every
-// host's mapping table follows from the recompiled desired state.
-func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host string) (intent.VM, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
-	var v intent.VM
-	if err := store.GetJSON(ctx, c.store, key, &v); errors.Is(err, store.ErrNotFound) {
-		return v, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
-	} else if err != nil {
-		return v, err
-	}
-	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
-		return v, fieldErr("host", fmt.Errorf("no host %q", host))
-	}
-	if v.Host == host {
-		return v, nil
-	}
-	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
-	if err != nil {
-		return v, err
-	}
-	if err := c.checkRoom(vms, host); err != nil {
-		return v, err
-	}
-	v.Host = host
-	return v, store.PutJSON(ctx, c.store, key, v)
 }

@@ -8,8 +8,9 @@ import (
 
 // externalKind is a plain machine on the fabric, the Internet as far as the
 // lab is concerned: a namespace whose eth0 is plugged into the fabric bridge
-// with its own address. It runs no onehop; it is what slivers and VMs are
-// reached from and reach out to.
+// with its own address. It runs no onehop (but the VNAT daemon, an
+// endpoint's own, with vnat: true); it is what slivers and VMs are reached
+// from and reach out to.
 type externalKind struct{}
 
 // ExternalInterface is an external machine's NIC on the fabric.
@@ -35,4 +36,12 @@ func (externalKind) plumb(_ context.Context, b *builder, node string) error {
 		return err
 	}
 	return b.plugIntoFabric(ns, fabricPort(node, 0), ExternalInterface, e.Address, bits)
+}
+
+// start starts the external's own daemons: the VNAT daemon, with vnat: true.
+func (externalKind) start(ctx context.Context, b *builder, node string) error {
+	if !vnatOf(b.t, node) {
+		return nil
+	}
+	return startVNAT(ctx, b, node, ExternalInterface)
 }

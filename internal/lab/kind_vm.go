@@ -55,6 +55,14 @@ func (vmKind) plumb(ctx context.Context, b *builder, node string) error {
 	return addressVM(vmNS, vm.Name, v)
 }
 
+// start starts the VM's own daemons: the VNAT daemon, with vnat: true.
+func (vmKind) start(ctx context.Context, b *builder, node string) error {
+	if !vnatOf(b.t, node) {
+		return nil
+	}
+	return startVNAT(ctx, b, node, VMInterface)
+}
+
 // activate brings the vif up: every host is ready, so its datapath is on it
 // (which the kernel confirms, in an onehop lab).
 func (vmKind) activate(_ context.Context, b *builder, node string) error {

@@ -82,8 +82,11 @@ func agentReport(ctx context.Context, s store.Store, host string) (*intent.Desir
 // waitVifAttached waits until host's agent reports vif attached (see
 // agentWaitsFor) and the kernel shows a program on the vif's tcx ingress,
 // for at most timeout. The kernel's word covers an agent report that is
-// stale (a VM that moved away and back before the agent noticed).
-func waitVifAttached(ctx context.Context, st *State, host, vif string, timeout time.Duration) error {
+// stale (a VM that moved away and back before the agent noticed). With ip,
+// the desired state the agent applied must also serve the VM at ip: a VM
+// re-addressed on its own host has its vif listed there all along, under
+// its old address until the controller recompiles.
+func waitVifAttached(ctx context.Context, st *State, host, vif, ip string, timeout time.Duration) error {
 	s, err := dialStore(st)
 	if err != nil {
 		return err
@@ -96,6 +99,9 @@ func waitVifAttached(ctx context.Context, st *State, host, vif string, timeout t
 		d, as, err := agentReport(ctx, s, host)
 		if err == nil {
 			last = agentWaitsFor(d, as, []string{vif}, false)
+			if last == "" && ip != "" && !servesAt(d, vif, ip) {
+				last = fmt.Sprintf("the controller has not placed %s at %s yet", vif, ip)
+			}
 		} else {
 			last = err.Error()
 		}
@@ -115,4 +121,9 @@ func waitVifAttached(ctx context.Context, st *State, host, vif string, timeout t
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// servesAt reports whether desired state d has vif's VM at ip.
+func servesAt(d *intent.Desired, vif, ip string) bool {
+	return slices.ContainsFunc(d.Local, func(l intent.LocalEndpoint) bool { return l.Interface == vif && l.IP == ip })
 }

@@ -52,6 +52,14 @@ type State struct {
 	CgroupFS  string    `json:"cgroupFS,omitempty"`
 	Processes []Process `json:"processes"`
 	Created   time.Time `json:"created"`
+	// Readdressed lists, per node given a new fabric address by
+	// Readdress, every address it has had, the current one last: none of
+	// them is handed out again (readdress.go).
+	Readdressed map[string][]string `json:"readdressed,omitempty"`
+	// VNAT names the nodes whose topology entry has vnat: true, the
+	// endpoints that keep their connections across a change of address
+	// (vnat.go).
+	VNAT []string `json:"vnat,omitempty"`
 	// APIURL is the REST API over TLS on the fabric (pki.go).
 	APIURL string `json:"apiURL,omitempty"`
 }

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -33,6 +34,8 @@ type NodeReport struct {
 	Process    *ProcessReport      `json:"process,omitempty"`
 	Agent      *intent.AgentStatus `json:"agent,omitempty"`
 	VM         *intent.VM          `json:"vm,omitempty"`
+	// VNAT says the node is a VNAT endpoint (vnat: true in the topology).
+	VNAT bool `json:"vnat,omitempty"`
 	// Sliver is a sliver's host and leases (and its slot, once the
 	// controller has allocated it).
 	Sliver *intent.Sliver `json:"sliver,omitempty"`
@@ -108,6 +111,7 @@ func Status(ctx context.Context, st *State) *Report {
 	for _, ns := range st.Namespaces {
 		node := strings.TrimPrefix(ns, prefix)
 		n := NodeReport{Name: node, Netns: ns, Present: netns.Exists(ns), Kind: st.Kinds[node]}
+		n.VNAT = slices.Contains(st.VNAT, node)
 		if rep, ok := kindNamed(n.Kind).(reporter); ok {
 			rep.report(&n, f)
 		}

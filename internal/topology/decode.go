@@ -271,17 +271,28 @@ func (c *checker) allocate(line int, who string, from int) string {
 	if !c.fabricOK {
 		return ""
 	}
-	last := lastAddr(c.fabric)
-	a := nthAddr(c.fabric, max(from, c.next))
-	for ; a.IsValid() && a.Less(last); a = a.Next() {
-		if _, used := c.addrs[a]; !used && a != c.fabric.Addr() {
-			c.addrs[a] = who
-			c.next = offset(c.fabric, a) + 1
-			return a.String()
+	a, ok := NextFabricAddr(c.fabric, max(from, c.next), func(a netip.Addr) bool { _, used := c.addrs[a]; return used })
+	if !ok {
+		c.fail(line, "%s: no free address left on fabric %s", who, c.fabric)
+		return ""
+	}
+	c.addrs[a] = who
+	c.next = offset(c.fabric, a) + 1
+	return a.String()
+}
+
+// NextFabricAddr is the fabric's address allocator: the first usable
+// address of fabric at or after offset from that used does not claim; false
+// when there is none. The topology allocates hosts', externals' and extra
+// uplinks' addresses with it, and the lab a readdressed external's.
+func NextFabricAddr(fabric netip.Prefix, from int, used func(netip.Addr) bool) (netip.Addr, bool) {
+	last := lastAddr(fabric)
+	for a := nthAddr(fabric, from); a.IsValid() && a.Less(last); a = a.Next() {
+		if !used(a) && a != fabric.Addr() {
+			return a, true
 		}
 	}
-	c.fail(line, "%s: no free address left on fabric %s", who, c.fabric)
-	return ""
+	return netip.Addr{}, false
 }
 
 // offset is how far a lies from the start of p.

@@ -7,13 +7,17 @@ import (
 )
 
 // External is a plain machine on the fabric, the Internet as far as the lab
-// is concerned: its own fabric address, no onehop on it.
+// is concerned: its own fabric address, no onehop on it (but the VNAT
+// daemon, an endpoint's own, with vnat: true).
 type External struct {
 	Name string `yaml:"name"`
 	// Address is its fabric address; allocated after the hosts' and the
 	// controller's when not given.
 	Address string `yaml:"address"`
-	Line    int    `yaml:"-"`
+	// VNAT makes the external an endpoint whose connections survive a
+	// change of its address (issue 10): the lab runs the VNAT daemon in it.
+	VNAT bool `yaml:"vnat"`
+	Line int  `yaml:"-"`
 }
 
 const externalsKey = "externals"
@@ -27,6 +31,7 @@ var externalsSection = section{
 			d.mapping(item, "external", map[string]field{
 				"name":    d.str(&e.Name, "external name"),
 				"address": d.str(&e.Address, "external address"),
+				"vnat":    d.flag(&e.VNAT, "external vnat"),
 			})
 			es = append(es, e)
 		})(v))

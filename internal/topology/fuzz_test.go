@@ -19,8 +19,11 @@ func FuzzParse(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, s := range []string{string(quickstart), string(portshare), good, twoFarms, shared} {
+	for _, s := range []string{string(quickstart), string(portshare), good, twoFarms, shared, vnatTopo} {
 		f.Add(s)
+	}
+	for _, c := range vnatErrorCases {
+		f.Add(strings.Replace(vnatTopo, c.old, c.new, 1))
 	}
 	for _, c := range sliverErrorCases {
 		f.Add(strings.Replace(shared, c.old, c.new, 1))

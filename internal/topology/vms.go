@@ -18,6 +18,9 @@ type VM struct {
 	// DHCP leaves the VM's interface without an address: the VM asks for it
 	// (onehop answers on the VM's host).
 	DHCP bool `yaml:"dhcp"`
+	// VNAT makes the VM an endpoint whose connections survive a change of
+	// its address (issue 10): the lab runs the VNAT daemon in it.
+	VNAT bool `yaml:"vnat"`
 	// Firewall is the VM's own firewall, if it has one.
 	Firewall *intent.Firewall `yaml:"-"`
 	Line     int              `yaml:"-"`
@@ -80,6 +83,7 @@ func decodeVM(d *decoder, item *yaml.Node) VM {
 			return nil
 		},
 		"dhcp": d.flag(&vm.DHCP, "vm dhcp"),
+		"vnat": d.flag(&vm.VNAT, "vm vnat"),
 	})
 	return vm
 }

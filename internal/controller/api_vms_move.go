@@ -1,0 +1,160 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/topology"
+)
+
+// MoveVM records that a VM now runs on host. Without toSubnet its address
+// and MAC stay; every host's mapping table follows from the recompiled
+// desired state.
+//
+// With toSubnet (FARM/SUBNET, another subnet of the VM's farm) the VM also
+// changes subnet, as a VM re-addressed after a move to another part of the
+// data center does (issue 10, connection migration): it gets a new address
+// in that subnet, and with it a new virtual MAC and gateway; its firewall
+// goes with it. The record is the only thing written: the desired state
+// (the new host's endpoint, its DHCP answer and anti-spoofing entries, the
+// old host's loss of it) is compiled from it like any other change. Its old
+// address is freed, so a VM created later in the old subnet may get it:
+// keeping connections of the old address alive is the VM's own VNAT daemon's
+// business, per connection, and a clash is what the paper's abort or preempt
+// policy settles (§3.4.2).
+func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSubnet string) (intent.VM, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
+	var v intent.VM
+	if err := store.GetJSON(ctx, c.store, key, &v); errors.Is(err, store.ErrNotFound) {
+		return v, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	} else if err != nil {
+		return v, err
+	}
+	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
+		return v, fieldErr("host", fmt.Errorf("no host %q", host))
+	}
+	if toSubnet == "" {
+		return c.moveHost(ctx, key, v, host)
+	}
+	tf, ts, err := parseSubnetRef(toSubnet)
+	if err != nil {
+		return v, err
+	}
+	_, err = c.store.Get(ctx, intent.SubnetsPrefix+tf+"/"+ts)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return v, err
+	}
+	exists := err == nil
+	taps, _, err := store.ListJSON[intent.TapPolicy](ctx, c.store, intent.TapsPrefix)
+	if err != nil {
+		return v, err
+	}
+	if err := checkSubnetMove(v, tf, ts, exists, taps); err != nil {
+		return v, err
+	}
+	if v.Host != host {
+		vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+		if err != nil {
+			return v, err
+		}
+		if err := c.checkRoom(vms, host); err != nil {
+			return v, err
+		}
+	}
+	a, err := c.alloc(ctx)
+	if err != nil {
+		return v, err
+	}
+	delete(a.VMs, v.FullName())
+	ip, err := a.VM(tf, ts, name)
+	if err != nil {
+		return v, allocErr("subnet", err)
+	}
+	moved := intent.NewVM(tf, ts, name, host, ip)
+	moved.Firewall = v.Firewall
+	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+		return v, err
+	}
+	// The old record goes first: for a moment the VM is nowhere rather
+	// than twice (two records with one vif on one host would be a desired
+	// state no agent can apply).
+	if err := c.store.Delete(ctx, key); err != nil {
+		return v, err
+	}
+	if err := store.PutJSON(ctx, c.store, intent.VMsPrefix+moved.FullName(), moved); err != nil {
+		return v, err
+	}
+	c.log.Info("vm moved to another subnet", "vm", name, "from", v.Farm+"/"+v.Subnet, "to", moved.Farm+"/"+moved.Subnet,
+		"old_ip", v.IP, "ip", moved.IP, "host", host)
+	return moved, nil
+}
+
+// moveHost is a move that keeps the VM's subnet and address.
+func (c *Controller) moveHost(ctx context.Context, key string, v intent.VM, host string) (intent.VM, error) {
+	if v.Host == host {
+		return v, nil
+	}
+	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+	if err != nil {
+		return v, err
+	}
+	if err := c.checkRoom(vms, host); err != nil {
+		return v, err
+	}
+	v.Host = host
+	return v, store.PutJSON(ctx, c.store, key, v)
+}
+
+// parseSubnetRef splits FARM/SUBNET, the body's subnet field.
+func parseSubnetRef(ref string) (farm, subnet string, err error) {
+	farm, subnet, ok := strings.Cut(ref, "/")
+	if !ok || strings.Contains(subnet, "/") {
+		return "", "", fieldErr("subnet", fmt.Errorf("subnet %q must be FARM/SUBNET, e.g. blue/db", ref))
+	}
+	if err := topology.CheckFarmName(farm); err != nil {
+		return "", "", fieldErr("subnet", err)
+	}
+	if err := topology.CheckSubnetName(subnet); err != nil {
+		return "", "", fieldErr("subnet", err)
+	}
+	return farm, subnet, nil
+}
+
+// checkSubnetMove decides whether v may move to subnet farm/subnet (which
+// exists or not), given the TAP policies there are. It is pure: MoveVM reads
+// what it needs and asks.
+//
+// Refused: a subnet that does not exist; the VM's own subnet (a move to
+// another host only leaves the subnet out, so saying it is a mistake the
+// caller should hear about); a subnet of another farm, peered or not, since
+// a farm is a tenant and its VMs, rules, peers and TAP policies are that
+// tenant's: a VM changes owner by being made anew, not by a move; and a VM a
+// TAP policy names as sender, receiver or monitor, since the policy would
+// then name a VM that is not there any more (change or delete it first).
+func checkSubnetMove(v intent.VM, farm, subnet string, exists bool, taps []intent.TapPolicy) error {
+	to := farm + "/" + subnet
+	switch {
+	case farm != v.Farm:
+		return fieldErr("subnet", fmt.Errorf("vm %s is in farm %s and cannot move to %s: a VM moves only within its farm (a farm is a tenant, peered or not)", v.FullName(), v.Farm, to))
+	case subnet == v.Subnet:
+		return &FieldError{Field: "subnet", kind: ErrConflict,
+			Msg: fmt.Sprintf("vm %s is already in subnet %s: leave the subnet out to move it to another host only", v.FullName(), to)}
+	case !exists:
+		return fieldErr("subnet", fmt.Errorf("no subnet %q in farm %s", to, farm))
+	}
+	for _, p := range taps {
+		for _, end := range []struct{ role, name string }{{"sender", p.Sender}, {"receiver", p.Receiver}, {"monitor", p.Monitor}} {
+			if end.name == v.FullName() {
+				return &FieldError{Field: "subnet", kind: ErrConflict,
+					Msg: fmt.Sprintf("tap policy %q names vm %s as its %s: change or delete the policy before the VM moves to %s (it would name a VM no longer there)", p.Name, v.FullName(), end.role, to)}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,43 @@
+package lab
+
+import (
+	"context"
+	"slices"
+
+	"github.com/onehop/onehop/internal/topology"
+)
+
+// VNAT endpoints (issue 10, connection migration): a VM or external with
+// vnat: true in the topology is an endpoint whose TCP and UDP connections
+// survive a change of its address (lab move --subnet for a VM, lab readdress
+// for an external). What makes them survive runs in the node itself, the
+// VNAT daemon; the lab only records which nodes are endpoints (State.VNAT,
+// shown by lab status) and starts the daemon in them, here.
+
+// startVNAT is the one place a node's VNAT daemon is started: the start
+// step of every kind that may carry vnat: true (vmKind, externalKind) calls
+// it with the node's interface. It records the node as a VNAT endpoint, so
+// that lab status shows it. The daemon, `onehop vnat run --iface IFACE`,
+// does not exist yet; when it does, starting it is one line here, with its
+// arguments from a function in process.go:
+//
+//	return b.spawn("vnat-"+node, node, NamespaceOf(b.st.Name, node), vnatArgs(iface)...)
+func startVNAT(_ context.Context, b *builder, node, iface string) error {
+	if slices.Contains(b.st.VNAT, node) {
+		return nil
+	}
+	b.step("%s: VNAT endpoint on %s (no daemon yet: `onehop vnat run` comes later)", node, iface)
+	b.st.VNAT = append(b.st.VNAT, node)
+	return b.st.save()
+}
+
+// vnatOf reports whether node of t is a VNAT endpoint.
+func vnatOf(t *topology.File, node string) bool {
+	if v, ok := t.VMByName(node); ok {
+		return v.VNAT
+	}
+	if e, ok := t.ExternalByName(node); ok {
+		return e.VNAT
+	}
+	return false
+}
