@@ -146,7 +146,9 @@ int vif_ingress(struct __sk_buff *skb)
 		if (routed) /* the gateway illusion: it arrives from the gateway */
 			virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 		count_forward(FWD_LOCAL);
-		if (feature_on(cfg, FEATURE_TAP)) /* its copies, once its verdict is decided */
+		/* Its copies, once its verdict is decided: production goes by
+		 * redirect_peer, past every backlog, so it waits for none. */
+		if (feature_on(cfg, FEATURE_TAP))
 			tap_copy(skb, cfg);
 		/* Straight into the receiving VM's namespace: skips a backlog pass. */
 		return redirect_peer(local->ifindex);
@@ -175,7 +177,8 @@ int vif_ingress(struct __sk_buff *skb)
 	}
 	mac_copy(pkt.eth->h_dest, remote->host_mac);
 	count_forward(FWD_TO_FABRIC);
-	if (feature_on(cfg, FEATURE_TAP))
-		tap_copy(skb, cfg);
+	/* Copied: production is sent first, then its copies (tap_copy). */
+	if (feature_on(cfg, FEATURE_TAP) && tap_copy_first(skb, cfg))
+		return TC_ACT_STOLEN;
 	return redirect_out(cfg->uplink_ifindex);
 }

@@ -308,11 +308,17 @@ static __always_inline void tap_walk_init(struct tap_walk *w, struct __sk_buff *
 }
 
 /* The sender's edge: one copy per distinct monitor of the rules this
- * packet (from a local VM, admitted, its verdict decided) matches. The
- * frame is left exactly as it came; the caller's packet pointers are stale
- * afterwards. A function of its own, not inlined: its walk takes stack
- * only while it runs, beside the entry program's. */
-static __noinline __attribute__((unused)) void tap_copy(struct __sk_buff *skb, const struct node_config *cfg)
+ * packet (from a local VM, admitted, its verdict decided) matches.
+ *
+ * production_first (a constant: each variant is its own function, so no
+ * flag takes stack in a call chain at its limit): production leaves by the
+ * uplink before its copies, and 1 is returned when it did (the caller
+ * consumes the frame). A clone and a redirect out of this host both queue
+ * on this CPU's backlog in the order they are made, so a production frame
+ * redirected after its copies would wait behind them at every hop to its
+ * receiver. Without it the frame is left exactly as it came for the
+ * caller's verdict. The caller's packet pointers are stale afterwards. */
+static __always_inline int tap_copy_body(struct __sk_buff *skb, const struct node_config *cfg, const int production_first)
 {
 	/* The entry program checked the headers; only the pointers are
 	 * needed again (no struct packet: stack). */
@@ -321,14 +327,25 @@ static __noinline __attribute__((unused)) void tap_copy(struct __sk_buff *skb, c
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
 	if (!cfg || (void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return;
+		return 0;
 	struct tap_walk w = {};
 	/* A local sender's key holds every rule it can match (exact). */
 	if (!tap_or(&w.cand, ip->saddr, TAP_ROLE_COPY, TAP_SIDE_SENDER, TAP_KEY_IP))
-		return;
+		return 0;
 	tap_and_side(&w.cand, ip->daddr, TAP_ROLE_COPY, TAP_SIDE_RECEIVER);
 	if (tap_empty(&w.cand))
-		return;
+		return 0;
+	/* Production first, unchanged, now that copies are due. */
+	if (production_first) {
+		if (clone_out(skb, cfg->uplink_ifindex) != 0)
+			return 0; /* production goes by the caller's redirect, uncopied */
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		eth = data;
+		ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end)
+			return 1;
+	}
 	tap_walk_init(&w, skb, ip, data_end);
 	__builtin_memcpy(w.orig_eth, eth, TAP_ETH_SAVE);
 	__builtin_memcpy(w.orig_ip, (__u8 *)ip + 6, TAP_IP_SAVE);
@@ -339,11 +356,25 @@ static __noinline __attribute__((unused)) void tap_copy(struct __sk_buff *skb, c
 	w.marked_check = csum_replace16(ip->check, ip->frag_off, w.marked_frag);
 
 	bpf_loop(TAP_MAX_RULES, tap_rule_one, &w, 0);
-	if (w.view != TAP_VIEW_ORIG) {
+	if (w.view != TAP_VIEW_ORIG && !production_first) {
 		/* The production frame as it was, byte for byte. */
 		bpf_skb_store_bytes(skb, 0, w.orig_eth, TAP_ETH_SAVE, 0);
 		bpf_skb_store_bytes(skb, TAP_IP_SAVE_OFF, w.orig_ip, TAP_IP_SAVE, 0);
 	}
+	return production_first;
+}
+
+/* Copies of a packet whose production verdict the caller returns. */
+static __noinline __attribute__((unused)) int tap_copy(struct __sk_buff *skb, const struct node_config *cfg)
+{
+	return tap_copy_body(skb, cfg, 0);
+}
+
+/* Copies of a packet bound for the uplink: production is sent first; 1:
+ * it was, the caller consumes the frame. */
+static __noinline __attribute__((unused)) int tap_copy_first(struct __sk_buff *skb, const struct node_config *cfg)
+{
+	return tap_copy_body(skb, cfg, 1);
 }
 
 /* The monitor's edge: a marked frame from the fabric (tenant IPv4). It is

@@ -34,6 +34,7 @@ const (
 	actOK       = 0
 	actShot     = 2
 	actRedirect = 7
+	actStolen   = 4
 	kindOut     = 1
 	kindPeer    = 2
 	kindClone   = 3
@@ -555,6 +556,35 @@ func (h *host) runRows(t *testing.T, prog *ebpf.Program, rows []row) {
 			before, sb := h.counters(t), h.statsByID(t)
 			got := h.run(t, prog, in)
 			after, sa := h.counters(t), h.statsByID(t)
+			// Bound for the uplink with copies due, production leaves
+			// first as a clone (so it queues ahead of its copies) and the
+			// frame is consumed: that first clone is production, and it
+			// must reach its link before any copy, as it was.
+			if got.verdict == actStolen {
+				if len(got.clones) == 0 {
+					t.Fatalf("frame consumed, but nothing sent")
+				}
+				got.to, got.kind, got.verdict, got.clones = got.clones[0], kindOut, actRedirect, got.clones[1:]
+				c, ok := h.lab.captureOf(got.to)
+				if !ok {
+					t.Fatalf("production left by link %d, which has no capture to check it on", got.to)
+				}
+				{
+					b, err := c.next(2 * time.Second)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if b == nil {
+						t.Fatalf("production never arrived on link %d", got.to)
+					}
+					if len(b) > len(base.out) || !bytes.Equal(b, base.out[:len(b)]) {
+						t.Errorf("the first frame out of %d is not production as it was:\n got %x\nwant %x", got.to, b, base.out[:len(b)])
+					}
+				}
+				// The consumed frame's own bytes went nowhere; what left
+				// was just checked.
+				got.out = base.out
+			}
 
 			// Production: as without the TAP, and as the row says.
 			sameBytes := base.verdict == actShot || bytes.Equal(got.out, base.out) // a dropped frame's bytes go nowhere
@@ -846,9 +876,20 @@ func TestPrivilegedACopyAcrossTheFabricArrivesAsTheOriginal(t *testing.T) {
 	in := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, sport: 40000, dport: 5432}
 	h1.lab.capture["up0"].drain(t)
 	r := h1.run(t, h1.k.VifProgram(), in.bytes(t))
-	if r.verdict != actRedirect || r.to != uint32(h1.lab.ifindex["up0"]) || len(r.clones) != 1 {
-		t.Fatalf("h1: verdict %d to %d, copies %v", r.verdict, r.to, r.clones)
+	up0 := uint32(h1.lab.ifindex["up0"])
+	// Production leaves first (a clone), then the copy; the frame is
+	// consumed.
+	if r.verdict != actStolen || r.to != 0 || fmt.Sprint(r.clones) != fmt.Sprint([]uint32{up0, up0}) {
+		t.Fatalf("h1: verdict %d to %d, clones %v; want production then one copy out of up0 (%d), frame consumed", r.verdict, r.to, r.clones, up0)
 	}
+	production, err := h1.lab.capture["up0"].next(2 * time.Second)
+	if err != nil || production == nil {
+		t.Fatalf("production never left h1's uplink (%v)", err)
+	}
+	if production[20]&0x80 != 0 {
+		t.Fatalf("the first frame out of h1's uplink is marked: production must leave first, unmarked: %x", production[:34])
+	}
+	r.out = production
 	wire, err := h1.lab.capture["up0"].next(2 * time.Second)
 	if err != nil || wire == nil {
 		t.Fatalf("no copy left h1's uplink (%v)", err)
@@ -983,4 +1024,15 @@ func TestPrivilegedAfterADeleteNothingIsLeftInAnyMap(t *testing.T) {
 	if bits, _ := h.k.Features(); bits&datapath.FeatureTap != 0 {
 		t.Fatal("the TAP's bit is still set")
 	}
+}
+
+// captureOf is the capture on the far end of the host-side link ifindex.
+func (l *lab) captureOf(ifindex uint32) (*packetSock, bool) {
+	for name, i := range l.ifindex {
+		if uint32(i) == ifindex {
+			c, ok := l.capture[name]
+			return c, ok
+		}
+	}
+	return nil, false
 }
