@@ -24,6 +24,7 @@ import (
 //   - arp_announce=2 on ifname (and "all"): the stack's own ARP requests use
 //     the interface's primary address as sender, never addr (a socket bound
 //     to addr would otherwise put it in the sender field).
+//
 // ifname is the endpoint's interface (the one the programs are attached to).
 func (d *Datapath) KeepLocal(addr netip.Addr, ifname string) error {
 	if !addr.Is4() || addr.IsUnspecified() || addr.IsMulticast() || addr.IsLoopback() {
