@@ -263,6 +263,15 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 	return d.syncActive()
 }
 
+// Resync writes the routes for moved peers again. Call it after the
+// endpoint's addresses change: removing an interface's last address
+// flushes every route through that interface.
+func (d *Datapath) Resync() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.syncRoutes()
+}
+
 // Forget stops translating v (its packets go out as the socket wrote them).
 func (d *Datapath) Forget(v Virtual) error {
 	d.mu.Lock()
@@ -295,10 +304,10 @@ func (d *Datapath) syncRoutes() error {
 	if err != nil {
 		return fmt.Errorf("vnat: %w", err)
 	}
+	// Every wanted route is replaced, not only new ones: removing an
+	// interface's last address flushes every route through it (the kernel's
+	// fib_disable_ip), so what was installed may be gone.
 	for va, pa := range want {
-		if d.routes[va] == pa {
-			continue
-		}
 		if err := d.addRoute(va, pa); err != nil {
 			return err
 		}
