@@ -40,6 +40,8 @@ type Datapath struct {
 	table  *Table
 	routes map[netip.Addr]netip.Addr // virtual remote -> physical, installed
 	kept   map[netip.Addr]bool       // addresses KeepLocal added
+	// resyncing makes syncRoutes rewrite routes it believes installed.
+	resyncing bool
 	diag   map[Tuple]Conn            // connections picked up by sock_diag
 	// counterNames index vnat_counters (enum vnat_counter, from BTF).
 	counterNames []string
@@ -208,7 +210,12 @@ func (d *Datapath) Translate(v Virtual, p Physical) error {
 	if err != nil {
 		return fmt.Errorf("vnat: translate: %w", err)
 	}
-	if err := d.syncRoutes(); err != nil {
+	// The route is rewritten whenever this connection's peer moved:
+	// the move may also have flushed it.
+	d.resyncing = v.Remote != p.Remote
+	err = d.syncRoutes(routeAddrs(v))
+	d.resyncing = false
+	if err != nil {
 		d.table.Forget(v)
 		return err
 	}
@@ -234,7 +241,11 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 	keys := make([]XlateKey, 0, 2*len(ms))
 	vals := make([]Rewrite, 0, 2*len(ms))
 	var stale []XlateKey
+	touched := map[netip.Addr]bool{}
 	for _, m := range ms {
+		for _, a := range routeAddrs(m.Virtual) {
+			touched[a] = true
+		}
 		write, st, err := d.table.Set(m.Virtual, m.Physical)
 		if err != nil {
 			return fmt.Errorf("vnat: translate: %w", err)
@@ -247,7 +258,14 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 			stale = append(stale, e.Key)
 		}
 	}
-	if err := d.syncRoutes(); err != nil {
+	vas := make([]netip.Addr, 0, len(touched))
+	for a := range touched {
+		vas = append(vas, a)
+	}
+	d.resyncing = true
+	err := d.syncRoutes(vas)
+	d.resyncing = false
+	if err != nil {
 		return err
 	}
 	if len(keys) > 0 {
@@ -269,7 +287,9 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 func (d *Datapath) Resync() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.syncRoutes()
+	d.resyncing = true
+	defer func() { d.resyncing = false }()
+	return d.syncRoutes(nil)
 }
 
 // Forget stops translating v (its packets go out as the socket wrote them).
@@ -284,7 +304,7 @@ func (d *Datapath) Forget(v Virtual) error {
 	if err := d.syncActive(); err != nil {
 		return err
 	}
-	return d.syncRoutes()
+	return d.syncRoutes(routeAddrs(v))
 }
 
 // syncActive writes the "anything migrated?" word the programs read first.
@@ -296,25 +316,35 @@ func (d *Datapath) syncActive() error {
 	return nil
 }
 
-// syncRoutes makes the /32 routes for moved remote ends match the table.
+// syncRoutes makes the /32 routes for moved remote ends match the table,
+// for the given virtual remote addresses (all of them when vas is nil).
 // tc egress runs after the routing decision, so without a route the stack
 // would resolve (ARP for) the peer's old address, which nobody answers.
-func (d *Datapath) syncRoutes() error {
-	want, err := d.table.RemoteRoutes()
-	if err != nil {
-		return fmt.Errorf("vnat: %w", err)
-	}
-	// Every wanted route is replaced, not only new ones: removing an
-	// interface's last address flushes every route through it (the kernel's
-	// fib_disable_ip), so what was installed may be gone.
-	for va, pa := range want {
-		if err := d.addRoute(va, pa); err != nil {
-			return err
+// A wanted route is replaced even if installed when resyncing: removing an
+// interface's last address flushes every route through it (the kernel's
+// fib_disable_ip).
+func (d *Datapath) syncRoutes(vas []netip.Addr) error {
+	if vas == nil {
+		for va := range d.table.RemoteRoutes() {
+			vas = append(vas, va)
 		}
-		d.routes[va] = pa
+		for va := range d.routes {
+			vas = append(vas, va)
+		}
 	}
-	for va := range d.routes {
-		if _, ok := want[va]; !ok {
+	for _, va := range vas {
+		pa, want := d.table.RemoteRoute(va)
+		have, installed := d.routes[va]
+		switch {
+		case want:
+			if installed && have == pa && !d.resyncing {
+				continue
+			}
+			if err := d.addRoute(va, pa); err != nil {
+				return err
+			}
+			d.routes[va] = pa
+		case installed:
 			if err := d.delRoute(va); err != nil {
 				return err
 			}
@@ -363,6 +393,9 @@ func (d *Datapath) delRoute(virt netip.Addr) error {
 	return nil
 }
 
+// routeAddrs is the virtual remote address whose route a change of v may
+// touch: its peer's (syncRoutes adds, keeps or removes that one route).
+func routeAddrs(v Virtual) []netip.Addr { return []netip.Addr{v.Remote.Addr()} }
 // routeProto marks VNAT's routes (`ip route show proto 203`).
 const routeProto = 203
 

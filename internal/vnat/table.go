@@ -74,11 +74,16 @@ func Entries(v Virtual, p Physical) ([2]Entry, error) {
 type Table struct {
 	byVirtual  map[Virtual]Physical
 	byPhysical map[Physical]Virtual
+	// remotes counts, per moved peer's virtual address, the connections
+	// that reach it at each physical address: kept up to date on every
+	// change so no call walks the table (paper §6.4's linear search).
+	remotes map[netip.Addr]map[netip.Addr]int
 }
 
 // NewTable returns an empty table.
 func NewTable() *Table {
-	return &Table{byVirtual: map[Virtual]Physical{}, byPhysical: map[Physical]Virtual{}}
+	return &Table{byVirtual: map[Virtual]Physical{}, byPhysical: map[Physical]Virtual{},
+		remotes: map[netip.Addr]map[netip.Addr]int{}}
 }
 
 // Set records that v is now at p, replacing where it was, and returns the
@@ -92,13 +97,25 @@ func (t *Table) Set(v Virtual, p Physical) (write [2]Entry, stale []Entry, err e
 	if other, ok := t.byPhysical[p]; ok && other != v {
 		return write, nil, fmt.Errorf("physical %s is already connection %s's", p, other)
 	}
-	if old, ok := t.byVirtual[v]; ok && old != p {
+	old, had := t.byVirtual[v]
+	if va, pa := v.Remote.Addr(), p.Remote.Addr(); va != pa {
+		for at, n := range t.remotes[va] {
+			if at != pa && n > 0 && !(had && n == 1 && old.Remote.Addr() == at) {
+				return write, nil, fmt.Errorf("virtual remote %s is already at %s, not %s", va, at, pa)
+			}
+		}
+	}
+	if had && old != p {
 		oldEntries, _ := Entries(v, old)
 		stale = append(stale, oldEntries[1]) // egress key (v) is overwritten in place
 		delete(t.byPhysical, old)
 	}
+	if had {
+		t.countRemote(v, old, -1)
+	}
 	t.byVirtual[v] = p
 	t.byPhysical[p] = v
+	t.countRemote(v, p, +1)
 	return write, stale, nil
 }
 
@@ -110,6 +127,7 @@ func (t *Table) Forget(v Virtual) []Entry {
 	}
 	delete(t.byVirtual, v)
 	delete(t.byPhysical, p)
+	t.countRemote(v, p, -1)
 	e, _ := Entries(v, p)
 	return e[:]
 }
@@ -139,23 +157,44 @@ func (t *Table) Migrations() []Migration {
 	return out
 }
 
-// RemoteRoutes are the virtual remote addresses that need a route via a
-// physical one's next hop (tc egress runs after routing, so the stack must
-// be able to route a moved peer's old address): virtual -> physical. An
-// address with connections at two physical places is an error.
-func (t *Table) RemoteRoutes() (map[netip.Addr]netip.Addr, error) {
-	out := map[netip.Addr]netip.Addr{}
-	for v, p := range t.byVirtual {
-		va, pa := v.Remote.Addr(), p.Remote.Addr()
-		if va == pa {
-			continue
-		}
-		if have, ok := out[va]; ok && have != pa {
-			return nil, fmt.Errorf("virtual remote %s is at both %s and %s", va, have, pa)
-		}
-		out[va] = pa
+func (t *Table) countRemote(v Virtual, p Physical, delta int) {
+	va, pa := v.Remote.Addr(), p.Remote.Addr()
+	if va == pa {
+		return
 	}
-	return out, nil
+	m := t.remotes[va]
+	if m == nil {
+		m = map[netip.Addr]int{}
+		t.remotes[va] = m
+	}
+	m[pa] += delta
+	if m[pa] <= 0 {
+		delete(m, pa)
+	}
+	if len(m) == 0 {
+		delete(t.remotes, va)
+	}
+}
+
+// RemoteRoute says where the moved peer with virtual address va is, if
+// any connection reaches it translated: tc egress runs after routing, so
+// the stack must be able to route the peer's old address (internal/vnat
+// installs va/32 via the physical address's next hop). Set refuses a
+// peer at two places, so there is at most one.
+func (t *Table) RemoteRoute(va netip.Addr) (netip.Addr, bool) {
+	for pa := range t.remotes[va] {
+		return pa, true
+	}
+	return netip.Addr{}, false
+}
+
+// RemoteRoutes are all of RemoteRoute's answers: virtual -> physical.
+func (t *Table) RemoteRoutes() map[netip.Addr]netip.Addr {
+	out := make(map[netip.Addr]netip.Addr, len(t.remotes))
+	for va := range t.remotes {
+		out[va], _ = t.RemoteRoute(va)
+	}
+	return out
 }
 
 // TupleOfKey reads a vnat_xlate key back (for listing and tests).
