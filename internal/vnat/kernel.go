@@ -42,7 +42,7 @@ type Datapath struct {
 	kept   map[netip.Addr]bool       // addresses KeepLocal added
 	// resyncing makes syncRoutes rewrite routes it believes installed.
 	resyncing bool
-	diag   map[Tuple]Conn            // connections picked up by sock_diag
+	diag      map[Tuple]Conn // connections picked up by sock_diag
 	// counterNames index vnat_counters (enum vnat_counter, from BTF).
 	counterNames []string
 }
@@ -396,6 +396,7 @@ func (d *Datapath) delRoute(virt netip.Addr) error {
 // routeAddrs is the virtual remote address whose route a change of v may
 // touch: its peer's (syncRoutes adds, keeps or removes that one route).
 func routeAddrs(v Virtual) []netip.Addr { return []netip.Addr{v.Remote.Addr()} }
+
 // routeProto marks VNAT's routes (`ip route show proto 203`).
 const routeProto = 203
 
