@@ -13,7 +13,7 @@ import (
 )
 
 // TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation runs a
-// real TCP connection between two namespaces, re-addresses one end, shows
+// real TCP connection (and a connected UDP pair) between two namespaces, re-addresses one end, shows
 // the connection stalls, installs the translation on both ends by hand
 // (what VCMP will do) and shows it carries on; then moves the other end
 // too. Checksum offload is off on both veths so every segment's checksum is
@@ -116,6 +116,43 @@ func TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation(t *testing.T
 		}
 	}
 	clientPort := uint16(conn.LocalAddr().(*net.TCPAddr).Port)
+
+	// A connected UDP pair beside it (paper §3.4.1: migrated like TCP).
+	var ua, ub *net.UDPConn
+	if err := netns.Do(a.name, func() (err error) {
+		ua, err = net.DialUDP("udp4", &net.UDPAddr{IP: net.IPv4(10, 8, 0, 1)}, &net.UDPAddr{IP: net.IPv4(10, 8, 0, 2), Port: 5002})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ua.Close()
+	if err := netns.Do(b.name, func() (err error) {
+		ub, err = net.DialUDP("udp4", &net.UDPAddr{IP: net.IPv4(10, 8, 0, 2), Port: 5002}, ua.LocalAddr().(*net.UDPAddr))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ub.Close()
+	uaV := netip.MustParseAddrPort(ua.LocalAddr().String())
+	ubV := netip.MustParseAddrPort("10.8.0.2:5002")
+	udpBothWays := func(what string) {
+		t.Helper()
+		for _, pair := range [][2]*net.UDPConn{{ua, ub}, {ub, ua}} {
+			msg := fmt.Sprintf("%s from %s", what, pair[0].LocalAddr())
+			if _, err := pair[0].Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			if err := pair[1].SetReadDeadline(time.Now().Add(2 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 256)
+			k, err := pair[1].Read(buf)
+			if err != nil || string(buf[:k]) != msg {
+				t.Fatalf("udp %s: got %q, %v; want %q", what, buf[:k], err, msg)
+			}
+		}
+	}
+	udpBothWays("before any move")
 	aV := netip.AddrPortFrom(netip.MustParseAddr("10.8.0.1"), clientPort)
 	bV := netip.MustParseAddrPort("10.8.0.2:5001")
 
@@ -154,6 +191,14 @@ func TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation(t *testing.T
 			t.Fatalf("after b moved: %v", err)
 		}
 	}
+	ubP := netip.MustParseAddrPort("10.8.1.3:5002")
+	if err := da.Translate(Virtual{UDP, uaV, ubV}, Physical{UDP, uaV, ubP}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Translate(Virtual{UDP, ubV, uaV}, Physical{UDP, ubP, uaV}); err != nil {
+		t.Fatal(err)
+	}
+	udpBothWays("after b moved")
 
 	// Now a moves too, to 10.8.2.4.
 	a.sh(t, "ip", "addr", "del", "10.8.0.1/24", "dev", "a0")
@@ -176,6 +221,14 @@ func TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation(t *testing.T
 			t.Fatalf("after both moved: %v\n%s", err, dump())
 		}
 	}
+	uaP := netip.AddrPortFrom(netip.MustParseAddr("10.8.2.4"), uaV.Port())
+	if err := da.Translate(Virtual{UDP, uaV, ubV}, Physical{UDP, uaP, ubP}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Translate(Virtual{UDP, ubV, uaV}, Physical{UDP, ubP, uaP}); err != nil {
+		t.Fatal(err)
+	}
+	udpBothWays("after both moved")
 	for _, d := range []*Datapath{da, db} {
 		c, err := d.Counters()
 		if err != nil {
