@@ -19,6 +19,7 @@ declare -A need=(
   [python3]=python3          # e2e and demo: raw frames, UDP senders, JSON
   [etcd]=etcd-server       # an external etcd cluster in tests
   [nft]=nftables           # bench: the NAT baseline port-space isolation is compared with
+  [ethtool]=ethtool        # vnat tests: checksum offload off, so the kernel verifies translated checksums
 )
 missing=()
 for cmd in "${!need[@]}"; do
