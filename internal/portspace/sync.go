@@ -212,24 +212,24 @@ func (f *Feature) sync(p Plan) error {
 	}
 	steps := []func() error{
 		// What the ports will point at, first.
-		func() error { return put(maps.slivers, cur.slivers, want.slivers, "ps_slivers") },
-		func() error { return put(maps.vifs, cur.vifs, want.vifs, "ps_vifs") },
-		func() error { return put(maps.fanout, cur.fanout, want.fanout, "ps_fanout") },
-		func() error { return put(maps.index, cur.index, want.index, "ps_uplink_index") },
-		func() error { return put(maps.uplinks, cur.uplinks, want.uplinks, "ps_uplinks") },
-		func() error { return put(maps.addrs, cur.addrs, want.addrs, "ps_addrs") },
-		func() error { return put(maps.limits, cur.limits, want.limits, "ps_config") },
-		func() error { return put(maps.cgroups, cur.cgroups, want.cgroups, "ps_cgroups") },
-		func() error { return put(maps.ports, cur.ports, want.ports, "ps_ports") },
-		func() error { return remove(maps.ports, cur.ports, want.ports, true, "ps_ports") },
-		func() error { return remove(maps.cgroups, cur.cgroups, want.cgroups, false, "ps_cgroups") },
-		func() error { return remove(maps.addrs, cur.addrs, want.addrs, false, "ps_addrs") },
-		func() error { return remove(maps.uplinks, cur.uplinks, want.uplinks, false, "ps_uplinks") },
-		func() error { return remove(maps.index, cur.index, want.index, true, "ps_uplink_index") },
-		func() error { return remove(maps.fanout, cur.fanout, want.fanout, false, "ps_fanout") },
-		func() error { return remove(maps.vifs, cur.vifs, want.vifs, false, "ps_vifs") },
-		func() error { return remove(maps.slivers, cur.slivers, want.slivers, true, "ps_slivers") },
-		func() error { return remove(maps.limits, cur.limits, want.limits, true, "ps_config") },
+		func() error { return datapath.PutChanged(maps.slivers, cur.slivers, want.slivers, "ps_slivers") },
+		func() error { return datapath.PutChanged(maps.vifs, cur.vifs, want.vifs, "ps_vifs") },
+		func() error { return datapath.PutChanged(maps.fanout, cur.fanout, want.fanout, "ps_fanout") },
+		func() error { return datapath.PutChanged(maps.index, cur.index, want.index, "ps_uplink_index") },
+		func() error { return datapath.PutChanged(maps.uplinks, cur.uplinks, want.uplinks, "ps_uplinks") },
+		func() error { return datapath.PutChanged(maps.addrs, cur.addrs, want.addrs, "ps_addrs") },
+		func() error { return datapath.PutChanged(maps.limits, cur.limits, want.limits, "ps_config") },
+		func() error { return datapath.PutChanged(maps.cgroups, cur.cgroups, want.cgroups, "ps_cgroups") },
+		func() error { return datapath.PutChanged(maps.ports, cur.ports, want.ports, "ps_ports") },
+		func() error { return datapath.RemoveGone(maps.ports, cur.ports, want.ports, true, "ps_ports") },
+		func() error { return datapath.RemoveGone(maps.cgroups, cur.cgroups, want.cgroups, false, "ps_cgroups") },
+		func() error { return datapath.RemoveGone(maps.addrs, cur.addrs, want.addrs, false, "ps_addrs") },
+		func() error { return datapath.RemoveGone(maps.uplinks, cur.uplinks, want.uplinks, false, "ps_uplinks") },
+		func() error { return datapath.RemoveGone(maps.index, cur.index, want.index, true, "ps_uplink_index") },
+		func() error { return datapath.RemoveGone(maps.fanout, cur.fanout, want.fanout, false, "ps_fanout") },
+		func() error { return datapath.RemoveGone(maps.vifs, cur.vifs, want.vifs, false, "ps_vifs") },
+		func() error { return datapath.RemoveGone(maps.slivers, cur.slivers, want.slivers, true, "ps_slivers") },
+		func() error { return datapath.RemoveGone(maps.limits, cur.limits, want.limits, true, "ps_config") },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -324,77 +324,21 @@ func (f *Feature) resetSlot(slot uint32) error {
 func (f *Feature) read() (*state, error) {
 	s := newState()
 	for _, r := range []func() error{
-		func() error { return readMap(f.k, MapUplinks, s.uplinks) },
-		func() error { return readMap(f.k, "ps_uplink_index", s.index) },
-		func() error { return readMap(f.k, MapAddrs, s.addrs) },
-		func() error { return readMap(f.k, MapPorts, s.ports) },
-		func() error { return readMap(f.k, MapSlivers, s.slivers) },
-		func() error { return readMap(f.k, MapVifs, s.vifs) },
-		func() error { return readMap(f.k, MapFanout, s.fanout) },
-		func() error { return readMap(f.k, MapCgroups, s.cgroups) },
-		func() error { return readMap(f.k, "ps_config", s.limits) },
+		func() error { return datapath.ReadMap(f.k, MapUplinks, s.uplinks) },
+		func() error { return datapath.ReadMap(f.k, "ps_uplink_index", s.index) },
+		func() error { return datapath.ReadMap(f.k, MapAddrs, s.addrs) },
+		func() error { return datapath.ReadMap(f.k, MapPorts, s.ports) },
+		func() error { return datapath.ReadMap(f.k, MapSlivers, s.slivers) },
+		func() error { return datapath.ReadMap(f.k, MapVifs, s.vifs) },
+		func() error { return datapath.ReadMap(f.k, MapFanout, s.fanout) },
+		func() error { return datapath.ReadMap(f.k, MapCgroups, s.cgroups) },
+		func() error { return datapath.ReadMap(f.k, "ps_config", s.limits) },
 	} {
 		if err := r(); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
-}
-
-// readMap reads a map's non-zero entries into into.
-func readMap[K, V comparable](k *datapath.Kernel, name string, into map[K]V) error {
-	m, err := k.Map(name)
-	if err != nil {
-		return err
-	}
-	var key K
-	var val, zero V
-	it := m.Iterate()
-	for it.Next(&key, &val) {
-		if val != zero {
-			into[key] = val
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", name, err)
-	}
-	return nil
-}
-
-// put writes every entry of want that cur does not hold as is.
-func put[K, V comparable](m *ebpf.Map, cur, want map[K]V, what string) error {
-	for k, v := range want {
-		if c, ok := cur[k]; ok && c == v {
-			continue
-		}
-		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("write %s: %w", what, err)
-		}
-		cur[k] = v
-	}
-	return nil
-}
-
-// remove takes out every entry of cur that want does not have: deleted
-// from a hash, zeroed in an array.
-func remove[K, V comparable](m *ebpf.Map, cur, want map[K]V, array bool, what string) error {
-	for k := range cur {
-		if _, ok := want[k]; ok {
-			continue
-		}
-		var err error
-		if array {
-			var zero V
-			err = m.Put(k, zero)
-		} else if err = m.Delete(k); errors.Is(err, ebpf.ErrKeyNotExist) {
-			err = nil
-		}
-		if err != nil {
-			return fmt.Errorf("remove from %s: %w", what, err)
-		}
-		delete(cur, k)
-	}
-	return nil
 }
 
 // Stats reads each synced sliver's counters, summed over CPUs, with its

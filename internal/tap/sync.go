@@ -97,14 +97,14 @@ func (f *Feature) sync(p Plan) error {
 		}
 	}
 	steps := []func() error{
-		func() error { return put(maps.config, cur.config, want.config, MapConfig) },
-		func() error { return put(maps.targets, cur.targets, want.targets, MapTargets) },
-		func() error { return put(maps.rules, cur.rules, want.rules, MapRules) },
-		func() error { return put(maps.index, cur.index, want.index, MapIndex) },
-		func() error { return remove(maps.index, cur.index, want.index, false, MapIndex) },
-		func() error { return remove(maps.rules, cur.rules, want.rules, true, MapRules) },
-		func() error { return remove(maps.targets, cur.targets, want.targets, true, MapTargets) },
-		func() error { return remove(maps.config, cur.config, want.config, true, MapConfig) },
+		func() error { return datapath.PutChanged(maps.config, cur.config, want.config, MapConfig) },
+		func() error { return datapath.PutChanged(maps.targets, cur.targets, want.targets, MapTargets) },
+		func() error { return datapath.PutChanged(maps.rules, cur.rules, want.rules, MapRules) },
+		func() error { return datapath.PutChanged(maps.index, cur.index, want.index, MapIndex) },
+		func() error { return datapath.RemoveGone(maps.index, cur.index, want.index, false, MapIndex) },
+		func() error { return datapath.RemoveGone(maps.rules, cur.rules, want.rules, true, MapRules) },
+		func() error { return datapath.RemoveGone(maps.targets, cur.targets, want.targets, true, MapTargets) },
+		func() error { return datapath.RemoveGone(maps.config, cur.config, want.config, true, MapConfig) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -291,16 +291,16 @@ func zeroStats(m *ebpf.Map, slot uint32) error {
 // restart finds the maps its predecessor wrote), and the slots in them.
 func (f *Feature) read() (*state, error) {
 	s := newState()
-	if err := readMap(f.k, MapRules, s.rules); err != nil {
+	if err := datapath.ReadMap(f.k, MapRules, s.rules); err != nil {
 		return nil, err
 	}
-	if err := readMap(f.k, MapTargets, s.targets); err != nil {
+	if err := datapath.ReadMap(f.k, MapTargets, s.targets); err != nil {
 		return nil, err
 	}
-	if err := readMap(f.k, MapIndex, s.index); err != nil {
+	if err := datapath.ReadMap(f.k, MapIndex, s.index); err != nil {
 		return nil, err
 	}
-	if err := readMap(f.k, MapConfig, s.config); err != nil {
+	if err := datapath.ReadMap(f.k, MapConfig, s.config); err != nil {
 		return nil, err
 	}
 	f.slotOf, f.targetOf, f.names = map[uint32]uint32{}, map[target]uint32{}, map[uint32]string{}
@@ -316,62 +316,6 @@ func (f *Feature) read() (*state, error) {
 		}
 	}
 	return s, nil
-}
-
-// readMap reads a map's non-zero entries into into.
-func readMap[K, V comparable](k *datapath.Kernel, name string, into map[K]V) error {
-	m, err := k.Map(name)
-	if err != nil {
-		return err
-	}
-	var key K
-	var val, zero V
-	it := m.Iterate()
-	for it.Next(&key, &val) {
-		if val != zero {
-			into[key] = val
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", name, err)
-	}
-	return nil
-}
-
-// put writes every entry of want that cur does not hold as it is.
-func put[K, V comparable](m *ebpf.Map, cur, want map[K]V, what string) error {
-	for k, v := range want {
-		if c, ok := cur[k]; ok && c == v {
-			continue
-		}
-		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("write %s: %w", what, err)
-		}
-		cur[k] = v
-	}
-	return nil
-}
-
-// remove takes out every entry of cur that want does not have: deleted
-// from a hash, zeroed in an array.
-func remove[K, V comparable](m *ebpf.Map, cur, want map[K]V, array bool, what string) error {
-	for k := range cur {
-		if _, ok := want[k]; ok {
-			continue
-		}
-		var err error
-		if array {
-			var zero V
-			err = m.Put(k, zero)
-		} else if err = m.Delete(k); errors.Is(err, ebpf.ErrKeyNotExist) {
-			err = nil
-		}
-		if err != nil {
-			return fmt.Errorf("remove from %s: %w", what, err)
-		}
-		delete(cur, k)
-	}
-	return nil
 }
 
 // Stats reads each synced rule's counters, summed over CPUs: Packets and
