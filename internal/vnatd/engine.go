@@ -302,17 +302,23 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 		if !ok {
 			return &vcmp.UpdateReply{Record: vcmp.Record{Conn: m.Conn.Reverse()}, Status: vcmp.UpdateUnknown}
 		}
-		wasAwaiting, wasState := c.m.Awaiting, c.m.State
-		_, err := c.m.Step(vcmp.EvRecvSuspPrimary)
-		if err != nil {
+		if c.m.State == vcmp.Suspended && c.m.Moving {
+			// Crossing claims (figure 3-4(b)): we claimed too. Arbitrate
+			// unless the peer's answer to our claim already did, and
+			// answer with the role we hold: both ends decide alike, and
+			// a peer still awaiting takes the other role from the answer.
+			if c.m.Awaiting {
+				c.m.Step(vcmp.EvRecvSuspPrimary) //nolint:errcheck // Awaiting allows it
+			}
+			if c.m.Role == vcmp.RoleSecondary {
+				return &vcmp.SuspSecondary{Record: c.record()}
+			}
+			return &vcmp.SuspPrimary{Record: c.record()}
+		}
+		wasState := c.m.State
+		if _, err := c.m.Step(vcmp.EvRecvSuspPrimary); err != nil {
 			e.warn("unexpected", "vnat: suspend claim not expected", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
-		}
-		c.oldRemote = m.Phys.Addr()
-		if wasAwaiting {
-			// Crossing claims (figure 3-4(b)): answer with our own; both
-			// ends have arbitrated alike.
-			return &vcmp.SuspPrimary{Record: c.record()}
 		}
 		if wasState == vcmp.Active || wasState == vcmp.Migrated {
 			// A new suspension: a fresh key pair (a retransmitted claim

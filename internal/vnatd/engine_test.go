@@ -330,7 +330,7 @@ func TestCrossingPrimaries(t *testing.T) {
 	wantPhys(t, b, tb, bNew, aNew)
 	for _, nd := range []*node{a, b} {
 		for k, v := range nd.e.Counters() {
-			if strings.HasPrefix(k, "refused") && v > 0 {
+			if (strings.HasPrefix(k, "refused") || k == "unexpected") && v > 0 {
 				t.Errorf("%s refused something: %v", nd.name, nd.e.Counters())
 			}
 		}
