@@ -56,8 +56,11 @@ type Config struct {
 	RequireKeys bool
 	// Logger; nil is slog.Default().
 	Logger *slog.Logger
-	// Now; nil is time.Now (the log limiter's clock).
+	// Now; nil is time.Now (the log limiter's and retries' clock).
 	Now func() time.Time
+	// RetryFor is how long a locate walk that reached nobody is retried
+	// before the migration is aborted; 0 is 15 s.
+	RetryFor time.Duration
 }
 
 // conn is one connection's daemon state.
@@ -99,6 +102,9 @@ func New(cfg Config, tr Translator, dial Dialer) *Engine {
 	}
 	if e.cfg.Now == nil {
 		e.cfg.Now = time.Now
+	}
+	if e.cfg.RetryFor == 0 {
+		e.cfg.RetryFor = 15 * time.Second
 	}
 	// A place answers for the ends it holds: the peer that never moved is
 	// found at its old place on the first query.
@@ -501,8 +507,9 @@ func (e *Engine) Resume(ctx context.Context) (int, error) {
 
 // walk is one connection's locate walk in progress.
 type walk struct {
-	c   *conn
-	loc *vcmp.Locator
+	c      *conn
+	loc    *vcmp.Locator
+	failed bool // the walk ended with nobody reached
 }
 
 func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved bool) error {
@@ -540,8 +547,49 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 	}
 
 	// The walk, in rounds: every connection still walking asks its next
-	// place; the queries for one place go in one batch.
+	// place; the queries for one place go in one batch. A walk that
+	// reached nobody starts again after a pause, for RetryFor: the new
+	// address often comes before the route to the peer's place (DHCP,
+	// the new subnet's gateway).
 	found := map[netip.Addr][]*walk{}
+	giveUp := e.cfg.Now().Add(e.cfg.RetryFor)
+	pause := 100 * time.Millisecond
+	for {
+		e.walkRound(ctx, walks, found)
+		var failed []*walk
+		for _, w := range walks {
+			if w.failed {
+				failed = append(failed, w)
+			}
+		}
+		if len(failed) == 0 || ctx.Err() != nil || e.cfg.Now().Add(pause).After(giveUp) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
+		e.mu.Lock()
+		for _, w := range failed {
+			w.failed = false
+			w.loc = vcmp.NewLocator(w.loc.Places)
+		}
+		e.mu.Unlock()
+	}
+	e.mu.Lock()
+	for _, w := range walks {
+		if w.failed {
+			w.c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
+			e.counters["aborted"]++
+		}
+	}
+	e.mu.Unlock()
+	return e.update(ctx, walks, found, moved, errs)
+}
+
+// walkRound walks every connection's locate order to its end once.
+func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk) {
 	for {
 		byPlace := map[netip.Addr][]*walk{}
 		e.mu.Lock()
@@ -549,7 +597,7 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 			if p, ok := w.loc.Next(); ok {
 				byPlace[p.Addr] = append(byPlace[p.Addr], w)
 			} else if len(w.loc.Places) == 0 {
-				w.c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // nowhere to ask
+				w.failed = true // nowhere to ask
 			}
 		}
 		e.mu.Unlock()
@@ -580,15 +628,18 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 				case vcmp.StoredOnly:
 					w.c.m.Step(vcmp.EvStored) //nolint:errcheck // wait for the peer
 				case vcmp.Failed:
-					w.c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck
-					e.counters["aborted"]++
+					w.failed = true
 				}
 			}
 			e.mu.Unlock()
 		}
 	}
+}
 
-	// Updates, one batch per peer; then every translation in one write.
+// update sends the updates of the walks that found their peer, one batch
+// per peer, and installs every translation in one write.
+func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk, moved bool, errs []error) error {
+
 	var maps []Mapping
 	var applied []*conn
 	var phys []vcmp.Tuple

@@ -1,0 +1,240 @@
+package vnatd
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/testenv"
+)
+
+// syncBuf is a daemon's log, written by its process and read by the test.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func ipIn(t *testing.T, ns string, args ...string) {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip -n %s %s: %v: %s", ns, strings.Join(args, " "), err, out)
+	}
+}
+
+// waitStatus asks the daemon behind sock until cond holds for the
+// connection named by virtual, or fails after timeout with the logs.
+func waitStatus(t *testing.T, sock, virtual string, timeout time.Duration, cond func(ConnStatus) bool, logs ...*syncBuf) ConnStatus {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last Reply
+	var lastErr error
+	for time.Now().Before(deadline) {
+		last, lastErr = Ask(sock, Request{Op: "status"})
+		if lastErr == nil {
+			for _, c := range last.Conns {
+				if c.Virtual == virtual && cond(c) {
+					return c
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var l []string
+	for _, b := range logs {
+		l = append(l, b.String())
+	}
+	t.Fatalf("%s: connection %s never reached the state wanted; last status %+v, %v\nlogs:\n%s", sock, virtual, last, lastErr, strings.Join(l, "\n---\n"))
+	return ConnStatus{}
+}
+
+// Two namespaces on a veth, `onehop vnat run` in each (the real binary, as
+// the lab starts it), a TCP connection between them; one end is
+// re-addressed to another subnet with `ip addr` and nothing else: its
+// daemon notices, finds the peer's daemon, and both install the
+// translation; the connection carries on. Then the other end moves too.
+func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
+	testenv.RequireRoot(t, "network namespaces and BPF")
+	testenv.RequireTool(t, "ip", "go")
+	suffix := make([]byte, 3)
+	if _, err := rand.Read(suffix); err != nil {
+		t.Fatal(err)
+	}
+	nsA, nsB := "vnatd-a-"+hex.EncodeToString(suffix), "vnatd-b-"+hex.EncodeToString(suffix)
+	for _, n := range []string{nsA, nsB} {
+		if err := netns.Create(n); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := netns.Delete(n); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	out, err := exec.Command("ip", "link", "add", "a0", "netns", nsA, "type", "veth", "peer", "name", "b0", "netns", nsB).CombinedOutput()
+	if err != nil {
+		t.Fatalf("veth: %v: %s", err, out)
+	}
+	ipIn(t, nsA, "addr", "add", "10.8.0.1/24", "dev", "a0")
+	ipIn(t, nsB, "addr", "add", "10.8.0.2/24", "dev", "b0")
+	ipIn(t, nsA, "link", "set", "a0", "up")
+	ipIn(t, nsB, "link", "set", "b0", "up")
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "onehop")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/onehop").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	daemon := func(ns, iface string) (string, *syncBuf) {
+		sock := filepath.Join(dir, ns+".sock")
+		logs := &syncBuf{}
+		cmd := exec.Command(bin, "netns-exec", ns, "--", bin, "vnat", "run", "--iface", iface, "--control", sock)
+		cmd.Stdout, cmd.Stderr = logs, logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := cmd.Process.Kill(); err != nil {
+				t.Error(err)
+			}
+			cmd.Wait() //nolint:errcheck // killed: its exit status says so
+		})
+		return sock, logs
+	}
+	sockA, logA := daemon(nsA, "a0")
+	sockB, logB := daemon(nsB, "b0")
+	for _, s := range []string{sockA, sockB} {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if _, err := Ask(s, Request{Op: "status"}); err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("daemon %s never answered: %v\n%s\n---\n%s", s, err, logA, logB)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	var ln net.Listener
+	if err := netns.Do(nsB, func() (err error) {
+		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if _, err := c.Write([]byte(line)); err != nil {
+				return
+			}
+		}
+	}()
+	var conn net.Conn
+	if err := netns.Do(nsA, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	seq := 0
+	echo := func(timeout time.Duration) error {
+		seq++
+		msg := fmt.Sprintf("line %d\n", seq)
+		if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+			return err
+		}
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			return err
+		}
+		got, err := r.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if got != msg {
+			return fmt.Errorf("echo %q, want %q", got, msg)
+		}
+		return nil
+	}
+	for range 3 {
+		if err := echo(2 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	aV := conn.LocalAddr().String()
+	virtA := aV + "->10.8.0.2:5001"
+	virtB := "10.8.0.2:5001->" + aV
+	waitStatus(t, sockA, virtA, 5*time.Second, func(c ConnStatus) bool { return c.State == "active" }, logA, logB)
+	waitStatus(t, sockB, virtB, 5*time.Second, func(c ConnStatus) bool { return c.State == "active" }, logA, logB)
+
+	// b moves to 10.8.1.3: only `ip`; the daemons do the rest.
+	ipIn(t, nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")
+	ipIn(t, nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
+	ipIn(t, nsB, "route", "add", "10.8.0.0/24", "dev", "b0") // the new subnet's router, in effect
+	ipIn(t, nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
+	ipIn(t, nsA, "neigh", "flush", "dev", "a0")
+	waitStatus(t, sockB, virtB, 10*time.Second, func(c ConnStatus) bool {
+		return c.State == "migrated" && c.Physical == "10.8.1.3:5001->"+aV
+	}, logA, logB)
+	waitStatus(t, sockA, virtA, 10*time.Second, func(c ConnStatus) bool {
+		return c.State == "migrated" && c.Physical == aV+"->10.8.1.3:5001"
+	}, logA, logB)
+	for range 10 {
+		if err := echo(5 * time.Second); err != nil {
+			t.Fatalf("after b moved: %v\n%s\n---\n%s", err, logA, logB)
+		}
+	}
+
+	// Then a moves to 10.8.2.4.
+	ipIn(t, nsA, "addr", "del", "10.8.0.1/24", "dev", "a0")
+	ipIn(t, nsA, "addr", "add", "10.8.2.4/24", "dev", "a0")
+	ipIn(t, nsA, "route", "replace", "10.8.1.0/24", "dev", "a0")
+	ipIn(t, nsB, "route", "add", "10.8.2.0/24", "dev", "b0")
+	ipIn(t, nsB, "neigh", "flush", "dev", "b0")
+	aP := "10.8.2.4:" + aV[strings.LastIndexByte(aV, ':')+1:]
+	waitStatus(t, sockA, virtA, 10*time.Second, func(c ConnStatus) bool {
+		return c.State == "migrated" && c.Physical == aP+"->10.8.1.3:5001"
+	}, logA, logB)
+	waitStatus(t, sockB, virtB, 10*time.Second, func(c ConnStatus) bool {
+		return c.State == "migrated" && c.Physical == "10.8.1.3:5001->"+aP
+	}, logA, logB)
+	for range 10 {
+		if err := echo(5 * time.Second); err != nil {
+			t.Fatalf("after both moved: %v\n%s\n---\n%s", err, logA, logB)
+		}
+	}
+}
