@@ -31,6 +31,8 @@ import (
 // both seen from this end.
 type Mapping struct {
 	Virtual, Physical vcmp.Tuple
+	// Closed (from Conns): translated, but no socket holds it any more.
+	Closed bool
 }
 
 // Translator is the endpoint's datapath, as the engine needs it.
@@ -43,6 +45,8 @@ type Translator interface {
 	// KeepLocal keeps addr usable by the sockets bound to it after the
 	// interface lost it, unannounced.
 	KeepLocal(addr netip.Addr) error
+	// Forget stops translating a connection (it closed).
+	Forget(virtual vcmp.Tuple) error
 }
 
 // Dialer opens a VCMP stream to the daemon at addr (port vcmp.Port).
@@ -62,6 +66,9 @@ type Config struct {
 	// before the migration is aborted; 0 is 15 s.
 	RetryFor time.Duration
 }
+
+// MaxRecords caps the location records one daemon keeps for others.
+const MaxRecords = 65536
 
 // conn is one connection's daemon state.
 type conn struct {
@@ -133,7 +140,7 @@ func (e *Engine) Sync() error {
 	defer e.mu.Unlock()
 	seen := map[vcmp.Tuple]bool{}
 	for _, m := range ms {
-		if isVCMP(m.Virtual) {
+		if isVCMP(m.Virtual) || m.Closed {
 			continue
 		}
 		seen[m.Virtual] = true
@@ -141,13 +148,24 @@ func (e *Engine) Sync() error {
 			e.conns[m.Virtual] = &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
 		}
 	}
+	// A connection no socket holds any more is forgotten, its translation
+	// too; one being located is left to finish its walk.
+	var errs []error
 	for t, c := range e.conns {
-		if !seen[t] && c.m.State == vcmp.Active {
-			delete(e.conns, t)
-			e.dir.Forget(t)
+		if seen[t] || c.m.State == vcmp.Locating {
+			continue
 		}
+		if c.m.State != vcmp.Active {
+			if err := e.tr.Forget(t); err != nil {
+				errs = append(errs, fmt.Errorf("vnatd: forget closed %v: %w", t, err))
+				continue
+			}
+			e.counters["closed_forgotten"]++
+		}
+		delete(e.conns, t)
+		e.dir.Forget(t)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // ConnStatus is one connection as `onehop vnat status` shows it.
@@ -298,6 +316,19 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 	defer e.mu.Unlock()
 	switch m := m.(type) {
 	case *vcmp.LocQuery, *vcmp.LocStore:
+		// Anyone may store a record, so their number is capped: a full
+		// directory still answers what it knows but stores nothing more.
+		if e.dir.Len() >= MaxRecords {
+			switch q := m.(type) {
+			case *vcmp.LocQuery:
+				c := *q
+				c.Store = false
+				m = &c
+			case *vcmp.LocStore:
+				e.warn("directory_full", "vnat: location directory full, record refused", "from", from, "records", e.dir.Len())
+				return &vcmp.LocAnswer{Record: q.Record, Status: vcmp.LocRefused}
+			}
+		}
 		a, err := e.dir.Answer(m)
 		if err != nil {
 			return nil
@@ -369,7 +400,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 		}
 		phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
 		if err := e.tr.Translate([]Mapping{{Virtual: c.m.Tuple, Physical: phys}}); err != nil {
-			e.log.Error("vnat: install translation", "conn", c.m.Tuple, "err", err)
+			e.warn("translate_errors", "vnat: install translation", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
 		c.phys = phys

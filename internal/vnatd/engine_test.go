@@ -60,6 +60,19 @@ func (f *fakeTr) KeepLocal(a netip.Addr) error {
 	return nil
 }
 
+func (f *fakeTr) Forget(v vcmp.Tuple) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.xlate, v)
+	return nil
+}
+
+func (f *fakeTr) close(v vcmp.Tuple) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.open = slices.DeleteFunc(f.open, func(t vcmp.Tuple) bool { return t == v })
+}
+
 func (f *fakeTr) phys(t vcmp.Tuple) (vcmp.Tuple, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -449,4 +462,33 @@ func TestRequireKeysRefusesAnUnkeyedMove(t *testing.T) {
 	if c := b.e.Counters(); c["refused_unkeyed"] != 1 {
 		t.Errorf("b counters %v, want one unkeyed refusal", c)
 	}
+}
+
+// A migrated connection that closes is forgotten at the next look, its
+// translation removed; the open one beside it stays.
+func TestClosedMigratedConnectionIsForgotten(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, tb := connect(a, b, 40000)
+	ta2, _ := connect(a, b, 40001)
+	syncAll(t, a, b)
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	wantPhys(t, b, tb, b.addr, new)
+	a.tr.close(ta)
+	b.tr.close(tb)
+	syncAll(t, a, b)
+	if _, ok := a.tr.phys(ta); ok {
+		t.Errorf("a still translates closed %v", ta)
+	}
+	if _, ok := b.tr.phys(tb); ok {
+		t.Errorf("b still translates closed %v", tb)
+	}
+	if st := a.e.Status(); len(st) != 1 || st[0].Virtual != ta2.Local.String()+"->"+ta2.Remote.String() {
+		t.Errorf("a's connections after one closed: %+v, want only %v", st, ta2)
+	}
+	wantPhys(t, a, ta2, new, b.addr)
 }

@@ -34,7 +34,10 @@ func (k kernel) Conns() ([]Mapping, error) {
 	}
 	out := make([]Mapping, 0, len(cs))
 	for _, c := range cs {
-		out = append(out, Mapping{Virtual: toVCMP(vnat.Tuple(c.Virtual)), Physical: toVCMP(vnat.Tuple(c.Physical))})
+		// A migrated connection that neither sock_diag nor sockops sees
+		// any more is only in the translation table: closed.
+		out = append(out, Mapping{Virtual: toVCMP(vnat.Tuple(c.Virtual)), Physical: toVCMP(vnat.Tuple(c.Physical)),
+			Closed: c.Source == "translate"})
 	}
 	return out, nil
 }
@@ -51,3 +54,5 @@ func (k kernel) Translate(ms []Mapping) error {
 }
 
 func (k kernel) KeepLocal(a netip.Addr) error { return k.d.KeepLocal(a, k.iface) }
+
+func (k kernel) Forget(v vcmp.Tuple) error { return k.d.Forget(vnat.Virtual(toVNAT(v))) }
