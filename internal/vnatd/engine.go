@@ -78,7 +78,9 @@ type conn struct {
 	// restored (the locate walk's places).
 	oldLocal, oldRemote netip.Addr
 	priv                *ecdh.PrivateKey // this suspension's key pair
+	peerPub             *[vcmp.KeyLen]byte
 	keys                *vcmp.Keys
+	keyTried            bool // AgreeKeys asked the peer once
 	sendSeq             uint64
 	win                 vcmp.Window
 }
@@ -257,12 +259,15 @@ func (c *conn) newKeys() error {
 	if err != nil {
 		return err
 	}
-	c.priv, c.keys, c.sendSeq, c.win = k, nil, 0, vcmp.Window{}
+	c.priv, c.keys, c.peerPub, c.sendSeq, c.win = k, nil, nil, 0, vcmp.Window{}
 	return nil
 }
 
 // agree derives the update keys from the peer's public key.
 func (c *conn) agree(peer [vcmp.KeyLen]byte) error {
+	if c.keys != nil && c.peerPub != nil && *c.peerPub == peer {
+		return nil // the same agreement, seen from the other side's message
+	}
 	if c.priv == nil {
 		if err := c.newKeys(); err != nil {
 			return err
@@ -272,7 +277,7 @@ func (c *conn) agree(peer [vcmp.KeyLen]byte) error {
 	if err != nil {
 		return err
 	}
-	c.keys, c.sendSeq, c.win = &k, 0, vcmp.Window{}
+	c.keys, c.peerPub, c.sendSeq, c.win = &k, &peer, 0, vcmp.Window{}
 	return nil
 }
 
@@ -339,6 +344,10 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 		if !ok {
 			return &vcmp.UpdateReply{Record: vcmp.Record{Conn: m.Conn.Reverse()}, Status: vcmp.UpdateUnknown}
 		}
+		if from != c.phys.Remote.Addr() {
+			e.warn("refused_claim_source", "vnat: suspend claim from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
 		if c.m.State == vcmp.Suspended && c.m.Moving {
 			// Crossing claims (figure 3-4(b)): we claimed too. Arbitrate
 			// unless the peer's answer to our claim already did, and
@@ -369,6 +378,18 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 		c, ok := e.conns[m.Conn.Reverse()]
 		if !ok {
 			return &vcmp.UpdateReply{Record: vcmp.Record{Conn: m.Conn.Reverse()}, Status: vcmp.UpdateUnknown}
+		}
+		// Keys come only from where the peer is, and replace agreed keys
+		// only in a new suspension: otherwise anyone who can reach port
+		// 2031 and guess a 4-tuple could key the connection and then
+		// move it.
+		if from != c.phys.Remote.Addr() {
+			e.warn("refused_key_source", "vnat: key from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
+		if c.keys != nil && (c.peerPub == nil || *c.peerPub != m.Public) && c.m.State != vcmp.Suspended {
+			e.warn("refused_rekey", "vnat: new key outside a suspension", "conn", c.m.Tuple, "from", from)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 		}
 		if err := c.agree(m.Public); err != nil {
 			e.warn("refused_key", "vnat: key refused", "conn", c.m.Tuple, "from", from, "err", err)
@@ -496,6 +517,51 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 				if err := c.agree(k.Public); err != nil {
 					e.warn("refused_key", "vnat: peer key refused", "conn", c.m.Tuple, "err", err)
 				}
+			}
+		}
+		e.mu.Unlock()
+	}
+	return n, errors.Join(errs...)
+}
+
+// AgreeKeys agrees update keys at first contact for the connections that
+// have none and were never tried (one VCMP_KEY batch per peer), so that an
+// unplanned move (no suspend) is authenticated too. A peer without a VNAT
+// daemon is not asked again. It returns how many connections got keys.
+func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
+	e.mu.Lock()
+	byPeer := map[netip.Addr][]*conn{}
+	msgs := map[netip.Addr][]vcmp.Message{}
+	for _, c := range e.conns {
+		if c.keys != nil || c.keyTried || (c.m.State != vcmp.Active && c.m.State != vcmp.Migrated) {
+			continue
+		}
+		c.keyTried = true
+		if err := c.newKeys(); err != nil {
+			e.mu.Unlock()
+			return 0, err
+		}
+		p := c.phys.Remote.Addr()
+		byPeer[p] = append(byPeer[p], c)
+		msgs[p] = append(msgs[p], &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)})
+	}
+	e.mu.Unlock()
+	n := 0
+	var errs []error
+	for p, cs := range byPeer {
+		ans, err := e.exchange(ctx, p, msgs[p])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: keys with %s: %w", p, err))
+			continue
+		}
+		e.mu.Lock()
+		for i, c := range cs {
+			if k, ok := ans[i].(*vcmp.Key); ok && c.keys == nil {
+				if err := c.agree(k.Public); err == nil {
+					n++
+				}
+			} else if ok {
+				n++ // the peer's own first contact crossed ours and agreed already
 			}
 		}
 		e.mu.Unlock()

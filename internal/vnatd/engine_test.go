@@ -492,3 +492,47 @@ func TestClosedMigratedConnectionIsForgotten(t *testing.T) {
 	}
 	wantPhys(t, a, ta2, new, b.addr)
 }
+
+// Keys agreed at first contact authenticate an unplanned move (no
+// suspend), which a peer with --require-keys then accepts; a key or a
+// suspend claim from anyone but the peer is refused and leaves the keys.
+func TestFirstContactKeysAndKeysOnlyFromThePeer(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{RequireKeys: true})
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	mallory := n.add(t, "mallory", "10.0.6.6", Config{})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	// Both ends try at once: the agreements cross and still match.
+	errs := make(chan error, 2)
+	for _, nd := range []*node{a, b} {
+		go func() { _, err := nd.e.AgreeKeys(t.Context()); errs <- err }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !state(t, a, ta).Keyed || !state(t, b, tb).Keyed {
+		t.Fatalf("not keyed after first contact: %+v %+v", state(t, a, ta), state(t, b, tb))
+	}
+	before := *b.e.conns[tb].keys
+
+	var pub [vcmp.KeyLen]byte
+	pub[0] = 9
+	wantRefused(t, "key from mallory", sendOne(t, n, mallory, b.addr, &vcmp.Key{Record: vcmp.Record{Conn: ta, Phys: netip.AddrPortFrom(mallory.addr, 40000)}, Public: pub}))
+	wantRefused(t, "claim from mallory", sendOne(t, n, mallory, b.addr, &vcmp.SuspPrimary{Record: vcmp.Record{Conn: ta, Phys: netip.AddrPortFrom(mallory.addr, 40000)}}))
+	if *b.e.conns[tb].keys != before || state(t, b, tb).State != "active" {
+		t.Fatalf("b's connection changed after mallory's key and claim: %+v", state(t, b, tb))
+	}
+	if c := b.e.Counters(); c["refused_key_source"] != 1 || c["refused_claim_source"] != 1 {
+		t.Errorf("b counters %v, want one key and one claim refused for their source", c)
+	}
+
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	wantPhys(t, a, ta, new, b.addr)
+	wantPhys(t, b, tb, b.addr, new)
+}

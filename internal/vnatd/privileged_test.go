@@ -72,7 +72,9 @@ func waitStatus(t *testing.T, sock, virtual string, timeout time.Duration, cond 
 
 // Two namespaces on a veth, `onehop vnat run` in each (the real binary, as
 // the lab starts it), a TCP connection between them; one end is
-// re-addressed to another subnet with `ip addr` and nothing else: its
+// re-addressed to another subnet with `ip addr` and nothing else (no
+// suspend; the daemons keyed the connection at first contact and refuse
+// unkeyed updates): its
 // daemon notices, finds the peer's daemon, and both install the
 // translation; the connection carries on. Then the other end moves too.
 func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
@@ -110,7 +112,7 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 	daemon := func(ns, iface string) (string, *syncBuf) {
 		sock := filepath.Join(dir, ns+".sock")
 		logs := &syncBuf{}
-		cmd := exec.Command(bin, "netns-exec", ns, "--", bin, "vnat", "run", "--iface", iface, "--control", sock)
+		cmd := exec.Command(bin, "netns-exec", ns, "--", bin, "vnat", "run", "--iface", iface, "--control", sock, "--require-keys")
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -198,8 +200,10 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 	aV := conn.LocalAddr().String()
 	virtA := aV + "->10.8.0.2:5001"
 	virtB := "10.8.0.2:5001->" + aV
-	waitStatus(t, sockA, virtA, 5*time.Second, func(c ConnStatus) bool { return c.State == "active" }, logA, logB)
-	waitStatus(t, sockB, virtB, 5*time.Second, func(c ConnStatus) bool { return c.State == "active" }, logA, logB)
+	// The daemons key the connection at first contact (--require-keys
+	// would refuse the moves otherwise).
+	waitStatus(t, sockA, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" && c.Keyed }, logA, logB)
+	waitStatus(t, sockB, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" && c.Keyed }, logA, logB)
 
 	// b moves to 10.8.1.3: only `ip`; the daemons do the rest.
 	ipIn(t, nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")

@@ -122,6 +122,7 @@ func Run(ctx context.Context, o Options) error {
 	defer os.Remove(ctl)
 	go e.ServeControl(ctx, cl) //nolint:errcheck // ends with ctx
 	go serveVCMP(ctx, e, vl, log)
+	go contact(ctx, e, log)
 
 	addr, err := primary(link.Attrs().Index)
 	if err != nil {
@@ -130,6 +131,34 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys)
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
 }
+
+// contact looks for new connections every ContactEvery and agrees keys
+// with their peers' daemons (first contact), so an unplanned move is
+// authenticated too.
+func contact(ctx context.Context, e *Engine, log *slog.Logger) {
+	t := time.NewTicker(ContactEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := e.Sync(); err != nil {
+			log.Error("vnat: list connections", "err", err)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if n, err := e.AgreeKeys(cctx); err != nil {
+			// A peer without a VNAT daemon: asked once per connection.
+			log.Debug("vnat: first-contact keys", "keyed", n, "err", err)
+		}
+		cancel()
+	}
+}
+
+// ContactEvery is how often the daemon looks for new connections to key.
+const ContactEvery = 2 * time.Second
 
 func serveVCMP(ctx context.Context, e *Engine, l net.Listener, log *slog.Logger) {
 	go func() { <-ctx.Done(); l.Close() }()
