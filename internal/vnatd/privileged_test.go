@@ -241,4 +241,12 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 			t.Fatalf("after both moved: %v\n%s\n---\n%s", err, logA, logB)
 		}
 	}
+	// How long each restore took, from the daemons' own logs.
+	for _, l := range []*syncBuf{logA, logB} {
+		for _, line := range strings.Split(l.String(), "\n") {
+			if strings.Contains(line, "msg=\"vnat: restored\"") {
+				t.Log(line)
+			}
+		}
+	}
 }
