@@ -420,7 +420,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
 		phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
-		if err := e.tr.Translate([]Mapping{{Virtual: c.m.Tuple, Physical: phys}}); err != nil {
+		if err := e.install([]Mapping{{Virtual: c.m.Tuple, Physical: phys}}); err != nil {
 			e.warn("translate_errors", "vnat: install translation", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
@@ -434,6 +434,25 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 		return reply
 	}
 	return nil
+}
+
+// install writes translations; a connection back at its virtual tuple (a
+// suspend and resume without a move) is untranslated instead, so the
+// datapath keeps its nothing-migrated fast path.
+func (e *Engine) install(maps []Mapping) error {
+	var tr []Mapping
+	var errs []error
+	for _, m := range maps {
+		if m.Physical == m.Virtual {
+			errs = append(errs, e.tr.Forget(m.Virtual))
+			continue
+		}
+		tr = append(tr, m)
+	}
+	if len(tr) > 0 {
+		errs = append(errs, e.tr.Translate(tr))
+	}
+	return errors.Join(errs...)
 }
 
 // Serve answers one VCMP stream from a peer at from.
@@ -595,6 +614,11 @@ func (e *Engine) Resume(ctx context.Context) (int, error) {
 	var cs []*conn
 	for _, c := range e.conns {
 		if c.m.State == vcmp.Suspended || c.m.State == vcmp.Locating {
+			if !c.oldLocal.IsValid() {
+				// Suspended but never moved: the places are where both
+				// ends are now.
+				c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
+			}
 			cs = append(cs, c)
 		}
 	}
@@ -793,7 +817,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 	}
 	e.mu.Unlock()
 	if len(maps) > 0 {
-		if err := e.tr.Translate(maps); err != nil {
+		if err := e.install(maps); err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: install %d translations: %w", len(maps), err))
 		} else {
 			e.mu.Lock()

@@ -536,3 +536,30 @@ func TestFirstContactKeysAndKeysOnlyFromThePeer(t *testing.T) {
 	wantPhys(t, a, ta, new, b.addr)
 	wantPhys(t, b, tb, b.addr, new)
 }
+
+// A suspend and a resume without a move (the move was called off) settle
+// the connection again with the peer, and nothing is translated.
+func TestSuspendThenResumeWithoutAMove(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{RequireKeys: true})
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	if _, err := a.e.Suspend(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := a.e.Resume(t.Context()); err != nil || k != 1 {
+		t.Fatalf("resume: %d, %v; want 1", k, err)
+	}
+	for _, c := range []struct {
+		nd *node
+		v  vcmp.Tuple
+	}{{a, ta}, {b, tb}} {
+		if s := state(t, c.nd, c.v); s.State != "migrated" || s.Role != "none" {
+			t.Errorf("%s after suspend and resume: %+v, want settled (migrated, no role)", c.nd.name, s)
+		}
+		if p, ok := c.nd.tr.phys(c.v); ok {
+			t.Errorf("%s translates %v to %v with nothing moved", c.nd.name, c.v, p)
+		}
+	}
+}
