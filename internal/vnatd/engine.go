@@ -298,6 +298,23 @@ func (e *Engine) open(c *conn, m vcmp.Message) (vcmp.Message, error) {
 	return vcmp.Open(m, &c.keys.Recv, &c.win, e.cfg.RequireKeys)
 }
 
+// blank is the block of a refusal for a connection this end does not hold:
+// the connection as named (anything missing zero), no physical end. It
+// always encodes, so a refusal never breaks the stream.
+func blank(conn vcmp.Tuple) vcmp.Record {
+	zero := netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
+	if !conn.Local.Addr().Is4() {
+		conn.Local = zero
+	}
+	if !conn.Remote.Addr().Is4() {
+		conn.Remote = zero
+	}
+	if conn.Proto != vcmp.TCP && conn.Proto != vcmp.UDP {
+		conn.Proto = vcmp.TCP
+	}
+	return vcmp.Record{Conn: conn, Phys: zero}
+}
+
 // record is this end's block for c: the connection from here, where we are.
 func (c *conn) record() vcmp.Record { return vcmp.Record{Conn: c.m.Tuple, Phys: c.phys.Local} }
 
@@ -342,7 +359,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 	case *vcmp.SuspPrimary:
 		c, ok := e.conns[m.Conn.Reverse()]
 		if !ok {
-			return &vcmp.UpdateReply{Record: vcmp.Record{Conn: m.Conn.Reverse()}, Status: vcmp.UpdateUnknown}
+			return &vcmp.UpdateReply{Record: blank(m.Conn.Reverse()), Status: vcmp.UpdateUnknown}
 		}
 		if from != c.phys.Remote.Addr() {
 			e.warn("refused_claim_source", "vnat: suspend claim from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
@@ -377,7 +394,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 	case *vcmp.Key:
 		c, ok := e.conns[m.Conn.Reverse()]
 		if !ok {
-			return &vcmp.UpdateReply{Record: vcmp.Record{Conn: m.Conn.Reverse()}, Status: vcmp.UpdateUnknown}
+			return &vcmp.UpdateReply{Record: blank(m.Conn.Reverse()), Status: vcmp.UpdateUnknown}
 		}
 		// Keys come only from where the peer is, and replace agreed keys
 		// only in a new suspension: otherwise anyone who can reach port
@@ -404,7 +421,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 		c, ok := e.conns[r.Conn.Reverse()]
 		if !ok {
 			e.warn("refused_unknown", "vnat: update for an unknown connection", "conn", r.Conn, "from", from)
-			return &vcmp.UpdateReply{Record: vcmp.Record{Conn: r.Conn.Reverse()}, Status: vcmp.UpdateUnknown}
+			return &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateUnknown}
 		}
 		inner, err := e.open(c, m)
 		if err != nil {
@@ -463,7 +480,7 @@ func (e *Engine) Serve(rw io.ReadWriter, from netip.Addr) error {
 		}
 		// Something we cannot answer: a refusal keeps the batch in step.
 		r, _ := innerRecord(m)
-		return &vcmp.UpdateReply{Record: r, Status: vcmp.UpdateRefused}
+		return &vcmp.UpdateReply{Record: blank(r.Conn), Status: vcmp.UpdateRefused}
 	})
 }
 
