@@ -71,7 +71,7 @@ func waitStatus(t *testing.T, sock, virtual string, timeout time.Duration, cond 
 }
 
 // Two namespaces on a veth, `onehop vnat run` in each (the real binary, as
-// the lab starts it), a TCP connection between them; one end is
+// the lab starts it), a TCP connection and a connected UDP pair between them; one end is
 // re-addressed to another subnet with `ip addr` and nothing else (no
 // suspend; the daemons keyed the connection at first contact and refuse
 // unkeyed updates): its
@@ -205,6 +205,45 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 	waitStatus(t, sockA, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" && c.Keyed }, logA, logB)
 	waitStatus(t, sockB, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" && c.Keyed }, logA, logB)
 
+	// A connected UDP pair beside it (found by sock_diag, migrated alike).
+	var ua, ub *net.UDPConn
+	if err := netns.Do(nsA, func() (err error) {
+		ua, err = net.DialUDP("udp4", &net.UDPAddr{IP: net.IPv4(10, 8, 0, 1)}, &net.UDPAddr{IP: net.IPv4(10, 8, 0, 2), Port: 5002})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ua.Close()
+	if err := netns.Do(nsB, func() (err error) {
+		ub, err = net.DialUDP("udp4", &net.UDPAddr{IP: net.IPv4(10, 8, 0, 2), Port: 5002}, ua.LocalAddr().(*net.UDPAddr))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ub.Close()
+	udpBothWays := func(what string) {
+		t.Helper()
+		for _, pair := range [][2]*net.UDPConn{{ua, ub}, {ub, ua}} {
+			msg := fmt.Sprintf("%s from %s", what, pair[0].LocalAddr())
+			if _, err := pair[0].Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			if err := pair[1].SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 256)
+			k, err := pair[1].Read(buf)
+			if err != nil || string(buf[:k]) != msg {
+				t.Fatalf("udp %s: got %q, %v; want %q\n%s\n---\n%s", what, buf[:k], err, msg, logA, logB)
+			}
+		}
+	}
+	udpBothWays("before any move")
+	uaV := ua.LocalAddr().String()
+	udpA := uaV + "->10.8.0.2:5002"
+	waitStatus(t, sockA, udpA, 10*time.Second, func(c ConnStatus) bool { return c.Proto == "udp" && c.Keyed }, logA, logB)
+	waitStatus(t, sockB, "10.8.0.2:5002->"+uaV, 10*time.Second, func(c ConnStatus) bool { return c.Proto == "udp" && c.Keyed }, logA, logB)
+
 	// b moves to 10.8.1.3: only `ip`; the daemons do the rest.
 	ipIn(t, nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")
 	ipIn(t, nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
@@ -222,6 +261,8 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 			t.Fatalf("after b moved: %v\n%s\n---\n%s", err, logA, logB)
 		}
 	}
+	waitStatus(t, sockA, udpA, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" }, logA, logB)
+	udpBothWays("after b moved")
 
 	// Then a moves to 10.8.2.4.
 	ipIn(t, nsA, "addr", "del", "10.8.0.1/24", "dev", "a0")
@@ -241,6 +282,10 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 			t.Fatalf("after both moved: %v\n%s\n---\n%s", err, logA, logB)
 		}
 	}
+	waitStatus(t, sockA, udpA, 10*time.Second, func(c ConnStatus) bool {
+		return c.State == "migrated" && strings.HasPrefix(c.Physical, "10.8.2.4:")
+	}, logA, logB)
+	udpBothWays("after both moved")
 	// How long each restore took, from the daemons' own logs.
 	for _, l := range []*syncBuf{logA, logB} {
 		for _, line := range strings.Split(l.String(), "\n") {
