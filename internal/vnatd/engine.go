@@ -726,6 +726,18 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 	return e.update(ctx, walks, found, moved, errs)
 }
 
+// abort ends a migration the peer refused (unknown connection, not
+// authenticated, conflict): the paper's "the migration of the connection
+// will be aborted". The machine aborts only a walk that is not updating,
+// so the update is dropped first (EvResume) and the walk failed.
+// Called with e.mu held.
+func (e *Engine) abort(c *conn) {
+	if _, err := c.m.Step(vcmp.EvResume); err == nil {
+		c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+	}
+	e.counters["aborted"]++
+}
+
 // walkRound walks every connection's locate order to its end once.
 func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk) {
 	for {
@@ -804,7 +816,9 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 			if err != nil {
 				if r, ok := ans[i].(*vcmp.UpdateReply); ok && r.Status != vcmp.UpdateOK {
 					e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple, "status", r.Status)
+					e.abort(w.c)
 				} else {
+					// A reply we cannot trust: left locating, `resume` retries.
 					e.warn(refusal(err), "vnat: update reply refused", "conn", w.c.m.Tuple, "from", peer, "err", err)
 				}
 				continue
@@ -812,6 +826,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 			r, ok := inner.(*vcmp.UpdateReply)
 			if !ok || r.Status != vcmp.UpdateOK {
 				e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple)
+				e.abort(w.c)
 				continue
 			}
 			if _, err := w.c.m.Step(vcmp.EvRecvUpdateReply); err != nil {

@@ -456,8 +456,8 @@ func TestRequireKeysRefusesAnUnkeyedMove(t *testing.T) {
 	if _, ok := b.tr.phys(tb); ok {
 		t.Fatal("b translated an unkeyed update with --require-keys")
 	}
-	if s := state(t, a, ta); s.State == "migrated" {
-		t.Fatalf("a thinks %v migrated after b refused it", ta)
+	if s := state(t, a, ta); s.State != "aborted" {
+		t.Fatalf("a's %v after b refused its update: %+v, want aborted", ta, s)
 	}
 	if c := b.e.Counters(); c["refused_unkeyed"] != 1 {
 		t.Errorf("b counters %v, want one unkeyed refusal", c)
