@@ -80,7 +80,7 @@ type conn struct {
 	priv                *ecdh.PrivateKey // this suspension's key pair
 	peerPub             *[vcmp.KeyLen]byte
 	keys                *vcmp.Keys
-	keyTried            bool // AgreeKeys asked the peer once
+	keyTries            int // AgreeKeys asked the peer this many times
 	sendSeq             uint64
 	win                 vcmp.Window
 }
@@ -560,19 +560,24 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 	return n, errors.Join(errs...)
 }
 
+// MaxKeyTries is how many times AgreeKeys asks a peer's daemon that does
+// not know a connection yet (it looks for new connections on its own clock).
+const MaxKeyTries = 5
+
 // AgreeKeys agrees update keys at first contact for the connections that
 // have none and were never tried (one VCMP_KEY batch per peer), so that an
 // unplanned move (no suspend) is authenticated too. A peer without a VNAT
-// daemon is not asked again. It returns how many connections got keys.
+// daemon is not asked again; one whose daemon does not know the connection
+// yet is asked again on the next call, up to MaxKeyTries. It returns how many connections got keys.
 func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 	e.mu.Lock()
 	byPeer := map[netip.Addr][]*conn{}
 	msgs := map[netip.Addr][]vcmp.Message{}
 	for _, c := range e.conns {
-		if c.keys != nil || c.keyTried || (c.m.State != vcmp.Active && c.m.State != vcmp.Migrated) {
+		if c.keys != nil || c.keyTries >= MaxKeyTries || (c.m.State != vcmp.Active && c.m.State != vcmp.Migrated) {
 			continue
 		}
-		c.keyTried = true
+		c.keyTries++
 		if err := c.newKeys(); err != nil {
 			e.mu.Unlock()
 			return 0, err
@@ -587,11 +592,20 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 	for p, cs := range byPeer {
 		ans, err := e.exchange(ctx, p, msgs[p])
 		if err != nil {
+			// No daemon there (or not reachable): not asked again.
+			e.mu.Lock()
+			for _, c := range cs {
+				c.keyTries = MaxKeyTries
+			}
+			e.mu.Unlock()
 			errs = append(errs, fmt.Errorf("vnatd: keys with %s: %w", p, err))
 			continue
 		}
 		e.mu.Lock()
 		for i, c := range cs {
+			if r, ok := ans[i].(*vcmp.UpdateReply); ok && r.Status == vcmp.UpdateUnknown {
+				continue // the peer has not seen the connection yet: asked again next time
+			}
 			if k, ok := ans[i].(*vcmp.Key); ok && c.keys == nil {
 				if err := c.agree(k.Public); err == nil {
 					n++

@@ -563,3 +563,23 @@ func TestSuspendThenResumeWithoutAMove(t *testing.T) {
 		}
 	}
 }
+
+// First contact before the peer's daemon has seen the connection: the peer
+// answers unknown, and the next try (after the peer looked) agrees.
+func TestFirstContactRetriesAPeerThatHasNotSeenTheConnection(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a)
+	if k, err := a.e.AgreeKeys(t.Context()); err != nil || k != 0 {
+		t.Fatalf("first try: %d keyed, %v; want 0 (b does not know it yet)", k, err)
+	}
+	syncAll(t, b)
+	if k, err := a.e.AgreeKeys(t.Context()); err != nil || k != 1 {
+		t.Fatalf("second try: %d keyed, %v; want 1", k, err)
+	}
+	if !state(t, a, ta).Keyed || !state(t, b, tb).Keyed {
+		t.Errorf("not keyed: %+v %+v", state(t, a, ta), state(t, b, tb))
+	}
+}
