@@ -432,6 +432,13 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 		}
 		r, _ = innerRecord(inner)
+		if r.Phys.Addr() == c.m.Tuple.Local.Addr() {
+			// The peer is now at this end's own virtual address (the
+			// network gave it our old one): packets to it would be
+			// delivered here (paper §3.4.2; policy: abort).
+			e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+		}
 		if _, err := c.m.Step(vcmp.EvRecvUpdate); err != nil {
 			e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
@@ -679,6 +686,15 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 			kept[c.m.Tuple.Local.Addr()] = true
 		}
 		if _, err := c.m.Step(vcmp.EvResume); err != nil {
+			continue
+		}
+		if moved && new == c.m.Tuple.Remote.Addr() {
+			// This end's new address is its peer's virtual address: the
+			// connection's packets to the peer would be delivered here
+			// (paper §3.4.2; policy: abort).
+			e.warn("conflict", "vnat: new address is the peer's virtual address", "conn", c.m.Tuple, "new", new)
+			c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+			e.counters["aborted"]++
 			continue
 		}
 		places := vcmp.LocateOrder(c.m.Role, c.oldLocal, c.oldRemote, e.cfg.LocationServers)

@@ -583,3 +583,43 @@ func TestFirstContactRetriesAPeerThatHasNotSeenTheConnection(t *testing.T) {
 		t.Errorf("not keyed: %+v %+v", state(t, a, ta), state(t, b, tb))
 	}
 }
+
+// Virtual address conflicts (paper §3.4.2, policy abort): an end given its
+// peer's virtual address aborts without asking anyone, and an update
+// putting the peer at this end's own virtual address is answered conflict
+// and changes nothing.
+func TestVirtualAddressConflictsAbort(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	wantPhys(t, b, tb, b.addr, new)
+
+	// The peer side: b "moved" to a's virtual address.
+	r, ok := sendOne(t, n, b, a.addr, &vcmp.Update{Record: vcmp.Record{Conn: tb, Phys: netip.MustParseAddrPort("10.0.1.1:22")}}).(*vcmp.UpdateReply)
+	if !ok || r.Status != vcmp.UpdateConflict {
+		t.Fatalf("update to a's own virtual address answered %#v, want conflict", r)
+	}
+	wantPhys(t, a, ta, new, b.addr)
+
+	// b really is given 10.0.1.1 (a's old, virtual address).
+	n.dials = map[netip.Addr]int{}
+	bOld, bNew := n.move(b, "10.0.1.1")
+	if err := b.e.Restore(t.Context(), bOld, bNew); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, b, tb); s.State != "aborted" {
+		t.Errorf("b at a's virtual address: %+v, want aborted", s)
+	}
+	if len(n.dials) != 0 {
+		t.Errorf("b asked %v about a connection it cannot carry", n.dials)
+	}
+	if a.e.Counters()["conflict"] != 1 || b.e.Counters()["conflict"] != 1 {
+		t.Errorf("conflict counters: a %v, b %v; want one each", a.e.Counters(), b.e.Counters())
+	}
+}
