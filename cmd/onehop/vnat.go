@@ -52,7 +52,9 @@ peer a keyed VNAT_UPD (one batch per peer), installs the answer's
 translation and keeps the old address on lo, unannounced, for the sockets
 bound to it. A peer's daemon answers the same way; an update that is forged,
 replayed or (with --require-keys) unkeyed is refused, counted and logged at
-most once a second, and its connection is left alone.`,
+most once a second, and its connection is left alone. Every 2 s it looks for
+new connections and agrees keys with their peers' daemons (first contact),
+so a move with no suspend is authenticated too.`,
 		Example: "  onehop vnat run --iface eth0\n  onehop vnat run --iface eth0 --location-server 10.0.0.1 --require-keys",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
