@@ -77,14 +77,18 @@ func waitStatus(t *testing.T, sock, virtual string, timeout time.Duration, cond 
 // unkeyed updates): its
 // daemon notices, finds the peer's daemon, and both install the
 // translation; the connection carries on. Then the other end moves too.
-func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
+// pairOfDaemons makes two namespaces joined by a veth (a0 10.8.0.1/24,
+// b0 10.8.0.2/24) and runs the real `onehop vnat run --require-keys` in
+// each; it returns their names, control sockets and logs.
+func pairOfDaemons(t *testing.T) (nsA, nsB, sockA, sockB string, logA, logB *syncBuf) {
+	t.Helper()
 	testenv.RequireRoot(t, "network namespaces and BPF")
 	testenv.RequireTool(t, "ip", "go")
 	suffix := make([]byte, 3)
 	if _, err := rand.Read(suffix); err != nil {
 		t.Fatal(err)
 	}
-	nsA, nsB := "vnatd-a-"+hex.EncodeToString(suffix), "vnatd-b-"+hex.EncodeToString(suffix)
+	nsA, nsB = "vnatd-a-"+hex.EncodeToString(suffix), "vnatd-b-"+hex.EncodeToString(suffix)
 	for _, n := range []string{nsA, nsB} {
 		if err := netns.Create(n); err != nil {
 			t.Fatal(err)
@@ -125,8 +129,8 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 		})
 		return sock, logs
 	}
-	sockA, logA := daemon(nsA, "a0")
-	sockB, logB := daemon(nsB, "b0")
+	sockA, logA = daemon(nsA, "a0")
+	sockB, logB = daemon(nsB, "b0")
 	for _, s := range []string{sockA, sockB} {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
@@ -139,6 +143,11 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 		}
 	}
 
+	return nsA, nsB, sockA, sockB, logA, logB
+}
+
+func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
+	nsA, nsB, sockA, sockB, logA, logB := pairOfDaemons(t)
 	var ln net.Listener
 	if err := netns.Do(nsB, func() (err error) {
 		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
@@ -292,6 +301,121 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 			if strings.Contains(line, "msg=\"vnat: restored\"") {
 				t.Log(line)
 			}
+		}
+	}
+}
+
+// Many connections with one peer: 300 TCP connections are keyed at first
+// contact and restored by one move, every one of them carries on, and the
+// daemon's log says how long the restore took.
+func TestPrivilegedDaemonsRestoreManyConnections(t *testing.T) {
+	const conns = 300
+	nsA, nsB, sockA, sockB, logA, logB := pairOfDaemons(t)
+	var ln net.Listener
+	if err := netns.Do(nsB, func() (err error) {
+		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					k, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if _, err := c.Write(buf[:k]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	cs := make([]net.Conn, conns)
+	if err := netns.Do(nsA, func() error {
+		for i := range cs {
+			c, err := net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
+			if err != nil {
+				return err
+			}
+			cs[i] = c
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	ping := func(what string) {
+		t.Helper()
+		for i, c := range cs {
+			msg := fmt.Sprintf("c%d", i)
+			if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Write([]byte(msg)); err != nil {
+				t.Fatalf("%s: connection %d: %v", what, i, err)
+			}
+			buf := make([]byte, 64)
+			k, err := c.Read(buf)
+			if err != nil || string(buf[:k]) != msg {
+				t.Fatalf("%s: connection %d: %q, %v\n%s\n---\n%s", what, i, buf[:k], err, logA, logB)
+			}
+		}
+	}
+	ping("before the move")
+	count := func(sock, state string, keyed bool) int {
+		r, err := Ask(sock, Request{Op: "status"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, c := range r.Conns {
+			if c.State == state && (!keyed || c.Keyed) {
+				n++
+			}
+		}
+		return n
+	}
+	waitCount := func(what, sock, state string, keyed bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for count(sock, state, keyed) < conns {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d of %d connections %s (keyed %v)\n%s\n---\n%s", what, count(sock, state, keyed), conns, state, keyed, logA, logB)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitCount("a keyed", sockA, "active", true)
+	waitCount("b keyed", sockB, "active", true)
+
+	// The routes first this time, then the address: the restore is not
+	// held up by routing (what it costs itself).
+	ipIn(t, nsB, "route", "add", "10.8.0.1/32", "dev", "b0")
+	ipIn(t, nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
+	ipIn(t, nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")
+	ipIn(t, nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
+	ipIn(t, nsB, "route", "replace", "10.8.0.0/24", "dev", "b0")
+	ipIn(t, nsA, "neigh", "flush", "dev", "a0")
+	waitCount("b migrated", sockB, "migrated", true)
+	waitCount("a migrated", sockA, "migrated", true)
+	ping("after the move")
+	for _, line := range strings.Split(logB.String(), "\n") {
+		if strings.Contains(line, `msg="vnat: restored"`) {
+			t.Log(line)
 		}
 	}
 }
