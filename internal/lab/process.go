@@ -42,6 +42,11 @@ func agentArgs(st *State, t *topology.File, host string) []string {
 	return append(args, t.ARP.AgentArgs()...)
 }
 
+// vnatArgs are the arguments of a VNAT endpoint's daemon (issue 10).
+func vnatArgs(iface string) []string {
+	return []string{"vnat", "run", "--iface", iface}
+}
+
 // spawn starts a daemon of node inside namespace ns and records it in the
 // state, so that status sees it and teardown stops it.
 func (b *builder) spawn(name, node, ns string, args ...string) error {

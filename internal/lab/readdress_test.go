@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -50,7 +51,9 @@ vms:
 externals: [{name: inet, vnat: true}, {name: peer}]
 `)
 	st := &State{Name: "t", Dir: t.TempDir(), Kinds: map[string]string{}}
-	b := &builder{t: f, st: st}
+	// /bin/true stands for the onehop binary: spawn really starts it (it
+	// exits at once) and records the daemon as the lab's process.
+	b := &builder{t: f, st: st, opts: Options{Binary: "/bin/true"}}
 	for _, k := range []nodeKind{vmKind{}, externalKind{}} {
 		s, ok := k.(starter)
 		if !ok {
@@ -70,8 +73,17 @@ externals: [{name: inet, vnat: true}, {name: peer}]
 	if want := []string{"inet", "web1"}; !slices.Equal(slices.Sorted(slices.Values(st.VNAT)), want) {
 		t.Fatalf("VNAT endpoints %v, want %v", st.VNAT, want)
 	}
-	if len(st.Processes) != 0 {
-		t.Errorf("processes started for VNAT before there is a daemon: %+v", st.Processes)
+	// One daemon per endpoint, in its namespace, however often start ran.
+	var got []string
+	for _, p := range st.Processes {
+		got = append(got, fmt.Sprintf("%s %s %s %s", p.Name, p.Node, p.Netns, strings.Join(p.Args, " ")))
+	}
+	want := []string{
+		"vnat-web1 web1 oh-t-web1 vnat run --iface " + VMInterface,
+		"vnat-inet inet oh-t-inet vnat run --iface " + ExternalInterface,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("processes %q, want %q", got, want)
 	}
 	saved, err := Load(st.Dir[:strings.LastIndexByte(st.Dir, '/')], st.Dir[strings.LastIndexByte(st.Dir, '/')+1:])
 	if err != nil {

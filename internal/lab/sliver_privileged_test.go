@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +44,34 @@ externals: [{name: inet}]
 
 // upBridgeLab builds topo (a format with the lab's name) under a root of its
 // own and removes everything at the end of the test, failed or not.
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// onehopBinary builds cmd/onehop once per test run: the daemons a lab
+// starts (`onehop vnat run` in a vnat: true node) run from it, not from the
+// test binary Up would otherwise use.
+func onehopBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "onehop-lab-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "onehop")
+		if out, err := exec.Command("go", "build", "-o", builtBin, "../../cmd/onehop").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
 func upBridgeLab(t *testing.T, topo string) (*State, *topology.File) {
 	t.Helper()
 	testenv.RequireRoot(t, "builds network namespaces and cgroups")
@@ -52,7 +81,7 @@ func upBridgeLab(t *testing.T, topo string) (*State, *topology.File) {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
-	st, err := Up(context.Background(), f, Options{Root: root, Timeout: 20 * time.Second})
+	st, err := Up(context.Background(), f, Options{Root: root, Timeout: 20 * time.Second, Binary: onehopBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,4 +415,13 @@ func TestPrivilegedAddSliverBuildsItAndRemoveSliverLeavesNothing(t *testing.T) {
 	if _, addrs := nodeLink(t, st3, "s1", "eth0"); len(addrs) != 1 {
 		t.Errorf("s1 lost its address: %v", addrs)
 	}
+}
+
+// TestMain removes the onehop binary onehopBinary built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtBin != "" {
+		os.RemoveAll(filepath.Dir(builtBin))
+	}
+	os.Exit(code)
 }

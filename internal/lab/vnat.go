@@ -17,18 +17,19 @@ import (
 // startVNAT is the one place a node's VNAT daemon is started: the start
 // step of every kind that may carry vnat: true (vmKind, externalKind) calls
 // it with the node's interface. It records the node as a VNAT endpoint, so
-// that lab status shows it. The daemon, `onehop vnat run --iface IFACE`,
-// does not exist yet; when it does, starting it is one line here, with its
-// arguments from a function in process.go:
-//
-//	return b.spawn("vnat-"+node, node, NamespaceOf(b.st.Name, node), vnatArgs(iface)...)
+// that lab status shows it, and starts `onehop vnat run --iface IFACE` in
+// the node's namespace (and its sliver cgroup, if it has one) as a lab
+// process: lab down stops it with the others, its log is vnat-NODE.log.
 func startVNAT(_ context.Context, b *builder, node, iface string) error {
 	if slices.Contains(b.st.VNAT, node) {
 		return nil
 	}
-	b.step("%s: VNAT endpoint on %s (no daemon yet: `onehop vnat run` comes later)", node, iface)
+	b.step("%s: VNAT endpoint on %s (onehop vnat run)", node, iface)
 	b.st.VNAT = append(b.st.VNAT, node)
-	return b.st.save()
+	if err := b.st.save(); err != nil {
+		return err
+	}
+	return b.spawn("vnat-"+node, node, NamespaceOf(b.st.Name, node), vnatArgs(iface)...)
 }
 
 // vnatOf reports whether node of t is a VNAT endpoint.

@@ -70,6 +70,14 @@ func TestPrivilegedVMMovedToAnotherSubnetTakesItsNewAddressAndKeepsItsProcesses(
 	if n := l.node("web1"); !n.VNAT || l.node("web2").VNAT {
 		t.Errorf("lab status: web1 vnat %v (want true), web2 vnat %v (want false)", n.VNAT, l.node("web2").VNAT)
 	}
+	// web1's VNAT daemon runs in it, and `lab exec` reaches that node's
+	// own daemon: web2 has none.
+	if out := l.mustIn("web1", binary, "vnat", "status", "-o", "json"); !strings.Contains(out, "{") {
+		t.Errorf("web1: onehop vnat status -o json: %q", out)
+	}
+	if out, err := l.in("web2", binary, "vnat", "status"); err == nil || !strings.Contains(out, "is `onehop vnat run` running in this network namespace?") {
+		t.Errorf("web2 (no vnat) answered onehop vnat status: %v\n%s", err, out)
+	}
 	server := l.start("web1", "python3", "-c", pidServer)
 	waitFor(t, "web1's server to listen", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening pid ") })
 	pid := strings.TrimSpace(strings.TrimPrefix(server.Output(), "listening "))

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/vnatd"
+)
+
+func vnatCmd() *cobra.Command {
+	var control string
+	v := &cobra.Command{
+		Use:   "vnat",
+		Short: "Connection migration on an endpoint: its VNAT daemon, its connections, suspend and resume",
+		Long: `VNAT keeps an endpoint's TCP connections and connected UDP sockets alive when
+the endpoint's address changes (a VM moved to another subnet, an external
+re-addressed). It runs on the endpoint itself: ` + "`onehop vnat run`" + ` in the endpoint's
+network namespace translates each moved connection between its virtual
+4-tuple (the one its sockets were opened with, never changing) and its
+physical one (where its ends are now), in eBPF on the interface, and speaks
+VCMP on TCP 2031 with its peers' daemons to learn where they went.
+
+The other commands talk to the daemon of the network namespace they run in
+(a unix socket under ` + vnatd.ControlDir + `, named by the namespace), so
+  onehop lab exec m1 -- onehop vnat status
+shows m1's connections. docs/vnat-daemon.md says how a restore works.`,
+	}
+	v.PersistentFlags().StringVar(&control, "control", "", "control socket (default: this network namespace's, under "+vnatd.ControlDir+")")
+	sock := func() (string, error) {
+		if control != "" {
+			return control, nil
+		}
+		return vnatd.DefaultControl()
+	}
+
+	var o vnatd.Options
+	run := &cobra.Command{
+		Use:   "run --iface IFACE [--location-server ADDR]... [--require-keys]",
+		Short: "Run the VNAT daemon of this endpoint (in its network namespace)",
+		Long: `Loads the VNAT translation on IFACE (tcx ingress and egress), picks up the
+connections already open in this network namespace (sock_diag; sockops too
+with --cgroup), listens for VCMP on TCP 2031 and for control requests, and
+watches IFACE's address. When it changes, every connection that travelled
+from the old address is restored: the daemon asks where its peer is (the
+secondary's old place, the primary's, then each --location-server), sends the
+peer a keyed VNAT_UPD (one batch per peer), installs the answer's
+translation and keeps the old address on lo, unannounced, for the sockets
+bound to it. A peer's daemon answers the same way; an update that is forged,
+replayed or (with --require-keys) unkeyed is refused, counted and logged at
+most once a second, and its connection is left alone. Every 2 s it looks for
+new connections and agrees keys with their peers' daemons (first contact),
+so a move with no suspend is authenticated too.`,
+		Example: "  onehop vnat run --iface eth0\n  onehop vnat run --iface eth0 --location-server 10.0.0.1 --require-keys",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := signalContext()
+			defer cancel()
+			o.Control, o.Logger = control, logger()
+			return vnatd.Run(ctx, o)
+		},
+	}
+	run.Flags().StringVar(&o.Iface, "iface", "eth0", "the endpoint's interface")
+	run.Flags().StringArrayVar(&o.LocationServers, "location-server", nil, "a location server asked last on every locate walk: ADDR or vcmp://ADDR[:2031] (repeatable)")
+	run.Flags().BoolVar(&o.RequireKeys, "require-keys", false, "refuse updates for connections without agreed keys (no unauthenticated migration)")
+	run.Flags().StringVar(&o.Cgroup, "cgroup", "", "cgroup v2 directory to attach sockops to (records new TCP connections as they open)")
+	run.Flags().StringVar(&o.Listen, "listen", "", "VCMP listen address (default 0.0.0.0:2031)")
+
+	var output string
+	status := &cobra.Command{
+		Use:   "status [-o json]",
+		Short: "This endpoint's connections: virtual and physical 4-tuples, state, role, keyed",
+		Long: `Lists the connections the daemon of this network namespace knows:
+VIRTUAL is the 4-tuple the sockets use (their first physical one), PHYSICAL
+where the ends are now (equal until one moves). STATE is active (never moved,
+or untouched), suspended (roles negotiated, or waiting for the peer to find
+it), locating (looking for the peer after a move), migrated (translated) or
+aborted (nobody knew the peer). ROLE is primary or secondary while migrating;
+KEYED says whether updates for it are authenticated.`,
+		Example: "  onehop vnat status\n  onehop lab exec m1 -- onehop vnat status -o json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := sock()
+			if err != nil {
+				return err
+			}
+			r, err := vnatd.Ask(p, vnatd.Request{Op: "status"})
+			if err != nil {
+				return err
+			}
+			return printVNATStatus(cmd.OutOrStdout(), r, output)
+		},
+	}
+	status.Flags().StringVarP(&output, "output", "o", "", "output format: json")
+
+	var all bool
+	suspend := &cobra.Command{
+		Use:   "suspend [--all | 'tcp LOCAL:PORT->REMOTE:PORT']",
+		Short: "Before this end moves: claim the primary role and agree keys with the peers",
+		Long: `Tells each peer that this end is about to move (VNAT_SUSP_PRIMARY with a fresh
+X25519 key, one batch per peer): the peer becomes secondary, and the update
+after the move is authenticated with keys bound to the connection. Without
+a suspend a move still works (the mover is primary by default), but the
+update is unauthenticated, which a peer with --require-keys refuses.
+Name one connection as status prints its VIRTUAL column, or --all.`,
+		Example: "  onehop vnat suspend --all\n  onehop vnat suspend 'tcp 10.0.1.5:40000->10.0.2.7:22'",
+		Args:    cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) == 1) {
+				return fmt.Errorf("name one connection ('tcp LOCAL:PORT->REMOTE:PORT') or --all")
+			}
+			req := vnatd.Request{Op: "suspend", All: all}
+			if !all {
+				if _, err := vnatd.ParseTuple(args[0]); err != nil {
+					return err
+				}
+				req.Conn = args[0]
+			}
+			p, err := sock()
+			if err != nil {
+				return err
+			}
+			r, err := vnatd.Ask(p, req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%d connection(s) suspended\n", r.Count)
+			return nil
+		},
+	}
+	suspend.Flags().BoolVar(&all, "all", false, "every active connection")
+
+	resume := &cobra.Command{
+		Use:   "resume",
+		Short: "Look again for the peers of connections still suspended or locating",
+		Long: `A move restores connections by itself (the daemon watches the address). A
+connection whose peer was nowhere to be found waits suspended, its location
+stored; resume walks the locate order again for those.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := sock()
+			if err != nil {
+				return err
+			}
+			r, err := vnatd.Ask(p, vnatd.Request{Op: "resume"})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%d connection(s) resumed\n", r.Count)
+			return nil
+		},
+	}
+	v.AddCommand(run, status, suspend, resume)
+	return v
+}
+
+func printVNATStatus(w io.Writer, r vnatd.Reply, output string) error {
+	switch output {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	case "":
+	default:
+		return fmt.Errorf("-o %q: the only output format is json", output)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROTO\tVIRTUAL\tPHYSICAL\tSTATE\tROLE\tKEYED")
+	for _, c := range r.Conns {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\n", c.Proto, c.Virtual, c.Physical, c.State, c.Role, c.Keyed)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.Counters) > 0 {
+		keys := make([]string, 0, len(r.Counters))
+		for k := range r.Counters {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		fmt.Fprint(w, "counters:")
+		for _, k := range keys {
+			fmt.Fprintf(w, " %s=%d", k, r.Counters[k])
+		}
+		fmt.Fprintln(w)
+	}
+	return nil
+}

@@ -1,0 +1,895 @@
+// Package vnatd is the VNAT endpoint daemon (`onehop vnat run`, issue 10):
+// it keeps every connection's migration state (internal/vcmp's role
+// machine), answers VCMP on TCP 2031, and when the endpoint's address
+// changes restores its connections the paper's way (§3.3.2): locate the
+// peer, exchange keyed updates in one batch per peer, install the
+// translations (internal/vnat).
+//
+// engine.go is pure: no kernel, no sockets. The kernel and the network come
+// in through Translator and Dialer, so the restore flow is tested with fakes
+// (engine_test.go); kernel.go and run.go are the thin adapters.
+package vnatd
+
+import (
+	"context"
+	"crypto/ecdh"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/onehop/onehop/internal/vcmp"
+)
+
+// Mapping is one connection's translation: its virtual tuple (its first
+// physical one, never changing) and the physical tuple it travels as now,
+// both seen from this end.
+type Mapping struct {
+	Virtual, Physical vcmp.Tuple
+	// Closed (from Conns): translated, but no socket holds it any more.
+	Closed bool
+}
+
+// Translator is the endpoint's datapath, as the engine needs it.
+type Translator interface {
+	// Conns lists the connections open at this end now (virtual and
+	// physical tuples; equal unless migrated).
+	Conns() ([]Mapping, error)
+	// Translate installs the mappings (one batched map update).
+	Translate([]Mapping) error
+	// KeepLocal keeps addr usable by the sockets bound to it after the
+	// interface lost it, unannounced.
+	KeepLocal(addr netip.Addr) error
+	// Forget stops translating a connection (it closed).
+	Forget(virtual vcmp.Tuple) error
+}
+
+// Dialer opens a VCMP stream to the daemon at addr (port vcmp.Port).
+type Dialer func(ctx context.Context, addr netip.Addr) (io.ReadWriteCloser, error)
+
+// Config is what the engine needs besides its adapters.
+type Config struct {
+	// LocationServers are asked last on every locate walk (paper P(3)/S(3)).
+	LocationServers []netip.Addr
+	// RequireKeys refuses unauthenticated updates (--require-keys).
+	RequireKeys bool
+	// Logger; nil is slog.Default().
+	Logger *slog.Logger
+	// Now; nil is time.Now (the log limiter's and retries' clock).
+	Now func() time.Time
+	// RetryFor is how long a locate walk that reached nobody is retried
+	// before the migration is aborted; 0 is 15 s.
+	RetryFor time.Duration
+}
+
+// MaxRecords caps the location records one daemon keeps for others.
+const MaxRecords = 65536
+
+// conn is one connection's daemon state.
+type conn struct {
+	m    *vcmp.Conn
+	phys vcmp.Tuple // where it travels now, seen from this end
+	// oldLocal, oldRemote: the physical addresses before the move being
+	// restored (the locate walk's places).
+	oldLocal, oldRemote netip.Addr
+	priv                *ecdh.PrivateKey // this suspension's key pair
+	peerPub             *[vcmp.KeyLen]byte
+	keys                *vcmp.Keys
+	keyTries            int // AgreeKeys asked the peer this many times
+	sendSeq             uint64
+	win                 vcmp.Window
+}
+
+// Engine is the daemon's state and decisions.
+type Engine struct {
+	cfg  Config
+	tr   Translator
+	dial Dialer
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	conns    map[vcmp.Tuple]*conn
+	dir      *vcmp.Directory
+	counters map[string]uint64
+	limit    map[string]*logLimit
+	// self are addresses that are this endpoint's (old and new): a walk
+	// never asks itself.
+	self map[netip.Addr]bool
+}
+
+// New is an engine over a datapath and a network.
+func New(cfg Config, tr Translator, dial Dialer) *Engine {
+	e := &Engine{cfg: cfg, tr: tr, dial: dial, log: cfg.Logger, conns: map[vcmp.Tuple]*conn{},
+		counters: map[string]uint64{}, limit: map[string]*logLimit{}, self: map[netip.Addr]bool{}}
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	if e.cfg.Now == nil {
+		e.cfg.Now = time.Now
+	}
+	if e.cfg.RetryFor == 0 {
+		e.cfg.RetryFor = 15 * time.Second
+	}
+	// A place answers for the ends it holds: the peer that never moved is
+	// found at its old place on the first query.
+	e.dir = vcmp.NewDirectory(func(t vcmp.Tuple) (netip.AddrPort, bool) {
+		if c, ok := e.conns[t]; ok && c.m.State != vcmp.Aborted {
+			return c.phys.Local, true
+		}
+		return netip.AddrPort{}, false
+	})
+	return e
+}
+
+// isVCMP: the daemons' own streams are never migrated.
+func isVCMP(t vcmp.Tuple) bool {
+	return t.Local.Port() == vcmp.Port || t.Remote.Port() == vcmp.Port
+}
+
+// Sync reads the open connections from the datapath: new ones are recorded
+// active, closed ones that never moved are forgotten.
+func (e *Engine) Sync() error {
+	ms, err := e.tr.Conns()
+	if err != nil {
+		return fmt.Errorf("vnatd: list connections: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	seen := map[vcmp.Tuple]bool{}
+	for _, m := range ms {
+		if isVCMP(m.Virtual) || m.Closed {
+			continue
+		}
+		seen[m.Virtual] = true
+		if _, ok := e.conns[m.Virtual]; !ok {
+			e.conns[m.Virtual] = &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
+		}
+	}
+	// A connection no socket holds any more is forgotten, its translation
+	// too; one being located is left to finish its walk.
+	var errs []error
+	for t, c := range e.conns {
+		if seen[t] || c.m.State == vcmp.Locating {
+			continue
+		}
+		if c.m.State != vcmp.Active {
+			if err := e.tr.Forget(t); err != nil {
+				errs = append(errs, fmt.Errorf("vnatd: forget closed %v: %w", t, err))
+				continue
+			}
+			e.counters["closed_forgotten"]++
+		}
+		delete(e.conns, t)
+		e.dir.Forget(t)
+	}
+	return errors.Join(errs...)
+}
+
+// ConnStatus is one connection as `onehop vnat status` shows it.
+type ConnStatus struct {
+	Proto    string `json:"proto"`
+	Virtual  string `json:"virtual"`  // local->remote
+	Physical string `json:"physical"` // local->remote
+	State    string `json:"state"`
+	Role     string `json:"role"`
+	Keyed    bool   `json:"keyed"`
+}
+
+// Status lists the connections, sorted by virtual tuple.
+func (e *Engine) Status() []ConnStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]ConnStatus, 0, len(e.conns))
+	for t, c := range e.conns {
+		out = append(out, ConnStatus{Proto: t.Proto.String(),
+			Virtual:  t.Local.String() + "->" + t.Remote.String(),
+			Physical: c.phys.Local.String() + "->" + c.phys.Remote.String(),
+			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Virtual != out[j].Virtual {
+			return out[i].Virtual < out[j].Virtual
+		}
+		return out[i].Proto < out[j].Proto
+	})
+	return out
+}
+
+// Counters are the daemon's counts (refusals by kind, restores), a copy.
+func (e *Engine) Counters() map[string]uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]uint64, len(e.counters))
+	for k, v := range e.counters {
+		out[k] = v
+	}
+	return out
+}
+
+// logLimit lets one line of a kind through per second and says how many it
+// held back: every refusal a remote host can provoke is logged this way.
+type logLimit struct {
+	last       time.Time
+	suppressed int
+}
+
+// warn logs a refusal of kind, rate-limited per kind. Called with e.mu held.
+func (e *Engine) warn(kind, msg string, args ...any) {
+	e.counters[kind]++
+	l := e.limit[kind]
+	if l == nil {
+		l = &logLimit{}
+		e.limit[kind] = l
+	}
+	now := e.cfg.Now()
+	if now.Sub(l.last) < time.Second {
+		l.suppressed++
+		return
+	}
+	if l.suppressed > 0 {
+		args = append(args, "suppressed", l.suppressed)
+	}
+	l.last, l.suppressed = now, 0
+	e.log.Warn(msg, args...)
+}
+
+// refusal names Open's error kinds for the counters.
+func refusal(err error) string {
+	switch {
+	case errors.Is(err, vcmp.ErrForged):
+		return "refused_forged"
+	case errors.Is(err, vcmp.ErrReplayed):
+		return "refused_replayed"
+	case errors.Is(err, vcmp.ErrUnkeyed):
+		return "refused_unkeyed"
+	case errors.Is(err, vcmp.ErrNoKey):
+		return "refused_nokey"
+	}
+	return "refused_other"
+}
+
+// newKeys starts a suspension's key exchange: a fresh pair, no agreed keys.
+func (c *conn) newKeys() error {
+	k, err := vcmp.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
+	c.priv, c.keys, c.peerPub, c.sendSeq, c.win = k, nil, nil, 0, vcmp.Window{}
+	return nil
+}
+
+// agree derives the update keys from the peer's public key.
+func (c *conn) agree(peer [vcmp.KeyLen]byte) error {
+	if c.keys != nil && c.peerPub != nil && *c.peerPub == peer {
+		return nil // the same agreement, seen from the other side's message
+	}
+	if c.priv == nil {
+		if err := c.newKeys(); err != nil {
+			return err
+		}
+	}
+	k, err := vcmp.DeriveKeys(c.priv, peer, c.m.Tuple)
+	if err != nil {
+		return err
+	}
+	c.keys, c.peerPub, c.sendSeq, c.win = &k, &peer, 0, vcmp.Window{}
+	return nil
+}
+
+// seal seals an update or reply when the connection has keys.
+func (c *conn) seal(m vcmp.Message) (vcmp.Message, error) {
+	if c.keys == nil {
+		return m, nil
+	}
+	c.sendSeq++
+	return vcmp.Seal(m, c.keys.Send, c.sendSeq)
+}
+
+// open checks an update or reply against the connection's keys.
+func (e *Engine) open(c *conn, m vcmp.Message) (vcmp.Message, error) {
+	if c.keys == nil {
+		return vcmp.Open(m, nil, nil, e.cfg.RequireKeys)
+	}
+	return vcmp.Open(m, &c.keys.Recv, &c.win, e.cfg.RequireKeys)
+}
+
+// blank is the block of a refusal for a connection this end does not hold:
+// the connection as named (anything missing zero), no physical end. It
+// always encodes, so a refusal never breaks the stream.
+func blank(conn vcmp.Tuple) vcmp.Record {
+	zero := netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
+	if !conn.Local.Addr().Is4() {
+		conn.Local = zero
+	}
+	if !conn.Remote.Addr().Is4() {
+		conn.Remote = zero
+	}
+	if conn.Proto != vcmp.TCP && conn.Proto != vcmp.UDP {
+		conn.Proto = vcmp.TCP
+	}
+	return vcmp.Record{Conn: conn, Phys: zero}
+}
+
+// record is this end's block for c: the connection from here, where we are.
+func (c *conn) record() vcmp.Record { return vcmp.Record{Conn: c.m.Tuple, Phys: c.phys.Local} }
+
+// innerRecord is the connection block of an update, sealed or not.
+func innerRecord(m vcmp.Message) (vcmp.Record, bool) {
+	switch m := m.(type) {
+	case *vcmp.Update:
+		return m.Record, true
+	case *vcmp.UpdateReply:
+		return m.Record, true
+	case *vcmp.Sealed:
+		return innerRecord(m.Inner)
+	}
+	return vcmp.Record{}, false
+}
+
+// Handle answers one message a peer (at from) sent: the server side of
+// VCMP. Every message gets an answer, so batches line up.
+func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch m := m.(type) {
+	case *vcmp.LocQuery, *vcmp.LocStore:
+		// Anyone may store a record, so their number is capped: a full
+		// directory still answers what it knows but stores nothing more.
+		if e.dir.Len() >= MaxRecords {
+			switch q := m.(type) {
+			case *vcmp.LocQuery:
+				c := *q
+				c.Store = false
+				m = &c
+			case *vcmp.LocStore:
+				e.warn("directory_full", "vnat: location directory full, record refused", "from", from, "records", e.dir.Len())
+				return &vcmp.LocAnswer{Record: q.Record, Status: vcmp.LocRefused}
+			}
+		}
+		a, err := e.dir.Answer(m)
+		if err != nil {
+			return nil
+		}
+		return a
+	case *vcmp.SuspPrimary:
+		c, ok := e.conns[m.Conn.Reverse()]
+		if !ok {
+			return &vcmp.UpdateReply{Record: blank(m.Conn.Reverse()), Status: vcmp.UpdateUnknown}
+		}
+		if from != c.phys.Remote.Addr() {
+			e.warn("refused_claim_source", "vnat: suspend claim from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
+		if c.m.State == vcmp.Suspended && c.m.Moving {
+			// Crossing claims (figure 3-4(b)): we claimed too. Arbitrate
+			// unless the peer's answer to our claim already did, and
+			// answer with the role we hold: both ends decide alike, and
+			// a peer still awaiting takes the other role from the answer.
+			if c.m.Awaiting {
+				c.m.Step(vcmp.EvRecvSuspPrimary) //nolint:errcheck // Awaiting allows it
+			}
+			if c.m.Role == vcmp.RoleSecondary {
+				return &vcmp.SuspSecondary{Record: c.record()}
+			}
+			return &vcmp.SuspPrimary{Record: c.record()}
+		}
+		wasState := c.m.State
+		if _, err := c.m.Step(vcmp.EvRecvSuspPrimary); err != nil {
+			e.warn("unexpected", "vnat: suspend claim not expected", "conn", c.m.Tuple, "from", from, "err", err)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+		}
+		if wasState == vcmp.Active || wasState == vcmp.Migrated {
+			// A new suspension: a fresh key pair (a retransmitted claim
+			// is answered with the same one).
+			if err := c.newKeys(); err != nil {
+				return nil
+			}
+		}
+		return &vcmp.SuspSecondary{Record: c.record()}
+	case *vcmp.Key:
+		c, ok := e.conns[m.Conn.Reverse()]
+		if !ok {
+			return &vcmp.UpdateReply{Record: blank(m.Conn.Reverse()), Status: vcmp.UpdateUnknown}
+		}
+		// Keys come only from where the peer is, and replace agreed keys
+		// only in a new suspension: otherwise anyone who can reach port
+		// 2031 and guess a 4-tuple could key the connection and then
+		// move it.
+		if from != c.phys.Remote.Addr() {
+			e.warn("refused_key_source", "vnat: key from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
+		if c.keys != nil && (c.peerPub == nil || *c.peerPub != m.Public) && c.m.State != vcmp.Suspended {
+			e.warn("refused_rekey", "vnat: new key outside a suspension", "conn", c.m.Tuple, "from", from)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
+		if err := c.agree(m.Public); err != nil {
+			e.warn("refused_key", "vnat: key refused", "conn", c.m.Tuple, "from", from, "err", err)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
+		return &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)}
+	case *vcmp.Update, *vcmp.Sealed:
+		r, ok := innerRecord(m)
+		if !ok {
+			return nil
+		}
+		c, ok := e.conns[r.Conn.Reverse()]
+		if !ok {
+			e.warn("refused_unknown", "vnat: update for an unknown connection", "conn", r.Conn, "from", from)
+			return &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateUnknown}
+		}
+		inner, err := e.open(c, m)
+		if err != nil {
+			e.warn(refusal(err), "vnat: update refused", "conn", c.m.Tuple, "from", from, "err", err)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
+		if _, ok := inner.(*vcmp.Update); !ok {
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		}
+		r, _ = innerRecord(inner)
+		if r.Phys.Addr() == c.m.Tuple.Local.Addr() {
+			// The peer is now at this end's own virtual address (the
+			// network gave it our old one): packets to it would be
+			// delivered here (paper §3.4.2; policy: abort).
+			e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+		}
+		if _, err := c.m.Step(vcmp.EvRecvUpdate); err != nil {
+			e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+		}
+		phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
+		if err := e.install([]Mapping{{Virtual: c.m.Tuple, Physical: phys}}); err != nil {
+			e.warn("translate_errors", "vnat: install translation", "conn", c.m.Tuple, "from", from, "err", err)
+			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+		}
+		c.phys = phys
+		e.counters["updates_applied"]++
+		e.dir.Forget(c.m.Tuple)
+		reply, err := c.seal(&vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateOK})
+		if err != nil {
+			return nil
+		}
+		return reply
+	}
+	return nil
+}
+
+// install writes translations; a connection back at its virtual tuple (a
+// suspend and resume without a move) is untranslated instead, so the
+// datapath keeps its nothing-migrated fast path.
+func (e *Engine) install(maps []Mapping) error {
+	var tr []Mapping
+	var errs []error
+	for _, m := range maps {
+		if m.Physical == m.Virtual {
+			errs = append(errs, e.tr.Forget(m.Virtual))
+			continue
+		}
+		tr = append(tr, m)
+	}
+	if len(tr) > 0 {
+		errs = append(errs, e.tr.Translate(tr))
+	}
+	return errors.Join(errs...)
+}
+
+// Serve answers one VCMP stream from a peer at from.
+func (e *Engine) Serve(rw io.ReadWriter, from netip.Addr) error {
+	return vcmp.ServeBatches(rw, func(m vcmp.Message) vcmp.Message {
+		if a := e.Handle(m, from); a != nil {
+			return a
+		}
+		// Something we cannot answer: a refusal keeps the batch in step.
+		r, _ := innerRecord(m)
+		return &vcmp.UpdateReply{Record: blank(r.Conn), Status: vcmp.UpdateRefused}
+	})
+}
+
+// exchange sends msgs to the daemon at addr in batches and returns its answers.
+func (e *Engine) exchange(ctx context.Context, addr netip.Addr, msgs []vcmp.Message) ([]vcmp.Message, error) {
+	s, err := e.dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	return vcmp.Exchange(s, msgs)
+}
+
+// Suspend claims the primary role for the connections sel picks (all when
+// nil) before this end moves (§3.3.1): SUSP_PRIMARY and KEY to each peer,
+// one batch per peer. It returns how many connections it suspended.
+func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, error) {
+	if err := e.Sync(); err != nil {
+		return 0, err
+	}
+	e.mu.Lock()
+	byPeer := map[netip.Addr][]*conn{}
+	msgs := map[netip.Addr][]vcmp.Message{}
+	n := 0
+	for t, c := range e.conns {
+		if sel != nil && !sel(t) {
+			continue
+		}
+		acts, err := c.m.Step(vcmp.EvSuspend)
+		if err != nil || len(acts) == 0 {
+			continue // already suspended, or a secondary that now moves too
+		}
+		if err := c.newKeys(); err != nil {
+			e.mu.Unlock()
+			return n, err
+		}
+		n++
+		p := c.phys.Remote.Addr()
+		byPeer[p] = append(byPeer[p], c)
+		msgs[p] = append(msgs[p], &vcmp.SuspPrimary{Record: c.record()}, &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)})
+	}
+	e.mu.Unlock()
+	var errs []error
+	for p, cs := range byPeer {
+		ans, err := e.exchange(ctx, p, msgs[p])
+		e.mu.Lock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: suspend with %s: %w", p, err))
+			for _, c := range cs {
+				c.m.Step(vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
+			}
+			e.mu.Unlock()
+			continue
+		}
+		for i, c := range cs {
+			claim, key := ans[2*i], ans[2*i+1]
+			switch claim.(type) {
+			case *vcmp.SuspSecondary:
+				c.m.Step(vcmp.EvRecvSuspSecondary) //nolint:errcheck // only Awaiting changes
+			case *vcmp.SuspPrimary:
+				if c.m.Awaiting { // crossing: the peer's handler arbitrated too
+					c.m.Step(vcmp.EvRecvSuspPrimary) //nolint:errcheck
+				}
+			default:
+				c.m.Step(vcmp.EvTimeout) //nolint:errcheck // the peer does not know it: primary alone
+			}
+			if k, ok := key.(*vcmp.Key); ok {
+				if err := c.agree(k.Public); err != nil {
+					e.warn("refused_key", "vnat: peer key refused", "conn", c.m.Tuple, "err", err)
+				}
+			}
+		}
+		e.mu.Unlock()
+	}
+	return n, errors.Join(errs...)
+}
+
+// MaxKeyTries is how many times AgreeKeys asks a peer's daemon that does
+// not know a connection yet (it looks for new connections on its own clock).
+const MaxKeyTries = 5
+
+// AgreeKeys agrees update keys at first contact for the connections that
+// have none and were never tried (one VCMP_KEY batch per peer), so that an
+// unplanned move (no suspend) is authenticated too. A peer without a VNAT
+// daemon is not asked again; one whose daemon does not know the connection
+// yet is asked again on the next call, up to MaxKeyTries. It returns how many connections got keys.
+func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
+	e.mu.Lock()
+	byPeer := map[netip.Addr][]*conn{}
+	msgs := map[netip.Addr][]vcmp.Message{}
+	for _, c := range e.conns {
+		if c.keys != nil || c.keyTries >= MaxKeyTries || (c.m.State != vcmp.Active && c.m.State != vcmp.Migrated) {
+			continue
+		}
+		c.keyTries++
+		if err := c.newKeys(); err != nil {
+			e.mu.Unlock()
+			return 0, err
+		}
+		p := c.phys.Remote.Addr()
+		byPeer[p] = append(byPeer[p], c)
+		msgs[p] = append(msgs[p], &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)})
+	}
+	e.mu.Unlock()
+	n := 0
+	var errs []error
+	for p, cs := range byPeer {
+		ans, err := e.exchange(ctx, p, msgs[p])
+		if err != nil {
+			// No daemon there (or not reachable): not asked again.
+			e.mu.Lock()
+			for _, c := range cs {
+				c.keyTries = MaxKeyTries
+			}
+			e.mu.Unlock()
+			errs = append(errs, fmt.Errorf("vnatd: keys with %s: %w", p, err))
+			continue
+		}
+		e.mu.Lock()
+		for i, c := range cs {
+			if r, ok := ans[i].(*vcmp.UpdateReply); ok && r.Status == vcmp.UpdateUnknown {
+				continue // the peer has not seen the connection yet: asked again next time
+			}
+			if k, ok := ans[i].(*vcmp.Key); ok && c.keys == nil {
+				if err := c.agree(k.Public); err == nil {
+					n++
+				}
+			} else if ok {
+				n++ // the peer's own first contact crossed ours and agreed already
+			}
+		}
+		e.mu.Unlock()
+	}
+	return n, errors.Join(errs...)
+}
+
+// Restore is the paper's resume after this end's address changed from old
+// to new: every connection travelling from old is located, updated (one
+// batch per peer and place) and translated; the old address is kept local.
+func (e *Engine) Restore(ctx context.Context, old, new netip.Addr) error {
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.self[old], e.self[new] = true, true
+	var cs []*conn
+	for _, c := range e.conns {
+		if c.phys.Local.Addr() == old {
+			cs = append(cs, c)
+		}
+	}
+	e.mu.Unlock()
+	return e.restore(ctx, cs, new, true)
+}
+
+// Resume retries the walk for connections left suspended or locating
+// (their peer has not found them yet), from this end's current place.
+func (e *Engine) Resume(ctx context.Context) (int, error) {
+	e.mu.Lock()
+	var cs []*conn
+	for _, c := range e.conns {
+		if c.m.State == vcmp.Suspended || c.m.State == vcmp.Locating {
+			if !c.oldLocal.IsValid() {
+				// Suspended but never moved: the places are where both
+				// ends are now.
+				c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
+			}
+			cs = append(cs, c)
+		}
+	}
+	e.mu.Unlock()
+	return len(cs), e.restore(ctx, cs, netip.Addr{}, false)
+}
+
+// walk is one connection's locate walk in progress.
+type walk struct {
+	c      *conn
+	loc    *vcmp.Locator
+	failed bool // the walk ended with nobody reached
+}
+
+func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved bool) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	var errs []error
+	e.mu.Lock()
+	kept := map[netip.Addr]bool{}
+	var walks []*walk
+	for _, c := range cs {
+		if moved {
+			c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
+			c.phys.Local = netip.AddrPortFrom(new, c.phys.Local.Port())
+			kept[c.m.Tuple.Local.Addr()] = true
+		}
+		if _, err := c.m.Step(vcmp.EvResume); err != nil {
+			continue
+		}
+		if moved && new == c.m.Tuple.Remote.Addr() {
+			// This end's new address is its peer's virtual address: the
+			// connection's packets to the peer would be delivered here
+			// (paper §3.4.2; policy: abort).
+			e.warn("conflict", "vnat: new address is the peer's virtual address", "conn", c.m.Tuple, "new", new)
+			c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+			e.counters["aborted"]++
+			continue
+		}
+		places := vcmp.LocateOrder(c.m.Role, c.oldLocal, c.oldRemote, e.cfg.LocationServers)
+		var ps []vcmp.Place
+		for _, p := range places {
+			if !e.self[p.Addr] { // the whole endpoint moved: its old place is itself
+				ps = append(ps, p)
+			}
+		}
+		walks = append(walks, &walk{c: c, loc: vcmp.NewLocator(ps)})
+	}
+	e.counters["restores"]++
+	e.mu.Unlock()
+	for a := range kept {
+		if err := e.tr.KeepLocal(a); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	// The walk, in rounds: every connection still walking asks its next
+	// place; the queries for one place go in one batch. A walk that
+	// reached nobody starts again after a pause, for RetryFor: the new
+	// address often comes before the route to the peer's place (DHCP,
+	// the new subnet's gateway).
+	found := map[netip.Addr][]*walk{}
+	giveUp := e.cfg.Now().Add(e.cfg.RetryFor)
+	pause := 100 * time.Millisecond
+	for {
+		e.walkRound(ctx, walks, found)
+		var failed []*walk
+		for _, w := range walks {
+			if w.failed {
+				failed = append(failed, w)
+			}
+		}
+		if len(failed) == 0 || ctx.Err() != nil || e.cfg.Now().Add(pause).After(giveUp) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
+		e.mu.Lock()
+		for _, w := range failed {
+			w.failed = false
+			w.loc = vcmp.NewLocator(w.loc.Places)
+		}
+		e.mu.Unlock()
+	}
+	e.mu.Lock()
+	for _, w := range walks {
+		if w.failed {
+			w.c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
+			e.counters["aborted"]++
+		}
+	}
+	e.mu.Unlock()
+	return e.update(ctx, walks, found, moved, errs)
+}
+
+// abort ends a migration the peer refused (unknown connection, not
+// authenticated, conflict): the paper's "the migration of the connection
+// will be aborted". The machine aborts only a walk that is not updating,
+// so the update is dropped first (EvResume) and the walk failed.
+// Called with e.mu held.
+func (e *Engine) abort(c *conn) {
+	if _, err := c.m.Step(vcmp.EvResume); err == nil {
+		c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+	}
+	e.counters["aborted"]++
+}
+
+// walkRound walks every connection's locate order to its end once.
+func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk) {
+	for {
+		byPlace := map[netip.Addr][]*walk{}
+		e.mu.Lock()
+		for _, w := range walks {
+			if p, ok := w.loc.Next(); ok {
+				byPlace[p.Addr] = append(byPlace[p.Addr], w)
+			} else if len(w.loc.Places) == 0 {
+				w.failed = true // nowhere to ask
+			}
+		}
+		e.mu.Unlock()
+		if len(byPlace) == 0 {
+			break
+		}
+		for place, ws := range byPlace {
+			msgs := make([]vcmp.Message, len(ws))
+			e.mu.Lock()
+			for i, w := range ws {
+				msgs[i] = vcmp.Query(w.c.record())
+			}
+			e.mu.Unlock()
+			ans, err := e.exchange(ctx, place, msgs)
+			if err != nil {
+				e.log.Info("vnat: place unreachable", "place", place, "err", err)
+			}
+			e.mu.Lock()
+			for i, w := range ws {
+				var a *vcmp.LocAnswer
+				if err == nil {
+					a, _ = ans[i].(*vcmp.LocAnswer)
+				}
+				switch w.loc.Result(a) {
+				case vcmp.Found:
+					w.c.m.Step(vcmp.EvFound) //nolint:errcheck // Locating: send the update
+					found[w.loc.Peer.Addr()] = append(found[w.loc.Peer.Addr()], w)
+				case vcmp.StoredOnly:
+					w.c.m.Step(vcmp.EvStored) //nolint:errcheck // wait for the peer
+				case vcmp.Failed:
+					w.failed = true
+				}
+			}
+			e.mu.Unlock()
+		}
+	}
+}
+
+// update sends the updates of the walks that found their peer, one batch
+// per peer, and installs every translation in one write.
+func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk, moved bool, errs []error) error {
+
+	var maps []Mapping
+	var applied []*conn
+	var phys []vcmp.Tuple
+	for peer, ws := range found {
+		msgs := make([]vcmp.Message, 0, len(ws))
+		e.mu.Lock()
+		for _, w := range ws {
+			m, err := w.c.seal(&vcmp.Update{Record: w.c.record()})
+			if err != nil {
+				errs = append(errs, err)
+				m = &vcmp.Update{Record: w.c.record()}
+			}
+			msgs = append(msgs, m)
+		}
+		e.mu.Unlock()
+		ans, err := e.exchange(ctx, peer, msgs)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", len(ws), peer, err))
+			continue
+		}
+		e.mu.Lock()
+		for i, w := range ws {
+			inner, err := e.open(w.c, ans[i])
+			if err != nil {
+				if r, ok := ans[i].(*vcmp.UpdateReply); ok && r.Status != vcmp.UpdateOK {
+					e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple, "status", r.Status)
+					e.abort(w.c)
+				} else {
+					// A reply we cannot trust: left locating, `resume` retries.
+					e.warn(refusal(err), "vnat: update reply refused", "conn", w.c.m.Tuple, "from", peer, "err", err)
+				}
+				continue
+			}
+			r, ok := inner.(*vcmp.UpdateReply)
+			if !ok || r.Status != vcmp.UpdateOK {
+				e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple)
+				e.abort(w.c)
+				continue
+			}
+			if _, err := w.c.m.Step(vcmp.EvRecvUpdateReply); err != nil {
+				continue
+			}
+			p := vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: r.Phys}
+			maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: p})
+			applied = append(applied, w.c)
+			phys = append(phys, p)
+		}
+		e.mu.Unlock()
+	}
+	// Connections still waiting translate their own end now: packets from
+	// them leave from the new address, and the peer's update completes them.
+	e.mu.Lock()
+	for _, w := range walks {
+		if w.c.m.State == vcmp.Suspended && moved {
+			maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: w.c.phys})
+		}
+	}
+	e.mu.Unlock()
+	if len(maps) > 0 {
+		if err := e.install(maps); err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: install %d translations: %w", len(maps), err))
+		} else {
+			e.mu.Lock()
+			for i, c := range applied {
+				c.phys = phys[i]
+				e.dir.Forget(c.m.Tuple)
+			}
+			e.counters["migrated"] += uint64(len(applied))
+			e.mu.Unlock()
+		}
+	}
+	return errors.Join(errs...)
+}

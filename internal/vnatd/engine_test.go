@@ -1,0 +1,625 @@
+package vnatd
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/vcmp"
+)
+
+// fakeTr is a datapath: the connections open at an end and what was
+// translated, in memory.
+type fakeTr struct {
+	mu    sync.Mutex
+	open  []vcmp.Tuple
+	xlate map[vcmp.Tuple]vcmp.Tuple
+	kept  []netip.Addr
+	calls int // Translate calls
+}
+
+func (f *fakeTr) Conns() ([]Mapping, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []Mapping
+	for _, t := range f.open {
+		p, ok := f.xlate[t]
+		if !ok {
+			p = t
+		}
+		out = append(out, Mapping{Virtual: t, Physical: p})
+	}
+	return out, nil
+}
+
+func (f *fakeTr) Translate(ms []Mapping) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	for _, m := range ms {
+		f.xlate[m.Virtual] = m.Physical
+	}
+	return nil
+}
+
+func (f *fakeTr) KeepLocal(a netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !slices.Contains(f.kept, a) {
+		f.kept = append(f.kept, a)
+	}
+	return nil
+}
+
+func (f *fakeTr) Forget(v vcmp.Tuple) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.xlate, v)
+	return nil
+}
+
+func (f *fakeTr) close(v vcmp.Tuple) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.open = slices.DeleteFunc(f.open, func(t vcmp.Tuple) bool { return t == v })
+}
+
+func (f *fakeTr) phys(t vcmp.Tuple) (vcmp.Tuple, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.xlate[t]
+	return p, ok
+}
+
+// network is a set of daemons reachable at their current addresses; a
+// stream is a net.Pipe served by the daemon dialled.
+type network struct {
+	mu    sync.Mutex
+	at    map[netip.Addr]*node
+	dials map[netip.Addr]int
+	// gate, when set, holds every dial until it is closed (to make two
+	// suspends cross).
+	gate chan struct{}
+	wait *sync.WaitGroup
+}
+
+type node struct {
+	name string
+	addr netip.Addr
+	tr   *fakeTr
+	e    *Engine
+	logs *bytes.Buffer
+}
+
+func newNetwork() *network {
+	return &network{at: map[netip.Addr]*node{}, dials: map[netip.Addr]int{}}
+}
+
+func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
+	t.Helper()
+	nd := &node{name: name, addr: netip.MustParseAddr(addr), tr: &fakeTr{xlate: map[vcmp.Tuple]vcmp.Tuple{}}, logs: &bytes.Buffer{}}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(nd.logs, nil))
+	}
+	nd.e = New(cfg, nd.tr, func(ctx context.Context, a netip.Addr) (io.ReadWriteCloser, error) {
+		return n.dial(ctx, nd, a)
+	})
+	n.mu.Lock()
+	n.at[nd.addr] = nd
+	n.mu.Unlock()
+	return nd
+}
+
+func (n *network) dial(_ context.Context, from *node, a netip.Addr) (io.ReadWriteCloser, error) {
+	n.mu.Lock()
+	n.dials[a]++
+	to, ok := n.at[a]
+	gate, wait := n.gate, n.wait
+	src := from.addr
+	n.mu.Unlock()
+	if gate != nil {
+		wait.Done()
+		<-gate
+	}
+	if !ok {
+		return nil, fmt.Errorf("dial %s: no route to host", a)
+	}
+	c, s := net.Pipe()
+	go func() {
+		defer s.Close()
+		to.e.Serve(s, src) //nolint:errcheck // the test reads the client side
+	}()
+	return c, nil
+}
+
+// move re-addresses nd (its old address leaves the network) without
+// restoring anything yet.
+func (n *network) move(nd *node, addr string) (old, new netip.Addr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	old, new = nd.addr, netip.MustParseAddr(addr)
+	delete(n.at, old)
+	nd.addr = new
+	n.at[new] = nd
+	return old, new
+}
+
+// connect opens a TCP connection between a (client, port cport) and b (port 22).
+func connect(a, b *node, cport uint16) (ta, tb vcmp.Tuple) {
+	ta = vcmp.Tuple{Proto: vcmp.TCP, Local: netip.AddrPortFrom(a.addr, cport), Remote: netip.AddrPortFrom(b.addr, 22)}
+	tb = ta.Reverse()
+	a.tr.open = append(a.tr.open, ta)
+	b.tr.open = append(b.tr.open, tb)
+	return ta, tb
+}
+
+func state(t *testing.T, nd *node, v vcmp.Tuple) ConnStatus {
+	t.Helper()
+	want := v.Local.String() + "->" + v.Remote.String()
+	for _, s := range nd.e.Status() {
+		if s.Virtual == want && s.Proto == v.Proto.String() {
+			return s
+		}
+	}
+	t.Fatalf("%s has no connection %v; it has %+v", nd.name, v, nd.e.Status())
+	return ConnStatus{}
+}
+
+func wantPhys(t *testing.T, nd *node, v vcmp.Tuple, local, remote netip.Addr) {
+	t.Helper()
+	p, ok := nd.tr.phys(v)
+	if !ok {
+		t.Fatalf("%s: %v not translated", nd.name, v)
+	}
+	want := vcmp.Tuple{Proto: v.Proto, Local: netip.AddrPortFrom(local, v.Local.Port()), Remote: netip.AddrPortFrom(remote, v.Remote.Port())}
+	if p != want {
+		t.Fatalf("%s: %v translated to %v, want %v", nd.name, v, p, want)
+	}
+	if s := state(t, nd, v); s.State != "migrated" {
+		t.Fatalf("%s: %v is %s, want migrated", nd.name, v, s.State)
+	}
+}
+
+func syncAll(t *testing.T, nds ...*node) {
+	t.Helper()
+	for _, nd := range nds {
+		if err := nd.e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// One end moves (the paper's §4.1): it finds its peer at the peer's own
+// place on the first query, and 200 connections with that peer cost one
+// locate exchange and one update exchange.
+func TestRestoreOneEndMoves(t *testing.T) {
+	for _, suspend := range []bool{false, true} {
+		t.Run(fmt.Sprintf("suspend=%v", suspend), func(t *testing.T) {
+			n := newNetwork()
+			a := n.add(t, "a", "10.0.1.1", Config{})
+			b := n.add(t, "b", "10.0.2.2", Config{})
+			var conns [][2]vcmp.Tuple
+			for i := range 200 {
+				ta, tb := connect(a, b, uint16(40000+i))
+				conns = append(conns, [2]vcmp.Tuple{ta, tb})
+			}
+			syncAll(t, a, b)
+			if suspend {
+				k, err := a.e.Suspend(t.Context(), nil)
+				if err != nil || k != 200 {
+					t.Fatalf("suspend: %d, %v; want 200", k, err)
+				}
+				if s := state(t, b, conns[0][1]); s.Role != "secondary" || !s.Keyed {
+					t.Fatalf("b after a's suspend: %+v, want secondary and keyed", s)
+				}
+			}
+			n.dials = map[netip.Addr]int{}
+			old, new := n.move(a, "10.0.3.3")
+			if err := a.e.Restore(t.Context(), old, new); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range conns {
+				wantPhys(t, a, c[0], new, b.addr)
+				wantPhys(t, b, c[1], b.addr, new)
+				if s := state(t, a, c[0]); s.Keyed != suspend {
+					t.Fatalf("a: %+v keyed, want %v", s, suspend)
+				}
+			}
+			if got := n.dials[b.addr]; got != 2 {
+				t.Errorf("a dialled b %d times for 200 connections, want 2 (one locate batch, one update batch)", got)
+			}
+			if !slices.Equal(a.tr.kept, []netip.Addr{old}) {
+				t.Errorf("a kept %v local, want [%s]", a.tr.kept, old)
+			}
+			if a.tr.calls != 1 {
+				t.Errorf("a installed its translations in %d writes, want 1", a.tr.calls)
+			}
+			if c := b.e.Counters(); c["updates_applied"] != 200 {
+				t.Errorf("b counters %v, want 200 updates applied", c)
+			}
+		})
+	}
+}
+
+// Both ends move before either restores (both old places gone): they meet
+// at the location server, whichever restores first; keyed if suspended.
+func TestRestoreBothEndsMove(t *testing.T) {
+	for _, order := range []string{"a first", "b first"} {
+		t.Run(order, func(t *testing.T) {
+			n := newNetwork()
+			loc := netip.MustParseAddr("10.0.9.9")
+			n.add(t, "locsrv", loc.String(), Config{})
+			a := n.add(t, "a", "10.0.1.1", Config{LocationServers: []netip.Addr{loc}})
+			b := n.add(t, "b", "10.0.2.2", Config{LocationServers: []netip.Addr{loc}})
+			ta, tb := connect(a, b, 40000)
+			syncAll(t, a, b)
+			if _, err := a.e.Suspend(t.Context(), nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.e.Suspend(t.Context(), nil); err != nil { // the secondary moves too (§4.2): nothing sent
+				t.Fatal(err)
+			}
+			aOld, aNew := n.move(a, "10.0.3.3")
+			bOld, bNew := n.move(b, "10.0.4.4")
+			first, second := a, b
+			fo, fn, so, sn := aOld, aNew, bOld, bNew
+			if order == "b first" {
+				first, second, fo, fn, so, sn = b, a, bOld, bNew, aOld, aNew
+			}
+			if err := first.e.Restore(t.Context(), fo, fn); err != nil {
+				t.Fatal(err)
+			}
+			var v vcmp.Tuple
+			if first == a {
+				v = ta
+			} else {
+				v = tb
+			}
+			if s := state(t, first, v); s.State != "suspended" {
+				t.Fatalf("%s after restoring first: %+v, want suspended (its location stored, waiting)", first.name, s)
+			}
+			if err := second.e.Restore(t.Context(), so, sn); err != nil {
+				t.Fatal(err)
+			}
+			wantPhys(t, a, ta, aNew, bNew)
+			wantPhys(t, b, tb, bNew, aNew)
+			if !state(t, a, ta).Keyed || !state(t, b, tb).Keyed {
+				t.Errorf("not keyed after a suspend: %+v %+v", state(t, a, ta), state(t, b, tb))
+			}
+		})
+	}
+}
+
+// Both ends suspend at once: the claims cross, each end arbitrates alike
+// (the higher virtual address is primary), the keys still agree, and the
+// migration after both moves is keyed.
+func TestCrossingPrimaries(t *testing.T) {
+	n := newNetwork()
+	loc := netip.MustParseAddr("10.0.9.9")
+	n.add(t, "locsrv", loc.String(), Config{})
+	a := n.add(t, "a", "10.0.1.1", Config{LocationServers: []netip.Addr{loc}, RequireKeys: true})
+	b := n.add(t, "b", "10.0.2.2", Config{LocationServers: []netip.Addr{loc}, RequireKeys: true})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	// Both claims are sent before either is answered.
+	n.gate, n.wait = make(chan struct{}), &sync.WaitGroup{}
+	n.wait.Add(2)
+	errs := make(chan error, 2)
+	for _, nd := range []*node{a, b} {
+		go func() { _, err := nd.e.Suspend(t.Context(), nil); errs <- err }()
+	}
+	n.wait.Wait()
+	n.mu.Lock()
+	close(n.gate)
+	n.gate = nil
+	n.mu.Unlock()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	sa, sb := state(t, a, ta), state(t, b, tb)
+	if sa.Role != "secondary" || sb.Role != "primary" || !sa.Keyed || !sb.Keyed {
+		t.Fatalf("after crossing claims: a %+v, b %+v; want a secondary, b (higher address) primary, both keyed", sa, sb)
+	}
+	aOld, aNew := n.move(a, "10.0.3.3")
+	bOld, bNew := n.move(b, "10.0.4.4")
+	if err := b.e.Restore(t.Context(), bOld, bNew); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.e.Restore(t.Context(), aOld, aNew); err != nil {
+		t.Fatal(err)
+	}
+	wantPhys(t, a, ta, aNew, bNew)
+	wantPhys(t, b, tb, bNew, aNew)
+	for _, nd := range []*node{a, b} {
+		for k, v := range nd.e.Counters() {
+			if (strings.HasPrefix(k, "refused") || k == "unexpected") && v > 0 {
+				t.Errorf("%s refused something: %v", nd.name, nd.e.Counters())
+			}
+		}
+	}
+}
+
+// sendOne sends m to nd as a batch of one and returns the answer.
+func sendOne(t *testing.T, n *network, from *node, to netip.Addr, m vcmp.Message) vcmp.Message {
+	t.Helper()
+	s, err := n.dial(t.Context(), from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ans, err := vcmp.Exchange(s, []vcmp.Message{m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ans[0]
+}
+
+func wantRefused(t *testing.T, what string, m vcmp.Message) {
+	t.Helper()
+	r, ok := m.(*vcmp.UpdateReply)
+	if !ok || r.Status != vcmp.UpdateRefused {
+		t.Fatalf("%s: answer %#v, want VNAT_UPD_R refused", what, m)
+	}
+}
+
+// A forged, a replayed and an unkeyed update are refused, counted and
+// logged at most once a second per kind; the connection is left as it was.
+// The genuine update (the control) is applied.
+func TestForgedReplayedAndUnkeyedUpdatesAreRefused(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	clock := time.Unix(1000, 0)
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true, Now: func() time.Time { return clock }})
+	mallory := n.add(t, "mallory", "10.0.6.6", Config{})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	if _, err := a.e.Suspend(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	keys := *a.e.conns[ta].keys
+	evil := netip.AddrPortFrom(mallory.addr, 40000)
+	upd := &vcmp.Update{Record: vcmp.Record{Conn: ta, Phys: evil}}
+
+	// Forged: sealed under a key that is not the connection's.
+	for i := range 5 {
+		forged, err := vcmp.Seal(upd, vcmp.Secret{1, 2, 3}, uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantRefused(t, "forged", sendOne(t, n, mallory, b.addr, forged))
+	}
+	// Unkeyed: plain, on a keyed connection (and b requires keys anyway).
+	wantRefused(t, "unkeyed", sendOne(t, n, mallory, b.addr, upd))
+	if _, ok := b.tr.phys(tb); ok {
+		t.Fatalf("b translated %v after refused updates", tb)
+	}
+	if s := state(t, b, tb); s.State != "suspended" || s.Role != "secondary" {
+		t.Fatalf("b's connection changed after refused updates: %+v", s)
+	}
+
+	// The genuine update (the control), then the same bytes again.
+	good, err := vcmp.Seal(&vcmp.Update{Record: vcmp.Record{Conn: ta, Phys: netip.MustParseAddrPort("10.0.3.3:40000")}}, keys.Send, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := sendOne(t, n, a, b.addr, good).(*vcmp.Sealed); !ok {
+		t.Fatalf("genuine update answered %#v, want a sealed VNAT_UPD_R", r)
+	}
+	wantPhys(t, b, tb, b.addr, netip.MustParseAddr("10.0.3.3"))
+	wantRefused(t, "replayed", sendOne(t, n, mallory, b.addr, good))
+	wantPhys(t, b, tb, b.addr, netip.MustParseAddr("10.0.3.3"))
+
+	c := b.e.Counters()
+	if c["refused_forged"] != 5 || c["refused_unkeyed"] != 1 || c["refused_replayed"] != 1 || c["updates_applied"] != 1 {
+		t.Errorf("b counters %v: want 5 forged, 1 unkeyed, 1 replayed refused, 1 applied", c)
+	}
+	logs := b.logs.String()
+	if k := strings.Count(logs, "err=\"vcmp: update tag does not verify"); k != 1 {
+		t.Errorf("5 forged updates within a second logged %d times, want 1:\n%s", k, logs)
+	}
+	// A second later the next one is logged with the count held back.
+	clock = clock.Add(2 * time.Second)
+	forged, err := vcmp.Seal(upd, vcmp.Secret{9}, 99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, "forged later", sendOne(t, n, mallory, b.addr, forged))
+	if !strings.Contains(b.logs.String(), "suppressed=4") {
+		t.Errorf("the next forged update's log does not say 4 were held back:\n%s", b.logs.String())
+	}
+}
+
+// With --require-keys an unsuspended (unkeyed) move is refused by the
+// peer; without it the paper's unauthenticated resume is allowed (the
+// control is TestRestoreOneEndMoves/suspend=false).
+func TestRequireKeysRefusesAnUnkeyedMove(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.tr.phys(tb); ok {
+		t.Fatal("b translated an unkeyed update with --require-keys")
+	}
+	if s := state(t, a, ta); s.State != "aborted" {
+		t.Fatalf("a's %v after b refused its update: %+v, want aborted", ta, s)
+	}
+	if c := b.e.Counters(); c["refused_unkeyed"] != 1 {
+		t.Errorf("b counters %v, want one unkeyed refusal", c)
+	}
+}
+
+// A migrated connection that closes is forgotten at the next look, its
+// translation removed; the open one beside it stays.
+func TestClosedMigratedConnectionIsForgotten(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, tb := connect(a, b, 40000)
+	ta2, _ := connect(a, b, 40001)
+	syncAll(t, a, b)
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	wantPhys(t, b, tb, b.addr, new)
+	a.tr.close(ta)
+	b.tr.close(tb)
+	syncAll(t, a, b)
+	if _, ok := a.tr.phys(ta); ok {
+		t.Errorf("a still translates closed %v", ta)
+	}
+	if _, ok := b.tr.phys(tb); ok {
+		t.Errorf("b still translates closed %v", tb)
+	}
+	if st := a.e.Status(); len(st) != 1 || st[0].Virtual != ta2.Local.String()+"->"+ta2.Remote.String() {
+		t.Errorf("a's connections after one closed: %+v, want only %v", st, ta2)
+	}
+	wantPhys(t, a, ta2, new, b.addr)
+}
+
+// Keys agreed at first contact authenticate an unplanned move (no
+// suspend), which a peer with --require-keys then accepts; a key or a
+// suspend claim from anyone but the peer is refused and leaves the keys.
+func TestFirstContactKeysAndKeysOnlyFromThePeer(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{RequireKeys: true})
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	mallory := n.add(t, "mallory", "10.0.6.6", Config{})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	// Both ends try at once: the agreements cross and still match.
+	errs := make(chan error, 2)
+	for _, nd := range []*node{a, b} {
+		go func() { _, err := nd.e.AgreeKeys(t.Context()); errs <- err }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !state(t, a, ta).Keyed || !state(t, b, tb).Keyed {
+		t.Fatalf("not keyed after first contact: %+v %+v", state(t, a, ta), state(t, b, tb))
+	}
+	before := *b.e.conns[tb].keys
+
+	var pub [vcmp.KeyLen]byte
+	pub[0] = 9
+	wantRefused(t, "key from mallory", sendOne(t, n, mallory, b.addr, &vcmp.Key{Record: vcmp.Record{Conn: ta, Phys: netip.AddrPortFrom(mallory.addr, 40000)}, Public: pub}))
+	wantRefused(t, "claim from mallory", sendOne(t, n, mallory, b.addr, &vcmp.SuspPrimary{Record: vcmp.Record{Conn: ta, Phys: netip.AddrPortFrom(mallory.addr, 40000)}}))
+	if *b.e.conns[tb].keys != before || state(t, b, tb).State != "active" {
+		t.Fatalf("b's connection changed after mallory's key and claim: %+v", state(t, b, tb))
+	}
+	if c := b.e.Counters(); c["refused_key_source"] != 1 || c["refused_claim_source"] != 1 {
+		t.Errorf("b counters %v, want one key and one claim refused for their source", c)
+	}
+
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	wantPhys(t, a, ta, new, b.addr)
+	wantPhys(t, b, tb, b.addr, new)
+}
+
+// A suspend and a resume without a move (the move was called off) settle
+// the connection again with the peer, and nothing is translated.
+func TestSuspendThenResumeWithoutAMove(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{RequireKeys: true})
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	if _, err := a.e.Suspend(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := a.e.Resume(t.Context()); err != nil || k != 1 {
+		t.Fatalf("resume: %d, %v; want 1", k, err)
+	}
+	for _, c := range []struct {
+		nd *node
+		v  vcmp.Tuple
+	}{{a, ta}, {b, tb}} {
+		if s := state(t, c.nd, c.v); s.State != "migrated" || s.Role != "none" {
+			t.Errorf("%s after suspend and resume: %+v, want settled (migrated, no role)", c.nd.name, s)
+		}
+		if p, ok := c.nd.tr.phys(c.v); ok {
+			t.Errorf("%s translates %v to %v with nothing moved", c.nd.name, c.v, p)
+		}
+	}
+}
+
+// First contact before the peer's daemon has seen the connection: the peer
+// answers unknown, and the next try (after the peer looked) agrees.
+func TestFirstContactRetriesAPeerThatHasNotSeenTheConnection(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a)
+	if k, err := a.e.AgreeKeys(t.Context()); err != nil || k != 0 {
+		t.Fatalf("first try: %d keyed, %v; want 0 (b does not know it yet)", k, err)
+	}
+	syncAll(t, b)
+	if k, err := a.e.AgreeKeys(t.Context()); err != nil || k != 1 {
+		t.Fatalf("second try: %d keyed, %v; want 1", k, err)
+	}
+	if !state(t, a, ta).Keyed || !state(t, b, tb).Keyed {
+		t.Errorf("not keyed: %+v %+v", state(t, a, ta), state(t, b, tb))
+	}
+}
+
+// Virtual address conflicts (paper §3.4.2, policy abort): an end given its
+// peer's virtual address aborts without asking anyone, and an update
+// putting the peer at this end's own virtual address is answered conflict
+// and changes nothing.
+func TestVirtualAddressConflictsAbort(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, tb := connect(a, b, 40000)
+	syncAll(t, a, b)
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	wantPhys(t, b, tb, b.addr, new)
+
+	// The peer side: b "moved" to a's virtual address.
+	r, ok := sendOne(t, n, b, a.addr, &vcmp.Update{Record: vcmp.Record{Conn: tb, Phys: netip.MustParseAddrPort("10.0.1.1:22")}}).(*vcmp.UpdateReply)
+	if !ok || r.Status != vcmp.UpdateConflict {
+		t.Fatalf("update to a's own virtual address answered %#v, want conflict", r)
+	}
+	wantPhys(t, a, ta, new, b.addr)
+
+	// b really is given 10.0.1.1 (a's old, virtual address).
+	n.dials = map[netip.Addr]int{}
+	bOld, bNew := n.move(b, "10.0.1.1")
+	if err := b.e.Restore(t.Context(), bOld, bNew); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, b, tb); s.State != "aborted" {
+		t.Errorf("b at a's virtual address: %+v, want aborted", s)
+	}
+	if len(n.dials) != 0 {
+		t.Errorf("b asked %v about a connection it cannot carry", n.dials)
+	}
+	if a.e.Counters()["conflict"] != 1 || b.e.Counters()["conflict"] != 1 {
+		t.Errorf("conflict counters: a %v, b %v; want one each", a.e.Counters(), b.e.Counters())
+	}
+}
