@@ -111,7 +111,7 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 	__u64 now = packet_now(pkt);
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
 		struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, &fk);
-		if (f && now - f->when_ns < PS_FRAG_LIFETIME_NS)
+		if (f && now - f->when_ns < FRAG_LIFETIME_NS)
 			return 0;
 		return DROP_PS_FRAG_UNKNOWN;
 	}
@@ -151,7 +151,7 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 			return DROP_PS_ICMP_REFUSED;
 		}
 	}
-	if (ip->frag_off & bpf_htons(PS_IP_MF)) {
+	if (ip->frag_off & bpf_htons(IP_MF)) {
 		struct ps_frag f = {.when_ns = now, .slot = slot};
 		struct ps_frag *seen = bpf_map_lookup_elem(&ps_frags, &fk);
 		if (!seen) {

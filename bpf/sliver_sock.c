@@ -15,13 +15,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define PS_CGROUP_DEPTH 16
 
-static __always_inline __u32 ps_port_owner_at(__u32 u, __u16 port)
-{
-	__u32 key = (u << 16) | port;
-	__u32 *slot = bpf_map_lookup_elem(&ps_ports, &key);
-	return slot ? *slot : 0;
-}
-
 /* The sliver of the calling task: its cgroup's, or an ancestor's (a
  * sliver may make cgroups below its own). 0: no sliver. */
 static __always_inline __u32 ps_task_slot(void)
@@ -48,14 +41,14 @@ static __always_inline int ps_may_use(__u32 slot, __be32 addr, __u16 port)
 {
 	if (addr == 0) {
 		for (__u32 u = 0; u < PS_MAX_UPLINKS; u++)
-			if (ps_port_owner_at(u, port) == slot)
+			if (ps_port_owner(u, port) == slot)
 				return 1;
 		return 0;
 	}
 	__u32 *u = bpf_map_lookup_elem(&ps_addrs, &addr);
 	if (!u)
 		return 1;
-	return ps_port_owner_at(*u, port) == slot;
+	return ps_port_owner(*u, port) == slot;
 }
 
 /* bind(): a port chosen by the application. Port 0 is the kernel's pick,

@@ -18,10 +18,6 @@
 #include "policy.h"
 #include "frag_maps.h"
 
-#define IP_MF 0x2000
-/* A datagram's fragments leave back to back; two seconds is ample, and
- * short enough that an IP id is not reused within it at any sane rate. */
-#define FRAG_LIFETIME_NS (2ULL * 1000000000ULL)
 
 /* admit (policy.h), for fragments too. An unfragmented packet costs one
  * test more than admit itself. */

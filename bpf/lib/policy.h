@@ -17,6 +17,12 @@
 #define IPPROTO_TCP_ 6
 #define IPPROTO_UDP_ 17
 #define IP_OFFSET_MASK 0x1fff
+#define IP_MF 0x2000 /* more fragments */
+/* How long a first fragment's datagram is remembered (frag.h, and port
+ * space's steering): a datagram's fragments leave back to back, so two
+ * seconds is ample, and short enough that an IP id is not reused within it
+ * at any sane rate. */
+#define FRAG_LIFETIME_NS (2ULL * 1000000000ULL)
 #define ICMP_ECHO_REPLY 0
 #define ICMP_ECHO_REQUEST 8
 
@@ -269,7 +275,7 @@ static __always_inline int answer_gateway_ping(struct packet *pkt)
 	struct iphdr *ip = pkt->ip;
 	if (ip->protocol != IPPROTO_ICMP_ || ip->daddr != gateway_of(ip->saddr))
 		return 0;
-	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK | 0x2000))
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK | IP_MF))
 		return 0;
 	__u8 *icmp = (void *)ip + (ip->ihl & 0xf) * 4;
 	if ((void *)icmp + 4 > pkt->data_end || icmp[0] != ICMP_ECHO_REQUEST || icmp[1] != 0)

@@ -17,10 +17,6 @@
 #include "redirect.h"
 #include "portspace_maps.h"
 
-#define PS_IP_MF 0x2000
-/* A datagram's fragments leave back to back: two seconds is ample and far
- * shorter than an IP id takes to wrap (as frag.h). */
-#define PS_FRAG_LIFETIME_NS (2ULL * 1000000000ULL)
 #define PS_DIR_OUT 0x80
 #define PS_ECHO_PROBES 8
 #define DROP_PS_FIRST DROP_PS_NO_SLIVER
@@ -77,25 +73,13 @@ static __always_inline int ps_share_take(__u32 slot, const __u32 kind, __u64 now
 	struct ps_share *s = bpf_map_lookup_elem(&ps_shares, &slot);
 	if (!s)
 		return 0;
-	__u64 next = s->next_ns[kind];
-	if (next < now)
-		next = now;
-	if (next - now > cfg->burst_ns[kind]) {
+	if (!gcra_take(&s->next_ns[kind], interval, cfg->burst_ns[kind], now)) {
 		__sync_fetch_and_add(&s->refused[kind], 1);
 		return 0;
 	}
-	/* Racy across CPUs: a bound, not an exact count. */
-	s->next_ns[kind] = next + interval;
 	return 1;
 }
 
-/* Who leases port (host order) on uplink u: a slot, 0 for the host. */
-static __always_inline __u32 ps_port_owner(__u32 u, __u16 port)
-{
-	__u32 key = (u << 16) | port;
-	__u32 *slot = bpf_map_lookup_elem(&ps_ports, &key);
-	return slot ? *slot : 0;
-}
 
 /* Where a packet for a public address goes, and the echo id to put back
  * (at id_off, checksum at csum_off) when its sliver's id was rewritten. */
@@ -161,7 +145,7 @@ static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_targ
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
 		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
 		struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, &k);
-		if (f && packet_now(pkt) - f->when_ns < PS_FRAG_LIFETIME_NS)
+		if (f && packet_now(pkt) - f->when_ns < FRAG_LIFETIME_NS)
 			t->slot = f->slot;
 		return;
 	}
@@ -179,7 +163,7 @@ static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_targ
 		else if (is_icmp_error(type))
 			t->slot = ps_error_owner(pkt, l4, l4_off, ip->daddr, u, t);
 	}
-	if (t->slot && (ip->frag_off & bpf_htons(PS_IP_MF))) {
+	if (t->slot && (ip->frag_off & bpf_htons(IP_MF))) {
 		__u64 now = packet_now(pkt);
 		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
 		struct ps_frag f = {.when_ns = now, .slot = t->slot};

@@ -226,4 +226,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ps_stats SEC(".maps");
 
+/* Who leases port (host order) on uplink u: a slot, 0 for the host. The
+ * steering, the sliver's checks and its socket programs all ask this. */
+static __always_inline __u32 ps_port_owner(__u32 u, __u16 port)
+{
+	__u32 key = (u << 16) | port;
+	__u32 *slot = bpf_map_lookup_elem(&ps_ports, &key);
+	return slot ? *slot : 0;
+}
+
 #endif

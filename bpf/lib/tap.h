@@ -60,9 +60,7 @@ static __always_inline int is_tap_copy(const struct iphdr *ip)
 static __always_inline __be16 csum_replace16(__be16 check, __be16 old, __be16 new)
 {
 	__u32 sum = (~bpf_ntohs(check) & 0xffff) + (~bpf_ntohs(old) & 0xffff) + bpf_ntohs(new);
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return bpf_htons(~sum & 0xffff);
+	return bpf_htons(csum_fold(sum));
 }
 
 /* The index of the lowest set bit of x (x != 0). clang 14's BPF backend
