@@ -300,12 +300,16 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 		}
 	}
 	plans := make([]feature.Plan, len(a.features))
+	sizes := make([]feature.Sizes, len(a.features))
 	errs := make([]error, len(a.features))
 	want := uint32(0)
 	for i, f := range a.features {
 		plans[i], errs[i] = f.Compile(node)
-		if errs[i] == nil && plans[i].InUse() {
-			want |= f.Bit()
+		if errs[i] == nil {
+			sizes[i] = plans[i].Sizes() // a plan's layout is worked out once a pass
+			if plans[i].InUse() {
+				want |= f.Bit()
+			}
 		}
 	}
 	if keep := a.bits & want; keep != a.bits {
@@ -317,7 +321,7 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 	on := a.bits
 	for i, f := range a.features {
 		if errs[i] == nil {
-			errs[i] = feature.CheckFit(f.Name(), plans[i].Sizes(), a.dp.Capacity)
+			errs[i] = feature.CheckFit(f.Name(), sizes[i], a.dp.Capacity)
 		}
 		if errs[i] == nil {
 			errs[i] = f.Sync(plans[i])
@@ -331,7 +335,7 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 		sub.err = errs[i]
 		sub.overflows = feature.Overflows(errs[i])
 		if plans[i] != nil {
-			sub.sizes = plans[i].Sizes()
+			sub.sizes = sizes[i]
 		}
 		if errs[i] != nil {
 			sub.failures++

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 
@@ -163,6 +164,19 @@ type Sliver struct {
 
 // FullName is HOST/NAME.
 func (s Sliver) FullName() string { return s.Host + "/" + s.Name }
+
+// Uplinks are the uplinks the sliver leases ports on, ascending: it has a
+// link (eth<k>) on each.
+func (s Sliver) Uplinks() []int {
+	var out []int
+	for _, l := range s.Leases {
+		if !slices.Contains(out, l.Uplink) {
+			out = append(out, l.Uplink)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Lease is an inclusive port range on one of the host's uplinks, for TCP,
 // UDP and ICMP echo ids alike.

@@ -82,21 +82,9 @@ func (sliverKind) remove(st *State, say func(string, ...any)) error { return rem
 // sliverLinks are the host-side links of s, one per uplink it leases on.
 func sliverLinks(s intent.Sliver) []string {
 	var out []string
-	for _, k := range leasedUplinks(s) {
+	for _, k := range s.Uplinks() {
 		out = append(out, intent.SliverIfname(s.Name, k))
 	}
-	return out
-}
-
-// leasedUplinks are the uplinks s leases ports on, ascending.
-func leasedUplinks(s intent.Sliver) []int {
-	var out []int
-	for _, l := range s.Leases {
-		if !slices.Contains(out, l.Uplink) {
-			out = append(out, l.Uplink)
-		}
-	}
-	slices.Sort(out)
 	return out
 }
 
@@ -154,7 +142,7 @@ func plumbSliver(st *State, s intent.Sliver) error {
 	if st.Kinds[s.Host] != "host" || !netns.Exists(hostNS) {
 		return fmt.Errorf("sliver %s: lab %q has no host %q", s.Name, st.Name, s.Host)
 	}
-	uplinks := leasedUplinks(s)
+	uplinks := s.Uplinks()
 	if len(uplinks) == 0 {
 		return fmt.Errorf("sliver %s: no leases, so no link to make", s.FullName())
 	}

@@ -47,7 +47,7 @@ type MissingMonitor struct {
 // writes: an end of unknown kind or with a bad address, a port range
 // upside down, two rules with one ID, a rule with ID 0.
 func Compile(n feature.Node) (Plan, error) {
-	var p Plan
+	p := Plan{UplinkIfindex: n.UplinkIfindex}
 	locals := map[netip.Addr]intent.LocalEndpoint{}
 	for _, l := range n.Desired.Local {
 		a, err := netip.ParseAddr(l.IP)

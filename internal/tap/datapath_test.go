@@ -377,7 +377,8 @@ func monotonicNow() uint64 {
 // when the plan is in use.
 func (h *host) sync(t testing.TB, d intent.Desired, nodes []intent.Node, ifindexOf func(string) (int, error)) Plan {
 	t.Helper()
-	p, err := Compile(feature.Node{Name: h.name, Desired: d, Nodes: nodes, Ifindex: ifindexOf})
+	// The uplink as the agent gives it (feature.Node), as the router wrote it.
+	p, err := Compile(feature.Node{Name: h.name, Desired: d, Nodes: nodes, Ifindex: ifindexOf, UplinkIfindex: h.lab.ifindex["up0"]})
 	if err != nil {
 		t.Fatal(err)
 	}

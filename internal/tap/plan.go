@@ -28,6 +28,9 @@ type Plan struct {
 	// Missing are the rules left out because their monitor cannot be
 	// placed yet (Compile).
 	Missing []MissingMonitor
+	// UplinkIfindex is where copies to other hosts leave: the node's
+	// uplink (feature.Node), 0 when it has none.
+	UplinkIfindex int
 }
 
 // Match is what a rule matches, compiled.

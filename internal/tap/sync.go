@@ -69,7 +69,7 @@ func (f *Feature) sync(p Plan) error {
 			return err
 		}
 	}
-	want, fresh, err := f.want(l)
+	want, fresh, err := f.want(l, p.UplinkIfindex)
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ type slotChanges struct {
 
 // want gives every rule and target a slot (keeping the ones they have)
 // and packs the entries for the datapath.
-func (f *Feature) want(l layout) (*state, slotChanges, error) {
+func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error) {
 	var ch slotChanges
 	// Rules: keep slots, free the gone, give the new the lowest free.
 	ids := make([]uint32, 0, len(l.rules))
@@ -247,33 +247,15 @@ func (f *Feature) want(l layout) (*state, slotChanges, error) {
 	// Remote targets go out of the node's uplink.
 	for slot, t := range s.targets {
 		if t.Remote == 1 {
-			up, err := f.uplinkIfindex()
-			if err != nil {
-				return nil, ch, err
+			if uplinkIfindex == 0 {
+				return nil, ch, errors.New("no uplink: copies to other hosts cannot leave")
 			}
-			t.Ifindex = up
+			t.Ifindex = uint32(uplinkIfindex)
 			s.targets[slot] = t
 		}
 	}
 	f.slotOf, f.targetOf, f.names = slotOf, targetOf, names
 	return s, ch, nil
-}
-
-// uplinkIfindex is where copies to other hosts leave: the node's uplink,
-// as the router configured it.
-func (f *Feature) uplinkIfindex() (uint32, error) {
-	cfg, err := f.k.Map("config")
-	if err != nil {
-		return 0, err
-	}
-	var nc datapath.NodeConfig
-	if err := cfg.Lookup(uint32(0), &nc); err != nil {
-		return 0, fmt.Errorf("read node config: %w", err)
-	}
-	if nc.UplinkIfindex == 0 {
-		return 0, errors.New("no uplink configured yet: copies to other hosts cannot leave")
-	}
-	return nc.UplinkIfindex, nil
 }
 
 func zeroStats(m *ebpf.Map, slot uint32) error {

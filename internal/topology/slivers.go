@@ -25,16 +25,7 @@ type Sliver struct {
 
 // Uplinks are the uplinks the sliver leases ports on, ascending: it has an
 // eth<k> for each.
-func (s Sliver) Uplinks() []int {
-	var out []int
-	for _, l := range s.Leases {
-		if !slices.Contains(out, l.Uplink) {
-			out = append(out, l.Uplink)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
+func (s Sliver) Uplinks() []int { return s.Intent().Uplinks() }
 
 // Intent is the sliver as the controller records it, without its slot
 // (which only the controller allocates).
