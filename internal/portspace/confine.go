@@ -52,8 +52,6 @@ type Confiner struct {
 
 // confinement is what was last applied for one sliver.
 type confinement struct {
-	netns  string
-	vifs   []Vif
 	leases []Lease
 	key    string
 }
@@ -105,7 +103,7 @@ func (c *Confiner) Apply(p Plan) error {
 		if had {
 			c.cutLost(s.Name, ns, old.leases, s.Leases)
 		}
-		c.applied[s.Name] = confinement{netns: ns, vifs: s.Vifs, leases: s.Leases, key: key}
+		c.applied[s.Name] = confinement{leases: s.Leases, key: key}
 	}
 	for name := range c.applied {
 		if !seen[name] {
