@@ -17,8 +17,8 @@
  * header), which set the inner header offsets and SKB_GSO_UDP_TUNNEL, so a
  * superpacket stays one and the kernel segments it where it must; the
  * helper also lowers gso_size by 36, so each segment keeps the size the
- * sender chose for the inner packet (the MTU check below is for packets
- * that are not GSO). */
+ * sender chose for the inner packet unless the sender already left room
+ * (see the MTU check below). */
 #ifndef ONEHOP_LISP_H
 #define ONEHOP_LISP_H
 
@@ -181,12 +181,25 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb)
 		return lisp_drop(LISP_DROP_TOO_BIG);
 	/* Nothing is fragmented: a packet that would not fit the path once
 	 * encapsulated is dropped. A GSO superpacket is cut by the kernel into
-	 * segments of the size its sender made them, each 36 bytes under
-	 * gso_size + headers: only those segments must fit. */
+	 * segments of gso_size plus headers: if those fit with the 36 bytes
+	 * added, gso_size is kept (the sender already left room, e.g. a route
+	 * MTU of path MTU - 36); if only the segments as the sender made them
+	 * fit, the helper lowers gso_size by 36 so the outer ones are that size. */
+	__u64 adj = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
+		    BPF_F_ADJ_ROOM_ENCAP_L2(sizeof(struct lisp_hdr));
 	if (skb->gso_size) {
-		if (skb->gso_size + ip->ihl * 4 + 60 /* largest TCP header */ +
-			    LISP_OVERHEAD > path->mtu &&
-		    skb->gso_size + ip->ihl * 4 + LISP_OVERHEAD > path->mtu)
+		__u32 seg = skb->gso_size + ip->ihl * 4 + 8; /* UDP, or TCP without options */
+
+		if (ip->protocol == IPPROTO_TCP) {
+			__u8 *doff = (void *)ip + ip->ihl * 4 + 12;
+
+			if ((void *)(doff + 1) > end)
+				return lisp_drop(LISP_DROP_ENCAP_FAILED);
+			seg = skb->gso_size + ip->ihl * 4 + (*doff >> 4) * 4;
+		}
+		if (seg + LISP_OVERHEAD <= path->mtu)
+			adj |= BPF_F_ADJ_ROOM_FIXED_GSO;
+		else if (seg > path->mtu)
 			return lisp_drop(LISP_DROP_TOO_BIG);
 	} else if (inner_len + LISP_OVERHEAD > path->mtu) {
 		return lisp_drop(LISP_DROP_TOO_BIG);
@@ -231,9 +244,7 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb)
 	mac_copy(macs + ETH_ALEN, path->src_mac);
 	__u64 segs = skb->gso_segs ? skb->gso_segs : 1;
 
-	if (bpf_skb_adjust_room(skb, LISP_OVERHEAD, BPF_ADJ_ROOM_MAC,
-				BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
-					BPF_F_ADJ_ROOM_ENCAP_L2(sizeof(struct lisp_hdr))))
+	if (bpf_skb_adjust_room(skb, LISP_OVERHEAD, BPF_ADJ_ROOM_MAC, adj))
 		return lisp_drop(LISP_DROP_ENCAP_FAILED);
 
 	data = (void *)(long)skb->data;
