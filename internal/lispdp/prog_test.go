@@ -202,7 +202,7 @@ func TestPrivilegedEncapsulationChecksGSOSegmentsNotTheSuperpacket(t *testing.T)
 	d := gateway(t)
 	encap, _ := d.Programs()
 	in := inner{proto: layers.IPProtocolTCP, src: "10.1.0.11", dst: "10.2.0.2", sport: 33000, dport: 80, payload: 3000} // BPF_PROG_RUN takes at most a page
-	f := frame(macRtr, macGW, in.ip(t)) // TCP header 20 bytes: segment = gso_size + 40
+	f := frame(macRtr, macGW, in.ip(t))                                                                                 // TCP header 20 bytes: segment = gso_size + 40
 	for _, tc := range []struct {
 		name    string
 		gsoSize uint32
