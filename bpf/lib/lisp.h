@@ -119,10 +119,107 @@ static __always_inline int lisp_bit(const __u64 *bits, __u32 id)
 	return (bits[(id >> 6) & 3] >> (id & 63)) & 1;
 }
 
+#define LISP_ICMP_ROOM 28 /* new IPv4 header (20) + ICMP header (8) */
+#define LISP_ICMP_DEST_UNREACH 3
+#define LISP_ICMP_FRAG_NEEDED 4
+
+/* RFC 9300 §7.2, the stateful approach: a packet with DF that would not fit
+ * the path once encapsulated is turned, in place, into ICMP "fragmentation
+ * needed" (RFC 1191) with the MTU left for inner packets, and sent back
+ * towards its source: at tc egress (the node's own packet, or one it
+ * routed) into the same interface's ingress, so the node's stack takes it
+ * (its own socket lowers its path MTU) or routes it on; at tc ingress (an
+ * xTR's site) back out of the interface it came in by. Its source is the
+ * packet's destination: an address the node's routes lead to through this
+ * interface, so reverse-path checks pass and no address must be
+ * configured here. One answer per refused packet, to its own sender: no
+ * amplification. Never about an ICMP error. Returns the verdict, or 0 when
+ * no answer could be made (the caller drops). */
+static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_mtu, int from_ingress)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *orig = data + ETH_HLEN;
+
+	if ((void *)(orig + 1) > end)
+		return 0;
+	__u32 quoted = orig->ihl * 4 + 8;
+	if (orig->protocol == IPPROTO_ICMP) {
+		__u8 *type = (void *)orig + orig->ihl * 4;
+
+		if ((void *)(type + 1) > end)
+			return 0;
+		/* only echo request/reply, timestamp and info are answered */
+		if (*type != 0 && *type != 8 && *type != 13 && *type != 14 &&
+		    *type != 15 && *type != 16)
+			return 0;
+	}
+	__be32 saddr = orig->saddr, daddr = orig->daddr;
+	__u8 macs[2 * ETH_ALEN];
+	mac_copy(macs, eth->h_source);
+	mac_copy(macs + ETH_ALEN, eth->h_dest);
+
+	if (bpf_skb_adjust_room(skb, LISP_ICMP_ROOM, BPF_ADJ_ROOM_MAC, 0))
+		return 0;
+	__u32 want = ETH_HLEN + LISP_ICMP_ROOM + quoted;
+	if (skb->len > want && bpf_skb_change_tail(skb, want, 0))
+		return 0;
+
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	__u8 *icmp = (void *)(ip + 1);
+	if ((void *)(icmp + 8) > end)
+		return 0;
+	__u32 icmp_len = end - (void *)icmp;
+	if (icmp_len > 8 + 68 || icmp_len % 4)
+		return 0;
+
+	__builtin_memcpy(data, macs, sizeof(macs));
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	__builtin_memset(ip, 0, sizeof(*ip));
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0xc0;
+	ip->tot_len = bpf_htons(sizeof(*ip) + icmp_len);
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_ICMP;
+	ip->saddr = daddr;
+	ip->daddr = saddr;
+	{
+		__u16 *w = (__u16 *)ip;
+		__u32 sum = 0;
+#pragma unroll
+		for (int i = 0; i < 10; i++)
+			sum += w[i];
+		ip->check = csum_fold(sum);
+	}
+	icmp[0] = LISP_ICMP_DEST_UNREACH;
+	icmp[1] = LISP_ICMP_FRAG_NEEDED;
+	*(__u16 *)(icmp + 2) = 0;
+	*(__u16 *)(icmp + 4) = 0;
+	*(__be16 *)(icmp + 6) = bpf_htons(inner_mtu);
+	/* Summed in 4-byte steps so the verifier sees each read inside the
+	 * packet; the quote is a whole number of words (ihl * 4 + 8). */
+	__u32 acc = 0;
+	for (int i = 0; i < (8 + 68) / 4; i++) {
+		__u32 *w = (__u32 *)(icmp + i * 4);
+
+		if ((void *)(w + 1) > end)
+			break;
+		__u32 v = *w;
+		acc += (v & 0xffff) + (v >> 16);
+	}
+	*(__u16 *)(icmp + 2) = csum_fold(acc);
+	return from_ingress ? bpf_redirect(skb->ifindex, 0) : bpf_redirect(skb->ifindex, BPF_F_INGRESS);
+}
+
 /* lisp_encapsulate: an IPv4 packet whose destination an EID mapping covers
  * is encapsulated onto a path and redirected out of that path's interface.
  * Anything else goes on untouched. */
-static __always_inline int lisp_encapsulate(struct __sk_buff *skb)
+static __always_inline int lisp_encapsulate(struct __sk_buff *skb, int from_ingress)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -202,6 +299,14 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb)
 		else if (seg > path->mtu)
 			return lisp_drop(LISP_DROP_TOO_BIG);
 	} else if (inner_len + LISP_OVERHEAD > path->mtu) {
+		if (ip->frag_off & bpf_htons(LISP_IP_DF)) {
+			int verdict = lisp_send_too_big(skb, path->mtu - LISP_OVERHEAD, from_ingress);
+
+			if (verdict) {
+				lisp_count(LISP_ICMP_TOO_BIG);
+				return verdict;
+			}
+		}
 		return lisp_drop(LISP_DROP_TOO_BIG);
 	}
 

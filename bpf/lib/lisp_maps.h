@@ -74,11 +74,12 @@ enum lisp_counter {
 	LISP_PINNED,           /* ... of which the path came from a pin */
 	LISP_DECAPSULATED,     /* decapsulated and handed on */
 	LISP_NATIVE,           /* negative mapping: forwarded natively */
+	LISP_ICMP_TOO_BIG,     /* a DF packet too big for its path, answered with ICMP fragmentation needed */
 	LISP_DROP_MALFORMED,   /* LISP to us that does not parse: short, N and V both set, inner not IPv4 or lengths disagree, outer IP options */
 	LISP_DROP_UNKNOWN_RLOC, /* LISP to a local RLOC from a remote RLOC no path names */
 	LISP_DROP_WRONG_IID,   /* instance id other than the path's (or one the path does not use) */
 	LISP_DROP_NO_PATH,     /* mapped EID but no usable RLOC, or a slot naming an unconfigured path */
-	LISP_DROP_TOO_BIG,     /* would exceed the path MTU once encapsulated (never fragmented) */
+	LISP_DROP_TOO_BIG,     /* would exceed the path MTU once encapsulated (never fragmented); without DF, or the ICMP answer could not be made */
 	LISP_DROP_FRAGMENT,    /* an outer IPv4 fragment of LISP: nothing here reassembles */
 	LISP_DROP_ENCAP_FAILED, /* bpf_skb_adjust_room refused to open room */
 	LISP_DROP_DECAP_FAILED, /* bpf_skb_adjust_room refused to close it */

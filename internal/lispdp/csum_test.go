@@ -148,7 +148,7 @@ func readUDP(t *testing.T, c *net.UDPConn) []byte {
 // checksum spoiled is counted as a header error and not delivered.
 func TestPrivilegedEncapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 	d := gateway(t)
-	encap, _ := d.Programs()
+	encap := d.Programs().Encap
 	r := newReceiver(t)
 	r.own(t, "198.51.100.1/32")
 	r.own(t, "198.51.100.5/32")
@@ -180,7 +180,7 @@ func TestPrivilegedEncapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 // reset (only sent for a valid checksum); no checksum error is counted.
 func TestPrivilegedDecapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 	d := gateway(t)
-	_, decap := d.Programs()
+	decap := d.Programs().Decap
 	r := newReceiver(t)
 	r.own(t, "10.1.0.11/32")
 	r.own(t, "10.1.0.12/32")
@@ -238,7 +238,7 @@ func TestPrivilegedDecapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 func TestPrivilegedTsharkDecodesEncapsulatedFramesAsLISP(t *testing.T) {
 	testenv.RequireTool(t, "tshark")
 	d := gateway(t)
-	encap, _ := d.Programs()
+	encap := d.Programs().Encap
 	file := filepath.Join(t.TempDir(), "lisp.pcap")
 	f, err := os.Create(file)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 // the counters that moved (every drop reason has its row).
 func TestPrivilegedDecapsulationTable(t *testing.T) {
 	d := gateway(t)
-	_, decap := d.Programs()
+	decap := d.Programs().Decap
 	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
 	replyTCP := inner{proto: tcp, src: "10.2.0.2", dst: "10.1.0.11", sport: 80, dport: 33000, body: "reply"}
 	replyUDP := inner{proto: udp, src: "10.2.0.2", dst: "10.1.0.12", sport: 53, dport: 5353, body: "answer"}
@@ -123,8 +123,7 @@ func TestPrivilegedEncapsulatedByOneEndIsDecapsulatedByTheOther(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	encap, _ := gw.Programs()
-	_, decap := xtr.Programs()
+	encap, decap := gw.Programs().Encap, xtr.Programs().Decap
 	for i, in := range []inner{
 		{proto: layers.IPProtocolTCP, src: "10.1.0.11", dst: "10.2.0.2", sport: 33000, dport: 80, payload: 1000},
 		{proto: layers.IPProtocolUDP, src: "10.1.0.12", dst: "10.2.0.2", sport: 5353, dport: 53, payload: 100},

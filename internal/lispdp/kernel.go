@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -26,6 +27,8 @@ type Datapath struct {
 	paths map[uint8]lispLispPath // configured paths, for the tunnel maps
 	// counterNames index lisp_counters (enum lisp_counter, from BTF).
 	counterNames []string
+	// gsoDecap: this kernel decapsulates UDP-tunnel superpackets in place.
+	gsoDecap bool
 }
 
 // Open loads the programs and maps; nothing is attached yet.
@@ -43,8 +46,32 @@ func Open(o Options) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		return nil, fmt.Errorf("lispdp: load programs: %+v", err)
 	}
+	if d.gsoDecap, err = probeGSODecap(d.objs.LispProbe); err != nil {
+		d.objs.Close()
+		return nil, err
+	}
 	return d, nil
 }
+
+// probeGSODecap asks the kernel whether bpf_skb_adjust_room knows
+// BPF_F_ADJ_ROOM_DECAP_L4_UDP, which takes a superpacket's UDP-tunnel GSO
+// state off with its outer headers (kernels after 6.18).
+func probeGSODecap(prog *ebpf.Program) (bool, error) {
+	f := make([]byte, 14+20+8+8+20)
+	f[12], f[13] = 0x08, 0x00
+	f[14], f[16], f[17], f[22], f[23] = 0x45, 0, byte(len(f)-14), 64, 17
+	ret, err := prog.Run(&ebpf.RunOptions{Data: f, DataOut: make([]byte, len(f)+64)})
+	if err != nil {
+		return false, fmt.Errorf("lispdp: probe adjust_room flags: %w", err)
+	}
+	return ret == 0, nil
+}
+
+// DecapsGSO reports whether this kernel can decapsulate a UDP-tunnel GSO
+// superpacket in place. Where it cannot, AttachRLOC makes the interface
+// segment tunnel superpackets before they leave (tx-udp_tnl-segmentation
+// off), so this node never sends any; the far end must do the same.
+func (d *Datapath) DecapsGSO() bool { return d.gsoDecap }
 
 // counterNames reads enum lisp_counter from BTF, so Go never repeats the
 // C's list: "encapsulated", ..., "drop_malformed", ...
@@ -63,8 +90,15 @@ func counterNames(spec *ebpf.CollectionSpec) ([]string, error) {
 }
 
 // Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
-func (d *Datapath) Programs() (encap, decap *ebpf.Program) {
-	return d.objs.LispEncap, d.objs.LispDecap
+type Programs struct {
+	Encap   *ebpf.Program // tcx egress of an RLOC interface
+	EncapIn *ebpf.Program // tcx ingress of an EID-facing interface
+	Decap   *ebpf.Program // tcx ingress of an RLOC interface
+}
+
+// Programs returns the loaded programs, for BPF_PROG_RUN tests and benchmarks.
+func (d *Datapath) Programs() Programs {
+	return Programs{Encap: d.objs.LispEncap, EncapIn: d.objs.LispEncapIn, Decap: d.objs.LispDecap}
 }
 
 // Close detaches every link and unloads the programs.
@@ -112,11 +146,19 @@ type attachment struct {
 	at   ebpf.AttachType
 }
 
-func (d *Datapath) attach(ifname string, as []attachment) error {
+func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) error {
 	return d.inNS(func() error {
 		ifc, err := netlink.LinkByName(ifname)
 		if err != nil {
 			return fmt.Errorf("lispdp: interface %s: %w", ifname, err)
+		}
+		if noTunnelGSO {
+			// Run on this thread, in the datapath's namespace: the child
+			// inherits it.
+			out, err := exec.Command("ethtool", "-K", ifname, "tx-udp_tnl-segmentation", "off").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("lispdp: %s: turn tunnel segmentation off (ethtool): %v: %s", ifname, err, strings.TrimSpace(string(out)))
+			}
 		}
 		for _, a := range as {
 			if _, ok := d.links[a.name]; ok {
@@ -134,23 +176,24 @@ func (d *Datapath) attach(ifname string, as []attachment) error {
 
 // AttachRLOC attaches to an RLOC-facing (WAN) interface: decapsulation on
 // its tcx ingress, encapsulation on its tcx egress (the node's own packets
-// to EIDs, routed out of it: the gateway's subflows). The interface should
-// not segment UDP tunnels itself (ethtool -K IF tx-udp_tnl-segmentation
-// off) unless the kernel at the far end can decapsulate superpackets
+// to EIDs, routed out of it: the gateway's subflows). Unless this kernel
+// decapsulates superpackets (DecapsGSO), the interface is set to segment
+// UDP tunnel superpackets itself before they leave (ethtool), since the
+// far end, a kernel like this one, could not take them whole
 // (docs/lisp-datapath.md, GSO).
 func (d *Datapath) AttachRLOC(ifname string) error {
 	return d.attach(ifname, []attachment{
 		{"decap/ingress/" + ifname, d.objs.LispDecap, ebpf.AttachTCXIngress},
 		{"encap/egress/" + ifname, d.objs.LispEncap, ebpf.AttachTCXEgress},
-	})
+	}, !d.gsoDecap)
 }
 
 // AttachEID attaches encapsulation to the tcx ingress of an EID-facing
 // interface: an xTR's packets from its site's EIDs arrive there.
 func (d *Datapath) AttachEID(ifname string) error {
 	return d.attach(ifname, []attachment{
-		{"encap/ingress/" + ifname, d.objs.LispEncap, ebpf.AttachTCXIngress},
-	})
+		{"encap/ingress/" + ifname, d.objs.LispEncapIn, ebpf.AttachTCXIngress},
+	}, false)
 }
 
 // SetPath configures (or replaces) path id.

@@ -20,17 +20,18 @@ const (
 	lispLispCounterLISP_PINNED            lispLispCounter = 1
 	lispLispCounterLISP_DECAPSULATED      lispLispCounter = 2
 	lispLispCounterLISP_NATIVE            lispLispCounter = 3
-	lispLispCounterLISP_DROP_MALFORMED    lispLispCounter = 4
-	lispLispCounterLISP_DROP_UNKNOWN_RLOC lispLispCounter = 5
-	lispLispCounterLISP_DROP_WRONG_IID    lispLispCounter = 6
-	lispLispCounterLISP_DROP_NO_PATH      lispLispCounter = 7
-	lispLispCounterLISP_DROP_TOO_BIG      lispLispCounter = 8
-	lispLispCounterLISP_DROP_FRAGMENT     lispLispCounter = 9
-	lispLispCounterLISP_DROP_ENCAP_FAILED lispLispCounter = 10
-	lispLispCounterLISP_DROP_DECAP_FAILED lispLispCounter = 11
-	lispLispCounterLISP_DROP_GSO_DECAP    lispLispCounter = 12
-	lispLispCounterLISP_DROP_ECN          lispLispCounter = 13
-	lispLispCounterLISP_COUNTER_MAX       lispLispCounter = 14
+	lispLispCounterLISP_ICMP_TOO_BIG      lispLispCounter = 4
+	lispLispCounterLISP_DROP_MALFORMED    lispLispCounter = 5
+	lispLispCounterLISP_DROP_UNKNOWN_RLOC lispLispCounter = 6
+	lispLispCounterLISP_DROP_WRONG_IID    lispLispCounter = 7
+	lispLispCounterLISP_DROP_NO_PATH      lispLispCounter = 8
+	lispLispCounterLISP_DROP_TOO_BIG      lispLispCounter = 9
+	lispLispCounterLISP_DROP_FRAGMENT     lispLispCounter = 10
+	lispLispCounterLISP_DROP_ENCAP_FAILED lispLispCounter = 11
+	lispLispCounterLISP_DROP_DECAP_FAILED lispLispCounter = 12
+	lispLispCounterLISP_DROP_GSO_DECAP    lispLispCounter = 13
+	lispLispCounterLISP_DROP_ECN          lispLispCounter = 14
+	lispLispCounterLISP_COUNTER_MAX       lispLispCounter = 15
 )
 
 type lispLispEid struct {
@@ -101,6 +102,8 @@ const (
 	lispMapLispTunnels      = "lisp_tunnels"
 	lispProgLispDecap       = "lisp_decap"
 	lispProgLispEncap       = "lisp_encap"
+	lispProgLispEncapIn     = "lisp_encap_in"
+	lispProgLispProbe       = "lisp_probe"
 	lispVarLispCounterType  = "_lisp_counter_type"
 	lispVarLispEidFlagType  = "_lisp_eid_flag_type"
 	lispVarLispPathFlagType = "_lisp_path_flag_type"
@@ -148,8 +151,10 @@ type lispSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lispProgramSpecs struct {
-	LispDecap *ebpf.ProgramSpec `ebpf:"lisp_decap"`
-	LispEncap *ebpf.ProgramSpec `ebpf:"lisp_encap"`
+	LispDecap   *ebpf.ProgramSpec `ebpf:"lisp_decap"`
+	LispEncap   *ebpf.ProgramSpec `ebpf:"lisp_encap"`
+	LispEncapIn *ebpf.ProgramSpec `ebpf:"lisp_encap_in"`
+	LispProbe   *ebpf.ProgramSpec `ebpf:"lisp_probe"`
 }
 
 // lispMapSpecs contains maps before they are loaded into the kernel.
@@ -228,14 +233,18 @@ type lispVariables struct {
 //
 // It can be passed to loadLispObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lispPrograms struct {
-	LispDecap *ebpf.Program `ebpf:"lisp_decap"`
-	LispEncap *ebpf.Program `ebpf:"lisp_encap"`
+	LispDecap   *ebpf.Program `ebpf:"lisp_decap"`
+	LispEncap   *ebpf.Program `ebpf:"lisp_encap"`
+	LispEncapIn *ebpf.Program `ebpf:"lisp_encap_in"`
+	LispProbe   *ebpf.Program `ebpf:"lisp_probe"`
 }
 
 func (p *lispPrograms) Close() error {
 	return _LispClose(
 		p.LispDecap,
 		p.LispEncap,
+		p.LispEncapIn,
+		p.LispProbe,
 	)
 }
 

@@ -82,10 +82,6 @@ func newPair(t *testing.T) *pair {
 		}
 		p.addr(t, p.ha, l.a, l.aAddr)
 		p.addr(t, p.hb, l.b, l.bAddr)
-		// The sender segments tunnel superpackets itself: this kernel's
-		// bpf_skb_adjust_room cannot decapsulate them whole (docs, GSO).
-		p.sh(t, p.a, "ethtool", "-K", l.a, "tx-udp_tnl-segmentation", "off")
-		p.sh(t, p.b, "ethtool", "-K", l.b, "tx-udp_tnl-segmentation", "off")
 	}
 	p.addr(t, p.ha, "lo", "10.1.0.11/32")
 	p.addr(t, p.ha, "lo", "10.1.0.12/32")
@@ -250,6 +246,17 @@ func TestPrivilegedSubflowsStayOnTheirPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// This kernel (6.18) cannot decapsulate tunnel superpackets in place,
+	// so AttachRLOC had each interface segment them before they leave.
+	t.Logf("kernel decapsulates GSO superpackets in place: %v", gw.DecapsGSO())
+	if !gw.DecapsGSO() {
+		for ns, l := range map[string]string{p.a: "a1", p.b: "b2"} {
+			out, err := exec.Command("ip", "netns", "exec", ns, "ethtool", "-k", l).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "tx-udp_tnl-segmentation: off") {
+				t.Errorf("%s still segments tunnels in hardware: %v: %s", l, err, out)
+			}
+		}
+	}
 	both := []PathChoice{{ID: 1, Priority: 1, Weight: 50}, {ID: 2, Priority: 1, Weight: 50}}
 	must := func(err error) {
 		t.Helper()
@@ -328,6 +335,42 @@ func TestPrivilegedSubflowsStayOnTheirPaths(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("without a route MTU: TCP fits by GSO, a DF ping learns the path MTU by ICMP", func(t *testing.T) {
+		// 10.1.0.13 (pinned to path 1) and 10.2.0.3 are routed with the
+		// links' MTU (1500) both ways: each end advertises MSS 1460.
+		p.sh(t, p.b, "ip", "addr", "add", "10.2.0.3/32", "dev", "lo")
+		p.addr(t, p.ha, "lo", "10.1.0.13/32")
+		p.route(t, p.ha, "a1", "10.2.0.3/32", "192.0.2.2", 0)
+		p.route(t, p.hb, "b1", "10.1.0.13/32", "192.0.2.1", 0)
+		must(gw.PinSource(addr("10.1.0.13"), 1))
+		must(xtr.SetEID(netip.MustParsePrefix("10.1.0.13/32"), []PathChoice{{ID: 1, Priority: 1, Weight: 1}}))
+
+		// TCP always sends GSO packets here (even of one segment): the
+		// datapath lowers gso_size by 36 and the kernel cuts segments
+		// that fit. Nothing is dropped and no ICMP is needed.
+		g0, x0 := counters(t, gw), counters(t, xtr)
+		exchange(t, p.a, p.b, netip.MustParseAddrPort("10.1.0.13:0"), netip.MustParseAddrPort("10.2.0.3:5003"), 1<<20)
+		for name, c := range map[string]map[string]uint64{"gateway": counterDelta(g0, counters(t, gw)), "xtr": counterDelta(x0, counters(t, xtr))} {
+			if c["encapsulated"] == 0 || c["drop_too_big"] != 0 || c["icmp_too_big"] != 0 {
+				t.Errorf("%s counted %v", name, c)
+			}
+		}
+
+		// A 1500-byte ping with DF is 36 bytes too big for path 1: the
+		// gateway's datapath answers fragmentation needed (mtu 1464), the
+		// stack records the path MTU, and a 1464-byte ping goes through.
+		g0 = counters(t, gw)
+		out, _ := exec.Command("ip", "netns", "exec", p.a, "ping", "-n", "-c", "1", "-W", "1", "-M", "do", "-s", "1472", "-I", "10.1.0.13", "10.2.0.3").CombinedOutput()
+		if c := counterDelta(g0, counters(t, gw)); c["icmp_too_big"] != 1 {
+			t.Errorf("1500-byte DF ping: counted %v, want icmp_too_big 1; ping said %s", c, out)
+		}
+		out, err := exec.Command("ip", "netns", "exec", p.a, "ip", "route", "get", "10.2.0.3", "from", "10.1.0.13").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "mtu 1464") {
+			t.Errorf("the stack did not learn the path MTU: %v: %s", err, out)
+		}
+		p.sh(t, p.a, "ping", "-n", "-c", "1", "-W", "2", "-M", "do", "-s", "1436", "-I", "10.1.0.13", "10.2.0.3")
+	})
 
 	t.Run("to a destination no EID prefix covers: native", func(t *testing.T) {
 		g0, x0 := counters(t, gw), counters(t, xtr)

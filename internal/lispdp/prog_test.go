@@ -2,10 +2,13 @@ package lispdp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 )
 
@@ -97,7 +100,7 @@ func sameButNonce(t testing.TB, got, want []byte) {
 // exact frame out (nonce aside), the verdict and the counters that moved.
 func TestPrivilegedEncapsulationTable(t *testing.T) {
 	d := gateway(t)
-	encap, _ := d.Programs()
+	encap := d.Programs().Encap
 	tcp, udp, icmp := layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4
 
 	// The unpinned flow's path is the datapath's hash slot, computed here.
@@ -200,7 +203,7 @@ func TestPrivilegedEncapsulationTable(t *testing.T) {
 // encapsulated, segmented and delivered.
 func TestPrivilegedEncapsulationChecksGSOSegmentsNotTheSuperpacket(t *testing.T) {
 	d := gateway(t)
-	encap, _ := d.Programs()
+	encap := d.Programs().Encap
 	in := inner{proto: layers.IPProtocolTCP, src: "10.1.0.11", dst: "10.2.0.2", sport: 33000, dport: 80, payload: 3000} // BPF_PROG_RUN takes at most a page
 	f := frame(macRtr, macGW, in.ip(t))                                                                                 // TCP header 20 bytes: segment = gso_size + 40
 	for _, tc := range []struct {
@@ -235,4 +238,66 @@ func equalCounts(a, b map[string]uint64) bool {
 		}
 	}
 	return true
+}
+
+// TestPrivilegedTooBigWithDFIsAnsweredWithFragmentationNeeded: RFC 9300
+// §7.2's stateful approach. A DF packet one byte too big for its path
+// becomes, in place, ICMP fragmentation needed with the MTU left for inner
+// packets (1464), quoting its header and 8 bytes, from its destination to
+// its source, MACs swapped; at egress it goes into the same interface's
+// ingress, at ingress back out. An ICMP error is never answered.
+func TestPrivilegedTooBigWithDFIsAnsweredWithFragmentationNeeded(t *testing.T) {
+	d := gateway(t)
+	progs := d.Programs()
+	in := inner{proto: layers.IPProtocolTCP, src: "10.1.0.11", dst: "10.2.0.2", sport: 33000, dport: 80, payload: 1465 - 40}
+	ip := in.ip(t)
+	if ip[6]&0x40 == 0 {
+		t.Fatal("test packet lacks DF")
+	}
+	want := func() []byte {
+		eth := &layers.Ethernet{SrcMAC: macRtr, DstMAC: macGW, EthernetType: layers.EthernetTypeIPv4}
+		ip4 := &layers.IPv4{Version: 4, IHL: 5, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4,
+			SrcIP: addr("10.2.0.2").AsSlice(), DstIP: addr("10.1.0.11").AsSlice()}
+		icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeDestinationUnreachable, layers.ICMPv4CodeFragmentationNeeded),
+			Seq: 1500 - Overhead}
+		buf := gopacket.NewSerializeBuffer()
+		if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+			eth, ip4, icmp, gopacket.Payload(ip[:28])); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}()
+	for _, prog := range []struct {
+		name string
+		p    *ebpf.Program
+	}{{"egress", progs.Encap}, {"ingress", progs.EncapIn}} {
+		t.Run(prog.name, func(t *testing.T) {
+			before := counters(t, d)
+			verdict, out := run(t, prog.p, frame(macRtr, macGW, ip))
+			if verdict != verdictRedirect {
+				t.Errorf("verdict %d, want redirect", verdict)
+			}
+			if !bytes.Equal(out, want) {
+				t.Errorf("answer\n got %x\nwant %x", out, want)
+			}
+			if got, w := counterDelta(before, counters(t, d)), map[string]uint64{"icmp_too_big": 1}; !equalCounts(got, w) {
+				t.Errorf("counted %v, want %v", got, w)
+			}
+		})
+	}
+	t.Run("an ICMP error too big is dropped, not answered", func(t *testing.T) {
+		e := inner{src: "10.1.0.11", dst: "10.2.0.2", payload: 1465 - 28}.ip(t)
+		e[6] |= 0x40 // DF
+		e[20] = 3    // destination unreachable
+		binary.BigEndian.PutUint16(e[10:], 0)
+		binary.BigEndian.PutUint16(e[10:], ipChecksum(e[:20]))
+		before := counters(t, d)
+		verdict, _ := run(t, progs.Encap, frame(macRtr, macGW, e))
+		if verdict != verdictShot {
+			t.Errorf("verdict %d, want drop", verdict)
+		}
+		if got, w := counterDelta(before, counters(t, d)), map[string]uint64{"drop_too_big": 1}; !equalCounts(got, w) {
+			t.Errorf("counted %v, want %v", got, w)
+		}
+	})
 }
