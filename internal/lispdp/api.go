@@ -49,8 +49,10 @@ type Path struct {
 	InstanceID    uint32
 	UseInstanceID bool
 	// MTU is the largest outer IPv4 packet the path carries (the WAN
-	// interface's MTU). A packet that would exceed it once encapsulated is
-	// dropped and counted (too_big): nothing is ever fragmented.
+	// interface's MTU). Nothing is ever fragmented: a GSO superpacket's
+	// segments are cut to fit; any other packet that would exceed it once
+	// encapsulated is answered with ICMP fragmentation needed (MTU - 36)
+	// when it has DF (icmp_too_big), else dropped (too_big).
 	MTU int
 }
 
