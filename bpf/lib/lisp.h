@@ -344,6 +344,7 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb, int from_ingr
 	}
 
 	__u32 ifindex = path->ifindex;
+	int neigh = path->flags & LISP_PATH_NEIGH;
 	__u8 macs[2 * ETH_ALEN];
 	mac_copy(macs, path->dst_mac);
 	mac_copy(macs + ETH_ALEN, path->src_mac);
@@ -356,13 +357,18 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb, int from_ingr
 	end = (void *)(long)skb->data_end;
 	if (data + ETH_HLEN + sizeof(o) > end)
 		return lisp_drop(LISP_DROP_ENCAP_FAILED);
-	__builtin_memcpy(data, macs, sizeof(macs));
+	if (!neigh)
+		__builtin_memcpy(data, macs, sizeof(macs));
 	__builtin_memcpy(data + ETH_HLEN, &o, sizeof(o));
 
 	lisp_path_count(id, segs, inner_len, 1);
 	lisp_count(LISP_ENCAPSULATED);
 	if (pinned)
 		lisp_count(LISP_PINNED);
+	/* Without MACs, the kernel looks the remote RLOC up in the FIB (out of
+	 * this interface) and resolves the next hop's MAC itself. */
+	if (neigh)
+		return bpf_redirect_neigh(ifindex, 0, 0, 0);
 	return bpf_redirect(ifindex, 0);
 }
 

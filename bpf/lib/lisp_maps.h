@@ -24,6 +24,7 @@
 enum lisp_path_flag {
 	LISP_PATH_UP = 1 << 0,  /* configured: an array slot is never missing */
 	LISP_PATH_IID = 1 << 1, /* send the I bit and instance id; require it back */
+	LISP_PATH_NEIGH = 1 << 2, /* no MACs given: the kernel's FIB and neighbour table fill them (bpf_redirect_neigh) */
 };
 
 struct lisp_path {

@@ -41,7 +41,10 @@ type Path struct {
 	// only outer source decapsulation accepts for this path.
 	RemoteRLOC netip.Addr
 	// SrcMAC and DstMAC are the encapsulated frame's Ethernet addresses:
-	// the interface's own and the next hop's towards RemoteRLOC.
+	// the interface's own and the next hop's towards RemoteRLOC. Without
+	// DstMAC the kernel fills both: it looks RemoteRLOC up in the node's
+	// routes out of Ifindex and resolves the next hop (bpf_redirect_neigh),
+	// so the node needs a route to RemoteRLOC through that interface.
 	SrcMAC, DstMAC net.HardwareAddr
 	// InstanceID (24 bits) is sent with the I bit when UseInstanceID is set,
 	// and then required on decapsulation; without it, a packet carrying a

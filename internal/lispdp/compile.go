@@ -116,7 +116,7 @@ func pathEntry(p Path) (lispLispPath, error) {
 		return e, fmt.Errorf("local RLOC %v is not IPv4", p.LocalRLOC)
 	case !p.RemoteRLOC.Is4():
 		return e, fmt.Errorf("remote RLOC %v is not IPv4", p.RemoteRLOC)
-	case len(p.SrcMAC) != 6 || len(p.DstMAC) != 6:
+	case len(p.DstMAC) != 0 && (len(p.SrcMAC) != 6 || len(p.DstMAC) != 6):
 		return e, fmt.Errorf("MACs %v -> %v are not Ethernet addresses", p.SrcMAC, p.DstMAC)
 	case p.InstanceID > 0xffffff:
 		return e, fmt.Errorf("instance id %d does not fit 24 bits", p.InstanceID)
@@ -130,6 +130,9 @@ func pathEntry(p Path) (lispLispPath, error) {
 	copy(e.DstMac[:], p.DstMAC)
 	e.Mtu = uint16(p.MTU)
 	e.Flags = uint8(lispLispPathFlagLISP_PATH_UP)
+	if len(p.DstMAC) == 0 {
+		e.Flags |= uint8(lispLispPathFlagLISP_PATH_NEIGH)
+	}
 	if p.UseInstanceID {
 		e.Flags |= uint8(lispLispPathFlagLISP_PATH_IID)
 		e.Iid = p.InstanceID

@@ -71,8 +71,9 @@ type lispLispPath struct {
 type lispLispPathFlag uint32
 
 const (
-	lispLispPathFlagLISP_PATH_UP  lispLispPathFlag = 1
-	lispLispPathFlagLISP_PATH_IID lispLispPathFlag = 2
+	lispLispPathFlagLISP_PATH_UP    lispLispPathFlag = 1
+	lispLispPathFlagLISP_PATH_IID   lispLispPathFlag = 2
+	lispLispPathFlagLISP_PATH_NEIGH lispLispPathFlag = 4
 )
 
 type lispLispStats struct {

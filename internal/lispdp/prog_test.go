@@ -23,6 +23,8 @@ var (
 		SrcMAC: macP1, DstMAC: macP1nh, MTU: 1500}
 	path2 = Path{Ifindex: 102, LocalRLOC: addr("192.0.2.5"), RemoteRLOC: addr("198.51.100.5"),
 		SrcMAC: macP2, DstMAC: macP2nh, MTU: 1500, InstanceID: 7, UseInstanceID: true}
+	// No MACs: the kernel resolves the next hop (bpf_redirect_neigh).
+	path4 = Path{Ifindex: 104, LocalRLOC: addr("192.0.2.9"), RemoteRLOC: addr("198.51.100.9"), MTU: 1500}
 )
 
 // gateway is a datapath set up as the access gateway of the issue: two
@@ -31,12 +33,13 @@ var (
 func gateway(t testing.TB) *Datapath {
 	t.Helper()
 	d := open(t, Options{})
-	for id, p := range map[uint8]Path{1: path1, 2: path2} {
+	for id, p := range map[uint8]Path{1: path1, 2: path2, 4: path4} {
 		if err := d.SetPath(id, p); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for pfx, paths := range map[string][]PathChoice{
+		"10.6.0.0/16": {{ID: 4, Priority: 1, Weight: 1}},
 		"10.2.0.0/16": {{ID: 1, Priority: 1, Weight: 50}, {ID: 2, Priority: 1, Weight: 50}},
 		"10.2.9.0/24": nil,                                      // negative: native
 		"10.3.0.0/16": {{ID: 3, Priority: 1, Weight: 1}},        // path 3 never configured
@@ -78,6 +81,9 @@ func expectEncap(t testing.TB, in inner, p Path) []byte {
 	if p.UseInstanceID {
 		o.flags |= 0x08
 		o.iidLSB = p.InstanceID << 8
+	}
+	if p.DstMAC == nil {
+		return frame(macRtr, macGW, o.encap(ip)) // left for the kernel to fill
 	}
 	return frame(p.DstMAC, p.SrcMAC, o.encap(ip))
 }
@@ -126,6 +132,8 @@ func TestPrivilegedEncapsulationTable(t *testing.T) {
 			&path1, verdictRedirect, map[string]uint64{"encapsulated": 1, "pinned": 1}},
 		{"icmp from a pinned source", inner{proto: icmp, src: "10.1.0.12", dst: "10.2.0.2"},
 			&path2, verdictRedirect, map[string]uint64{"encapsulated": 1, "pinned": 1}},
+		{"a path without MACs leaves them to the kernel's neighbour table", inner{proto: tcp, src: "10.1.0.50", dst: "10.6.0.1", sport: 1, dport: 2},
+			&path4, verdictRedirect, map[string]uint64{"encapsulated": 1}},
 		{"unpinned tcp takes the hash's slot", unpinned, &unpinnedPath, verdictRedirect, map[string]uint64{"encapsulated": 1}},
 		{"a pin to a path the mapping does not list is not taken", inner{proto: tcp, src: "10.1.0.11", dst: "10.5.0.1", sport: 1, dport: 2},
 			&path2, verdictRedirect, map[string]uint64{"encapsulated": 1}},
