@@ -22,7 +22,7 @@ generate: deps
 
 # The committed objects must be exactly what the C compiles to.
 check-generated: generate
-	@git diff --exit-code --stat -- internal/datapath || \
+	@git diff --exit-code --stat -- '*_bpfel.go' '*_bpfel.o' || \
 	  (echo "generated BPF files differ from bpf/*.c: run 'make generate' and commit" >&2; exit 1)
 
 vet:
