@@ -22,7 +22,7 @@ func TestAnswerPicksTheLongestPrefixOrTheWidestHole(t *testing.T) {
 		{"10.1.2.3", "10.1.2.0/24", false},
 		{"10.1.3.3", "10.1.0.0/16", false},
 		{"::ffff:10.1.3.3", "10.1.0.0/16", false},
-		{"10.0.0.1", "10.0.0.0/16", true},   // 10.0/15 would hold 10.1/16
+		{"10.0.0.1", "10.0.0.0/16", true},    // 10.0/15 would hold 10.1/16
 		{"192.168.1.1", "128.0.0.0/1", true}, // 0/1 holds 10.1/16; 128/1 holds nothing
 		{"11.0.0.1", "11.0.0.0/8", true},     // 8.0.0.0/5 and up hold 10/8
 		{"2001:db9::1", "2001:db9::/32", true},
