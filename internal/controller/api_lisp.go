@@ -50,9 +50,9 @@ type LISPMapping struct {
 	Authoritative bool          `json:"authoritative"`
 	Locators      []LISPLocator `json:"locators"`
 	Source        string        `json:"source"`
-	Site          string        `json:"site,omitempty"`     // the site that registered it
-	Expires       time.Time     `json:"expires,omitzero"`   // when a registration not refreshed is dropped
-	Updated       time.Time     `json:"updated,omitzero"`   // last write (registrations: last refresh)
+	Site          string        `json:"site,omitempty"`      // the site that registered it
+	Expires       time.Time     `json:"expires,omitzero"`    // when a registration not refreshed is dropped
+	Updated       time.Time     `json:"updated,omitzero"`    // last write (registrations: last refresh)
 	MapVersion    uint16        `json:"mapVersion,omitzero"` // from the registration, 0 otherwise
 }
 
