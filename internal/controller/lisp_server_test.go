@@ -113,6 +113,12 @@ func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testin
 		len(got.Usable()) != 1 || got.Usable()[0].Addr.String() != "192.168.100.11" {
 		t.Fatalf("answer %+v", got)
 	}
+	// The same through an ECM, as RFC 9301 ITRs send it.
+	re := lisp.NewResolver(srv.Addr())
+	re.ECM = true
+	if viaECM, err := re.Resolve(t.Context(), netip.MustParseAddr("10.99.7.8")); err != nil || viaECM.EID != got.EID || len(viaECM.Locators) != 2 {
+		t.Fatalf("through an ECM: %+v, %v", viaECM, err)
+	}
 	neg, err := r.Resolve(t.Context(), netip.MustParseAddr("8.8.8.8"))
 	if err != nil {
 		t.Fatal(err)
@@ -129,9 +135,22 @@ func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testin
 	if err != nil || !gone.Negative() {
 		t.Fatalf("after delete: %+v, %v; want negative", gone, err)
 	}
-	if st := c.LISPServerStats(); st.Requests != 3 || st.NegativeReplies != 2 {
+	if st := c.LISPServerStats(); st.Requests != 4 || st.NegativeReplies != 2 {
 		t.Fatalf("stats %+v", st)
 	}
+	// An ECM must carry a Map-Request; one carrying anything else, and a
+	// type this map-server does not take, are refused and counted.
+	reg, err := (&lisp.MapRegister{Nonce: 1, Records: []lisp.Record{rec("10.99.0.0/16", "192.168.100.11")}}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped, err := (&lisp.ECM{Source: netip.MustParseAddrPort("127.0.0.1:1"), Dest: netip.MustParseAddrPort("10.99.0.1:4342"), Message: reg}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendRaw(t, srv.Addr(), wrapped)
+	sendRaw(t, srv.Addr(), []byte{0x70, 0, 0, 0})
+	waitFor(t, "2 refused datagrams", func() bool { return c.LISPServerStats().RequestsRefused == 2 })
 }
 
 func ptr(v int) *int { return &v }

@@ -64,6 +64,10 @@ type Resolver struct {
 	Attempts     int              // DefaultAttempts if 0
 	CacheEntries int              // DefaultCacheEntries if 0
 	Now          func() time.Time // time.Now if nil
+	// ECM sends the Map-Request inside an Encapsulated Control Message, as
+	// RFC 9301 has ITRs do; false sends it bare (the controller's
+	// map-resolver takes both).
+	ECM bool
 
 	mu       sync.Mutex
 	cache    map[netip.Prefix]cacheEntry
@@ -217,6 +221,19 @@ func (r *Resolver) ask(ctx context.Context, eid netip.Addr) (Record, error) {
 	local := conn.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
 	req := MapRequest{Nonce: newNonce(), ITRRLOCs: []netip.Addr{local}, EIDs: []netip.Prefix{netip.PrefixFrom(eid, eid.BitLen())}}
 	msg, err := req.Encode()
+	if err == nil && r.ECM {
+		e := ECM{Source: conn.LocalAddr().(*net.UDPAddr).AddrPort(), Dest: netip.AddrPortFrom(eid, ControlPort), Message: msg}
+		e.Source = netip.AddrPortFrom(local, e.Source.Port())
+		if local.Is4() != eid.Is4() {
+			// The inner header needs one family: the EID's is the
+			// destination, so the source is the unspecified address of it.
+			e.Source = netip.AddrPortFrom(netip.IPv6Unspecified(), e.Source.Port())
+			if eid.Is4() {
+				e.Source = netip.AddrPortFrom(netip.IPv4Unspecified(), e.Source.Port())
+			}
+		}
+		msg, err = e.Encode()
+	}
 	if err != nil {
 		return Record{}, fmt.Errorf("lisp resolve %s: %w", eid, err)
 	}
