@@ -43,6 +43,9 @@ type Datapath struct {
 	// resyncing makes syncRoutes rewrite routes it believes installed.
 	resyncing bool
 	diag      map[Tuple]Conn // connections picked up by sock_diag
+	// away are the connections in vnat_away (their peer is away: the
+	// keepalive helper answers their probes).
+	away map[Virtual]bool
 	// counterNames index vnat_counters (enum vnat_counter, from BTF).
 	counterNames []string
 }
@@ -61,7 +64,7 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	d := &Datapath{opts: o, links: map[string]link.Link{}, table: NewTable(),
-		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{},
+		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{}, away: map[Virtual]bool{},
 		counterNames: names}
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		return nil, fmt.Errorf("vnat: load programs: %+v", err)
@@ -307,9 +310,10 @@ func (d *Datapath) Forget(v Virtual) error {
 	return d.syncRoutes(routeAddrs(v))
 }
 
-// syncActive writes the "anything migrated?" word the programs read first.
+// syncActive writes the "anything migrated? any peer away?" words the
+// programs read first.
 func (d *Datapath) syncActive() error {
-	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len())}
+	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len()), Helpers: uint32(len(d.away))}
 	if err := d.objs.VnatState.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("vnat: write state: %w", err)
 	}
