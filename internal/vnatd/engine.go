@@ -65,6 +65,8 @@ type Config struct {
 	// RetryFor is how long a locate walk that reached nobody is retried
 	// before the migration is aborted; 0 is 15 s.
 	RetryFor time.Duration
+	// Helpers run for each connection whose peer is away (helpers.go).
+	Helpers []Helper
 }
 
 // MaxRecords caps the location records one daemon keeps for others.
@@ -83,6 +85,7 @@ type conn struct {
 	keyTries            int // AgreeKeys asked the peer this many times
 	sendSeq             uint64
 	win                 vcmp.Window
+	helping             bool // the helpers run for it (its peer is away)
 }
 
 // Engine is the daemon's state and decisions.
@@ -157,6 +160,7 @@ func (e *Engine) Sync() error {
 		if seen[t] || c.m.State == vcmp.Locating {
 			continue
 		}
+		e.stopHelpers(c)
 		if c.m.State != vcmp.Active {
 			if err := e.tr.Forget(t); err != nil {
 				errs = append(errs, fmt.Errorf("vnatd: forget closed %v: %w", t, err))
@@ -178,6 +182,7 @@ type ConnStatus struct {
 	State    string `json:"state"`
 	Role     string `json:"role"`
 	Keyed    bool   `json:"keyed"`
+	Helper   bool   `json:"helper,omitempty"` // its peer is away: the helpers run for it
 }
 
 // Status lists the connections, sorted by virtual tuple.
@@ -189,7 +194,7 @@ func (e *Engine) Status() []ConnStatus {
 		out = append(out, ConnStatus{Proto: t.Proto.String(),
 			Virtual:  t.Local.String() + "->" + t.Remote.String(),
 			Physical: c.phys.Local.String() + "->" + c.phys.Remote.String(),
-			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil})
+			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Virtual != out[j].Virtual {
@@ -371,7 +376,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			// answer with the role we hold: both ends decide alike, and
 			// a peer still awaiting takes the other role from the answer.
 			if c.m.Awaiting {
-				c.m.Step(vcmp.EvRecvSuspPrimary) //nolint:errcheck // Awaiting allows it
+				e.step(c, vcmp.EvRecvSuspPrimary) //nolint:errcheck // Awaiting allows it
 			}
 			if c.m.Role == vcmp.RoleSecondary {
 				return &vcmp.SuspSecondary{Record: c.record()}
@@ -379,7 +384,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			return &vcmp.SuspPrimary{Record: c.record()}
 		}
 		wasState := c.m.State
-		if _, err := c.m.Step(vcmp.EvRecvSuspPrimary); err != nil {
+		if _, err := e.step(c, vcmp.EvRecvSuspPrimary); err != nil {
 			e.warn("unexpected", "vnat: suspend claim not expected", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
@@ -439,7 +444,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
-		if _, err := c.m.Step(vcmp.EvRecvUpdate); err != nil {
+		if _, err := e.step(c, vcmp.EvRecvUpdate); err != nil {
 			e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
@@ -518,7 +523,7 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 		if sel != nil && !sel(t) {
 			continue
 		}
-		acts, err := c.m.Step(vcmp.EvSuspend)
+		acts, err := e.step(c, vcmp.EvSuspend)
 		if err != nil || len(acts) == 0 {
 			continue // already suspended, or a secondary that now moves too
 		}
@@ -539,7 +544,7 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 		if err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: suspend with %s: %w", p, err))
 			for _, c := range cs {
-				c.m.Step(vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
+				e.step(c, vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
 			}
 			e.mu.Unlock()
 			continue
@@ -548,13 +553,13 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 			claim, key := ans[2*i], ans[2*i+1]
 			switch claim.(type) {
 			case *vcmp.SuspSecondary:
-				c.m.Step(vcmp.EvRecvSuspSecondary) //nolint:errcheck // only Awaiting changes
+				e.step(c, vcmp.EvRecvSuspSecondary) //nolint:errcheck // only Awaiting changes
 			case *vcmp.SuspPrimary:
 				if c.m.Awaiting { // crossing: the peer's handler arbitrated too
-					c.m.Step(vcmp.EvRecvSuspPrimary) //nolint:errcheck
+					e.step(c, vcmp.EvRecvSuspPrimary) //nolint:errcheck
 				}
 			default:
-				c.m.Step(vcmp.EvTimeout) //nolint:errcheck // the peer does not know it: primary alone
+				e.step(c, vcmp.EvTimeout) //nolint:errcheck // the peer does not know it: primary alone
 			}
 			if k, ok := key.(*vcmp.Key); ok {
 				if err := c.agree(k.Public); err != nil {
@@ -685,7 +690,7 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 			c.phys.Local = netip.AddrPortFrom(new, c.phys.Local.Port())
 			kept[c.m.Tuple.Local.Addr()] = true
 		}
-		if _, err := c.m.Step(vcmp.EvResume); err != nil {
+		if _, err := e.step(c, vcmp.EvResume); err != nil {
 			continue
 		}
 		if moved && new == c.m.Tuple.Remote.Addr() {
@@ -693,7 +698,7 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 			// connection's packets to the peer would be delivered here
 			// (paper §3.4.2; policy: abort).
 			e.warn("conflict", "vnat: new address is the peer's virtual address", "conn", c.m.Tuple, "new", new)
-			c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+			e.step(c, vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
 			e.counters["aborted"]++
 			continue
 		}
@@ -748,7 +753,7 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 	e.mu.Lock()
 	for _, w := range walks {
 		if w.failed {
-			w.c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
+			e.step(w.c, vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
 			e.counters["aborted"]++
 		}
 	}
@@ -762,8 +767,8 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 // so the update is dropped first (EvResume) and the walk failed.
 // Called with e.mu held.
 func (e *Engine) abort(c *conn) {
-	if _, err := c.m.Step(vcmp.EvResume); err == nil {
-		c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+	if _, err := e.step(c, vcmp.EvResume); err == nil {
+		e.step(c, vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
 	}
 	e.counters["aborted"]++
 }
@@ -803,10 +808,10 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 				}
 				switch w.loc.Result(a) {
 				case vcmp.Found:
-					w.c.m.Step(vcmp.EvFound) //nolint:errcheck // Locating: send the update
+					e.step(w.c, vcmp.EvFound) //nolint:errcheck // Locating: send the update
 					found[w.loc.Peer.Addr()] = append(found[w.loc.Peer.Addr()], w)
 				case vcmp.StoredOnly:
-					w.c.m.Step(vcmp.EvStored) //nolint:errcheck // wait for the peer
+					e.step(w.c, vcmp.EvStored) //nolint:errcheck // wait for the peer
 				case vcmp.Failed:
 					w.failed = true
 				}
@@ -859,7 +864,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 				e.abort(w.c)
 				continue
 			}
-			if _, err := w.c.m.Step(vcmp.EvRecvUpdateReply); err != nil {
+			if _, err := e.step(w.c, vcmp.EvRecvUpdateReply); err != nil {
 				continue
 			}
 			p := vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: r.Phys}

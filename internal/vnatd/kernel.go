@@ -56,3 +56,25 @@ func (k kernel) Translate(ms []Mapping) error {
 func (k kernel) KeepLocal(a netip.Addr) error { return k.d.KeepLocal(a, k.iface) }
 
 func (k kernel) Forget(v vcmp.Tuple) error { return k.d.Forget(vnat.Virtual(toVNAT(v))) }
+
+// keepalive is the keepalive helper over the datapath (vnat_away): while a
+// TCP connection's peer is away, this end's egress answers the
+// connection's keepalive probes. UDP has no keepalives.
+type keepalive struct{ d *vnat.Datapath }
+
+func (keepalive) Name() string { return "keepalive" }
+
+func (k keepalive) Start(v vcmp.Tuple) error {
+	if v.Proto != vcmp.TCP {
+		return nil
+	}
+	return k.d.StartKeepalive(vnat.Virtual(toVNAT(v)))
+}
+
+func (k keepalive) Stop(v vcmp.Tuple) error {
+	if v.Proto != vcmp.TCP {
+		return nil
+	}
+	_, err := k.d.StopKeepalive(vnat.Virtual(toVNAT(v)))
+	return err
+}

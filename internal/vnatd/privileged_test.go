@@ -82,6 +82,12 @@ func waitStatus(t *testing.T, sock, virtual string, timeout time.Duration, cond 
 // each; it returns their names, control sockets and logs.
 func pairOfDaemons(t *testing.T) (nsA, nsB, sockA, sockB string, logA, logB *syncBuf) {
 	t.Helper()
+	return pairOfDaemonsArgs(t, nil, nil)
+}
+
+// pairOfDaemonsArgs is pairOfDaemons with more `vnat run` flags for a and b.
+func pairOfDaemonsArgs(t *testing.T, argsA, argsB []string) (nsA, nsB, sockA, sockB string, logA, logB *syncBuf) {
+	t.Helper()
 	testenv.RequireRoot(t, "network namespaces and BPF")
 	testenv.RequireTool(t, "ip", "go")
 	suffix := make([]byte, 3)
@@ -113,10 +119,10 @@ func pairOfDaemons(t *testing.T) (nsA, nsB, sockA, sockB string, logA, logB *syn
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/onehop").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v: %s", err, out)
 	}
-	daemon := func(ns, iface string) (string, *syncBuf) {
+	daemon := func(ns, iface string, extra []string) (string, *syncBuf) {
 		sock := filepath.Join(dir, ns+".sock")
 		logs := &syncBuf{}
-		cmd := exec.Command(bin, "netns-exec", ns, "--", bin, "vnat", "run", "--iface", iface, "--control", sock, "--require-keys")
+		cmd := exec.Command(bin, append([]string{"netns-exec", ns, "--", bin, "vnat", "run", "--iface", iface, "--control", sock, "--require-keys"}, extra...)...)
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -129,8 +135,8 @@ func pairOfDaemons(t *testing.T) (nsA, nsB, sockA, sockB string, logA, logB *syn
 		})
 		return sock, logs
 	}
-	sockA, logA = daemon(nsA, "a0")
-	sockB, logB = daemon(nsB, "b0")
+	sockA, logA = daemon(nsA, "a0", argsA)
+	sockB, logB = daemon(nsB, "b0", argsB)
 	for _, s := range []string{sockA, sockB} {
 		deadline := time.Now().Add(20 * time.Second)
 		for {

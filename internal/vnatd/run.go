@@ -29,7 +29,13 @@ type Options struct {
 	Control         string // control socket; "" = DefaultControl()
 	Cgroup          string // cgroup v2 to attach sockops to; "" = none (sock_diag only)
 	Listen          string // VCMP listen address; "" = 0.0.0.0:2031
-	Logger          *slog.Logger
+	// NoKeepaliveHelper turns off the keepalive helper (on by default:
+	// while a peer is away, this end answers its own TCP keepalives).
+	NoKeepaliveHelper bool
+	// FreezeCgroup is a cgroup v2 directory frozen while any peer is
+	// away (the generic helper); "" = none.
+	FreezeCgroup string
+	Logger       *slog.Logger
 }
 
 // ParseServer reads one --location-server value: an IPv4 address, with an
@@ -72,6 +78,14 @@ func Run(ctx context.Context, o Options) error {
 		}
 		servers = append(servers, a)
 	}
+	var freezer *Freezer
+	if o.FreezeCgroup != "" {
+		f, err := CgroupFreezer(o.FreezeCgroup)
+		if err != nil {
+			return fmt.Errorf("vnat run: %w", err)
+		}
+		freezer = f
+	}
 	link, err := netlink.LinkByName(o.Iface)
 	if err != nil {
 		return fmt.Errorf("vnat run: interface %s: %w", o.Iface, err)
@@ -89,7 +103,16 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	e := New(Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log}, kernel{d: d, iface: o.Iface}, tcpDialer)
+	var helpers []Helper
+	if !o.NoKeepaliveHelper {
+		helpers = append(helpers, keepalive{d: d})
+	}
+	if freezer != nil {
+		helpers = append(helpers, freezer)
+	}
+	e := New(Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}, kernel{d: d, iface: o.Iface}, tcpDialer)
+	// Runs before the datapath closes: no application stays frozen.
+	defer e.StopHelpers()
 	if err := e.Sync(); err != nil {
 		return err
 	}
@@ -128,7 +151,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys)
+	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
+		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup)
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
 }
 
