@@ -67,6 +67,11 @@ type Config struct {
 	RetryFor time.Duration
 	// Helpers run for each connection whose peer is away (helpers.go).
 	Helpers []Helper
+	// SuspRetry is the pause before a suspend claim is sent again to a
+	// peer that did not answer (doubling, SuspTries in all); 0 is 250 ms.
+	SuspRetry time.Duration
+	// SuspTimeout is how long one claim waits for its answer; 0 is 2 s.
+	SuspTimeout time.Duration
 }
 
 // MaxRecords caps the location records one daemon keeps for others.
@@ -117,6 +122,12 @@ func New(cfg Config, tr Translator, dial Dialer) *Engine {
 	}
 	if e.cfg.RetryFor == 0 {
 		e.cfg.RetryFor = 15 * time.Second
+	}
+	if e.cfg.SuspRetry == 0 {
+		e.cfg.SuspRetry = 250 * time.Millisecond
+	}
+	if e.cfg.SuspTimeout == 0 {
+		e.cfg.SuspTimeout = 2 * time.Second
 	}
 	// A place answers for the ends it holds: the peer that never moved is
 	// found at its old place on the first query.
@@ -537,39 +548,87 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 		msgs[p] = append(msgs[p], &vcmp.SuspPrimary{Record: c.record()}, &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)})
 	}
 	e.mu.Unlock()
-	var errs []error
+	// One claim batch per peer, the peers at once: a peer that does not
+	// answer must not hold up the claims to the others.
+	var (
+		wg   sync.WaitGroup
+		emu  sync.Mutex
+		errs []error
+	)
 	for p, cs := range byPeer {
-		ans, err := e.exchange(ctx, p, msgs[p])
-		e.mu.Lock()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("vnatd: suspend with %s: %w", p, err))
-			for _, c := range cs {
-				e.step(c, vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.claim(ctx, p, cs, msgs[p]); err != nil {
+				emu.Lock()
+				errs = append(errs, err)
+				emu.Unlock()
 			}
-			e.mu.Unlock()
-			continue
-		}
-		for i, c := range cs {
-			claim, key := ans[2*i], ans[2*i+1]
-			switch claim.(type) {
-			case *vcmp.SuspSecondary:
-				e.step(c, vcmp.EvRecvSuspSecondary) //nolint:errcheck // only Awaiting changes
-			case *vcmp.SuspPrimary:
-				if c.m.Awaiting { // crossing: the peer's handler arbitrated too
-					e.step(c, vcmp.EvRecvSuspPrimary) //nolint:errcheck
-				}
-			default:
-				e.step(c, vcmp.EvTimeout) //nolint:errcheck // the peer does not know it: primary alone
-			}
-			if k, ok := key.(*vcmp.Key); ok {
-				if err := c.agree(k.Public); err != nil {
-					e.warn("refused_key", "vnat: peer key refused", "conn", c.m.Tuple, "err", err)
-				}
-			}
-		}
-		e.mu.Unlock()
+		}()
 	}
+	wg.Wait()
 	return n, errors.Join(errs...)
+}
+
+// SuspTries is how many times a claim (VNAT_SUSP_PRIMARY + VCMP_KEY) is
+// sent to a peer that does not answer, with a doubling pause between
+// tries, before its connections are primary by default (§3.3.1.2: no
+// negotiation, both ends primary).
+const SuspTries = 4
+
+// claim sends one peer its claim batch until it answers or SuspTries are
+// spent, and steps the connections with the answer. A retransmitted claim
+// is the same batch (the same keys): a peer that took the first one but
+// whose answer was lost answers again with the same role and key.
+func (e *Engine) claim(ctx context.Context, p netip.Addr, cs []*conn, msgs []vcmp.Message) error {
+	pause := e.cfg.SuspRetry
+	var ans []vcmp.Message
+	var err error
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, e.cfg.SuspTimeout)
+		ans, err = e.exchange(tctx, p, msgs)
+		cancel()
+		if err == nil || try == SuspTries || ctx.Err() != nil {
+			break
+		}
+		e.mu.Lock()
+		e.counters["susp_retransmitted"]++
+		e.mu.Unlock()
+		e.log.Info("vnat: suspend claim unanswered, sending again", "peer", p, "try", try, "pause", pause, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		e.counters["susp_unanswered"]++
+		for _, c := range cs {
+			e.step(c, vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
+		}
+		return fmt.Errorf("vnatd: suspend with %s: no answer after %d tries, primary by default: %w", p, SuspTries, err)
+	}
+	for i, c := range cs {
+		claim, key := ans[2*i], ans[2*i+1]
+		switch claim.(type) {
+		case *vcmp.SuspSecondary:
+			e.step(c, vcmp.EvRecvSuspSecondary) //nolint:errcheck // only Awaiting changes
+		case *vcmp.SuspPrimary:
+			if c.m.Awaiting { // crossing: the peer's handler arbitrated too
+				e.step(c, vcmp.EvRecvSuspPrimary) //nolint:errcheck
+			}
+		default:
+			e.step(c, vcmp.EvTimeout) //nolint:errcheck // the peer does not know it: primary alone
+		}
+		if k, ok := key.(*vcmp.Key); ok {
+			if err := c.agree(k.Public); err != nil {
+				e.warn("refused_key", "vnat: peer key refused", "conn", c.m.Tuple, "err", err)
+			}
+		}
+	}
+	return nil
 }
 
 // MaxKeyTries is how many times AgreeKeys asks a peer's daemon that does
