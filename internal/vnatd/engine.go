@@ -172,6 +172,11 @@ func (e *Engine) Sync() error {
 			continue
 		}
 		e.stopHelpers(c)
+		if ports, ok := e.tr.(Ports); ok {
+			if err := ports.Release(t); err != nil {
+				errs = append(errs, fmt.Errorf("vnatd: release the port of closed %v: %w", t, err))
+			}
+		}
 		if c.m.State != vcmp.Active {
 			if err := e.tr.Forget(t); err != nil {
 				errs = append(errs, fmt.Errorf("vnatd: forget closed %v: %w", t, err))
@@ -740,13 +745,27 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 		return nil
 	}
 	var errs []error
+	// The sockets at the new address, for the ports taken there.
+	var socks []Socket
+	ports, _ := e.tr.(Ports)
+	if moved && ports != nil {
+		var err error
+		if socks, err = ports.SocketsAt(new); err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: sockets at %s: %w", new, err))
+		}
+	}
 	e.mu.Lock()
 	kept := map[netip.Addr]bool{}
 	var walks []*walk
+	var used map[vcmp.Tuple]bool
+	if moved {
+		used = e.physUsed(cs)
+	}
 	for _, c := range cs {
 		if moved {
 			c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
-			c.phys.Local = netip.AddrPortFrom(new, c.phys.Local.Port())
+			c.phys.Local = netip.AddrPortFrom(new, e.physPort(c, new, ports, socks, used))
+			used[c.phys] = true
 			kept[c.m.Tuple.Local.Addr()] = true
 		}
 		if _, err := e.step(c, vcmp.EvResume); err != nil {
@@ -818,6 +837,48 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 	}
 	e.mu.Unlock()
 	return e.update(ctx, walks, found, moved, errs)
+}
+
+// physUsed are the physical tuples of the connections that are not moving
+// now (cs are): a moving one must not take one of them. Called with e.mu held.
+func (e *Engine) physUsed(cs []*conn) map[vcmp.Tuple]bool {
+	moving := make(map[*conn]bool, len(cs))
+	for _, c := range cs {
+		moving[c] = true
+	}
+	used := map[vcmp.Tuple]bool{}
+	for _, c := range e.conns {
+		if !moving[c] && c.m.State != vcmp.Aborted {
+			used[c.phys] = true
+		}
+	}
+	return used
+}
+
+// physPort is the port c travels from at its new address: its own (the
+// virtual one) unless that is taken there, else one the kernel picks and
+// holds for it (the peer learns it from VNAT_UPD's L_Phys_Port). Called
+// with e.mu held.
+func (e *Engine) physPort(c *conn, new netip.Addr, ports Ports, socks []Socket, used map[vcmp.Tuple]bool) uint16 {
+	if ports == nil {
+		return c.m.Tuple.Local.Port()
+	}
+	// A port held for an earlier move is at the old address: given back.
+	if err := ports.Release(c.m.Tuple); err != nil {
+		e.warn("port_errors", "vnat: release port", "conn", c.m.Tuple, "err", err)
+	}
+	want := vcmp.Tuple{Proto: c.m.Tuple.Proto, Local: netip.AddrPortFrom(new, c.m.Tuple.Local.Port()), Remote: c.phys.Remote}
+	if !portTaken(want, socks, used) {
+		return want.Local.Port()
+	}
+	p, err := ports.Reserve(c.m.Tuple, new)
+	if err != nil {
+		e.warn("port_errors", "vnat: port taken at the new address and no other free", "conn", c.m.Tuple, "err", err)
+		return want.Local.Port()
+	}
+	e.counters["ports_remapped"]++
+	e.log.Info("vnat: port taken at the new address, travelling from another", "conn", c.m.Tuple, "new", netip.AddrPortFrom(new, p))
+	return p
 }
 
 // abort ends a migration the peer refused (unknown connection, not

@@ -1,7 +1,9 @@
 package vnatd
 
 import (
+	"io"
 	"net/netip"
+	"sync"
 
 	"github.com/onehop/onehop/internal/vcmp"
 	"github.com/onehop/onehop/internal/vnat"
@@ -12,6 +14,18 @@ import (
 type kernel struct {
 	d     *vnat.Datapath
 	iface string
+	held  *held
+}
+
+// held are the ports reserved for moved connections whose own port was
+// taken at their new address, by virtual tuple.
+type held struct {
+	mu    sync.Mutex
+	ports map[vcmp.Tuple]io.Closer
+}
+
+func newKernel(d *vnat.Datapath, iface string) kernel {
+	return kernel{d: d, iface: iface, held: &held{ports: map[vcmp.Tuple]io.Closer{}}}
 }
 
 func toVCMP(t vnat.Tuple) vcmp.Tuple {
@@ -77,4 +91,44 @@ func (k keepalive) Stop(v vcmp.Tuple) error {
 	}
 	_, err := k.d.StopKeepalive(vnat.Virtual(toVNAT(v)))
 	return err
+}
+
+// SocketsAt lists the endpoint's sockets at addr or the wildcard (sock_diag).
+func (k kernel) SocketsAt(addr netip.Addr) ([]Socket, error) {
+	ss, err := k.d.SocketsAt(addr)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Socket, len(ss))
+	for i, s := range ss {
+		out[i] = Socket{Proto: vcmp.Proto(s.Proto), Local: s.Local, Remote: s.Remote, Listening: s.Listening}
+	}
+	return out, nil
+}
+
+// Reserve holds a port the kernel picks at addr for virtual.
+func (k kernel) Reserve(virtual vcmp.Tuple, addr netip.Addr) (uint16, error) {
+	p, c, err := k.d.ReservePort(vnat.Proto(virtual.Proto), addr)
+	if err != nil {
+		return 0, err
+	}
+	k.held.mu.Lock()
+	defer k.held.mu.Unlock()
+	if old, ok := k.held.ports[virtual]; ok {
+		old.Close() //nolint:errcheck // replaced: a close error changes nothing
+	}
+	k.held.ports[virtual] = c
+	return p, nil
+}
+
+// Release gives virtual's port back.
+func (k kernel) Release(virtual vcmp.Tuple) error {
+	k.held.mu.Lock()
+	defer k.held.mu.Unlock()
+	c, ok := k.held.ports[virtual]
+	if !ok {
+		return nil
+	}
+	delete(k.held.ports, virtual)
+	return c.Close()
 }

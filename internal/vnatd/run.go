@@ -110,7 +110,7 @@ func Run(ctx context.Context, o Options) error {
 	if freezer != nil {
 		helpers = append(helpers, freezer)
 	}
-	e := New(Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}, kernel{d: d, iface: o.Iface}, tcpDialer)
+	e := New(Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}, newKernel(d, o.Iface), tcpDialer)
 	// Runs before the datapath closes: no application stays frozen.
 	defer e.StopHelpers()
 	if err := e.Sync(); err != nil {
