@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -27,6 +29,11 @@ type Options struct {
 	// XlateEntries sizes vnat_xlate (two entries per migrated connection);
 	// 0 keeps the C default.
 	XlateEntries uint32
+	// PinDir, on a bpffs, holds the maps (maps/) and links (links/) so
+	// that translations outlive the process: a Datapath opened on a
+	// PinDir where an earlier one pinned its maps takes them over, with
+	// every migrated connection in them. "" pins nothing.
+	PinDir string
 }
 
 // Datapath is VNAT loaded into the kernel for one endpoint: the programs,
@@ -66,10 +73,105 @@ func Open(o Options) (*Datapath, error) {
 	d := &Datapath{opts: o, links: map[string]link.Link{}, table: NewTable(),
 		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{}, away: map[Virtual]bool{},
 		counterNames: names}
-	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+	opts := &ebpf.CollectionOptions{}
+	if o.PinDir != "" {
+		if err := checkBPFFS(o.PinDir); err != nil {
+			return nil, err
+		}
+		for _, m := range spec.Maps {
+			if strings.HasPrefix(m.Name, "vnat_") {
+				m.Pinning = ebpf.PinByName
+			}
+		}
+		opts.Maps.PinPath = filepath.Join(o.PinDir, "maps")
+		for _, sub := range []string{"maps", "links"} {
+			if err := os.MkdirAll(filepath.Join(o.PinDir, sub), 0o700); err != nil {
+				return nil, fmt.Errorf("vnat: pin dir: %w", err)
+			}
+		}
+	}
+	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("vnat: the maps pinned under %s are from another build (%w); `onehop vnat stop` the daemon that made them, or remove the directory (its translations stop)", opts.Maps.PinPath, err)
+		}
 		return nil, fmt.Errorf("vnat: load programs: %+v", err)
 	}
+	if o.PinDir != "" {
+		if err := d.adopt(); err != nil {
+			d.objs.Close()
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// checkBPFFS says why dir (or the first of its parents that exists) is not on a bpffs.
+func checkBPFFS(dir string) error {
+	p := dir
+	for {
+		var st unix.Statfs_t
+		err := unix.Statfs(p, &st)
+		if err == nil {
+			if st.Type != unix.BPF_FS_MAGIC {
+				return fmt.Errorf("vnat: pin dir %s: %s is not on a bpffs (mount one: mount -t bpf bpf /sys/fs/bpf)", dir, p)
+			}
+			return nil
+		}
+		if !errors.Is(err, unix.ENOENT) || p == "/" {
+			return fmt.Errorf("vnat: pin dir %s: %w", dir, err)
+		}
+		p = filepath.Dir(p)
+	}
+}
+
+// IsBPFFS says whether dir (or the first of its parents that exists) is on a bpffs.
+func IsBPFFS(dir string) bool { return checkBPFFS(dir) == nil }
+
+// adopt takes over what pinned maps hold from an earlier run: the
+// migrated connections (vnat_xlate's egress entries name both tuples) and
+// their routes. Helper marks belong to the daemon that made them: they
+// are cleared (a new daemon starts no helper it does not know about).
+func (d *Datapath) adopt() error {
+	var k XlateKey
+	var v Rewrite
+	it := d.objs.VnatXlate.Iterate()
+	for it.Next(&k, &v) {
+		if k.Dir != Egress {
+			continue
+		}
+		vt := TupleOfKey(k)
+		pt := Tuple{Proto: vt.Proto, Local: netip.AddrPortFrom(addrOf(v.Saddr), portOf(v.Sport)),
+			Remote: netip.AddrPortFrom(addrOf(v.Daddr), portOf(v.Dport))}
+		if _, _, err := d.table.Set(Virtual(vt), Physical(pt)); err != nil {
+			return fmt.Errorf("vnat: pinned translation of %s: %w", vt, err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("vnat: read pinned translations: %w", err)
+	}
+	var ck vnatVnatConnKey
+	var cv vnatVnatHelper
+	var stale []vnatVnatConnKey
+	ai := d.objs.VnatAway.Iterate()
+	for ai.Next(&ck, &cv) {
+		stale = append(stale, ck)
+	}
+	if err := ai.Err(); err != nil {
+		return fmt.Errorf("vnat: read pinned helper marks: %w", err)
+	}
+	for _, k := range stale {
+		if err := d.objs.VnatAway.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("vnat: clear pinned helper mark: %w", err)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.syncActive(); err != nil {
+		return err
+	}
+	d.resyncing = true
+	defer func() { d.resyncing = false }()
+	return d.syncRoutes(nil)
 }
 
 // counterNames reads enum vnat_counter from BTF, so Go never repeats the
@@ -93,11 +195,41 @@ func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
 	return d.objs.VnatEgress, d.objs.VnatIngress, d.objs.VnatSockops
 }
 
-// Close detaches everything, removes the routes and kept addresses it
-// added, and unloads the programs.
+// Close lets go of the datapath. Unpinned, it detaches everything,
+// removes the routes it added and unloads the programs. Pinned
+// (Options.PinDir), the pinned links keep the programs attached and the
+// pinned maps keep every translation, and the routes stay: the next Open
+// on the same PinDir takes them over. Remove takes pinned ones away.
 func (d *Datapath) Close() error {
+	if d.opts.PinDir != "" {
+		var errs []error
+		for name, l := range d.links {
+			if err := l.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close link %s: %w", name, err))
+			}
+			delete(d.links, name)
+		}
+		if err := d.objs.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close vnat: %w", err))
+		}
+		return errors.Join(errs...)
+	}
+	return d.remove()
+}
+
+// Remove detaches everything, unpins the links and maps (removing
+// PinDir), removes the routes it added and unloads the programs: every
+// translation stops.
+func (d *Datapath) Remove() error { return d.remove() }
+
+func (d *Datapath) remove() error {
 	var errs []error
 	for name, l := range d.links {
+		if d.opts.PinDir != "" {
+			if err := l.Unpin(); err != nil {
+				errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
+			}
+		}
 		if err := l.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("detach %s: %w", name, err))
 		}
@@ -110,10 +242,65 @@ func (d *Datapath) Close() error {
 		}
 	}
 	d.mu.Unlock()
+	if d.opts.PinDir != "" {
+		for _, m := range []*ebpf.Map{d.objs.VnatXlate, d.objs.VnatState, d.objs.VnatConns, d.objs.VnatAway, d.objs.VnatCounters} {
+			if err := m.Unpin(); err != nil {
+				errs = append(errs, fmt.Errorf("unpin map: %w", err))
+			}
+		}
+		// Links of an earlier run this one never took over (another
+		// interface) go too; then the directory.
+		if ents, err := os.ReadDir(filepath.Join(d.opts.PinDir, "links")); err == nil {
+			for _, e := range ents {
+				p := filepath.Join(d.opts.PinDir, "links", e.Name())
+				if l, err := link.LoadPinnedLink(p, nil); err == nil {
+					l.Unpin() //nolint:errcheck // removed below if it stays
+					l.Close()
+				}
+			}
+		}
+		if err := os.RemoveAll(d.opts.PinDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove pin dir: %w", err))
+		}
+	}
 	if err := d.objs.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("unload vnat: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// attach attaches via a link named name (pinned under PinDir/links when
+// pinning): a pinned link of an earlier run still on the same hook gets
+// the new program, atomically (the hook is never empty).
+func (d *Datapath) attach(name string, prog *ebpf.Program, same func(*link.Info) bool, make func() (link.Link, error)) error {
+	if _, ok := d.links[name]; ok {
+		return nil
+	}
+	pin := ""
+	if d.opts.PinDir != "" {
+		pin = filepath.Join(d.opts.PinDir, "links", strings.ReplaceAll(name, "/", "_"))
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			info, ierr := l.Info()
+			if ierr == nil && same(info) && l.Update(prog) == nil {
+				d.links[name] = l
+				return nil
+			}
+			l.Unpin() //nolint:errcheck // replaced below
+			l.Close()
+		}
+	}
+	l, err := make()
+	if err != nil {
+		return err
+	}
+	if pin != "" {
+		if err := l.Pin(pin); err != nil {
+			l.Close()
+			return fmt.Errorf("vnat: pin link %s: %w", name, err)
+		}
+	}
+	d.links[name] = l
+	return nil
 }
 
 // inNS runs fn in the endpoint's namespace: on a locked thread that is
@@ -174,14 +361,19 @@ func (d *Datapath) AttachInterface(ifname string) error {
 			{"ingress/" + ifname, d.objs.VnatIngress, ebpf.AttachTCXIngress},
 			{"egress/" + ifname, d.objs.VnatEgress, ebpf.AttachTCXEgress},
 		} {
-			if _, ok := d.links[a.name]; ok {
-				continue
-			}
-			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Attrs().Index, Program: a.prog, Attach: a.at})
+			ifindex := ifc.Attrs().Index
+			err := d.attach(a.name, a.prog, func(info *link.Info) bool {
+				return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
+			}, func() (link.Link, error) {
+				l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: a.prog, Attach: a.at})
+				if err != nil {
+					return nil, fmt.Errorf("vnat: attach %s to %s: %w", a.at, ifname, err)
+				}
+				return l, nil
+			})
 			if err != nil {
-				return fmt.Errorf("vnat: attach %s to %s: %w", a.at, ifname, err)
+				return err
 			}
-			d.links[a.name] = l
 		}
 		return nil
 	})
@@ -191,16 +383,14 @@ func (d *Datapath) AttachInterface(ifname string) error {
 // directory: TCP connections its processes establish from now on are
 // recorded, and forgotten when they close.
 func (d *Datapath) AttachCgroup(path string) error {
-	name := "sockops/" + path
-	if _, ok := d.links[name]; ok {
-		return nil
-	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.VnatSockops})
-	if err != nil {
-		return fmt.Errorf("vnat: attach sockops to cgroup %s: %w", path, err)
-	}
-	d.links[name] = l
-	return nil
+	name := "sockops" + path
+	return d.attach(name, d.objs.VnatSockops, func(info *link.Info) bool { return info.Type == link.CgroupType }, func() (link.Link, error) {
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.VnatSockops})
+		if err != nil {
+			return nil, fmt.Errorf("vnat: attach sockops to cgroup %s: %w", path, err)
+		}
+		return l, nil
+	})
 }
 
 // Translate makes connection v travel as p from now on, both ways, on

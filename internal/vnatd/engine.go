@@ -108,6 +108,15 @@ type Engine struct {
 	// self are addresses that are this endpoint's (old and new): a walk
 	// never asks itself.
 	self map[netip.Addr]bool
+	// stop, when set, ends the daemon on a control "stop" request.
+	stop func()
+}
+
+// OnStop makes a control "stop" request call f (the daemon's clean stop).
+func (e *Engine) OnStop(f func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stop = f
 }
 
 // New is an engine over a datapath and a network.
@@ -161,7 +170,13 @@ func (e *Engine) Sync() error {
 		}
 		seen[m.Virtual] = true
 		if _, ok := e.conns[m.Virtual]; !ok {
-			e.conns[m.Virtual] = &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
+			c := &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
+			if m.Physical != m.Virtual {
+				// Translated before this daemon knew it: an earlier
+				// run's, taken over from the pinned maps.
+				c.m.State = vcmp.Migrated
+			}
+			e.conns[m.Virtual] = c
 		}
 	}
 	// A connection no socket holds any more is forgotten, its translation

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -35,6 +36,11 @@ type Options struct {
 	// FreezeCgroup is a cgroup v2 directory frozen while any peer is
 	// away (the generic helper); "" = none.
 	FreezeCgroup string
+	// PinDir holds the pinned maps and links ("" = DefaultPinDir(); if
+	// that is not on a bpffs the daemon runs unpinned, with a warning).
+	PinDir string
+	// NoPin pins nothing: the translations end with the daemon.
+	NoPin bool
 	Logger       *slog.Logger
 }
 
@@ -90,11 +96,34 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("vnat run: interface %s: %w", o.Iface, err)
 	}
-	d, err := vnat.Open(vnat.Options{})
+	pin, err := pinDir(o, log)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	d, err := vnat.Open(vnat.Options{PinDir: pin})
+	if err != nil {
+		return err
+	}
+	// A stop on request (`onehop vnat stop`) removes the pins and every
+	// translation; any other end of the daemon leaves them in force.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var remove atomic.Bool
+	defer func() {
+		if remove.Load() {
+			if err := d.Remove(); err != nil {
+				log.Error("vnat: remove datapath", "err", err)
+			}
+			log.Info("vnat daemon stopped on request: translations and pins removed", "pin_dir", pin)
+			return
+		}
+		if err := d.Close(); err != nil {
+			log.Error("vnat: close datapath", "err", err)
+		}
+		if pin != "" {
+			log.Info("vnat daemon stopped: translations stay pinned for the next run", "pin_dir", pin)
+		}
+	}()
 	if err := d.AttachInterface(o.Iface); err != nil {
 		return err
 	}
@@ -113,6 +142,7 @@ func Run(ctx context.Context, o Options) error {
 	e := New(Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}, newKernel(d, o.Iface), tcpDialer)
 	// Runs before the datapath closes: no application stays frozen.
 	defer e.StopHelpers()
+	e.OnStop(func() { remove.Store(true); cancel() })
 	if err := e.Sync(); err != nil {
 		return err
 	}
@@ -152,8 +182,45 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
-		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup)
+		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "migrated", len(d.Migrations()))
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
+}
+
+// PinRoot is where the daemons pin, one directory per network namespace.
+const PinRoot = "/sys/fs/bpf/onehop/vnat"
+
+// DefaultPinDir is the pin directory of the caller's network namespace
+// (named by its inode, like the control socket).
+func DefaultPinDir() (string, error) {
+	ino, err := netnsInode()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(PinRoot, fmt.Sprintf("netns-%d", ino)), nil
+}
+
+// pinDir decides where the daemon pins: nowhere with --no-pin; the
+// default directory if it is on a bpffs (else nowhere, said in the log);
+// --pin-dir, which must be on a bpffs.
+func pinDir(o Options, log *slog.Logger) (string, error) {
+	switch {
+	case o.NoPin:
+		return "", nil
+	case o.PinDir != "":
+		if !vnat.IsBPFFS(o.PinDir) {
+			return "", fmt.Errorf("vnat run: --pin-dir %s is not on a bpffs (mount one there, or give --no-pin)", o.PinDir)
+		}
+		return o.PinDir, nil
+	}
+	p, err := DefaultPinDir()
+	if err != nil {
+		return "", err
+	}
+	if !vnat.IsBPFFS(p) {
+		log.Warn("vnat: no bpffs at "+PinRoot+": running unpinned, translations end with the daemon (mount -t bpf bpf /sys/fs/bpf, or give --pin-dir)", "pin_dir", p)
+		return "", nil
+	}
+	return p, nil
 }
 
 // contact looks for new connections every ContactEvery and agrees keys
