@@ -62,7 +62,7 @@ connections here alive: this end's egress answers the connection's own TCP
 keepalive probes (--keepalive-helper, on by default), and --freeze-cgroup
 freezes the application's cgroup until the peer is back.
 
-The maps and links are pinned (--pin-dir; by default under `+vnatd.PinRoot+`,
+The maps and links are pinned (--pin-dir; by default under ` + vnatd.PinRoot + `,
 one directory per network namespace, when that is a bpffs): when the daemon
 ends on a signal the translations stay in force and the next run takes them
 over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,

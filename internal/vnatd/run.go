@@ -40,8 +40,8 @@ type Options struct {
 	// that is not on a bpffs the daemon runs unpinned, with a warning).
 	PinDir string
 	// NoPin pins nothing: the translations end with the daemon.
-	NoPin bool
-	Logger       *slog.Logger
+	NoPin  bool
+	Logger *slog.Logger
 }
 
 // ParseServer reads one --location-server value: an IPv4 address, with an
