@@ -83,6 +83,7 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	run.Flags().StringVar(&o.Listen, "listen", "", "VCMP listen address (default 0.0.0.0:2031)")
 	run.Flags().BoolVar(&keepaliveHelper, "keepalive-helper", true, "while a peer is away, answer this end's own TCP keepalive probes for its connections (in eBPF)")
 	run.Flags().StringVar(&o.PinDir, "pin-dir", "", "bpffs directory for the pinned maps and links (default "+vnatd.PinRoot+"/netns-INODE of this network namespace, if that is a bpffs)")
+	run.Flags().StringVar(&o.Metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics), e.g. 127.0.0.1:9431; off when empty")
 	run.Flags().BoolVar(&o.NoPin, "no-pin", false, "pin nothing: the translations end with the daemon")
 	run.Flags().StringVar(&o.FreezeCgroup, "freeze-cgroup", "", "cgroup v2 directory of the local application, frozen while any of its peers is away and thawed when they are back")
 

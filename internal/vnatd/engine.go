@@ -72,6 +72,8 @@ type Config struct {
 	SuspRetry time.Duration
 	// SuspTimeout is how long one claim waits for its answer; 0 is 2 s.
 	SuspTimeout time.Duration
+	// OnRestore, if set, is told how long each Restore took.
+	OnRestore func(time.Duration)
 }
 
 // MaxRecords caps the location records one daemon keeps for others.
@@ -714,6 +716,10 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 // to new: every connection travelling from old is located, updated (one
 // batch per peer and place) and translated; the old address is kept local.
 func (e *Engine) Restore(ctx context.Context, old, new netip.Addr) error {
+	if e.cfg.OnRestore != nil {
+		start := e.cfg.Now()
+		defer func() { e.cfg.OnRestore(e.cfg.Now().Sub(start)) }()
+	}
 	if err := e.Sync(); err != nil {
 		return err
 	}

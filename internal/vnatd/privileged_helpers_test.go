@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/onehop/onehop/internal/netns"
 )
 
@@ -30,7 +32,7 @@ func TestPrivilegedDaemonHelpersKeepAConnectionWhoseSuspendedPeerIsAway(t *testi
 
 func daemonHelpers(t *testing.T, helper bool) {
 	cg, _ := testCgroup(t)
-	argsB := []string{"--freeze-cgroup", cg}
+	argsB := []string{"--freeze-cgroup", cg, "--metrics", "127.0.0.1:9431"}
 	if !helper {
 		argsB = append(argsB, "--keepalive-helper=false")
 	}
@@ -109,6 +111,14 @@ func daemonHelpers(t *testing.T, helper bool) {
 	}
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("helpers on: b's read ended with %v after %v; want the 10 s deadline\n%s", err, time.Since(away), logB)
+	}
+	// b's metrics say what its helper did.
+	fams := scrapeIn(t, nsB, "127.0.0.1:9431")
+	if v := value(t, fams, "onehop_vnat_keepalives_answered_total", dto.MetricType_COUNTER, nil); v < 5 {
+		t.Errorf("b's metrics: %v keepalives answered in 10 s, want at least 5", v)
+	}
+	if v := value(t, fams, "onehop_vnat_connections", dto.MetricType_GAUGE, map[string]string{"state": "suspended"}); v != 1 {
+		t.Errorf("b's metrics: %v connections suspended, want 1", v)
 	}
 	ipIn(t, nsA, "route", "del", "blackhole", "10.8.0.2/32")
 	if r, err := Ask(sockA, Request{Op: "resume"}); err != nil || r.Count != 1 {

@@ -40,8 +40,10 @@ type Options struct {
 	// that is not on a bpffs the daemon runs unpinned, with a warning).
 	PinDir string
 	// NoPin pins nothing: the translations end with the daemon.
-	NoPin  bool
-	Logger *slog.Logger
+	NoPin bool
+	// Metrics is the address Prometheus metrics are served on ("" = none).
+	Metrics string
+	Logger  *slog.Logger
 }
 
 // ParseServer reads one --location-server value: an IPv4 address, with an
@@ -139,7 +141,21 @@ func Run(ctx context.Context, o Options) error {
 	if freezer != nil {
 		helpers = append(helpers, freezer)
 	}
-	e := New(Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}, newKernel(d, o.Iface), tcpDialer)
+	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}
+	var metrics *Metrics
+	if o.Metrics != "" {
+		metrics = NewMetrics(d.Counters)
+		cfg.OnRestore = metrics.ObserveRestore
+	}
+	e := New(cfg, newKernel(d, o.Iface), tcpDialer)
+	if metrics != nil {
+		metrics.Attach(e)
+		at, err := ServeMetrics(ctx, o.Metrics, metrics, log)
+		if err != nil {
+			return err
+		}
+		log.Info("vnat metrics", "addr", at)
+	}
 	// Runs before the datapath closes: no application stays frozen.
 	defer e.StopHelpers()
 	e.OnStop(func() { remove.Store(true); cancel() })
