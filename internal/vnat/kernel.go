@@ -427,7 +427,10 @@ func (d *Datapath) Translate(v Virtual, p Physical) error {
 }
 
 // TranslateBatch is Translate for many connections with one batched map
-// update (paper §6.4: restoration must not grow per connection).
+// update (paper §6.4: restoration must not grow per connection). It is
+// all or nothing: when any connection cannot be translated (a physical
+// tuple another one has, a full map), every connection of the batch is
+// left as it was before the call, in the table and in the map.
 func (d *Datapath) TranslateBatch(ms []Migration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -435,14 +438,69 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 	vals := make([]Rewrite, 0, 2*len(ms))
 	var stale []XlateKey
 	touched := map[netip.Addr]bool{}
+	// undo is what the batch changed, to put back on failure.
+	type undo struct {
+		v   Virtual
+		old Physical
+		had bool
+	}
+	var undos []undo
+	rollback := func(cause error) error {
+		var errs []error
+		for i := len(undos) - 1; i >= 0; i-- {
+			u := undos[i]
+			cur, _ := d.table.Lookup(u.v)
+			if e, err := Entries(u.v, cur); err == nil {
+				// The batch's ingress entry (keyed by the new physical
+				// tuple) goes; the egress one is rewritten or goes.
+				if err := d.objs.VnatXlate.Delete(e[1].Key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs = append(errs, err)
+				}
+				if !u.had {
+					if err := d.objs.VnatXlate.Delete(e[0].Key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+						errs = append(errs, err)
+					}
+				}
+			}
+			if !u.had {
+				d.table.Forget(u.v)
+				continue
+			}
+			if _, _, err := d.table.Set(u.v, u.old); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if e, err := Entries(u.v, u.old); err == nil {
+				for _, en := range e {
+					if err := d.objs.VnatXlate.Put(en.Key, en.Value); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		d.resyncing = true
+		if err := d.syncRoutes(keysOf(touched)); err != nil {
+			errs = append(errs, err)
+		}
+		d.resyncing = false
+		if err := d.syncActive(); err != nil {
+			errs = append(errs, err)
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("%w (and undoing the batch: %w)", cause, errors.Join(errs...))
+		}
+		return cause
+	}
 	for _, m := range ms {
 		for _, a := range routeAddrs(m.Virtual) {
 			touched[a] = true
 		}
+		old, had := d.table.Lookup(m.Virtual)
 		write, st, err := d.table.Set(m.Virtual, m.Physical)
 		if err != nil {
-			return fmt.Errorf("vnat: translate: %w", err)
+			return rollback(fmt.Errorf("vnat: translate: %w", err))
 		}
+		undos = append(undos, undo{m.Virtual, old, had})
 		for _, e := range write {
 			keys = append(keys, e.Key)
 			vals = append(vals, e.Value)
@@ -451,27 +509,33 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 			stale = append(stale, e.Key)
 		}
 	}
-	vas := make([]netip.Addr, 0, len(touched))
-	for a := range touched {
-		vas = append(vas, a)
-	}
 	d.resyncing = true
-	err := d.syncRoutes(vas)
+	err := d.syncRoutes(keysOf(touched))
 	d.resyncing = false
 	if err != nil {
-		return err
+		return rollback(err)
+	}
+	// The old places' ingress entries go first: a batch that moves
+	// connections then needs no room beyond what they had.
+	for _, k := range stale {
+		if err := d.objs.VnatXlate.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return rollback(fmt.Errorf("vnat: delete old translation: %w", err))
+		}
 	}
 	if len(keys) > 0 {
 		if _, err := d.objs.VnatXlate.BatchUpdate(keys, vals, nil); err != nil {
-			return fmt.Errorf("vnat: write %d translations: %w", len(ms), err)
-		}
-	}
-	for _, k := range stale {
-		if err := d.objs.VnatXlate.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("vnat: delete old translation: %w", err)
+			return rollback(fmt.Errorf("vnat: write %d translations: %w", len(ms), err))
 		}
 	}
 	return d.syncActive()
+}
+
+func keysOf(m map[netip.Addr]bool) []netip.Addr {
+	out := make([]netip.Addr, 0, len(m))
+	for a := range m {
+		out = append(out, a)
+	}
+	return out
 }
 
 // Resync writes the routes for moved peers again. Call it after the
