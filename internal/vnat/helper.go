@@ -24,7 +24,7 @@ func connKey(v Virtual) vnatVnatConnKey {
 // (bpf/lib/vnat_helper.h). Marking a connection marked already keeps its
 // count of answered probes.
 func (d *Datapath) StartKeepalive(v Virtual) error {
-	if err := Tuple(v).Validate(); err != nil {
+	if err := validate(Tuple(v)); err != nil {
 		return fmt.Errorf("vnat: keepalive helper: %w", err)
 	}
 	if v.Proto != TCP {

@@ -28,13 +28,6 @@ func newKernel(d *vnat.Datapath, iface string) kernel {
 	return kernel{d: d, iface: iface, held: &held{ports: map[vcmp.Tuple]io.Closer{}}}
 }
 
-func toVCMP(t vnat.Tuple) vcmp.Tuple {
-	return vcmp.Tuple{Proto: vcmp.Proto(t.Proto), Local: t.Local, Remote: t.Remote}
-}
-
-func toVNAT(t vcmp.Tuple) vnat.Tuple {
-	return vnat.Tuple{Proto: vnat.Proto(t.Proto), Local: t.Local, Remote: t.Remote}
-}
 
 // Conns picks up the open connections (sock_diag: TCP and connected UDP)
 // and lists them with the migrated ones.
@@ -50,7 +43,7 @@ func (k kernel) Conns() ([]Mapping, error) {
 	for _, c := range cs {
 		// A migrated connection that neither sock_diag nor sockops sees
 		// any more is only in the translation table: closed.
-		out = append(out, Mapping{Virtual: toVCMP(vnat.Tuple(c.Virtual)), Physical: toVCMP(vnat.Tuple(c.Physical)),
+		out = append(out, Mapping{Virtual: vcmp.Tuple(c.Virtual), Physical: vcmp.Tuple(c.Physical),
 			Closed: c.Source == "translate"})
 	}
 	return out, nil
@@ -58,18 +51,18 @@ func (k kernel) Conns() ([]Mapping, error) {
 
 func (k kernel) Translate(ms []Mapping) error {
 	if len(ms) == 1 {
-		return k.d.Translate(vnat.Virtual(toVNAT(ms[0].Virtual)), vnat.Physical(toVNAT(ms[0].Physical)))
+		return k.d.Translate(vnat.Virtual(ms[0].Virtual), vnat.Physical(ms[0].Physical))
 	}
 	vm := make([]vnat.Migration, len(ms))
 	for i, m := range ms {
-		vm[i] = vnat.Migration{Virtual: vnat.Virtual(toVNAT(m.Virtual)), Physical: vnat.Physical(toVNAT(m.Physical))}
+		vm[i] = vnat.Migration{Virtual: vnat.Virtual(m.Virtual), Physical: vnat.Physical(m.Physical)}
 	}
 	return k.d.TranslateBatch(vm)
 }
 
 func (k kernel) KeepLocal(a netip.Addr) error { return k.d.KeepLocal(a, k.iface) }
 
-func (k kernel) Forget(v vcmp.Tuple) error { return k.d.Forget(vnat.Virtual(toVNAT(v))) }
+func (k kernel) Forget(v vcmp.Tuple) error { return k.d.Forget(vnat.Virtual(v)) }
 
 // keepalive is the keepalive helper over the datapath (vnat_away): while a
 // TCP connection's peer is away, this end's egress answers the
@@ -82,14 +75,14 @@ func (k keepalive) Start(v vcmp.Tuple) error {
 	if v.Proto != vcmp.TCP {
 		return nil
 	}
-	return k.d.StartKeepalive(vnat.Virtual(toVNAT(v)))
+	return k.d.StartKeepalive(vnat.Virtual(v))
 }
 
 func (k keepalive) Stop(v vcmp.Tuple) error {
 	if v.Proto != vcmp.TCP {
 		return nil
 	}
-	_, err := k.d.StopKeepalive(vnat.Virtual(toVNAT(v)))
+	_, err := k.d.StopKeepalive(vnat.Virtual(v))
 	return err
 }
 
@@ -101,14 +94,14 @@ func (k kernel) SocketsAt(addr netip.Addr) ([]Socket, error) {
 	}
 	out := make([]Socket, len(ss))
 	for i, s := range ss {
-		out[i] = Socket{Proto: vcmp.Proto(s.Proto), Local: s.Local, Remote: s.Remote, Listening: s.Listening}
+		out[i] = Socket{Proto: s.Proto, Local: s.Local, Remote: s.Remote, Listening: s.Listening}
 	}
 	return out, nil
 }
 
 // Reserve holds a port the kernel picks at addr for virtual.
 func (k kernel) Reserve(virtual vcmp.Tuple, addr netip.Addr) (uint16, error) {
-	p, c, err := k.d.ReservePort(vnat.Proto(virtual.Proto), addr)
+	p, c, err := k.d.ReservePort(virtual.Proto, addr)
 	if err != nil {
 		return 0, err
 	}
