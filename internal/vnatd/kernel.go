@@ -28,7 +28,6 @@ func newKernel(d *vnat.Datapath, iface string) kernel {
 	return kernel{d: d, iface: iface, held: &held{ports: map[vcmp.Tuple]io.Closer{}}}
 }
 
-
 // Conns picks up the open connections (sock_diag: TCP and connected UDP)
 // and lists them with the migrated ones.
 func (k kernel) Conns() ([]Mapping, error) {
