@@ -194,9 +194,31 @@ func TestPrivilegedKeepaliveHelperAnswersProbesOfMarkedConnections(t *testing.T)
 		t.Errorf("probe at the new snd_nxt-1: verdict %d\n got %x\nwant %x", ret, got, a2.build(t))
 	}
 
+	// Migrated too (both ends moved): the probe is still answered on
+	// the virtual tuple the socket uses, and the answer is not
+	// translated; data still is.
+	if err := d.Translate(v, Physical{Proto: TCP, Local: pA, Remote: pB}); err != nil {
+		t.Fatal(err)
+	}
+	if ret, got := run(t, egress, p2.build(t)); ret != 7 || !bytes.Equal(got, a2.build(t)) {
+		t.Errorf("probe of a migrated connection: verdict %d\n got %x\nwant %x", ret, got, a2.build(t))
+	}
+	if ret, got := run(t, ingress, a2.build(t)); ret != tcxNext || !bytes.Equal(got, a2.build(t)) {
+		t.Errorf("the answer at ingress of a migrated connection changed: verdict %#x\n got %x", ret, got)
+	}
+	data := seg{src: local, dst: remote, seq: 1013, ack: 7000, psh: true, win: 502, payload: "xyz"}
+	wantData := data
+	wantData.src, wantData.dst = pA.String(), pB.String()
+	if ret, got := run(t, egress, data.build(t)); ret != tcxNext || !bytes.Equal(got, wantData.build(t)) {
+		t.Errorf("data of a marked, migrated connection: verdict %#x\n got %x\nwant %x", ret, got, wantData.build(t))
+	}
+	if err := d.Forget(v); err != nil {
+		t.Fatal(err)
+	}
+
 	k, err := d.StopKeepalive(v)
-	if err != nil || k != 4 {
-		t.Errorf("StopKeepalive: %d answered, %v; want 4", k, err)
+	if err != nil || k != 5 {
+		t.Errorf("StopKeepalive: %d answered, %v; want 5", k, err)
 	}
 	untouched(t, "probe after unmarking", "egress", p2.build(t))
 

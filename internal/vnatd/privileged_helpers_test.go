@@ -21,7 +21,8 @@ import (
 // b in a). b's daemon made b secondary and started its helpers: b's
 // egress answers b's keepalives and b's cgroup is frozen; the connection
 // survives, and after a's `vnat resume` the helpers stop (thawed) and the
-// connection carries data both ways. The control runs b with
+// connection carries data both ways. When b's daemon ends while a is away
+// again, it thaws the application first. The control runs b with
 // --keepalive-helper=false: b's kernel gives up (ETIMEDOUT).
 func TestPrivilegedDaemonHelpersKeepAConnectionWhoseSuspendedPeerIsAway(t *testing.T) {
 	for _, helper := range []bool{false, true} {
@@ -36,7 +37,8 @@ func daemonHelpers(t *testing.T, helper bool) {
 	if !helper {
 		argsB = append(argsB, "--keepalive-helper=false")
 	}
-	nsA, nsB, sockA, sockB, logA, logB := pairOfDaemonsArgs(t, nil, argsB)
+	p := newPair(t, nil, argsB)
+	nsA, nsB, sockA, sockB, logA, logB := p.nsA, p.nsB, p.a.sock, p.b.sock, p.a.logs, p.b.logs
 	var ln net.Listener
 	if err := netns.Do(nsB, func() (err error) {
 		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
@@ -139,5 +141,18 @@ func daemonHelpers(t *testing.T, helper bool) {
 	}
 	if st.Counters["helpers_started"] != 1 || st.Counters["helpers_stopped"] != 1 {
 		t.Errorf("b's counters %v: want one helper start and one stop", st.Counters)
+	}
+
+	// Away again, and b's daemon ends: it thaws the application first.
+	if r, err := Ask(sockA, Request{Op: "suspend", All: true}); err != nil || r.Count != 1 {
+		t.Fatalf("second suspend: %+v, %v", r, err)
+	}
+	waitFrozen(t, cg, true)
+	if err := p.b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	p.b.wait(t, 10*time.Second)
+	if frozen(t, cg) {
+		t.Errorf("b's daemon ended and left the application frozen:\n%s", logB)
 	}
 }
