@@ -138,13 +138,32 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 // ServeMetrics serves m on addr (/metrics) until ctx ends.
 func ServeMetrics(ctx context.Context, addr string, m *Metrics, log *slog.Logger) (net.Addr, error) {
-	reg := prometheus.NewRegistry()
-	if err := reg.Register(m); err != nil {
-		return nil, fmt.Errorf("vnat metrics: %w", err)
+	l, err := listenMetrics(addr)
+	if err != nil {
+		return nil, err
 	}
+	if err := serveMetrics(ctx, l, m, log); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l.Addr(), nil
+}
+
+// listenMetrics opens the metrics listener (before anything else is set
+// up, so a bad --metrics fails first).
+func listenMetrics(addr string) (net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("vnat run: --metrics %s: %w", addr, err)
+	}
+	return l, nil
+}
+
+// serveMetrics serves m on l until ctx ends.
+func serveMetrics(ctx context.Context, l net.Listener, m *Metrics, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(m); err != nil {
+		return fmt.Errorf("vnat metrics: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
@@ -158,5 +177,5 @@ func ServeMetrics(ctx context.Context, addr string, m *Metrics, log *slog.Logger
 			log.Error("vnat: metrics server", "err", err)
 		}
 	}()
-	return l.Addr(), nil
+	return nil
 }

@@ -94,6 +94,15 @@ func Run(ctx context.Context, o Options) error {
 		}
 		freezer = f
 	}
+	var ml net.Listener
+	if o.Metrics != "" {
+		l, err := listenMetrics(o.Metrics)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		ml = l
+	}
 	link, err := netlink.LinkByName(o.Iface)
 	if err != nil {
 		return fmt.Errorf("vnat run: interface %s: %w", o.Iface, err)
@@ -143,18 +152,17 @@ func Run(ctx context.Context, o Options) error {
 	}
 	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}
 	var metrics *Metrics
-	if o.Metrics != "" {
+	if ml != nil {
 		metrics = NewMetrics(d.Counters)
 		cfg.OnRestore = metrics.ObserveRestore
 	}
 	e := New(cfg, newKernel(d, o.Iface), tcpDialer)
 	if metrics != nil {
 		metrics.Attach(e)
-		at, err := ServeMetrics(ctx, o.Metrics, metrics, log)
-		if err != nil {
+		if err := serveMetrics(ctx, ml, metrics, log); err != nil {
 			return err
 		}
-		log.Info("vnat metrics", "addr", at)
+		log.Info("vnat metrics", "addr", ml.Addr())
 	}
 	// Runs before the datapath closes: no application stays frozen.
 	defer e.StopHelpers()
