@@ -57,13 +57,14 @@ func (d *Datapath) SocketsAt(addr netip.Addr) ([]Socket, error) {
 	return out, nil
 }
 
-// ReservePort has the kernel choose a free port at addr for proto and
-// keeps it from every other socket until the returned Closer is closed: a
-// socket bound there (not listening, not connected) makes bind() of that
-// port fail and connect() pass it over when it picks an ephemeral port.
-// It is a moved connection's physical port when its own was taken at the
-// new address.
-func (d *Datapath) ReservePort(p Proto, addr netip.Addr) (uint16, io.Closer, error) {
+// ReservePort keeps a port at at.Addr() for proto from every other socket
+// until the returned Closer is closed: a socket bound there (not
+// listening, not connected) makes bind() of that port fail and connect()
+// pass it over when it picks an ephemeral port. Port 0 has the kernel
+// choose a free one. It is a moved connection's physical port when its
+// own was taken at the new address.
+func (d *Datapath) ReservePort(p Proto, at netip.AddrPort) (uint16, io.Closer, error) {
+	addr := at.Addr()
 	typ := unix.SOCK_STREAM
 	if p == UDP {
 		typ = unix.SOCK_DGRAM
@@ -83,7 +84,7 @@ func (d *Datapath) ReservePort(p Proto, addr netip.Addr) (uint16, io.Closer, err
 				return err
 			}
 		}
-		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4()}); err != nil {
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(at.Port())}); err != nil {
 			unix.Close(fd)
 			return err
 		}
@@ -96,7 +97,7 @@ func (d *Datapath) ReservePort(p Proto, addr netip.Addr) (uint16, io.Closer, err
 		return nil
 	})
 	if err != nil {
-		return 0, nil, fmt.Errorf("vnat: reserve a %s port at %s: %w", p, addr, err)
+		return 0, nil, fmt.Errorf("vnat: reserve %s port %s: %w", p, at, err)
 	}
 	return uint16(port), fdCloser(fd), nil
 }

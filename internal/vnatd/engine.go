@@ -175,8 +175,15 @@ func (e *Engine) Sync() error {
 			c := &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
 			if m.Physical != m.Virtual {
 				// Translated before this daemon knew it: an earlier
-				// run's, taken over from the pinned maps.
+				// run's, taken over from the pinned maps. A port it
+				// travels from instead of its own is held again (the
+				// earlier run's hold ended with it).
 				c.m.State = vcmp.Migrated
+				if ports, ok := e.tr.(Ports); ok && m.Physical.Local.Port() != m.Virtual.Local.Port() {
+					if err := ports.Hold(m.Virtual, m.Physical.Local); err != nil {
+						e.warn("port_errors", "vnat: hold the port of a taken-over translation", "conn", m.Virtual, "port", m.Physical.Local, "err", err)
+					}
+				}
 			}
 			e.conns[m.Virtual] = c
 		}

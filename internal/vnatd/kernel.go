@@ -100,7 +100,17 @@ func (k kernel) SocketsAt(addr netip.Addr) ([]Socket, error) {
 
 // Reserve holds a port the kernel picks at addr for virtual.
 func (k kernel) Reserve(virtual vcmp.Tuple, addr netip.Addr) (uint16, error) {
-	p, c, err := k.d.ReservePort(virtual.Proto, addr)
+	return k.hold(virtual, netip.AddrPortFrom(addr, 0))
+}
+
+// Hold holds the port at for virtual.
+func (k kernel) Hold(virtual vcmp.Tuple, at netip.AddrPort) error {
+	_, err := k.hold(virtual, at)
+	return err
+}
+
+func (k kernel) hold(virtual vcmp.Tuple, at netip.AddrPort) (uint16, error) {
+	p, c, err := k.d.ReservePort(virtual.Proto, at)
 	if err != nil {
 		return 0, err
 	}

@@ -24,6 +24,10 @@ type Ports interface {
 	// Reserve has the kernel pick a free port at addr for virtual's
 	// protocol and holds it for virtual until Release.
 	Reserve(virtual vcmp.Tuple, addr netip.Addr) (uint16, error)
+	// Hold holds the port at (taken already by an earlier run of the
+	// daemon, whose pinned translation this one took over) for virtual
+	// until Release.
+	Hold(virtual vcmp.Tuple, at netip.AddrPort) error
 	// Release gives virtual's reserved port back (none: nothing).
 	Release(virtual vcmp.Tuple) error
 }

@@ -37,6 +37,11 @@ func (p *portsTr) Reserve(v vcmp.Tuple, _ netip.Addr) (uint16, error) {
 	return p.held[v], nil
 }
 
+func (p *portsTr) Hold(v vcmp.Tuple, at netip.AddrPort) error {
+	p.held[v] = at.Port()
+	return nil
+}
+
 func (p *portsTr) Release(v vcmp.Tuple) error {
 	if _, ok := p.held[v]; ok {
 		delete(p.held, v)
@@ -123,5 +128,26 @@ func TestPortTakenRules(t *testing.T) {
 	}
 	if !portTaken(phys, nil, map[vcmp.Tuple]bool{phys: true}) {
 		t.Error("a physical tuple another translation uses is not taken")
+	}
+}
+
+// A daemon that takes over a translation from the pinned maps whose port
+// differs from the virtual one holds that port again.
+func TestTakenOverTranslationHoldsItsPortAgain(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.3.3", Config{})
+	pt := &portsTr{fakeTr: a.tr, held: map[vcmp.Tuple]uint16{}}
+	a.e.tr = pt
+	v := vcmp.Tuple{Proto: vcmp.TCP, Local: ap("10.0.1.1:40000"), Remote: ap("10.0.2.2:22")}
+	same := vcmp.Tuple{Proto: vcmp.TCP, Local: ap("10.0.1.1:40001"), Remote: ap("10.0.2.2:22")}
+	a.tr.open = append(a.tr.open, v, same)
+	a.tr.xlate[v] = vcmp.Tuple{Proto: vcmp.TCP, Local: ap("10.0.3.3:50007"), Remote: v.Remote}
+	a.tr.xlate[same] = vcmp.Tuple{Proto: vcmp.TCP, Local: ap("10.0.3.3:40001"), Remote: same.Remote}
+	syncAll(t, a)
+	if len(pt.held) != 1 || pt.held[v] != 50007 {
+		t.Errorf("held %v, want only %v's 50007", pt.held, v)
+	}
+	if s := state(t, a, v); s.State != "migrated" {
+		t.Errorf("taken-over translation %+v, want migrated", s)
 	}
 }
