@@ -380,20 +380,30 @@ func keepaliveThroughOutage(t *testing.T, helper bool) {
 
 	// a is away for 10 s: b's segments reach it, nothing comes back.
 	a.sh(t, "ip", "route", "add", "blackhole", "10.8.0.2/32")
+	inSegs := snmp(t, a.name, "Tcp", "InSegs")
 	away := time.Now()
 	if err := cb.SetReadDeadline(away.Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	_, err = cb.Read(make([]byte, 64))
+	// What reached a meanwhile: b's probes without the helper (which
+	// shows the count sees them), nothing with it (answered at b).
+	arrived := snmp(t, a.name, "Tcp", "InSegs") - inSegs
 	if !helper {
 		if !errors.Is(err, syscall.ETIMEDOUT) {
 			t.Fatalf("without the helper, b's read ended with %v after %v; want ETIMEDOUT (keepalive gave up)", err, time.Since(away))
+		}
+		if arrived < 2 {
+			t.Errorf("without the helper %d of b's segments reached a, want its probes (at least 2)", arrived)
 		}
 		t.Logf("without the helper b's connection timed out after %v", time.Since(away).Round(100*time.Millisecond))
 		return
 	}
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("with the helper, b's read ended with %v after %v; want the 10 s deadline", err, time.Since(away))
+	}
+	if arrived != 0 {
+		t.Errorf("with the helper %d segments reached a during the outage, want none (the probes are answered at b)", arrived)
 	}
 	answered, ok, err := db.KeepaliveAnswered(v)
 	if err != nil || !ok || answered < 5 {
