@@ -7,6 +7,7 @@
 #include "lib/common.h"
 #include "lib/vnat_maps.h"
 #include "lib/vnat.h"
+#include "lib/vnat_helper.h"
 
 /* Keep the enums in BTF for bpf2go -type (Go reads counter names from them). */
 const enum vnat_counter *_vnat_counter_type __attribute__((unused));
@@ -15,17 +16,42 @@ const enum vnat_dir *_vnat_dir_type __attribute__((unused));
 /* tcx "next": the rest of the chain and the stack carry on. */
 #define VNAT_TCX_NEXT -1
 
+/* While nothing is migrated and no peer is away, both programs return
+ * after one array lookup (paper §3.2: a connection that never moved costs
+ * nothing). */
 SEC("tc")
 int vnat_egress(struct __sk_buff *skb)
 {
-	vnat_translate(skb, VNAT_EGRESS);
+	__u32 zero = 0;
+	struct vnat_config *cfg = bpf_map_lookup_elem(&vnat_state, &zero);
+
+	if (!cfg)
+		return VNAT_TCX_NEXT;
+	/* The helper looks at the virtual tuple the socket wrote, so it
+	 * runs before the translation. */
+	if (cfg->helpers) {
+		int verdict = vnat_keepalive(skb);
+
+		if (verdict)
+			return verdict;
+	}
+	if (cfg->migrated)
+		vnat_translate(skb, VNAT_EGRESS);
 	return VNAT_TCX_NEXT;
 }
 
 SEC("tc")
 int vnat_ingress(struct __sk_buff *skb)
 {
-	vnat_translate(skb, VNAT_INGRESS);
+	__u32 zero = 0;
+	struct vnat_config *cfg = bpf_map_lookup_elem(&vnat_state, &zero);
+
+	if (!cfg)
+		return VNAT_TCX_NEXT;
+	if (cfg->migrated)
+		vnat_translate(skb, VNAT_INGRESS);
+	if (cfg->helpers)
+		vnat_helper_ingress(skb);
 	return VNAT_TCX_NEXT;
 }
 

@@ -48,15 +48,10 @@ static __always_inline int vnat_set_port(struct __sk_buff *skb, __u32 off,
 
 /* vnat_translate looks the packet up under dir and, for a migrated
  * connection, rewrites it in place. Every other packet leaves unchanged:
- * not IPv4, a fragment, not TCP/UDP, not in the table. */
+ * not IPv4, a fragment, not TCP/UDP, not in the table. The caller has
+ * checked that something is migrated (vnat_state). */
 static __always_inline void vnat_translate(struct __sk_buff *skb, __u8 dir)
 {
-	__u32 zero = 0;
-	struct vnat_config *cfg = bpf_map_lookup_elem(&vnat_state, &zero);
-
-	if (!cfg || !cfg->migrated)
-		return;
-
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;

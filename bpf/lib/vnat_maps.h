@@ -45,8 +45,25 @@ struct vnat_rewrite {
  * connection that never moved is never translated and costs nothing). */
 struct vnat_config {
 	__u32 migrated;
-	__u32 _pad;
+	__u32 helpers; /* connections in vnat_away (their peer is away) */
 };
+
+/* vnat_away's value: a TCP connection whose peer is away (keyed by its
+ * vnat_conn_key, the local end's virtual view, as egress sees it before
+ * translation). The keepalive helper (vnat_helper.h) answers its
+ * keepalive probes. snd_nxt and window are what the programs saw since
+ * the daemon marked it, used only for packets that come without their
+ * socket (seen says which are known). */
+struct vnat_helper {
+	__u64 answered; /* keepalive probes answered for this connection */
+	__u32 snd_nxt;  /* host order: end of the last segment seen leaving */
+	__u16 window;   /* host order: the window field last seen from the peer */
+	__u8 seen;      /* VNAT_HELPER_SEEN_* */
+	__u8 _pad;
+};
+
+#define VNAT_HELPER_SEEN_NXT 0x01
+#define VNAT_HELPER_SEEN_WIN 0x02
 
 /* A TCP connection as sockops saw it, keyed from the local end's view. */
 struct vnat_conn_key {
@@ -73,6 +90,9 @@ enum vnat_counter {
 	VNAT_FRAGMENTS_SKIPPED,  /* IPv4 fragments seen while something is migrated */
 	VNAT_CONNS_RECORDED,
 	VNAT_CONNS_CLOSED,
+	VNAT_KEEPALIVES_ANSWERED,   /* probes of a marked connection answered here */
+	VNAT_KEEPALIVES_UNANSWERED, /* probes recognised but not answerable (options, no window) */
+	VNAT_KEEPALIVE_ERRORS,      /* a helper failed halfway; the probe was dropped */
 	VNAT_COUNTER_MAX,
 };
 
@@ -81,6 +101,9 @@ enum vnat_counter {
 #endif
 #ifndef VNAT_CONN_ENTRIES
 #define VNAT_CONN_ENTRIES 65536
+#endif
+#ifndef VNAT_HELPER_ENTRIES
+#define VNAT_HELPER_ENTRIES 65536
 #endif
 
 struct {
@@ -103,6 +126,13 @@ struct {
 	__type(key, struct vnat_conn_key);
 	__type(value, struct vnat_conn);
 } vnat_conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, VNAT_HELPER_ENTRIES);
+	__type(key, struct vnat_conn_key);
+	__type(value, struct vnat_helper);
+} vnat_away SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

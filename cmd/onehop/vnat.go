@@ -39,6 +39,7 @@ shows m1's connections. docs/vnat-daemon.md says how a restore works.`,
 	}
 
 	var o vnatd.Options
+	keepaliveHelper := true
 	run := &cobra.Command{
 		Use:   "run --iface IFACE [--location-server ADDR]... [--require-keys]",
 		Short: "Run the VNAT daemon of this endpoint (in its network namespace)",
@@ -54,13 +55,24 @@ bound to it. A peer's daemon answers the same way; an update that is forged,
 replayed or (with --require-keys) unkeyed is refused, counted and logged at
 most once a second, and its connection is left alone. Every 2 s it looks for
 new connections and agrees keys with their peers' daemons (first contact),
-so a move with no suspend is authenticated too.`,
-		Example: "  onehop vnat run --iface eth0\n  onehop vnat run --iface eth0 --location-server 10.0.0.1 --require-keys",
+so a move with no suspend is authenticated too.
+
+While a peer is away (it sent VNAT_SUSP_PRIMARY), helpers keep its
+connections here alive: this end's egress answers the connection's own TCP
+keepalive probes (--keepalive-helper, on by default), and --freeze-cgroup
+freezes the application's cgroup until the peer is back.
+
+The maps and links are pinned (--pin-dir; by default under ` + vnatd.PinRoot + `,
+one directory per network namespace, when that is a bpffs): when the daemon
+ends on a signal the translations stay in force and the next run takes them
+over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
+		Example: "  onehop vnat run --iface eth0\n  onehop vnat run --iface eth0 --location-server 10.0.0.1 --require-keys\n  onehop vnat run --iface eth0 --freeze-cgroup /sys/fs/cgroup/myapp",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
 			o.Control, o.Logger = control, logger()
+			o.NoKeepaliveHelper = !keepaliveHelper
 			return vnatd.Run(ctx, o)
 		},
 	}
@@ -69,6 +81,11 @@ so a move with no suspend is authenticated too.`,
 	run.Flags().BoolVar(&o.RequireKeys, "require-keys", false, "refuse updates for connections without agreed keys (no unauthenticated migration)")
 	run.Flags().StringVar(&o.Cgroup, "cgroup", "", "cgroup v2 directory to attach sockops to (records new TCP connections as they open)")
 	run.Flags().StringVar(&o.Listen, "listen", "", "VCMP listen address (default 0.0.0.0:2031)")
+	run.Flags().BoolVar(&keepaliveHelper, "keepalive-helper", true, "while a peer is away, answer this end's own TCP keepalive probes for its connections (in eBPF)")
+	run.Flags().StringVar(&o.PinDir, "pin-dir", "", "bpffs directory for the pinned maps and links (default "+vnatd.PinRoot+"/netns-INODE of this network namespace, if that is a bpffs)")
+	run.Flags().StringVar(&o.Metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics), e.g. 127.0.0.1:9431; off when empty")
+	run.Flags().BoolVar(&o.NoPin, "no-pin", false, "pin nothing: the translations end with the daemon")
+	run.Flags().StringVar(&o.FreezeCgroup, "freeze-cgroup", "", "cgroup v2 directory of the local application, frozen while any of its peers is away and thawed when they are back")
 
 	var output string
 	status := &cobra.Command{
@@ -154,7 +171,28 @@ stored; resume walks the locate order again for those.`,
 			return nil
 		},
 	}
-	v.AddCommand(run, status, suspend, resume)
+	stop := &cobra.Command{
+		Use:   "stop",
+		Short: "Stop this endpoint's VNAT daemon and remove its translations and pins",
+		Long: `Asks the daemon of this network namespace to stop for good: it stops its
+helpers (thaws a frozen cgroup), detaches the programs, removes its routes,
+unpins its maps and links and exits; migrated connections stop being
+translated. A daemon ended by a signal instead leaves its translations pinned
+for the next ` + "`onehop vnat run`" + `.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := sock()
+			if err != nil {
+				return err
+			}
+			if _, err := vnatd.Ask(p, vnatd.Request{Op: "stop"}); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "vnat daemon stopping; translations and pins removed")
+			return nil
+		},
+	}
+	v.AddCommand(run, status, suspend, resume, stop)
 	return v
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -27,6 +29,11 @@ type Options struct {
 	// XlateEntries sizes vnat_xlate (two entries per migrated connection);
 	// 0 keeps the C default.
 	XlateEntries uint32
+	// PinDir, on a bpffs, holds the maps (maps/) and links (links/) so
+	// that translations outlive the process: a Datapath opened on a
+	// PinDir where an earlier one pinned its maps takes them over, with
+	// every migrated connection in them. "" pins nothing.
+	PinDir string
 }
 
 // Datapath is VNAT loaded into the kernel for one endpoint: the programs,
@@ -43,6 +50,9 @@ type Datapath struct {
 	// resyncing makes syncRoutes rewrite routes it believes installed.
 	resyncing bool
 	diag      map[Tuple]Conn // connections picked up by sock_diag
+	// away are the connections in vnat_away (their peer is away: the
+	// keepalive helper answers their probes).
+	away map[Virtual]bool
 	// counterNames index vnat_counters (enum vnat_counter, from BTF).
 	counterNames []string
 }
@@ -61,12 +71,107 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	d := &Datapath{opts: o, links: map[string]link.Link{}, table: NewTable(),
-		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{},
+		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{}, away: map[Virtual]bool{},
 		counterNames: names}
-	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+	opts := &ebpf.CollectionOptions{}
+	if o.PinDir != "" {
+		if err := checkBPFFS(o.PinDir); err != nil {
+			return nil, err
+		}
+		for _, m := range spec.Maps {
+			if strings.HasPrefix(m.Name, "vnat_") {
+				m.Pinning = ebpf.PinByName
+			}
+		}
+		opts.Maps.PinPath = filepath.Join(o.PinDir, "maps")
+		for _, sub := range []string{"maps", "links"} {
+			if err := os.MkdirAll(filepath.Join(o.PinDir, sub), 0o700); err != nil {
+				return nil, fmt.Errorf("vnat: pin dir: %w", err)
+			}
+		}
+	}
+	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("vnat: the maps pinned under %s are from another build (%w); `onehop vnat stop` the daemon that made them, or remove the directory (its translations stop)", opts.Maps.PinPath, err)
+		}
 		return nil, fmt.Errorf("vnat: load programs: %+v", err)
 	}
+	if o.PinDir != "" {
+		if err := d.adopt(); err != nil {
+			d.objs.Close()
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// checkBPFFS says why dir (or the first of its parents that exists) is not on a bpffs.
+func checkBPFFS(dir string) error {
+	p := dir
+	for {
+		var st unix.Statfs_t
+		err := unix.Statfs(p, &st)
+		if err == nil {
+			if st.Type != unix.BPF_FS_MAGIC {
+				return fmt.Errorf("vnat: pin dir %s: %s is not on a bpffs (mount one: mount -t bpf bpf /sys/fs/bpf)", dir, p)
+			}
+			return nil
+		}
+		if !errors.Is(err, unix.ENOENT) || p == "/" {
+			return fmt.Errorf("vnat: pin dir %s: %w", dir, err)
+		}
+		p = filepath.Dir(p)
+	}
+}
+
+// IsBPFFS says whether dir (or the first of its parents that exists) is on a bpffs.
+func IsBPFFS(dir string) bool { return checkBPFFS(dir) == nil }
+
+// adopt takes over what pinned maps hold from an earlier run: the
+// migrated connections (vnat_xlate's egress entries name both tuples) and
+// their routes. Helper marks belong to the daemon that made them: they
+// are cleared (a new daemon starts no helper it does not know about).
+func (d *Datapath) adopt() error {
+	var k XlateKey
+	var v Rewrite
+	it := d.objs.VnatXlate.Iterate()
+	for it.Next(&k, &v) {
+		if k.Dir != Egress {
+			continue
+		}
+		vt := TupleOfKey(k)
+		pt := Tuple{Proto: vt.Proto, Local: netip.AddrPortFrom(addrOf(v.Saddr), portOf(v.Sport)),
+			Remote: netip.AddrPortFrom(addrOf(v.Daddr), portOf(v.Dport))}
+		if _, _, err := d.table.Set(Virtual(vt), Physical(pt)); err != nil {
+			return fmt.Errorf("vnat: pinned translation of %s: %w", vt, err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("vnat: read pinned translations: %w", err)
+	}
+	var ck vnatVnatConnKey
+	var cv vnatVnatHelper
+	var stale []vnatVnatConnKey
+	ai := d.objs.VnatAway.Iterate()
+	for ai.Next(&ck, &cv) {
+		stale = append(stale, ck)
+	}
+	if err := ai.Err(); err != nil {
+		return fmt.Errorf("vnat: read pinned helper marks: %w", err)
+	}
+	for _, k := range stale {
+		if err := d.objs.VnatAway.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("vnat: clear pinned helper mark: %w", err)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.syncActive(); err != nil {
+		return err
+	}
+	d.resyncing = true
+	defer func() { d.resyncing = false }()
+	return d.syncRoutes(nil)
 }
 
 // counterNames reads enum vnat_counter from BTF, so Go never repeats the
@@ -90,11 +195,41 @@ func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
 	return d.objs.VnatEgress, d.objs.VnatIngress, d.objs.VnatSockops
 }
 
-// Close detaches everything, removes the routes and kept addresses it
-// added, and unloads the programs.
+// Close lets go of the datapath. Unpinned, it detaches everything,
+// removes the routes it added and unloads the programs. Pinned
+// (Options.PinDir), the pinned links keep the programs attached and the
+// pinned maps keep every translation, and the routes stay: the next Open
+// on the same PinDir takes them over. Remove takes pinned ones away.
 func (d *Datapath) Close() error {
+	if d.opts.PinDir != "" {
+		var errs []error
+		for name, l := range d.links {
+			if err := l.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close link %s: %w", name, err))
+			}
+			delete(d.links, name)
+		}
+		if err := d.objs.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close vnat: %w", err))
+		}
+		return errors.Join(errs...)
+	}
+	return d.remove()
+}
+
+// Remove detaches everything, unpins the links and maps (removing
+// PinDir), removes the routes it added and unloads the programs: every
+// translation stops.
+func (d *Datapath) Remove() error { return d.remove() }
+
+func (d *Datapath) remove() error {
 	var errs []error
 	for name, l := range d.links {
+		if d.opts.PinDir != "" {
+			if err := l.Unpin(); err != nil {
+				errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
+			}
+		}
 		if err := l.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("detach %s: %w", name, err))
 		}
@@ -107,10 +242,65 @@ func (d *Datapath) Close() error {
 		}
 	}
 	d.mu.Unlock()
+	if d.opts.PinDir != "" {
+		for _, m := range []*ebpf.Map{d.objs.VnatXlate, d.objs.VnatState, d.objs.VnatConns, d.objs.VnatAway, d.objs.VnatCounters} {
+			if err := m.Unpin(); err != nil {
+				errs = append(errs, fmt.Errorf("unpin map: %w", err))
+			}
+		}
+		// Links of an earlier run this one never took over (another
+		// interface) go too; then the directory.
+		if ents, err := os.ReadDir(filepath.Join(d.opts.PinDir, "links")); err == nil {
+			for _, e := range ents {
+				p := filepath.Join(d.opts.PinDir, "links", e.Name())
+				if l, err := link.LoadPinnedLink(p, nil); err == nil {
+					l.Unpin() //nolint:errcheck // removed below if it stays
+					l.Close()
+				}
+			}
+		}
+		if err := os.RemoveAll(d.opts.PinDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove pin dir: %w", err))
+		}
+	}
 	if err := d.objs.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("unload vnat: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// attach attaches via a link named name (pinned under PinDir/links when
+// pinning): a pinned link of an earlier run still on the same hook gets
+// the new program, atomically (the hook is never empty).
+func (d *Datapath) attach(name string, prog *ebpf.Program, same func(*link.Info) bool, make func() (link.Link, error)) error {
+	if _, ok := d.links[name]; ok {
+		return nil
+	}
+	pin := ""
+	if d.opts.PinDir != "" {
+		pin = filepath.Join(d.opts.PinDir, "links", strings.ReplaceAll(name, "/", "_"))
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			info, ierr := l.Info()
+			if ierr == nil && same(info) && l.Update(prog) == nil {
+				d.links[name] = l
+				return nil
+			}
+			l.Unpin() //nolint:errcheck // replaced below
+			l.Close()
+		}
+	}
+	l, err := make()
+	if err != nil {
+		return err
+	}
+	if pin != "" {
+		if err := l.Pin(pin); err != nil {
+			l.Close()
+			return fmt.Errorf("vnat: pin link %s: %w", name, err)
+		}
+	}
+	d.links[name] = l
+	return nil
 }
 
 // inNS runs fn in the endpoint's namespace: on a locked thread that is
@@ -171,14 +361,19 @@ func (d *Datapath) AttachInterface(ifname string) error {
 			{"ingress/" + ifname, d.objs.VnatIngress, ebpf.AttachTCXIngress},
 			{"egress/" + ifname, d.objs.VnatEgress, ebpf.AttachTCXEgress},
 		} {
-			if _, ok := d.links[a.name]; ok {
-				continue
-			}
-			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Attrs().Index, Program: a.prog, Attach: a.at})
+			ifindex := ifc.Attrs().Index
+			err := d.attach(a.name, a.prog, func(info *link.Info) bool {
+				return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
+			}, func() (link.Link, error) {
+				l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: a.prog, Attach: a.at})
+				if err != nil {
+					return nil, fmt.Errorf("vnat: attach %s to %s: %w", a.at, ifname, err)
+				}
+				return l, nil
+			})
 			if err != nil {
-				return fmt.Errorf("vnat: attach %s to %s: %w", a.at, ifname, err)
+				return err
 			}
-			d.links[a.name] = l
 		}
 		return nil
 	})
@@ -188,16 +383,14 @@ func (d *Datapath) AttachInterface(ifname string) error {
 // directory: TCP connections its processes establish from now on are
 // recorded, and forgotten when they close.
 func (d *Datapath) AttachCgroup(path string) error {
-	name := "sockops/" + path
-	if _, ok := d.links[name]; ok {
-		return nil
-	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.VnatSockops})
-	if err != nil {
-		return fmt.Errorf("vnat: attach sockops to cgroup %s: %w", path, err)
-	}
-	d.links[name] = l
-	return nil
+	name := "sockops" + path
+	return d.attach(name, d.objs.VnatSockops, func(info *link.Info) bool { return info.Type == link.CgroupType }, func() (link.Link, error) {
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.VnatSockops})
+		if err != nil {
+			return nil, fmt.Errorf("vnat: attach sockops to cgroup %s: %w", path, err)
+		}
+		return l, nil
+	})
 }
 
 // Translate makes connection v travel as p from now on, both ways, on
@@ -234,7 +427,10 @@ func (d *Datapath) Translate(v Virtual, p Physical) error {
 }
 
 // TranslateBatch is Translate for many connections with one batched map
-// update (paper §6.4: restoration must not grow per connection).
+// update (paper §6.4: restoration must not grow per connection). It is
+// all or nothing: when any connection cannot be translated (a physical
+// tuple another one has, a full map), every connection of the batch is
+// left as it was before the call, in the table and in the map.
 func (d *Datapath) TranslateBatch(ms []Migration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -242,14 +438,69 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 	vals := make([]Rewrite, 0, 2*len(ms))
 	var stale []XlateKey
 	touched := map[netip.Addr]bool{}
+	// undo is what the batch changed, to put back on failure.
+	type undo struct {
+		v   Virtual
+		old Physical
+		had bool
+	}
+	var undos []undo
+	rollback := func(cause error) error {
+		var errs []error
+		for i := len(undos) - 1; i >= 0; i-- {
+			u := undos[i]
+			cur, _ := d.table.Lookup(u.v)
+			if e, err := Entries(u.v, cur); err == nil {
+				// The batch's ingress entry (keyed by the new physical
+				// tuple) goes; the egress one is rewritten or goes.
+				if err := d.objs.VnatXlate.Delete(e[1].Key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs = append(errs, err)
+				}
+				if !u.had {
+					if err := d.objs.VnatXlate.Delete(e[0].Key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+						errs = append(errs, err)
+					}
+				}
+			}
+			if !u.had {
+				d.table.Forget(u.v)
+				continue
+			}
+			if _, _, err := d.table.Set(u.v, u.old); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if e, err := Entries(u.v, u.old); err == nil {
+				for _, en := range e {
+					if err := d.objs.VnatXlate.Put(en.Key, en.Value); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		d.resyncing = true
+		if err := d.syncRoutes(keysOf(touched)); err != nil {
+			errs = append(errs, err)
+		}
+		d.resyncing = false
+		if err := d.syncActive(); err != nil {
+			errs = append(errs, err)
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("%w (and undoing the batch: %w)", cause, errors.Join(errs...))
+		}
+		return cause
+	}
 	for _, m := range ms {
 		for _, a := range routeAddrs(m.Virtual) {
 			touched[a] = true
 		}
+		old, had := d.table.Lookup(m.Virtual)
 		write, st, err := d.table.Set(m.Virtual, m.Physical)
 		if err != nil {
-			return fmt.Errorf("vnat: translate: %w", err)
+			return rollback(fmt.Errorf("vnat: translate: %w", err))
 		}
+		undos = append(undos, undo{m.Virtual, old, had})
 		for _, e := range write {
 			keys = append(keys, e.Key)
 			vals = append(vals, e.Value)
@@ -258,27 +509,33 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 			stale = append(stale, e.Key)
 		}
 	}
-	vas := make([]netip.Addr, 0, len(touched))
-	for a := range touched {
-		vas = append(vas, a)
-	}
 	d.resyncing = true
-	err := d.syncRoutes(vas)
+	err := d.syncRoutes(keysOf(touched))
 	d.resyncing = false
 	if err != nil {
-		return err
+		return rollback(err)
+	}
+	// The old places' ingress entries go first: a batch that moves
+	// connections then needs no room beyond what they had.
+	for _, k := range stale {
+		if err := d.objs.VnatXlate.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return rollback(fmt.Errorf("vnat: delete old translation: %w", err))
+		}
 	}
 	if len(keys) > 0 {
 		if _, err := d.objs.VnatXlate.BatchUpdate(keys, vals, nil); err != nil {
-			return fmt.Errorf("vnat: write %d translations: %w", len(ms), err)
-		}
-	}
-	for _, k := range stale {
-		if err := d.objs.VnatXlate.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("vnat: delete old translation: %w", err)
+			return rollback(fmt.Errorf("vnat: write %d translations: %w", len(ms), err))
 		}
 	}
 	return d.syncActive()
+}
+
+func keysOf(m map[netip.Addr]bool) []netip.Addr {
+	out := make([]netip.Addr, 0, len(m))
+	for a := range m {
+		out = append(out, a)
+	}
+	return out
 }
 
 // Resync writes the routes for moved peers again. Call it after the
@@ -307,9 +564,10 @@ func (d *Datapath) Forget(v Virtual) error {
 	return d.syncRoutes(routeAddrs(v))
 }
 
-// syncActive writes the "anything migrated?" word the programs read first.
+// syncActive writes the "anything migrated? any peer away?" words the
+// programs read first.
 func (d *Datapath) syncActive() error {
-	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len())}
+	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len()), Helpers: uint32(len(d.away))}
 	if err := d.objs.VnatState.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("vnat: write state: %w", err)
 	}

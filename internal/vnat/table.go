@@ -31,10 +31,10 @@ type Entry struct {
 // have moved, and a physical port may differ from the virtual one.
 func Entries(v Virtual, p Physical) ([2]Entry, error) {
 	var out [2]Entry
-	if err := Tuple(v).Validate(); err != nil {
+	if err := validate(Tuple(v)); err != nil {
 		return out, fmt.Errorf("virtual: %w", err)
 	}
-	if err := Tuple(p).Validate(); err != nil {
+	if err := validate(Tuple(p)); err != nil {
 		return out, fmt.Errorf("physical: %w", err)
 	}
 	if v.Proto != p.Proto {

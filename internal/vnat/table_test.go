@@ -16,15 +16,15 @@ func TestEntriesTranslateEachEndsMove(t *testing.T) {
 	if got := TupleOfKey(e[0].Key); got != Tuple(v) || e[0].Key.Dir != Egress {
 		t.Errorf("egress key %s dir %d, want %s", got, e[0].Key.Dir, v)
 	}
-	if got := (Tuple{TCP, netip.AddrPortFrom(addrOf(e[0].Value.Saddr), portOf(e[0].Value.Sport)),
-		netip.AddrPortFrom(addrOf(e[0].Value.Daddr), portOf(e[0].Value.Dport))}); got != Tuple(p) {
+	if got := (Tuple{Proto: TCP, Local: netip.AddrPortFrom(addrOf(e[0].Value.Saddr), portOf(e[0].Value.Sport)),
+		Remote: netip.AddrPortFrom(addrOf(e[0].Value.Daddr), portOf(e[0].Value.Dport))}); got != Tuple(p) {
 		t.Errorf("egress rewrite %s, want %s", got, p)
 	}
 	if got := TupleOfKey(e[1].Key); got != Tuple(p).Reverse() || e[1].Key.Dir != Ingress {
 		t.Errorf("ingress key %s, want %s", got, Tuple(p).Reverse())
 	}
-	if got := (Tuple{TCP, netip.AddrPortFrom(addrOf(e[1].Value.Saddr), portOf(e[1].Value.Sport)),
-		netip.AddrPortFrom(addrOf(e[1].Value.Daddr), portOf(e[1].Value.Dport))}); got != Tuple(v).Reverse() {
+	if got := (Tuple{Proto: TCP, Local: netip.AddrPortFrom(addrOf(e[1].Value.Saddr), portOf(e[1].Value.Sport)),
+		Remote: netip.AddrPortFrom(addrOf(e[1].Value.Daddr), portOf(e[1].Value.Dport))}); got != Tuple(v).Reverse() {
 		t.Errorf("ingress rewrite %s, want %s", got, Tuple(v).Reverse())
 	}
 	// Network byte order in memory, as the C's __be32/__be16 read it.
@@ -43,7 +43,7 @@ func TestEntriesRejectBadTuplesNamingTheField(t *testing.T) {
 		{Virtual{Proto: 1, Local: ok.Local, Remote: ok.Remote}, Physical(ok), "protocol must be tcp or udp"},
 		{Virtual{UDP, ap("[fe80::1]:4000"), ok.Remote}, Physical(ok), "local address fe80::1 is not IPv4"},
 		{Virtual{UDP, ok.Local, ap("10.2.2.2:0")}, Physical(ok), "remote port is 0"},
-		{ok, Physical{UDP, ap("0.0.0.0:1"), ok.Remote}, "physical: tuple udp 0.0.0.0:1-10.2.2.2:53: local address 0.0.0.0 is not a unicast"},
+		{ok, Physical{UDP, ap("0.0.0.0:1"), ok.Remote}, "physical: tuple udp 0.0.0.0:1->10.2.2.2:53: local address 0.0.0.0 is not a unicast"},
 		{ok, Physical{UDP, ok.Local, ap("224.0.0.1:53")}, "not a unicast"},
 		{ok, Physical{TCP, ok.Local, ap("10.9.9.9:53")}, "differ in protocol"},
 		{ok, Physical(ok), "nothing to translate"},

@@ -11,43 +11,28 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"github.com/onehop/onehop/internal/vcmp"
 )
 
-// Proto is a transport protocol VNAT translates.
-type Proto uint8
+// Proto is a transport protocol VNAT translates: VCMP's, so the daemon
+// and the datapath name connections alike.
+type Proto = vcmp.Proto
 
 // The protocols VNAT translates (IANA numbers, as in the IP header).
 const (
-	TCP Proto = 6
-	UDP Proto = 17
+	TCP = vcmp.TCP
+	UDP = vcmp.UDP
 )
 
-func (p Proto) String() string {
-	switch p {
-	case TCP:
-		return "tcp"
-	case UDP:
-		return "udp"
-	}
-	return fmt.Sprintf("proto(%d)", uint8(p))
-}
-
 // Tuple is a connection seen from this end: its local and remote address
-// and port. The same connection's tuple at the other end has Local and
-// Remote swapped.
-type Tuple struct {
-	Proto  Proto
-	Local  netip.AddrPort
-	Remote netip.AddrPort
-}
+// and port (vcmp.Tuple: the same connection's tuple at the other end has
+// Local and Remote swapped, Reverse).
+type Tuple = vcmp.Tuple
 
-func (t Tuple) String() string {
-	return fmt.Sprintf("%s %s-%s", t.Proto, t.Local, t.Remote)
-}
-
-// Validate says what is wrong with t, if anything: VNAT handles IPv4 TCP
+// validate says what is wrong with t, if anything: VNAT handles IPv4 TCP
 // and UDP with both ends' addresses and ports set.
-func (t Tuple) Validate() error {
+func validate(t Tuple) error {
 	if t.Proto != TCP && t.Proto != UDP {
 		return fmt.Errorf("tuple %s: protocol must be tcp or udp", t)
 	}
@@ -68,9 +53,6 @@ func (t Tuple) Validate() error {
 	}
 	return nil
 }
-
-// Reverse is the tuple as the other end sees it.
-func (t Tuple) Reverse() Tuple { return Tuple{Proto: t.Proto, Local: t.Remote, Remote: t.Local} }
 
 // Virtual is a connection's virtual tuple: the addresses and ports its
 // sockets use, for its whole life (paper §3.1: the initial physical ones).

@@ -16,7 +16,7 @@ import (
 type vnatVnatConfig struct {
 	_        structs.HostLayout
 	Migrated uint32
-	Pad      uint32
+	Helpers  uint32
 }
 
 type vnatVnatConn struct {
@@ -40,13 +40,16 @@ type vnatVnatConnKey struct {
 type vnatVnatCounter uint32
 
 const (
-	vnatVnatCounterVNAT_EGRESS_TRANSLATED  vnatVnatCounter = 0
-	vnatVnatCounterVNAT_INGRESS_TRANSLATED vnatVnatCounter = 1
-	vnatVnatCounterVNAT_TRANSLATE_ERRORS   vnatVnatCounter = 2
-	vnatVnatCounterVNAT_FRAGMENTS_SKIPPED  vnatVnatCounter = 3
-	vnatVnatCounterVNAT_CONNS_RECORDED     vnatVnatCounter = 4
-	vnatVnatCounterVNAT_CONNS_CLOSED       vnatVnatCounter = 5
-	vnatVnatCounterVNAT_COUNTER_MAX        vnatVnatCounter = 6
+	vnatVnatCounterVNAT_EGRESS_TRANSLATED     vnatVnatCounter = 0
+	vnatVnatCounterVNAT_INGRESS_TRANSLATED    vnatVnatCounter = 1
+	vnatVnatCounterVNAT_TRANSLATE_ERRORS      vnatVnatCounter = 2
+	vnatVnatCounterVNAT_FRAGMENTS_SKIPPED     vnatVnatCounter = 3
+	vnatVnatCounterVNAT_CONNS_RECORDED        vnatVnatCounter = 4
+	vnatVnatCounterVNAT_CONNS_CLOSED          vnatVnatCounter = 5
+	vnatVnatCounterVNAT_KEEPALIVES_ANSWERED   vnatVnatCounter = 6
+	vnatVnatCounterVNAT_KEEPALIVES_UNANSWERED vnatVnatCounter = 7
+	vnatVnatCounterVNAT_KEEPALIVE_ERRORS      vnatVnatCounter = 8
+	vnatVnatCounterVNAT_COUNTER_MAX           vnatVnatCounter = 9
 )
 
 type vnatVnatDir uint32
@@ -55,6 +58,15 @@ const (
 	vnatVnatDirVNAT_EGRESS  vnatVnatDir = 0
 	vnatVnatDirVNAT_INGRESS vnatVnatDir = 1
 )
+
+type vnatVnatHelper struct {
+	_        structs.HostLayout
+	Answered uint64
+	SndNxt   uint32
+	Window   uint16
+	Seen     uint8
+	Pad      uint8
+}
 
 type vnatVnatRewrite struct {
 	_     structs.HostLayout
@@ -80,6 +92,7 @@ type vnatVnatTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	vnatMapVnatAway        = "vnat_away"
 	vnatMapVnatConns       = "vnat_conns"
 	vnatMapVnatCounters    = "vnat_counters"
 	vnatMapVnatState       = "vnat_state"
@@ -142,6 +155,7 @@ type vnatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vnatMapSpecs struct {
+	VnatAway     *ebpf.MapSpec `ebpf:"vnat_away"`
 	VnatConns    *ebpf.MapSpec `ebpf:"vnat_conns"`
 	VnatCounters *ebpf.MapSpec `ebpf:"vnat_counters"`
 	VnatState    *ebpf.MapSpec `ebpf:"vnat_state"`
@@ -176,6 +190,7 @@ func (o *vnatObjects) Close() error {
 //
 // It can be passed to loadVnatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vnatMaps struct {
+	VnatAway     *ebpf.Map `ebpf:"vnat_away"`
 	VnatConns    *ebpf.Map `ebpf:"vnat_conns"`
 	VnatCounters *ebpf.Map `ebpf:"vnat_counters"`
 	VnatState    *ebpf.Map `ebpf:"vnat_state"`
@@ -184,6 +199,7 @@ type vnatMaps struct {
 
 func (m *vnatMaps) Close() error {
 	return _VnatClose(
+		m.VnatAway,
 		m.VnatConns,
 		m.VnatCounters,
 		m.VnatState,

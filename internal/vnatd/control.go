@@ -25,20 +25,29 @@ const ControlDir = "/run/onehop/vnat"
 // m1 -- onehop vnat status` reaches m1's daemon and no other (/run is
 // shared by every namespace; the inode is not).
 func DefaultControl() (string, error) {
+	ino, err := netnsInode()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(ControlDir, fmt.Sprintf("netns-%d.sock", ino)), nil
+}
+
+// netnsInode is the inode of the caller's network namespace.
+func netnsInode() (uint64, error) {
 	fi, err := os.Stat("/proc/self/ns/net")
 	if err != nil {
-		return "", fmt.Errorf("vnatd: this process's network namespace: %w", err)
+		return 0, fmt.Errorf("vnatd: this process's network namespace: %w", err)
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return "", errors.New("vnatd: this process's network namespace: no inode")
+		return 0, errors.New("vnatd: this process's network namespace: no inode")
 	}
-	return filepath.Join(ControlDir, fmt.Sprintf("netns-%d.sock", st.Ino)), nil
+	return st.Ino, nil
 }
 
 // Request is one control request (one JSON line).
 type Request struct {
-	Op   string `json:"op"`             // status, suspend, resume
+	Op   string `json:"op"`             // status, suspend, resume, stop
 	All  bool   `json:"all,omitempty"`  // suspend: every connection
 	Conn string `json:"conn,omitempty"` // suspend: "tcp LOCAL->REMOTE" (virtual)
 }
@@ -112,8 +121,16 @@ func (e *Engine) answer(ctx context.Context, req Request) Reply {
 			r.Error = err.Error()
 		}
 		return r
+	case "stop":
+		e.mu.Lock()
+		stop := e.stop
+		e.mu.Unlock()
+		if stop == nil {
+			return Reply{Error: "this daemon does not stop on request"}
+		}
+		return Reply{} // ServeControl stops it once the reply is out
 	}
-	return Reply{Error: fmt.Sprintf("unknown control request %q (want status, suspend or resume)", req.Op)}
+	return Reply{Error: fmt.Sprintf("unknown control request %q (want status, suspend, resume or stop)", req.Op)}
 }
 
 // ServeControl answers control requests on l until ctx ends.
@@ -136,7 +153,14 @@ func (e *Engine) ServeControl(ctx context.Context, l net.Listener) error {
 			}
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			json.NewEncoder(c).Encode(e.answer(rctx, req)) //nolint:errcheck // the client went away
+			r := e.answer(rctx, req)
+			json.NewEncoder(c).Encode(r) //nolint:errcheck // the client went away
+			if req.Op == "stop" && r.Error == "" {
+				e.mu.Lock()
+				stop := e.stop
+				e.mu.Unlock()
+				stop()
+			}
 		}()
 	}
 }

@@ -65,6 +65,15 @@ type Config struct {
 	// RetryFor is how long a locate walk that reached nobody is retried
 	// before the migration is aborted; 0 is 15 s.
 	RetryFor time.Duration
+	// Helpers run for each connection whose peer is away (helpers.go).
+	Helpers []Helper
+	// SuspRetry is the pause before a suspend claim is sent again to a
+	// peer that did not answer (doubling, SuspTries in all); 0 is 250 ms.
+	SuspRetry time.Duration
+	// SuspTimeout is how long one claim waits for its answer; 0 is 2 s.
+	SuspTimeout time.Duration
+	// OnRestore, if set, is told how long each Restore took.
+	OnRestore func(time.Duration)
 }
 
 // MaxRecords caps the location records one daemon keeps for others.
@@ -83,6 +92,7 @@ type conn struct {
 	keyTries            int // AgreeKeys asked the peer this many times
 	sendSeq             uint64
 	win                 vcmp.Window
+	helping             bool // the helpers run for it (its peer is away)
 }
 
 // Engine is the daemon's state and decisions.
@@ -100,6 +110,15 @@ type Engine struct {
 	// self are addresses that are this endpoint's (old and new): a walk
 	// never asks itself.
 	self map[netip.Addr]bool
+	// stop, when set, ends the daemon on a control "stop" request.
+	stop func()
+}
+
+// OnStop makes a control "stop" request call f (the daemon's clean stop).
+func (e *Engine) OnStop(f func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stop = f
 }
 
 // New is an engine over a datapath and a network.
@@ -114,6 +133,12 @@ func New(cfg Config, tr Translator, dial Dialer) *Engine {
 	}
 	if e.cfg.RetryFor == 0 {
 		e.cfg.RetryFor = 15 * time.Second
+	}
+	if e.cfg.SuspRetry == 0 {
+		e.cfg.SuspRetry = 250 * time.Millisecond
+	}
+	if e.cfg.SuspTimeout == 0 {
+		e.cfg.SuspTimeout = 2 * time.Second
 	}
 	// A place answers for the ends it holds: the peer that never moved is
 	// found at its old place on the first query.
@@ -147,7 +172,20 @@ func (e *Engine) Sync() error {
 		}
 		seen[m.Virtual] = true
 		if _, ok := e.conns[m.Virtual]; !ok {
-			e.conns[m.Virtual] = &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
+			c := &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
+			if m.Physical != m.Virtual {
+				// Translated before this daemon knew it: an earlier
+				// run's, taken over from the pinned maps. A port it
+				// travels from instead of its own is held again (the
+				// earlier run's hold ended with it).
+				c.m.State = vcmp.Migrated
+				if ports, ok := e.tr.(Ports); ok && m.Physical.Local.Port() != m.Virtual.Local.Port() {
+					if err := ports.Hold(m.Virtual, m.Physical.Local); err != nil {
+						e.warn("port_errors", "vnat: hold the port of a taken-over translation", "conn", m.Virtual, "port", m.Physical.Local, "err", err)
+					}
+				}
+			}
+			e.conns[m.Virtual] = c
 		}
 	}
 	// A connection no socket holds any more is forgotten, its translation
@@ -156,6 +194,12 @@ func (e *Engine) Sync() error {
 	for t, c := range e.conns {
 		if seen[t] || c.m.State == vcmp.Locating {
 			continue
+		}
+		e.stopHelpers(c)
+		if ports, ok := e.tr.(Ports); ok {
+			if err := ports.Release(t); err != nil {
+				errs = append(errs, fmt.Errorf("vnatd: release the port of closed %v: %w", t, err))
+			}
 		}
 		if c.m.State != vcmp.Active {
 			if err := e.tr.Forget(t); err != nil {
@@ -178,6 +222,7 @@ type ConnStatus struct {
 	State    string `json:"state"`
 	Role     string `json:"role"`
 	Keyed    bool   `json:"keyed"`
+	Helper   bool   `json:"helper,omitempty"` // its peer is away: the helpers run for it
 }
 
 // Status lists the connections, sorted by virtual tuple.
@@ -189,7 +234,7 @@ func (e *Engine) Status() []ConnStatus {
 		out = append(out, ConnStatus{Proto: t.Proto.String(),
 			Virtual:  t.Local.String() + "->" + t.Remote.String(),
 			Physical: c.phys.Local.String() + "->" + c.phys.Remote.String(),
-			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil})
+			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Virtual != out[j].Virtual {
@@ -371,7 +416,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			// answer with the role we hold: both ends decide alike, and
 			// a peer still awaiting takes the other role from the answer.
 			if c.m.Awaiting {
-				c.m.Step(vcmp.EvRecvSuspPrimary) //nolint:errcheck // Awaiting allows it
+				e.step(c, vcmp.EvRecvSuspPrimary) //nolint:errcheck // Awaiting allows it
 			}
 			if c.m.Role == vcmp.RoleSecondary {
 				return &vcmp.SuspSecondary{Record: c.record()}
@@ -379,7 +424,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			return &vcmp.SuspPrimary{Record: c.record()}
 		}
 		wasState := c.m.State
-		if _, err := c.m.Step(vcmp.EvRecvSuspPrimary); err != nil {
+		if _, err := e.step(c, vcmp.EvRecvSuspPrimary); err != nil {
 			e.warn("unexpected", "vnat: suspend claim not expected", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
@@ -439,7 +484,7 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
-		if _, err := c.m.Step(vcmp.EvRecvUpdate); err != nil {
+		if _, err := e.step(c, vcmp.EvRecvUpdate); err != nil {
 			e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 		}
@@ -518,7 +563,7 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 		if sel != nil && !sel(t) {
 			continue
 		}
-		acts, err := c.m.Step(vcmp.EvSuspend)
+		acts, err := e.step(c, vcmp.EvSuspend)
 		if err != nil || len(acts) == 0 {
 			continue // already suspended, or a secondary that now moves too
 		}
@@ -532,39 +577,87 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 		msgs[p] = append(msgs[p], &vcmp.SuspPrimary{Record: c.record()}, &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)})
 	}
 	e.mu.Unlock()
-	var errs []error
+	// One claim batch per peer, the peers at once: a peer that does not
+	// answer must not hold up the claims to the others.
+	var (
+		wg   sync.WaitGroup
+		emu  sync.Mutex
+		errs []error
+	)
 	for p, cs := range byPeer {
-		ans, err := e.exchange(ctx, p, msgs[p])
-		e.mu.Lock()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("vnatd: suspend with %s: %w", p, err))
-			for _, c := range cs {
-				c.m.Step(vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.claim(ctx, p, cs, msgs[p]); err != nil {
+				emu.Lock()
+				errs = append(errs, err)
+				emu.Unlock()
 			}
-			e.mu.Unlock()
-			continue
-		}
-		for i, c := range cs {
-			claim, key := ans[2*i], ans[2*i+1]
-			switch claim.(type) {
-			case *vcmp.SuspSecondary:
-				c.m.Step(vcmp.EvRecvSuspSecondary) //nolint:errcheck // only Awaiting changes
-			case *vcmp.SuspPrimary:
-				if c.m.Awaiting { // crossing: the peer's handler arbitrated too
-					c.m.Step(vcmp.EvRecvSuspPrimary) //nolint:errcheck
-				}
-			default:
-				c.m.Step(vcmp.EvTimeout) //nolint:errcheck // the peer does not know it: primary alone
-			}
-			if k, ok := key.(*vcmp.Key); ok {
-				if err := c.agree(k.Public); err != nil {
-					e.warn("refused_key", "vnat: peer key refused", "conn", c.m.Tuple, "err", err)
-				}
-			}
-		}
-		e.mu.Unlock()
+		}()
 	}
+	wg.Wait()
 	return n, errors.Join(errs...)
+}
+
+// SuspTries is how many times a claim (VNAT_SUSP_PRIMARY + VCMP_KEY) is
+// sent to a peer that does not answer, with a doubling pause between
+// tries, before its connections are primary by default (§3.3.1.2: no
+// negotiation, both ends primary).
+const SuspTries = 4
+
+// claim sends one peer its claim batch until it answers or SuspTries are
+// spent, and steps the connections with the answer. A retransmitted claim
+// is the same batch (the same keys): a peer that took the first one but
+// whose answer was lost answers again with the same role and key.
+func (e *Engine) claim(ctx context.Context, p netip.Addr, cs []*conn, msgs []vcmp.Message) error {
+	pause := e.cfg.SuspRetry
+	var ans []vcmp.Message
+	var err error
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, e.cfg.SuspTimeout)
+		ans, err = e.exchange(tctx, p, msgs)
+		cancel()
+		if err == nil || try == SuspTries || ctx.Err() != nil {
+			break
+		}
+		e.mu.Lock()
+		e.counters["susp_retransmitted"]++
+		e.mu.Unlock()
+		e.log.Info("vnat: suspend claim unanswered, sending again", "peer", p, "try", try, "pause", pause, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		e.counters["susp_unanswered"]++
+		for _, c := range cs {
+			e.step(c, vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
+		}
+		return fmt.Errorf("vnatd: suspend with %s: no answer after %d tries, primary by default: %w", p, SuspTries, err)
+	}
+	for i, c := range cs {
+		claim, key := ans[2*i], ans[2*i+1]
+		switch claim.(type) {
+		case *vcmp.SuspSecondary:
+			e.step(c, vcmp.EvRecvSuspSecondary) //nolint:errcheck // only Awaiting changes
+		case *vcmp.SuspPrimary:
+			if c.m.Awaiting { // crossing: the peer's handler arbitrated too
+				e.step(c, vcmp.EvRecvSuspPrimary) //nolint:errcheck
+			}
+		default:
+			e.step(c, vcmp.EvTimeout) //nolint:errcheck // the peer does not know it: primary alone
+		}
+		if k, ok := key.(*vcmp.Key); ok {
+			if err := c.agree(k.Public); err != nil {
+				e.warn("refused_key", "vnat: peer key refused", "conn", c.m.Tuple, "err", err)
+			}
+		}
+	}
+	return nil
 }
 
 // MaxKeyTries is how many times AgreeKeys asks a peer's daemon that does
@@ -630,6 +723,10 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 // to new: every connection travelling from old is located, updated (one
 // batch per peer and place) and translated; the old address is kept local.
 func (e *Engine) Restore(ctx context.Context, old, new netip.Addr) error {
+	if e.cfg.OnRestore != nil {
+		start := e.cfg.Now()
+		defer func() { e.cfg.OnRestore(e.cfg.Now().Sub(start)) }()
+	}
 	if err := e.Sync(); err != nil {
 		return err
 	}
@@ -676,16 +773,30 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 		return nil
 	}
 	var errs []error
+	// The sockets at the new address, for the ports taken there.
+	var socks []Socket
+	ports, _ := e.tr.(Ports)
+	if moved && ports != nil {
+		var err error
+		if socks, err = ports.SocketsAt(new); err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: sockets at %s: %w", new, err))
+		}
+	}
 	e.mu.Lock()
 	kept := map[netip.Addr]bool{}
 	var walks []*walk
+	var used map[vcmp.Tuple]bool
+	if moved {
+		used = e.physUsed(cs)
+	}
 	for _, c := range cs {
 		if moved {
 			c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
-			c.phys.Local = netip.AddrPortFrom(new, c.phys.Local.Port())
+			c.phys.Local = netip.AddrPortFrom(new, e.physPort(c, new, ports, socks, used))
+			used[c.phys] = true
 			kept[c.m.Tuple.Local.Addr()] = true
 		}
-		if _, err := c.m.Step(vcmp.EvResume); err != nil {
+		if _, err := e.step(c, vcmp.EvResume); err != nil {
 			continue
 		}
 		if moved && new == c.m.Tuple.Remote.Addr() {
@@ -693,7 +804,7 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 			// connection's packets to the peer would be delivered here
 			// (paper §3.4.2; policy: abort).
 			e.warn("conflict", "vnat: new address is the peer's virtual address", "conn", c.m.Tuple, "new", new)
-			c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+			e.step(c, vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
 			e.counters["aborted"]++
 			continue
 		}
@@ -748,12 +859,54 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 	e.mu.Lock()
 	for _, w := range walks {
 		if w.failed {
-			w.c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
+			e.step(w.c, vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
 			e.counters["aborted"]++
 		}
 	}
 	e.mu.Unlock()
 	return e.update(ctx, walks, found, moved, errs)
+}
+
+// physUsed are the physical tuples of the connections that are not moving
+// now (cs are): a moving one must not take one of them. Called with e.mu held.
+func (e *Engine) physUsed(cs []*conn) map[vcmp.Tuple]bool {
+	moving := make(map[*conn]bool, len(cs))
+	for _, c := range cs {
+		moving[c] = true
+	}
+	used := map[vcmp.Tuple]bool{}
+	for _, c := range e.conns {
+		if !moving[c] && c.m.State != vcmp.Aborted {
+			used[c.phys] = true
+		}
+	}
+	return used
+}
+
+// physPort is the port c travels from at its new address: its own (the
+// virtual one) unless that is taken there, else one the kernel picks and
+// holds for it (the peer learns it from VNAT_UPD's L_Phys_Port). Called
+// with e.mu held.
+func (e *Engine) physPort(c *conn, new netip.Addr, ports Ports, socks []Socket, used map[vcmp.Tuple]bool) uint16 {
+	if ports == nil {
+		return c.m.Tuple.Local.Port()
+	}
+	// A port held for an earlier move is at the old address: given back.
+	if err := ports.Release(c.m.Tuple); err != nil {
+		e.warn("port_errors", "vnat: release port", "conn", c.m.Tuple, "err", err)
+	}
+	want := vcmp.Tuple{Proto: c.m.Tuple.Proto, Local: netip.AddrPortFrom(new, c.m.Tuple.Local.Port()), Remote: c.phys.Remote}
+	if !portTaken(want, socks, used) {
+		return want.Local.Port()
+	}
+	p, err := ports.Reserve(c.m.Tuple, new)
+	if err != nil {
+		e.warn("port_errors", "vnat: port taken at the new address and no other free", "conn", c.m.Tuple, "err", err)
+		return want.Local.Port()
+	}
+	e.counters["ports_remapped"]++
+	e.log.Info("vnat: port taken at the new address, travelling from another", "conn", c.m.Tuple, "new", netip.AddrPortFrom(new, p))
+	return p
 }
 
 // abort ends a migration the peer refused (unknown connection, not
@@ -762,8 +915,8 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 // so the update is dropped first (EvResume) and the walk failed.
 // Called with e.mu held.
 func (e *Engine) abort(c *conn) {
-	if _, err := c.m.Step(vcmp.EvResume); err == nil {
-		c.m.Step(vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
+	if _, err := e.step(c, vcmp.EvResume); err == nil {
+		e.step(c, vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating: allowed
 	}
 	e.counters["aborted"]++
 }
@@ -803,10 +956,10 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 				}
 				switch w.loc.Result(a) {
 				case vcmp.Found:
-					w.c.m.Step(vcmp.EvFound) //nolint:errcheck // Locating: send the update
+					e.step(w.c, vcmp.EvFound) //nolint:errcheck // Locating: send the update
 					found[w.loc.Peer.Addr()] = append(found[w.loc.Peer.Addr()], w)
 				case vcmp.StoredOnly:
-					w.c.m.Step(vcmp.EvStored) //nolint:errcheck // wait for the peer
+					e.step(w.c, vcmp.EvStored) //nolint:errcheck // wait for the peer
 				case vcmp.Failed:
 					w.failed = true
 				}
@@ -859,7 +1012,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 				e.abort(w.c)
 				continue
 			}
-			if _, err := w.c.m.Step(vcmp.EvRecvUpdateReply); err != nil {
+			if _, err := e.step(w.c, vcmp.EvRecvUpdateReply); err != nil {
 				continue
 			}
 			p := vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: r.Phys}

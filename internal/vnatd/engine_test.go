@@ -90,6 +90,11 @@ type network struct {
 	// suspends cross).
 	gate chan struct{}
 	wait *sync.WaitGroup
+	// drop fails the next dials to an address (lost SYNs); lose lets the
+	// next streams to an address reach its daemon but loses the answers.
+	drop, lose map[netip.Addr]int
+	// dialed records when each address was dialled.
+	dialed map[netip.Addr][]time.Time
 }
 
 type node struct {
@@ -101,7 +106,8 @@ type node struct {
 }
 
 func newNetwork() *network {
-	return &network{at: map[netip.Addr]*node{}, dials: map[netip.Addr]int{}}
+	return &network{at: map[netip.Addr]*node{}, dials: map[netip.Addr]int{},
+		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{}}
 }
 
 func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
@@ -122,10 +128,20 @@ func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
 func (n *network) dial(_ context.Context, from *node, a netip.Addr) (io.ReadWriteCloser, error) {
 	n.mu.Lock()
 	n.dials[a]++
+	n.dialed[a] = append(n.dialed[a], time.Now())
 	to, ok := n.at[a]
 	gate, wait := n.gate, n.wait
 	src := from.addr
+	dropped, lost := n.drop[a] > 0, n.lose[a] > 0
+	if dropped {
+		n.drop[a]--
+	} else if lost {
+		n.lose[a]--
+	}
 	n.mu.Unlock()
+	if dropped {
+		return nil, fmt.Errorf("dial %s: connection timed out (dropped by the test)", a)
+	}
 	if gate != nil {
 		wait.Done()
 		<-gate
@@ -138,7 +154,21 @@ func (n *network) dial(_ context.Context, from *node, a netip.Addr) (io.ReadWrit
 		defer s.Close()
 		to.e.Serve(s, src) //nolint:errcheck // the test reads the client side
 	}()
+	if lost {
+		return &loseAnswers{Conn: c}, nil
+	}
 	return c, nil
+}
+
+// loseAnswers is a stream whose answers never arrive: what the peer
+// sends is read and thrown away, and the reader sees the stream cut.
+type loseAnswers struct{ net.Conn }
+
+func (l *loseAnswers) Read(p []byte) (int, error) {
+	if _, err := l.Conn.Read(p); err != nil {
+		return 0, err
+	}
+	return 0, io.ErrUnexpectedEOF
 }
 
 // move re-addresses nd (its old address leaves the network) without

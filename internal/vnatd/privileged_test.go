@@ -82,14 +82,43 @@ func waitStatus(t *testing.T, sock, virtual string, timeout time.Duration, cond 
 // each; it returns their names, control sockets and logs.
 func pairOfDaemons(t *testing.T) (nsA, nsB, sockA, sockB string, logA, logB *syncBuf) {
 	t.Helper()
+	return pairOfDaemonsArgs(t, nil, nil)
+}
+
+// pairOfDaemonsArgs is pairOfDaemons with more `vnat run` flags for a and b.
+func pairOfDaemonsArgs(t *testing.T, argsA, argsB []string) (nsA, nsB, sockA, sockB string, logA, logB *syncBuf) {
+	t.Helper()
+	p := newPair(t, argsA, argsB)
+	return p.nsA, p.nsB, p.a.sock, p.b.sock, p.a.logs, p.b.logs
+}
+
+// pair is two namespaces on a veth with a daemon in each.
+type pair struct {
+	nsA, nsB string
+	bin, dir string
+	a, b     *daemonProc
+}
+
+// daemonProc is one `onehop vnat run`.
+type daemonProc struct {
+	ns, iface string
+	args      []string
+	sock      string
+	logs      *syncBuf
+	cmd       *exec.Cmd
+	done      chan struct{} // closed when it exited
+}
+
+func newPair(t *testing.T, argsA, argsB []string) *pair {
+	t.Helper()
 	testenv.RequireRoot(t, "network namespaces and BPF")
 	testenv.RequireTool(t, "ip", "go")
 	suffix := make([]byte, 3)
 	if _, err := rand.Read(suffix); err != nil {
 		t.Fatal(err)
 	}
-	nsA, nsB = "vnatd-a-"+hex.EncodeToString(suffix), "vnatd-b-"+hex.EncodeToString(suffix)
-	for _, n := range []string{nsA, nsB} {
+	p := &pair{nsA: "vnatd-a-" + hex.EncodeToString(suffix), nsB: "vnatd-b-" + hex.EncodeToString(suffix)}
+	for _, n := range []string{p.nsA, p.nsB} {
 		if err := netns.Create(n); err != nil {
 			t.Fatal(err)
 		}
@@ -99,51 +128,72 @@ func pairOfDaemons(t *testing.T) (nsA, nsB, sockA, sockB string, logA, logB *syn
 			}
 		})
 	}
-	out, err := exec.Command("ip", "link", "add", "a0", "netns", nsA, "type", "veth", "peer", "name", "b0", "netns", nsB).CombinedOutput()
+	out, err := exec.Command("ip", "link", "add", "a0", "netns", p.nsA, "type", "veth", "peer", "name", "b0", "netns", p.nsB).CombinedOutput()
 	if err != nil {
 		t.Fatalf("veth: %v: %s", err, out)
 	}
-	ipIn(t, nsA, "addr", "add", "10.8.0.1/24", "dev", "a0")
-	ipIn(t, nsB, "addr", "add", "10.8.0.2/24", "dev", "b0")
-	ipIn(t, nsA, "link", "set", "a0", "up")
-	ipIn(t, nsB, "link", "set", "b0", "up")
+	ipIn(t, p.nsA, "addr", "add", "10.8.0.1/24", "dev", "a0")
+	ipIn(t, p.nsB, "addr", "add", "10.8.0.2/24", "dev", "b0")
+	ipIn(t, p.nsA, "link", "set", "a0", "up")
+	ipIn(t, p.nsB, "link", "set", "b0", "up")
 
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "onehop")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/onehop").CombinedOutput(); err != nil {
+	p.dir = t.TempDir()
+	p.bin = filepath.Join(p.dir, "onehop")
+	if out, err := exec.Command("go", "build", "-o", p.bin, "../../cmd/onehop").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v: %s", err, out)
 	}
-	daemon := func(ns, iface string) (string, *syncBuf) {
-		sock := filepath.Join(dir, ns+".sock")
-		logs := &syncBuf{}
-		cmd := exec.Command(bin, "netns-exec", ns, "--", bin, "vnat", "run", "--iface", iface, "--control", sock, "--require-keys")
-		cmd.Stdout, cmd.Stderr = logs, logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := cmd.Process.Kill(); err != nil {
-				t.Error(err)
-			}
-			cmd.Wait() //nolint:errcheck // killed: its exit status says so
-		})
-		return sock, logs
-	}
-	sockA, logA = daemon(nsA, "a0")
-	sockB, logB = daemon(nsB, "b0")
-	for _, s := range []string{sockA, sockB} {
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			if _, err := Ask(s, Request{Op: "status"}); err == nil {
-				break
-			} else if time.Now().After(deadline) {
-				t.Fatalf("daemon %s never answered: %v\n%s\n---\n%s", s, err, logA, logB)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	p.a = &daemonProc{ns: p.nsA, iface: "a0", args: argsA, sock: filepath.Join(p.dir, p.nsA+".sock"), logs: &syncBuf{}}
+	p.b = &daemonProc{ns: p.nsB, iface: "b0", args: argsB, sock: filepath.Join(p.dir, p.nsB+".sock"), logs: &syncBuf{}}
+	p.start(t, p.a)
+	p.start(t, p.b)
+	return p
+}
 
-	return nsA, nsB, sockA, sockB, logA, logB
+// start runs d's daemon (again) and waits until it answers.
+func (p *pair) start(t *testing.T, d *daemonProc) {
+	t.Helper()
+	cmd := exec.Command(p.bin, append([]string{"netns-exec", d.ns, "--", p.bin, "vnat", "run", "--iface", d.iface, "--control", d.sock, "--require-keys"}, d.args...)...)
+	cmd.Stdout, cmd.Stderr = d.logs, d.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd, d.done = cmd, make(chan struct{})
+	done := d.done
+	go func() { cmd.Wait(); close(done) }() //nolint:errcheck // its end is what the tests look at
+	t.Cleanup(func() {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if err := cmd.Process.Kill(); err != nil {
+			t.Error(err)
+		}
+		<-done
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := Ask(d.sock, Request{Op: "status"}); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("daemon %s never answered: %v\n%s\n---\n%s", d.sock, err, p.a.logs, p.b.logs)
+		}
+		select {
+		case <-done:
+			t.Fatalf("daemon in %s exited at start:\n%s", d.ns, d.logs)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// wait waits for d's daemon to exit.
+func (d *daemonProc) wait(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-d.done:
+	case <-time.After(timeout):
+		t.Fatalf("daemon in %s did not exit in %v:\n%s", d.ns, timeout, d.logs)
+	}
 }
 
 func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -29,7 +30,20 @@ type Options struct {
 	Control         string // control socket; "" = DefaultControl()
 	Cgroup          string // cgroup v2 to attach sockops to; "" = none (sock_diag only)
 	Listen          string // VCMP listen address; "" = 0.0.0.0:2031
-	Logger          *slog.Logger
+	// NoKeepaliveHelper turns off the keepalive helper (on by default:
+	// while a peer is away, this end answers its own TCP keepalives).
+	NoKeepaliveHelper bool
+	// FreezeCgroup is a cgroup v2 directory frozen while any peer is
+	// away (the generic helper); "" = none.
+	FreezeCgroup string
+	// PinDir holds the pinned maps and links ("" = DefaultPinDir(); if
+	// that is not on a bpffs the daemon runs unpinned, with a warning).
+	PinDir string
+	// NoPin pins nothing: the translations end with the daemon.
+	NoPin bool
+	// Metrics is the address Prometheus metrics are served on ("" = none).
+	Metrics string
+	Logger  *slog.Logger
 }
 
 // ParseServer reads one --location-server value: an IPv4 address, with an
@@ -72,15 +86,55 @@ func Run(ctx context.Context, o Options) error {
 		}
 		servers = append(servers, a)
 	}
+	var freezer *Freezer
+	if o.FreezeCgroup != "" {
+		f, err := CgroupFreezer(o.FreezeCgroup)
+		if err != nil {
+			return fmt.Errorf("vnat run: %w", err)
+		}
+		freezer = f
+	}
+	var ml net.Listener
+	if o.Metrics != "" {
+		l, err := listenMetrics(o.Metrics)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		ml = l
+	}
 	link, err := netlink.LinkByName(o.Iface)
 	if err != nil {
 		return fmt.Errorf("vnat run: interface %s: %w", o.Iface, err)
 	}
-	d, err := vnat.Open(vnat.Options{})
+	pin, err := pinDir(o, log)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	d, err := vnat.Open(vnat.Options{PinDir: pin})
+	if err != nil {
+		return err
+	}
+	// A stop on request (`onehop vnat stop`) removes the pins and every
+	// translation; any other end of the daemon leaves them in force.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var remove atomic.Bool
+	defer func() {
+		if remove.Load() {
+			if err := d.Remove(); err != nil {
+				log.Error("vnat: remove datapath", "err", err)
+			}
+			log.Info("vnat daemon stopped on request: translations and pins removed", "pin_dir", pin)
+			return
+		}
+		if err := d.Close(); err != nil {
+			log.Error("vnat: close datapath", "err", err)
+		}
+		if pin != "" {
+			log.Info("vnat daemon stopped: translations stay pinned for the next run", "pin_dir", pin)
+		}
+	}()
 	if err := d.AttachInterface(o.Iface); err != nil {
 		return err
 	}
@@ -89,7 +143,30 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	e := New(Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log}, kernel{d: d, iface: o.Iface}, tcpDialer)
+	var helpers []Helper
+	if !o.NoKeepaliveHelper {
+		helpers = append(helpers, keepalive{d: d})
+	}
+	if freezer != nil {
+		helpers = append(helpers, freezer)
+	}
+	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}
+	var metrics *Metrics
+	if ml != nil {
+		metrics = NewMetrics(d.Counters)
+		cfg.OnRestore = metrics.ObserveRestore
+	}
+	e := New(cfg, newKernel(d, o.Iface), tcpDialer)
+	if metrics != nil {
+		metrics.Attach(e)
+		if err := serveMetrics(ctx, ml, metrics, log); err != nil {
+			return err
+		}
+		log.Info("vnat metrics", "addr", ml.Addr())
+	}
+	// Runs before the datapath closes: no application stays frozen.
+	defer e.StopHelpers()
+	e.OnStop(func() { remove.Store(true); cancel() })
 	if err := e.Sync(); err != nil {
 		return err
 	}
@@ -128,8 +205,46 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys)
+	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
+		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "migrated", len(d.Migrations()))
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
+}
+
+// PinRoot is where the daemons pin, one directory per network namespace.
+const PinRoot = "/sys/fs/bpf/onehop/vnat"
+
+// DefaultPinDir is the pin directory of the caller's network namespace
+// (named by its inode, like the control socket).
+func DefaultPinDir() (string, error) {
+	ino, err := netnsInode()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(PinRoot, fmt.Sprintf("netns-%d", ino)), nil
+}
+
+// pinDir decides where the daemon pins: nowhere with --no-pin; the
+// default directory if it is on a bpffs (else nowhere, said in the log);
+// --pin-dir, which must be on a bpffs.
+func pinDir(o Options, log *slog.Logger) (string, error) {
+	switch {
+	case o.NoPin:
+		return "", nil
+	case o.PinDir != "":
+		if !vnat.IsBPFFS(o.PinDir) {
+			return "", fmt.Errorf("vnat run: --pin-dir %s is not on a bpffs (mount one there, or give --no-pin)", o.PinDir)
+		}
+		return o.PinDir, nil
+	}
+	p, err := DefaultPinDir()
+	if err != nil {
+		return "", err
+	}
+	if !vnat.IsBPFFS(p) {
+		log.Warn("vnat: no bpffs at "+PinRoot+": running unpinned, translations end with the daemon (mount -t bpf bpf /sys/fs/bpf, or give --pin-dir)", "pin_dir", p)
+		return "", nil
+	}
+	return p, nil
 }
 
 // contact looks for new connections every ContactEvery and agrees keys
