@@ -53,19 +53,19 @@ type Engine struct {
 
 // conn is one intercepted connection.
 type conn struct {
-	id       uint64
-	client   netip.AddrPort
-	dest     netip.AddrPort
-	mode     Mode
-	why      string
-	rec      Record
-	up       *net.TCPConn
-	token    uint32
-	opened   time.Time
+	id     uint64
+	client netip.AddrPort
+	dest   netip.AddrPort
+	mode   Mode
+	why    string
+	rec    Record
+	up     *net.TCPConn
+	token  uint32
+	opened time.Time
 	// seen is every subflow the connection had, with the last figures
 	// read (the kernel forgets a subflow once it is closed); guarded by
 	// Engine.mu.
-	seen []SubflowStatus
+	seen     []SubflowStatus
 	toServer atomic.Uint64
 	toClient atomic.Uint64
 	finished atomic.Bool

@@ -24,7 +24,7 @@ const Unusable = 255
 
 // Record is the mapping system's answer for one EID.
 type Record struct {
-	EID netip.Prefix `json:"eid"`
+	EID netip.Prefix  `json:"eid"`
 	TTL time.Duration `json:"ttl"`
 	// Negative: the EID is not in the mapping system (a negative
 	// Map-Reply); its traffic is forwarded natively.
