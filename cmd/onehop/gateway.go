@@ -69,8 +69,9 @@ A path whose link goes down loses its subflows at once (the connections go
 on over the others); when it comes back its routes are pinned again and
 every connection gets its subflow back.
 
-Mappings come from --map (static, for labs without a map-server; an
-address no --map covers is forwarded natively) or --map-resolver.`,
+Mappings come from --map-resolver (LISP Map-Request/Map-Reply, cached for
+the record's TTL) and --map (static mappings, asked first; for labs without
+a map-server). An address with no mapping is forwarded natively.`,
 		Example: `  onehop gateway run --intercept eth0 --eid-prefix 10.77.0.0/24 \
     --path dev=wan1,eid=10.77.0.1,rloc=192.0.2.1 --path dev=wan2,eid=10.77.0.2,rloc=198.51.100.1 \
     --map 10.88.0.0/24=192.0.2.2,198.51.100.2`,
@@ -189,7 +190,7 @@ func buildGatewayConfig(cfg gateway.Config, intercept, paths, maps []string, eid
 		chain = append(chain, gateway.StaticResolver(cfg.Static))
 	}
 	if cfg.MapResolver.IsValid() {
-		return nil, nil, fmt.Errorf("--map-resolver %s: this build has no LISP map-resolver client yet; use --map", cfg.MapResolver)
+		chain = append(chain, gateway.NewLISPResolver(cfg.MapResolver))
 	}
 	return &cfg, chain, nil
 }
