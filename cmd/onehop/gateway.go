@@ -215,19 +215,23 @@ func printGatewayStatus(w io.Writer, r gateway.Reply, output string) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCLIENT\tDEST\tMODE\tOPEN\tTO-SERVER\tTO-CLIENT\tNOTE")
+	fmt.Fprintln(tw, "CONN\tCLIENT\tDEST\tMODE\tOPEN\tTO-SERVER\tTO-CLIENT\tNOTE")
 	for _, c := range r.Conns {
 		note := c.Why
 		if c.Token != "" {
 			note = "token " + c.Token
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\t%d\t%d\t%s\n", c.ID, c.Client, c.Dest, c.Mode, c.Open, c.ToServer, c.ToClient, note)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONN\tPATH\tLOCAL\tREMOTE\tRLOC\tSTATE\tSENT\tRECEIVED")
+	for _, c := range r.Conns {
 		for _, s := range c.Subflows {
-			path := s.Path
-			if path == "" {
-				path = "?"
-			}
-			fmt.Fprintf(tw, "\t  subflow %s\t%s->%s\trloc %s\t%s\tsent %d\trecv %d\t\n", path, s.Local, s.Remote, orDash(s.RLOC), s.State, s.BytesSent, s.BytesReceived)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", c.ID, orDash(s.Path), s.Local, s.Remote, orDash(s.RLOC), s.State, s.BytesSent, s.BytesReceived)
 		}
 	}
 	if err := tw.Flush(); err != nil {

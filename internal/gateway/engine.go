@@ -40,6 +40,7 @@ type Engine struct {
 	pm       PathManager
 	dial     Dialer
 	subflows SubflowReader
+	tcpInfo  func(*net.TCPConn) (SubflowInfo, error)
 	log      *slog.Logger
 	rl       *ratelog.Logger
 
@@ -80,7 +81,9 @@ type EngineDeps struct {
 	PM       PathManager
 	Dial     Dialer
 	Subflows SubflowReader
-	Logger   *slog.Logger
+	// TCPInfo reads a connection that fell back to plain TCP (optional).
+	TCPInfo func(*net.TCPConn) (SubflowInfo, error)
+	Logger  *slog.Logger
 }
 
 // NewEngine returns an engine with every path up.
@@ -94,7 +97,7 @@ func NewEngine(cfg *Config, d EngineDeps) *Engine {
 		up[i] = true
 	}
 	return &Engine{
-		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows,
+		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows, tcpInfo: d.TCPInfo,
 		log: log, rl: ratelog.New(log, 5, 10*time.Second, time.Now),
 		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{},
 	}
@@ -447,7 +450,17 @@ func (e *Engine) statusOf(c *conn) ConnStatus {
 		for _, sf := range plan.Subflows {
 			rloc[sf.Path] = sf.Locator.Addr.String()
 		}
-		sfs, err := e.subflows(c.up)
+		var sfs []SubflowInfo
+		var err error
+		if c.mode == ModeMPTCP {
+			sfs, err = e.subflows(c.up)
+		} else if e.tcpInfo != nil {
+			/* fell back: the one TCP connection, on the initial subflow's path */
+			var sf SubflowInfo
+			if sf, err = e.tcpInfo(c.up); err == nil {
+				sfs = []SubflowInfo{sf}
+			}
+		}
 		e.mu.Lock()
 		if err == nil {
 			for _, sf := range sfs {

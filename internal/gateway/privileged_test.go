@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/netns"
 	"github.com/onehop/onehop/internal/testenv"
 )
@@ -132,12 +134,14 @@ func newLab(t *testing.T, rate string) *lab {
 // start runs the real `onehop gateway run` in gw.
 func (l *lab) start(t *testing.T, extra ...string) {
 	t.Helper()
+	if len(extra) == 0 {
+		extra = []string{"--map", "10.88.0.0/24=192.168.71.2,192.168.72.2"}
+	}
 	l.logs = &syncBuf{}
 	args := []string{"netns-exec", l.gw, "--", l.bin, "gateway", "run", "--control", l.sock,
 		"--intercept", "g0", "--eid-prefix", "10.77.0.0/24",
 		"--path", "dev=p1,eid=" + gwEID1 + ",rloc=192.168.71.1,name=wan1",
-		"--path", "dev=p2,eid=" + gwEID2 + ",rloc=192.168.72.1,name=wan2",
-		"--map", "10.88.0.0/24=192.168.71.2,192.168.72.2"}
+		"--path", "dev=p2,eid=" + gwEID2 + ",rloc=192.168.72.1,name=wan2"}
 	l.daemon = exec.Command(l.bin, append(args, extra...)...)
 	l.daemon.Stdout, l.daemon.Stderr = l.logs, l.logs
 	if err := l.daemon.Start(); err != nil {
@@ -486,8 +490,8 @@ func TestPrivilegedGatewayTwoPathsSurviveAPathCut(t *testing.T) {
 	d4 := l.download(t, srvEID+":5202")
 	d4.wait(t, small, l.logs)
 	c4 := l.conn(t, srvEID+":5202", func(c ConnStatus) bool { return !c.Open })
-	if c4.Mode != ModeTCPFallback {
-		t.Fatalf("server without MPTCP: mode %s, want %s: %+v", c4.Mode, ModeTCPFallback, c4)
+	if c4.Mode != ModeTCPFallback || len(c4.Subflows) != 1 || c4.Subflows[0].BytesReceived < uint64(len(small)) || c4.Subflows[0].RLOC == "" {
+		t.Fatalf("server without MPTCP: want mode %s with its one TCP connection on a path: %+v", ModeTCPFallback, c4)
 	}
 	/* no mapping: native */
 	d5 := l.download(t, srvUnmapped+":5201")
@@ -512,4 +516,53 @@ func TestPrivilegedGatewayTwoPathsSurviveAPathCut(t *testing.T) {
 	if out := run(t, "ip", "-n", l.gw, "addr", "show", "dev", "lo"); strings.Contains(out, gwEID1) {
 		t.Fatalf("EID left on lo:\n%s", out)
 	}
+}
+
+// With a LISP map-resolver (internal/lisp's Map-Request/Map-Reply, a fake
+// map-server in gw's namespace): the destination's record has wan2's RLOC
+// at priority 255, so its connection gets one subflow, on wan1, and the
+// server sees one subflow; an EID the map-server does not hold gets a
+// negative reply and goes natively.
+func TestPrivilegedGatewayAsksTheMapResolverAndSkipsUnusableRLOCs(t *testing.T) {
+	l := newLab(t, "100mbit")
+	held := []lisp.Record{{
+		EID: netip.MustParsePrefix("10.88.0.0/24"), TTL: 10 * time.Minute,
+		Locators: []lisp.Locator{
+			{Addr: netip.MustParseAddr("192.168.71.2"), Priority: 1, Weight: 50},
+			{Addr: netip.MustParseAddr("192.168.72.2"), Priority: 255, Weight: 50},
+		},
+	}}
+	var mr netip.AddrPort
+	if err := netns.Do(l.gw, func() error {
+		mr = fakeMapResolver(t, "127.0.0.1:4342", held)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	blob := make([]byte, 24<<20)
+	if _, err := rand.Read(blob); err != nil {
+		t.Fatal(err)
+	}
+	l.serve(t, srvEID+":5201", true, blob)
+	l.serve(t, srvUnmapped+":5201", false, blob)
+	l.start(t, "--map-resolver", mr.String())
+
+	d := l.download(t, srvEID+":5201")
+	d.waitBytes(t, 1, l.logs)
+	c := l.conn(t, srvEID+":5201", func(c ConnStatus) bool { return liveOn(c, "wan1") })
+	if ss := l.srvSubflows(t, "5201"); ss[gwEID1] != 1 || ss[gwEID2] != 0 {
+		t.Fatalf("server's subflows by peer %v: want one, from %s (wan2's RLOC has priority 255)", ss, gwEID1)
+	}
+	d.wait(t, blob, l.logs)
+	c = l.conn(t, srvEID+":5201", func(c ConnStatus) bool { return !c.Open })
+	if c.Mode != ModeMPTCP || len(c.Subflows) != 1 || c.Subflows[0].Path != "wan1" || c.Subflows[0].RLOC != "192.168.71.2" {
+		t.Fatalf("status: want one subflow on wan1 to RLOC 192.168.71.2: %+v", c)
+	}
+	d = l.download(t, srvUnmapped+":5201")
+	d.wait(t, blob, l.logs)
+	c = l.conn(t, srvUnmapped+":5201", func(c ConnStatus) bool { return !c.Open })
+	if c.Mode != ModeNative || !strings.Contains(c.Why, "negative") {
+		t.Fatalf("unmapped: want native after a negative map-reply: %+v", c)
+	}
+	l.stop(t)
 }

@@ -147,7 +147,7 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 
 	e := NewEngine(cfg, EngineDeps{
 		Resolver: res, Find: RouteFinder(cfg), Pin: routes, PM: &NetlinkPM{},
-		Dial: KernelDialer(cfg.Congestion), Subflows: ReadSubflows, Logger: log,
+		Dial: KernelDialer(cfg.Congestion), Subflows: ReadSubflows, TCPInfo: ReadTCPInfo, Logger: log,
 	})
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -164,3 +164,22 @@ func Congestion(c syscall.Conn) (string, error) {
 	}
 	return s, nil
 }
+
+// ReadTCPInfo reads a plain (or fallen back) TCP socket's figures as one
+// subflow.
+func ReadTCPInfo(c *net.TCPConn) (SubflowInfo, error) {
+	var ti unix.TCPInfo
+	tiLen := int(unsafe.Sizeof(ti))
+	buf := make([]byte, tiLen)
+	if _, err := getsockopt(c, unix.IPPROTO_TCP, unix.TCP_INFO, buf); err != nil {
+		return SubflowInfo{}, fmt.Errorf("getsockopt TCP_INFO: %w", err)
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&ti)), tiLen), buf)
+	return SubflowInfo{
+		Local:         c.LocalAddr().(*net.TCPAddr).AddrPort(),
+		Remote:        c.RemoteAddr().(*net.TCPAddr).AddrPort(),
+		BytesAcked:    ti.Bytes_acked,
+		BytesReceived: ti.Bytes_received,
+		State:         ti.State,
+	}, nil
+}
