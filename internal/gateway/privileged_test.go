@@ -42,7 +42,7 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
-func run(t *testing.T, name string, args ...string) string {
+func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -51,7 +51,7 @@ func run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
-func ipIn(t *testing.T, ns string, args ...string) {
+func ipIn(t testing.TB, ns string, args ...string) {
 	t.Helper()
 	run(t, "ip", append([]string{"-n", ns}, args...)...)
 }
@@ -74,7 +74,7 @@ const (
 
 // newLab builds the namespaces (named gw-<random>-*) and shapes both paths
 // with tbf at rate; everything goes with the namespaces in Cleanup.
-func newLab(t *testing.T, rate string) *lab {
+func newLab(t testing.TB, rate string) *lab {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, nftables, MPTCP path manager")
 	testenv.RequireTool(t, "ip", "tc", "nft", "ss", "go")
@@ -132,7 +132,7 @@ func newLab(t *testing.T, rate string) *lab {
 }
 
 // start runs the real `onehop gateway run` in gw.
-func (l *lab) start(t *testing.T, extra ...string) {
+func (l *lab) start(t testing.TB, extra ...string) {
 	t.Helper()
 	if len(extra) == 0 {
 		extra = []string{"--map", "10.88.0.0/24=192.168.71.2,192.168.72.2"}
@@ -147,12 +147,13 @@ func (l *lab) start(t *testing.T, extra ...string) {
 	if err := l.daemon.Start(); err != nil {
 		t.Fatal(err)
 	}
+	daemon := l.daemon
 	t.Cleanup(func() {
-		if l.daemon.ProcessState == nil {
-			if err := l.daemon.Process.Kill(); err != nil {
+		if daemon.ProcessState == nil {
+			if err := daemon.Process.Kill(); err != nil {
 				t.Error(err)
 			}
-			l.daemon.Wait() //nolint:errcheck // killed: its exit status says so
+			daemon.Wait() //nolint:errcheck // killed: its exit status says so
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)
@@ -167,7 +168,7 @@ func (l *lab) start(t *testing.T, extra ...string) {
 }
 
 // stop sends SIGTERM and waits for the daemon to take its setup down.
-func (l *lab) stop(t *testing.T) {
+func (l *lab) stop(t testing.TB) {
 	t.Helper()
 	if err := l.daemon.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -185,7 +186,7 @@ func (l *lab) stop(t *testing.T) {
 }
 
 // serve serves blob to every connection on addr in srv (MPTCP or not).
-func (l *lab) serve(t *testing.T, addr string, mptcp bool, blob []byte) {
+func (l *lab) serve(t testing.TB, addr string, mptcp bool, blob []byte) {
 	t.Helper()
 	var ln net.Listener
 	if err := netns.Do(l.srv, func() (err error) {
@@ -220,7 +221,7 @@ type download struct {
 	err  error
 }
 
-func (l *lab) download(t *testing.T, addr string) *download {
+func (l *lab) download(t testing.TB, addr string) *download {
 	t.Helper()
 	var c net.Conn
 	if err := netns.Do(l.user, func() (err error) {
@@ -259,7 +260,7 @@ func (l *lab) download(t *testing.T, addr string) *download {
 	return d
 }
 
-func (d *download) wait(t *testing.T, want []byte, logs *syncBuf) time.Duration {
+func (d *download) wait(t testing.TB, want []byte, logs *syncBuf) time.Duration {
 	t.Helper()
 	start := time.Now()
 	select {
@@ -277,7 +278,7 @@ func (d *download) wait(t *testing.T, want []byte, logs *syncBuf) time.Duration 
 }
 
 // waitBytes waits until d has at least n bytes.
-func (d *download) waitBytes(t *testing.T, n int64, logs *syncBuf) {
+func (d *download) waitBytes(t testing.TB, n int64, logs *syncBuf) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for d.got.Load() < n {
@@ -294,7 +295,7 @@ func (d *download) waitBytes(t *testing.T, n int64, logs *syncBuf) {
 }
 
 // rx returns the bytes received on gw's path links p1 and p2.
-func (l *lab) rx(t *testing.T) (p1, p2 uint64) {
+func (l *lab) rx(t testing.TB) (p1, p2 uint64) {
 	t.Helper()
 	h, err := netns.Handle(l.gw)
 	if err != nil {
@@ -320,7 +321,7 @@ func (l *lab) rx(t *testing.T) (p1, p2 uint64) {
 
 // srvSubflows counts the server's established MPTCP subflows on port from
 // each gateway EID (ss -tin: subflows carry "tcp-ulp-mptcp").
-func (l *lab) srvSubflows(t *testing.T, port string) map[string]int {
+func (l *lab) srvSubflows(t testing.TB, port string) map[string]int {
 	t.Helper()
 	out := run(t, "ip", "netns", "exec", l.srv, "ss", "-tinH", "state", "established", "( sport = :"+port+" )")
 	got := map[string]int{}
@@ -338,7 +339,7 @@ func (l *lab) srvSubflows(t *testing.T, port string) map[string]int {
 
 // conn waits for the status of the connection from client to dest to
 // satisfy cond.
-func (l *lab) conn(t *testing.T, dest string, cond func(ConnStatus) bool) ConnStatus {
+func (l *lab) conn(t testing.TB, dest string, cond func(ConnStatus) bool) ConnStatus {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	var last Reply
@@ -358,7 +359,7 @@ func (l *lab) conn(t *testing.T, dest string, cond func(ConnStatus) bool) ConnSt
 }
 
 // waitPath waits until status shows the path up or down.
-func (l *lab) waitPath(t *testing.T, name string, up bool) {
+func (l *lab) waitPath(t testing.TB, name string, up bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
