@@ -1,0 +1,378 @@
+package lispdp
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Datapath is the LISP data plane loaded into the kernel: the programs, their
+// maps and the links attaching them.
+type Datapath struct {
+	opts  Options
+	objs  lispObjects
+	links map[string]link.Link
+
+	mu    sync.Mutex
+	paths map[uint8]lispLispPath // configured paths, for the tunnel maps
+	// counterNames index lisp_counters (enum lisp_counter, from BTF).
+	counterNames []string
+	// gsoDecap: this kernel decapsulates UDP-tunnel superpackets in place.
+	gsoDecap bool
+}
+
+// Open loads the programs and maps; nothing is attached yet.
+func Open(o Options) (*Datapath, error) {
+	spec, err := loadLisp()
+	if err != nil {
+		return nil, fmt.Errorf("lispdp: load spec: %w", err)
+	}
+	names, err := counterNames(spec)
+	if err != nil {
+		return nil, err
+	}
+	d := &Datapath{opts: o, links: map[string]link.Link{}, paths: map[uint8]lispLispPath{},
+		counterNames: names}
+	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+		return nil, fmt.Errorf("lispdp: load programs: %+v", err)
+	}
+	if d.gsoDecap, err = probeGSODecap(d.objs.LispProbe); err != nil {
+		d.objs.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// probeGSODecap asks the kernel whether bpf_skb_adjust_room knows
+// BPF_F_ADJ_ROOM_DECAP_L4_UDP, which takes a superpacket's UDP-tunnel GSO
+// state off with its outer headers (kernels after 6.18).
+func probeGSODecap(prog *ebpf.Program) (bool, error) {
+	f := make([]byte, 14+20+8+8+20)
+	f[12], f[13] = 0x08, 0x00
+	f[14], f[16], f[17], f[22], f[23] = 0x45, 0, byte(len(f)-14), 64, 17
+	ret, err := prog.Run(&ebpf.RunOptions{Data: f, DataOut: make([]byte, len(f)+64)})
+	if err != nil {
+		return false, fmt.Errorf("lispdp: probe adjust_room flags: %w", err)
+	}
+	return ret == 0, nil
+}
+
+// DecapsGSO reports whether this kernel can decapsulate a UDP-tunnel GSO
+// superpacket in place. Where it cannot, AttachRLOC makes the interface
+// segment tunnel superpackets before they leave (tx-udp_tnl-segmentation
+// off), so this node never sends any; the far end must do the same.
+func (d *Datapath) DecapsGSO() bool { return d.gsoDecap }
+
+// counterNames reads enum lisp_counter from BTF, so Go never repeats the
+// C's list: "encapsulated", ..., "drop_malformed", ...
+func counterNames(spec *ebpf.CollectionSpec) ([]string, error) {
+	var e *btf.Enum
+	if err := spec.Types.TypeByName("lisp_counter", &e); err != nil {
+		return nil, fmt.Errorf("lispdp: btf enum lisp_counter: %w", err)
+	}
+	names := make([]string, lispLispCounterLISP_COUNTER_MAX)
+	for _, v := range e.Values {
+		if v.Value < uint64(len(names)) {
+			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "LISP_"))
+		}
+	}
+	return names, nil
+}
+
+// Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
+type Programs struct {
+	Encap   *ebpf.Program // tcx egress of an RLOC interface
+	EncapIn *ebpf.Program // tcx ingress of an EID-facing interface
+	Decap   *ebpf.Program // tcx ingress of an RLOC interface
+}
+
+// Programs returns the loaded programs, for BPF_PROG_RUN tests and benchmarks.
+func (d *Datapath) Programs() Programs {
+	return Programs{Encap: d.objs.LispEncap, EncapIn: d.objs.LispEncapIn, Decap: d.objs.LispDecap}
+}
+
+// Close detaches every link and unloads the programs.
+func (d *Datapath) Close() error {
+	var errs []error
+	for name, l := range d.links {
+		if err := l.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("lispdp: detach %s: %w", name, err))
+		}
+		delete(d.links, name)
+	}
+	if err := d.objs.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("lispdp: unload: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// inNS runs fn in the datapath's namespace: on a locked thread that is
+// thrown away afterwards, so no other goroutine ever runs there.
+func (d *Datapath) inNS(fn func() error) error {
+	if d.opts.Netns == "" {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		ns, err := netns.GetFromPath(d.opts.Netns)
+		if err != nil {
+			errc <- fmt.Errorf("open namespace %s: %w", d.opts.Netns, err)
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter namespace %s: %w", d.opts.Netns, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+type attachment struct {
+	name string
+	prog *ebpf.Program
+	at   ebpf.AttachType
+}
+
+func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) error {
+	return d.inNS(func() error {
+		ifc, err := netlink.LinkByName(ifname)
+		if err != nil {
+			return fmt.Errorf("lispdp: interface %s: %w", ifname, err)
+		}
+		if noTunnelGSO {
+			// Run on this thread, in the datapath's namespace: the child
+			// inherits it.
+			out, err := exec.Command("ethtool", "-K", ifname, "tx-udp_tnl-segmentation", "off").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("lispdp: %s: turn tunnel segmentation off (ethtool): %v: %s", ifname, err, strings.TrimSpace(string(out)))
+			}
+		}
+		for _, a := range as {
+			if _, ok := d.links[a.name]; ok {
+				continue
+			}
+			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Attrs().Index, Program: a.prog, Attach: a.at})
+			if err != nil {
+				return fmt.Errorf("lispdp: attach %s to %s: %w", a.at, ifname, err)
+			}
+			d.links[a.name] = l
+		}
+		return nil
+	})
+}
+
+// AttachRLOC attaches to an RLOC-facing (WAN) interface: decapsulation on
+// its tcx ingress, encapsulation on its tcx egress (the node's own packets
+// to EIDs, routed out of it: the gateway's subflows). Unless this kernel
+// decapsulates superpackets (DecapsGSO), the interface is set to segment
+// UDP tunnel superpackets itself before they leave (ethtool), since the
+// far end, a kernel like this one, could not take them whole
+// (docs/lisp-datapath.md, GSO).
+func (d *Datapath) AttachRLOC(ifname string) error {
+	return d.attach(ifname, []attachment{
+		{"decap/ingress/" + ifname, d.objs.LispDecap, ebpf.AttachTCXIngress},
+		{"encap/egress/" + ifname, d.objs.LispEncap, ebpf.AttachTCXEgress},
+	}, !d.gsoDecap)
+}
+
+// AttachEID attaches encapsulation to the tcx ingress of an EID-facing
+// interface: an xTR's packets from its site's EIDs arrive there.
+func (d *Datapath) AttachEID(ifname string) error {
+	return d.attach(ifname, []attachment{
+		{"encap/ingress/" + ifname, d.objs.LispEncapIn, ebpf.AttachTCXIngress},
+	}, false)
+}
+
+// SetPath configures (or replaces) path id.
+func (d *Datapath) SetPath(id uint8, p Path) error {
+	e, err := pathEntry(p)
+	if err != nil {
+		return fmt.Errorf("lispdp: path %d: %w", id, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tk := lispLispTunnelKey{LocalRloc: e.LocalRloc, RemoteRloc: e.RemoteRloc}
+	for other, o := range d.paths {
+		if other != id && o.LocalRloc == tk.LocalRloc && o.RemoteRloc == tk.RemoteRloc {
+			return fmt.Errorf("lispdp: path %d: %v -> %v is already path %d", id, p.LocalRLOC, p.RemoteRLOC, other)
+		}
+	}
+	if old, ok := d.paths[id]; ok {
+		if err := d.forgetTunnel(id, old); err != nil {
+			return err
+		}
+	}
+	if err := d.objs.LispPaths.Put(uint32(id), e); err != nil {
+		return fmt.Errorf("lispdp: write path %d: %w", id, err)
+	}
+	if err := d.objs.LispTunnels.Put(tk, uint32(id)); err != nil {
+		return fmt.Errorf("lispdp: write tunnel of path %d: %w", id, err)
+	}
+	if err := d.objs.LispLocals.Put(e.LocalRloc, uint32(1)); err != nil {
+		return fmt.Errorf("lispdp: write local RLOC of path %d: %w", id, err)
+	}
+	d.paths[id] = e
+	return nil
+}
+
+// forgetTunnel removes what decapsulation knows of path id (old), keeping
+// its local RLOC while another path still uses it.
+func (d *Datapath) forgetTunnel(id uint8, old lispLispPath) error {
+	tk := lispLispTunnelKey{LocalRloc: old.LocalRloc, RemoteRloc: old.RemoteRloc}
+	if err := d.objs.LispTunnels.Delete(tk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("lispdp: delete tunnel of path %d: %w", id, err)
+	}
+	for other, o := range d.paths {
+		if other != id && o.LocalRloc == old.LocalRloc {
+			return nil
+		}
+	}
+	if err := d.objs.LispLocals.Delete(old.LocalRloc); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("lispdp: delete local RLOC of path %d: %w", id, err)
+	}
+	return nil
+}
+
+// DeletePath removes path id: encapsulation onto it stops (no_path) and its
+// remote RLOC is no longer accepted.
+func (d *Datapath) DeletePath(id uint8) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old, ok := d.paths[id]
+	if !ok {
+		return nil
+	}
+	if err := d.objs.LispPaths.Put(uint32(id), lispLispPath{}); err != nil {
+		return fmt.Errorf("lispdp: clear path %d: %w", id, err)
+	}
+	if err := d.forgetTunnel(id, old); err != nil {
+		return err
+	}
+	delete(d.paths, id)
+	return nil
+}
+
+// SetEID maps an EID prefix to its RLOCs (as paths). An empty paths is a
+// negative mapping: packets to the prefix go on natively, untouched.
+func (d *Datapath) SetEID(prefix netip.Prefix, paths []PathChoice) error {
+	k, err := eidKey(prefix)
+	if err != nil {
+		return fmt.Errorf("lispdp: %w", err)
+	}
+	e, err := eidEntry(paths)
+	if err != nil {
+		return fmt.Errorf("lispdp: EID %v: %w", prefix, err)
+	}
+	if err := d.objs.LispEids.Put(k, e); err != nil {
+		return fmt.Errorf("lispdp: write EID %v: %w", prefix, err)
+	}
+	return nil
+}
+
+// DeleteEID forgets an EID prefix's mapping.
+func (d *Datapath) DeleteEID(prefix netip.Prefix) error {
+	k, err := eidKey(prefix)
+	if err != nil {
+		return fmt.Errorf("lispdp: %w", err)
+	}
+	if err := d.objs.LispEids.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("lispdp: delete EID %v: %w", prefix, err)
+	}
+	return nil
+}
+
+// PinSource makes packets from innerSrc take path id whenever their
+// destination's mapping lists it as usable (one subflow, one path).
+func (d *Datapath) PinSource(innerSrc netip.Addr, id uint8) error {
+	if !innerSrc.Is4() {
+		return fmt.Errorf("lispdp: pin %v: not IPv4", innerSrc)
+	}
+	if err := d.objs.LispPins.Put(be32(innerSrc), uint32(id)); err != nil {
+		return fmt.Errorf("lispdp: pin %v to path %d: %w", innerSrc, id, err)
+	}
+	return nil
+}
+
+// Unpin removes innerSrc's pin.
+func (d *Datapath) Unpin(innerSrc netip.Addr) error {
+	if !innerSrc.Is4() {
+		return fmt.Errorf("lispdp: unpin %v: not IPv4", innerSrc)
+	}
+	if err := d.objs.LispPins.Delete(be32(innerSrc)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("lispdp: unpin %v: %w", innerSrc, err)
+	}
+	return nil
+}
+
+// PathStats returns the counts of every configured path.
+func (d *Datapath) PathStats() (map[uint8]Stats, error) {
+	d.mu.Lock()
+	ids := make([]uint8, 0, len(d.paths))
+	for id := range d.paths {
+		ids = append(ids, id)
+	}
+	d.mu.Unlock()
+	out := map[uint8]Stats{}
+	for _, id := range ids {
+		var per []lispLispStats
+		if err := d.objs.LispPathStats.Lookup(uint32(id), &per); err != nil {
+			return nil, fmt.Errorf("lispdp: read stats of path %d: %w", id, err)
+		}
+		var s Stats
+		for _, c := range per {
+			s.TxPackets += c.TxPackets
+			s.TxBytes += c.TxBytes
+			s.RxPackets += c.RxPackets
+			s.RxBytes += c.RxBytes
+		}
+		out[id] = s
+	}
+	return out, nil
+}
+
+// Counters returns every datapath counter by name (encapsulated, pinned,
+// decapsulated, native, drop_*), summed over CPUs.
+func (d *Datapath) Counters() (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for i, name := range d.counterNames {
+		var per []uint64
+		if err := d.objs.LispCounters.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("lispdp: read counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// Drops returns the drop counters by reason (malformed, unknown_rloc,
+// wrong_iid, no_path, too_big, ...), summed over CPUs.
+func (d *Datapath) Drops() (map[string]uint64, error) {
+	all, err := d.Counters()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for name, v := range all {
+		if r, ok := strings.CutPrefix(name, "drop_"); ok {
+			out[r] = v
+		}
+	}
+	return out, nil
+}
