@@ -358,3 +358,74 @@ func TestPathDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 		t.Fatalf("counters %v", got)
 	}
 }
+
+// With --map-server the gateway registers each path's EID behind that
+// path's RLOC; the Map-Register authenticates with the key, and a map-server
+// with another key refuses it.
+func TestRegistrarRegistersEachPathsEIDBehindItsRLOC(t *testing.T) {
+	cfg := validConfig()
+	cfg.LISP = true
+	cfg.Paths[0].RLOC = netip.MustParseAddr("192.0.1.1")
+	cfg.Paths[1].RLOC = netip.MustParseAddr("192.0.2.1")
+	cfg.MapServerKey, cfg.KeyID = "s3cret", 3
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	cfg.MapServer = pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	got := make(chan lisp.MapRegister, 1)
+	authErr := make(chan error, 2)
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if err := lisp.Authenticate(buf[:n], []byte("s3cret")); err != nil {
+				authErr <- err
+				continue
+			}
+			reg, err := lisp.DecodeMapRegister(buf[:n])
+			if err != nil {
+				authErr <- err
+				continue
+			}
+			got <- reg
+			notify := lisp.MapNotify{Nonce: reg.Nonce, Records: reg.Records}
+			b, err := notify.Seal(reg.KeyID, []byte("s3cret"))
+			if err != nil {
+				authErr <- err
+				continue
+			}
+			pc.WriteTo(b, from) //nolint:errcheck // the registrar times out and says so
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := registrar(&cfg, nil).Register(ctx); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	reg := <-got
+	if reg.KeyID != 3 || len(reg.Records) != 2 {
+		t.Fatalf("map-register %+v", reg)
+	}
+	for i, r := range reg.Records {
+		p := cfg.Paths[i]
+		if r.EID != netip.PrefixFrom(p.EID, 32) || len(r.Locators) != 1 || r.Locators[0].Addr != p.RLOC || r.Locators[0].Priority != 1 {
+			t.Fatalf("record %d: %+v, want %s/32 behind %s", i, r, p.EID, p.RLOC)
+		}
+	}
+	cfg.MapServerKey = "wrong"
+	short, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel2()
+	r := registrar(&cfg, nil)
+	r.Attempts, r.Timeout = 1, 200*time.Millisecond
+	if err := r.Register(short); err == nil {
+		t.Fatal("a register with the wrong key got a Map-Notify")
+	}
+	if err := <-authErr; !errors.Is(err, lisp.ErrBadAuth) {
+		t.Fatalf("map-server's check of the wrong key: %v, want ErrBadAuth", err)
+	}
+}
