@@ -159,11 +159,24 @@ func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, 
 		e.count("native")
 		return c, nil
 	}
-	first := plan.Subflows[0]
-	up, err := e.dial(ctx, e.cfg.Paths[first.Path].EID, dest, true)
-	if err != nil {
+	/* the initial subflow on the best path; if it cannot connect (a path
+	   that failed further on than our link), the next path's */
+	var up *net.TCPConn
+	var errs []error
+	for i, first := range plan.Subflows {
+		p := e.cfg.Paths[first.Path]
+		if up, err = e.dial(ctx, p.EID, dest, true); err == nil {
+			plan.Subflows = append([]Subflow{first}, append(plan.Subflows[:i:i], plan.Subflows[i+1:]...)...)
+			break
+		}
 		e.count("dial_errors")
-		return nil, fmt.Errorf("dial %s from %s (path %s): %w", dest, e.cfg.Paths[first.Path].EID, e.cfg.Paths[first.Path].Name, err)
+		errs = append(errs, fmt.Errorf("from %s (path %s): %w", p.EID, p.Name, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if up == nil {
+		return nil, fmt.Errorf("dial %s: %w", dest, errors.Join(errs...))
 	}
 	c.up = up
 	st, err := ReadMPTCPInfo(up)
@@ -333,7 +346,9 @@ func (e *Engine) SetPathUp(path int, up bool) {
 				e.rl.Warn("pin", "gateway: pinning a path that came back", "path", p.Name, "err", err)
 				continue
 			}
-			e.addSubflow(c, path)
+			/* in the background: a connection not yet fully established
+			   waits (addSubflow retries) without holding up the link watcher */
+			go e.addSubflow(c, path)
 		}
 	}
 }

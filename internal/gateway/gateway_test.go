@@ -351,8 +351,18 @@ func TestPathDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 	if len(pin.repinned) != 1 || pin.repinned[0] != 0 {
 		t.Fatalf("path 0 up: repinned %v, want [0]", pin.repinned)
 	}
-	if len(pm.created) != 1 || pm.created[0] != "10.77.0.1" {
-		t.Fatalf("path 0 up: created %v, want one subflow from 10.77.0.1", pm.created)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		pm.mu.Lock()
+		created := append([]string(nil), pm.created...)
+		pm.mu.Unlock()
+		if len(created) == 1 && created[0] == "10.77.0.1" && e.Counters()["subflows_created"] == 1 {
+			break
+		}
+		if len(created) > 1 || time.Now().After(deadline) {
+			t.Fatalf("path 0 up: created %v, want one subflow from 10.77.0.1", created)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if got := e.Counters(); got["path_down"] != 1 || got["path_up"] != 1 || got["subflows_closed_path_down"] != 1 || got["subflows_created"] != 1 {
 		t.Fatalf("counters %v", got)
