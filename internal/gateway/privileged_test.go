@@ -137,12 +137,18 @@ func (l *lab) start(t testing.TB, extra ...string) {
 	if len(extra) == 0 {
 		extra = []string{"--map", "10.88.0.0/24=192.168.71.2,192.168.72.2"}
 	}
-	l.logs = &syncBuf{}
-	args := []string{"netns-exec", l.gw, "--", l.bin, "gateway", "run", "--control", l.sock,
-		"--intercept", "g0", "--eid-prefix", "10.77.0.0/24",
+	l.startOnly(t, append([]string{
 		"--path", "dev=p1,eid=" + gwEID1 + ",rloc=192.168.71.1,name=wan1",
-		"--path", "dev=p2,eid=" + gwEID2 + ",rloc=192.168.72.1,name=wan2"}
-	l.daemon = exec.Command(l.bin, append(args, extra...)...)
+		"--path", "dev=p2,eid=" + gwEID2 + ",rloc=192.168.72.1,name=wan2"}, extra...)...)
+}
+
+// startOnly runs the gateway with the paths and mappings in args.
+func (l *lab) startOnly(t testing.TB, args ...string) {
+	t.Helper()
+	l.logs = &syncBuf{}
+	base := []string{"netns-exec", l.gw, "--", l.bin, "gateway", "run", "--control", l.sock,
+		"--intercept", "g0", "--eid-prefix", "10.77.0.0/24"}
+	l.daemon = exec.Command(l.bin, append(base, args...)...)
 	l.daemon.Stdout, l.daemon.Stderr = l.logs, l.logs
 	if err := l.daemon.Start(); err != nil {
 		t.Fatal(err)
