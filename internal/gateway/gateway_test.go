@@ -209,7 +209,7 @@ func TestNFTRulesInterceptOnlyTheUserSide(t *testing.T) {
 	got := NFTRules(&c)
 	for _, want := range []string{
 		"table ip onehop_gateway\ndelete table ip onehop_gateway\n",
-		`iifname { "eth0", "eth1" } meta l4proto tcp fib daddr type != local tproxy to :15001 meta mark set 0x4f48 accept`,
+		`iifname { "eth0", "eth1" } meta l4proto tcp fib daddr type != local tproxy to 127.0.0.1:15001 meta mark set 0x4f48 accept`,
 		"type filter hook prerouting priority mangle; policy accept;",
 	} {
 		if !strings.Contains(got, want) {

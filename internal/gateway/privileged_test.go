@@ -422,6 +422,18 @@ func TestPrivilegedGatewayTwoPathsSurviveAPathCut(t *testing.T) {
 	}
 
 	l.start(t)
+	/* the gateway's own address and listen port is no way in: a
+	   listener there would proxy the connection to itself, forever */
+	if err := netns.Do(l.user, func() error {
+		c, err := net.DialTimeout("tcp4", fmt.Sprintf("10.66.0.1:%d", DefaultListenPort), time.Second)
+		if err == nil {
+			c.Close()
+			return fmt.Errorf("user reached the gateway's listener directly")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	dest := srvEID + ":5201"
 	d := l.download(t, dest)
 	d.waitBytes(t, 6<<20, l.logs)
@@ -431,6 +443,10 @@ func TestPrivilegedGatewayTwoPathsSurviveAPathCut(t *testing.T) {
 	}
 	if ss := l.srvSubflows(t, "5201"); ss[gwEID1] != 1 || ss[gwEID2] != 1 {
 		t.Fatalf("server's MPTCP subflows by peer %v; want one from %s and one from %s", ss, gwEID1, gwEID2)
+	}
+	/* ss -M: the server's MPTCP socket counts one joined subflow */
+	if out := run(t, "ip", "netns", "exec", l.srv, "ss", "-MiH", "state", "established"); !strings.Contains(out, " subflows:1 ") {
+		t.Fatalf("server's ss -Mi shows no joined subflow:\n%s", out)
 	}
 	if out := run(t, "ip", "netns", "exec", l.gw, "ss", "-tinH", "state", "established", "( dport = :5201 )"); strings.Count(out, "cubic") < 2 || strings.Contains(out, "bbr") {
 		t.Fatalf("gw's subflows are not all cubic:\n%s", out)

@@ -111,7 +111,7 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 	}}
 	/* the user speaks plain TCP; Go would make a listener MPTCP by default */
 	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", cfg.ListenPort))
+	ln, err := lc.Listen(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", cfg.ListenPort))
 	if err != nil {
 		return fmt.Errorf("gateway run: --listen-port %d: %w", cfg.ListenPort, err)
 	}
