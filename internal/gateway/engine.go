@@ -50,6 +50,8 @@ type Engine struct {
 	closed   []ConnStatus
 	nextID   uint64
 	counters map[string]uint64
+	// perClient counts each user address's connections (--max-per-client).
+	perClient map[netip.Addr]int
 }
 
 // conn is one intercepted connection.
@@ -99,7 +101,28 @@ func NewEngine(cfg *Config, d EngineDeps) *Engine {
 	return &Engine{
 		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows, tcpInfo: d.TCPInfo,
 		log: log, rl: ratelog.New(log, 5, 10*time.Second, time.Now),
-		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{},
+		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{}, perClient: map[netip.Addr]int{},
+	}
+}
+
+// admit takes one of client's connection slots: false (and counted) when
+// it holds MaxPerClient already; release gives it back.
+func (e *Engine) admit(client netip.Addr) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cfg.MaxPerClient > 0 && e.perClient[client] >= e.cfg.MaxPerClient {
+		e.counters["refused_per_client"]++
+		return false
+	}
+	e.perClient[client]++
+	return true
+}
+
+func (e *Engine) release(client netip.Addr) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.perClient[client]--; e.perClient[client] <= 0 {
+		delete(e.perClient, client)
 	}
 }
 

@@ -22,7 +22,7 @@ func validConfig() Config {
 			{Name: "wan2", Dev: "wan2", EID: netip.MustParseAddr("10.77.0.2")},
 		},
 		ListenPort: DefaultListenPort, FWMark: DefaultFWMark, Table: DefaultTable,
-		RulePriority: DefaultRulePriority, Congestion: DefaultCongestion,
+		RulePriority: DefaultRulePriority, Congestion: DefaultCongestion, MaxPerClient: DefaultMaxPerClient,
 		Static: []Record{{EID: netip.MustParsePrefix("10.88.0.0/24")}},
 	}
 }
@@ -437,5 +437,30 @@ func TestRegistrarRegistersEachPathsEIDBehindItsRLOC(t *testing.T) {
 	}
 	if err := <-authErr; !errors.Is(err, lisp.ErrBadAuth) {
 		t.Fatalf("map-server's check of the wrong key: %v, want ErrBadAuth", err)
+	}
+}
+
+// One user address gets at most --max-per-client connections at once; a
+// slot given back is usable again, and other users are not affected.
+func TestAdmitBoundsEachUsersConnections(t *testing.T) {
+	cfg := validConfig()
+	cfg.MaxPerClient = 2
+	e := NewEngine(&cfg, EngineDeps{})
+	a, b := netip.MustParseAddr("10.66.0.2"), netip.MustParseAddr("10.66.0.3")
+	if !e.admit(a) || !e.admit(a) {
+		t.Fatal("first two refused")
+	}
+	if e.admit(a) {
+		t.Fatal("third admitted")
+	}
+	if !e.admit(b) {
+		t.Fatal("another user refused")
+	}
+	e.release(a)
+	if !e.admit(a) {
+		t.Fatal("a released slot not usable")
+	}
+	if got := e.Counters()["refused_per_client"]; got != 1 {
+		t.Fatalf("refused_per_client = %d, want 1", got)
 	}
 }

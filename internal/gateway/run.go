@@ -225,6 +225,11 @@ func (e *Engine) handle(ctx context.Context, client *net.TCPConn) {
 	from := client.RemoteAddr().(*net.TCPAddr).AddrPort()
 	dest = netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port())
 	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	if !e.admit(from.Addr()) {
+		e.rl.Warn("limit:"+from.Addr().String(), "gateway: a user holds --max-per-client connections already; refusing", "client", from.Addr(), "max", e.cfg.MaxPerClient)
+		return
+	}
+	defer e.release(from.Addr())
 	octx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	c, err := e.Open(octx, from, dest)
 	cancel()
