@@ -21,6 +21,10 @@ import (
 // keepClosed is how many finished connections status still shows.
 const keepClosed = 64
 
+// initialAttempt bounds the initial subflow's connect on a path when
+// other paths are left to try.
+const initialAttempt = 2500 * time.Millisecond
+
 // Dialer opens the gateway's side of a connection: MPTCP from a path's EID
 // (from the zero Addr: plain TCP by the ordinary routes).
 type Dialer func(ctx context.Context, from netip.Addr, to netip.AddrPort, mptcp bool) (*net.TCPConn, error)
@@ -188,7 +192,15 @@ func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, 
 	var errs []error
 	for i, first := range plan.Subflows {
 		p := e.cfg.Paths[first.Path]
-		if up, err = e.dial(ctx, p.EID, dest, true); err == nil {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if i < len(plan.Subflows)-1 {
+			/* a SYN and one retransmission (1 s RTO): a path that died
+			   beyond our link does not hold the user up for long */
+			actx, cancel = context.WithTimeout(ctx, initialAttempt)
+		}
+		up, err = e.dial(actx, p.EID, dest, true)
+		cancel()
+		if err == nil {
 			plan.Subflows = append([]Subflow{first}, append(plan.Subflows[:i:i], plan.Subflows[i+1:]...)...)
 			break
 		}

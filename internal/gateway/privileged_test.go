@@ -589,3 +589,42 @@ func TestPrivilegedGatewayAsksTheMapResolverAndSkipsUnusableRLOCs(t *testing.T) 
 	}
 	l.stop(t)
 }
+
+// wan1 dies beyond the gateway's link (the server's side drops everything
+// arriving on it; the gateway's link stays up): a new connection's initial
+// subflow on wan1 gets no answer, so after initialAttempt the gateway
+// connects over wan2 instead, and the download completes with its hash.
+func TestPrivilegedGatewayInitialSubflowFailsOverWhenAPathDiesFurtherOn(t *testing.T) {
+	l := newLab(t, "100mbit")
+	blob := make([]byte, 8<<20)
+	if _, err := rand.Read(blob); err != nil {
+		t.Fatal(err)
+	}
+	l.serve(t, srvEID+":5201", true, blob)
+	l.start(t)
+	drop := exec.Command("ip", "netns", "exec", l.srv, "nft", "-f", "-")
+	drop.Stdin = strings.NewReader("table ip gwtest {\n chain in {\n  type filter hook prerouting priority raw;\n  iifname \"s1\" drop\n }\n}\n")
+	if out, err := drop.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	start := time.Now()
+	d := l.download(t, srvEID+":5201")
+	d.wait(t, blob, l.logs)
+	took := time.Since(start)
+	c := l.conn(t, srvEID+":5201", func(c ConnStatus) bool { return !c.Open })
+	var wan2 uint64
+	for _, s := range c.Subflows {
+		if s.Path == "wan2" {
+			wan2 = s.BytesReceived
+		}
+	}
+	if c.Mode != ModeMPTCP || wan2 < uint64(len(blob)) {
+		t.Fatalf("want the download carried by wan2's subflow: %+v", c)
+	}
+	if took < initialAttempt || took > initialAttempt+8*time.Second {
+		t.Fatalf("download took %v; want the initial attempt on wan1 (%v) and then wan2's pace", took, initialAttempt)
+	}
+	if r, err := Ask(l.sock, Request{Op: "status"}); err != nil || r.Counters["dial_errors"] != 1 {
+		t.Fatalf("counters %v, %v: want one dial error (wan1)", r.Counters, err)
+	}
+}
