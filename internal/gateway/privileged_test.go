@@ -594,7 +594,7 @@ func TestPrivilegedGatewayAsksTheMapResolverAndSkipsUnusableRLOCs(t *testing.T) 
 // arriving on it; the gateway's link stays up): a new connection's initial
 // subflow on wan1 gets no answer, so after initialAttempt the gateway
 // connects over wan2 instead, and the download completes with its hash.
-func TestPrivilegedGatewayInitialSubflowFailsOverWhenAPathDiesFurtherOn(t *testing.T) {
+func TestPrivilegedGatewaySurvivesAPathDyingBeyondItsLink(t *testing.T) {
 	l := newLab(t, "100mbit")
 	blob := make([]byte, 8<<20)
 	if _, err := rand.Read(blob); err != nil {
@@ -627,4 +627,28 @@ func TestPrivilegedGatewayInitialSubflowFailsOverWhenAPathDiesFurtherOn(t *testi
 	if r, err := Ask(l.sock, Request{Op: "status"}); err != nil || r.Counters["dial_errors"] != 1 {
 		t.Fatalf("counters %v, %v: want one dial error (wan1)", r.Counters, err)
 	}
+
+	/* healed, then dead again in the middle of a download on both paths:
+	   MPTCP moves the data to wan2 by itself (the gateway sees no link
+	   change) and the content arrives whole */
+	nodrop := exec.Command("ip", "netns", "exec", l.srv, "nft", "delete", "table", "ip", "gwtest")
+	if out, err := nodrop.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	big := make([]byte, 48<<20)
+	if _, err := rand.Read(big); err != nil {
+		t.Fatal(err)
+	}
+	l.serve(t, srvEID+":5202", true, big)
+	d = l.download(t, srvEID+":5202")
+	d.waitBytes(t, 4<<20, l.logs)
+	l.conn(t, srvEID+":5202", func(c ConnStatus) bool { return liveOn(c, "wan1") && liveOn(c, "wan2") })
+	drop = exec.Command("ip", "netns", "exec", l.srv, "nft", "-f", "-")
+	drop.Stdin = strings.NewReader("table ip gwtest {\n chain in {\n  type filter hook prerouting priority raw;\n  iifname \"s1\" drop\n }\n}\n")
+	if out, err := drop.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	cut := time.Now()
+	d.wait(t, big, l.logs)
+	t.Logf("download finished %v after wan1 died beyond the gateway's link", time.Since(cut))
 }
