@@ -27,6 +27,8 @@ func TestCLIGatewayRunNamesTheBadFlag(t *testing.T) {
 		{"bad fwmark", append(base, "--fwmark", "red"), "--fwmark"},
 		{"lisp without rloc", append(base, "--lisp", "--path", "dev=wan2,eid=10.77.0.2"), "--path dev=wan2: --lisp needs rloc="},
 		{"map-server without key", append(base, "--lisp", "--map-server", "192.0.2.9"), "--map-server-key"},
+		{"missing key file", append(base, "--lisp", "--map-server", "192.0.2.9", "--map-server-key-file", "/nonexistent/key"), "--map-server-key-file"},
+		{"key twice", append(base, "--lisp", "--map-server", "192.0.2.9", "--map-server-key", "k", "--map-server-key-file", "/nonexistent/key"), "--map-server-key-file: give the key once"},
 		{"no mapping system", []string{"gateway", "run", "--intercept", "eth0", "--eid-prefix", "10.77.0.0/24", "--path", "dev=wan1,eid=10.77.0.1"}, "--map-resolver or --map"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
