@@ -67,11 +67,14 @@ func reply(t *testing.T, msg []byte, flip uint64, recs ...Record) []byte {
 
 func TestResolverRefusesWrongNonceAndGarbageThenAcceptsTheReplyAndCachesIt(t *testing.T) {
 	rec := goldenRec()
+	var mu sync.Mutex // the server's goroutine writes, the test reads
 	var asked netip.Prefix
 	var itr netip.Addr
 	s := startServer(t, func(n int, msg []byte) [][]byte {
 		req, _ := DecodeMapRequest(msg)
+		mu.Lock()
 		asked, itr = req.EIDs[0], req.ITRRLOCs[0]
+		mu.Unlock()
 		return [][]byte{reply(t, msg, 1, rec), []byte("garbage"), reply(t, msg, 0, Record{EID: pfx("10.9.0.0/16"), TTL: time.Minute}), reply(t, msg, 0, rec)}
 	})
 	r := NewResolver(s.addr())
@@ -82,6 +85,8 @@ func TestResolverRefusesWrongNonceAndGarbageThenAcceptsTheReplyAndCachesIt(t *te
 	if got.EID != rec.EID || len(got.Locators) != 2 || got.Locators[0].Addr != addr("192.0.2.10") {
 		t.Fatalf("got %+v, want %+v", got, rec)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if asked != pfx("10.1.2.3/32") || itr != addr("127.0.0.1") {
 		t.Fatalf("the request asked for %s with ITR-RLOC %s, want 10.1.2.3/32 and 127.0.0.1", asked, itr)
 	}
@@ -236,5 +241,53 @@ func TestRegistrarWithTheWrongKeyGetsNoNotifyAndRefusesAForgedOne(t *testing.T) 
 	}
 	if st := g.Stats(); st.RefusedNotify != 1 || st.Notified != 0 {
 		t.Fatalf("stats %+v: want the forged notify refused", st)
+	}
+}
+
+// Concurrent lookups of one EID share one Map-Request.
+func TestResolverSendsOneRequestForConcurrentLookupsOfOneEID(t *testing.T) {
+	release := make(chan struct{})
+	s := startServer(t, func(n int, msg []byte) [][]byte {
+		<-release // hold the answer until every caller waits
+		return [][]byte{reply(t, msg, 0, goldenRec())}
+	})
+	r := NewResolver(s.addr())
+	const callers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := r.Resolve(context.Background(), addr("10.1.2.3"))
+			errs <- err
+		}()
+	}
+	waitUntil(t, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.inflight) == 1 && s.requests.Load() == 1
+	})
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.requests.Load(); n != 1 {
+		t.Fatalf("%d Map-Requests for %d concurrent lookups of one EID, want 1", n, callers)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
