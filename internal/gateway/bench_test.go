@@ -75,10 +75,17 @@ func (l *lab) streamServers(t testing.TB, down, up string, n int64) {
 // addr) by a plain-TCP user socket in cubic; it returns Mbit/s.
 func (l *lab) transfer(t testing.TB, addr string, n int64, upload bool) float64 {
 	t.Helper()
+	return l.transferAs(t, addr, n, upload, false)
+}
+
+// transferAs is transfer with the user's socket MPTCP when mptcp is set
+// (a baseline: MPTCP end to end, no gateway).
+func (l *lab) transferAs(t testing.TB, addr string, n int64, upload, mptcp bool) float64 {
+	t.Helper()
 	var c net.Conn
 	if err := netns.Do(l.user, func() (err error) {
 		d := net.Dialer{Timeout: 5 * time.Second, Control: ccControl("cubic")}
-		d.SetMultipathTCP(false)
+		d.SetMultipathTCP(mptcp)
 		c, err = d.Dial("tcp4", addr)
 		return err
 	}); err != nil {
@@ -219,7 +226,9 @@ func BenchmarkPrivilegedGatewayTwoPathsVsOne(b *testing.B) {
 // masquerade), TCP interception only (the gateway with a negative mapping:
 // native mode, spliced), the gateway with MPTCP pinned natively, and (in a
 // second lab, with an xTR) the full gateway (interception + MPTCP + LISP in
-// eBPF on gw and xtr) beside that lab's own NAT.
+// eBPF on gw and xtr) beside that lab's own NAT. "nat, user mptcp" is the
+// baseline of what MPTCP itself costs: the user's own socket MPTCP, through
+// the NAT, no gateway.
 func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 	const n = 512 << 20
 	one := []string{"--path", "dev=p1,eid=" + gwEID1 + ",rloc=192.168.71.1,name=wan1"}
@@ -236,8 +245,8 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 		res := map[string][]float64{}
 		for round := 0; round < 5; round++ {
 			for _, k := range order {
-				if k == "nat" {
-					res[k] = append(res[k], l.transfer(b, srvEID+":5401", n, false))
+				if k == "nat" || k == "nat, user mptcp" {
+					res[k] = append(res[k], l.transferAs(b, srvEID+":5401", n, false, k != "nat"))
 					continue
 				}
 				l.startOnly(b, append(one, variants[k]...)...)
@@ -255,7 +264,7 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 	measure(plain, map[string][]string{
 		"intercept":      {"--map", "10.88.0.0/24=negative"},
 		"mptcp (native)": {"--map", "10.88.0.0/24=192.168.71.2"},
-	}, []string{"nat", "intercept", "mptcp (native)"})
+	}, []string{"nat", "nat, user mptcp", "intercept", "mptcp (native)"})
 
 	withXTR, _ := newLISPLab(b, "")
 	ipIn(b, withXTR.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
