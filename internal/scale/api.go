@@ -13,9 +13,9 @@ import (
 
 // apiClient calls the controller's REST API over loopback TCP.
 type apiClient struct {
-	base    string
-	http    *http.Client
-	nretry  atomic.Int64
+	base   string
+	http   *http.Client
+	nretry atomic.Int64
 }
 
 func newAPIClient(base string, conns int) *apiClient {

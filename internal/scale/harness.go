@@ -338,10 +338,12 @@ func (h *harness) until(ctx context.Context, what string, cond func() (bool, str
 	}
 }
 
-func (h *harness) farmName(f int) string      { return fmt.Sprintf("farm%03d", f) }
-func (h *harness) subnetName(s int) string    { return fmt.Sprintf("s%d", s) }
-func (h *harness) vmsPerFarm() int            { return (h.cfg.VMs + h.cfg.Farms - 1) / h.cfg.Farms }
-func (h *harness) subnetOf(f, s int) intent.Subnet { return h.subnets[h.farmName(f)+"/"+h.subnetName(s)] }
+func (h *harness) farmName(f int) string   { return fmt.Sprintf("farm%03d", f) }
+func (h *harness) subnetName(s int) string { return fmt.Sprintf("s%d", s) }
+func (h *harness) vmsPerFarm() int         { return (h.cfg.VMs + h.cfg.Farms - 1) / h.cfg.Farms }
+func (h *harness) subnetOf(f, s int) intent.Subnet {
+	return h.subnets[h.farmName(f)+"/"+h.subnetName(s)]
+}
 
 // createFarms creates the farms, their subnets, a rule inside each farm and
 // peerings with cross-farm rules between pairs of farms.
