@@ -3,7 +3,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -47,6 +46,9 @@ type Options struct {
 	// MappingTableSize is the mapping table's fixed number of entries
 	// (remote VMs this host can address at once); 0 keeps the default.
 	MappingTableSize int
+	// Sizes sizes the tables an operator may size (Sizes.Mappings is
+	// MappingTableSize; give one or the other).
+	Sizes Sizes
 	// testHooks loads the objects built with ONEHOP_TEST_HOOKS (tests only).
 	testHooks bool
 }
@@ -67,11 +69,15 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
+	sizes := o.Sizes
 	if o.MappingTableSize != 0 {
-		if o.MappingTableSize < MinMappingTableSize {
-			return nil, fmt.Errorf("mapping table size %d: must be at least %d", o.MappingTableSize, MinMappingTableSize)
+		if sizes.Mappings != 0 && sizes.Mappings != o.MappingTableSize {
+			return nil, fmt.Errorf("mapping table size given twice: %d and %d", o.MappingTableSize, sizes.Mappings)
 		}
-		spec.Maps["mappings"].MaxEntries = uint32(o.MappingTableSize)
+		sizes.Mappings = o.MappingTableSize
+	}
+	if err := sizes.apply(spec); err != nil {
+		return nil, err
 	}
 	k := &Kernel{pinDir: pinDir, links: map[string]link.Link{}, psLinks: map[string]link.Link{}}
 	if k.dropName, err = enumNames(spec, "drop_reason", "DROP_"); err != nil {
@@ -95,22 +101,20 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 			return nil, fmt.Errorf("pin dir: %w", err)
 		}
 	}
-	err = spec.LoadAndAssign(&k.vif, opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// Pins from an older build with another map layout: they cannot be
-		// reused, so traffic pauses until the new maps are filled.
-		slog.Warn("pinned maps do not match this build; replacing them", "dir", opts.Maps.PinPath, "err", err)
-		if rerr := os.RemoveAll(opts.Maps.PinPath); rerr != nil {
-			return nil, fmt.Errorf("remove stale pins: %w", rerr)
-		}
-		if err := os.MkdirAll(opts.Maps.PinPath, 0o700); err != nil {
+	// Pinned maps are reused as they are, so traffic goes on across a
+	// restart; one that no longer fits (resized by a flag, or from a build
+	// with another layout) is replaced alone, and its entries carried over.
+	var stale []stalePin
+	if pinDir != "" {
+		if stale, err = setAsideStalePins(spec, opts.Maps.PinPath); err != nil {
 			return nil, err
 		}
-		err = spec.LoadAndAssign(&k.vif, opts)
 	}
-	if err != nil {
+	if err := spec.LoadAndAssign(&k.vif, opts); err != nil {
+		restorePins(stale)
 		return nil, fmt.Errorf("load vif program: %w", err)
 	}
+	moveEntries(stale, mapsByName(&k.vif.vifMaps))
 
 	uspec, err := uplinkSpec()
 	if err != nil {
@@ -387,7 +391,7 @@ func (k *Kernel) plan(e Entries) ([]step, error) {
 		// Members before the counts that cover them.
 		step{"scope members", func() error { return syncMap(k.vif.ScopeMembers, e.Members, "scope members", nil) }},
 		step{"scopes", func() error { return syncMap(k.vif.Scopes, e.Scopes, "scopes", nil) }},
-		put(k.vif.ShareConfig, "write share limits", uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity())),
+		put(k.vif.ShareConfig, "write share limits", uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity(), int(k.vif.Conntrack.MaxEntries()))),
 		step{"forget shares", func() error { return k.forgetShares(e.Endpoints) }},
 		step{"farms", func() error { return k.syncFarms(e.Farms) }},
 		step{"hosts", func() error { return k.syncHosts(e.Hosts) }},

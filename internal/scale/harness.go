@@ -156,38 +156,39 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer h.close()
 	err := h.run(ctx)
 	h.report.Elapsed = time.Since(start)
+	if err != nil {
+		h.report.Failed = err.Error()
+	}
 	return h.report, err
 }
 
+// Phases of a run, in order; Report.Done lists those that completed.
+const (
+	PhaseCreates = "creates"
+	PhaseRules   = "rules"
+	PhaseMoves   = "moves"
+	PhaseRestart = "restart"
+	PhaseVerify  = "verify"
+	PhaseStore   = "store"
+)
+
 func (h *harness) run(ctx context.Context) error {
-	if err := h.startStore(ctx); err != nil {
-		return err
+	for _, step := range []struct {
+		phase string
+		do    func(context.Context) error
+	}{
+		{"", h.startStore}, {"", h.seedHosts}, {"", h.startAgents}, {"", h.createFarms},
+		{PhaseCreates, h.createVMs}, {PhaseRules, h.changeRules}, {PhaseMoves, h.moveVMs},
+		{PhaseRestart, h.restartController}, {PhaseVerify, h.verify}, {PhaseStore, h.measureStore},
+	} {
+		if err := step.do(ctx); err != nil {
+			return err
+		}
+		if step.phase != "" {
+			h.report.Done = append(h.report.Done, step.phase)
+		}
 	}
-	if err := h.seedHosts(ctx); err != nil {
-		return err
-	}
-	if err := h.startAgents(ctx); err != nil {
-		return err
-	}
-	if err := h.createFarms(ctx); err != nil {
-		return err
-	}
-	if err := h.createVMs(ctx); err != nil {
-		return err
-	}
-	if err := h.changeRules(ctx); err != nil {
-		return err
-	}
-	if err := h.moveVMs(ctx); err != nil {
-		return err
-	}
-	if err := h.restartController(ctx); err != nil {
-		return err
-	}
-	if err := h.verify(ctx); err != nil {
-		return err
-	}
-	return h.measureStore(ctx)
+	return nil
 }
 
 // startStore starts etcd (an external cluster, or the controller's own) and
@@ -363,6 +364,9 @@ func (h *harness) createFarms(ctx context.Context) error {
 		}
 		if err := h.allow(ctx, f, 5432); err != nil {
 			return err
+		}
+		if (f+1)%10 == 0 {
+			h.log("created %d/%d farms with their subnets", f+1, h.cfg.Farms)
 		}
 	}
 	peerings := 0
@@ -627,7 +631,7 @@ func (h *harness) changeRules(ctx context.Context) error {
 	}
 	h.report.RuleChange = summarize(everywhere)
 	h.report.RuleChangePerHost = summarize(perHost)
-	h.log("%d rule changes: applied everywhere p50 %v p99 %v", h.cfg.RuleChanges, h.report.RuleChange.P50, h.report.RuleChange.P99)
+	h.log("%d rule changes: applied everywhere %s", h.cfg.RuleChanges, h.report.RuleChange)
 	return nil
 }
 
@@ -661,7 +665,7 @@ func (h *harness) moveVMs(ctx context.Context) error {
 		h.vms[i].host = to
 	}
 	h.report.Move = summarize(took)
-	h.log("%d moves: applied on both hosts p50 %v p99 %v", len(took), h.report.Move.P50, h.report.Move.P99)
+	h.log("%d moves: applied on both hosts %s", len(took), h.report.Move)
 	return nil
 }
 
