@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 )
@@ -47,7 +48,7 @@ func setAsideStalePins(spec *ebpf.CollectionSpec, dir string) ([]stalePin, error
 			restorePins(stale)
 			return nil, fmt.Errorf("pinned map %s: %w", name, cerr)
 		}
-		aside := path + ".old"
+		aside := path + asideSuffix
 		os.Remove(aside) // left by an agent killed mid-replacement
 		if err := os.Rename(path, aside); err != nil {
 			m.Close()
@@ -63,7 +64,7 @@ func setAsideStalePins(spec *ebpf.CollectionSpec, dir string) ([]stalePin, error
 // restorePins puts the set-aside pins back (a load that failed).
 func restorePins(stale []stalePin) {
 	for _, s := range stale {
-		os.Rename(s.aside, s.aside[:len(s.aside)-len(".old")])
+		os.Rename(s.aside, strings.TrimSuffix(s.aside, asideSuffix))
 		s.old.Close()
 	}
 }
@@ -111,3 +112,7 @@ func copyMap(from, to *ebpf.Map) (int, error) {
 	}
 	return n, it.Err()
 }
+
+// asideSuffix marks a set-aside pin: bpffs refuses names with a dot, and no
+// C identifier has a dash.
+const asideSuffix = "-old"
