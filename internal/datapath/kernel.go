@@ -600,23 +600,62 @@ func (k *Kernel) SlowPath() (*ringbuf.Reader, error) {
 
 // Mappings lists the mapping table. An LRU table can change under the walk;
 // an entry evicted meanwhile is simply missing.
+//
+// The ARP engine reads it whole every second, so it is read in batches of
+// mappingBatch entries a system call (a 200,000-entry table: ~50 calls, not
+// 400,000), falling back to one entry at a time where the kernel has no
+// batch lookup.
 func (k *Kernel) Mappings() ([]arpengine.Entry, error) {
+	keys, vals, err := k.readMappings()
+	// One slab for every host MAC: a large table costs two allocations
+	// a read, not one per entry.
+	out := make([]arpengine.Entry, len(keys))
+	macs := make([]byte, 6*len(keys))
+	for i, key := range keys {
+		v := &vals[i]
+		out[i] = arpengine.Entry{IP: KeyIP(key), Confirmed: time.Duration(v.ConfirmedNs), Used: time.Duration(v.UsedNs)}
+		if v.HostMac != [6]byte{} {
+			mac := macs[6*i : 6*i+6 : 6*i+6]
+			copy(mac, v.HostMac[:])
+			out[i].HostMAC = mac
+		}
+	}
+	return out, err
+}
+
+func (k *Kernel) readMappings() ([]uint32, []Mapping, error) {
+	keys := make([]uint32, 0, mappingBatch)
+	vals := make([]Mapping, 0, mappingBatch)
+	bk := make([]uint32, mappingBatch)
+	bv := make([]Mapping, mappingBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := k.vif.Mappings.BatchLookup(&cursor, bk, bv, nil)
+		keys, vals = append(keys, bk[:n]...), append(vals, bv[:n]...)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return keys, vals, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) && len(keys) == 0 {
+			break
+		}
+		if err != nil {
+			return keys, vals, fmt.Errorf("read mapping table: %w", err)
+		}
+	}
 	var key uint32
 	var val Mapping
-	var out []arpengine.Entry
 	it := k.vif.Mappings.Iterate()
 	for it.Next(&key, &val) {
-		e := arpengine.Entry{IP: KeyIP(key), Confirmed: time.Duration(val.ConfirmedNs), Used: time.Duration(val.UsedNs)}
-		if val.HostMac != [6]byte{} {
-			e.HostMAC = net.HardwareAddr(append([]byte(nil), val.HostMac[:]...))
-		}
-		out = append(out, e)
+		keys, vals = append(keys, key), append(vals, val)
 	}
 	if err := it.Err(); err != nil {
-		return out, fmt.Errorf("read mapping table: %w", err)
+		return keys, vals, fmt.Errorf("read mapping table: %w", err)
 	}
-	return out, nil
+	return keys, vals, nil
 }
+
+// mappingBatch is how many mapping-table entries one system call reads.
+const mappingBatch = 4096
 
 // Mapping returns the host holding ip, if the table has one.
 func (k *Kernel) Mapping(ip netip.Addr) (net.HardwareAddr, bool) {

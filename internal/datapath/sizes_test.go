@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -168,4 +169,49 @@ func TestPrivilegedMappingTableOfAMillionEntriesFitsIn100MiB(t *testing.T) {
 func vmAddr(i int) netip.Addr {
 	n := uint32(10<<24) + uint32(i) + 1
 	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+}
+
+// The ARP engine reads the whole mapping table every second: every entry
+// must come back, and at 200,000 entries the read must not take the agent's
+// second (the time is reported, beside one entry at a time).
+func TestPrivilegedMappingsReadsEveryEntryOfALargeTable(t *testing.T) {
+	const n = 200_000
+	k := openTestKernel(t, Options{Sizes: Sizes{Mappings: 262144}})
+	keys := make([]uint32, 0, n)
+	vals := make([]Mapping, 0, n)
+	for i := 0; i < n; i++ {
+		keys = append(keys, IPKey(vmAddr(i)))
+		vals = append(vals, Mapping{HostMac: [6]byte{2, 0, 0, 0, byte(i >> 8), byte(i)}, ConfirmedNs: uint64(i), UsedNs: 1})
+	}
+	if _, err := k.vif.Mappings.BatchUpdate(keys, vals, &ebpf.BatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	got, err := k.Mappings()
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[netip.Addr]bool{}
+	for _, e := range got {
+		if seen[e.IP] {
+			t.Fatalf("%s read twice", e.IP)
+		}
+		seen[e.IP] = true
+		i := int(e.Confirmed)
+		if e.IP != vmAddr(i) || e.HostMAC[5] != byte(i) {
+			t.Fatalf("entry %+v read wrong", e)
+		}
+	}
+	if len(got) != n {
+		t.Errorf("read %d entries of %d", len(got), n)
+	}
+	start = time.Now()
+	one := 0
+	var key uint32
+	var val Mapping
+	for it := k.vif.Mappings.Iterate(); it.Next(&key, &val); {
+		one++
+	}
+	t.Logf("%d mappings read in %v in batches; %v one entry at a time", n, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
