@@ -13,7 +13,7 @@ import (
 // slice every read.
 type sliceTable struct{ entries []Entry }
 
-func (s *sliceTable) Mappings() ([]Entry, error) { return append([]Entry(nil), s.entries...), nil }
+func (s *sliceTable) Mappings() ([]Entry, error)                  { return append([]Entry(nil), s.entries...), nil }
 func (s *sliceTable) Mapping(netip.Addr) (net.HardwareAddr, bool) { return nil, false }
 func (s *sliceTable) ForgetMapping(netip.Addr) error              { return nil }
 func (s *sliceTable) MappingCapacity() int                        { return len(s.entries) * 5 / 4 }
