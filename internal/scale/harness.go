@@ -480,6 +480,13 @@ feed:
 		err = <-errs
 	}
 	if err != nil {
+		// What was measured before the stop is still worth reading: the
+		// blocks of the creates answered so far, in order.
+		n := 0
+		for n < len(done) && !done[n].IsZero() && h.vms[n].ip.IsValid() {
+			n++
+		}
+		h.report.Creates = blocks(lat[:n], done[:n], start, h.cfg.Block)
 		return err
 	}
 	last := time.Time{}
