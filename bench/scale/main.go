@@ -65,6 +65,7 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
-		os.Exit(1)
+		fmt.Fprintln(os.Stderr, "scale: logs kept in", dir)
+		os.Exit(1) // keeps dir: the controller's and etcd members' logs say why
 	}
 }
