@@ -47,6 +47,11 @@ drop is also logged with its reason (rate-limited).`,
 			if cfg.MappingTableSize < datapath.MinMappingTableSize {
 				return fmt.Errorf("--mapping-table-size %d: must be at least %d", cfg.MappingTableSize, datapath.MinMappingTableSize)
 			}
+			all := cfg.Sizes
+			all.Mappings = cfg.MappingTableSize
+			if err := all.Validate(); err != nil {
+				return err
+			}
 			for flag, d := range map[string]time.Duration{"--arp-refresh": cfg.ARP.Refresh, "--arp-idle": cfg.ARP.Idle, "--arp-wait": cfg.ARP.Wait} {
 				if d <= 0 {
 					return fmt.Errorf("%s %v: must be positive", flag, d)
@@ -77,6 +82,9 @@ drop is also logged with its reason (rate-limited).`,
 	f.StringVar(&dns, "dns", "", "comma-separated DNS servers handed to VMs by DHCP (none by default)")
 	f.IntVar(&cfg.MappingTableSize, "mapping-table-size", 16384,
 		"fixed number of remote VMs the mapping table holds (LRU beyond it; at least 64)")
+	for _, sp := range datapath.SizeSpecs[1:] { // [0] is --mapping-table-size, above
+		f.IntVar(sp.Field(&cfg.Sizes), strings.TrimPrefix(sp.Flag, "--"), sp.Default, fmt.Sprintf("%s, %d to %d (docs/sizing.md: memory per entry)", sp.What, sp.Min, sp.Max))
+	}
 	f.DurationVar(&cfg.ARP.Refresh, "arp-refresh", arpengine.DefaultRefresh,
 		"confirm a mapping in use when it is older than this (unicast to its host first, then multicast)")
 	f.DurationVar(&cfg.ARP.Idle, "arp-idle", arpengine.DefaultIdle, "forget a mapping unused for this long")

@@ -38,6 +38,7 @@ type DaemonConfig struct {
 	DNS           []netip.Addr // handed to VMs by DHCP; none if empty
 	// MappingTableSize fixes the mapping table's entries; 0 keeps the default.
 	MappingTableSize int
+	Sizes            datapath.Sizes // the other sized tables (datapath.SizeSpecs); 0 keeps a default
 	// ARP tunes the ARP engine (refresh, idle, wait...); host fields are
 	// filled in from the uplink.
 	ARP arpengine.Config
@@ -85,7 +86,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err := mount(cfg.BPFFS); err != nil {
 		return err
 	}
-	k, err := datapath.Open(filepath.Join(cfg.BPFFS, cfg.Node), datapath.Options{MappingTableSize: cfg.MappingTableSize})
+	k, err := datapath.Open(filepath.Join(cfg.BPFFS, cfg.Node), datapath.Options{MappingTableSize: cfg.MappingTableSize, Sizes: cfg.Sizes})
 	if err != nil {
 		return err
 	}

@@ -283,7 +283,12 @@ func (e *Engine) Sweep() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
-	seen := map[netip.Addr]bool{}
+	// seen only serves to drop probes of entries the LRU evicted: none
+	// to drop, no set of every address to build.
+	var seen map[netip.Addr]bool
+	if len(e.refreshing) > 0 {
+		seen = make(map[netip.Addr]bool, len(entries))
+	}
 	var errs []error
 	forget := func(ip netip.Addr) {
 		if ferr := e.table.ForgetMapping(ip); ferr != nil {
@@ -292,7 +297,9 @@ func (e *Engine) Sweep() error {
 		delete(e.refreshing, ip)
 	}
 	for _, en := range entries {
-		seen[en.IP] = true
+		if seen != nil {
+			seen[en.IP] = true
+		}
 		if en.HostMAC == nil {
 			// A VM's question nobody answered: keep it only as long as it
 			// rate-limits that VM.
@@ -334,7 +341,7 @@ func (e *Engine) Sweep() error {
 		}
 	}
 	for ip := range e.refreshing {
-		if !seen[ip] {
+		if seen != nil && !seen[ip] {
 			delete(e.refreshing, ip) // evicted by the LRU meanwhile
 		}
 	}
@@ -352,7 +359,9 @@ func (e *Engine) remember(ip netip.Addr, mac net.HardwareAddr) {
 	if cur, ok := e.lastKnown[ip]; ok && bytes.Equal(cur, mac) {
 		return
 	}
-	if len(e.lastKnown) >= lastKnownMax {
+	// Bounded, but never below the table: a bound under it would empty
+	// the memory on every walk of a full table and fill it again.
+	if len(e.lastKnown) >= max(lastKnownMax, e.table.MappingCapacity()) {
 		clear(e.lastKnown) // crude but bounded: only a hint is lost
 	}
 	e.lastKnown[ip] = append(net.HardwareAddr(nil), mac...)

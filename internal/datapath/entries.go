@@ -70,8 +70,7 @@ var shareKindNames = [...]string{"flows", "asks", "punts"}
 
 // Capacities the shares are cut from (bpf/lib/maps.h, bpf/lib/slowpath.h).
 const (
-	conntrackCapacity = 65536
-	ctTimeoutSeconds  = 300
+	ctTimeoutSeconds = 300
 	// punts: the slow-path ring holds ~160 whole frames; a VM's burst must
 	// leave most of it to the others.
 	puntsPerSecond = 64
@@ -86,7 +85,7 @@ const (
 // asks about into the mapping table at its even share of the table per
 // minute (never below 16/s); and hand the agent puntsPerSecond frames.
 // Flows that are already admitted never draw on a share.
-func SharesFor(n, mappingCapacity int) ShareLimits {
+func SharesFor(n, mappingCapacity, conntrackCapacity int) ShareLimits {
 	if n < 1 {
 		n = 1
 	}

@@ -3,7 +3,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -47,6 +46,9 @@ type Options struct {
 	// MappingTableSize is the mapping table's fixed number of entries
 	// (remote VMs this host can address at once); 0 keeps the default.
 	MappingTableSize int
+	// Sizes sizes the tables an operator may size (Sizes.Mappings is
+	// MappingTableSize; give one or the other).
+	Sizes Sizes
 	// testHooks loads the objects built with ONEHOP_TEST_HOOKS (tests only).
 	testHooks bool
 }
@@ -67,11 +69,15 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
+	sizes := o.Sizes
 	if o.MappingTableSize != 0 {
-		if o.MappingTableSize < MinMappingTableSize {
-			return nil, fmt.Errorf("mapping table size %d: must be at least %d", o.MappingTableSize, MinMappingTableSize)
+		if sizes.Mappings != 0 && sizes.Mappings != o.MappingTableSize {
+			return nil, fmt.Errorf("mapping table size given twice: %d and %d", o.MappingTableSize, sizes.Mappings)
 		}
-		spec.Maps["mappings"].MaxEntries = uint32(o.MappingTableSize)
+		sizes.Mappings = o.MappingTableSize
+	}
+	if err := sizes.apply(spec); err != nil {
+		return nil, err
 	}
 	k := &Kernel{pinDir: pinDir, links: map[string]link.Link{}, psLinks: map[string]link.Link{}}
 	if k.dropName, err = enumNames(spec, "drop_reason", "DROP_"); err != nil {
@@ -95,22 +101,20 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 			return nil, fmt.Errorf("pin dir: %w", err)
 		}
 	}
-	err = spec.LoadAndAssign(&k.vif, opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// Pins from an older build with another map layout: they cannot be
-		// reused, so traffic pauses until the new maps are filled.
-		slog.Warn("pinned maps do not match this build; replacing them", "dir", opts.Maps.PinPath, "err", err)
-		if rerr := os.RemoveAll(opts.Maps.PinPath); rerr != nil {
-			return nil, fmt.Errorf("remove stale pins: %w", rerr)
-		}
-		if err := os.MkdirAll(opts.Maps.PinPath, 0o700); err != nil {
+	// Pinned maps are reused as they are, so traffic goes on across a
+	// restart; one that no longer fits (resized by a flag, or from a build
+	// with another layout) is replaced alone, and its entries carried over.
+	var stale []stalePin
+	if pinDir != "" {
+		if stale, err = setAsideStalePins(spec, opts.Maps.PinPath); err != nil {
 			return nil, err
 		}
-		err = spec.LoadAndAssign(&k.vif, opts)
 	}
-	if err != nil {
+	if err := spec.LoadAndAssign(&k.vif, opts); err != nil {
+		restorePins(stale)
 		return nil, fmt.Errorf("load vif program: %w", err)
 	}
+	moveEntries(stale, mapsByName(&k.vif.vifMaps))
 
 	uspec, err := uplinkSpec()
 	if err != nil {
@@ -387,7 +391,7 @@ func (k *Kernel) plan(e Entries) ([]step, error) {
 		// Members before the counts that cover them.
 		step{"scope members", func() error { return syncMap(k.vif.ScopeMembers, e.Members, "scope members", nil) }},
 		step{"scopes", func() error { return syncMap(k.vif.Scopes, e.Scopes, "scopes", nil) }},
-		put(k.vif.ShareConfig, "write share limits", uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity())),
+		put(k.vif.ShareConfig, "write share limits", uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity(), int(k.vif.Conntrack.MaxEntries()))),
 		step{"forget shares", func() error { return k.forgetShares(e.Endpoints) }},
 		step{"farms", func() error { return k.syncFarms(e.Farms) }},
 		step{"hosts", func() error { return k.syncHosts(e.Hosts) }},
@@ -596,23 +600,62 @@ func (k *Kernel) SlowPath() (*ringbuf.Reader, error) {
 
 // Mappings lists the mapping table. An LRU table can change under the walk;
 // an entry evicted meanwhile is simply missing.
+//
+// The ARP engine reads it whole every second, so it is read in batches of
+// mappingBatch entries a system call (a 200,000-entry table: ~50 calls, not
+// 400,000), falling back to one entry at a time where the kernel has no
+// batch lookup.
 func (k *Kernel) Mappings() ([]arpengine.Entry, error) {
+	keys, vals, err := k.readMappings()
+	// One slab for every host MAC: a large table costs two allocations
+	// a read, not one per entry.
+	out := make([]arpengine.Entry, len(keys))
+	macs := make([]byte, 6*len(keys))
+	for i, key := range keys {
+		v := &vals[i]
+		out[i] = arpengine.Entry{IP: KeyIP(key), Confirmed: time.Duration(v.ConfirmedNs), Used: time.Duration(v.UsedNs)}
+		if v.HostMac != [6]byte{} {
+			mac := macs[6*i : 6*i+6 : 6*i+6]
+			copy(mac, v.HostMac[:])
+			out[i].HostMAC = mac
+		}
+	}
+	return out, err
+}
+
+func (k *Kernel) readMappings() ([]uint32, []Mapping, error) {
+	keys := make([]uint32, 0, mappingBatch)
+	vals := make([]Mapping, 0, mappingBatch)
+	bk := make([]uint32, mappingBatch)
+	bv := make([]Mapping, mappingBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := k.vif.Mappings.BatchLookup(&cursor, bk, bv, nil)
+		keys, vals = append(keys, bk[:n]...), append(vals, bv[:n]...)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return keys, vals, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) && len(keys) == 0 {
+			break
+		}
+		if err != nil {
+			return keys, vals, fmt.Errorf("read mapping table: %w", err)
+		}
+	}
 	var key uint32
 	var val Mapping
-	var out []arpengine.Entry
 	it := k.vif.Mappings.Iterate()
 	for it.Next(&key, &val) {
-		e := arpengine.Entry{IP: KeyIP(key), Confirmed: time.Duration(val.ConfirmedNs), Used: time.Duration(val.UsedNs)}
-		if val.HostMac != [6]byte{} {
-			e.HostMAC = net.HardwareAddr(append([]byte(nil), val.HostMac[:]...))
-		}
-		out = append(out, e)
+		keys, vals = append(keys, key), append(vals, val)
 	}
 	if err := it.Err(); err != nil {
-		return out, fmt.Errorf("read mapping table: %w", err)
+		return keys, vals, fmt.Errorf("read mapping table: %w", err)
 	}
-	return out, nil
+	return keys, vals, nil
 }
+
+// mappingBatch is how many mapping-table entries one system call reads.
+const mappingBatch = 4096
 
 // Mapping returns the host holding ip, if the table has one.
 func (k *Kernel) Mapping(ip netip.Addr) (net.HardwareAddr, bool) {

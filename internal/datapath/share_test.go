@@ -9,7 +9,7 @@ import (
 )
 
 func TestSharesAreCutFromTheTablesForTheLocalVMs(t *testing.T) {
-	one, many := SharesFor(1, 16384), SharesFor(64, 16384)
+	one, many := SharesFor(1, 16384, 65536), SharesFor(64, 16384, 65536)
 	if one.IntervalNs[0] >= many.IntervalNs[0] || one.BurstNs[0] <= many.BurstNs[0] {
 		t.Fatalf("more VMs must mean a smaller flow share each: 1 VM %+v, 64 VMs %+v", one, many)
 	}
@@ -19,7 +19,7 @@ func TestSharesAreCutFromTheTablesForTheLocalVMs(t *testing.T) {
 		}
 	}
 	// Never below 100 new flows a second, however many VMs share the host.
-	if crowded := SharesFor(4096, 16384); crowded.IntervalNs[0] > 1e9/100 {
+	if crowded := SharesFor(4096, 16384, 65536); crowded.IntervalNs[0] > 1e9/100 {
 		t.Fatalf("a crowded host leaves a VM %d ns between new flows, want at most 10 ms", crowded.IntervalNs[0])
 	}
 }
