@@ -37,6 +37,7 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
 	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
 	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
+	f.StringVar(&cfg.LocationListen, "location-listen", ":2031", "TCP address of the VNAT location server (VCMP location queries and stores; docs/vnat-location.md); empty: none")
 	addControllerTLSFlags(c, &cfg)
 	return c
 }

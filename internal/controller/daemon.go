@@ -36,6 +36,9 @@ type DaemonConfig struct {
 	APITokenFile string
 	// Insecure serves and dials plain TCP with no client authentication.
 	Insecure bool
+	// LocationListen is where the VNAT location server answers VCMP
+	// (host:port, TCP; the paper's port is 2031); empty serves none.
+	LocationListen string
 }
 
 // Validate reports the first configuration mistake.
@@ -116,6 +119,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	}
 	defer s.Close()
 	c := New(s, log)
+	if cfg.LocationListen != "" {
+		if err := serveLocations(ctx, s, cfg.LocationListen, log); err != nil {
+			return err
+		}
+	}
 	if t != nil {
 		// The file seeds an empty store only: once intent exists, the API
 		// owns it, and a restarted controller must not undo API changes.

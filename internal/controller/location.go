@@ -1,0 +1,55 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/vnatloc"
+)
+
+// The controller is the VNAT location server (paper §3.3.2.1, the last
+// resort of a moved end's locate walk; issue 10): it answers VCMP location
+// queries and stores on TCP 2031 (DaemonConfig.LocationListen) with its
+// records in etcd under vnatloc.Prefix, and it hands out no address a live
+// record still holds virtually (§3.4.2, heldAddrs below). docs/vnat-location.md.
+
+// serveLocations starts the location server on addr (host:port) and
+// returns once it listens; it stops when ctx ends.
+func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.Logger) error {
+	svc := vnatloc.New(s, vnatloc.Config{Logger: log})
+	if err := svc.Load(ctx); err != nil {
+		return err
+	}
+	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp4", addr)
+	if err != nil {
+		return fmt.Errorf("vnat location server: listen %s: %w", addr, err)
+	}
+	go func() {
+		if err := svc.Serve(ctx, l); err != nil {
+			log.Error("vnat location server stopped", "err", err)
+		}
+	}()
+	log.Info("serving VNAT locations", "on", l.Addr().String(), "records", svc.Len())
+	return nil
+}
+
+// heldAddrs are the addresses live VNAT location records hold virtually:
+// an endpoint that moved away from one still uses it for its connections,
+// so the controller must not give it to anyone else until the record
+// expires or its holder releases it (paper §3.4.2). Every allocation of a
+// VM address (CreateVM, MoveVM, ApplyTopology) skips them.
+func (c *Controller) heldAddrs(ctx context.Context) (map[netip.Addr]bool, error) {
+	held, err := vnatloc.Held(ctx, c.store, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if len(held) > 0 {
+		c.log.Debug("addresses held by VNAT endpoints, not handed out", "addrs", vnatloc.HeldList(held))
+	}
+	return held, nil
+}
