@@ -2,12 +2,14 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"time"
 
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/vnatloc"
 )
@@ -21,7 +23,9 @@ import (
 // serveLocations starts the location server on addr (host:port) and
 // returns once it listens; it stops when ctx ends.
 func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.Logger) error {
-	svc := vnatloc.New(s, vnatloc.Config{Logger: log})
+	svc := vnatloc.New(s, vnatloc.Config{Logger: log, RelayAllowed: func(ctx context.Context, sender, source netip.Addr) (bool, error) {
+		return relayAllowed(ctx, s, sender, source)
+	}})
 	if err := svc.Load(ctx); err != nil {
 		return err
 	}
@@ -36,6 +40,50 @@ func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.L
 	}()
 	log.Info("serving VNAT locations", "on", l.Addr().String(), "records", svc.Len())
 	return nil
+}
+
+// relayAllowed: a host's agent relays the location streams of the VMs on
+// its vifs (docs/vnat-location.md). sender may speak for source only if
+// the intent places a VM with address source on a host one of whose fabric
+// addresses (its intent record's, or an uplink its agent reported) is
+// sender: no host can store locations for another host's VMs, and nobody
+// else can relay at all.
+func relayAllowed(ctx context.Context, s store.Store, sender, source netip.Addr) (bool, error) {
+	vms, _, err := store.ListJSON[intent.VM](ctx, s, intent.VMsPrefix)
+	if err != nil {
+		return false, err
+	}
+	host := ""
+	for _, v := range vms {
+		if v.IP == source.String() {
+			host = v.Host
+		}
+	}
+	if host == "" {
+		return false, nil
+	}
+	var h intent.Host
+	if err := store.GetJSON(ctx, s, intent.HostsPrefix+host, &h); err == nil && h.Address == sender.String() {
+		return true, nil
+	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return false, err
+	}
+	var n intent.Node
+	if err := store.GetJSON(ctx, s, intent.NodesPrefix+host, &n); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	if n.UplinkIP == sender.String() {
+		return true, nil
+	}
+	for _, u := range n.Uplinks {
+		if u.IP == sender.String() {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // heldAddrs are the addresses live VNAT location records hold virtually:

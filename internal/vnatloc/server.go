@@ -1,12 +1,14 @@
 package vnatloc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/onehop/onehop/internal/vcmp"
@@ -82,9 +84,56 @@ func (s *Service) Serve(ctx context.Context, l net.Listener) error {
 }
 
 // ServeStream answers one VCMP stream from a source at from until it ends.
+// A stream that starts with VCMP_RELAY is a host's agent relaying one of
+// its VMs (docs/vnat-location.md): it is served as coming from the VM, if
+// Config.RelayAllowed says the sender is the host the VM is on; otherwise
+// it is closed, counted (refused_relay) and logged.
 func (s *Service) ServeStream(ctx context.Context, rw io.ReadWriter, from netip.Addr) {
-	err := vcmp.ServeBatches(rw, func(m vcmp.Message) vcmp.Message { return s.Handle(ctx, m, from) })
-	if err == nil || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) {
+	first, err := vcmp.ReadFrame(rw)
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			s.badStream(from, err)
+		}
+		return
+	}
+	if _, cmd, _, _ := vcmp.Header(first); cmd == vcmp.CmdRelay {
+		m, err := vcmp.Decode(first)
+		if err != nil {
+			s.badStream(from, err)
+			return
+		}
+		src := m.(*vcmp.Relay).Source
+		ok := false
+		if s.cfg.RelayAllowed != nil {
+			if ok, err = s.cfg.RelayAllowed(ctx, from, src); err != nil {
+				s.rlog.Warn("relay_error", "vnat location server: check a relay", "from", from, "source", src, "err", err)
+			}
+		}
+		if !ok {
+			s.mu.Lock()
+			s.refuse("relay", "relay from a sender that is not the source's host", "from", from, "source", src)
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Lock()
+		s.counters["relayed_streams"]++
+		s.mu.Unlock()
+		from, first = src, nil
+	}
+	in := io.MultiReader(bytes.NewReader(first), rw)
+	err = vcmp.ServeBatches(struct {
+		io.Reader
+		io.Writer
+	}{in, rw}, func(m vcmp.Message) vcmp.Message { return s.Handle(ctx, m, from) })
+	if err != nil {
+		s.badStream(from, err)
+	}
+}
+
+// badStream counts and logs a stream that carried garbage (a broken one is
+// not the sender's fault and is only dropped).
+func (s *Service) badStream(from netip.Addr, err error) {
+	if errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return
 	}
 	var fe *vcmp.FieldError

@@ -80,6 +80,10 @@ type Config struct {
 	MaxHeldPerSource int           // 0: MaxHeldPerSource
 	Now              func() time.Time
 	Logger           *slog.Logger
+	// RelayAllowed says whether sender (a stream's source address) may
+	// relay streams of source (a VM): the controller answers from intent,
+	// true when sender is the host the VM is placed on. Nil: no relays.
+	RelayAllowed func(ctx context.Context, sender, source netip.Addr) (bool, error)
 }
 
 type entry struct {

@@ -287,3 +287,49 @@ func TestServeStreamAnswersABatchAndClosesOnGarbage(t *testing.T) {
 		t.Fatalf("bad_messages %d, want 1", got)
 	}
 }
+
+// TestARelayIsTakenOnlyFromTheVMsHost: a stream that starts with
+// VCMP_RELAY is served as coming from the VM it names only when the sender
+// is the VM's host (RelayAllowed, the controller's intent); the relayed VM
+// still stores only where it is. From anyone else the stream is closed
+// unanswered and counted.
+func TestARelayIsTakenOnlyFromTheVMsHost(t *testing.T) {
+	s, st, _, _ := newService(t)
+	host := netip.MustParseAddr("192.168.100.11")
+	s.cfg.RelayAllowed = func(_ context.Context, sender, source netip.Addr) (bool, error) {
+		return sender == host && source == web1Now.Addr(), nil
+	}
+	relay := func(sender netip.Addr, source netip.Addr, msgs ...vcmp.Message) ([]vcmp.Message, error) {
+		a, b := net.Pipe()
+		defer a.Close()
+		go func() { s.ServeStream(context.Background(), b, sender); b.Close() }()
+		if err := vcmp.WriteMessage(a, &vcmp.Relay{Source: source}); err != nil {
+			return nil, err
+		}
+		return vcmp.Exchange(a, msgs)
+	}
+	own := &vcmp.LocStore{Record: vcmp.Record{Conn: web1Conn, Phys: web1Now}}
+	if _, err := relay(netip.MustParseAddr("192.168.100.99"), web1Now.Addr(), own); err == nil {
+		t.Fatal("a relay from a host that is not web1's was answered")
+	}
+	if got := s.Counters()["refused_relay"]; got != 1 {
+		t.Fatalf("refused_relay %d, want 1", got)
+	}
+	if kvs, _, _ := st.List(context.Background(), Prefix); len(kvs) != 0 {
+		t.Fatalf("stored %v through a refused relay", kvs)
+	}
+	elsewhere := &vcmp.LocStore{Record: vcmp.Record{Conn: web1Conn, Phys: netip.MustParseAddrPort("10.1.2.77:40000")}}
+	ans, err := relay(host, web1Now.Addr(), own, elsewhere)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := ans[0].(*vcmp.LocAnswer).Status; st != vcmp.LocStored {
+		t.Fatalf("web1's own record through its host: %d, want stored", st)
+	}
+	if st := ans[1].(*vcmp.LocAnswer).Status; st != vcmp.LocRefused {
+		t.Fatalf("a record at another address through the relay: %d, want refused", st)
+	}
+	if got := s.Counters()["relayed_streams"]; got != 1 {
+		t.Fatalf("relayed_streams %d, want 1", got)
+	}
+}
