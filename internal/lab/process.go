@@ -39,12 +39,22 @@ func agentArgs(st *State, t *topology.File, host string) []string {
 		"--sliver-cgroups", HostCgroupDir(st, host),
 		"--bpffs", st.BPFFS,
 		"--metrics-addr", fmt.Sprintf(":%d", MetricsPort))
+	if t.Datapath == topology.DatapathOnehop && t.Fabric.Controller != "" {
+		// VMs' VNAT daemons reach the controller's location server through
+		// their host (internal/vnatrelay).
+		args = append(args, "--location-server", t.Fabric.Controller)
+	}
 	return append(args, t.ARP.AgentArgs()...)
 }
 
-// vnatArgs are the arguments of a VNAT endpoint's daemon (issue 10).
-func vnatArgs(iface string) []string {
-	return []string{"vnat", "run", "--iface", iface}
+// vnatArgs are the arguments of a VNAT endpoint's daemon (issue 10), with
+// its location server if the lab has one (docs/vnat-location.md).
+func vnatArgs(iface, locationServer string) []string {
+	args := []string{"vnat", "run", "--iface", iface}
+	if locationServer != "" {
+		args = append(args, "--location-server", locationServer)
+	}
+	return args
 }
 
 // spawn starts a daemon of node inside namespace ns and records it in the
