@@ -23,9 +23,13 @@ import (
 // serveLocations starts the location server on addr (host:port) and
 // returns once it listens; it stops when ctx ends.
 func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.Logger) error {
-	svc := vnatloc.New(s, vnatloc.Config{Logger: log, RelayAllowed: func(ctx context.Context, sender, source netip.Addr) (bool, error) {
-		return relayAllowed(ctx, s, sender, source)
-	}})
+	svc := vnatloc.New(s, vnatloc.Config{Logger: log,
+		RelayAllowed: func(ctx context.Context, sender, source netip.Addr) (bool, error) {
+			return relayAllowed(ctx, s, sender, source)
+		},
+		Identity: func(ctx context.Context, source netip.Addr) (string, error) {
+			return vmIdentity(ctx, s, source)
+		}})
 	if err := svc.Load(ctx); err != nil {
 		return err
 	}
@@ -40,6 +44,27 @@ func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.L
 	}()
 	log.Info("serving VNAT locations", "on", l.Addr().String(), "records", svc.Len())
 	return nil
+}
+
+// vmIdentity names the VM at source for the location server's ownership
+// rule: "vm:FARM/NAME" (VM names are unique, and a VM keeps its farm and
+// name across moves, so what it stored from one address it may refresh
+// from the next); "" for an address no VM holds (an external: the address
+// is its identity).
+func vmIdentity(ctx context.Context, s store.Store, source netip.Addr) (string, error) {
+	if !vnatloc.Tenant.Contains(source) {
+		return "", nil
+	}
+	vms, _, err := store.ListJSON[intent.VM](ctx, s, intent.VMsPrefix)
+	if err != nil {
+		return "", err
+	}
+	for _, v := range vms {
+		if v.IP == source.String() {
+			return "vm:" + v.Farm + "/" + v.Name, nil
+		}
+	}
+	return "", nil
 }
 
 // relayAllowed: a host's agent relays the location streams of the VMs on

@@ -67,7 +67,7 @@ type Stored struct {
 	Local  string `json:"local"`  // the end's virtual endpoint, ADDR:PORT
 	Remote string `json:"remote"` // its peer's virtual endpoint
 	Phys   string `json:"phys"`   // where the end is now, ADDR:PORT
-	Owner  string `json:"owner"`  // the source address that wrote it
+	Owner  string `json:"owner"`  // who wrote it: Identity of the source
 	// Expires is when the record stops answering (RFC 3339, UTC).
 	Expires time.Time `json:"expires"`
 }
@@ -80,6 +80,13 @@ type Config struct {
 	MaxHeldPerSource int           // 0: MaxHeldPerSource
 	Now              func() time.Time
 	Logger           *slog.Logger
+	// Identity names who a source address is, for ownership: a record is
+	// refreshed, moved or released only by the identity that wrote it. The
+	// controller names a VM by its farm and name from intent, so a VM that
+	// moved again still owns what it stored from its previous address; nil,
+	// or an empty name, is "addr:" + the address (an external's identity is
+	// its address).
+	Identity func(ctx context.Context, source netip.Addr) (string, error)
 	// RelayAllowed says whether sender (a stream's source address) may
 	// relay streams of source (a VM): the controller answers from intent,
 	// true when sender is the host the VM is placed on. Nil: no relays.
@@ -88,7 +95,7 @@ type Config struct {
 
 type entry struct {
 	phys    netip.AddrPort
-	owner   netip.Addr
+	owner   string // Identity of the source that wrote it
 	expires time.Time
 }
 
@@ -104,7 +111,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	recs     map[vcmp.Tuple]entry
-	bySource map[netip.Addr]map[vcmp.Tuple]bool
+	bySource map[string]map[vcmp.Tuple]bool // by owner
 	counters map[string]uint64
 }
 
@@ -129,7 +136,7 @@ func New(s store.Store, cfg Config) *Service {
 		cfg.Logger = slog.Default()
 	}
 	return &Service{cfg: cfg, store: s, log: cfg.Logger, rlog: ratelog.New(cfg.Logger, 1, time.Second, cfg.Now),
-		recs: map[vcmp.Tuple]entry{}, bySource: map[netip.Addr]map[vcmp.Tuple]bool{}, counters: map[string]uint64{}}
+		recs: map[vcmp.Tuple]entry{}, bySource: map[string]map[vcmp.Tuple]bool{}, counters: map[string]uint64{}}
 }
 
 // Key is the store key of the record of the end conn.Local.
@@ -164,8 +171,8 @@ func parse(b []byte) (vcmp.Tuple, entry, error) {
 	if e.phys, err = netip.ParseAddrPort(s.Phys); err != nil {
 		return t, e, fmt.Errorf("phys: %w", err)
 	}
-	if e.owner, err = netip.ParseAddr(s.Owner); err != nil {
-		return t, e, fmt.Errorf("owner: %w", err)
+	if e.owner = s.Owner; e.owner == "" {
+		return t, e, errors.New("no owner")
 	}
 	e.expires = s.Expires
 	return t, e, nil
@@ -209,7 +216,7 @@ func (s *Service) index(t vcmp.Tuple, e entry) {
 	m[t] = true
 }
 
-func (s *Service) unindexSource(owner netip.Addr, t vcmp.Tuple) {
+func (s *Service) unindexSource(owner string, t vcmp.Tuple) {
 	if m := s.bySource[owner]; m != nil {
 		delete(m, t)
 		if len(m) == 0 {
@@ -346,7 +353,7 @@ func sameSpace(virtual, source netip.Addr) bool {
 
 // heldBy is the number of distinct virtual addresses source holds away from
 // itself, with extra (a record being added) counted too.
-func (s *Service) heldBy(source netip.Addr, extra vcmp.Tuple, extraPhys netip.AddrPort) int {
+func (s *Service) heldBy(source string, extra vcmp.Tuple, extraPhys netip.AddrPort) int {
 	held := map[netip.Addr]bool{}
 	for t := range s.bySource[source] {
 		if e := s.recs[t]; t.Local.Addr() != e.phys.Addr() {
@@ -357,6 +364,20 @@ func (s *Service) heldBy(source netip.Addr, extra vcmp.Tuple, extraPhys netip.Ad
 		held[extra.Local.Addr()] = true
 	}
 	return len(held)
+}
+
+// identity is Config.Identity, or the address.
+func (s *Service) identity(ctx context.Context, from netip.Addr) (string, error) {
+	if s.cfg.Identity != nil {
+		who, err := s.cfg.Identity(ctx, from)
+		if err != nil {
+			return "", fmt.Errorf("vnat locations: who is %s: %w", from, err)
+		}
+		if who != "" {
+			return who, nil
+		}
+	}
+	return "addr:" + from.String(), nil
 }
 
 // put decides whether from may store r and stores it: "" or the refusal's
@@ -374,9 +395,13 @@ func (s *Service) put(ctx context.Context, r vcmp.Record, from netip.Addr) (stri
 		s.refuse("space", "virtual address outside the source's space (tenant farm or fabric)", "from", from, "conn", r.Conn)
 		return "space", nil
 	}
+	who, err := s.identity(ctx, from)
+	if err != nil {
+		return "identity", err
+	}
 	cur, exists := s.live(ctx, r.Conn)
-	if exists && cur.owner != from {
-		s.refuse("owner", "record held by another source until it expires", "from", from, "conn", r.Conn, "owner", cur.owner)
+	if exists && cur.owner != who {
+		s.refuse("owner", "record held by another source until it expires", "from", from, "who", who, "conn", r.Conn, "owner", cur.owner)
 		return "owner", nil
 	}
 	if !exists {
@@ -384,18 +409,18 @@ func (s *Service) put(ctx context.Context, r vcmp.Record, from netip.Addr) (stri
 		case len(s.recs) >= s.cfg.MaxRecords:
 			s.refuse("full", "location server full", "from", from, "records", len(s.recs))
 			return "full", nil
-		case len(s.bySource[from]) >= s.cfg.MaxPerSource:
-			s.refuse("source_full", "source holds as many records as it may", "from", from, "records", len(s.bySource[from]))
+		case len(s.bySource[who]) >= s.cfg.MaxPerSource:
+			s.refuse("source_full", "source holds as many records as it may", "from", from, "who", who, "records", len(s.bySource[who]))
 			return "source_full", nil
 		}
 	}
-	if n := s.heldBy(from, r.Conn, r.Phys); n > s.cfg.MaxHeldPerSource {
+	if n := s.heldBy(who, r.Conn, r.Phys); n > s.cfg.MaxHeldPerSource {
 		s.refuse("held_full", "source holds as many virtual addresses as it may", "from", from, "conn", r.Conn, "max", s.cfg.MaxHeldPerSource)
 		return "held_full", nil
 	}
-	e := entry{phys: r.Phys, owner: from, expires: s.cfg.Now().Add(s.cfg.Lifetime)}
+	e := entry{phys: r.Phys, owner: who, expires: s.cfg.Now().Add(s.cfg.Lifetime)}
 	b, err := json.Marshal(Stored{Proto: r.Conn.Proto.String(), Local: r.Conn.Local.String(), Remote: r.Conn.Remote.String(),
-		Phys: r.Phys.String(), Owner: from.String(), Expires: e.expires.UTC()})
+		Phys: r.Phys.String(), Owner: who, Expires: e.expires.UTC()})
 	if err != nil {
 		return "store", err
 	}
@@ -423,7 +448,11 @@ func (s *Service) release(ctx context.Context, r vcmp.Record, from netip.Addr) (
 	if !ok {
 		return "", nil // nothing to withdraw: the same answer as withdrawn
 	}
-	if cur.owner != from {
+	who, err := s.identity(ctx, from)
+	if err != nil {
+		return "identity", err
+	}
+	if cur.owner != who {
 		s.refuse("owner", "release from another source than the record's", "from", from, "conn", r.Conn, "owner", cur.owner)
 		return "owner", nil
 	}
@@ -514,10 +543,11 @@ func locStatusName(st vcmp.LocStatus) string {
 	return "refused"
 }
 
-// Held is the set of virtual addresses live records in s hold away from
-// where their ends are now (L_Vir ≠ L_Phys): addresses some VNAT endpoint's
-// connections still use virtually, which the controller must not hand out
-// (paper §3.4.2). It reads the store, so any process may ask.
+// Held is the set of addresses live records of moved ends (L_Vir ≠ L_Phys)
+// name: the virtual ones some VNAT endpoint's connections still use, which
+// the controller must not hand out (paper §3.4.2), and the physical ones
+// the records say the ends are at. It reads the store, so any process may
+// ask.
 func Held(ctx context.Context, s store.Store, now time.Time) (map[netip.Addr]bool, error) {
 	kvs, _, err := s.List(ctx, Prefix)
 	if err != nil {
@@ -532,7 +562,12 @@ func Held(ctx context.Context, s store.Store, now time.Time) (map[netip.Addr]boo
 			continue
 		}
 		if now.Before(e.expires) && t.Local.Addr() != e.phys.Addr() {
+			// The virtual address its end moved away from, and where it
+			// is now: given to another VM, that one would be taken for
+			// the end by the end's peer (a record answers it there until
+			// the end refreshes from its next place).
 			held[t.Local.Addr()] = true
+			held[e.phys.Addr()] = true
 		}
 	}
 	return held, nil

@@ -230,8 +230,9 @@ func TestASourceHoldsABoundedNumberOfAddresses(t *testing.T) {
 		}
 	}
 	h, err := Held(context.Background(), st, c.t)
-	if err != nil || len(h) != 3 {
-		t.Fatalf("held %v %v, want 3 addresses", HeldList(h), err)
+	// Three virtual addresses, and where the source is.
+	if err != nil || len(h) != 4 || !h[web1Now.Addr()] {
+		t.Fatalf("held %v %v, want 3 virtual addresses and %v", HeldList(h), err, web1Now.Addr())
 	}
 	// More connections of an address already held are fine.
 	conn := web1Conn
@@ -331,5 +332,27 @@ func TestARelayIsTakenOnlyFromTheVMsHost(t *testing.T) {
 	}
 	if got := s.Counters()["relayed_streams"]; got != 1 {
 		t.Fatalf("relayed_streams %d, want 1", got)
+	}
+}
+
+// TestAVMOwnsItsRecordsAcrossMoves: with the controller's Identity (a VM by
+// farm and name), a VM that moves again refreshes its record from its next
+// address at once, while another VM still cannot touch it.
+func TestAVMOwnsItsRecordsAcrossMoves(t *testing.T) {
+	s, _, _, _ := newService(t)
+	who := map[string]string{"10.1.2.3": "vm:blue/web1", "10.1.4.4": "vm:blue/web1", "10.1.3.9": "vm:blue/thief"}
+	s.cfg.Identity = func(_ context.Context, a netip.Addr) (string, error) { return who[a.String()], nil }
+	if got := store1(t, s, vcmp.Record{Conn: web1Conn, Phys: web1Now}, "10.1.2.3"); got != vcmp.LocStored {
+		t.Fatal(got)
+	}
+	next := netip.MustParseAddrPort("10.1.4.4:40000")
+	if got := store1(t, s, vcmp.Record{Conn: web1Conn, Phys: next}, "10.1.4.4"); got != vcmp.LocStored {
+		t.Fatalf("web1 from its next address: %d, want stored", got)
+	}
+	if got := store1(t, s, vcmp.Record{Conn: web1Conn, Phys: netip.MustParseAddrPort("10.1.3.9:40000")}, "10.1.3.9"); got != vcmp.LocRefused {
+		t.Fatalf("another VM: %d, want refused", got)
+	}
+	if stt, at := query(t, s, web1Conn.Reverse(), netip.MustParseAddrPort("10.1.2.2:7100"), false); stt != vcmp.LocFound || at != next {
+		t.Fatalf("%d %v, want found at %v", stt, at, next)
 	}
 }
