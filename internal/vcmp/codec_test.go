@@ -88,6 +88,9 @@ var golden = []struct {
 			"01 07 00 18 | 00 16 06 00 | 14 14 14 14 | 0a 0a 0a 0a | 1e 1e 1e 1e | 9c 40 9c 41"},
 	{"empty BATCH", &Batch{Entries: []Message{}}, "01 0a 00 08 | 00 00 00 00"},
 	{"RELAY for the VM 10.1.1.2", &Relay{Source: netip.MustParseAddr("10.1.1.2")}, "01 0b 00 08 | 0a 01 01 02"},
+	{"LOC_STORE releasing the client's record",
+		Release(clientConn),
+		"01 07 00 18 | 00 16 06 00 | 14 14 14 14 | 0a 0a 0a 0a | 00 00 00 00 | 9c 40 00 00"},
 }
 
 func TestGoldenBytesEncode(t *testing.T) {
