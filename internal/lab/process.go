@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,9 +40,10 @@ func agentArgs(st *State, t *topology.File, host string) []string {
 		"--sliver-cgroups", HostCgroupDir(st, host),
 		"--bpffs", st.BPFFS,
 		"--metrics-addr", fmt.Sprintf(":%d", MetricsPort))
-	if t.Datapath == topology.DatapathOnehop && t.Fabric.Controller != "" {
+	if t.Datapath == topology.DatapathOnehop && t.Fabric.Controller != "" && slices.ContainsFunc(t.VMs, func(v topology.VM) bool { return v.VNAT }) {
 		// VMs' VNAT daemons reach the controller's location server through
-		// their host (internal/vnatrelay).
+		// their host (internal/vnatrelay); a lab without VNAT VMs has no
+		// relay, and its VMs reach no service on the host.
 		args = append(args, "--location-server", t.Fabric.Controller)
 	}
 	return append(args, t.ARP.AgentArgs()...)
