@@ -18,6 +18,7 @@
 #include "lib/redirect.h"
 #include "lib/frag.h"
 #include "lib/tap.h"
+#include "lib/vnat_service.h"
 /* Not used here: its maps are defined with the rest, so every program
  * shares them by name (internal/datapath). */
 #include "lib/portspace_maps.h"
@@ -71,6 +72,15 @@ int vif_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_ROGUE_DHCP);
 
 	struct node_config *cfg = node_config();
+	/* The VNAT location service, to the host's stack (vnat_service.h): the
+	 * frame is for the gateway's MAC, so it is made the host's own. */
+	if (cfg && feature_on(cfg, FEATURE_VNAT_LOCATION) && to_location_service(&pkt)) {
+		if (!share_take(vif->ip, SHARE_PUNTS))
+			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
+		bpf_skb_change_type(skb, PACKET_HOST_);
+		count_forward(FWD_VNAT_LOCATION);
+		return TC_ACT_OK;
+	}
 	if (pkt.arp) {
 		int to_fabric = 0;
 		reason = handle_vm_arp(&pkt, cfg, &to_fabric);

@@ -41,6 +41,7 @@ enum feature_bit {
 	FEATURE_NONE = 0,
 	FEATURE_PORTSPACE = 1 << 0, /* slivers share the host's address (portspace.h) */
 	FEATURE_TAP = 1 << 1,       /* copies of tapped traffic to monitor VMs (tap.h) */
+	FEATURE_VNAT_LOCATION = 1 << 2, /* VMs' VNAT daemons reach the location server through the host (vnat_service.h) */
 };
 
 static __always_inline int feature_on(const struct node_config *cfg, __u32 bit)
@@ -122,6 +123,7 @@ enum forward_path {
 	FWD_TAP_COPY_LOCAL,     /* TAP: a copy into a monitor on this host, at the sender's edge */
 	FWD_TAP_COPY_REMOTE,    /* TAP: a marked copy to a monitor's host, out of the uplink */
 	FWD_TAP_COPY_RECOVERED, /* TAP: a copy from the fabric, restored, into a monitor on this host */
+	FWD_VNAT_LOCATION,      /* a VM's VNAT daemon to the location service, handed to the host's stack (vnat_service.h) */
 	FWD_PATH_MAX,
 };
 

@@ -17,7 +17,7 @@ import (
 
 func agentCmd() *cobra.Command {
 	var cfg agent.DaemonConfig
-	var endpoints, dns string
+	var endpoints, dns, locServer string
 	var uplinks []string
 	c := &cobra.Command{
 		Use:   "agent",
@@ -64,6 +64,13 @@ drop is also logged with its reason (rate-limited).`,
 				}
 				cfg.DNS = append(cfg.DNS, a)
 			}
+			if locServer != "" {
+				a, err := netip.ParseAddr(locServer)
+				if err != nil || !a.Is4() {
+					return fmt.Errorf("--location-server %q: not an IPv4 address", locServer)
+				}
+				cfg.LocationServer = a
+			}
 			ctx, cancel := signalContext()
 			defer cancel()
 			return agent.RunDaemon(ctx, cfg, lab.MountBPFFS, logger())
@@ -79,6 +86,7 @@ drop is also logged with its reason (rate-limited).`,
 	f.StringVar(&cfg.BPFFS, "bpffs", "/run/onehop/bpffs", "bpffs mount point (mounted if needed); keep it outside /sys")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9100", "address for /metrics; empty to disable")
 	f.DurationVar(&cfg.Resync, "resync", 2*time.Second, "reconcile at least this often")
+	f.StringVar(&locServer, "location-server", "", "the VNAT location server (the controller's fabric address): VMs' VNAT daemons reach it at 169.254.20.31:2031 through this host (docs/vnat-location.md)")
 	f.StringVar(&dns, "dns", "", "comma-separated DNS servers handed to VMs by DHCP (none by default)")
 	f.IntVar(&cfg.MappingTableSize, "mapping-table-size", 16384,
 		"fixed number of remote VMs the mapping table holds (LRU beyond it; at least 64)")

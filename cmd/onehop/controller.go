@@ -40,6 +40,7 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
 	f.StringVar(&cfg.LISPListen, "lisp-listen", "", "UDP address of the LISP map-server/map-resolver, e.g. 192.168.100.1:4342 (default: none)")
 	f.StringVar(&cfg.LISPSiteKeys, "lisp-site-keys", "", "file of LISP sites that may register: NAME KEY-ID SECRET EID-PREFIX[,...] a line (mode 600)")
+	f.StringVar(&cfg.LocationListen, "location-listen", ":2031", "TCP address of the VNAT location server (VCMP location queries and stores; docs/vnat-location.md); empty: none")
 	addControllerTLSFlags(c, &cfg)
 	return c
 }

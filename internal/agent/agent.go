@@ -58,6 +58,10 @@ type Config struct {
 	// SliverCgroups is the cgroup v2 directory whose child S holds sliver
 	// S's processes; "" when the host has no slivers' processes to confine.
 	SliverCgroups string
+	// LocationServer is the VNAT location server (the controller's fabric
+	// address) the host relays its VMs' location streams to
+	// (internal/vnatrelay); invalid: no relay.
+	LocationServer netip.Addr
 }
 
 // uplinks lists every uplink name, index 0 first.
@@ -127,7 +131,7 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{}}
 	a.router = newRouter(dp, cfg.Uplink, log)
 	a.router.left = a.shares.Forget
-	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups}
+	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups, LocationServer: cfg.LocationServer}
 	if k, ok := dp.(*datapath.Kernel); ok {
 		env.Kernel = k
 	}

@@ -2,11 +2,13 @@ package agent
 
 import (
 	"log/slog"
+	"net/netip"
 
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/portspace"
 	"github.com/onehop/onehop/internal/tap"
+	"github.com/onehop/onehop/internal/vnatrelay"
 )
 
 // Env is what a feature's constructor may need from the agent.
@@ -22,6 +24,9 @@ type Env struct {
 	Node string
 	// SliverCgroups is Config.SliverCgroups: where slivers' processes live.
 	SliverCgroups string
+	// LocationServer is Config.LocationServer: where VMs' VNAT location
+	// streams are relayed.
+	LocationServer netip.Addr
 }
 
 // registry lists every datapath feature the agent runs, in the order they
@@ -32,5 +37,6 @@ func registry(env Env) []feature.Feature {
 		env.Router,
 		portspace.New(env.Kernel).WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
 		tap.New(env.Kernel).WithAgent(env.Node, env.Log),
+		vnatrelay.New(env.LocationServer, env.Log),
 	}
 }

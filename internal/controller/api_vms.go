@@ -76,7 +76,11 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 	if err != nil {
 		return intent.VM{}, err
 	}
-	ip, err := a.VM(farm, subnet, name)
+	held, err := c.heldAddrs(ctx)
+	if err != nil {
+		return intent.VM{}, err
+	}
+	ip, err := a.VMExcept(farm, subnet, name, held)
 	if err != nil {
 		return intent.VM{}, allocErr("subnet", err)
 	}

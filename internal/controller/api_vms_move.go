@@ -22,10 +22,9 @@ import (
 // goes with it. The record is the only thing written: the desired state
 // (the new host's endpoint, its DHCP answer and anti-spoofing entries, the
 // old host's loss of it) is compiled from it like any other change. Its old
-// address is freed, so a VM created later in the old subnet may get it:
-// keeping connections of the old address alive is the VM's own VNAT daemon's
-// business, per connection, and a clash is what the paper's abort or preempt
-// policy settles (§3.4.2).
+// address is freed, but not handed out again while a live VNAT location
+// record holds it (its connections still use it virtually, §3.4.2;
+// location.go).
 func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSubnet string) (intent.VM, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -72,7 +71,11 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 		return v, err
 	}
 	delete(a.VMs, v.FullName())
-	ip, err := a.VM(tf, ts, name)
+	held, err := c.heldAddrs(ctx)
+	if err != nil {
+		return v, err
+	}
+	ip, err := a.VMExcept(tf, ts, name, held)
 	if err != nil {
 		return v, allocErr("subnet", err)
 	}

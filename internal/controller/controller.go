@@ -92,9 +92,13 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			}
 		}
 	}
+	held, err := c.heldAddrs(ctx)
+	if err != nil {
+		return err
+	}
 	perHost := map[string]int{}
 	for _, vm := range t.VMs {
-		ip, err := alloc.VM(vm.Farm(), vm.SubnetName(), vm.Name)
+		ip, err := alloc.VMExcept(vm.Farm(), vm.SubnetName(), vm.Name, held)
 		if err != nil {
 			return err
 		}

@@ -41,6 +41,9 @@ type DaemonConfig struct {
 	LISPListen string
 	// LISPSiteKeys is the file of sites allowed to register (lisp.ParseSites).
 	LISPSiteKeys string
+	// LocationListen is where the VNAT location server answers VCMP
+	// (host:port, TCP; the paper's port is 2031); empty serves none.
+	LocationListen string
 }
 
 // Validate reports the first configuration mistake.
@@ -124,6 +127,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	}
 	defer s.Close()
 	c := New(s, log)
+	if cfg.LocationListen != "" {
+		if err := serveLocations(ctx, s, cfg.LocationListen, log); err != nil {
+			return err
+		}
+	}
 	if t != nil {
 		// The file seeds an empty store only: once intent exists, the API
 		// owns it, and a restarted controller must not undo API changes.

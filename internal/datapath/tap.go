@@ -20,6 +20,9 @@ type (
 const (
 	// FeatureTap is the TAP's bit in node_config.features.
 	FeatureTap = uint32(vifFeatureBitFEATURE_TAP)
+	// FeatureVNATLocation lets VMs reach the VNAT location service through
+	// the host (bpf/lib/vnat_service.h; the agent's relay sets it).
+	FeatureVNATLocation = uint32(vifFeatureBitFEATURE_VNAT_LOCATION)
 	// TapMaxRules and TapMaxTargets are the programs' limits, as sized in
 	// the C (a test holds internal/tap to them).
 	TapMaxRules   = 256

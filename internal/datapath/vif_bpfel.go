@@ -116,9 +116,10 @@ type vifFarmConfig struct {
 type vifFeatureBit uint32
 
 const (
-	vifFeatureBitFEATURE_NONE      vifFeatureBit = 0
-	vifFeatureBitFEATURE_PORTSPACE vifFeatureBit = 1
-	vifFeatureBitFEATURE_TAP       vifFeatureBit = 2
+	vifFeatureBitFEATURE_NONE          vifFeatureBit = 0
+	vifFeatureBitFEATURE_PORTSPACE     vifFeatureBit = 1
+	vifFeatureBitFEATURE_TAP           vifFeatureBit = 2
+	vifFeatureBitFEATURE_VNAT_LOCATION vifFeatureBit = 4
 )
 
 type vifForwardPath uint32
@@ -142,7 +143,8 @@ const (
 	vifForwardPathFWD_TAP_COPY_LOCAL     vifForwardPath = 15
 	vifForwardPathFWD_TAP_COPY_REMOTE    vifForwardPath = 16
 	vifForwardPathFWD_TAP_COPY_RECOVERED vifForwardPath = 17
-	vifForwardPathFWD_PATH_MAX           vifForwardPath = 18
+	vifForwardPathFWD_VNAT_LOCATION      vifForwardPath = 18
+	vifForwardPathFWD_PATH_MAX           vifForwardPath = 19
 )
 
 type vifFragKey struct {

@@ -108,6 +108,15 @@ func (a *Allocations) Subnet(farm, subnet string) (uint8, error) {
 
 // VM returns the address of farm/subnet/vm, allocating what is missing.
 func (a *Allocations) VM(farm, subnet, vm string) (netip.Addr, error) {
+	return a.VMExcept(farm, subnet, vm, nil)
+}
+
+// VMExcept is VM, but a new address is never one of held: addresses that
+// are not allocated to any VM yet still in use elsewhere (a VNAT endpoint's
+// connections still use its old address virtually, paper §3.4.2). A VM that
+// already has an address keeps it, held or not. A held address counts as
+// taken when the subnet's ids run out.
+func (a *Allocations) VMExcept(farm, subnet, vm string, held map[netip.Addr]bool) (netip.Addr, error) {
 	fid, err := a.Farm(farm)
 	if err != nil {
 		return netip.Addr{}, err
@@ -120,7 +129,19 @@ func (a *Allocations) VM(farm, subnet, vm string) (netip.Addr, error) {
 	key := prefix + vm
 	id, ok := a.VMs[key]
 	if !ok {
-		id, err = lowestFree(a.VMs, hasPrefix(prefix), minVMID, maxVMID)
+		used := a.VMs
+		if len(held) > 0 {
+			used = make(map[string]uint8, len(a.VMs)+len(held))
+			for k, v := range a.VMs {
+				used[k] = v
+			}
+			for addr := range held {
+				if b := addr.As4(); addr.Is4() && b[0] == 10 && b[1] == fid && b[2] == sid {
+					used[prefix+"\x00held "+addr.String()] = b[3]
+				}
+			}
+		}
+		id, err = lowestFree(used, hasPrefix(prefix), minVMID, maxVMID)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("vm %q: %w", key, exhausted("for a VM in subnet "+farm+"/"+subnet, minVMID, maxVMID))
 		}

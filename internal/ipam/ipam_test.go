@@ -3,6 +3,7 @@ package ipam
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"testing"
 )
 
@@ -97,5 +98,41 @@ func checkExhausted(t *testing.T, err error, want string) {
 	t.Helper()
 	if !errors.Is(err, ErrExhausted) || err.Error() != want {
 		t.Errorf("err = %v, want %q wrapping ErrExhausted", err, want)
+	}
+}
+
+// TestVMExceptSkipsHeldAddresses: a new VM never gets an address another
+// endpoint still holds (§3.4.2), a VM that has one keeps it, and held
+// addresses of other subnets change nothing.
+func TestVMExceptSkipsHeldAddresses(t *testing.T) {
+	var a Allocations
+	web1, err := a.VM("blue", "web", "web1")
+	if err != nil || web1 != netip.MustParseAddr("10.1.1.2") {
+		t.Fatalf("web1: %v %v", web1, err)
+	}
+	delete(a.VMs, "blue/web/web1") // web1 moved away; 10.1.1.2 is free again...
+	held := map[netip.Addr]bool{web1: true, netip.MustParseAddr("10.1.9.2"): true, netip.MustParseAddr("10.2.1.3"): true}
+	got, err := a.VMExcept("blue", "web", "db1", held) // ...but still held
+	if err != nil || got != netip.MustParseAddr("10.1.1.3") {
+		t.Fatalf("db1 with 10.1.1.2 held: %v %v, want 10.1.1.3", got, err)
+	}
+	if again, _ := a.VMExcept("blue", "web", "db1", map[netip.Addr]bool{got: true}); again != got {
+		t.Fatalf("db1 asked again with its own address held: %v, want it kept (%v)", again, got)
+	}
+	if free, _ := a.VM("blue", "web", "app1"); free != web1 {
+		t.Fatalf("with nothing held the lowest free is %v, want %v", free, web1)
+	}
+}
+
+// TestVMExceptCountsHeldAddressesAsTaken: a subnet whose free ids are all
+// held is full.
+func TestVMExceptCountsHeldAddressesAsTaken(t *testing.T) {
+	var a Allocations
+	held := map[netip.Addr]bool{}
+	for h := minVMID; h <= maxVMID; h++ {
+		held[Address(1, 1, uint8(h))] = true
+	}
+	if _, err := a.VMExcept("blue", "web", "x", held); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("every id held: %v, want ErrExhausted", err)
 	}
 }

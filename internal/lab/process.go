@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,12 +40,23 @@ func agentArgs(st *State, t *topology.File, host string) []string {
 		"--sliver-cgroups", HostCgroupDir(st, host),
 		"--bpffs", st.BPFFS,
 		"--metrics-addr", fmt.Sprintf(":%d", MetricsPort))
+	if t.Datapath == topology.DatapathOnehop && t.Fabric.Controller != "" && slices.ContainsFunc(t.VMs, func(v topology.VM) bool { return v.VNAT }) {
+		// VMs' VNAT daemons reach the controller's location server through
+		// their host (internal/vnatrelay); a lab without VNAT VMs has no
+		// relay, and its VMs reach no service on the host.
+		args = append(args, "--location-server", t.Fabric.Controller)
+	}
 	return append(args, t.ARP.AgentArgs()...)
 }
 
-// vnatArgs are the arguments of a VNAT endpoint's daemon (issue 10).
-func vnatArgs(iface string) []string {
-	return []string{"vnat", "run", "--iface", iface}
+// vnatArgs are the arguments of a VNAT endpoint's daemon (issue 10), with
+// its location server if the lab has one (docs/vnat-location.md).
+func vnatArgs(iface, locationServer string) []string {
+	args := []string{"vnat", "run", "--iface", iface}
+	if locationServer != "" {
+		args = append(args, "--location-server", locationServer)
+	}
+	return args
 }
 
 // spawn starts a daemon of node inside namespace ns and records it in the

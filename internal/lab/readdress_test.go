@@ -79,8 +79,10 @@ externals: [{name: inet, vnat: true}, {name: peer}]
 		got = append(got, fmt.Sprintf("%s %s %s %s", p.Name, p.Node, p.Netns, strings.Join(p.Args, " ")))
 	}
 	want := []string{
-		"vnat-web1 web1 oh-t-web1 vnat run --iface " + VMInterface,
-		"vnat-inet inet oh-t-inet vnat run --iface " + ExternalInterface,
+		// The VM reaches the location server through its host's relay,
+		// the external on the fabric (docs/vnat-location.md).
+		"vnat-web1 web1 oh-t-web1 vnat run --iface " + VMInterface + " --location-server 169.254.20.31",
+		"vnat-inet inet oh-t-inet vnat run --iface " + ExternalInterface + " --location-server 192.168.100.1",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("processes %q, want %q", got, want)

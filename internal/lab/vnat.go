@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/onehop/onehop/internal/topology"
+	"github.com/onehop/onehop/internal/vnatrelay"
 )
 
 // VNAT endpoints (issue 10, connection migration): a VM or external with
@@ -29,7 +30,22 @@ func startVNAT(_ context.Context, b *builder, node, iface string) error {
 	if err := b.st.save(); err != nil {
 		return err
 	}
-	return b.spawn("vnat-"+node, node, NamespaceOf(b.st.Name, node), vnatArgs(iface)...)
+	return b.spawn("vnat-"+node, node, NamespaceOf(b.st.Name, node), vnatArgs(iface, locationServer(b.t, node))...)
+}
+
+// locationServer is where node's VNAT daemon finds the location server,
+// the controller (docs/vnat-location.md): an external, on the fabric, at
+// the controller's fabric address; a VM, in tenant space, at the service
+// address its host relays (internal/vnatrelay). A lab without a controller
+// has none.
+func locationServer(t *topology.File, node string) string {
+	if t.Datapath != topology.DatapathOnehop || t.Fabric.Controller == "" {
+		return ""
+	}
+	if _, ok := t.VMByName(node); ok {
+		return vnatrelay.Addr.String()
+	}
+	return t.Fabric.Controller
 }
 
 // vnatOf reports whether node of t is a VNAT endpoint.

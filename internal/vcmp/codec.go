@@ -47,6 +47,7 @@ const (
 	CmdKey           Command = 8  // VCMP_KEY: the sender's X25519 public key for this connection
 	CmdSealed        Command = 9  // VCMP_AUTH: an update or its reply with a sequence number and HMAC-SHA-256 tag
 	CmdBatch         Command = 10 // VCMP_BATCH: several messages to one peer in one
+	CmdRelay         Command = 11 // VCMP_RELAY: a host's relay names the endpoint whose stream it carries to the location server
 )
 
 var commandNames = map[Command]string{
@@ -60,6 +61,7 @@ var commandNames = map[Command]string{
 	CmdKey:           "VCMP_KEY",
 	CmdSealed:        "VCMP_AUTH",
 	CmdBatch:         "VCMP_BATCH",
+	CmdRelay:         "VCMP_RELAY",
 }
 
 // String names the command as docs/vcmp.md does.
@@ -262,6 +264,18 @@ type Batch struct {
 
 const batchFixed = HeaderLen + 4
 
+// Relay is VCMP_RELAY: the first message of a stream a host's agent relays
+// from one of its VMs to the location server (docs/vnat-location.md). It
+// names the VM, Source, whose daemon opened the stream on the VM's vif: the
+// server takes the rest of the stream as coming from Source, if the sender
+// is the host the intent places that VM on. It is never in a batch and is
+// not answered.
+type Relay struct {
+	Source netip.Addr
+}
+
+const relayLen = HeaderLen + 4
+
 // Command implementations.
 func (*SuspPrimary) Command() Command   { return CmdSuspPrimary }
 func (*SuspSecondary) Command() Command { return CmdSuspSecondary }
@@ -273,6 +287,7 @@ func (*LocStore) Command() Command      { return CmdLocStore }
 func (*Key) Command() Command           { return CmdKey }
 func (*Sealed) Command() Command        { return CmdSealed }
 func (*Batch) Command() Command         { return CmdBatch }
+func (*Relay) Command() Command         { return CmdRelay }
 
 func (*SuspPrimary) size() int   { return recordLen }
 func (*SuspSecondary) size() int { return recordLen }
@@ -282,6 +297,7 @@ func (*LocQuery) size() int      { return recordLen }
 func (*LocAnswer) size() int     { return recordLen + 8 }
 func (*LocStore) size() int      { return recordLen }
 func (*Key) size() int           { return recordLen + KeyLen }
+func (*Relay) size() int         { return relayLen }
 func (m *Sealed) size() int {
 	if m.Inner == nil {
 		return sealedFixed
@@ -342,6 +358,10 @@ func (m *LocAnswer) put(b []byte) error {
 	return nil
 }
 
+func (m *Relay) put(b []byte) error {
+	return putAddr(b, CmdRelay, "Source_Addr", 4, m.Source)
+}
+
 func (m *Key) put(b []byte) error {
 	if err := putRecord(b, CmdKey, m.Record, 0); err != nil {
 		return err
@@ -383,8 +403,8 @@ func (m *Batch) put(b []byte) error {
 		if e == nil {
 			return fieldErr(CmdBatch, fmt.Sprintf("Entries[%d]", i), off, ErrField, "nil entry")
 		}
-		if e.Command() == CmdBatch {
-			return fieldErr(CmdBatch, fmt.Sprintf("Entries[%d]", i), off, ErrField, "a batch cannot hold a batch")
+		if e.Command() == CmdBatch || e.Command() == CmdRelay {
+			return fieldErr(CmdBatch, fmt.Sprintf("Entries[%d]", i), off, ErrField, "a batch cannot hold a %s", e.Command())
 		}
 		n := e.size()
 		if err := encodeInto(b[off:off+n], e); err != nil {
@@ -464,6 +484,7 @@ var fixedLen = map[Command]int{
 	CmdKey:           recordLen + KeyLen,
 	CmdSealed:        0,
 	CmdBatch:         0,
+	CmdRelay:         relayLen,
 }
 
 // Header decodes the frozen header word: version, command and length. It
@@ -571,6 +592,11 @@ func decode(b []byte, topLevel bool) (Message, error) {
 			return nil, fieldErr(cmd, "Command", 1, ErrField, "a batch inside a batch")
 		}
 		return decodeBatch(b)
+	case CmdRelay:
+		if !topLevel {
+			return nil, fieldErr(cmd, "Command", 1, ErrField, "a relay header inside a batch")
+		}
+		return &Relay{Source: netip.AddrFrom4([4]byte(b[4:8]))}, nil
 	}
 	panic("unreachable: command in fixedLen without a decoder")
 }

@@ -87,6 +87,10 @@ var golden = []struct {
 			"01 03 00 18 | 00 16 06 00 | 14 14 14 14 | 0a 0a 0a 0a | 1e 1e 1e 1e | 9c 40 9c 41 |" +
 			"01 07 00 18 | 00 16 06 00 | 14 14 14 14 | 0a 0a 0a 0a | 1e 1e 1e 1e | 9c 40 9c 41"},
 	{"empty BATCH", &Batch{Entries: []Message{}}, "01 0a 00 08 | 00 00 00 00"},
+	{"RELAY for the VM 10.1.1.2", &Relay{Source: netip.MustParseAddr("10.1.1.2")}, "01 0b 00 08 | 0a 01 01 02"},
+	{"LOC_STORE releasing the client's record",
+		Release(clientConn),
+		"01 07 00 18 | 00 16 06 00 | 14 14 14 14 | 0a 0a 0a 0a | 00 00 00 00 | 9c 40 00 00"},
 }
 
 func TestGoldenBytesEncode(t *testing.T) {
@@ -190,7 +194,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"version 0", "00" + upd[2:], ErrVersion, "Version"},
 		{"version 2", "02" + upd[2:], ErrVersion, "Version"},
 		{"command 0", "01 00" + upd[5:], ErrCommand, "Command"},
-		{"command 11", "01 0b" + upd[5:], ErrCommand, "Command"},
+		{"command 12", "01 0c" + upd[5:], ErrCommand, "Command"},
+		{"RELAY of 12 bytes", "01 0b 00 0c | 0a 01 01 02 | 00 00 00 00", ErrLength, "Length"},
+		{"RELAY inside a batch", "01 0a 00 10 | 00 01 00 00 | 01 0b 00 08 | 0a 01 01 02", ErrField, "Command"},
 		{"command 255", "01 ff" + upd[5:], ErrCommand, "Command"},
 		{"length field says 20", "01 03 00 14" + upd[11:], ErrLength, "Length"},
 		{"length field says 28 (a longer v1 UPD)", "01 03 00 1c" + upd[11:] + "00 00 00 00", ErrLength, "Length"},

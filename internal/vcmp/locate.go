@@ -3,6 +3,7 @@ package vcmp
 import (
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // PlaceKind says why a place is on a locate walk.
@@ -145,31 +146,119 @@ type dirKey struct {
 	end, other netip.AddrPort
 }
 
+// RecordLifetime is how long a location record lives unless its end
+// refreshes it (VCMP_LOC_STORE): a moved end that still needs its record
+// stores it again every RefreshEvery; an end that closed or went away
+// stops, and its record is gone a lifetime later. Both the daemons'
+// directories and the location server keep records this long.
+const RecordLifetime = 60 * time.Second
+
+// RefreshEvery is how often an end refreshes the records it still needs: a
+// third of a lifetime, so two lost refreshes in a row do not lose a record.
+const RefreshEvery = RecordLifetime / 3
+
+type dirEntry struct {
+	at      netip.AddrPort
+	expires time.Time
+}
+
 // Directory is the location records one VCMP daemon keeps as a place: the
 // old location of its own moved ends, or the location server (paper
 // §3.3.2.1: "VNAT does not leave states behind when a connection is
 // suspended. It only stores the new location state at the old locations when
-// a connection is resumed"). It is pure; the daemon or the controller wraps
-// it with expiry and a store.
+// a connection is resumed"). It is pure. Records expire Lifetime after they
+// were last stored: an expired record answers nothing and is dropped.
 type Directory struct {
 	// Local reports where this host's own end of a connection is (the
 	// connection seen from this host's end), if it is here: a place answers
 	// for the ends it still holds without any stored record.
-	Local   func(conn Tuple) (netip.AddrPort, bool)
-	records map[dirKey]netip.AddrPort
+	Local func(conn Tuple) (netip.AddrPort, bool)
+	// Lifetime of a record; zero is RecordLifetime.
+	Lifetime time.Duration
+	// Now is the clock; nil is time.Now.
+	Now       func() time.Time
+	records   map[dirKey]dirEntry
+	lastSweep time.Time
 }
 
 // NewDirectory is an empty directory; local may be nil (a location server).
 func NewDirectory(local func(Tuple) (netip.AddrPort, bool)) *Directory {
-	return &Directory{Local: local, records: map[dirKey]netip.AddrPort{}}
+	return &Directory{Local: local, records: map[dirKey]dirEntry{}}
 }
 
-// Len is the number of stored records.
-func (d *Directory) Len() int { return len(d.records) }
+func (d *Directory) now() time.Time {
+	if d.Now == nil {
+		return time.Now()
+	}
+	return d.Now()
+}
+
+func (d *Directory) lifetime() time.Duration {
+	if d.Lifetime <= 0 {
+		return RecordLifetime
+	}
+	return d.Lifetime
+}
+
+// Len is the number of live records. Expired ones are swept first (at most
+// once a second, so a caller checking a cap on every message pays a map walk
+// only that often).
+func (d *Directory) Len() int {
+	if now := d.now(); now.Sub(d.lastSweep) >= time.Second || now.Before(d.lastSweep) {
+		d.Sweep()
+	}
+	return len(d.records)
+}
+
+// Sweep drops every expired record and returns how many it dropped.
+func (d *Directory) Sweep() int {
+	now := d.now()
+	d.lastSweep = now
+	n := 0
+	for k, e := range d.records {
+		if !now.Before(e.expires) {
+			delete(d.records, k)
+			n++
+		}
+	}
+	return n
+}
+
+// lookup is the live record under k; an expired one is dropped.
+func (d *Directory) lookup(k dirKey) (netip.AddrPort, bool) {
+	e, ok := d.records[k]
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	if !d.now().Before(e.expires) {
+		delete(d.records, k)
+		return netip.AddrPort{}, false
+	}
+	return e.at, true
+}
+
+func (d *Directory) store(r Record) {
+	d.records[dirKey{r.Conn.Proto, r.Conn.Local, r.Conn.Remote}] = dirEntry{at: r.Phys, expires: d.now().Add(d.lifetime())}
+}
+
+// IsRelease reports whether a VCMP_LOC_STORE withdraws its record rather
+// than storing one: L_Phys 0.0.0.0 port 0, "this end is nowhere any more"
+// (its connection closed, or it is about to move again). It is answered
+// status not found: nothing is stored for the end now.
+func IsRelease(m *LocStore) bool {
+	return m.Phys.Addr() == netip.IPv4Unspecified() && m.Phys.Port() == 0
+}
+
+// Release is the VCMP_LOC_STORE that withdraws the sender's record for conn.
+func Release(conn Tuple) *LocStore {
+	return &LocStore{Record: Record{Conn: conn, Phys: netip.AddrPortFrom(netip.IPv4Unspecified(), 0)}}
+}
 
 // Answer answers a VCMP_LOC_QUERY or VCMP_LOC_STORE. A query with Store set
 // is atomic: either the sought end is known, or the sender's location is
-// stored, so two ends asking the same place meet whichever asks first.
+// stored, so two ends asking the same place meet whichever asks first. A
+// store (or a query's store) of a record already there refreshes it for
+// another lifetime.
 func (d *Directory) Answer(m Message) (*LocAnswer, error) {
 	switch m := m.(type) {
 	case *LocQuery:
@@ -179,16 +268,20 @@ func (d *Directory) Answer(m Message) (*LocAnswer, error) {
 				return &LocAnswer{Record: m.Record, Status: LocFound, Peer: at}, nil
 			}
 		}
-		if at, ok := d.records[dirKey{sought.Proto, sought.Local, sought.Remote}]; ok {
+		if at, ok := d.lookup(dirKey{sought.Proto, sought.Local, sought.Remote}); ok {
 			return &LocAnswer{Record: m.Record, Status: LocFound, Peer: at}, nil
 		}
 		if !m.Store {
 			return &LocAnswer{Record: m.Record, Status: LocNotFound}, nil
 		}
-		d.records[dirKey{m.Conn.Proto, m.Conn.Local, m.Conn.Remote}] = m.Phys
+		d.store(m.Record)
 		return &LocAnswer{Record: m.Record, Status: LocStored}, nil
 	case *LocStore:
-		d.records[dirKey{m.Conn.Proto, m.Conn.Local, m.Conn.Remote}] = m.Phys
+		if IsRelease(m) {
+			delete(d.records, dirKey{m.Conn.Proto, m.Conn.Local, m.Conn.Remote})
+			return &LocAnswer{Record: m.Record, Status: LocNotFound}, nil
+		}
+		d.store(m.Record)
 		return &LocAnswer{Record: m.Record, Status: LocStored}, nil
 	case nil:
 		return nil, fmt.Errorf("vcmp: directory: nil message")

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 )
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -332,5 +333,78 @@ func TestPaperExampleMigrateClientHostAndServerProcess(t *testing.T) {
 	cli.step(w, false) // step 3: the server's old place knows the new one
 	if cli.outcome != Found || cli.loc.Peer != srv.new {
 		t.Fatalf("step 3: %v at %v, want found at %v", cli.outcome, cli.loc.Peer, srv.new)
+	}
+}
+
+// TestDirectoryRecordsExpireAndRefresh: a record answers for its lifetime
+// and not a moment longer; storing it again (the end's refresh) keeps it; a
+// release withdraws it at once; Len counts only live records.
+func TestDirectoryRecordsExpireAndRefresh(t *testing.T) {
+	now := time.Unix(1000, 0)
+	d := NewDirectory(nil)
+	d.Now = func() time.Time { return now }
+	d.Lifetime = 10 * time.Second
+	conn := Tuple{Proto: TCP, Local: netip.MustParseAddrPort("10.0.0.1:4000"), Remote: netip.MustParseAddrPort("10.0.0.2:22")}
+	at := netip.MustParseAddrPort("30.0.0.1:4000")
+	if a, err := d.Answer(&LocStore{Record: Record{Conn: conn, Phys: at}}); err != nil || a.Status != LocStored {
+		t.Fatalf("store: %v %v", a, err)
+	}
+	ask := func() LocStatus {
+		t.Helper()
+		a, err := d.Answer(&LocQuery{Record: Record{Conn: conn.Reverse(), Phys: netip.MustParseAddrPort("10.0.0.2:22")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Status == LocFound && a.Peer != at {
+			t.Fatalf("found at %v, want %v", a.Peer, at)
+		}
+		return a.Status
+	}
+	now = now.Add(9 * time.Second)
+	if st := ask(); st != LocFound {
+		t.Fatalf("9 s into a 10 s lifetime: status %d, want found", st)
+	}
+	// The refresh: stored again, it lives another lifetime from now.
+	if _, err := d.Answer(&LocStore{Record: Record{Conn: conn, Phys: at}}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(9 * time.Second)
+	if st := ask(); st != LocFound {
+		t.Fatalf("9 s after a refresh: status %d, want found", st)
+	}
+	if d.Len() != 1 {
+		t.Fatalf("Len %d, want 1", d.Len())
+	}
+	now = now.Add(time.Second)
+	if st := ask(); st != LocNotFound {
+		t.Fatalf("a lifetime after the refresh: status %d, want not found (expired)", st)
+	}
+	if d.Len() != 0 {
+		t.Fatalf("Len %d after expiry, want 0", d.Len())
+	}
+	// A release withdraws at once.
+	if _, err := d.Answer(&LocStore{Record: Record{Conn: conn, Phys: at}}); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := d.Answer(Release(conn)); err != nil || a.Status != LocNotFound {
+		t.Fatalf("release: %v %v, want status not found", a, err)
+	}
+	if st := ask(); st != LocNotFound {
+		t.Fatalf("after a release: status %d, want not found", st)
+	}
+	// Len sweeps: records expiring unseen are not counted.
+	for i := range 5 {
+		c := conn
+		c.Local = netip.AddrPortFrom(c.Local.Addr(), uint16(5000+i))
+		if _, err := d.Answer(&LocStore{Record: Record{Conn: c, Phys: at}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d.Len() != 5 {
+		t.Fatalf("Len %d, want 5", d.Len())
+	}
+	now = now.Add(11 * time.Second)
+	if d.Len() != 0 {
+		t.Fatalf("Len %d a lifetime later, want 0", d.Len())
 	}
 }

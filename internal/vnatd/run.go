@@ -200,6 +200,7 @@ func Run(ctx context.Context, o Options) error {
 	go e.ServeControl(ctx, cl) //nolint:errcheck // ends with ctx
 	go serveVCMP(ctx, e, vl, log)
 	go contact(ctx, e, log)
+	go keepLocations(ctx, e, servers, log)
 
 	addr, err := primary(link.Attrs().Index)
 	if err != nil {

@@ -153,9 +153,8 @@ func TestPrivilegedVNATConnectionSurvivesASubnetMove(t *testing.T) {
 	}
 
 	// Then the other end moves too (to blue/app on h1): its daemon finds
-	// web1 where it is now. (Not to blue/web: the controller would give
-	// db1 web1's old address, which web1's connection still uses as its
-	// virtual one — the paper's §3.4.2 conflict, not handled yet.)
+	// web1 where it is now. (A move into blue/web, web1's old subnet, is
+	// vnat_location_test.go's: the §3.4.2 conflict the controller avoids.)
 	l.onehop("lab", "move", "db1", "--to", "h1", "--subnet", "blue/app")
 	l.refresh()
 	dbNew := l.node("db1").VM.IP

@@ -1,0 +1,128 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/vnatloc"
+)
+
+// The controller is the VNAT location server (paper §3.3.2.1, the last
+// resort of a moved end's locate walk; issue 10): it answers VCMP location
+// queries and stores on TCP 2031 (DaemonConfig.LocationListen) with its
+// records in etcd under vnatloc.Prefix, and it hands out no address a live
+// record still holds virtually (§3.4.2, heldAddrs below). docs/vnat-location.md.
+
+// serveLocations starts the location server on addr (host:port) and
+// returns once it listens; it stops when ctx ends.
+func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.Logger) error {
+	svc := vnatloc.New(s, vnatloc.Config{Logger: log,
+		RelayAllowed: func(ctx context.Context, sender, source netip.Addr) (bool, error) {
+			return relayAllowed(ctx, s, sender, source)
+		},
+		Identity: func(ctx context.Context, source netip.Addr) (string, error) {
+			return vmIdentity(ctx, s, source)
+		}})
+	if err := svc.Load(ctx); err != nil {
+		return err
+	}
+	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp4", addr)
+	if err != nil {
+		return fmt.Errorf("vnat location server: listen %s: %w", addr, err)
+	}
+	go func() {
+		if err := svc.Serve(ctx, l); err != nil {
+			log.Error("vnat location server stopped", "err", err)
+		}
+	}()
+	log.Info("serving VNAT locations", "on", l.Addr().String(), "records", svc.Len())
+	return nil
+}
+
+// vmIdentity names the VM at source for the location server's ownership
+// rule: "vm:FARM/NAME" (VM names are unique, and a VM keeps its farm and
+// name across moves, so what it stored from one address it may refresh
+// from the next); "" for an address no VM holds (an external: the address
+// is its identity).
+func vmIdentity(ctx context.Context, s store.Store, source netip.Addr) (string, error) {
+	if !vnatloc.Tenant.Contains(source) {
+		return "", nil
+	}
+	vms, _, err := store.ListJSON[intent.VM](ctx, s, intent.VMsPrefix)
+	if err != nil {
+		return "", err
+	}
+	for _, v := range vms {
+		if v.IP == source.String() {
+			return "vm:" + v.Farm + "/" + v.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// relayAllowed: a host's agent relays the location streams of the VMs on
+// its vifs (docs/vnat-location.md). sender may speak for source only if
+// the intent places a VM with address source on a host one of whose fabric
+// addresses (its intent record's, or an uplink its agent reported) is
+// sender: no host can store locations for another host's VMs, and nobody
+// else can relay at all.
+func relayAllowed(ctx context.Context, s store.Store, sender, source netip.Addr) (bool, error) {
+	vms, _, err := store.ListJSON[intent.VM](ctx, s, intent.VMsPrefix)
+	if err != nil {
+		return false, err
+	}
+	host := ""
+	for _, v := range vms {
+		if v.IP == source.String() {
+			host = v.Host
+		}
+	}
+	if host == "" {
+		return false, nil
+	}
+	var h intent.Host
+	if err := store.GetJSON(ctx, s, intent.HostsPrefix+host, &h); err == nil && h.Address == sender.String() {
+		return true, nil
+	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return false, err
+	}
+	var n intent.Node
+	if err := store.GetJSON(ctx, s, intent.NodesPrefix+host, &n); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	if n.UplinkIP == sender.String() {
+		return true, nil
+	}
+	for _, u := range n.Uplinks {
+		if u.IP == sender.String() {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// heldAddrs are the addresses live VNAT location records hold virtually:
+// an endpoint that moved away from one still uses it for its connections,
+// so the controller must not give it to anyone else until the record
+// expires or its holder releases it (paper §3.4.2). Every allocation of a
+// VM address (CreateVM, MoveVM, ApplyTopology) skips them.
+func (c *Controller) heldAddrs(ctx context.Context) (map[netip.Addr]bool, error) {
+	held, err := vnatloc.Held(ctx, c.store, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if len(held) > 0 {
+		c.log.Debug("addresses held by VNAT endpoints, not handed out", "addrs", vnatloc.HeldList(held))
+	}
+	return held, nil
+}

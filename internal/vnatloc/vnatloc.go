@@ -1,0 +1,584 @@
+// Package vnatloc is the VNAT location server (paper 001_fcb5a695fe7df1bc,
+// §3.3.2.1: the last resort of a moved end's locate walk), as the controller
+// runs it: it answers VCMP_LOC_QUERY and VCMP_LOC_STORE, keeps its records
+// in the store (etcd) under Prefix, lets them expire, and decides who may
+// write a record. docs/vnat-location.md says why each rule is what it is.
+//
+// The rules, in short:
+//
+//   - a record lives vcmp.RecordLifetime after it was last stored; the end
+//     refreshes the records it still needs, an expired one is gone;
+//   - a record is stored only at the address it names: L_Phys_Addr must be
+//     the address the VCMP stream comes from (a TCP stream proves its
+//     source can receive there);
+//   - first writer wins until expiry: a live record is refreshed, moved or
+//     released only from the address that wrote it;
+//   - a virtual address in the tenant space (10.0.0.0/8) is stored only by a
+//     source of the same farm (10.F.x.x), and any other virtual address only
+//     by a source outside the tenant space: an external never held a VM's
+//     address, and a VM never leaves its farm;
+//   - every field is checked, and a source holds at most MaxPerSource
+//     records and MaxHeldPerSource virtual addresses away from where it is.
+//
+// Records whose end is away from its virtual address are what Held reports:
+// the controller hands none of those addresses out (§3.4.2).
+package vnatloc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/ratelog"
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/vcmp"
+)
+
+// Prefix is where location records live in the store: one key per record,
+// Prefix + "PROTO/LOCAL/REMOTE" (virtual endpoints, ADDR:PORT), holding a
+// Stored as JSON. It is under the store's root but not under its intent/
+// prefix: a refresh is not an intent change and recompiles nothing.
+const Prefix = intent.Root + "vnat/locations/"
+
+// Limits of one server; zero fields of Config take these.
+const (
+	// MaxRecords caps the records the server keeps.
+	MaxRecords = 65536
+	// MaxPerSource caps the records one source address may hold.
+	MaxPerSource = 4096
+	// MaxHeldPerSource caps the virtual addresses one source address may
+	// hold away from itself (each one is an address the controller will not
+	// hand out, so this bounds what a misbehaving end can take from its
+	// farm's allocator).
+	MaxHeldPerSource = 16
+)
+
+// Stored is one record as the store holds it.
+type Stored struct {
+	Proto  string `json:"proto"`  // tcp or udp
+	Local  string `json:"local"`  // the end's virtual endpoint, ADDR:PORT
+	Remote string `json:"remote"` // its peer's virtual endpoint
+	Phys   string `json:"phys"`   // where the end is now, ADDR:PORT
+	Owner  string `json:"owner"`  // who wrote it: Identity of the source
+	// Expires is when the record stops answering (RFC 3339, UTC).
+	Expires time.Time `json:"expires"`
+}
+
+// Config tunes a Service; the zero value is the defaults.
+type Config struct {
+	Lifetime         time.Duration // 0: vcmp.RecordLifetime
+	MaxRecords       int           // 0: MaxRecords
+	MaxPerSource     int           // 0: MaxPerSource
+	MaxHeldPerSource int           // 0: MaxHeldPerSource
+	Now              func() time.Time
+	Logger           *slog.Logger
+	// Identity names who a source address is, for ownership: a record is
+	// refreshed, moved or released only by the identity that wrote it. The
+	// controller names a VM by its farm and name from intent, so a VM that
+	// moved again still owns what it stored from its previous address; nil,
+	// or an empty name, is "addr:" + the address (an external's identity is
+	// its address).
+	Identity func(ctx context.Context, source netip.Addr) (string, error)
+	// RelayAllowed says whether sender (a stream's source address) may
+	// relay streams of source (a VM): the controller answers from intent,
+	// true when sender is the host the VM is placed on. Nil: no relays.
+	RelayAllowed func(ctx context.Context, sender, source netip.Addr) (bool, error)
+}
+
+type entry struct {
+	phys    netip.AddrPort
+	owner   string // Identity of the source that wrote it
+	expires time.Time
+}
+
+// Service is the location server's state: an index of the live records,
+// written through to the store. One process serves (the controller), so the
+// index is the truth between loads; the store makes it outlive a restart
+// and lets others read it (Held).
+type Service struct {
+	cfg   Config
+	store store.Store
+	rlog  *ratelog.Logger
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	recs     map[vcmp.Tuple]entry
+	bySource map[string]map[vcmp.Tuple]bool // by owner
+	counters map[string]uint64
+}
+
+// New is a service over s; call Load before serving.
+func New(s store.Store, cfg Config) *Service {
+	if cfg.Lifetime <= 0 {
+		cfg.Lifetime = vcmp.RecordLifetime
+	}
+	if cfg.MaxRecords <= 0 {
+		cfg.MaxRecords = MaxRecords
+	}
+	if cfg.MaxPerSource <= 0 {
+		cfg.MaxPerSource = MaxPerSource
+	}
+	if cfg.MaxHeldPerSource <= 0 {
+		cfg.MaxHeldPerSource = MaxHeldPerSource
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{cfg: cfg, store: s, log: cfg.Logger, rlog: ratelog.New(cfg.Logger, 1, time.Second, cfg.Now),
+		recs: map[vcmp.Tuple]entry{}, bySource: map[string]map[vcmp.Tuple]bool{}, counters: map[string]uint64{}}
+}
+
+// Key is the store key of the record of the end conn.Local.
+func Key(conn vcmp.Tuple) string {
+	return Prefix + conn.Proto.String() + "/" + conn.Local.String() + "/" + conn.Remote.String()
+}
+
+// parse reads a stored record back; it refuses what the server would never
+// have written.
+func parse(b []byte) (vcmp.Tuple, entry, error) {
+	var s Stored
+	if err := json.Unmarshal(b, &s); err != nil {
+		return vcmp.Tuple{}, entry{}, err
+	}
+	var t vcmp.Tuple
+	switch s.Proto {
+	case "tcp":
+		t.Proto = vcmp.TCP
+	case "udp":
+		t.Proto = vcmp.UDP
+	default:
+		return t, entry{}, fmt.Errorf("proto %q", s.Proto)
+	}
+	var e entry
+	var err error
+	if t.Local, err = netip.ParseAddrPort(s.Local); err != nil {
+		return t, e, fmt.Errorf("local: %w", err)
+	}
+	if t.Remote, err = netip.ParseAddrPort(s.Remote); err != nil {
+		return t, e, fmt.Errorf("remote: %w", err)
+	}
+	if e.phys, err = netip.ParseAddrPort(s.Phys); err != nil {
+		return t, e, fmt.Errorf("phys: %w", err)
+	}
+	if e.owner = s.Owner; e.owner == "" {
+		return t, e, errors.New("no owner")
+	}
+	e.expires = s.Expires
+	return t, e, nil
+}
+
+// Load reads the live records from the store into the index; expired or
+// unreadable ones are deleted.
+func (s *Service) Load(ctx context.Context) error {
+	kvs, _, err := s.store.List(ctx, Prefix)
+	if err != nil {
+		return fmt.Errorf("vnat locations: load: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	var errs []error
+	for k, b := range kvs {
+		t, e, err := parse(b)
+		if err != nil || Key(t) != k || !now.Before(e.expires) {
+			if err != nil {
+				s.log.Warn("vnat locations: unreadable record deleted", "key", k, "err", err)
+			}
+			errs = append(errs, s.store.Delete(ctx, k))
+			continue
+		}
+		s.index(t, e)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Service) index(t vcmp.Tuple, e entry) {
+	if old, ok := s.recs[t]; ok {
+		s.unindexSource(old.owner, t)
+	}
+	s.recs[t] = e
+	m := s.bySource[e.owner]
+	if m == nil {
+		m = map[vcmp.Tuple]bool{}
+		s.bySource[e.owner] = m
+	}
+	m[t] = true
+}
+
+func (s *Service) unindexSource(owner string, t vcmp.Tuple) {
+	if m := s.bySource[owner]; m != nil {
+		delete(m, t)
+		if len(m) == 0 {
+			delete(s.bySource, owner)
+		}
+	}
+}
+
+func (s *Service) unindex(t vcmp.Tuple) {
+	if e, ok := s.recs[t]; ok {
+		s.unindexSource(e.owner, t)
+		delete(s.recs, t)
+	}
+}
+
+// live is the live record of the end t.Local, dropping an expired one.
+func (s *Service) live(ctx context.Context, t vcmp.Tuple) (entry, bool) {
+	e, ok := s.recs[t]
+	if !ok {
+		return entry{}, false
+	}
+	if !s.cfg.Now().Before(e.expires) {
+		s.unindex(t)
+		if err := s.store.Delete(ctx, Key(t)); err != nil {
+			s.log.Error("vnat locations: delete expired record", "conn", t, "err", err)
+		}
+		s.counters["expired"]++
+		return entry{}, false
+	}
+	return e, true
+}
+
+// Sweep deletes every expired record and returns how many it deleted.
+func (s *Service) Sweep(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	n := 0
+	var errs []error
+	for t, e := range s.recs {
+		if now.Before(e.expires) {
+			continue
+		}
+		s.unindex(t)
+		errs = append(errs, s.store.Delete(ctx, Key(t)))
+		s.counters["expired"]++
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// Len is the number of records in the index (live or not yet swept).
+func (s *Service) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.recs)
+}
+
+// Counters are the service's counts (answers by status, refusals by
+// reason, expiries), a copy.
+func (s *Service) Counters() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.counters))
+	for k, v := range s.counters {
+		out[k] = v
+	}
+	return out
+}
+
+// refuse counts a refusal and logs it at most once a second per reason.
+// Called with s.mu held.
+func (s *Service) refuse(reason, msg string, args ...any) {
+	s.counters["refused_"+reason]++
+	s.rlog.Warn(reason, "vnat location server: "+msg, append(args, "reason", reason)...)
+}
+
+// Tenant is the tenant space (ipam's 10.f.s.h).
+var Tenant = netip.MustParsePrefix("10.0.0.0/8")
+
+// endpointErr says what is wrong with an endpoint a record names; "" when
+// nothing is. A connection's ends are unicast IPv4 with a port.
+func endpointErr(ap netip.AddrPort) string {
+	a := ap.Addr()
+	switch {
+	case !a.Is4():
+		return "not IPv4"
+	case a.IsUnspecified() || a.As4()[0] == 0:
+		return "in 0.0.0.0/8 (this network)"
+	case a.IsLoopback():
+		return "a loopback address"
+	case a.IsMulticast():
+		return "a multicast address"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) || a.As4()[0] >= 240:
+		return "a broadcast or reserved (240.0.0.0/4) address"
+	case a.IsLinkLocalUnicast():
+		return "a link-local address (169.254.0.0/16)"
+	case ap.Port() == 0:
+		return "port 0"
+	}
+	return ""
+}
+
+// checkRecord refuses a record no real connection would send: reason and
+// detail, or "" when it is well-formed. phys is checked unless release.
+func checkRecord(r vcmp.Record, release bool) (reason, detail string) {
+	for _, f := range []struct {
+		name string
+		ap   netip.AddrPort
+	}{{"L_Vir", r.Conn.Local}, {"R_Vir", r.Conn.Remote}, {"L_Phys", r.Phys}} {
+		if release && f.name == "L_Phys" {
+			continue
+		}
+		if e := endpointErr(f.ap); e != "" {
+			return "invalid", fmt.Sprintf("%s %v is %s", f.name, f.ap, e)
+		}
+	}
+	if r.Conn.Local == r.Conn.Remote {
+		return "invalid", fmt.Sprintf("L_Vir and R_Vir are both %v", r.Conn.Local)
+	}
+	return "", ""
+}
+
+// sameSpace: a virtual address in the tenant space is held only by a source
+// of the same farm (a VM moves only within its farm), any other only by a
+// source outside the tenant space.
+func sameSpace(virtual, source netip.Addr) bool {
+	vt, st := Tenant.Contains(virtual), Tenant.Contains(source)
+	if vt != st {
+		return false
+	}
+	return !vt || virtual.As4()[1] == source.As4()[1]
+}
+
+// heldBy is the number of distinct virtual addresses source holds away from
+// itself, with extra (a record being added) counted too.
+func (s *Service) heldBy(source string, extra vcmp.Tuple, extraPhys netip.AddrPort) int {
+	held := map[netip.Addr]bool{}
+	for t := range s.bySource[source] {
+		if e := s.recs[t]; t.Local.Addr() != e.phys.Addr() {
+			held[t.Local.Addr()] = true
+		}
+	}
+	if extra.Local.Addr() != extraPhys.Addr() {
+		held[extra.Local.Addr()] = true
+	}
+	return len(held)
+}
+
+// identity is Config.Identity, or the address.
+func (s *Service) identity(ctx context.Context, from netip.Addr) (string, error) {
+	if s.cfg.Identity != nil {
+		who, err := s.cfg.Identity(ctx, from)
+		if err != nil {
+			return "", fmt.Errorf("vnat locations: who is %s: %w", from, err)
+		}
+		if who != "" {
+			return who, nil
+		}
+	}
+	return "addr:" + from.String(), nil
+}
+
+// put decides whether from may store r and stores it: "" or the refusal's
+// reason. Called with s.mu held.
+func (s *Service) put(ctx context.Context, r vcmp.Record, from netip.Addr) (string, error) {
+	if reason, detail := checkRecord(r, false); reason != "" {
+		s.refuse(reason, "malformed record", "from", from, "conn", r.Conn, "detail", detail)
+		return reason, nil
+	}
+	if r.Phys.Addr() != from {
+		s.refuse("source", "record stored from elsewhere than the location it names", "from", from, "conn", r.Conn, "phys", r.Phys)
+		return "source", nil
+	}
+	if !sameSpace(r.Conn.Local.Addr(), from) {
+		s.refuse("space", "virtual address outside the source's space (tenant farm or fabric)", "from", from, "conn", r.Conn)
+		return "space", nil
+	}
+	who, err := s.identity(ctx, from)
+	if err != nil {
+		return "identity", err
+	}
+	cur, exists := s.live(ctx, r.Conn)
+	if exists && cur.owner != who {
+		s.refuse("owner", "record held by another source until it expires", "from", from, "who", who, "conn", r.Conn, "owner", cur.owner)
+		return "owner", nil
+	}
+	if !exists {
+		switch {
+		case len(s.recs) >= s.cfg.MaxRecords:
+			s.refuse("full", "location server full", "from", from, "records", len(s.recs))
+			return "full", nil
+		case len(s.bySource[who]) >= s.cfg.MaxPerSource:
+			s.refuse("source_full", "source holds as many records as it may", "from", from, "who", who, "records", len(s.bySource[who]))
+			return "source_full", nil
+		}
+	}
+	if n := s.heldBy(who, r.Conn, r.Phys); n > s.cfg.MaxHeldPerSource {
+		s.refuse("held_full", "source holds as many virtual addresses as it may", "from", from, "conn", r.Conn, "max", s.cfg.MaxHeldPerSource)
+		return "held_full", nil
+	}
+	e := entry{phys: r.Phys, owner: who, expires: s.cfg.Now().Add(s.cfg.Lifetime)}
+	b, err := json.Marshal(Stored{Proto: r.Conn.Proto.String(), Local: r.Conn.Local.String(), Remote: r.Conn.Remote.String(),
+		Phys: r.Phys.String(), Owner: who, Expires: e.expires.UTC()})
+	if err != nil {
+		return "store", err
+	}
+	if err := s.store.Put(ctx, Key(r.Conn), b); err != nil {
+		s.counters["store_errors"]++
+		return "store", fmt.Errorf("vnat locations: store %v: %w", r.Conn, err)
+	}
+	if exists {
+		s.counters["refreshed"]++
+	} else {
+		s.counters["stored"]++
+	}
+	s.index(r.Conn, e)
+	return "", nil
+}
+
+// release withdraws from's record for conn: "" or the refusal's reason.
+// Called with s.mu held.
+func (s *Service) release(ctx context.Context, r vcmp.Record, from netip.Addr) (string, error) {
+	if reason, detail := checkRecord(r, true); reason != "" {
+		s.refuse(reason, "malformed release", "from", from, "conn", r.Conn, "detail", detail)
+		return reason, nil
+	}
+	cur, ok := s.live(ctx, r.Conn)
+	if !ok {
+		return "", nil // nothing to withdraw: the same answer as withdrawn
+	}
+	who, err := s.identity(ctx, from)
+	if err != nil {
+		return "identity", err
+	}
+	if cur.owner != who {
+		s.refuse("owner", "release from another source than the record's", "from", from, "conn", r.Conn, "owner", cur.owner)
+		return "owner", nil
+	}
+	if err := s.store.Delete(ctx, Key(r.Conn)); err != nil {
+		s.counters["store_errors"]++
+		return "store", fmt.Errorf("vnat locations: release %v: %w", r.Conn, err)
+	}
+	s.unindex(r.Conn)
+	s.counters["released"]++
+	return "", nil
+}
+
+// blankRecord is an encodable record for a refusal of a message that
+// carries none (or one the codec would not encode back).
+func blankRecord() vcmp.Record {
+	z := netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
+	return vcmp.Record{Conn: vcmp.Tuple{Proto: vcmp.TCP, Local: z, Remote: z}, Phys: z}
+}
+
+// Handle answers one message from a VCMP stream whose source is from. Every
+// message gets a VCMP_LOC_ANSWER, so a batch's answers line up: a query is
+// answered found, stored, not found or refused; a store stored or refused;
+// a release not found (nothing stored now) or refused; anything else
+// refused (this place keeps locations only).
+func (s *Service) Handle(ctx context.Context, m vcmp.Message, from netip.Addr) *vcmp.LocAnswer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ans := func(r vcmp.Record, st vcmp.LocStatus) *vcmp.LocAnswer {
+		s.counters["answered_"+locStatusName(st)]++
+		return &vcmp.LocAnswer{Record: r, Status: st}
+	}
+	switch m := m.(type) {
+	case *vcmp.LocQuery:
+		if reason, detail := checkRecord(m.Record, !m.Store); reason != "" {
+			s.refuse(reason, "malformed query", "from", from, "conn", m.Conn, "detail", detail)
+			return ans(m.Record, vcmp.LocRefused)
+		}
+		if e, ok := s.live(ctx, m.Conn.Reverse()); ok {
+			a := ans(m.Record, vcmp.LocFound)
+			a.Peer = e.phys
+			return a
+		}
+		if !m.Store {
+			return ans(m.Record, vcmp.LocNotFound)
+		}
+		reason, err := s.put(ctx, m.Record, from)
+		if err != nil {
+			s.rlog.Warn("store_error", "vnat location server: store", "err", err)
+		}
+		if reason != "" || err != nil {
+			return ans(m.Record, vcmp.LocRefused)
+		}
+		return ans(m.Record, vcmp.LocStored)
+	case *vcmp.LocStore:
+		var reason string
+		var err error
+		st := vcmp.LocStored
+		if vcmp.IsRelease(m) {
+			reason, err = s.release(ctx, m.Record, from)
+			st = vcmp.LocNotFound
+		} else {
+			reason, err = s.put(ctx, m.Record, from)
+		}
+		if err != nil {
+			s.rlog.Warn("store_error", "vnat location server: store", "err", err)
+		}
+		if reason != "" || err != nil {
+			return ans(m.Record, vcmp.LocRefused)
+		}
+		return ans(m.Record, st)
+	case nil:
+		s.refuse("command", "empty message", "from", from)
+	default:
+		s.refuse("command", "not a location message", "from", from, "command", m.Command())
+	}
+	return ans(blankRecord(), vcmp.LocRefused)
+}
+
+func locStatusName(st vcmp.LocStatus) string {
+	switch st {
+	case vcmp.LocFound:
+		return "found"
+	case vcmp.LocStored:
+		return "stored"
+	case vcmp.LocNotFound:
+		return "not_found"
+	}
+	return "refused"
+}
+
+// Held is the set of addresses live records of moved ends (L_Vir ≠ L_Phys)
+// name: the virtual ones some VNAT endpoint's connections still use, which
+// the controller must not hand out (paper §3.4.2), and the physical ones
+// the records say the ends are at. It reads the store, so any process may
+// ask.
+func Held(ctx context.Context, s store.Store, now time.Time) (map[netip.Addr]bool, error) {
+	kvs, _, err := s.List(ctx, Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("vnat locations: held addresses: %w", err)
+	}
+	held := map[netip.Addr]bool{}
+	for k, b := range kvs {
+		t, e, err := parse(b)
+		if err != nil || Key(t) != k {
+			// Not written by a server (Load deletes it): it holds nothing,
+			// and must not stop every allocation.
+			continue
+		}
+		if now.Before(e.expires) && t.Local.Addr() != e.phys.Addr() {
+			// The virtual address its end moved away from, and where it
+			// is now: given to another VM, that one would be taken for
+			// the end by the end's peer (a record answers it there until
+			// the end refreshes from its next place).
+			held[t.Local.Addr()] = true
+			held[e.phys.Addr()] = true
+		}
+	}
+	return held, nil
+}
+
+// HeldList is Held sorted, for messages.
+func HeldList(held map[netip.Addr]bool) string {
+	out := make([]string, 0, len(held))
+	for a := range held {
+		out = append(out, a.String())
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
