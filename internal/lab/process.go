@@ -50,9 +50,13 @@ func agentArgs(st *State, t *topology.File, host string) []string {
 }
 
 // vnatArgs are the arguments of a VNAT endpoint's daemon (issue 10), with
-// its location server if the lab has one (docs/vnat-location.md).
-func vnatArgs(iface, locationServer string) []string {
+// its location server if the lab has one (docs/vnat-location.md) and the
+// directory it pins in (on the lab's bpffs).
+func vnatArgs(iface, locationServer, pinDir string) []string {
 	args := []string{"vnat", "run", "--iface", iface}
+	if pinDir != "" {
+		args = append(args, "--pin-dir", pinDir)
+	}
 	if locationServer != "" {
 		args = append(args, "--location-server", locationServer)
 	}

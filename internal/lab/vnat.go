@@ -2,6 +2,9 @@ package lab
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/onehop/onehop/internal/topology"
@@ -30,7 +33,11 @@ func startVNAT(_ context.Context, b *builder, node, iface string) error {
 	if err := b.st.save(); err != nil {
 		return err
 	}
-	return b.spawn("vnat-"+node, node, NamespaceOf(b.st.Name, node), vnatArgs(iface, locationServer(b.t, node))...)
+	pins, err := vnatPinDir(b.st, node)
+	if err != nil {
+		return err
+	}
+	return b.spawn("vnat-"+node, node, NamespaceOf(b.st.Name, node), vnatArgs(iface, locationServer(b.t, node), pins)...)
 }
 
 // locationServer is where node's VNAT daemon finds the location server,
@@ -57,4 +64,23 @@ func vnatOf(t *topology.File, node string) bool {
 		return e.VNAT
 	}
 	return false
+}
+
+// vnatPinDir is where node's VNAT daemon pins its maps and links, so that
+// a restart of the daemon keeps the connections it translates. /sys/fs/bpf
+// is not a bpffs inside `ip netns exec`, so it is a directory on the lab's
+// own bpffs (which lab down unmounts, pins and all); "" (the daemon's own
+// default) for a state without one.
+func vnatPinDir(st *State, node string) (string, error) {
+	if st.BPFFS == "" {
+		return "", nil
+	}
+	if err := MountBPFFS(st.BPFFS); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(st.BPFFS, "vnat", node)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("%s: vnat pin directory: %w", node, err)
+	}
+	return dir, nil
 }
