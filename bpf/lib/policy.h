@@ -248,7 +248,7 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 	 * the receiver from the fabric): a VM opening flows as fast as it can
 	 * cannot churn the others' flows out of the table. An entry opened the
 	 * other way already is no new entry. */
-	if (!e && !share_take(owner, SHARE_FLOWS))
+	if (!e && !share_take(owner, SHARE_FLOWS, now))
 		return DROP_OVER_SHARE;
 	ct_open(&k, e, dir, epoch, now);
 	return DROP_NONE;
