@@ -137,15 +137,12 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 		} else if (is_icmp_error(type)) {
 			/* About a packet it was sent: to its address and one of
 			 * its ports. */
-			struct iphdr *q = (void *)(l4 + 8);
-			if ((void *)(q + 1) > pkt->data_end)
+			struct icmp_quote q;
+			if (!icmp_quote_of(l4, 0, pkt->data_end, &q))
 				return DROP_MALFORMED;
-			__u8 *ql4 = (void *)q + (q->ihl & 0xf) * 4;
-			if ((void *)(ql4 + 8) > pkt->data_end)
-				return DROP_MALFORMED;
-			if (q->protocol != IPPROTO_TCP_ && q->protocol != IPPROTO_UDP_)
+			if (q.ip->protocol != IPPROTO_TCP_ && q.ip->protocol != IPPROTO_UDP_)
 				return DROP_PS_ICMP_REFUSED;
-			if (q->daddr != up->addr || ps_port_owner(u, bpf_ntohs(((__be16 *)ql4)[1])) != slot)
+			if (q.ip->daddr != up->addr || ps_port_owner(u, bpf_ntohs(((__be16 *)q.l4)[1])) != slot)
 				return DROP_PS_FOREIGN_PORT;
 		} else {
 			return DROP_PS_ICMP_REFUSED;

@@ -34,6 +34,14 @@ struct packet {
 	__u64 now;            /* the coarse clock, once read (packet_now) */
 };
 
+#define IPPROTO_ICMP_ 1
+#define IPPROTO_TCP_ 6
+#define IPPROTO_UDP_ 17
+#define IP_OFFSET_MASK 0x1fff
+#define IP_MF 0x2000 /* more fragments */
+#define ICMP_ECHO_REPLY 0
+#define ICMP_ECHO_REQUEST 8
+
 #define ETH_P_8021Q_ 0x8100
 #define ETH_P_8021AD_ 0x88a8
 

@@ -116,19 +116,13 @@ static __always_inline __u32 ps_echo_owner(__be32 remote, __be16 id, __u32 u, st
  * host's addresses on uplink u), so its source port or echo id says whose. */
 static __always_inline __u32 ps_error_owner(struct packet *pkt, __u8 *icmp, __u32 icmp_off, __be32 public, __u32 u, struct ps_target *t)
 {
-	struct iphdr *q = (void *)(icmp + 8);
-	if ((void *)(q + 1) > pkt->data_end)
+	struct icmp_quote q;
+	if (!icmp_quote_of(icmp, icmp_off, pkt->data_end, &q) || q.ip->saddr != public)
 		return 0;
-	if (q->saddr != public || q->ihl < 5 || (q->frag_off & bpf_htons(IP_OFFSET_MASK)))
-		return 0;
-	__u32 qhl = (q->ihl & 0xf) * 4;
-	__u8 *ql4 = (void *)q + qhl;
-	if ((void *)(ql4 + 8) > pkt->data_end)
-		return 0;
-	if (q->protocol == IPPROTO_TCP_ || q->protocol == IPPROTO_UDP_)
-		return ps_port_owner(u, bpf_ntohs(*(__be16 *)ql4));
-	if (q->protocol == IPPROTO_ICMP_ && ql4[0] == ICMP_ECHO_REQUEST)
-		return ps_echo_owner(q->daddr, *(__be16 *)(ql4 + 4), u, t, icmp_off + 8 + qhl + 4, icmp_off + 2);
+	if (q.ip->protocol == IPPROTO_TCP_ || q.ip->protocol == IPPROTO_UDP_)
+		return ps_port_owner(u, bpf_ntohs(*(__be16 *)q.l4));
+	if (q.ip->protocol == IPPROTO_ICMP_ && q.l4[0] == ICMP_ECHO_REQUEST)
+		return ps_echo_owner(q.ip->daddr, *(__be16 *)(q.l4 + 4), u, t, q.l4_off + 4, icmp_off + 2);
 	return 0;
 }
 
