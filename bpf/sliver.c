@@ -109,12 +109,8 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 		return DROP_PS_PROTO;
 	struct ps_frag_key fk = {.remote = ip->daddr, .id = ip->id, .proto = proto, .uplink_dir = u | PS_DIR_OUT, .slot = slot};
 	__u64 now = packet_now(pkt);
-	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
-		struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, &fk);
-		if (f && now - f->when_ns < FRAG_LIFETIME_NS)
-			return 0;
-		return DROP_PS_FRAG_UNKNOWN;
-	}
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK))
+		return ps_frag_live(&fk, now) ? 0 : DROP_PS_FRAG_UNKNOWN;
 	__u32 hl = (ip->ihl & 0xf) * 4;
 	__u8 *l4 = (void *)ip + hl;
 	/* A first fragment too short for its ports (RFC 1858) is malformed. */
@@ -148,17 +144,8 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 			return DROP_PS_ICMP_REFUSED;
 		}
 	}
-	if (ip->frag_off & bpf_htons(IP_MF)) {
-		struct ps_frag f = {.when_ns = now, .slot = slot};
-		struct ps_frag *seen = bpf_map_lookup_elem(&ps_frags, &fk);
-		if (!seen) {
-			if (!ps_share_take(slot, PS_SHARE_FRAGS, now))
-				return DROP_PS_OVER_SHARE;
-			bpf_map_update_elem(&ps_frags, &fk, &f, BPF_ANY);
-		} else {
-			seen->when_ns = now;
-		}
-	}
+	if (ip->frag_off & bpf_htons(IP_MF))
+		return ps_frag_record(&fk, slot, now);
 	return 0;
 }
 

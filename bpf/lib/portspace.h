@@ -80,6 +80,35 @@ static __always_inline int ps_share_take(__u32 slot, const __u32 kind, __u64 now
 	return 1;
 }
 
+/* Port space's fragment records (ps_frags), one implementation for both
+ * directions: a sliver's own datagrams (sliver.c) and datagrams steered to
+ * a sliver (ps_steer). A later fragment follows a record younger than
+ * FRAG_LIFETIME_NS, as the router's frag_flows (frag.h). */
+static __always_inline struct ps_frag *ps_frag_live(const struct ps_frag_key *k, __u64 now)
+{
+	struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, k);
+	if (f && now - f->when_ns < FRAG_LIFETIME_NS)
+		return f;
+	return 0;
+}
+
+/* Records a first fragment (MF set) for slot: a record it already has is
+ * refreshed; only a new one takes a unit of slot's share, so a datagram
+ * sent again costs its sender nothing. 0, or DROP_PS_OVER_SHARE when a new
+ * record was refused. */
+static __always_inline int ps_frag_record(const struct ps_frag_key *k, __u32 slot, __u64 now)
+{
+	struct ps_frag *seen = bpf_map_lookup_elem(&ps_frags, k);
+	if (seen && seen->slot == slot) {
+		seen->when_ns = now;
+		return 0;
+	}
+	if (!ps_share_take(slot, PS_SHARE_FRAGS, now))
+		return DROP_PS_OVER_SHARE;
+	struct ps_frag f = {.when_ns = now, .slot = slot};
+	bpf_map_update_elem(&ps_frags, k, &f, BPF_ANY);
+	return 0;
+}
 
 /* Where a packet for a public address goes, and the echo id to put back
  * (at id_off, checksum at csum_off) when its sliver's id was rewritten. */
@@ -138,8 +167,8 @@ static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_targ
 	t->id_off = 0;
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
 		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
-		struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, &k);
-		if (f && packet_now(pkt) - f->when_ns < FRAG_LIFETIME_NS)
+		struct ps_frag *f = ps_frag_live(&k, packet_now(pkt));
+		if (f)
 			t->slot = f->slot;
 		return;
 	}
@@ -158,11 +187,10 @@ static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_targ
 			t->slot = ps_error_owner(pkt, l4, l4_off, ip->daddr, u, t);
 	}
 	if (t->slot && (ip->frag_off & bpf_htons(IP_MF))) {
-		__u64 now = packet_now(pkt);
+		/* Over its share the first fragment is still delivered; its later
+		 * fragments then go to the host. */
 		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
-		struct ps_frag f = {.when_ns = now, .slot = t->slot};
-		if (ps_share_take(t->slot, PS_SHARE_FRAGS, now))
-			bpf_map_update_elem(&ps_frags, &k, &f, BPF_ANY);
+		ps_frag_record(&k, t->slot, packet_now(pkt));
 	}
 }
 
