@@ -18,6 +18,8 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+#define PACKET_HOST_ 0 /* linux/if_packet.h: to us */
+
 const struct ps_uplink *_ps_uplink_type __attribute__((unused));
 const struct ps_sliver *_ps_sliver_type __attribute__((unused));
 const struct ps_vif *_ps_vif_type __attribute__((unused));
@@ -230,21 +232,24 @@ int sliver_ingress(struct __sk_buff *skb)
 		count_forward(FWD_TO_SLIVER);
 		return redirect_peer(peer);
 	}
-	/* The host's own: its stack takes the frame only if addressed to this
-	 * link's MAC, and the kernel judges that (the packet type) when the
-	 * frame arrives; so a frame for another MAC is given this link's and
-	 * taken in once more (it passes here again, already addressed). */
-	if (mac_equal(pkt.eth->h_dest, vif->mac)) {
-		ps_count_out(slot, skb->len);
-		count_forward(FWD_HOST_STACK);
-		return TC_ACT_OK;
+	/* The host's own. Its stack takes a frame only as addressed to this
+	 * host, and the kernel judged that (the packet type) from the
+	 * destination MAC before tcx ran: a frame for the shared MAC, not this
+	 * link's, is PACKET_OTHERHOST, which IPv4 drops. So the frame is made
+	 * the host's here (bpf_skb_change_type) and goes up in this one pass,
+	 * rather than being redirected into the link's ingress and checked
+	 * by this program a second time. It carries the link's MAC too, as
+	 * the stack would have seen it. */
+	if (!mac_equal(pkt.eth->h_dest, vif->mac)) {
+		mac_copy(mac, vif->mac);
+		if (bpf_skb_store_bytes(skb, 0, mac, ETH_ALEN, 0) < 0 || bpf_skb_change_type(skb, PACKET_HOST_) < 0) {
+			struct packet none = {};
+			return ps_drop(skb, &none, slot, DROP_MALFORMED);
+		}
 	}
-	mac_copy(mac, vif->mac);
-	if (bpf_skb_store_bytes(skb, 0, mac, ETH_ALEN, 0) < 0) {
-		struct packet none = {};
-		return ps_drop(skb, &none, slot, DROP_MALFORMED);
-	}
-	return redirect_in(ifindex);
+	ps_count_out(slot, skb->len);
+	count_forward(FWD_HOST_STACK);
+	return TC_ACT_OK;
 }
 
 SEC("tc")
