@@ -110,9 +110,8 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_ && proto != IPPROTO_ICMP_)
 		return DROP_PS_PROTO;
 	struct ps_frag_key fk = {.remote = ip->daddr, .id = ip->id, .proto = proto, .uplink_dir = u | PS_DIR_OUT, .slot = slot};
-	__u64 now = packet_now(pkt);
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK))
-		return ps_frag_live(&fk, now) ? 0 : DROP_PS_FRAG_UNKNOWN;
+		return ps_frag_live(&fk, packet_now(pkt)) ? 0 : DROP_PS_FRAG_UNKNOWN;
 	__u32 hl = (ip->ihl & 0xf) * 4;
 	__u8 *l4 = (void *)ip + hl;
 	/* A first fragment too short for its ports (RFC 1858) is malformed. */
@@ -125,7 +124,7 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 		__u8 type = l4[0];
 		if (type == ICMP_ECHO_REQUEST) {
 			__be16 id = *(__be16 *)(l4 + 4);
-			int reason = ps_echo_out(slot, u, ip->daddr, id, wire, now);
+			int reason = ps_echo_out(slot, u, ip->daddr, id, wire, packet_now(pkt));
 			if (reason)
 				return reason;
 			if (*wire != id) {
@@ -147,7 +146,7 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 		}
 	}
 	if (ip->frag_off & bpf_htons(IP_MF))
-		return ps_frag_record(&fk, slot, now);
+		return ps_frag_record(&fk, slot, packet_now(pkt));
 	return 0;
 }
 
