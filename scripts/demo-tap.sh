@@ -132,7 +132,7 @@ for _ in $(seq 100); do
 done
 printf '$ onehop stats | grep -E "^[^ ]|tap "\n'
 "$ONEHOP" stats --api "$STATE/api.sock" | grep -E '^[^ ]|  tap ' | sed 's/^/   /'
-printf '   (web-ping: the 5 pings and the probe that showed the policies had arrived; web-iperf: mon1 captured %s)\n' "$tcp_to"
+printf '   (web-ping: the 5 pings and the probe pings that showed the policies had arrived; web-iperf: mon1 captured %s)\n' "$tcp_to"
 
 say "All shown in $(( $(date +%s) - started )) s; tearing the lab down"
 rm -f "$PCAP" "$STATE/demo-tcpdump.err"
