@@ -5,8 +5,9 @@ GO ?= go
 BIN := bin/onehop
 QUICKSTART ?= examples/quickstart.yaml
 PORTSHARE ?= examples/portshare.yaml
+TAPDEMO ?= examples/tap.yaml
 
-.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare bench bench-scale clean
+.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap bench bench-scale clean
 
 all: build
 
@@ -52,6 +53,11 @@ demo-down: build
 # port; builds examples/portshare.yaml, shows it, and tears it down.
 demo-portshare: deps build
 	@bash scripts/demo-portshare.sh $(BIN) $(PORTSHARE)
+
+# Virtual TAP: copies of what a policy names reach a monitor VM on another
+# host; builds examples/tap.yaml, shows the monitor's capture, tears it down.
+demo-tap: deps build
+	@bash scripts/demo-tap.sh $(BIN) $(TAPDEMO)
 
 bench: deps build
 	$(GO) run ./bench -binary $(BIN) -rounds $${ROUNDS:-5} -out bench/results/latest.json

@@ -18,6 +18,8 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+#define PACKET_HOST_ 0 /* linux/if_packet.h: to us */
+
 const struct ps_uplink *_ps_uplink_type __attribute__((unused));
 const struct ps_sliver *_ps_sliver_type __attribute__((unused));
 const struct ps_vif *_ps_vif_type __attribute__((unused));
@@ -108,13 +110,8 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_ && proto != IPPROTO_ICMP_)
 		return DROP_PS_PROTO;
 	struct ps_frag_key fk = {.remote = ip->daddr, .id = ip->id, .proto = proto, .uplink_dir = u | PS_DIR_OUT, .slot = slot};
-	__u64 now = packet_now(pkt);
-	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
-		struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, &fk);
-		if (f && now - f->when_ns < FRAG_LIFETIME_NS)
-			return 0;
-		return DROP_PS_FRAG_UNKNOWN;
-	}
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK))
+		return ps_frag_live(&fk, packet_now(pkt)) ? 0 : DROP_PS_FRAG_UNKNOWN;
 	__u32 hl = (ip->ihl & 0xf) * 4;
 	__u8 *l4 = (void *)ip + hl;
 	/* A first fragment too short for its ports (RFC 1858) is malformed. */
@@ -127,7 +124,7 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 		__u8 type = l4[0];
 		if (type == ICMP_ECHO_REQUEST) {
 			__be16 id = *(__be16 *)(l4 + 4);
-			int reason = ps_echo_out(slot, u, ip->daddr, id, wire, now);
+			int reason = ps_echo_out(slot, u, ip->daddr, id, wire, packet_now(pkt));
 			if (reason)
 				return reason;
 			if (*wire != id) {
@@ -137,31 +134,19 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 		} else if (is_icmp_error(type)) {
 			/* About a packet it was sent: to its address and one of
 			 * its ports. */
-			struct iphdr *q = (void *)(l4 + 8);
-			if ((void *)(q + 1) > pkt->data_end)
+			struct icmp_quote q;
+			if (!icmp_quote_of(l4, 0, pkt->data_end, &q))
 				return DROP_MALFORMED;
-			__u8 *ql4 = (void *)q + (q->ihl & 0xf) * 4;
-			if ((void *)(ql4 + 8) > pkt->data_end)
-				return DROP_MALFORMED;
-			if (q->protocol != IPPROTO_TCP_ && q->protocol != IPPROTO_UDP_)
+			if (q.ip->protocol != IPPROTO_TCP_ && q.ip->protocol != IPPROTO_UDP_)
 				return DROP_PS_ICMP_REFUSED;
-			if (q->daddr != up->addr || ps_port_owner(u, bpf_ntohs(((__be16 *)ql4)[1])) != slot)
+			if (q.ip->daddr != up->addr || ps_port_owner(u, bpf_ntohs(((__be16 *)q.l4)[1])) != slot)
 				return DROP_PS_FOREIGN_PORT;
 		} else {
 			return DROP_PS_ICMP_REFUSED;
 		}
 	}
-	if (ip->frag_off & bpf_htons(IP_MF)) {
-		struct ps_frag f = {.when_ns = now, .slot = slot};
-		struct ps_frag *seen = bpf_map_lookup_elem(&ps_frags, &fk);
-		if (!seen) {
-			if (!ps_share_take(slot, PS_SHARE_FRAGS, now))
-				return DROP_PS_OVER_SHARE;
-			bpf_map_update_elem(&ps_frags, &fk, &f, BPF_ANY);
-		} else {
-			seen->when_ns = now;
-		}
-	}
+	if (ip->frag_off & bpf_htons(IP_MF))
+		return ps_frag_record(&fk, slot, packet_now(pkt));
 	return 0;
 }
 
@@ -246,21 +231,24 @@ int sliver_ingress(struct __sk_buff *skb)
 		count_forward(FWD_TO_SLIVER);
 		return redirect_peer(peer);
 	}
-	/* The host's own: its stack takes the frame only if addressed to this
-	 * link's MAC, and the kernel judges that (the packet type) when the
-	 * frame arrives; so a frame for another MAC is given this link's and
-	 * taken in once more (it passes here again, already addressed). */
-	if (mac_equal(pkt.eth->h_dest, vif->mac)) {
-		ps_count_out(slot, skb->len);
-		count_forward(FWD_HOST_STACK);
-		return TC_ACT_OK;
+	/* The host's own. Its stack takes a frame only as addressed to this
+	 * host, and the kernel judged that (the packet type) from the
+	 * destination MAC before tcx ran: a frame for the shared MAC, not this
+	 * link's, is PACKET_OTHERHOST, which IPv4 drops. So the frame is made
+	 * the host's here (bpf_skb_change_type) and goes up in this one pass,
+	 * rather than being redirected into the link's ingress and checked
+	 * by this program a second time. It carries the link's MAC too, as
+	 * the stack would have seen it. */
+	if (!mac_equal(pkt.eth->h_dest, vif->mac)) {
+		mac_copy(mac, vif->mac);
+		if (bpf_skb_store_bytes(skb, 0, mac, ETH_ALEN, 0) < 0 || bpf_skb_change_type(skb, PACKET_HOST_) < 0) {
+			struct packet none = {};
+			return ps_drop(skb, &none, slot, DROP_MALFORMED);
+		}
 	}
-	mac_copy(mac, vif->mac);
-	if (bpf_skb_store_bytes(skb, 0, mac, ETH_ALEN, 0) < 0) {
-		struct packet none = {};
-		return ps_drop(skb, &none, slot, DROP_MALFORMED);
-	}
-	return redirect_in(ifindex);
+	ps_count_out(slot, skb->len);
+	count_forward(FWD_HOST_STACK);
+	return TC_ACT_OK;
 }
 
 SEC("tc")

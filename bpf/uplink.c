@@ -55,7 +55,7 @@ int uplink_ingress(struct __sk_buff *skb)
 		if (reason)
 			return drop_packet(skb, &pkt, reason);
 		if (learn)
-			learn_mapping(ip->saddr, pkt.eth->h_source);
+			learn_mapping(ip->saddr, pkt.eth->h_source, packet_now(&pkt));
 		delivery_mac(ip->daddr, pkt.eth->h_dest);
 		virtual_mac(ip->saddr, pkt.eth->h_source);
 		__be32 saddr = ip->saddr;
@@ -93,7 +93,7 @@ int uplink_ingress(struct __sk_buff *skb)
 	if (reason)
 		return drop_packet(skb, &pkt, reason);
 	if (learn)
-		learn_mapping(ip->saddr, pkt.eth->h_source);
+		learn_mapping(ip->saddr, pkt.eth->h_source, packet_now(&pkt));
 
 	mac_copy(pkt.eth->h_dest, dst->mac);
 	if (same_subnet(ip->saddr, ip->daddr))

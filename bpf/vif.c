@@ -61,7 +61,7 @@ int vif_ingress(struct __sk_buff *skb)
 	if (dhcp == DHCP_CLIENT) {
 		if (!mac_equal(pkt.eth->h_source, vif->mac))
 			return drop_packet(skb, &pkt, DROP_SPOOFED_MAC);
-		if (!share_take(vif->ip, SHARE_PUNTS))
+		if (!share_take(vif->ip, SHARE_PUNTS, packet_now(&pkt)))
 			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
 		return punt_to_agent(skb, &pkt, SLOW_DHCP);
 	}
@@ -75,7 +75,7 @@ int vif_ingress(struct __sk_buff *skb)
 	/* The VNAT location service, to the host's stack (vnat_service.h): the
 	 * frame is for the gateway's MAC, so it is made the host's own. */
 	if (cfg && feature_on(cfg, FEATURE_VNAT_LOCATION) && to_location_service(&pkt)) {
-		if (!share_take(vif->ip, SHARE_PUNTS))
+		if (!share_take(vif->ip, SHARE_PUNTS, packet_now(&pkt)))
 			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
 		bpf_skb_change_type(skb, PACKET_HOST_);
 		count_forward(FWD_VNAT_LOCATION);
@@ -159,7 +159,7 @@ int vif_ingress(struct __sk_buff *skb)
 		/* Its copies, once its verdict is decided: production goes by
 		 * redirect_peer, past every backlog, so it waits for none. */
 		if (feature_on(cfg, FEATURE_TAP))
-			tap_copy(skb, cfg);
+			tap_copy(skb, cfg, packet_now(&pkt));
 		/* Straight into the receiving VM's namespace: skips a backlog pass. */
 		return redirect_peer(local->ifindex);
 	}
@@ -168,19 +168,19 @@ int vif_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
 	/* No virtual MAC on the wire (paper §2): host MAC to host MAC. */
 	mac_copy(pkt.eth->h_source, cfg->uplink_mac);
-	struct mapping *remote = mapping_for_send_at(ip->daddr, packet_now(&pkt));
+	struct mapping *remote = mapping_for_send(ip->daddr, packet_now(&pkt));
 	if (!remote) {
 		/* Paper §2 step 6: queued until the ARP engine finds the host.
 		 * The frame is complete but for its destination MAC. */
-		int held = may_hold(ip->daddr, vif->ip);
+		int held = may_hold(ip->daddr, vif->ip, packet_now(&pkt));
 		if (held == HOLD_OVER_SHARE)
 			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
 		if (!held)
 			return drop_packet(skb, &pkt, DROP_UNRESOLVED);
-		if (!share_take(vif->ip, SHARE_PUNTS))
+		if (!share_take(vif->ip, SHARE_PUNTS, packet_now(&pkt)))
 			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
 		if (feature_on(cfg, FEATURE_TAP)) {
-			tap_copy(skb, cfg);
+			tap_copy(skb, cfg, packet_now(&pkt));
 			parse_packet(skb, &pkt); /* the copies made the pointers stale */
 		}
 		return punt_to_agent(skb, &pkt, SLOW_HOLD);
@@ -188,7 +188,7 @@ int vif_ingress(struct __sk_buff *skb)
 	mac_copy(pkt.eth->h_dest, remote->host_mac);
 	count_forward(FWD_TO_FABRIC);
 	/* Copied: production is sent first, then its copies (tap_copy). */
-	if (feature_on(cfg, FEATURE_TAP) && tap_copy_first(skb, cfg))
+	if (feature_on(cfg, FEATURE_TAP) && tap_copy_first(skb, cfg, packet_now(&pkt)))
 		return TC_ACT_STOLEN;
 	return redirect_out(cfg->uplink_ifindex);
 }

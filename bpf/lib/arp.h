@@ -68,14 +68,14 @@ static __always_inline int handle_vm_arp(struct packet *pkt, const struct node_c
 		arp_reply_in_place(pkt, target, target_mac, target_mac);
 		return DROP_NONE;
 	}
-	if (mapping_for_send(target)) {
+	if (mapping_for_send(target, packet_now(pkt))) {
 		virtual_mac(target, target_mac);
 		arp_reply_in_place(pkt, target, target_mac, target_mac);
 		return DROP_NONE;
 	}
 	if (!cfg || !cfg->uplink_ifindex)
 		return (DROP_NO_UPLINK);
-	if (!may_ask_fabric(target, arp->spa))
+	if (!may_ask_fabric(target, arp->spa, packet_now(pkt)))
 		return (DROP_ARP_UNKNOWN_TARGET);
 	/* The question goes to the hosts of the target's subnet only; the
 	 * asker's own addresses stay in it so the answer can find its way back. */
@@ -126,7 +126,7 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 			/* The asking VM's traffic comes next; answer it without a miss.
 			 * Learned only if new: a question moves no entry, but doubts
 			 * one that disagrees (the sweep then asks). */
-			if (learn_mapping(spa, from)) {
+			if (learn_mapping(spa, from, packet_now(pkt))) {
 				struct mapping *m = bpf_map_lookup_elem(&mappings, &spa);
 				if (m)
 					mapping_doubted(m);
@@ -160,7 +160,7 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 			return drop_quietly(DROP_ARP_NOT_HERE); /* routine: not a VM this host talks to */
 		if (!mac_equal(m->host_mac, from))
 			return claim_to_agent(skb, pkt, spa);
-		learn_mapping(spa, from);
+		learn_mapping(spa, from, packet_now(pkt));
 		count_forward(FWD_ARP_LEARNED);
 		return TC_ACT_SHOT;
 	}
@@ -175,7 +175,7 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 	 * not the one it waits for. */
 	if (asker && !same_subnet(spa, tpa))
 		return drop_packet(skb, pkt, DROP_ARP_OTHER_SUBNET);
-	learn_mapping(spa, from);
+	learn_mapping(spa, from, packet_now(pkt));
 	count_forward(FWD_ARP_LEARNED);
 	if (!asker)
 		return punt_to_agent(skb, pkt, SLOW_ARP_REPLY); /* the agent's own question */

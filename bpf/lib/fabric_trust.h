@@ -81,7 +81,7 @@ static __always_inline int fabric_sender(const struct node_config *cfg, __be32 s
  * moved twice within a second is claimed by its second host at once). */
 static __always_inline int claim_to_agent(struct __sk_buff *skb, struct packet *pkt, __be32 ip)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = packet_now(pkt);
 	struct claim_seen *last = bpf_map_lookup_elem(&mapping_claims, &ip);
 	if (last && now - last->at_ns < CLAIM_INTERVAL_NS && mac_equal(last->host_mac, pkt->eth->h_source))
 		return drop_quietly(DROP_CLAIM_LIMITED);

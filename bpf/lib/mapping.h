@@ -15,8 +15,11 @@ static __always_inline int mac_is_zero(const __u8 *m)
 
 /* The remote VM's entry for a packet about to be sent with it, or 0. The
  * lookup itself refreshes the LRU; used_ns moves at most once a step, so a
- * busy flow costs a read, not a cache-line write per packet. */
-static __always_inline struct mapping *mapping_for_send_at(__be32 ip, __u64 now)
+ * busy flow costs a read, not a cache-line write per packet.
+ *
+ * Every helper here takes now, the packet's one read of the coarse clock
+ * (packet_now): each read costs about 6 ns. */
+static __always_inline struct mapping *mapping_for_send(__be32 ip, __u64 now)
 {
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
 	if (!m || mac_is_zero(m->host_mac))
@@ -26,20 +29,14 @@ static __always_inline struct mapping *mapping_for_send_at(__be32 ip, __u64 now)
 	return m;
 }
 
-static __always_inline struct mapping *mapping_for_send(__be32 ip)
-{
-	return mapping_for_send_at(ip, bpf_ktime_get_coarse_ns());
-}
-
 /* Records that host_mac holds ip, as confirmed now: a new entry (or one
  * being asked for), or a confirmation of the host already mapped. Never
  * moves a mapped VM to another host (only the agent does, once the store
  * agrees: fabric_trust.h); returns 1 when host_mac disagrees with the
  * entry, which is then left as it is. A new entry counts as used now, so
  * the agent does not age it out before its first packet. */
-static __always_inline int learn_mapping(__be32 ip, const __u8 *host_mac)
+static __always_inline int learn_mapping(__be32 ip, const __u8 *host_mac, __u64 now)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
 	if (m && !mac_is_zero(m->host_mac)) {
 		if (!mac_equal(m->host_mac, host_mac))
@@ -67,9 +64,8 @@ static __always_inline void mapping_doubted(struct mapping *m)
 /* Whether a VM's ARP for ip may go to the fabric now: once per
  * MAPPING_ASK_INTERVAL_NS per address, so a VM asking in a loop for an
  * address nobody holds cannot flood the scope. */
-static __always_inline int may_ask_fabric(__be32 ip, __be32 asker)
+static __always_inline int may_ask_fabric(__be32 ip, __be32 asker, __u64 now)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
 	if (m) {
 		if (!mac_is_zero(m->host_mac)) /* learned meanwhile: ask anyway, the reply refreshes it */
@@ -81,7 +77,7 @@ static __always_inline int may_ask_fabric(__be32 ip, __be32 asker)
 	}
 	/* A placeholder takes a slot of the shared LRU table: out of the
 	 * asking VM's share, so it cannot evict the others' mappings. */
-	if (!share_take(asker, SHARE_ASKS))
+	if (!share_take(asker, SHARE_ASKS, now))
 		return 0;
 	struct mapping asked = {.confirmed_ns = now, .used_ns = now};
 	bpf_map_update_elem(&mappings, &ip, &asked, BPF_ANY);
@@ -95,12 +91,11 @@ static __always_inline int may_ask_fabric(__be32 ip, __be32 asker)
 
 /* Returns 1 when the packet may be held, 0 when the address's hold budget
  * is spent, HOLD_OVER_SHARE when the sender may not open a placeholder. */
-static __always_inline int may_hold(__be32 ip, __be32 sender)
+static __always_inline int may_hold(__be32 ip, __be32 sender, __u64 now)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
 	if (!m) {
-		if (!share_take(sender, SHARE_ASKS))
+		if (!share_take(sender, SHARE_ASKS, now))
 			return HOLD_OVER_SHARE;
 		struct mapping asked = {.confirmed_ns = now, .used_ns = now, .held = 1};
 		bpf_map_update_elem(&mappings, &ip, &asked, BPF_NOEXIST);

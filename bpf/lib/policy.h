@@ -12,19 +12,13 @@
 #include "parse.h"
 #include "route.h"
 #include "share.h"
+#include "icmp_error.h"
 
-#define IPPROTO_ICMP_ 1
-#define IPPROTO_TCP_ 6
-#define IPPROTO_UDP_ 17
-#define IP_OFFSET_MASK 0x1fff
-#define IP_MF 0x2000 /* more fragments */
 /* How long a first fragment's datagram is remembered (frag.h, and port
  * space's steering): a datagram's fragments leave back to back, so two
  * seconds is ample, and short enough that an IP id is not reused within it
  * at any sane rate. */
 #define FRAG_LIFETIME_NS (2ULL * 1000000000ULL)
-#define ICMP_ECHO_REPLY 0
-#define ICMP_ECHO_REQUEST 8
 
 struct l4_ports {
 	__be16 sport;
@@ -58,13 +52,6 @@ static __always_inline struct l4_ports l4_of(const struct packet *pkt)
 	return p;
 }
 
-/* ICMP errors a router or host sends about a packet: unreachable, time
- * exceeded, parameter problem. */
-static __always_inline int is_icmp_error(__u8 type)
-{
-	return type == 3 || type == 11 || type == 12;
-}
-
 /* For an ICMP error, the flow of the packet it quotes (the quoted header
  * went from the error's destination to its source): that is the flow the
  * error is related to. Returns 0 when it is no error or cannot be read. */
@@ -73,17 +60,16 @@ static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, 
 	if (!is_icmp_error(type))
 		return 0;
 	struct iphdr *ip = pkt->ip;
-	struct iphdr *inner = (void *)ip + (ip->ihl & 0xf) * 4 + 8;
-	if ((void *)(inner + 1) > pkt->data_end || inner->ihl != 5)
+	struct icmp_quote q;
+	if (!icmp_quote_of((__u8 *)ip + (ip->ihl & 0xf) * 4, 0, pkt->data_end, &q))
 		return 0;
+	struct iphdr *inner = q.ip;
 	/* Only the other end of the quoted flow may speak about it: a third
 	 * party quoting someone else's flow gets nothing through. (The
 	 * gateway's own errors are built on the host and never come here.) */
 	if (inner->saddr != ip->daddr || inner->daddr != ip->saddr)
 		return 0;
-	__be16 *ports = (void *)(inner + 1);
-	if ((void *)(ports + 4) > pkt->data_end)
-		return 0;
+	__be16 *ports = (void *)q.l4;
 	__builtin_memset(k, 0, sizeof(*k));
 	k->saddr = inner->saddr;
 	k->daddr = inner->daddr;
@@ -248,7 +234,7 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 	 * the receiver from the fabric): a VM opening flows as fast as it can
 	 * cannot churn the others' flows out of the table. An entry opened the
 	 * other way already is no new entry. */
-	if (!e && !share_take(owner, SHARE_FLOWS))
+	if (!e && !share_take(owner, SHARE_FLOWS, now))
 		return DROP_OVER_SHARE;
 	ct_open(&k, e, dir, epoch, now);
 	return DROP_NONE;

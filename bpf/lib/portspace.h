@@ -80,6 +80,35 @@ static __always_inline int ps_share_take(__u32 slot, const __u32 kind, __u64 now
 	return 1;
 }
 
+/* Port space's fragment records (ps_frags), one implementation for both
+ * directions: a sliver's own datagrams (sliver.c) and datagrams steered to
+ * a sliver (ps_steer). A later fragment follows a record younger than
+ * FRAG_LIFETIME_NS, as the router's frag_flows (frag.h). */
+static __always_inline struct ps_frag *ps_frag_live(const struct ps_frag_key *k, __u64 now)
+{
+	struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, k);
+	if (f && now - f->when_ns < FRAG_LIFETIME_NS)
+		return f;
+	return 0;
+}
+
+/* Records a first fragment (MF set) for slot: a record it already has is
+ * refreshed; only a new one takes a unit of slot's share, so a datagram
+ * sent again costs its sender nothing. 0, or DROP_PS_OVER_SHARE when a new
+ * record was refused. */
+static __always_inline int ps_frag_record(const struct ps_frag_key *k, __u32 slot, __u64 now)
+{
+	struct ps_frag *seen = bpf_map_lookup_elem(&ps_frags, k);
+	if (seen && seen->slot == slot) {
+		seen->when_ns = now;
+		return 0;
+	}
+	if (!ps_share_take(slot, PS_SHARE_FRAGS, now))
+		return DROP_PS_OVER_SHARE;
+	struct ps_frag f = {.when_ns = now, .slot = slot};
+	bpf_map_update_elem(&ps_frags, k, &f, BPF_ANY);
+	return 0;
+}
 
 /* Where a packet for a public address goes, and the echo id to put back
  * (at id_off, checksum at csum_off) when its sliver's id was rewritten. */
@@ -116,19 +145,13 @@ static __always_inline __u32 ps_echo_owner(__be32 remote, __be16 id, __u32 u, st
  * host's addresses on uplink u), so its source port or echo id says whose. */
 static __always_inline __u32 ps_error_owner(struct packet *pkt, __u8 *icmp, __u32 icmp_off, __be32 public, __u32 u, struct ps_target *t)
 {
-	struct iphdr *q = (void *)(icmp + 8);
-	if ((void *)(q + 1) > pkt->data_end)
+	struct icmp_quote q;
+	if (!icmp_quote_of(icmp, icmp_off, pkt->data_end, &q) || q.ip->saddr != public)
 		return 0;
-	if (q->saddr != public || q->ihl < 5 || (q->frag_off & bpf_htons(IP_OFFSET_MASK)))
-		return 0;
-	__u32 qhl = (q->ihl & 0xf) * 4;
-	__u8 *ql4 = (void *)q + qhl;
-	if ((void *)(ql4 + 8) > pkt->data_end)
-		return 0;
-	if (q->protocol == IPPROTO_TCP_ || q->protocol == IPPROTO_UDP_)
-		return ps_port_owner(u, bpf_ntohs(*(__be16 *)ql4));
-	if (q->protocol == IPPROTO_ICMP_ && ql4[0] == ICMP_ECHO_REQUEST)
-		return ps_echo_owner(q->daddr, *(__be16 *)(ql4 + 4), u, t, icmp_off + 8 + qhl + 4, icmp_off + 2);
+	if (q.ip->protocol == IPPROTO_TCP_ || q.ip->protocol == IPPROTO_UDP_)
+		return ps_port_owner(u, bpf_ntohs(*(__be16 *)q.l4));
+	if (q.ip->protocol == IPPROTO_ICMP_ && q.l4[0] == ICMP_ECHO_REQUEST)
+		return ps_echo_owner(q.ip->daddr, *(__be16 *)(q.l4 + 4), u, t, q.l4_off + 4, icmp_off + 2);
 	return 0;
 }
 
@@ -144,8 +167,8 @@ static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_targ
 	t->id_off = 0;
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
 		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
-		struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, &k);
-		if (f && packet_now(pkt) - f->when_ns < FRAG_LIFETIME_NS)
+		struct ps_frag *f = ps_frag_live(&k, packet_now(pkt));
+		if (f)
 			t->slot = f->slot;
 		return;
 	}
@@ -164,11 +187,10 @@ static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_targ
 			t->slot = ps_error_owner(pkt, l4, l4_off, ip->daddr, u, t);
 	}
 	if (t->slot && (ip->frag_off & bpf_htons(IP_MF))) {
-		__u64 now = packet_now(pkt);
+		/* Over its share the first fragment is still delivered; its later
+		 * fragments then go to the host. */
 		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
-		struct ps_frag f = {.when_ns = now, .slot = t->slot};
-		if (ps_share_take(t->slot, PS_SHARE_FRAGS, now))
-			bpf_map_update_elem(&ps_frags, &k, &f, BPF_ANY);
+		ps_frag_record(&k, t->slot, packet_now(pkt));
 	}
 }
 

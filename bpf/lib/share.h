@@ -32,10 +32,11 @@ static __always_inline int gcra_take(__u64 *next_ns, __u64 interval, __u64 burst
 	return 1;
 }
 
-/* Takes one unit of vm's share of kind: 1 when allowed, 0 when refused.
- * Inlined with kind a constant at every call, so each array index is a
- * fixed offset the verifier can check. */
-static __always_inline int share_take(__be32 vm, const __u32 kind)
+/* Takes one unit of vm's share of kind at now (the packet's one clock
+ * read, packet_now): 1 when allowed, 0 when refused. Inlined with kind a
+ * constant at every call, so each array index is a fixed offset the
+ * verifier can check. */
+static __always_inline int share_take(__be32 vm, const __u32 kind, __u64 now)
 {
 	__u32 zero = 0;
 	struct share_limits *cfg = bpf_map_lookup_elem(&share_config, &zero);
@@ -44,7 +45,6 @@ static __always_inline int share_take(__be32 vm, const __u32 kind)
 	__u64 interval = cfg->interval_ns[kind];
 	if (!interval)
 		return 1;
-	__u64 now = bpf_ktime_get_coarse_ns();
 	struct vm_share *s = bpf_map_lookup_elem(&vm_shares, &vm);
 	if (!s) {
 		struct vm_share fresh = {};

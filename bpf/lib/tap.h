@@ -287,8 +287,8 @@ static long tap_rule_one(__u32 index, void *ctx)
 }
 
 /* What the walk needs of the packet: its length, protocol and ports (of
- * a TCP or UDP header in the frame: not of a later fragment), and the
- * clock. */
+ * a TCP or UDP header in the frame: not of a later fragment). The caller
+ * sets w->now, the packet's one clock read (packet_now). */
 static __always_inline void tap_walk_init(struct tap_walk *w, struct __sk_buff *skb, struct iphdr *ip, void *data_end)
 {
 	w->skb = skb;
@@ -302,7 +302,6 @@ static __always_inline void tap_walk_init(struct tap_walk *w, struct __sk_buff *
 			w->dport = bpf_ntohs(ports[1]);
 		}
 	}
-	w->now = bpf_ktime_get_coarse_ns();
 }
 
 /* The sender's edge: one copy per distinct monitor of the rules this
@@ -316,7 +315,8 @@ static __always_inline void tap_walk_init(struct tap_walk *w, struct __sk_buff *
  * redirected after its copies would wait behind them at every hop to its
  * receiver. Without it the frame is left exactly as it came for the
  * caller's verdict. The caller's packet pointers are stale afterwards. */
-static __always_inline int tap_copy_body(struct __sk_buff *skb, const struct node_config *cfg, const int production_first)
+static __always_inline int tap_copy_body(struct __sk_buff *skb, const struct node_config *cfg, __u64 now,
+					  const int production_first)
 {
 	/* The entry program checked the headers; only the pointers are
 	 * needed again (no struct packet: stack). */
@@ -326,7 +326,9 @@ static __always_inline int tap_copy_body(struct __sk_buff *skb, const struct nod
 	struct iphdr *ip = (void *)(eth + 1);
 	if (!cfg || (void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return 0;
-	struct tap_walk w = {};
+	/* now goes into the walk at once: held in a register across the
+	 * lookups below it would be spilled, on a stack at its limit. */
+	struct tap_walk w = {.now = now};
 	/* A local sender's key holds every rule it can match (exact). */
 	if (!tap_or(&w.cand, ip->saddr, TAP_ROLE_COPY, TAP_SIDE_SENDER, TAP_KEY_IP))
 		return 0;
@@ -363,16 +365,16 @@ static __always_inline int tap_copy_body(struct __sk_buff *skb, const struct nod
 }
 
 /* Copies of a packet whose production verdict the caller returns. */
-static __noinline __attribute__((unused)) int tap_copy(struct __sk_buff *skb, const struct node_config *cfg)
+static __noinline __attribute__((unused)) int tap_copy(struct __sk_buff *skb, const struct node_config *cfg, __u64 now)
 {
-	return tap_copy_body(skb, cfg, 0);
+	return tap_copy_body(skb, cfg, now, 0);
 }
 
 /* Copies of a packet bound for the uplink: production is sent first; 1:
  * it was, the caller consumes the frame. */
-static __noinline __attribute__((unused)) int tap_copy_first(struct __sk_buff *skb, const struct node_config *cfg)
+static __noinline __attribute__((unused)) int tap_copy_first(struct __sk_buff *skb, const struct node_config *cfg, __u64 now)
 {
-	return tap_copy_body(skb, cfg, 1);
+	return tap_copy_body(skb, cfg, now, 1);
 }
 
 /* The monitor's edge: a marked frame from the fabric (tenant IPv4). It is
@@ -410,6 +412,7 @@ static __always_inline int tap_from_fabric(struct __sk_buff *skb, struct packet 
 	virtual_mac(ip->daddr, pkt->eth->h_dest);
 	virtual_mac(same_subnet(ip->saddr, ip->daddr) ? ip->saddr : gateway_of(ip->daddr), pkt->eth->h_source);
 
+	w.now = packet_now(pkt);
 	tap_walk_init(&w, skb, ip, pkt->data_end);
 	bpf_loop(TAP_MAX_RULES, tap_rule_one, &w, 0);
 	if (!w.served)

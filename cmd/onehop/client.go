@@ -3,7 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
+	"io"
 	"strings"
 
 	"github.com/onehop/onehop/internal/client"
@@ -45,8 +45,9 @@ func splitPath(arg string, n int, shape string) ([]string, error) {
 	return parts, nil
 }
 
-func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
+// printJSON writes v to w as indented JSON, the -o json of every verb.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }

@@ -27,7 +27,7 @@ func listAndPrint[T any](c *client.Client, path, output string, w io.Writer, hea
 		return err
 	}
 	if output == "json" {
-		return printJSON(items)
+		return printJSON(w, items)
 	}
 	fmt.Fprintln(w, header)
 	for _, it := range items {

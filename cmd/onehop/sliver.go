@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/url"
@@ -256,9 +255,7 @@ func printSlivers(c *client.Client, path, output string, w io.Writer) error {
 		if err := c.Do("GET", path, nil, &items); err != nil {
 			return err
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(items)
+		return printJSON(w, items)
 	}
 	return listAndPrint(c, path, output, w, "SLIVER\tSLOT\tPORTS", func(v controller.SliverView) string {
 		return fmt.Sprintf("%s\t%d\t%s", v.FullName(), v.Slot, v.Ports)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -173,9 +172,7 @@ func printTaps(c *client.Client, output string, w io.Writer) error {
 		return err
 	}
 	if output == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(items)
+		return printJSON(w, items)
 	}
 	fmt.Fprintln(w, "TAP\tID\tSENDER\tRECEIVER\tMONITOR\tFILTER\tDIRECTIONS")
 	for _, v := range items {
@@ -223,9 +220,7 @@ func tapGetCmd() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if output == "json" {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(v)
+				return printJSON(out, v)
 			}
 			fmt.Fprintf(out, "tap %s: id %d, %s\n", v.Name, v.ID, describeTap(v))
 			if v.Problem != "" {

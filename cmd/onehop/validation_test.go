@@ -47,7 +47,7 @@ func TestCLIChecksRulesWithTheControllersCheckAndNamesTheFlag(t *testing.T) {
 		{[]string{"firewall", "add", "blue/web/web1", "--in", "--deny", "--proto", "icmp", "--port", "22"}, `--port: ports need proto tcp or udp, not "icmp"`},
 		{[]string{"firewall", "add", "blue/web/web1", "--in", "--deny", "--proto", "sctp"}, `--proto: protocol "sctp" is not tcp, udp, icmp or any`},
 		{[]string{"firewall", "add", "blue/web/web1", "--in", "--deny", "--from", "10.1.2.0/40"}, `--from/--to: cidr "10.1.2.0/40" is not an IPv4 prefix like 10.1.2.0/24`},
-		{[]string{"firewall", "add", "blue/web/web1", "--in", "--deny", "--port", "90-80"}, `--port: ports "90-80": want a port (1-65535) or a range lo-hi`},
+		{[]string{"firewall", "add", "blue/web/web1", "--in", "--deny", "--port", "90-80"}, `--port: ports "90-80": the range ends below its start; want N-M with N <= M`},
 		{[]string{"firewall", "add", "blue/web/web1", "--default-in", "maybe"}, `--default-in: defaultIn "maybe": want allow or deny`},
 		{[]string{"allow", "blue/web", "blue/db", "--proto", "icmp", "--port", "7"}, "--port: port 7: a port needs proto tcp or udp"},
 		{[]string{"allow", "blue/web", "blue/db", "--proto", "sctp"}, `--proto: protocol "sctp" is not tcp, udp, icmp or any`},

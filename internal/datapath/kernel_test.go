@@ -747,6 +747,14 @@ func TestPrivilegedICMPPassesOnlyAsAnAnswer(t *testing.T) {
 		inner := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: id}.bytes(t)
 		return inner[14 : 14+28]
 	}
+	// quoteWith: the same, with ihl words of header (0: 5) and the quoted
+	// packet a fragment at fragOffset (its first 8 bytes still read as
+	// an echo with id: payload that looks like the flow).
+	quoteWith := func(id uint16, ihl uint8, fragOffset uint16) []byte {
+		inner := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: id, ihl: ihl, fragOffset: fragOffset}.bytes(t)
+		hl := int(inner[14]&0x0f) * 4
+		return inner[14 : 14+hl+8]
+	}
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web1's echo reply answers it",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 7},
@@ -761,6 +769,16 @@ func TestPrivilegedICMPPassesOnlyAsAnAnswer(t *testing.T) {
 			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "an ICMP error about a flow that never was does not",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(8)},
+			wantVerdict: actShot, wantDrop: "not_visible"},
+		// The quote is read one way for the router and port space
+		// (bpf/lib/icmp_error.h): IP options in the quoted header are
+		// allowed, and a quoted later fragment has no ports to read.
+		{name: "an ICMP error quoting db1's ping with IP options is related and passes",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quoteWith(7, 6, 0)},
+			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quoteWith(7, 6, 0), ttl: 63},
+			wantTo: 7, wantForward: "to_fabric,routed"},
+		{name: "an ICMP error quoting a later fragment is no answer, whatever its payload looks like",
+			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quoteWith(7, 0, 5)},
 			wantVerdict: actShot, wantDrop: "not_visible"},
 		{name: "web1 opens tcp/5432 to db1 (allowed)",
 			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432},

@@ -3,9 +3,9 @@ package policy
 import (
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 
+	"github.com/onehop/onehop/internal/filter"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/limits"
 )
@@ -16,36 +16,16 @@ const MaxFirewallRules = limits.MaxFirewallRules
 
 // FieldError says which field of a rule a check rejected: Field is its JSON
 // name (portLo, dir, ...), so the API can name it and the CLI can map it to
-// its flag.
-type FieldError struct {
-	Field string
-	Msg   string // names the field and the value, e.g. `dir "up": want in or out`
-}
+// its flag; Msg names the field and the value, e.g. `dir "up": want in or
+// out`. One type for every kind of rule (filter.FieldError).
+type FieldError = filter.FieldError
 
-func (e *FieldError) Error() string { return e.Msg }
-
-func fieldErr(field, format string, a ...any) error {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...)}
-}
+var fieldErr = filter.Errorf
 
 // ParsePorts reads "22" or "8000-8080"; "" is any port (0, 0). A single port
-// comes back as the range lo..lo.
-func ParsePorts(s string) (lo, hi uint16, err error) {
-	if s == "" {
-		return 0, 0, nil
-	}
-	a, b, isRange := strings.Cut(s, "-")
-	l, err1 := strconv.ParseUint(a, 10, 16)
-	h := l
-	var err2 error
-	if isRange {
-		h, err2 = strconv.ParseUint(b, 10, 16)
-	}
-	if err1 != nil || err2 != nil || l == 0 || CheckPorts(uint16(l), uint16(h)) != nil {
-		return 0, 0, fmt.Errorf("ports %q: want a port (1-65535) or a range lo-hi", s)
-	}
-	return uint16(l), uint16(h), nil
-}
+// comes back as the range lo..lo. The one parser of port filters
+// (filter.ParsePorts), shared with TAP policies.
+func ParsePorts(s string) (lo, hi uint16, err error) { return filter.ParsePorts(s) }
 
 // CheckPorts is the one rule for a stored port range (portLo, portHi): both 0
 // is any port, otherwise 1 <= portLo <= portHi. The datapath matches

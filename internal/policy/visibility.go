@@ -5,24 +5,13 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/onehop/onehop/internal/filter"
 	"github.com/onehop/onehop/internal/intent"
 )
 
 // ProtoNumber maps a rule's protocol name to its IP protocol number; "" and
-// "any" are 0, the wildcard.
-func ProtoNumber(name string) (uint8, error) {
-	switch strings.ToLower(name) {
-	case "", "any":
-		return 0, nil
-	case "icmp":
-		return 1, nil
-	case "tcp":
-		return 6, nil
-	case "udp":
-		return 17, nil
-	}
-	return 0, fmt.Errorf("protocol %q is not tcp, udp, icmp or any", name)
-}
+// "any" are 0, the wildcard (filter.ProtoNumber, shared with TAP policies).
+func ProtoNumber(name string) (uint8, error) { return filter.ProtoNumber(name) }
 
 // Visibility compiles the farms' rules into what the datapath enforces
 // (paper §2): a rule between two subnets of one farm stands as its owner

@@ -5,6 +5,9 @@ import (
 	"github.com/cilium/ebpf"
 	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/datapath"
 
 	"github.com/google/gopacket/layers"
 )
@@ -123,6 +126,13 @@ func TestPrivilegedASliverSendsOnlyFromItsOwnPorts(t *testing.T) {
 		toFabric("port unreachable about its own port", errAbout(public, 10005, udp)),
 		dropped("port unreachable about s2's port", errAbout(public, 10100, udp), "ps_foreign_port"),
 		dropped("port unreachable about another address", errAbout(other, 10005, udp), "ps_foreign_port"),
+		// A quoted later fragment has no ports, only payload that may look
+		// like them (bpf/lib/icmp_error.h): nothing to vouch for it.
+		dropped("port unreachable quoting a later fragment", with(errAbout(public, 10005, udp), func(f *frame) {
+			q := *f.quote
+			q.fragOffset = 5
+			f.quote = &q
+		}), "malformed"),
 		dropped("an echo reply", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 0, icmpID: 10050}, "ps_icmp_refused"),
 		dropped("a timestamp request", frame{src: upMAC, dst: peerMAC, saddr: public, daddr: inet, proto: icmp, icmpType: 13}, "ps_icmp_refused"),
 		dropped("a later fragment of nothing it sent", stray, "ps_frag_unknown"),
@@ -132,7 +142,9 @@ func TestPrivilegedASliverSendsOnlyFromItsOwnPorts(t *testing.T) {
 			counts: map[string]string{"s1": "out", "s2": "in"}, wantDst: upMAC},
 		{name: "hairpin to s2's port on uplink 1", prog: sl, in: hairpin(public1, 20005, peerMAC), verdict: actRedirect, to: s2If1, kind: kindPeer,
 			counts: map[string]string{"s1": "out", "s2": "in"}, wantDst: upMAC},
-		{name: "hairpin to the host: given the link's MAC and taken in again", prog: sl, in: hairpin(public, 22, upMAC), verdict: actRedirect, to: 1, kind: kindIn, wantDst: vifMAC},
+		// One pass: made the host's in place (bpf_skb_change_type), not
+		// redirected into the link's ingress to pass this program again.
+		{name: "hairpin to the host: given the link's MAC, to its stack in one pass", prog: sl, in: hairpin(public, 22, upMAC), verdict: actOK, counts: out("s1"), wantDst: vifMAC},
 		{name: "hairpin to the host, addressed to the link: its stack", prog: sl, in: hairpin(public, 22, vifMAC), verdict: actOK, counts: out("s1")},
 		dropped("hairpin from s2's port", with(hairpin(public, 10150, upMAC), func(f *frame) { f.sport = 10100 }), "ps_foreign_port"),
 	})
@@ -191,5 +203,91 @@ func TestPrivilegedTwoSliversPingingOneRemoteEachGetTheirOwnReplies(t *testing.T
 		{name: "s2's reply", prog: up, in: reply(wire["s2"]), verdict: actRedirect, to: s2If, kind: kindPeer, counts: in("s2"), icmpID: 1},
 		{name: "time exceeded about s2's ping", prog: up, in: expired(wire["s2"]), verdict: actRedirect, to: s2If, kind: kindPeer, counts: in("s2"), icmpID: 1},
 		{name: "a reply with an id nobody sent", prog: up, in: reply(wire["s1"] + 1), verdict: actOK},
+	})
+}
+
+// A fragment record is made the same way for datagrams to a sliver and from
+// one (bpf/lib/portspace.h, ps_frag_record): only a new record takes a unit
+// of the sliver's share; the same first fragment again refreshes its record
+// for nothing. With a share of one record, a first fragment seen twice is
+// refused nothing, in either direction, and a second datagram is refused.
+func TestPrivilegedAFirstFragmentSeenAgainTakesNoShareEitherWay(t *testing.T) {
+	k, f, _ := loadFeature(t)
+	syncPlan(t, f, testPlan(1)) // s1 (slot 1) sends from ifindex 1
+	cfg, err := k.Map("ps_config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var one datapath.PsLimits
+	one.IntervalNs[datapath.PsShareFrags] = uint64(time.Hour) // one record an hour, no burst
+	if err := cfg.Put(uint32(0), one); err != nil {
+		t.Fatal(err)
+	}
+	shares, err := k.Map("ps_shares")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func() uint64 {
+		t.Helper()
+		var s datapath.PsShare
+		if err := shares.Lookup(uint32(1), &s); err != nil {
+			t.Fatalf("s1's share: %v", err)
+		}
+		return s.Refused[datapath.PsShareFrags]
+	}
+	reset := func() {
+		t.Helper()
+		if err := shares.Put(uint32(1), datapath.PsShare{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// From the fabric, to s1's port.
+	reset()
+	first := fromInet(udp, 10001)
+	first.ipID, first.moreFrags = 91, true
+	second := first
+	second.ipID = 92
+	later := fromInet(udp, 0)
+	later.ipID, later.fragOffset = 92, 5
+	up := k.UplinkProgram()
+	toS1 := func(name string, fr frame) row {
+		return row{name: name, prog: up, in: fr, verdict: actRedirect, to: 1, kind: kindPeer, counts: in("s1"), wantDst: upMAC} // s1's link is ifindex 1 here
+	}
+	run(t, k, f, []row{
+		toS1("inbound: a first fragment", first),
+		toS1("inbound: the same first fragment again", first),
+	})
+	if n := refused(); n != 0 {
+		t.Errorf("inbound: s1 was refused %d fragment records for one datagram seen twice, want 0", n)
+	}
+	run(t, k, f, []row{
+		toS1("inbound: a second datagram's first fragment is delivered", second),
+		{name: "inbound: but not recorded, so its later fragment is the host's", prog: up, in: later, verdict: actOK},
+	})
+	if n := refused(); n != 1 {
+		t.Errorf("inbound: s1 was refused %d records for a second datagram over its share, want 1", n)
+	}
+
+	// From s1, to the fabric.
+	reset()
+	sl := k.SliverProgram()
+	out1 := fromS1(udp, 10000)
+	out1.ipID, out1.moreFrags = 93, true
+	out2 := out1
+	out2.ipID = 94
+	toFabric := func(name string, in frame) row {
+		return row{name: name, prog: sl, in: in, verdict: actRedirect, to: uplinkIf, kind: kindOut, counts: out("s1")}
+	}
+	run(t, k, f, []row{
+		toFabric("outbound: a first fragment", out1),
+		toFabric("outbound: the same first fragment again", out1),
+	})
+	if n := refused(); n != 0 {
+		t.Errorf("outbound: s1 was refused %d fragment records for one datagram sent twice, want 0", n)
+	}
+	run(t, k, f, []row{
+		{name: "outbound: a second datagram over its share is dropped", prog: sl, in: out2, verdict: actShot, drop: "ps_over_share",
+			counts: map[string]string{"s1": "ps_over_share"}},
 	})
 }

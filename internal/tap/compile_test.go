@@ -256,3 +256,27 @@ func TestSyncOfAnEmptyPlanWithoutADatapathIsANoOp(t *testing.T) {
 		t.Fatalf("stats %v from no datapath", st.Taps)
 	}
 }
+
+// Rules and monitors get their slots one way: a key keeps the slot it had,
+// a new key takes the lowest free one in order, a key that is gone frees
+// its slot, and more keys than slots is refused.
+func TestAllocateKeepsSlotsAndGivesTheLowestFree(t *testing.T) {
+	had := map[string]uint32{"a": 0, "b": 2, "gone": 1}
+	slotOf, taken, freed, ok := allocate([]string{"c", "b", "d", "a"}, had, 5)
+	if !ok {
+		t.Fatal("refused 4 keys for 5 slots")
+	}
+	want := map[string]uint32{"a": 0, "b": 2, "c": 1, "d": 3}
+	if fmt.Sprint(slotOf) != fmt.Sprint(want) {
+		t.Errorf("slots %v, want %v", slotOf, want)
+	}
+	if fmt.Sprint(taken) != "[1 3]" || fmt.Sprint(freed) != "[1]" {
+		t.Errorf("taken %v, freed %v; want [1 3] and [1] (gone's slot, given to c)", taken, freed)
+	}
+	if _, _, _, ok := allocate([]string{"a", "b", "c"}, nil, 2); ok {
+		t.Error("3 keys fit in 2 slots")
+	}
+	if s, taken, _, ok := allocate([]string{"a", "b"}, nil, 2); !ok || s["a"] != 0 || s["b"] != 1 || len(taken) != 2 {
+		t.Errorf("2 new keys in 2 slots: %v %v %v", s, taken, ok)
+	}
+}

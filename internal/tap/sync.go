@@ -131,6 +131,41 @@ type slotChanges struct {
 	freedRules, freedTargets []uint32
 }
 
+// allocate gives each of keys a slot below limit: the one it has in had,
+// else the lowest free, in the order of keys. It returns every key's slot,
+// the slots given out anew and the slots of the keys of had that are gone;
+// ok is false when keys do not fit. Rules and targets are both given slots
+// this way.
+func allocate[K comparable](keys []K, had map[K]uint32, limit uint32) (slotOf map[K]uint32, taken, freed []uint32, ok bool) {
+	slotOf = map[K]uint32{}
+	used := map[uint32]bool{}
+	for _, k := range keys {
+		if s, ok := had[k]; ok {
+			slotOf[k], used[s] = s, true
+		}
+	}
+	next := uint32(0)
+	for _, k := range keys {
+		if _, ok := slotOf[k]; ok {
+			continue
+		}
+		for next < limit && used[next] {
+			next++
+		}
+		if next >= limit {
+			return nil, nil, nil, false
+		}
+		slotOf[k], used[next] = next, true
+		taken = append(taken, next)
+	}
+	for k, s := range had {
+		if _, ok := slotOf[k]; !ok {
+			freed = append(freed, s)
+		}
+	}
+	return slotOf, taken, freed, true
+}
+
 // want gives every rule and target a slot (keeping the ones they have)
 // and packs the entries for the datapath.
 func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error) {
@@ -141,59 +176,17 @@ func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error)
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	slotOf := map[uint32]uint32{}
-	used := map[uint32]bool{}
-	for _, id := range ids {
-		if s, ok := f.slotOf[id]; ok {
-			slotOf[id], used[s] = s, true
-		}
+	slotOf, taken, freed, ok := allocate(ids, f.slotOf, MaxRules)
+	if !ok {
+		return nil, ch, fmt.Errorf("%d rules: more than %d", len(ids), MaxRules)
 	}
-	next := uint32(0)
-	for _, id := range ids {
-		if _, ok := slotOf[id]; ok {
-			continue
-		}
-		for next < MaxRules && used[next] {
-			next++
-		}
-		if next >= MaxRules {
-			return nil, ch, fmt.Errorf("%d rules: more than %d", len(ids), MaxRules)
-		}
-		slotOf[id], used[next] = next, true
-		ch.rules = append(ch.rules, next)
-	}
-	for id, s := range f.slotOf {
-		if _, ok := slotOf[id]; !ok {
-			ch.freedRules = append(ch.freedRules, s)
-		}
-	}
+	ch.rules, ch.freedRules = taken, freed
 	// Targets likewise.
-	targetOf := map[target]uint32{}
-	tused := map[uint32]bool{}
-	for _, t := range l.targets {
-		if s, ok := f.targetOf[t]; ok {
-			targetOf[t], tused[s] = s, true
-		}
+	targetOf, taken, freed, ok := allocate(l.targets, f.targetOf, MaxTargets)
+	if !ok {
+		return nil, ch, fmt.Errorf("%d monitors to copy to: more than %d", len(l.targets), MaxTargets)
 	}
-	tnext := uint32(0)
-	for _, t := range l.targets {
-		if _, ok := targetOf[t]; ok {
-			continue
-		}
-		for tnext < MaxTargets && tused[tnext] {
-			tnext++
-		}
-		if tnext >= MaxTargets {
-			return nil, ch, fmt.Errorf("%d monitors to copy to: more than %d", len(l.targets), MaxTargets)
-		}
-		targetOf[t], tused[tnext] = tnext, true
-		ch.targets = append(ch.targets, tnext)
-	}
-	for t, s := range f.targetOf {
-		if _, ok := targetOf[t]; !ok {
-			ch.freedTargets = append(ch.freedTargets, s)
-		}
-	}
+	ch.targets, ch.freedTargets = taken, freed
 
 	s := newState()
 	for t, slot := range targetOf {

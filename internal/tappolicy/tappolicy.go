@@ -34,21 +34,16 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/onehop/onehop/internal/filter"
 	"github.com/onehop/onehop/internal/intent"
 )
 
 // FieldError names the input that is wrong: a CLI flag's or topology key's
-// name (sender, sport) or a JSON body field (sportLo).
-type FieldError struct {
-	Field string
-	Msg   string
-}
+// name (sender, sport) or a JSON body field (sportLo). The same type as the
+// router's rules (filter.FieldError).
+type FieldError = filter.FieldError
 
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-
-func fieldErr(field, format string, a ...any) error {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...)}
-}
+var fieldErr = filter.Errorf
 
 // Any is the REF that matches every VM the policy may see.
 const Any = "any"
@@ -153,15 +148,8 @@ const (
 // ParseProto reads tcp, udp, icmp (any case), any, "" or a number 0-255;
 // any, "" and 0 mean any protocol.
 func ParseProto(s string) (uint8, error) {
-	switch strings.ToLower(s) {
-	case "", "any":
-		return 0, nil
-	case "icmp":
-		return ProtoICMP, nil
-	case "tcp":
-		return ProtoTCP, nil
-	case "udp":
-		return ProtoUDP, nil
+	if p, err := filter.ProtoNumber(s); err == nil {
+		return p, nil
 	}
 	n, err := strconv.ParseUint(s, 10, 8)
 	if err != nil {
@@ -185,30 +173,7 @@ func ProtoName(p uint8) string {
 	return strconv.Itoa(int(p))
 }
 
-// ParsePorts reads N or N-M (1 <= N <= M <= 65535); "" is any (0, 0).
-func ParsePorts(s string) (lo, hi uint16, err error) {
-	if s == "" {
-		return 0, 0, nil
-	}
-	a, b, isRange := strings.Cut(s, "-")
-	l, err1 := strconv.ParseUint(a, 10, 16)
-	h := l
-	var err2 error
-	if isRange {
-		h, err2 = strconv.ParseUint(b, 10, 16)
-	}
-	switch {
-	case err1 != nil || err2 != nil:
-		return 0, 0, fmt.Errorf("%q: want a port N or a range N-M, 1 <= N <= M <= 65535", s)
-	case l == 0:
-		return 0, 0, fmt.Errorf("%q: port 0 is not a port; leave the filter out to match any port", s)
-	case l > h:
-		return 0, 0, fmt.Errorf("%q: the range ends below its start; want N-M with N <= M", s)
-	}
-	return uint16(l), uint16(h), nil
-}
-
-// FormatPorts writes a port range as ParsePorts reads it; "" for any.
+// FormatPorts writes a port range as filter.ParsePorts reads it; "" for any.
 func FormatPorts(lo, hi uint16) string {
 	switch {
 	case lo == 0:
@@ -277,10 +242,10 @@ func ParseSpec(s Spec) (intent.TapPolicy, error) {
 	if p.Proto, err = ParseProto(s.Proto); err != nil {
 		return p, fieldErr("proto", "%v", err)
 	}
-	if p.SportLo, p.SportHi, err = ParsePorts(s.Sport); err != nil {
+	if p.SportLo, p.SportHi, err = filter.ParsePorts(s.Sport); err != nil {
 		return p, fieldErr("sport", "%v", err)
 	}
-	if p.DportLo, p.DportHi, err = ParsePorts(s.Dport); err != nil {
+	if p.DportLo, p.DportHi, err = filter.ParsePorts(s.Dport); err != nil {
 		return p, fieldErr("dport", "%v", err)
 	}
 	if s.VLAN != "" {

@@ -207,7 +207,7 @@ func TestVMFirewallParsesAndBadRulesAreRejected(t *testing.T) {
 	cases := []struct{ old, new, want string }{
 		{"dir: in", "dir: sideways", `dir "sideways": want in or out`},
 		{"action: allow", "action: maybe", `action "maybe": want allow or deny`},
-		{`port: "8000-8080"`, `port: "9000-8000"`, `want a port (1-65535) or a range`},
+		{`port: "8000-8080"`, `port: "9000-8000"`, `ports "9000-8000": the range ends below its start`},
 		{"proto: tcp", "proto: icmp", "ports need proto tcp or udp"},
 		{"cidr: 10.1.2.0/24", "cidr: 10.1.2.0/40", `cidr "10.1.2.0/40" is not an IPv4 prefix`},
 		{"default_in: deny", "default_in: open", `default_in "open"`},
