@@ -45,6 +45,7 @@ func nouns() []noun {
 		{cmd: getCmd},
 		{cmd: statsCmd},
 		{cmd: vnatCmd},
+		{cmd: gatewayCmd},
 	}
 }
 

@@ -1,0 +1,203 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/netns"
+)
+
+// streamServer serves each connection n bytes (download) on down and
+// counts what each connection sends until EOF, answering the count as 8
+// bytes (upload) on up; MPTCP listeners, sockets in cubic.
+func (l *lab) streamServers(t testing.TB, down, up string, n int64) {
+	t.Helper()
+	chunk := make([]byte, 1<<20)
+	if _, err := rand.Read(chunk); err != nil {
+		t.Fatal(err)
+	}
+	listen := func(addr string) net.Listener {
+		var ln net.Listener
+		if err := netns.Do(l.srv, func() (err error) {
+			lc := net.ListenConfig{Control: ccControl("cubic")}
+			lc.SetMultipathTCP(true)
+			ln, err = lc.Listen(context.Background(), "tcp4", addr)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		return ln
+	}
+	dl, ul := listen(down), listen(up)
+	go func() {
+		for {
+			c, err := dl.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				for left := n; left > 0; left -= int64(len(chunk)) {
+					if _, err := c.Write(chunk[:min(left, int64(len(chunk)))]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				got, _ := io.Copy(io.Discard, c)
+				binary.Write(c, binary.BigEndian, got) //nolint:errcheck // the client sees a short answer
+			}()
+		}
+	}()
+}
+
+// transfer times one download (n bytes from addr) or upload (n bytes to
+// addr) by a plain-TCP user socket in cubic; it returns Mbit/s.
+func (l *lab) transfer(t testing.TB, addr string, n int64, upload bool) float64 {
+	t.Helper()
+	var c net.Conn
+	if err := netns.Do(l.user, func() (err error) {
+		d := net.Dialer{Timeout: 5 * time.Second, Control: ccControl("cubic")}
+		d.SetMultipathTCP(false)
+		c, err = d.Dial("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("dial %s: %v\n%s", addr, err, l.logs)
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(120 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if upload {
+		chunk := make([]byte, 1<<20)
+		for left := n; left > 0; left -= int64(len(chunk)) {
+			if _, err := c.Write(chunk[:min(left, int64(len(chunk)))]); err != nil {
+				t.Fatalf("upload: %v\n%s", err, l.logs)
+			}
+		}
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		var got int64
+		if err := binary.Read(c, binary.BigEndian, &got); err != nil || got != n {
+			t.Fatalf("upload: server counted %d of %d: %v\n%s", got, n, err, l.logs)
+		}
+	} else {
+		got, err := io.Copy(io.Discard, c)
+		if err != nil || got != n {
+			t.Fatalf("download: %d of %d: %v\n%s", got, n, err, l.logs)
+		}
+	}
+	return float64(n) * 8 / time.Since(start).Seconds() / 1e6
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// The figures the report quotes, on demand (`go test -run XXX -bench
+// PrivilegedGateway -benchtime 1x ./internal/gateway`): the gateway's
+// congestion control cubic vs bbr (unshaped paths), splice(2) on the MPTCP
+// socket (strace's syscall counts during a transfer), and two shaped
+// paths vs one.
+func BenchmarkPrivilegedGatewayCongestionControl(b *testing.B) {
+	l := newLab(b, "")
+	const n = 512 << 20
+	l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
+	res := map[string][]float64{}
+	for round := 0; round < 5; round++ {
+		for _, cc := range []string{"cubic", "bbr"} {
+			l.start(b, "--map", "10.88.0.0/24=192.168.71.2,192.168.72.2", "--congestion", cc)
+			res[cc+" download"] = append(res[cc+" download"], l.transfer(b, srvEID+":5401", n, false))
+			res[cc+" upload"] = append(res[cc+" upload"], l.transfer(b, srvEID+":5402", n, true))
+			l.stop(b)
+		}
+	}
+	for _, k := range []string{"cubic download", "bbr download", "cubic upload", "bbr upload"} {
+		b.Logf("%-15s median %6.0f Mbit/s  rounds %v", k, median(res[k]), fmtRounds(res[k]))
+	}
+}
+
+func fmtRounds(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.0f", x)
+	}
+	return strings.Join(s, " ")
+}
+
+func BenchmarkPrivilegedGatewaySplice(b *testing.B) {
+	l := newLab(b, "")
+	const n = 512 << 20
+	l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
+	l.start(b)
+	for _, dir := range []string{"download", "upload"} {
+		st := exec.Command("strace", "-f", "-c", "-e", "trace=splice,read,write,readv,writev,recvfrom,sendto,recvmsg,sendmsg", "-p", fmt.Sprint(l.daemon.Process.Pid))
+		var out syncBuf
+		st.Stdout, st.Stderr = &out, &out
+		if err := st.Start(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond) /* strace attaches to every thread */
+		addr := srvEID + ":5401"
+		if dir == "upload" {
+			addr = srvEID + ":5402"
+		}
+		mbps := l.transfer(b, addr, n, dir == "upload")
+		if err := st.Process.Signal(syscall.SIGINT); err != nil {
+			b.Fatal(err)
+		}
+		st.Wait() //nolint:errcheck // interrupted: the summary is what we want
+		var calls []string
+		for _, line := range strings.Split(out.String(), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 5 && f[0] != "%" && !strings.HasPrefix(f[0], "-") && !strings.HasPrefix(line, "strace") {
+				calls = append(calls, f[len(f)-1]+"="+f[3])
+			}
+		}
+		b.Logf("%s of %d MiB through the gateway at %.0f Mbit/s; daemon syscalls (strace -c): %s", dir, n>>20, mbps, strings.Join(calls, " "))
+	}
+	l.stop(b)
+}
+
+func BenchmarkPrivilegedGatewayTwoPathsVsOne(b *testing.B) {
+	l := newLab(b, "100mbit")
+	const n = 24 << 20
+	l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
+	l.start(b)
+	var two, one []float64
+	for round := 0; round < 5; round++ {
+		two = append(two, l.transfer(b, srvEID+":5401", n, false))
+		ipIn(b, l.gw, "link", "set", "p1", "down")
+		l.waitPath(b, "wan1", false)
+		one = append(one, l.transfer(b, srvEID+":5401", n, false))
+		ipIn(b, l.gw, "link", "set", "p1", "up")
+		l.waitPath(b, "wan1", true)
+	}
+	b.Logf("24 MiB download, paths shaped to 100mbit: two paths median %.0f Mbit/s (%s), one path %.0f (%s): %.2fx",
+		median(two), fmtRounds(two), median(one), fmtRounds(one), median(two)/median(one))
+	l.stop(b)
+}

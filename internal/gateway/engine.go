@@ -1,0 +1,514 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/onehop/onehop/internal/ratelog"
+)
+
+// keepClosed is how many finished connections status still shows.
+const keepClosed = 64
+
+// Dialer opens the gateway's side of a connection: MPTCP from a path's EID
+// (from the zero Addr: plain TCP by the ordinary routes).
+type Dialer func(ctx context.Context, from netip.Addr, to netip.AddrPort, mptcp bool) (*net.TCPConn, error)
+
+// SubflowReader lists an MPTCP socket's subflows (ReadSubflows in the
+// running daemon).
+type SubflowReader func(*net.TCPConn) ([]SubflowInfo, error)
+
+// Engine is the gateway's state: its paths, the connections it carries and
+// what it counted. The proxy, the link watcher and the control socket all
+// go through it.
+type Engine struct {
+	cfg      *Config
+	res      Resolver
+	find     PathFinder
+	pin      Pinner
+	pm       PathManager
+	dial     Dialer
+	subflows SubflowReader
+	tcpInfo  func(*net.TCPConn) (SubflowInfo, error)
+	log      *slog.Logger
+	rl       *ratelog.Logger
+
+	mu       sync.Mutex
+	pathUp   []bool
+	conns    map[uint64]*conn
+	closed   []ConnStatus
+	nextID   uint64
+	counters map[string]uint64
+}
+
+// conn is one intercepted connection.
+type conn struct {
+	id     uint64
+	client netip.AddrPort
+	dest   netip.AddrPort
+	mode   Mode
+	why    string
+	rec    Record
+	up     *net.TCPConn
+	token  uint32
+	opened time.Time
+	// seen is every subflow the connection had, with the last figures
+	// read (the kernel forgets a subflow once it is closed); guarded by
+	// Engine.mu.
+	seen     []SubflowStatus
+	toServer atomic.Uint64
+	toClient atomic.Uint64
+	finished atomic.Bool
+}
+
+// EngineDeps are the engine's seams: the kernel-touching parts in the
+// daemon, fakes in tests.
+type EngineDeps struct {
+	Resolver Resolver
+	Find     PathFinder
+	Pin      Pinner
+	PM       PathManager
+	Dial     Dialer
+	Subflows SubflowReader
+	// TCPInfo reads a connection that fell back to plain TCP (optional).
+	TCPInfo func(*net.TCPConn) (SubflowInfo, error)
+	Logger  *slog.Logger
+}
+
+// NewEngine returns an engine with every path up.
+func NewEngine(cfg *Config, d EngineDeps) *Engine {
+	log := d.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	up := make([]bool, len(cfg.Paths))
+	for i := range up {
+		up[i] = true
+	}
+	return &Engine{
+		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows, tcpInfo: d.TCPInfo,
+		log: log, rl: ratelog.New(log, 5, 10*time.Second, time.Now),
+		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{},
+	}
+}
+
+func (e *Engine) count(k string) {
+	e.mu.Lock()
+	e.counters[k]++
+	e.mu.Unlock()
+}
+
+func (e *Engine) isUp(i int) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return i >= 0 && i < len(e.pathUp) && e.pathUp[i]
+}
+
+// Open decides and opens the gateway's side of a connection intercepted
+// from client to dest: resolve, plan, pin, dial, add subflows. It returns
+// the registered connection; Splice carries it and Finish forgets it.
+func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, error) {
+	c := &conn{client: client, dest: dest, opened: time.Now()}
+	rec, err := e.res.Resolve(ctx, dest.Addr())
+	var plan Plan
+	switch {
+	case errors.Is(err, ErrNoMapping):
+		plan = Plan{Mode: ModeNative, Why: "no mapping"}
+	case err != nil:
+		e.rl.Warn("resolve", "gateway: map-resolver failed; forwarding natively", "dest", dest.Addr(), "err", err)
+		plan = Plan{Mode: ModeNative, Why: "resolve: " + err.Error()}
+	default:
+		c.rec = rec
+		plan = PlanFor(rec, e.isUp, e.find)
+	}
+	c.mode, c.why = plan.Mode, plan.Why
+	if plan.Mode == ModeMPTCP {
+		var ok []Subflow
+		for _, sf := range plan.Subflows {
+			if err := e.pin.Pin(sf.Path, rec.EID, sf.Locator.Addr); err != nil {
+				e.rl.Warn("pin", "gateway: pinning a subflow's path failed; leaving it out", "path", e.cfg.Paths[sf.Path].Name, "err", err)
+				e.count("pin_errors")
+				continue
+			}
+			ok = append(ok, sf)
+		}
+		plan.Subflows = ok
+		if len(ok) == 0 {
+			c.mode, c.why = ModeNative, "no path could be pinned"
+		}
+	}
+	if c.mode == ModeNative {
+		up, err := e.dial(ctx, netip.Addr{}, dest, false)
+		if err != nil {
+			e.count("dial_errors")
+			return nil, fmt.Errorf("dial %s natively: %w", dest, err)
+		}
+		c.up = up
+		e.register(c)
+		e.count("native")
+		return c, nil
+	}
+	first := plan.Subflows[0]
+	up, err := e.dial(ctx, e.cfg.Paths[first.Path].EID, dest, true)
+	if err != nil {
+		e.count("dial_errors")
+		return nil, fmt.Errorf("dial %s from %s (path %s): %w", dest, e.cfg.Paths[first.Path].EID, e.cfg.Paths[first.Path].Name, err)
+	}
+	c.up = up
+	st, err := ReadMPTCPInfo(up)
+	if err != nil || st.Fallback || !mptcpInUse(up) {
+		/* the server did not answer MP_CAPABLE: plain TCP over the best RLOC's path */
+		c.mode, c.why = ModeTCPFallback, "server does not speak MPTCP"
+		e.register(c)
+		e.count("tcp_fallback")
+		return c, nil
+	}
+	c.token = st.Token
+	e.register(c)
+	e.count("mptcp")
+	for _, sf := range plan.Subflows[1:] {
+		go e.addSubflow(c, sf.Path)
+	}
+	return c, nil
+}
+
+// mptcpInUse is TCPConn.MultipathTCP without its error.
+func mptcpInUse(c *net.TCPConn) bool {
+	ok, err := c.MultipathTCP()
+	return err == nil && ok
+}
+
+// addSubflow asks the path manager for c's subflow on path. The kernel
+// refuses (ENOTCONN) until the connection is fully established, which for
+// a client that has sent nothing yet is when the server's first data
+// arrives, so it retries with backoff while the connection lives.
+func (e *Engine) addSubflow(c *conn, path int) {
+	p := e.cfg.Paths[path]
+	wait := 5 * time.Millisecond
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := e.pm.Create(c.token, uint8(path+1), p.EID, c.dest)
+		if err == nil {
+			e.count("subflows_created")
+			return
+		}
+		if errors.Is(err, syscall.ENOTCONN) && time.Now().Before(deadline) && !c.finished.Load() {
+			time.Sleep(wait)
+			wait = min(2*wait, 500*time.Millisecond)
+			continue
+		}
+		e.rl.Warn("subflow", "gateway: adding a subflow failed", "conn", c.id, "path", p.Name, "err", err)
+		e.count("subflow_errors")
+		return
+	}
+}
+
+func (e *Engine) register(c *conn) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.nextID++
+	c.id = e.nextID
+	e.conns[c.id] = c
+}
+
+// Splice copies both ways between the user's connection and the gateway's
+// until both directions end, each direction by (*net.TCPConn).ReadFrom,
+// which the Go runtime turns into splice(2) through a pipe (no copy
+// through user space) when the kernel allows it on both sockets.
+func (e *Engine) Splice(c *conn, client *net.TCPConn) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n, err := c.up.ReadFrom(client)
+		c.toServer.Store(uint64(n))
+		if err != nil && !isClosed(err) {
+			e.rl.Info("copy", "gateway: user to server ended with an error", "conn", c.id, "err", err)
+		}
+		c.up.CloseWrite() //nolint:errcheck // the server went away: nothing left to tell it
+	}()
+	n, err := client.ReadFrom(c.up)
+	c.toClient.Store(uint64(n))
+	e.statusOf(c) /* the subflows' figures before the kernel closes them */
+	if err != nil && !isClosed(err) {
+		e.rl.Info("copy", "gateway: server to user ended with an error", "conn", c.id, "err", err)
+	}
+	client.CloseWrite() //nolint:errcheck // the user went away
+	wg.Wait()
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// Finish records c's last figures and forgets it; it closes its socket.
+func (e *Engine) Finish(c *conn) {
+	c.finished.Store(true)
+	st := e.statusOf(c)
+	st.Open = false
+	now := time.Now()
+	st.Closed = &now
+	c.up.Close() //nolint:errcheck // done with it either way
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.conns, c.id)
+	e.closed = append(e.closed, st)
+	if len(e.closed) > keepClosed {
+		e.closed = e.closed[len(e.closed)-keepClosed:]
+	}
+}
+
+// SetPathUp records a path's link going down or up. Down: every
+// connection's subflow on it is closed now (MPTCP carries on over the
+// others) rather than left to stall through retransmission timeouts.
+// Up: the path's routes are pinned again (the kernel dropped them with the
+// link) and every MPTCP connection whose record has a usable locator on it
+// gets its subflow back.
+func (e *Engine) SetPathUp(path int, up bool) {
+	e.mu.Lock()
+	was := e.pathUp[path]
+	e.pathUp[path] = up
+	conns := make([]*conn, 0, len(e.conns))
+	for _, c := range e.conns {
+		if c.mode == ModeMPTCP {
+			conns = append(conns, c)
+		}
+	}
+	e.mu.Unlock()
+	if was == up {
+		return
+	}
+	p := e.cfg.Paths[path]
+	e.log.Info("gateway: path "+map[bool]string{true: "up", false: "down"}[up], "path", p.Name, "dev", p.Dev, "connections", len(conns))
+	if !up {
+		e.count("path_down")
+		for _, c := range conns {
+			sfs, err := e.subflows(c.up)
+			if err != nil {
+				continue
+			}
+			for _, sf := range sfs {
+				if sf.Local.Addr() != p.EID {
+					continue
+				}
+				if err := e.pm.Destroy(c.token, sf.Local, sf.Remote); err != nil {
+					e.rl.Warn("subflow", "gateway: closing a subflow of a failed path", "conn", c.id, "path", p.Name, "err", err)
+					continue
+				}
+				e.count("subflows_closed_path_down")
+				s := e.subflowStatus(sf)
+				s.State = "closed: path down"
+				e.mu.Lock()
+				c.note(s, true)
+				e.mu.Unlock()
+			}
+		}
+		return
+	}
+	e.count("path_up")
+	if err := e.pin.Repin(path); err != nil {
+		e.log.Warn("gateway: re-pinning a path that came back", "path", p.Name, "err", err)
+	}
+	for _, c := range conns {
+		plan := PlanFor(c.rec, e.isUp, e.find)
+		for _, sf := range plan.Subflows {
+			if sf.Path != path {
+				continue
+			}
+			if sfs, err := e.subflows(c.up); err == nil && hasLocal(sfs, p.EID) {
+				continue
+			}
+			if err := e.pin.Pin(path, c.rec.EID, sf.Locator.Addr); err != nil {
+				e.rl.Warn("pin", "gateway: pinning a path that came back", "path", p.Name, "err", err)
+				continue
+			}
+			e.addSubflow(c, path)
+		}
+	}
+}
+
+// hasLocal says whether a subflow from a is alive (established or
+// connecting); a destroyed subflow lingers in the list in TCP_CLOSE.
+func hasLocal(sfs []SubflowInfo, a netip.Addr) bool {
+	for _, s := range sfs {
+		if s.Local.Addr() == a && s.State >= 1 && s.State <= 3 {
+			return true
+		}
+	}
+	return false
+}
+
+// PathStatus is one path as status shows it.
+type PathStatus struct {
+	Name string     `json:"name"`
+	Dev  string     `json:"dev"`
+	EID  netip.Addr `json:"eid"`
+	RLOC netip.Addr `json:"rloc,omitzero"`
+	Up   bool       `json:"up"`
+}
+
+// SubflowStatus is one subflow as status shows it.
+type SubflowStatus struct {
+	Path   string `json:"path"` // the path whose EID is the subflow's source ("" if none)
+	Local  string `json:"local"`
+	Remote string `json:"remote"`
+	// RLOC is the locator the path carries this destination's subflow to.
+	RLOC string `json:"rloc,omitempty"`
+	// BytesSent counts bytes sent on the subflow and acked (tcpi_bytes_acked).
+	BytesSent uint64 `json:"bytes_sent"`
+	// BytesReceived counts bytes received on it (tcpi_bytes_received).
+	BytesReceived uint64 `json:"bytes_received"`
+	State         string `json:"state"`
+}
+
+// ConnStatus is one intercepted connection as status shows it.
+type ConnStatus struct {
+	ID     uint64 `json:"id"`
+	Client string `json:"client"`
+	Dest   string `json:"dest"`
+	Mode   Mode   `json:"mode"`
+	// Why says why a connection is native or fell back to TCP.
+	Why      string     `json:"why,omitempty"`
+	EID      string     `json:"eid_prefix,omitempty"`
+	Locators []Locator  `json:"locators,omitempty"`
+	Token    string     `json:"token,omitempty"`
+	Open     bool       `json:"open"`
+	Opened   time.Time  `json:"opened"`
+	Closed   *time.Time `json:"closed,omitempty"`
+	// Subflows of an MPTCP connection (live ones, then those closed).
+	Subflows []SubflowStatus `json:"subflows,omitempty"`
+	// ToServer and ToClient are the bytes spliced each way (when closed).
+	ToServer uint64 `json:"to_server"`
+	ToClient uint64 `json:"to_client"`
+}
+
+func tcpState(s uint8) string {
+	names := []string{"", "established", "syn-sent", "syn-recv", "fin-wait1", "fin-wait2", "time-wait", "close", "close-wait", "last-ack", "listen", "closing"}
+	if int(s) < len(names) && s != 0 {
+		return names[s]
+	}
+	return fmt.Sprintf("state-%d", s)
+}
+
+func (e *Engine) subflowStatus(sf SubflowInfo) SubflowStatus {
+	s := SubflowStatus{
+		Local: sf.Local.String(), Remote: sf.Remote.String(),
+		BytesSent: sf.BytesAcked, BytesReceived: sf.BytesReceived, State: tcpState(sf.State),
+	}
+	if i := e.cfg.PathByEID(sf.Local.Addr()); i >= 0 {
+		s.Path = e.cfg.Paths[i].Name
+	}
+	return s
+}
+
+// note merges one reading of a subflow into c.seen: counters only grow
+// (a closed subflow reads zero or vanishes), the state is the latest unless
+// sticky was set by the gateway closing it.
+func (c *conn) note(s SubflowStatus, sticky bool) {
+	for i := range c.seen {
+		o := &c.seen[i]
+		if o.Local != s.Local || o.Remote != s.Remote {
+			continue
+		}
+		o.BytesSent, o.BytesReceived = max(o.BytesSent, s.BytesSent), max(o.BytesReceived, s.BytesReceived)
+		if s.RLOC != "" {
+			o.RLOC = s.RLOC
+		}
+		if sticky || !strings.HasPrefix(o.State, "closed:") {
+			o.State = s.State
+		}
+		return
+	}
+	c.seen = append(c.seen, s)
+}
+
+func (e *Engine) statusOf(c *conn) ConnStatus {
+	st := ConnStatus{
+		ID: c.id, Client: c.client.String(), Dest: c.dest.String(), Mode: c.mode, Why: c.why,
+		Open: true, Opened: c.opened, ToServer: c.toServer.Load(), ToClient: c.toClient.Load(),
+	}
+	if c.rec.EID.IsValid() {
+		st.EID, st.Locators = c.rec.EID.String(), c.rec.Locators
+	}
+	if c.mode == ModeMPTCP || c.mode == ModeTCPFallback {
+		if c.mode == ModeMPTCP {
+			st.Token = fmt.Sprintf("%08x", c.token)
+		}
+		plan := PlanFor(c.rec, nil, e.find)
+		rloc := map[int]string{}
+		for _, sf := range plan.Subflows {
+			rloc[sf.Path] = sf.Locator.Addr.String()
+		}
+		var sfs []SubflowInfo
+		var err error
+		if c.mode == ModeMPTCP {
+			sfs, err = e.subflows(c.up)
+		} else if e.tcpInfo != nil {
+			/* fell back: the one TCP connection, on the initial subflow's path */
+			var sf SubflowInfo
+			if sf, err = e.tcpInfo(c.up); err == nil {
+				sfs = []SubflowInfo{sf}
+			}
+		}
+		e.mu.Lock()
+		if err == nil {
+			for _, sf := range sfs {
+				if sf.Remote.Port() == 0 {
+					continue /* a subflow whose creation failed, lingering */
+				}
+				s := e.subflowStatus(sf)
+				s.RLOC = rloc[e.cfg.PathByEID(sf.Local.Addr())]
+				c.note(s, false)
+			}
+		}
+		st.Subflows = append([]SubflowStatus(nil), c.seen...)
+		e.mu.Unlock()
+	}
+	return st
+}
+
+// Status lists the paths, the open connections (by id) and the last
+// finished ones.
+func (e *Engine) Status() ([]PathStatus, []ConnStatus) {
+	e.mu.Lock()
+	paths := make([]PathStatus, len(e.cfg.Paths))
+	for i, p := range e.cfg.Paths {
+		paths[i] = PathStatus{Name: p.Name, Dev: p.Dev, EID: p.EID, RLOC: p.RLOC, Up: e.pathUp[i]}
+	}
+	open := make([]*conn, 0, len(e.conns))
+	for _, c := range e.conns {
+		open = append(open, c)
+	}
+	closed := append([]ConnStatus(nil), e.closed...)
+	e.mu.Unlock()
+	sort.Slice(open, func(i, j int) bool { return open[i].id < open[j].id })
+	var out []ConnStatus
+	out = append(out, closed...)
+	for _, c := range open {
+		out = append(out, e.statusOf(c))
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return paths, out
+}
+
+// Counters returns a copy of the engine's counters.
+func (e *Engine) Counters() map[string]uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]uint64, len(e.counters))
+	for k, v := range e.counters {
+		out[k] = v
+	}
+	return out
+}

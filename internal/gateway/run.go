@@ -1,0 +1,242 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// KernelDialer dials with congestion control cc on every socket: MPTCP
+// from the path's EID, or plain TCP by the ordinary routes.
+func KernelDialer(cc string) Dialer {
+	return func(ctx context.Context, from netip.Addr, to netip.AddrPort, mptcp bool) (*net.TCPConn, error) {
+		d := net.Dialer{Timeout: 10 * time.Second, Control: ccControl(cc)}
+		d.SetMultipathTCP(mptcp)
+		if from.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: from.AsSlice()}
+		}
+		c, err := d.DialContext(ctx, "tcp4", to.String())
+		if err != nil {
+			return nil, err
+		}
+		return c.(*net.TCPConn), nil
+	}
+}
+
+func ccControl(cc string) func(string, string, syscall.RawConn) error {
+	return func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) { serr = SetCongestion(fd, cc) }); err != nil {
+			return err
+		}
+		return serr
+	}
+}
+
+func nft(script string) error {
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = bytes.NewBufferString(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Run is `onehop gateway run`: it sets the namespace up (MPTCP with the
+// userspace path manager, the EIDs, policy routing, the nftables TPROXY
+// table), proxies until ctx ends, and takes down everything it set up.
+func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err error) {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	var undo []func() error
+	defer func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			if uerr := undo[i](); uerr != nil {
+				log.Warn("gateway: teardown", "err", uerr)
+			}
+		}
+	}()
+	for _, s := range [][2]string{{"net.mptcp.enabled", "1"}, {"net.mptcp.pm_type", "1"}} {
+		old, err := WriteSysctl(s[0], s[1])
+		if err != nil {
+			return fmt.Errorf("gateway run: %w", err)
+		}
+		undo = append(undo, func() error { _, err := WriteSysctl(s[0], old); return err })
+	}
+	for _, p := range cfg.Paths {
+		if _, err := netlink.LinkByName(p.Dev); err != nil {
+			return fmt.Errorf("gateway run: --path dev=%s: %w", p.Dev, err)
+		}
+	}
+	for _, i := range cfg.Intercept {
+		if _, err := netlink.LinkByName(i); err != nil {
+			return fmt.Errorf("gateway run: --intercept %s: %w", i, err)
+		}
+	}
+	routes, err := NewRoutes(cfg)
+	if err != nil {
+		return fmt.Errorf("gateway run: %w", err)
+	}
+	undo = append(undo, routes.Close)
+
+	lc := net.ListenConfig{Control: func(network, address string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			/* IP_TRANSPARENT: accept connections for addresses that are not
+			   ours (TPROXY); the accepted socket's local address is the
+			   user's original destination */
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1); serr != nil {
+				serr = fmt.Errorf("setsockopt IP_TRANSPARENT: %w", serr)
+				return
+			}
+			serr = SetCongestion(fd, cfg.Congestion)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	/* the user speaks plain TCP; Go would make a listener MPTCP by default */
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", cfg.ListenPort))
+	if err != nil {
+		return fmt.Errorf("gateway run: --listen-port %d: %w", cfg.ListenPort, err)
+	}
+	undo = append(undo, ln.Close)
+
+	if err := nft(NFTRules(cfg)); err != nil {
+		return fmt.Errorf("gateway run: nftables table %s: %w", NFTTable, err)
+	}
+	undo = append(undo, func() error { return nft(NFTDelete()) })
+
+	ctl := cfg.Control
+	if ctl == "" {
+		if ctl, err = DefaultControl(); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(ctl), 0o755); err != nil {
+		return fmt.Errorf("gateway run: --control: %w", err)
+	}
+	if err := os.Remove(ctl); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("gateway run: --control: stale socket: %w", err)
+	}
+	cl, err := net.Listen("unix", ctl)
+	if err != nil {
+		return fmt.Errorf("gateway run: --control: %w", err)
+	}
+	undo = append(undo, func() error {
+		cl.Close()
+		if err := os.Remove(ctl); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+
+	e := NewEngine(cfg, EngineDeps{
+		Resolver: res, Find: RouteFinder(cfg), Pin: routes, PM: &NetlinkPM{},
+		Dial: KernelDialer(cfg.Congestion), Subflows: ReadSubflows, TCPInfo: ReadTCPInfo, Logger: log,
+	})
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- e.ServeControl(ctx, cl) }()
+	go func() { errc <- watchLinks(ctx, e, cfg) }()
+	go func() { errc <- e.serve(ctx, ln.(*net.TCPListener)) }()
+	log.Info("gateway up", "intercept", cfg.Intercept, "listen_port", cfg.ListenPort, "paths", len(cfg.Paths),
+		"eid_prefix", cfg.EIDPrefix, "congestion", cfg.Congestion, "control", ctl)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// serve accepts intercepted connections until ctx ends.
+func (e *Engine) serve(ctx context.Context, ln *net.TCPListener) error {
+	go func() { <-ctx.Done(); ln.Close() }()
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				e.rl.Warn("accept", "gateway: accept", "err", err)
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("gateway: accept: %w", err)
+		}
+		go e.handle(ctx, c)
+	}
+}
+
+func (e *Engine) handle(ctx context.Context, client *net.TCPConn) {
+	defer client.Close()
+	dest := client.LocalAddr().(*net.TCPAddr).AddrPort()
+	from := client.RemoteAddr().(*net.TCPAddr).AddrPort()
+	dest = netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port())
+	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	octx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	c, err := e.Open(octx, from, dest)
+	cancel()
+	if err != nil {
+		e.rl.Warn("open:"+from.Addr().String(), "gateway: cannot reach the destination", "client", from, "dest", dest, "err", err)
+		return
+	}
+	e.Splice(c, client)
+	e.Finish(c)
+}
+
+// watchLinks turns the paths' link state into SetPathUp calls.
+func watchLinks(ctx context.Context, e *Engine, cfg *Config) error {
+	ch := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	errs := make(chan error, 1)
+	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{
+		ListExisting: true,
+		ErrorCallback: func(err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		},
+	}); err != nil {
+		return fmt.Errorf("gateway: watch links: %w", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errs:
+			return fmt.Errorf("gateway: watch links: %w", err)
+		case u, ok := <-ch:
+			if !ok {
+				return errors.New("gateway: watch links: subscription ended")
+			}
+			a := u.Attrs()
+			for i, p := range cfg.Paths {
+				if p.Dev == a.Name {
+					up := a.Flags&net.FlagUp != 0 && a.RawFlags&unix.IFF_LOWER_UP != 0
+					e.SetPathUp(i, up)
+				}
+			}
+		}
+	}
+}
