@@ -37,6 +37,8 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
 	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
 	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
+	f.StringVar(&cfg.LISPListen, "lisp-listen", "", "UDP address of the LISP map-server/map-resolver, e.g. 192.168.100.1:4342 (default: none)")
+	f.StringVar(&cfg.LISPSiteKeys, "lisp-site-keys", "", "file of LISP sites that may register: NAME KEY-ID SECRET EID-PREFIX[,...] a line (mode 600)")
 	addControllerTLSFlags(c, &cfg)
 	return c
 }

@@ -46,6 +46,7 @@ func nouns() []noun {
 		{cmd: statsCmd},
 		{cmd: vnatCmd},
 		{cmd: gatewayCmd},
+		{cmd: lispCmd},
 	}
 }
 

@@ -36,6 +36,11 @@ type DaemonConfig struct {
 	APITokenFile string
 	// Insecure serves and dials plain TCP with no client authentication.
 	Insecure bool
+	// LISPListen is the UDP address of the LISP map-server/map-resolver
+	// (lisp_server.go), e.g. the fabric address and port 4342; empty: none.
+	LISPListen string
+	// LISPSiteKeys is the file of sites allowed to register (lisp.ParseSites).
+	LISPSiteKeys string
 }
 
 // Validate reports the first configuration mistake.
@@ -45,6 +50,9 @@ func (c DaemonConfig) Validate() error {
 	}
 	if len(c.EtcdEndpoints) == 0 && c.ClientURL == "" {
 		return errors.New("--client-url is required for the embedded etcd (or give --etcd-endpoints)")
+	}
+	if c.LISPSiteKeys != "" && c.LISPListen == "" {
+		return errors.New("--lisp-site-keys without --lisp-listen: give the map-server an address, e.g. --lisp-listen 192.168.100.1:4342")
 	}
 	if err := c.TLS.CheckMode(c.Insecure, "the controller serves etcd and the REST API"); err != nil {
 		return err
@@ -158,6 +166,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		go srv.Serve(ln)
 		defer srv.Close()
 		log.Info("serving REST API", "on", l.network+":"+l.addr, "tls", l.network == "tcp" && apiTLS != nil)
+	}
+	if cfg.LISPListen != "" {
+		if err := c.startLISP(ctx, cfg); err != nil {
+			return err
+		}
 	}
 	log.Info("controller running", "etcd", endpoints)
 	return c.Run(ctx)

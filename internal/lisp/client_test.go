@@ -67,11 +67,14 @@ func reply(t *testing.T, msg []byte, flip uint64, recs ...Record) []byte {
 
 func TestResolverRefusesWrongNonceAndGarbageThenAcceptsTheReplyAndCachesIt(t *testing.T) {
 	rec := goldenRec()
+	var mu sync.Mutex // the server's goroutine writes, the test reads
 	var asked netip.Prefix
 	var itr netip.Addr
 	s := startServer(t, func(n int, msg []byte) [][]byte {
 		req, _ := DecodeMapRequest(msg)
+		mu.Lock()
 		asked, itr = req.EIDs[0], req.ITRRLOCs[0]
+		mu.Unlock()
 		return [][]byte{reply(t, msg, 1, rec), []byte("garbage"), reply(t, msg, 0, Record{EID: pfx("10.9.0.0/16"), TTL: time.Minute}), reply(t, msg, 0, rec)}
 	})
 	r := NewResolver(s.addr())
@@ -82,6 +85,8 @@ func TestResolverRefusesWrongNonceAndGarbageThenAcceptsTheReplyAndCachesIt(t *te
 	if got.EID != rec.EID || len(got.Locators) != 2 || got.Locators[0].Addr != addr("192.0.2.10") {
 		t.Fatalf("got %+v, want %+v", got, rec)
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if asked != pfx("10.1.2.3/32") || itr != addr("127.0.0.1") {
 		t.Fatalf("the request asked for %s with ITR-RLOC %s, want 10.1.2.3/32 and 127.0.0.1", asked, itr)
 	}

@@ -1,0 +1,307 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/lisp"
+	"github.com/onehop/onehop/internal/store"
+)
+
+var dcSite = lisp.Site{Name: "dc", KeyID: 1, Key: []byte("dc-site-secret"), EIDs: []netip.Prefix{netip.MustParsePrefix("10.99.0.0/16")}}
+
+// syncBuffer is a log sink tests read while the server writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// fakeClock is a time the test moves.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+func newClock() *fakeClock                   { c := &fakeClock{}; c.ns.Store(time.Now().UnixNano()); return c }
+func rec(eid string, rlocs ...string) lisp.Record {
+	r := lisp.Record{EID: netip.MustParsePrefix(eid), TTL: 10 * time.Minute}
+	for _, a := range rlocs {
+		r.Locators = append(r.Locators, lisp.Locator{Addr: netip.MustParseAddr(a), Priority: 1, Weight: 50, Reachable: true})
+	}
+	return r
+}
+
+// lispServer starts a map-server on loopback for a controller on a memory
+// store.
+func lispServer(t *testing.T, clock *fakeClock, sites ...lisp.Site) (*Controller, *store.Memory, *LISPServer, *syncBuffer) {
+	t.Helper()
+	s := store.NewMemory()
+	logs := &syncBuffer{}
+	c := New(s, slog.New(slog.NewTextHandler(logs, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := LISPServerConfig{Listen: "127.0.0.1:0", Sites: sites, Sweep: 20 * time.Millisecond}
+	if clock != nil {
+		cfg.Now = clock.Now
+	}
+	srv, err := c.ServeLISP(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-srv.Done() })
+	return c, s, srv, logs
+}
+
+// waitFor polls cond (the server works on its own goroutine) for up to 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func sendRaw(t *testing.T, to netip.AddrPort, b []byte) {
+	t.Helper()
+	conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testing.T) {
+	c, _, srv, _ := lispServer(t, nil)
+	ttl := int64(30)
+	if _, err := c.AddLISPMapping(t.Context(), LISPMappingBody{EID: "10.99.0.0/16", TTLMinutes: &ttl, Locators: []LISPLocatorBody{
+		{Addr: "192.168.100.11"}, {Addr: "192.168.100.12", Priority: ptr(255)}}}); err != nil {
+		t.Fatal(err)
+	}
+	r := lisp.NewResolver(srv.Addr())
+	got, err := r.Resolve(t.Context(), netip.MustParseAddr("10.99.7.7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.EID.String() != "10.99.0.0/16" || got.TTL != 30*time.Minute || len(got.Locators) != 2 || !got.Authoritative ||
+		len(got.Usable()) != 1 || got.Usable()[0].Addr.String() != "192.168.100.11" {
+		t.Fatalf("answer %+v", got)
+	}
+	neg, err := r.Resolve(t.Context(), netip.MustParseAddr("8.8.8.8"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !neg.Negative() || neg.Action != lisp.ActionNativelyForward || neg.TTL != lisp.NegativeTTL || neg.EID.Contains(netip.MustParseAddr("10.99.0.1")) {
+		t.Fatalf("negative answer %+v", neg)
+	}
+	// A mapping deleted through the API is no longer answered.
+	if err := c.DeleteLISPMapping(t.Context(), netip.MustParsePrefix("10.99.0.0/16")); err != nil {
+		t.Fatal(err)
+	}
+	r.Flush()
+	gone, err := r.Resolve(t.Context(), netip.MustParseAddr("10.99.7.7"))
+	if err != nil || !gone.Negative() {
+		t.Fatalf("after delete: %+v, %v; want negative", gone, err)
+	}
+	if st := c.LISPServerStats(); st.Requests != 3 || st.NegativeReplies != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func ptr(v int) *int { return &v }
+
+func TestLISPMapServerStoresAnAuthenticatedRegistrationAndSendsMapNotify(t *testing.T) {
+	c, _, srv, _ := lispServer(t, nil, dcSite)
+	g := &lisp.Registrar{Server: srv.Addr(), KeyID: 1, Key: []byte("dc-site-secret"), WantMapNotify: true,
+		Records: []lisp.Record{rec("10.99.1.0/24", "192.168.100.21", "192.168.100.22")}}
+	if err := g.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := c.ListLISPMappings(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].Source != LISPSourceRegister || ms[0].Site != "dc" || len(ms[0].Locators) != 2 ||
+		ms[0].Expires.Sub(ms[0].Updated) != lisp.RegistrationTimeout {
+		t.Fatalf("stored %+v", ms)
+	}
+	got, err := lisp.NewResolver(srv.Addr()).Resolve(t.Context(), netip.MustParseAddr("10.99.1.5"))
+	if err != nil || len(got.Locators) != 2 || got.Locators[1].Addr.String() != "192.168.100.22" {
+		t.Fatalf("resolve: %+v, %v", got, err)
+	}
+	if st := c.LISPServerStats(); st.Registers != 1 || st.Notifies != 1 || len(st.RegistersRefused) != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A Map-Register that is unauthenticated, signed with the wrong key, for
+// EIDs outside the site, or a replay of an accepted one is refused,
+// counted by reason and logged at most 5 times a minute per source and
+// reason, and the mappings stay as they were.
+func TestLISPMapServerRefusesForgedRegistersAndChangesNothing(t *testing.T) {
+	c, s, srv, logs := lispServer(t, nil, dcSite)
+	good := lisp.MapRegister{Nonce: 100, WantMapNotify: false, Records: []lisp.Record{rec("10.99.1.0/24", "192.168.100.21")}}
+	goodBytes, err := good.Seal(1, []byte("dc-site-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendRaw(t, srv.Addr(), goodBytes)
+	waitFor(t, "the good register", func() bool { return c.LISPServerStats().Registers == 1 })
+	before, _, err := s.List(t.Context(), LISPMappingsPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	hijack := []lisp.Record{rec("10.99.1.0/24", "203.0.113.66")}
+	unauth, _ := (&lisp.MapRegister{Nonce: 200, Records: hijack}).Encode()
+	wrongKey, _ := (&lisp.MapRegister{Nonce: 201, Records: hijack}).Seal(1, []byte("guessed-secret"))
+	otherEIDs, _ := (&lisp.MapRegister{Nonce: 202, Records: []lisp.Record{rec("10.50.0.0/16", "203.0.113.66")}}).Seal(1, []byte("dc-site-secret"))
+	tampered := bytes.Clone(wrongKey)
+	copy(tampered[16:32], goodBytes[16:32])
+	for _, tc := range []struct {
+		reason string
+		b      []byte
+	}{
+		{refusedNoAuth, unauth}, {refusedBadAuth, wrongKey}, {refusedNoSite, otherEIDs},
+		{refusedReplay, goodBytes}, {refusedBadAuth, tampered}, {refusedMalformed, goodBytes[:20]},
+	} {
+		n := c.LISPServerStats().RegistersRefused[tc.reason]
+		sendRaw(t, srv.Addr(), tc.b)
+		waitFor(t, tc.reason+" counted", func() bool { return c.LISPServerStats().RegistersRefused[tc.reason] == n+1 })
+	}
+	// A flood from one source: counted in full, logged at most 5 times.
+	for range 30 {
+		sendRaw(t, srv.Addr(), wrongKey)
+	}
+	waitFor(t, "the flood counted", func() bool { return c.LISPServerStats().RegistersRefused[refusedBadAuth] == 32 })
+	after, _, err := s.List(t.Context(), LISPMappingsPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) || !bytes.Equal(after[LISPMappingsPrefix+"10.99.1.0_24"], before[LISPMappingsPrefix+"10.99.1.0_24"]) {
+		t.Fatalf("refused registers changed the mappings:\nbefore %s\nafter  %s", before, after)
+	}
+	got, err := lisp.NewResolver(srv.Addr()).Resolve(t.Context(), netip.MustParseAddr("10.99.1.1"))
+	if err != nil || got.Locators[0].Addr.String() != "192.168.100.21" {
+		t.Fatalf("resolve after the forgeries: %+v, %v", got, err)
+	}
+	if n := strings.Count(logs.String(), "reason=bad-auth"); n < 1 || n > 5 {
+		t.Fatalf("%d log lines for bad-auth from one source, want 1 to 5:\n%s", n, logs.String())
+	}
+	if st := c.LISPServerStats(); st.Registers != 1 {
+		t.Fatalf("stats %+v: only the good register may be accepted", st)
+	}
+}
+
+func TestLISPRegistrationsExpireUnlessRefreshedAndTByTheirTTL(t *testing.T) {
+	clock := newClock()
+	c, s, srv, _ := lispServer(t, clock, dcSite)
+	register := func(useTTL bool, r lisp.Record) {
+		t.Helper()
+		g := &lisp.Registrar{Server: srv.Addr(), KeyID: 1, Key: []byte("dc-site-secret"), WantMapNotify: true, UseTTL: useTTL, Records: []lisp.Record{r}}
+		if err := g.Register(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resolve := func(eid string) lisp.Record {
+		t.Helper()
+		got, err := lisp.NewResolver(srv.Addr()).Resolve(t.Context(), netip.MustParseAddr(eid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	register(false, rec("10.99.1.0/24", "192.168.100.21"))
+	register(true, rec("10.99.2.0/24", "192.168.100.22")) // T: 10-minute record TTL
+	clock.Advance(lisp.RegistrationTimeout - time.Second)
+	register(false, rec("10.99.1.0/24", "192.168.100.21")) // refreshed
+	clock.Advance(2 * time.Second)
+	if resolve("10.99.1.1").Negative() || resolve("10.99.2.1").Negative() {
+		t.Fatal("a refreshed registration, or one whose TTL runs, was dropped")
+	}
+	clock.Advance(lisp.RegistrationTimeout)
+	if !resolve("10.99.1.1").Negative() {
+		t.Fatal("a registration not refreshed for 3 minutes is still answered")
+	}
+	if resolve("10.99.2.1").Negative() {
+		t.Fatal("a registration with T was dropped before its 10-minute TTL")
+	}
+	waitFor(t, "the expired registration deleted from etcd", func() bool {
+		_, err := s.Get(t.Context(), LISPMappingsPrefix+"10.99.1.0_24")
+		return errors.Is(err, store.ErrNotFound)
+	})
+	clock.Advance(5 * time.Minute)
+	if !resolve("10.99.2.1").Negative() {
+		t.Fatal("a registration with T outlived its TTL")
+	}
+	waitFor(t, "both expired", func() bool { return c.LISPServerStats().Expired == 2 })
+}
+
+func TestLISPRegisterForAnOperatorsEIDIsRefused(t *testing.T) {
+	c, _, srv, _ := lispServer(t, nil, dcSite)
+	if _, err := c.AddLISPMapping(t.Context(), LISPMappingBody{EID: "10.99.1.0/24", Locators: []LISPLocatorBody{{Addr: "192.168.100.11"}}}); err != nil {
+		t.Fatal(err)
+	}
+	g := &lisp.Registrar{Server: srv.Addr(), KeyID: 1, Key: []byte("dc-site-secret"), WantMapNotify: true,
+		Records: []lisp.Record{rec("10.99.1.0/24", "192.168.100.21")}, Timeout: 50 * time.Millisecond, Attempts: 1}
+	if err := g.Register(t.Context()); !errors.Is(err, lisp.ErrNoReply) {
+		t.Fatalf("register over an operator's mapping: %v, want no Map-Notify", err)
+	}
+	if st := c.LISPServerStats(); st.RegistersRefused[refusedOperatorMapped] != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	m, err := c.GetLISPMapping(t.Context(), netip.MustParsePrefix("10.99.1.0/24"))
+	if err != nil || m.Source != LISPSourceAPI || m.Locators[0].Addr != "192.168.100.11" {
+		t.Fatalf("operator's mapping now %+v, %v", m, err)
+	}
+}
+
+func TestLoadLISPSitesRefusesAFileOthersCanRead(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/keys"
+	if err := writeFile(path, "dc 1 dc-site-secret 10.99.0.0/16\n", 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadLISPSites(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("mode 644: %v", err)
+	}
+	if err := writeFile(path, "dc 1 dc-site-secret 10.99.0.0/16\n", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sites, err := LoadLISPSites(path)
+	if err != nil || len(sites) != 1 || sites[0].Name != "dc" {
+		t.Fatalf("mode 600: %+v, %v", sites, err)
+	}
+}
+
+func writeFile(path, content string, mode os.FileMode) error {
+	if err := os.WriteFile(path, []byte(content), mode); err != nil {
+		return err
+	}
+	return os.Chmod(path, mode)
+}
