@@ -46,6 +46,7 @@ shows gw's connections. docs/cloud-access-gateway.md has the details.`,
 	var (
 		intercept, paths, maps []string
 		eidPrefix, resolver    string
+		mapServer              string
 		fwmark                 string
 		cfg                    = gateway.Config{}
 		listenPort             uint16
@@ -77,7 +78,7 @@ a map-server). An address with no mapping is forwarded natively.`,
     --map 10.88.0.0/24=192.0.2.2,198.51.100.2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, res, err := buildGatewayConfig(cfg, intercept, paths, maps, eidPrefix, resolver, fwmark, listenPort)
+			c, res, err := buildGatewayConfig(cfg, intercept, paths, maps, eidPrefix, resolver, mapServer, fwmark, listenPort)
 			if err != nil {
 				return err
 			}
@@ -98,6 +99,10 @@ a map-server). An address with no mapping is forwarded natively.`,
 	f.IntVar(&cfg.Table, "table", gateway.DefaultTable, "routing table delivering intercepted packets; path i uses table+1+i")
 	f.IntVar(&cfg.RulePriority, "rule-priority", gateway.DefaultRulePriority, "priority of the first ip rule the gateway adds (path i: +1+i)")
 	f.StringVar(&cfg.Congestion, "congestion", gateway.DefaultCongestion, "congestion control of every socket the gateway opens or accepts")
+	f.BoolVar(&cfg.LISP, "lisp", false, "encapsulate each path's subflows in LISP (in-kernel datapath) from the path's rloc= to the destination's RLOC")
+	f.StringVar(&mapServer, "map-server", "", "LISP map-server ADDR[:4342] to register each path's EID behind its RLOC (with --lisp)")
+	f.StringVar(&cfg.MapServerKey, "map-server-key", "", "the key of Map-Registers to --map-server (HMAC-SHA-256)")
+	f.Uint8Var(&cfg.KeyID, "key-id", 1, "the key id of Map-Registers to --map-server")
 
 	var output string
 	status := &cobra.Command{
@@ -132,7 +137,7 @@ and received on it (the kernel's tcp_info of each subflow).`,
 }
 
 // buildGatewayConfig turns run's flags into a validated Config and its resolver.
-func buildGatewayConfig(cfg gateway.Config, intercept, paths, maps []string, eidPrefix, resolver, fwmark string, port uint16) (*gateway.Config, gateway.Resolver, error) {
+func buildGatewayConfig(cfg gateway.Config, intercept, paths, maps []string, eidPrefix, resolver, mapServer, fwmark string, port uint16) (*gateway.Config, gateway.Resolver, error) {
 	var errs []error
 	for _, i := range intercept {
 		cfg.Intercept = append(cfg.Intercept, splitList(i)...)
@@ -161,17 +166,22 @@ func buildGatewayConfig(cfg gateway.Config, intercept, paths, maps []string, eid
 		}
 		cfg.Static = append(cfg.Static, r)
 	}
-	if resolver != "" {
-		ap, err := netip.ParseAddrPort(resolver)
+	parseServer := func(flag, v string) netip.AddrPort {
+		if v == "" {
+			return netip.AddrPort{}
+		}
+		ap, err := netip.ParseAddrPort(v)
 		if err != nil {
-			a, aerr := netip.ParseAddr(resolver)
+			a, aerr := netip.ParseAddr(v)
 			if aerr != nil {
-				errs = append(errs, fmt.Errorf("--map-resolver %q: want ADDR or ADDR:PORT", resolver))
+				errs = append(errs, fmt.Errorf("%s %q: want ADDR or ADDR:PORT", flag, v))
 			}
 			ap = netip.AddrPortFrom(a, 4342)
 		}
-		cfg.MapResolver = ap
+		return ap
 	}
+	cfg.MapResolver = parseServer("--map-resolver", resolver)
+	cfg.MapServer = parseServer("--map-server", mapServer)
 	m, err := strconv.ParseUint(fwmark, 0, 32)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("--fwmark %q: want a number (0x4f48)", fwmark))

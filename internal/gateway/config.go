@@ -66,6 +66,16 @@ type Config struct {
 	Congestion string
 	// Control is the control socket path.
 	Control string
+	// LISP: encapsulate each path's subflows in LISP (the in-kernel
+	// datapath, internal/lispdp) from the path's RLOC to the locator,
+	// instead of routing them natively to it.
+	LISP bool
+	// MapServer, with MapServerKey and KeyID, is where the gateway
+	// registers each path's EID behind that path's RLOC, so that the
+	// far xTR sends a subflow's replies back over the subflow's path.
+	MapServer    netip.AddrPort
+	MapServerKey string
+	KeyID        uint8
 }
 
 // Defaults the flags start from.
@@ -222,6 +232,19 @@ func (c *Config) Validate() error {
 	}
 	if c.RulePriority <= 0 || c.RulePriority+1+len(c.Paths) >= 32766 {
 		errs = append(errs, fmt.Errorf("--rule-priority %d: want 1..%d (below the main table's rule)", c.RulePriority, 32765-1-len(c.Paths)))
+	}
+	if c.LISP {
+		for _, p := range c.Paths {
+			if !p.RLOC.IsValid() {
+				errs = append(errs, fmt.Errorf("--path dev=%s: --lisp needs rloc= (the gateway's locator on the path, the outer source)", p.Dev))
+			}
+		}
+	}
+	if c.MapServer.IsValid() && c.MapServerKey == "" {
+		errs = append(errs, errors.New("--map-server-key: required with --map-server (Map-Registers are authenticated)"))
+	}
+	if c.MapServer.IsValid() && !c.LISP {
+		errs = append(errs, errors.New("--map-server: registering the paths' EIDs only makes sense with --lisp"))
 	}
 	if c.Congestion == "" {
 		errs = append(errs, errors.New("--congestion: must name an algorithm (cubic)"))

@@ -136,7 +136,7 @@ func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, 
 	if plan.Mode == ModeMPTCP {
 		var ok []Subflow
 		for _, sf := range plan.Subflows {
-			if err := e.pin.Pin(sf.Path, rec.EID, sf.Locator.Addr); err != nil {
+			if err := e.pin.Pin(sf.Path, rec, sf.Locator.Addr); err != nil {
 				e.rl.Warn("pin", "gateway: pinning a subflow's path failed; leaving it out", "path", e.cfg.Paths[sf.Path].Name, "err", err)
 				e.count("pin_errors")
 				continue
@@ -329,7 +329,7 @@ func (e *Engine) SetPathUp(path int, up bool) {
 			if sfs, err := e.subflows(c.up); err == nil && hasLocal(sfs, p.EID) {
 				continue
 			}
-			if err := e.pin.Pin(path, c.rec.EID, sf.Locator.Addr); err != nil {
+			if err := e.pin.Pin(path, c.rec, sf.Locator.Addr); err != nil {
 				e.rl.Warn("pin", "gateway: pinning a path that came back", "path", p.Name, "err", err)
 				continue
 			}
@@ -356,6 +356,23 @@ type PathStatus struct {
 	EID  netip.Addr `json:"eid"`
 	RLOC netip.Addr `json:"rloc,omitzero"`
 	Up   bool       `json:"up"`
+	// LISP counts what the LISP datapath encapsulated onto the path (Tx)
+	// and decapsulated from it (Rx), inner bytes; absent without --lisp.
+	LISP *PathBytes `json:"lisp,omitempty"`
+}
+
+// PathBytes are one path's datapath counters.
+type PathBytes struct {
+	TxBytes   uint64 `json:"tx_bytes"`
+	TxPackets uint64 `json:"tx_packets"`
+	RxBytes   uint64 `json:"rx_bytes"`
+	RxPackets uint64 `json:"rx_packets"`
+}
+
+// PathCounter is a Pinner that counts each path's traffic (the LISP
+// datapath's per-path counters).
+type PathCounter interface {
+	PathBytes() (map[int]PathBytes, error)
 }
 
 // SubflowStatus is one subflow as status shows it.
@@ -492,6 +509,16 @@ func (e *Engine) Status() ([]PathStatus, []ConnStatus) {
 	}
 	closed := append([]ConnStatus(nil), e.closed...)
 	e.mu.Unlock()
+	if pc, ok := e.pin.(PathCounter); ok {
+		if pb, err := pc.PathBytes(); err == nil {
+			for i := range paths {
+				b := pb[i]
+				paths[i].LISP = &b
+			}
+		} else {
+			e.rl.Warn("pathstats", "gateway: reading the datapath's path counters", "err", err)
+		}
+	}
 	sort.Slice(open, func(i, j int) bool { return open[i].id < open[j].id })
 	var out []ConnStatus
 	out = append(out, closed...)

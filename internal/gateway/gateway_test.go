@@ -302,9 +302,9 @@ func (f *fakePM) Destroy(token uint32, local, remote netip.AddrPort) error {
 
 type fakePin struct{ repinned []int }
 
-func (f *fakePin) Pin(int, netip.Prefix, netip.Addr) error { return nil }
-func (f *fakePin) Repin(p int) error                       { f.repinned = append(f.repinned, p); return nil }
-func (f *fakePin) Close() error                            { return nil }
+func (f *fakePin) Pin(int, Record, netip.Addr) error { return nil }
+func (f *fakePin) Repin(p int) error                 { f.repinned = append(f.repinned, p); return nil }
+func (f *fakePin) Close() error                      { return nil }
 
 // A path going down closes the subflows on it (and only those) and status
 // keeps them as closed; coming back re-pins it and adds the subflow to

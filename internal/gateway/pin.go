@@ -17,9 +17,9 @@ import (
 // native pinner routes by source address; the LISP datapath encapsulates
 // to the path's RLOC pair instead.
 type Pinner interface {
-	// Pin makes packets from path's EID to dst leave over path towards
-	// the locator loc.
-	Pin(path int, dst netip.Prefix, loc netip.Addr) error
+	// Pin makes packets from path's EID to rec's EID prefix leave over
+	// path towards rec's locator loc.
+	Pin(path int, rec Record, loc netip.Addr) error
 	// Repin re-installs what was pinned on path (its link came back and
 	// the kernel flushed its routes).
 	Repin(path int) error
@@ -115,7 +115,12 @@ func (r *Routes) addRule(rule *netlink.Rule) error {
 }
 
 // Pin implements Pinner: dst via loc (or loc's next hop) in path's table.
-func (r *Routes) Pin(path int, dst netip.Prefix, loc netip.Addr) error {
+func (r *Routes) Pin(path int, rec Record, loc netip.Addr) error {
+	return r.PinPrefix(path, rec.EID, loc)
+}
+
+// PinPrefix routes dst via loc (or loc's next hop) in path's table.
+func (r *Routes) PinPrefix(path int, dst netip.Prefix, loc netip.Addr) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.pin(path, dst, loc); err != nil {
@@ -143,6 +148,11 @@ func (r *Routes) pin(path int, dst netip.Prefix, loc netip.Addr) error {
 		Gw:        gw.AsSlice(),
 		LinkIndex: link.Attrs().Index,
 		Table:     r.cfg.PathTable(path),
+	}
+	if r.cfg.LISP {
+		/* encapsulation adds 36 bytes: with the route's MTU lowered, TCP
+		   advertises and sends segments that fit unchanged */
+		rt.MTU = link.Attrs().MTU - lispOverhead
 	}
 	if err := netlink.RouteReplace(rt); err != nil {
 		return fmt.Errorf("pin %s via %s dev %s table %d: %w", dst, gw, p.Dev, rt.Table, err)

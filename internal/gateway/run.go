@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/onehop/onehop/internal/lisp"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -145,8 +146,18 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 		return nil
 	})
 
+	var pin Pinner = routes
+	if cfg.LISP {
+		dp, err := openLISP(cfg)
+		if err != nil {
+			return fmt.Errorf("gateway run: %w", err)
+		}
+		undo = append(undo, dp.Close)
+		pin = NewLISPPinner(cfg, routes, dp)
+	}
+
 	e := NewEngine(cfg, EngineDeps{
-		Resolver: res, Find: RouteFinder(cfg), Pin: routes, PM: &NetlinkPM{},
+		Resolver: res, Find: RouteFinder(cfg), Pin: pin, PM: &NetlinkPM{},
 		Dial: KernelDialer(cfg.Congestion), Subflows: ReadSubflows, TCPInfo: ReadTCPInfo, Logger: log,
 	})
 	ctx, cancel := context.WithCancel(ctx)
@@ -155,6 +166,14 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 	go func() { errc <- e.ServeControl(ctx, cl) }()
 	go func() { errc <- watchLinks(ctx, e, cfg) }()
 	go func() { errc <- e.serve(ctx, ln.(*net.TCPListener)) }()
+	if cfg.MapServer.IsValid() {
+		reg := registrar(cfg, log)
+		go func() {
+			if err := reg.Run(ctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("gateway: --map-server %s: %w", cfg.MapServer, err)
+			}
+		}()
+	}
 	log.Info("gateway up", "intercept", cfg.Intercept, "listen_port", cfg.ListenPort, "paths", len(cfg.Paths),
 		"eid_prefix", cfg.EIDPrefix, "congestion", cfg.Congestion, "control", ctl)
 	select {
@@ -163,6 +182,20 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 	case err := <-errc:
 		return err
 	}
+}
+
+// registrar registers each path's EID behind that path's RLOC (RFC 9301
+// Map-Register, authenticated), so the far xTR encapsulates the replies to
+// subflow i onto path i.
+func registrar(cfg *Config, log *slog.Logger) *lisp.Registrar {
+	var recs []lisp.Record
+	for _, p := range cfg.Paths {
+		recs = append(recs, lisp.Record{
+			EID: netip.PrefixFrom(p.EID, 32), TTL: 10 * time.Minute, Authoritative: true,
+			Locators: []lisp.Locator{{Addr: p.RLOC, Priority: 1, Weight: 100, Local: true, Reachable: true}},
+		})
+	}
+	return &lisp.Registrar{Server: cfg.MapServer, KeyID: cfg.KeyID, Key: []byte(cfg.MapServerKey), Records: recs, WantMapNotify: true, Log: log}
 }
 
 // serve accepts intercepted connections until ctx ends.
