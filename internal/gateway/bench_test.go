@@ -184,20 +184,32 @@ func BenchmarkPrivilegedGatewaySplice(b *testing.B) {
 }
 
 func BenchmarkPrivilegedGatewayTwoPathsVsOne(b *testing.B) {
-	l := newLab(b, "100mbit")
-	const n = 24 << 20
-	l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
-	l.start(b)
-	var two, one []float64
-	for round := 0; round < 5; round++ {
-		two = append(two, l.transfer(b, srvEID+":5401", n, false))
-		ipIn(b, l.gw, "link", "set", "p1", "down")
-		l.waitPath(b, "wan1", false)
-		one = append(one, l.transfer(b, srvEID+":5401", n, false))
-		ipIn(b, l.gw, "link", "set", "p1", "up")
-		l.waitPath(b, "wan1", true)
+	for _, withLISP := range []bool{false, true} {
+		name := map[bool]string{false: "native", true: "lisp"}[withLISP]
+		b.Run(name, func(b *testing.B) {
+			var l *lab
+			args := []string{"--map", "10.88.0.0/24=192.168.71.2,192.168.72.2"}
+			if withLISP {
+				l, _ = newLISPLab(b, "100mbit")
+				args = append(args, "--lisp")
+			} else {
+				l = newLab(b, "100mbit")
+			}
+			const n = 24 << 20
+			l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
+			l.start(b, args...)
+			var two, one []float64
+			for round := 0; round < 5; round++ {
+				two = append(two, l.transfer(b, srvEID+":5401", n, false))
+				ipIn(b, l.gw, "link", "set", "p1", "down")
+				l.waitPath(b, "wan1", false)
+				one = append(one, l.transfer(b, srvEID+":5401", n, false))
+				ipIn(b, l.gw, "link", "set", "p1", "up")
+				l.waitPath(b, "wan1", true)
+			}
+			b.Logf("%s: 24 MiB download, paths shaped to 100mbit: two paths median %.0f Mbit/s (%s), one path %.0f (%s): %.2fx",
+				name, median(two), fmtRounds(two), median(one), fmtRounds(one), median(two)/median(one))
+			l.stop(b)
+		})
 	}
-	b.Logf("24 MiB download, paths shaped to 100mbit: two paths median %.0f Mbit/s (%s), one path %.0f (%s): %.2fx",
-		median(two), fmtRounds(two), median(one), fmtRounds(one), median(two)/median(one))
-	l.stop(b)
 }
