@@ -289,4 +289,3 @@ func firstIPv4(l netlink.Link) (netip.Addr, error) {
 	}
 	return netip.Addr{}, fmt.Errorf("no IPv4 address (give addr=)")
 }
-
