@@ -31,7 +31,7 @@ Namespaces are named oh-LAB-NODE, so 'ip netns' and 'nsenter' work on them too.`
 	}
 	c.PersistentFlags().StringVar(&lf.root, "root", lab.DefaultRoot, "where labs keep their state")
 	c.PersistentFlags().StringVar(&lf.name, "lab", "", "which lab (default: the only one that is up)")
-	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf), labReaddressCmd(lf))
+	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf), labReaddressCmd(lf), labLinkCmd(lf))
 	return c
 }
 
@@ -232,6 +232,33 @@ by moving to another subnet instead ('onehop lab move VM --to HOST --subnet').`,
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "Readdressed %s: %s, was %s.\n", args[0], fresh, old)
+			return nil
+		},
+	}
+}
+
+func labLinkCmd(lf *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "link NAME down|up",
+		Short: "Cut a wide-area path of a cloud-access lab, or restore it",
+		Long: `Takes both links of the WAN router NAME down (down) or up again (up): the
+gateway's and the xTR's ends lose their carrier, as when a line fails. The
+gateway moves its connections' bytes to the other paths and opens a subflow
+on this one again once it is back. The links are the lab's wans.`,
+		Example: "  onehop lab link wan1 down\n  onehop lab link wan1 up",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[1] != "down" && args[1] != "up" {
+				return fmt.Errorf("lab link %s %q: the state is down or up", args[0], args[1])
+			}
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			if err := lab.SetLink(st, args[0], args[1] == "up"); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Link %s is %s.\n", args[0], args[1])
 			return nil
 		},
 	}
