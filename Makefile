@@ -6,7 +6,7 @@ BIN := bin/onehop
 QUICKSTART ?= examples/quickstart.yaml
 PORTSHARE ?= examples/portshare.yaml
 
-.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare bench clean
+.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-cloud bench clean
 
 all: build
 
@@ -52,6 +52,11 @@ demo-down: build
 # port; builds examples/portshare.yaml, shows it, and tears it down.
 demo-portshare: deps build
 	@bash scripts/demo-portshare.sh $(BIN) $(PORTSHARE)
+
+# Multipath cloud access (issue 11): user -> gw -> two shaped WANs -> xtr ->
+# srv; both paths used, one cut and restored, LISP decoded by tshark.
+demo-cloud: deps build
+	@bash scripts/demo-cloud.sh $(BIN) examples/cloud-access.yaml
 
 bench: deps build
 	$(GO) run ./bench -binary $(BIN) -rounds $${ROUNDS:-5} -out bench/results/latest.json
