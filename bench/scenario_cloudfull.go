@@ -9,6 +9,8 @@ import "context"
 var cloudFullScenario = &Scenario{
 	Name:        "cloudfull",
 	Description: "lab " + cloudLab.Name + ": ufull -> sfast's EID through gateway gfast (TPROXY + MPTCP + LISP in eBPF) and xtr xfast, one unshaped WAN",
+	// The gateway carries TCP; ping and UDP would measure native routing.
+	Tests: []string{"tcp"},
 	Build: func(ctx context.Context, e *Env) ([]*Pair, error) {
 		l, err := cloudLabUp(ctx, e, siteFast)
 		if err != nil {

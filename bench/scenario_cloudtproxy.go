@@ -8,6 +8,8 @@ import "context"
 var cloudTProxyScenario = &Scenario{
 	Name:        "cloudtproxy",
 	Description: "lab " + cloudLab.Name + ": ufull -> sfast's non-EID address through gateway gfast (TPROXY, plain TCP, no LISP), one unshaped WAN",
+	// The gateway carries TCP; ping and UDP would measure native routing.
+	Tests: []string{"tcp"},
 	Build: func(ctx context.Context, e *Env) ([]*Pair, error) {
 		l, err := cloudLabUp(ctx, e, siteFast)
 		if err != nil {

@@ -8,6 +8,8 @@ import "context"
 var cloudTwoScenario = &Scenario{
 	Name:        "cloudtwo",
 	Description: "lab " + cloudLab.Name + ": utwo -> stwo through gateway gtwo, MPTCP + LISP over two 100 Mbit/s WANs",
+	// The gateway carries TCP; ping and UDP would measure native routing.
+	Tests: []string{"tcp"},
 	Build: func(ctx context.Context, e *Env) ([]*Pair, error) {
 		l, err := cloudLabUp(ctx, e, siteTwo)
 		if err != nil {
