@@ -197,12 +197,23 @@ func (c *Cache) Entries() []Entry {
 	return out
 }
 
+// Syn is a LISP-encapsulated TCP SYN an RLOC interface received: a remote
+// EID opening a connection into the site.
+type Syn struct {
+	OuterSrc, OuterDst netip.Addr
+	// EID is the inner source.
+	EID netip.Addr
+	// Inner is the inner IPv4 packet (a copy), to hand to the site again
+	// once the EID's mapping is installed.
+	Inner []byte
+}
+
 // SynOf reads an Ethernet frame received on an RLOC interface and returns
-// the inner source of a LISP-encapsulated TCP SYN sent to local from a
-// remote locator: an EID opening a connection into the site. Anything else
-// is ok=false. (The socket's filter passes only such frames; this checks
-// them again in full, since a filter's bounds are not a parser's.)
-func SynOf(frame []byte) (outerSrc, outerDst, innerSrc netip.Addr, ok bool) {
+// the LISP-encapsulated TCP SYN in it, sent to a local RLOC from a remote
+// locator. Anything else is ok=false. (The socket's filter passes only
+// such frames; this checks them again in full, since a filter's bounds are
+// not a parser's.)
+func SynOf(frame []byte) (s Syn, ok bool) {
 	const eth = 14
 	if len(frame) < eth+20 || binary.BigEndian.Uint16(frame[12:]) != 0x0800 {
 		return
@@ -218,14 +229,46 @@ func SynOf(frame []byte) (outerSrc, outerDst, innerSrc netip.Addr, ok bool) {
 	}
 	in := udp[16:] // UDP 8 + LISP 8
 	iihl := int(in[0]&0x0f) * 4
-	if in[0]>>4 != 4 || iihl < 20 || len(in) < iihl+14 || in[9] != 6 {
+	total := int(binary.BigEndian.Uint16(in[2:]))
+	if in[0]>>4 != 4 || iihl < 20 || total < iihl+20 || total > len(in) || in[9] != 6 {
 		return
 	}
 	if in[iihl+13]&0x02 == 0 { // SYN
 		return
 	}
-	outerSrc = netip.AddrFrom4([4]byte(ip[12:16]))
-	outerDst = netip.AddrFrom4([4]byte(ip[16:20]))
-	innerSrc = netip.AddrFrom4([4]byte(in[12:16]))
-	return outerSrc, outerDst, innerSrc, true
+	s.OuterSrc = netip.AddrFrom4([4]byte(ip[12:16]))
+	s.OuterDst = netip.AddrFrom4([4]byte(ip[16:20]))
+	s.EID = netip.AddrFrom4([4]byte(in[12:16]))
+	s.Inner = append([]byte(nil), in[:total]...)
+	return s, true
+}
+
+// FixTCPChecksum rewrites the TCP checksum of an IPv4 packet. A SYN read
+// off the wire may carry only the pseudo-header sum its sender's stack
+// left for an offload that never ran (veths pass CHECKSUM_PARTIAL along),
+// which a receiver given the same bytes from a raw socket would drop.
+func FixTCPChecksum(pkt []byte) {
+	ihl := int(pkt[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(pkt[2:]))
+	if len(pkt) < total || total < ihl+20 || pkt[9] != 6 {
+		return
+	}
+	seg := pkt[ihl:total]
+	seg[16], seg[17] = 0, 0
+	var sum uint32
+	add := func(b []byte) {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+		if len(b)%2 == 1 {
+			sum += uint32(b[len(b)-1]) << 8
+		}
+	}
+	add(pkt[12:20]) // source and destination
+	sum += 6 + uint32(len(seg))
+	add(seg)
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(seg[16:], ^uint16(sum))
 }

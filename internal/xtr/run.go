@@ -8,6 +8,7 @@ import (
 
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -66,7 +67,11 @@ func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	x := &xtr{cfg: cfg, log: log, dp: dp, links: links, addrs: addrs, res: lisp.NewResolver(cfg.MapResolver),
 		warn: ratelog.New(log, 5, time.Minute, nil)}
-	seen := make(chan netip.Addr, 256)
+	if x.raw, err = openRaw(); err != nil {
+		return fmt.Errorf("xtr: %w", err)
+	}
+	defer unix.Close(x.raw.fd)
+	seen := make(chan Syn, 256)
 	for i, r := range cfg.RLOCs {
 		fd, err := synSocket(links[i].Attrs().Index)
 		if err != nil {
@@ -89,19 +94,39 @@ func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 
 // xtr is one running tunnel router.
 type xtr struct {
-	cfg     *Config
-	log     *slog.Logger
-	warn    *ratelog.Logger
-	dp      *lispdp.Datapath
-	links   []netlink.Link
-	addrs   []netip.Addr
-	res     *lisp.Resolver
-	cache   Cache
-	tunnels Tunnels
+	cfg      *Config
+	log      *slog.Logger
+	warn     *ratelog.Logger
+	dp       *lispdp.Datapath
+	links    []netlink.Link
+	addrs    []netip.Addr
+	res      *lisp.Resolver
+	cache    Cache
+	tunnels  Tunnels
+	raw      rawSender
+	replayed atomic.Uint64
+}
+
+// rawSender sends whole IPv4 packets, headers as given (IPPROTO_RAW).
+type rawSender struct{ fd int }
+
+func openRaw() (rawSender, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return rawSender{}, fmt.Errorf("raw socket: %w", err)
+	}
+	return rawSender{fd: fd}, nil
+}
+
+func (r rawSender) send(pkt []byte) error {
+	if len(pkt) < 20 {
+		return fmt.Errorf("packet of %d bytes", len(pkt))
+	}
+	return unix.Sendto(r.fd, pkt, 0, &unix.SockaddrInet4{Addr: [4]byte(pkt[16:20])})
 }
 
 // loop resolves what the sniffers saw and what came due, until ctx ends.
-func (x *xtr) loop(ctx context.Context, seen <-chan netip.Addr) {
+func (x *xtr) loop(ctx context.Context, seen <-chan Syn) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -113,9 +138,9 @@ func (x *xtr) loop(ctx context.Context, seen <-chan netip.Addr) {
 		select {
 		case <-ctx.Done():
 			return
-		case eid := <-seen:
-			if x.cache.Seen(eid, time.Now()) {
-				x.resolve(ctx, eid)
+		case syn := <-seen:
+			if x.cache.Seen(syn.EID, time.Now()) && x.resolve(ctx, syn.EID) {
+				x.replay(syn)
 			}
 		case <-timer.C:
 			for _, eid := range x.cache.Due(time.Now()) {
@@ -125,15 +150,16 @@ func (x *xtr) loop(ctx context.Context, seen <-chan netip.Addr) {
 	}
 }
 
-// resolve asks the map-resolver about eid and installs the answer.
-func (x *xtr) resolve(ctx context.Context, eid netip.Addr) {
+// resolve asks the map-resolver about eid and installs the answer; it
+// reports whether a mapping for eid is installed.
+func (x *xtr) resolve(ctx context.Context, eid netip.Addr) bool {
 	rec, err := x.res.Resolve(ctx, eid)
 	if err != nil {
 		if ctx.Err() == nil {
 			x.warn.Warn("xtr: map-request failed; asking again later", "xtr: map-request failed; asking again later", "eid", eid, "err", err)
 		}
 		x.cache.Failed(eid, time.Now())
-		return
+		return false
 	}
 	choices := Plan(rec, x.findRLOC)
 	var pcs []lispdp.PathChoice
@@ -166,18 +192,36 @@ func (x *xtr) resolve(ctx context.Context, eid netip.Addr) {
 		if !rec.Negative() {
 			x.warn.Warn("xtr: no RLOC of this xTR reaches any usable locator", "xtr: no RLOC of this xTR reaches any usable locator", "eid", rec.EID, "locators", len(rec.Locators))
 		}
-		return
+		return false
 	}
 	if err := x.dp.SetEID(rec.EID, pcs); err != nil {
 		x.warn.Warn("xtr: install mapping", "xtr: install mapping", "eid", rec.EID, "err", err)
 		x.cache.Failed(eid, time.Now())
-		return
+		return false
 	}
 	var via []string
 	for _, c := range choices {
 		via = append(via, fmt.Sprintf("%s->%s", x.cfg.RLOCs[c.RLOC].Dev, c.Remote))
 	}
 	x.log.Info("xtr: mapping installed", "seen", eid, "eid", rec.EID, "ttl", rec.TTL, "via", fmt.Sprint(via))
+	return true
+}
+
+// replay hands the site the SYN that made the xTR resolve its EID once
+// more, now that the mapping is installed, so the connection does not wait
+// a second for a retransmission. Before the mapping, the first copy was
+// either dropped at decapsulation (the gateway's RLOC was no path yet:
+// drop_unknown_rloc) or answered with a SYN-ACK that had no mapping and was
+// lost; a SYN repeated for a pending connection makes the server send its
+// SYN-ACK again at once (Linux: tcp_check_req).
+func (x *xtr) replay(s Syn) {
+	FixTCPChecksum(s.Inner)
+	if err := x.raw.send(s.Inner); err != nil {
+		x.warn.Warn("xtr: replay SYN", "xtr: replay SYN", "eid", s.EID, "err", err)
+		return
+	}
+	x.replayed.Add(1)
+	x.log.Info("xtr: first SYN handed to the site again", "eid", s.EID, "replayed", x.replayed.Load())
 }
 
 // findRLOC says which RLOC interface reaches locator loc (by the routes).
@@ -196,7 +240,7 @@ func (x *xtr) findRLOC(loc netip.Addr) (int, bool) {
 
 // sniff reads the SYNs socket fd passes and reports each one's inner
 // source, until ctx ends.
-func (x *xtr) sniff(ctx context.Context, fd int, local netip.Addr, seen chan<- netip.Addr) {
+func (x *xtr) sniff(ctx context.Context, fd int, local netip.Addr, seen chan<- Syn) {
 	defer unix.Close(fd)
 	buf := make([]byte, 256)
 	for ctx.Err() == nil {
@@ -212,12 +256,12 @@ func (x *xtr) sniff(ctx context.Context, fd int, local netip.Addr, seen chan<- n
 		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
 			continue
 		}
-		_, dst, eid, ok := SynOf(buf[:n])
-		if !ok || dst != local {
+		syn, ok := SynOf(buf[:n])
+		if !ok || syn.OuterDst != local {
 			continue
 		}
 		select {
-		case seen <- eid:
+		case seen <- syn:
 		default: // the loop is busy: the next SYN (a retransmission) asks again
 		}
 	}

@@ -213,9 +213,13 @@ func lispSYN(t *testing.T, syn, ack bool, dport uint16, frag bool) []byte {
 }
 
 func TestSynOfReadsOnlyEncapsulatedSYNs(t *testing.T) {
-	src, dst, eid, ok := SynOf(lispSYN(t, true, false, 4341, false))
-	if !ok || src != netip.MustParseAddr("172.31.2.2") || dst != netip.MustParseAddr("172.31.2.130") || eid != netip.MustParseAddr("10.77.0.2") {
-		t.Fatalf("SynOf(SYN) = %s %s %s %v", src, dst, eid, ok)
+	frame := lispSYN(t, true, false, 4341, false)
+	s, ok := SynOf(frame)
+	if !ok || s.OuterSrc != netip.MustParseAddr("172.31.2.2") || s.OuterDst != netip.MustParseAddr("172.31.2.130") || s.EID != netip.MustParseAddr("10.77.0.2") {
+		t.Fatalf("SynOf(SYN) = %+v %v", s, ok)
+	}
+	if inner := frame[14+20+8+8:]; string(s.Inner) != string(inner) || len(s.Inner) != 40 {
+		t.Fatalf("inner packet %x, want %x (40 bytes)", s.Inner, inner)
 	}
 	for name, f := range map[string][]byte{
 		"ack":      lispSYN(t, false, true, 4341, false),
@@ -224,8 +228,22 @@ func TestSynOfReadsOnlyEncapsulatedSYNs(t *testing.T) {
 		"cut":      lispSYN(t, true, false, 4341, false)[:60],
 		"empty":    nil,
 	} {
-		if _, _, _, ok := SynOf(f); ok {
+		if _, ok := SynOf(f); ok {
 			t.Errorf("%s: read as a SYN", name)
 		}
+	}
+}
+
+func TestFixTCPChecksumMakesTheSumGopacketComputes(t *testing.T) {
+	frame := lispSYN(t, true, false, 4341, false)
+	s, ok := SynOf(frame)
+	if !ok {
+		t.Fatal("no SYN")
+	}
+	want := append([]byte(nil), s.Inner...)
+	s.Inner[20+16], s.Inner[20+17] = 0x12, 0x34 // what an offload left
+	FixTCPChecksum(s.Inner)
+	if string(s.Inner) != string(want) {
+		t.Fatalf("checksum %x, want %x", s.Inner[36:38], want[36:38])
 	}
 }

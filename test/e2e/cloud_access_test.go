@@ -18,6 +18,7 @@ import (
 	"github.com/onehop/onehop/internal/lab"
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // cloudTopo is examples/cloud-access.yaml under a test's lab name.
@@ -166,6 +167,7 @@ func (l *testLab) srvSubflows(port int) (byPeer map[string]int, mptcp int) {
 // A Map-Register forged with the wrong key is refused and counted, and the
 // mapping stays as the xTR registered it.
 func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
+	testenv.RequireTool(t, "nstat")
 	l := upLab(t, cloudTopo)
 	st, err := lab.Load(testRoot, l.name)
 	if err != nil {
@@ -227,6 +229,12 @@ func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 	}
 	if lispFrames < 1000 {
 		t.Fatalf("capture on wan1 (%d frames) has %d LISP frames from 172.31.1.130 (inner 10.88.0.10) to 172.31.1.2 (inner 10.77.0.1); first frames: %v", len(frames), lispFrames, frames[:min(len(frames), 5)])
+	}
+	// The xTR learnt the gateway's EIDs from their first SYNs and handed
+	// those to srv again once it could answer: no SYN had to wait for the
+	// gateway's retransmission.
+	if got := l.synRetrans(); got != 0 {
+		t.Fatalf("the gateway retransmitted %d SYNs on the first download: the xTR's first-SYN replay did not work", got)
 	}
 	g := l.gateway()
 	if len(g.Conns) != 1 || g.Conns[0].Mode != "mptcp" || len(g.Conns[0].Subflows) != 2 {
@@ -329,6 +337,18 @@ func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 	if got := mapping(); got != wasMapping {
 		t.Fatalf("after a forged Map-Register the mapping is %q; was %q", got, wasMapping)
 	}
+}
+
+// synRetrans is how many SYNs the gateway's namespace retransmitted.
+func (l *testLab) synRetrans() int {
+	l.t.Helper()
+	out := l.mustIn("gw", "nstat", "-az", "TcpExtTCPSynRetrans")
+	m := regexp.MustCompile(`TcpExtTCPSynRetrans\s+(\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		l.t.Fatalf("nstat has no TcpExtTCPSynRetrans:\n%s", out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }
 
 // onehopPlain runs an onehop command that takes no --lab (the operator
