@@ -48,9 +48,10 @@ Map-Notify (its site-keys file holds the same key and key id).
 Mappings for replies: a packet socket on each --rloc interface sees the
 encapsulated TCP SYNs of remote EIDs; the first from an EID makes the xTR
 ask --map-resolver (default: --map-server) and install one tunnel per usable
-locator its RLOC interfaces reach (by the routes). Until it is installed the
-site's first answer (the SYN-ACK) has no mapping and is lost; TCP sends it
-again after a second. The mapping is asked for again when its TTL runs out.`,
+locator its RLOC interfaces reach (by the routes), then hands that first SYN
+to the site again (the first copy found no tunnel or its answer no mapping),
+so the server answers at once. The mapping is asked for again when its TTL
+runs out.`,
 		Example: `  onehop xtr run --rloc wan1 --rloc wan2 --eid-dev s-srv --eid-prefix 10.88.0.0/24 \
     --map-server 192.168.100.1 --key-file /run/onehop/cloud/lisp-key-xtr --key-id 2`,
 		Args: cobra.NoArgs,
