@@ -264,6 +264,34 @@ on this one again once it is back. The links are the lab's wans.`,
 	}
 }
 
+// cloudState is what lab status adds for a cloud-access node.
+func cloudState(c *lab.CloudNode) string {
+	var parts []string
+	if c.EIDPrefix != "" {
+		parts = append(parts, "eids "+c.EIDPrefix)
+	}
+	for _, p := range c.Paths {
+		s := p.WAN + " rloc " + p.RLOC
+		if p.EID != "" {
+			s += " eid " + p.EID
+		}
+		parts = append(parts, s)
+	}
+	if c.Rate != "" {
+		parts = append(parts, "rate "+c.Rate)
+	}
+	if len(c.Ends) > 0 {
+		parts = append(parts, "joins "+strings.Join(c.Ends, " and "))
+	}
+	if c.Via != "" {
+		parts = append(parts, "via "+c.Via)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ", " + strings.Join(parts, ", ")
+}
+
 func printStatus(r *lab.Report) {
 	fmt.Printf("lab %s (%s, datapath %s) from %s\n\n", r.Name, r.Phase, r.Datapath, r.Topology)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -288,6 +316,9 @@ func printStatus(r *lab.Report) {
 		}
 		if n.VNAT {
 			state += ", vnat"
+		}
+		if c := n.Cloud; c != nil {
+			state += cloudState(c)
 		}
 		if n.Sliver != nil {
 			var ls []string
