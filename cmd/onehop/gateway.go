@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,7 +47,7 @@ shows gw's connections. docs/cloud-access-gateway.md has the details.`,
 	var (
 		intercept, paths, maps []string
 		eidPrefix, resolver    string
-		mapServer              string
+		mapServer, keyFile     string
 		fwmark                 string
 		cfg                    = gateway.Config{}
 		listenPort             uint16
@@ -78,6 +79,18 @@ a map-server). An address with no mapping is forwarded natively.`,
     --map 10.88.0.0/24=192.0.2.2,198.51.100.2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if keyFile != "" {
+				if cfg.MapServerKey != "" {
+					return fmt.Errorf("--map-server-key-file: give the key once (--map-server-key is set too)")
+				}
+				b, err := os.ReadFile(keyFile)
+				if err != nil {
+					return fmt.Errorf("--map-server-key-file: %w", err)
+				}
+				if cfg.MapServerKey = strings.TrimSpace(string(b)); cfg.MapServerKey == "" {
+					return fmt.Errorf("--map-server-key-file %s: empty", keyFile)
+				}
+			}
 			c, res, err := buildGatewayConfig(cfg, intercept, paths, maps, eidPrefix, resolver, mapServer, fwmark, listenPort)
 			if err != nil {
 				return err
@@ -99,9 +112,11 @@ a map-server). An address with no mapping is forwarded natively.`,
 	f.IntVar(&cfg.Table, "table", gateway.DefaultTable, "routing table delivering intercepted packets; path i uses table+1+i")
 	f.IntVar(&cfg.RulePriority, "rule-priority", gateway.DefaultRulePriority, "priority of the first ip rule the gateway adds (path i: +1+i)")
 	f.StringVar(&cfg.Congestion, "congestion", gateway.DefaultCongestion, "congestion control of every socket the gateway opens or accepts")
+	f.IntVar(&cfg.MaxPerClient, "max-per-client", gateway.DefaultMaxPerClient, "most connections one user address may have through the gateway at once (0: no bound)")
 	f.BoolVar(&cfg.LISP, "lisp", false, "encapsulate each path's subflows in LISP (in-kernel datapath) from the path's rloc= to the destination's RLOC")
 	f.StringVar(&mapServer, "map-server", "", "LISP map-server ADDR[:4342] to register each path's EID behind its RLOC (with --lisp)")
-	f.StringVar(&cfg.MapServerKey, "map-server-key", "", "the key of Map-Registers to --map-server (HMAC-SHA-256)")
+	f.StringVar(&cfg.MapServerKey, "map-server-key", "", "the key of Map-Registers to --map-server (HMAC-SHA-256; visible in ps: prefer --map-server-key-file)")
+	f.StringVar(&keyFile, "map-server-key-file", "", "file holding the key of Map-Registers to --map-server")
 	f.Uint8Var(&cfg.KeyID, "key-id", 1, "the key id of Map-Registers to --map-server")
 
 	var output string

@@ -244,7 +244,9 @@ func (s *LISPServer) serve(ctx context.Context) {
 		t, _ := lisp.MessageType(msg)
 		switch t {
 		case lisp.TypeMapRequest:
-			s.mapRequest(msg, from)
+			s.mapRequest(msg, from, from)
+		case lisp.TypeECM:
+			s.ecm(msg, from)
 		case lisp.TypeMapRegister:
 			s.mapRegister(ctx, msg, from)
 		default:
@@ -252,7 +254,7 @@ func (s *LISPServer) serve(ctx context.Context) {
 			s.stats.RequestsRefused++
 			s.mu.Unlock()
 			s.limit.Warn("lisp-bad:"+from.Addr().String(), "lisp map-server: refused a datagram", "from", from,
-				"err", fmt.Sprintf("type %d (%s): this map-server takes Map-Requests (1) and Map-Registers (3)", uint8(t), t))
+				"err", fmt.Sprintf("type %d (%s): this map-server takes Map-Requests (1, bare or in an ECM, 8) and Map-Registers (3)", uint8(t), t))
 		}
 	}
 }
@@ -275,9 +277,39 @@ func (s *LISPServer) records() []lisp.Record {
 	return out
 }
 
-// mapRequest answers a Map-Request to its UDP source (RFC 9301 §5.4: the
-// reply goes to the request's source port).
-func (s *LISPServer) mapRequest(msg []byte, from netip.AddrPort) {
+// ecm answers the Map-Request an ECM carries (RFC 9301 §5.8) at the
+// request's first ITR-RLOC of the sender's address family, on the inner
+// UDP source port.
+func (s *LISPServer) ecm(msg []byte, from netip.AddrPort) {
+	e, err := lisp.DecodeECM(msg)
+	if err == nil {
+		if t, _ := lisp.MessageType(e.Message); t != lisp.TypeMapRequest {
+			err = fmt.Errorf("ecm carries a %s: this map-resolver takes Map-Requests", t)
+		}
+	}
+	if err != nil {
+		s.mu.Lock()
+		s.stats.RequestsRefused++
+		s.mu.Unlock()
+		s.limit.Warn("lisp-bad:"+from.Addr().String(), "lisp map-server: refused an ECM", "from", from, "err", err)
+		return
+	}
+	to := netip.AddrPortFrom(from.Addr(), e.Source.Port())
+	if req, err := lisp.DecodeMapRequest(e.Message); err == nil {
+		for _, a := range req.ITRRLOCs {
+			if a.Is4() == from.Addr().Unmap().Is4() {
+				to = netip.AddrPortFrom(a, e.Source.Port())
+				break
+			}
+		}
+	}
+	s.mapRequest(e.Message, from, to)
+}
+
+// mapRequest answers a Map-Request that came from from, sending the
+// Map-Reply to to (RFC 9301 §5.4: the reply goes to the request's UDP
+// source port).
+func (s *LISPServer) mapRequest(msg []byte, from, to netip.AddrPort) {
 	req, err := lisp.DecodeMapRequest(msg)
 	if err != nil {
 		s.mu.Lock()
@@ -301,8 +333,8 @@ func (s *LISPServer) mapRequest(msg []byte, from netip.AddrPort) {
 		s.limit.Warn("lisp-encode", "lisp map-server: cannot encode a Map-Reply", "err", err)
 		return
 	}
-	if _, err := s.conn.WriteToUDPAddrPort(b, from); err != nil {
-		s.limit.Warn("lisp-send:"+from.Addr().String(), "lisp map-server: send Map-Reply", "to", from, "err", err)
+	if _, err := s.conn.WriteToUDPAddrPort(b, to); err != nil {
+		s.limit.Warn("lisp-send:"+to.Addr().String(), "lisp map-server: send Map-Reply", "to", to, "err", err)
 		return
 	}
 	s.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -112,6 +113,12 @@ func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testin
 		len(got.Usable()) != 1 || got.Usable()[0].Addr.String() != "192.168.100.11" {
 		t.Fatalf("answer %+v", got)
 	}
+	// The same through an ECM, as RFC 9301 ITRs send it.
+	re := lisp.NewResolver(srv.Addr())
+	re.ECM = true
+	if viaECM, err := re.Resolve(t.Context(), netip.MustParseAddr("10.99.7.8")); err != nil || viaECM.EID != got.EID || len(viaECM.Locators) != 2 {
+		t.Fatalf("through an ECM: %+v, %v", viaECM, err)
+	}
 	neg, err := r.Resolve(t.Context(), netip.MustParseAddr("8.8.8.8"))
 	if err != nil {
 		t.Fatal(err)
@@ -128,9 +135,22 @@ func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testin
 	if err != nil || !gone.Negative() {
 		t.Fatalf("after delete: %+v, %v; want negative", gone, err)
 	}
-	if st := c.LISPServerStats(); st.Requests != 3 || st.NegativeReplies != 2 {
+	if st := c.LISPServerStats(); st.Requests != 4 || st.NegativeReplies != 2 {
 		t.Fatalf("stats %+v", st)
 	}
+	// An ECM must carry a Map-Request; one carrying anything else, and a
+	// type this map-server does not take, are refused and counted.
+	reg, err := (&lisp.MapRegister{Nonce: 1, Records: []lisp.Record{rec("10.99.0.0/16", "192.168.100.11")}}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped, err := (&lisp.ECM{Source: netip.MustParseAddrPort("127.0.0.1:1"), Dest: netip.MustParseAddrPort("10.99.0.1:4342"), Message: reg}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendRaw(t, srv.Addr(), wrapped)
+	sendRaw(t, srv.Addr(), []byte{0x70, 0, 0, 0})
+	waitFor(t, "2 refused datagrams", func() bool { return c.LISPServerStats().RequestsRefused == 2 })
 }
 
 func ptr(v int) *int { return &v }
@@ -304,4 +324,62 @@ func writeFile(path, content string, mode os.FileMode) error {
 		return err
 	}
 	return os.Chmod(path, mode)
+}
+
+// The daemon's hook: `onehop controller --lisp-listen --lisp-site-keys`
+// serves the map-server from the embedded etcd; a registration lands in
+// etcd and is answered.
+func TestControllerDaemonServesLISPRegistrationsFromEtcd(t *testing.T) {
+	dir := t.TempDir()
+	keys := dir + "/lisp-keys"
+	if err := writeFile(keys, "dc 1 dc-site-secret 10.99.0.0/16\n", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lispAddr := u.LocalAddr().(*net.UDPAddr).AddrPort()
+	u.Close()
+	clientURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	cfg := DaemonConfig{DataDir: dir + "/etcd", ClientURL: clientURL, PeerURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		Insecure: true, LISPListen: lispAddr.String(), LISPSiteKeys: keys}
+	exited := startController(t, cfg)
+	g := &lisp.Registrar{Server: lispAddr, KeyID: 1, Key: []byte("dc-site-secret"), WantMapNotify: true,
+		Records: []lisp.Record{rec("10.99.1.0/24", "192.168.100.21")}, Timeout: 200 * time.Millisecond, Attempts: 1}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := g.Register(t.Context())
+		if err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("controller exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Map-Notify from the daemon's map-server: %v", err)
+		}
+	}
+	got, err := lisp.NewResolver(lispAddr).Resolve(t.Context(), netip.MustParseAddr("10.99.1.9"))
+	if err != nil || len(got.Locators) != 1 || got.Locators[0].Addr.String() != "192.168.100.21" {
+		t.Fatalf("resolve: %+v, %v", got, err)
+	}
+	s, err := store.DialEtcdTLS([]string{clientURL}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var m LISPMapping
+	if err := store.GetJSON(t.Context(), s, LISPMappingsPrefix+"10.99.1.0_24", &m); err != nil || m.Site != "dc" || m.Source != LISPSourceRegister {
+		t.Fatalf("in etcd: %+v, %v", m, err)
+	}
+}
+
+func TestLISPSiteKeysWithoutListenIsRefusedUpFront(t *testing.T) {
+	cfg := DaemonConfig{DataDir: t.TempDir(), ClientURL: "http://127.0.0.1:1", Insecure: true, LISPSiteKeys: "/nonexistent"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--lisp-site-keys without --lisp-listen") {
+		t.Fatalf("validate: %v", err)
+	}
 }

@@ -75,10 +75,17 @@ func (l *lab) streamServers(t testing.TB, down, up string, n int64) {
 // addr) by a plain-TCP user socket in cubic; it returns Mbit/s.
 func (l *lab) transfer(t testing.TB, addr string, n int64, upload bool) float64 {
 	t.Helper()
+	return l.transferAs(t, addr, n, upload, false)
+}
+
+// transferAs is transfer with the user's socket MPTCP when mptcp is set
+// (a baseline: MPTCP end to end, no gateway).
+func (l *lab) transferAs(t testing.TB, addr string, n int64, upload, mptcp bool) float64 {
+	t.Helper()
 	var c net.Conn
 	if err := netns.Do(l.user, func() (err error) {
 		d := net.Dialer{Timeout: 5 * time.Second, Control: ccControl("cubic")}
-		d.SetMultipathTCP(false)
+		d.SetMultipathTCP(mptcp)
 		c, err = d.Dial("tcp4", addr)
 		return err
 	}); err != nil {
@@ -212,4 +219,56 @@ func BenchmarkPrivilegedGatewayTwoPathsVsOne(b *testing.B) {
 			l.stop(b)
 		})
 	}
+}
+
+// The paper's experiment (Figure 3) on one unshaped path, 5 interleaved
+// rounds of a 512 MiB download by the user: plain NAT on gw (forwarding +
+// masquerade), TCP interception only (the gateway with a negative mapping:
+// native mode, spliced), the gateway with MPTCP pinned natively, and (in a
+// second lab, with an xTR) the full gateway (interception + MPTCP + LISP in
+// eBPF on gw and xtr) beside that lab's own NAT. "nat, user mptcp" is the
+// baseline of what MPTCP itself costs: the user's own socket MPTCP, through
+// the NAT, no gateway.
+func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
+	const n = 512 << 20
+	one := []string{"--path", "dev=p1,eid=" + gwEID1 + ",rloc=192.168.71.1,name=wan1"}
+	measure := func(l *lab, variants map[string][]string, order []string) map[string][]float64 {
+		l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
+		if err := netns.WriteSysctl(l.gw, "net/ipv4/ip_forward", "1"); err != nil {
+			b.Fatal(err)
+		}
+		nat := exec.Command("ip", "netns", "exec", l.gw, "nft", "-f", "-")
+		nat.Stdin = strings.NewReader("table ip gwbench {\n chain post {\n  type nat hook postrouting priority srcnat;\n  ip saddr 10.66.0.0/24 oifname \"p1\" masquerade\n }\n}\n")
+		if out, err := nat.CombinedOutput(); err != nil {
+			b.Fatalf("nft: %v: %s", err, out)
+		}
+		res := map[string][]float64{}
+		for round := 0; round < 5; round++ {
+			for _, k := range order {
+				if k == "nat" || k == "nat, user mptcp" {
+					res[k] = append(res[k], l.transferAs(b, srvEID+":5401", n, false, k != "nat"))
+					continue
+				}
+				l.startOnly(b, append(one, variants[k]...)...)
+				res[k] = append(res[k], l.transfer(b, srvEID+":5401", n, false))
+				l.stop(b)
+			}
+		}
+		for _, k := range order {
+			b.Logf("%-16s median %6.0f Mbit/s (%s) = %.2fx NAT", k, median(res[k]), fmtRounds(res[k]), median(res[k])/median(res["nat"]))
+		}
+		return res
+	}
+	plain := newLab(b, "")
+	ipIn(b, plain.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	measure(plain, map[string][]string{
+		"intercept":      {"--map", "10.88.0.0/24=negative"},
+		"mptcp (native)": {"--map", "10.88.0.0/24=192.168.71.2"},
+	}, []string{"nat", "nat, user mptcp", "intercept", "mptcp (native)"})
+
+	withXTR, _ := newLISPLab(b, "")
+	ipIn(b, withXTR.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	measure(withXTR, map[string][]string{
+		"full (lisp)": {"--lisp", "--map", "10.88.0.0/24=192.168.71.2"},
+	}, []string{"nat", "full (lisp)"})
 }

@@ -66,6 +66,9 @@ type Config struct {
 	Congestion string
 	// Control is the control socket path.
 	Control string
+	// MaxPerClient bounds one user address's connections (0: no bound):
+	// each costs the gateway sockets, subflows and a goroutine pair.
+	MaxPerClient int
 	// LISP: encapsulate each path's subflows in LISP (the in-kernel
 	// datapath, internal/lispdp) from the path's RLOC to the locator,
 	// instead of routing them natively to it.
@@ -85,6 +88,7 @@ const (
 	DefaultTable        = 4700
 	DefaultRulePriority = 4700
 	DefaultCongestion   = "cubic"
+	DefaultMaxPerClient = 1024
 )
 
 // ParsePath reads one --path value: "dev=IF,eid=ADDR[,rloc=ADDR][,name=NAME]".
@@ -245,6 +249,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MapServer.IsValid() && !c.LISP {
 		errs = append(errs, errors.New("--map-server: registering the paths' EIDs only makes sense with --lisp"))
+	}
+	if c.MaxPerClient < 0 {
+		errs = append(errs, fmt.Errorf("--max-per-client %d: want 0 (no bound) or more", c.MaxPerClient))
 	}
 	if c.Congestion == "" {
 		errs = append(errs, errors.New("--congestion: must name an algorithm (cubic)"))

@@ -21,6 +21,10 @@ import (
 // keepClosed is how many finished connections status still shows.
 const keepClosed = 64
 
+// initialAttempt bounds the initial subflow's connect on a path when
+// other paths are left to try.
+const initialAttempt = 2500 * time.Millisecond
+
 // Dialer opens the gateway's side of a connection: MPTCP from a path's EID
 // (from the zero Addr: plain TCP by the ordinary routes).
 type Dialer func(ctx context.Context, from netip.Addr, to netip.AddrPort, mptcp bool) (*net.TCPConn, error)
@@ -50,6 +54,8 @@ type Engine struct {
 	closed   []ConnStatus
 	nextID   uint64
 	counters map[string]uint64
+	// perClient counts each user address's connections (--max-per-client).
+	perClient map[netip.Addr]int
 }
 
 // conn is one intercepted connection.
@@ -99,7 +105,28 @@ func NewEngine(cfg *Config, d EngineDeps) *Engine {
 	return &Engine{
 		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows, tcpInfo: d.TCPInfo,
 		log: log, rl: ratelog.New(log, 5, 10*time.Second, time.Now),
-		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{},
+		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{}, perClient: map[netip.Addr]int{},
+	}
+}
+
+// admit takes one of client's connection slots: false (and counted) when
+// it holds MaxPerClient already; release gives it back.
+func (e *Engine) admit(client netip.Addr) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cfg.MaxPerClient > 0 && e.perClient[client] >= e.cfg.MaxPerClient {
+		e.counters["refused_per_client"]++
+		return false
+	}
+	e.perClient[client]++
+	return true
+}
+
+func (e *Engine) release(client netip.Addr) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.perClient[client]--; e.perClient[client] <= 0 {
+		delete(e.perClient, client)
 	}
 }
 
@@ -159,11 +186,32 @@ func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, 
 		e.count("native")
 		return c, nil
 	}
-	first := plan.Subflows[0]
-	up, err := e.dial(ctx, e.cfg.Paths[first.Path].EID, dest, true)
-	if err != nil {
+	/* the initial subflow on the best path; if it cannot connect (a path
+	   that failed further on than our link), the next path's */
+	var up *net.TCPConn
+	var errs []error
+	for i, first := range plan.Subflows {
+		p := e.cfg.Paths[first.Path]
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if i < len(plan.Subflows)-1 {
+			/* a SYN and one retransmission (1 s RTO): a path that died
+			   beyond our link does not hold the user up for long */
+			actx, cancel = context.WithTimeout(ctx, initialAttempt)
+		}
+		up, err = e.dial(actx, p.EID, dest, true)
+		cancel()
+		if err == nil {
+			plan.Subflows = append([]Subflow{first}, append(plan.Subflows[:i:i], plan.Subflows[i+1:]...)...)
+			break
+		}
 		e.count("dial_errors")
-		return nil, fmt.Errorf("dial %s from %s (path %s): %w", dest, e.cfg.Paths[first.Path].EID, e.cfg.Paths[first.Path].Name, err)
+		errs = append(errs, fmt.Errorf("from %s (path %s): %w", p.EID, p.Name, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if up == nil {
+		return nil, fmt.Errorf("dial %s: %w", dest, errors.Join(errs...))
 	}
 	c.up = up
 	st, err := ReadMPTCPInfo(up)
@@ -333,7 +381,9 @@ func (e *Engine) SetPathUp(path int, up bool) {
 				e.rl.Warn("pin", "gateway: pinning a path that came back", "path", p.Name, "err", err)
 				continue
 			}
-			e.addSubflow(c, path)
+			/* in the background: a connection not yet fully established
+			   waits (addSubflow retries) without holding up the link watcher */
+			go e.addSubflow(c, path)
 		}
 	}
 }

@@ -22,7 +22,7 @@ func validConfig() Config {
 			{Name: "wan2", Dev: "wan2", EID: netip.MustParseAddr("10.77.0.2")},
 		},
 		ListenPort: DefaultListenPort, FWMark: DefaultFWMark, Table: DefaultTable,
-		RulePriority: DefaultRulePriority, Congestion: DefaultCongestion,
+		RulePriority: DefaultRulePriority, Congestion: DefaultCongestion, MaxPerClient: DefaultMaxPerClient,
 		Static: []Record{{EID: netip.MustParsePrefix("10.88.0.0/24")}},
 	}
 }
@@ -209,7 +209,7 @@ func TestNFTRulesInterceptOnlyTheUserSide(t *testing.T) {
 	got := NFTRules(&c)
 	for _, want := range []string{
 		"table ip onehop_gateway\ndelete table ip onehop_gateway\n",
-		`iifname { "eth0", "eth1" } meta l4proto tcp fib daddr type != local tproxy to :15001 meta mark set 0x4f48 accept`,
+		`iifname { "eth0", "eth1" } meta l4proto tcp fib daddr type != local tproxy to 127.0.0.1:15001 meta mark set 0x4f48 accept`,
 		"type filter hook prerouting priority mangle; policy accept;",
 	} {
 		if !strings.Contains(got, want) {
@@ -351,10 +351,116 @@ func TestPathDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 	if len(pin.repinned) != 1 || pin.repinned[0] != 0 {
 		t.Fatalf("path 0 up: repinned %v, want [0]", pin.repinned)
 	}
-	if len(pm.created) != 1 || pm.created[0] != "10.77.0.1" {
-		t.Fatalf("path 0 up: created %v, want one subflow from 10.77.0.1", pm.created)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		pm.mu.Lock()
+		created := append([]string(nil), pm.created...)
+		pm.mu.Unlock()
+		if len(created) == 1 && created[0] == "10.77.0.1" && e.Counters()["subflows_created"] == 1 {
+			break
+		}
+		if len(created) > 1 || time.Now().After(deadline) {
+			t.Fatalf("path 0 up: created %v, want one subflow from 10.77.0.1", created)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if got := e.Counters(); got["path_down"] != 1 || got["path_up"] != 1 || got["subflows_closed_path_down"] != 1 || got["subflows_created"] != 1 {
 		t.Fatalf("counters %v", got)
+	}
+}
+
+// With --map-server the gateway registers each path's EID behind that
+// path's RLOC; the Map-Register authenticates with the key, and a map-server
+// with another key refuses it.
+func TestRegistrarRegistersEachPathsEIDBehindItsRLOC(t *testing.T) {
+	cfg := validConfig()
+	cfg.LISP = true
+	cfg.Paths[0].RLOC = netip.MustParseAddr("192.0.1.1")
+	cfg.Paths[1].RLOC = netip.MustParseAddr("192.0.2.1")
+	cfg.MapServerKey, cfg.KeyID = "s3cret", 3
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	cfg.MapServer = pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	got := make(chan lisp.MapRegister, 1)
+	authErr := make(chan error, 2)
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if err := lisp.Authenticate(buf[:n], []byte("s3cret")); err != nil {
+				authErr <- err
+				continue
+			}
+			reg, err := lisp.DecodeMapRegister(buf[:n])
+			if err != nil {
+				authErr <- err
+				continue
+			}
+			got <- reg
+			notify := lisp.MapNotify{Nonce: reg.Nonce, Records: reg.Records}
+			b, err := notify.Seal(reg.KeyID, []byte("s3cret"))
+			if err != nil {
+				authErr <- err
+				continue
+			}
+			pc.WriteTo(b, from) //nolint:errcheck // the registrar times out and says so
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := registrar(&cfg, nil).Register(ctx); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	reg := <-got
+	if reg.KeyID != 3 || len(reg.Records) != 2 {
+		t.Fatalf("map-register %+v", reg)
+	}
+	for i, r := range reg.Records {
+		p := cfg.Paths[i]
+		if r.EID != netip.PrefixFrom(p.EID, 32) || len(r.Locators) != 1 || r.Locators[0].Addr != p.RLOC || r.Locators[0].Priority != 1 {
+			t.Fatalf("record %d: %+v, want %s/32 behind %s", i, r, p.EID, p.RLOC)
+		}
+	}
+	cfg.MapServerKey = "wrong"
+	short, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel2()
+	r := registrar(&cfg, nil)
+	r.Attempts, r.Timeout = 1, 200*time.Millisecond
+	if err := r.Register(short); err == nil {
+		t.Fatal("a register with the wrong key got a Map-Notify")
+	}
+	if err := <-authErr; !errors.Is(err, lisp.ErrBadAuth) {
+		t.Fatalf("map-server's check of the wrong key: %v, want ErrBadAuth", err)
+	}
+}
+
+// One user address gets at most --max-per-client connections at once; a
+// slot given back is usable again, and other users are not affected.
+func TestAdmitBoundsEachUsersConnections(t *testing.T) {
+	cfg := validConfig()
+	cfg.MaxPerClient = 2
+	e := NewEngine(&cfg, EngineDeps{})
+	a, b := netip.MustParseAddr("10.66.0.2"), netip.MustParseAddr("10.66.0.3")
+	if !e.admit(a) || !e.admit(a) {
+		t.Fatal("first two refused")
+	}
+	if e.admit(a) {
+		t.Fatal("third admitted")
+	}
+	if !e.admit(b) {
+		t.Fatal("another user refused")
+	}
+	e.release(a)
+	if !e.admit(a) {
+		t.Fatal("a released slot not usable")
+	}
+	if got := e.Counters()["refused_per_client"]; got != 1 {
+		t.Fatalf("refused_per_client = %d, want 1", got)
 	}
 }

@@ -111,7 +111,7 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 	}}
 	/* the user speaks plain TCP; Go would make a listener MPTCP by default */
 	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", cfg.ListenPort))
+	ln, err := lc.Listen(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", cfg.ListenPort))
 	if err != nil {
 		return fmt.Errorf("gateway run: --listen-port %d: %w", cfg.ListenPort, err)
 	}
@@ -225,6 +225,11 @@ func (e *Engine) handle(ctx context.Context, client *net.TCPConn) {
 	from := client.RemoteAddr().(*net.TCPAddr).AddrPort()
 	dest = netip.AddrPortFrom(dest.Addr().Unmap(), dest.Port())
 	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	if !e.admit(from.Addr()) {
+		e.rl.Warn("limit:"+from.Addr().String(), "gateway: a user holds --max-per-client connections already; refusing", "client", from.Addr(), "max", e.cfg.MaxPerClient)
+		return
+	}
+	defer e.release(from.Addr())
 	octx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	c, err := e.Open(octx, from, dest)
 	cancel()

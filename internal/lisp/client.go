@@ -64,10 +64,23 @@ type Resolver struct {
 	Attempts     int              // DefaultAttempts if 0
 	CacheEntries int              // DefaultCacheEntries if 0
 	Now          func() time.Time // time.Now if nil
+	// ECM sends the Map-Request inside an Encapsulated Control Message, as
+	// RFC 9301 has ITRs do; false sends it bare (the controller's
+	// map-resolver takes both).
+	ECM bool
 
-	mu    sync.Mutex
-	cache map[netip.Prefix]cacheEntry
-	stats ResolverStats
+	mu       sync.Mutex
+	cache    map[netip.Prefix]cacheEntry
+	inflight map[netip.Addr]*inflight
+	stats    ResolverStats
+}
+
+// inflight is a lookup on the wire that concurrent callers for the same
+// EID wait for instead of sending their own.
+type inflight struct {
+	done chan struct{}
+	rec  Record
+	err  error
 }
 
 // NewResolver returns a resolver asking server (a map-resolver on UDP
@@ -158,18 +171,46 @@ func (r *Resolver) Resolve(ctx context.Context, eid netip.Addr) (Record, error) 
 		return Record{}, fmt.Errorf("lisp resolve: %q is not an IPv4 or IPv6 address", eid)
 	}
 	eid = eid.Unmap()
-	r.mu.Lock()
-	if r.cache == nil {
-		r.cache = map[netip.Prefix]cacheEntry{}
+	for {
+		r.mu.Lock()
+		if r.cache == nil {
+			r.cache = map[netip.Prefix]cacheEntry{}
+		}
+		if r.inflight == nil {
+			r.inflight = map[netip.Addr]*inflight{}
+		}
+		if rec, ok := r.lookupLocked(eid); ok {
+			r.stats.CacheHits++
+			r.mu.Unlock()
+			return rec, nil
+		}
+		if f, ok := r.inflight[eid]; ok {
+			r.mu.Unlock()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return Record{}, fmt.Errorf("lisp resolve %s: %w", eid, ctx.Err())
+			}
+			if f.err != nil && (errors.Is(f.err, context.Canceled) || errors.Is(f.err, context.DeadlineExceeded)) && ctx.Err() == nil {
+				continue // the caller that asked gave up; ask again
+			}
+			return f.rec.Clone(), f.err
+		}
+		f := &inflight{done: make(chan struct{})}
+		r.inflight[eid] = f
+		r.mu.Unlock()
+		f.rec, f.err = r.ask(ctx, eid)
+		r.mu.Lock()
+		delete(r.inflight, eid)
+		r.mu.Unlock()
+		close(f.done)
+		return f.rec.Clone(), f.err
 	}
-	rec, ok := r.lookupLocked(eid)
-	if ok {
-		r.stats.CacheHits++
-	}
-	r.mu.Unlock()
-	if ok {
-		return rec, nil
-	}
+}
+
+// ask sends Map-Requests for eid until an acceptable reply, the attempts
+// run out or ctx ends.
+func (r *Resolver) ask(ctx context.Context, eid netip.Addr) (Record, error) {
 	conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(r.Server))
 	if err != nil {
 		return Record{}, fmt.Errorf("lisp resolve %s: %w", eid, err)
@@ -180,6 +221,19 @@ func (r *Resolver) Resolve(ctx context.Context, eid netip.Addr) (Record, error) 
 	local := conn.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
 	req := MapRequest{Nonce: newNonce(), ITRRLOCs: []netip.Addr{local}, EIDs: []netip.Prefix{netip.PrefixFrom(eid, eid.BitLen())}}
 	msg, err := req.Encode()
+	if err == nil && r.ECM {
+		e := ECM{Source: conn.LocalAddr().(*net.UDPAddr).AddrPort(), Dest: netip.AddrPortFrom(eid, ControlPort), Message: msg}
+		e.Source = netip.AddrPortFrom(local, e.Source.Port())
+		if local.Is4() != eid.Is4() {
+			// The inner header needs one family: the EID's is the
+			// destination, so the source is the unspecified address of it.
+			e.Source = netip.AddrPortFrom(netip.IPv6Unspecified(), e.Source.Port())
+			if eid.Is4() {
+				e.Source = netip.AddrPortFrom(netip.IPv4Unspecified(), e.Source.Port())
+			}
+		}
+		msg, err = e.Encode()
+	}
 	if err != nil {
 		return Record{}, fmt.Errorf("lisp resolve %s: %w", eid, err)
 	}

@@ -243,3 +243,51 @@ func TestRegistrarWithTheWrongKeyGetsNoNotifyAndRefusesAForgedOne(t *testing.T) 
 		t.Fatalf("stats %+v: want the forged notify refused", st)
 	}
 }
+
+// Concurrent lookups of one EID share one Map-Request.
+func TestResolverSendsOneRequestForConcurrentLookupsOfOneEID(t *testing.T) {
+	release := make(chan struct{})
+	s := startServer(t, func(n int, msg []byte) [][]byte {
+		<-release // hold the answer until every caller waits
+		return [][]byte{reply(t, msg, 0, goldenRec())}
+	})
+	r := NewResolver(s.addr())
+	const callers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := r.Resolve(context.Background(), addr("10.1.2.3"))
+			errs <- err
+		}()
+	}
+	waitUntil(t, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.inflight) == 1 && s.requests.Load() == 1
+	})
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.requests.Load(); n != 1 {
+		t.Fatalf("%d Map-Requests for %d concurrent lookups of one EID, want 1", n, callers)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

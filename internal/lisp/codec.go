@@ -19,7 +19,7 @@ const (
 	TypeMapRegister  Type = 3
 	TypeMapNotify    Type = 4
 	TypeMapNotifyAck Type = 5
-	TypeECM          Type = 8 // Encapsulated Control Message: recognised, not decoded
+	TypeECM          Type = 8 // Encapsulated Control Message (DecodeECM)
 )
 
 var typeNames = map[Type]string{TypeMapRequest: "map-request", TypeMapReply: "map-reply",

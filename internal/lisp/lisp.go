@@ -1,11 +1,14 @@
 // Package lisp is the Locator/ID Separation Protocol as onehop uses it, as
 // pure logic plus two small UDP clients: the data-plane header of RFC 9300
-// (UDP 4341), the control-plane messages of RFC 9301 (UDP 4342: Map-Request,
-// Map-Reply, Map-Register, Map-Notify) with their EID records and locators,
-// Map-Register/Map-Notify authentication (HMAC-SHA-256-128), a map-resolver
-// client that caches by record TTL (Resolver) and the registrar an xTR runs
-// (Registrar). The map-server logic that answers from a table of mappings is
-// MapTable; the controller stores the table in etcd and serves it.
+// (UDP 4341); the control-plane messages of RFC 9301 (UDP 4342: Map-Request,
+// Map-Reply, Map-Register, Map-Notify, and the Encapsulated Control Message
+// that carries a Map-Request to a map-resolver) with their EID records and
+// locators; Map-Register/Map-Notify authentication (HMAC-SHA-256-128); a
+// map-resolver client that caches by record TTL (Resolver) and the registrar
+// an xTR runs (Registrar). The map-server's logic is here too: Answer picks
+// the record for an EID from the mappings held (or the negative one), and
+// Site, ParseSites and Authorize decide who may register what; the
+// controller keeps the mappings in etcd and serves them.
 //
 // Every decoder refuses short, oversized, wrong-type, wrong-AFI and
 // inconsistent input with an *Error naming the message, the field and the

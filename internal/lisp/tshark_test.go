@@ -3,6 +3,7 @@ package lisp
 import (
 	"bytes"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,13 +38,17 @@ func TestTsharkDecodesEveryMessageThisPackageWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ecm, err := (&ECM{Source: netip.MustParseAddrPort("192.0.2.1:40000"), Dest: netip.MustParseAddrPort("10.1.2.3:4342"), Message: unhex(t, goldenRequest)}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
 	inner := []byte{0x45, 0, 0, 20, 0, 0, 0, 0, 64, 6, 0, 0, 10, 1, 0, 1, 10, 1, 0, 2}
 	packets := []struct {
 		port    int
 		payload []byte
 	}{
 		{ControlPort, unhex(t, goldenRequest)}, {ControlPort, unhex(t, goldenReply)}, {ControlPort, unhex(t, goldenNegative)},
-		{ControlPort, rb}, {ControlPort, nb}, {DataPort, append(dh[:], inner...)},
+		{ControlPort, rb}, {ControlPort, nb}, {DataPort, append(dh[:], inner...)}, {ControlPort, ecm},
 	}
 	path := filepath.Join(t.TempDir(), "lisp.pcap")
 	f, err := os.Create(path)
@@ -88,6 +93,7 @@ func TestTsharkDecodesEveryMessageThisPackageWrites(t *testing.T) {
 		"3|0x0102030405060708|10.1.0.0|1440|0|192.0.2.10,198.51.100.10|16|||",
 		"4|0x0102030405060708|10.1.0.0|1440|0|192.0.2.10,198.51.100.10|16|||",
 		"|||||||11259375|42|",
+		"8,1|0x0102030405060708||||||||",
 	}
 	got := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(got) != len(want) {
