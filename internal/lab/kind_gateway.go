@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 
 	"github.com/onehop/onehop/internal/netns"
@@ -63,15 +62,10 @@ func (gatewayKind) plumb(_ context.Context, b *builder, node string) error {
 }
 
 // gatewayArgs are the arguments of gateway g's daemon.
-func gatewayArgs(st *State, t *topology.File, g topology.Gateway) ([]string, error) {
-	key, err := os.ReadFile(lispKeyFile(st, g.Name))
-	if err != nil {
-		return nil, fmt.Errorf("gateway %s: %w", g.Name, err)
-	}
+func gatewayArgs(st *State, t *topology.File, g topology.Gateway) []string {
 	args := []string{"gateway", "run", "--eid-prefix", g.EIDPrefix, "--lisp",
 		"--map-resolver", mapServer(t), "--map-server", mapServer(t),
-		/* the gateway takes its key on the command line (no file flag) */
-		"--map-server-key", strings.TrimSpace(string(key)), "--key-id", fmt.Sprint(keyIDOf(t, g.Name))}
+		"--map-server-key-file", lispKeyFile(st, g.Name), "--key-id", fmt.Sprint(keyIDOf(t, g.Name))}
 	for _, u := range g.Users {
 		args = append(args, "--intercept", "u-"+u.Name)
 	}
@@ -79,7 +73,7 @@ func gatewayArgs(st *State, t *topology.File, g topology.Gateway) ([]string, err
 		w, _ := t.WANByName(wn)
 		args = append(args, "--path", fmt.Sprintf("dev=%s,eid=%s,rloc=%s,name=%s", wn, g.PathEID(i), topology.SideNode(w.GatewaySide()), wn))
 	}
-	return args, nil
+	return args
 }
 
 // activate runs the gateway once every node is plumbed (its users' links
@@ -90,10 +84,7 @@ func (gatewayKind) activate(ctx context.Context, b *builder, node string) error 
 		return err
 	}
 	g, _ := b.t.GatewayByName(node)
-	args, err := gatewayArgs(b.st, b.t, g)
-	if err != nil {
-		return err
-	}
+	args := gatewayArgs(b.st, b.t, g)
 	b.step("gateway %s: onehop gateway run (map-server %s)", node, mapServer(b.t))
 	if err := b.spawn("gateway-"+node, node, NamespaceOf(b.st.Name, node), args...); err != nil {
 		return err
