@@ -12,6 +12,8 @@ set -euo pipefail
 ONEHOP=${1:-bin/onehop}
 TOPO=${2:-examples/cloud-access.yaml}
 LAB=cloud
+# Named everywhere: another lab may be up beside it.
+API=/run/onehop/$LAB/api.sock
 SRV=10.88.0.10
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -69,8 +71,8 @@ show "$ONEHOP" lab up "$TOPO"
 show "$ONEHOP" lab status --lab "$LAB"
 
 say "The map-server's mappings: the xTR registered 10.88.0.0/24 behind one RLOC per path, the gateway each path's EID"
-show "$ONEHOP" lisp map list
-"$ONEHOP" lisp map list | grep -q '^10.88.0.0/24 .*172.31.1.130/1/50 172.31.2.130/1/50' || failed "the xTR's registration is missing"
+show "$ONEHOP" lisp map list --api "$API"
+"$ONEHOP" lisp map list --api "$API" | grep -q '^10.88.0.0/24 .*172.31.1.130/1/50 172.31.2.130/1/50' || failed "the xTR's registration is missing"
 
 # wan_bytes: what each WAN router sent towards the gateway (the download's direction).
 wan_bytes() {
@@ -122,7 +124,7 @@ say "A 120 MB download with wan1 cut after 2 s and restored 3 s later"
 read -r b1 b2 <<<"$(wan_bytes | xargs)"
 on user python3 "$TMP/client.py" $SRV 5202 > "$TMP/dl" 2>&1 & dl=$!; PIDS+=($dl)
 sleep 2
-show "$ONEHOP" lab link wan1 down
+show "$ONEHOP" lab link --lab "$LAB" wan1 down
 sleep 1
 show "$ONEHOP" lab exec --lab "$LAB" gw -- "$ONEHOP" gateway status
 read -r c1 c2 <<<"$(wan_bytes | xargs)"
@@ -130,7 +132,7 @@ sleep 2
 read -r d1 d2 <<<"$(wan_bytes | xargs)"
 printf '   while wan1 is down: wan1 carried %d bytes, wan2 %d MB\n' $((d1 - c1)) $(((d2 - c2) / 1000000))
 [ "$d1" = "$c1" ] || failed "wan1 carried traffic while cut"
-show "$ONEHOP" lab link wan1 up
+show "$ONEHOP" lab link --lab "$LAB" wan1 up
 wait "$dl" || failed "the download failed: $(cat "$TMP/dl")"
 cat "$TMP/dl"
 grep -q "sha256 $SUM2" "$TMP/dl" || failed "content differs after the cut"
@@ -149,6 +151,6 @@ read -r a1 a2 <<<"$(wan_bytes | xargs)"
 grep -q "sha256 $SUM1" <<<"$out" || failed "content differs"
 per_path "$b1" "$b2" "$a1" "$a2"
 show "$ONEHOP" lab exec --lab "$LAB" gw -- "$ONEHOP" gateway status
-show "$ONEHOP" lisp server
+show "$ONEHOP" lisp server --api "$API"
 
 say "Done. The lab goes down now (KEEP=1 make demo-cloud keeps it; then: $ONEHOP lab down --lab $LAB)"
