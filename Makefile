@@ -7,7 +7,7 @@ QUICKSTART ?= examples/quickstart.yaml
 PORTSHARE ?= examples/portshare.yaml
 TAPDEMO ?= examples/tap.yaml
 
-.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap bench bench-scale clean
+.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap demo-cloud bench bench-scale clean
 
 all: build
 
@@ -58,6 +58,11 @@ demo-portshare: deps build
 # host; builds examples/tap.yaml, shows the monitor's capture, tears it down.
 demo-tap: deps build
 	@bash scripts/demo-tap.sh $(BIN) $(TAPDEMO)
+
+# Multipath cloud access (issue 11): user -> gw -> two shaped WANs -> xtr ->
+# srv; both paths used, one cut and restored, LISP decoded by tshark.
+demo-cloud: deps build
+	@bash scripts/demo-cloud.sh $(BIN) examples/cloud-access.yaml
 
 bench: deps build
 	$(GO) run ./bench -binary $(BIN) -rounds $${ROUNDS:-5} -out bench/results/latest.json

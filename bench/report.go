@@ -195,7 +195,12 @@ func (r *Report) print(w io.Writer) {
 			case 1:
 				label = "  " + better
 			}
-			num := func(x float64) string { return strconv.FormatFloat(x/f.scale, 'f', f.digits, 64) }
+			num := func(x float64) string {
+				if s.N == 0 {
+					return "-" // not measured (Scenario.Tests)
+				}
+				return strconv.FormatFloat(x/f.scale, 'f', f.digits, 64)
+			}
 			rows = append(rows, []string{label, v.Name, num(s.Min), num(s.Median), num(s.Max)})
 		}
 	}

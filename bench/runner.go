@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,9 @@ type Scenario struct {
 	// a TAP policy's copies arrive, say), once after the rounds, on the
 	// pairs Build returned.
 	Checks func(ctx context.Context, e *Env, pairs []*Pair) ([]Check, error)
+	// Tests, if set, are the only tests run on this scenario; its other
+	// figures stay empty (and their comparisons absent).
+	Tests []string
 }
 
 // Check is one scenario-specific measurement against its target.
@@ -244,14 +248,19 @@ func runSteps(ctx context.Context, steps []Step, measure measureFunc, rep *Repor
 type runner struct {
 	env   *Env
 	cfg   config
-	pairs map[string][]*Pair // by scenario
+	pairs map[string][]*Pair  // by scenario
+	only  map[string][]string // by scenario: its Tests, if it limits them
 }
 
 // setup builds each scenario, checks that each pair carries a ping, starts
 // an iperf3 server in each receiver and warms each path up.
 func (r *runner) setup(ctx context.Context, scenarios []*Scenario) error {
 	r.pairs = map[string][]*Pair{}
+	r.only = map[string][]string{}
 	for _, s := range scenarios {
+		if len(s.Tests) > 0 {
+			r.only[s.Name] = s.Tests
+		}
 		pairs, err := s.Build(ctx, r.env)
 		if err != nil {
 			return fmt.Errorf("scenario %s: %w", s.Name, err)
@@ -282,6 +291,9 @@ func (r *runner) setup(ctx context.Context, scenarios []*Scenario) error {
 
 // step takes the samples of one step and reports progress.
 func (r *runner) step(ctx context.Context, st Step) ([]Sample, error) {
+	if only, ok := r.only[st.Scenario]; ok && !slices.Contains(only, st.Test) {
+		return nil, nil
+	}
 	samples, err := r.measure(ctx, st.Scenario, st.Test, r.cfg.seconds)
 	for _, s := range samples {
 		f, _ := figureByKey(s.Figure)

@@ -65,7 +65,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	for _, s := range scenarios {
 		all = append(all, s.Name)
 	}
-	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "sliver", "pshost", "nat", "tapped"}; !reflect.DeepEqual(all, want) {
+	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "sliver", "pshost", "nat", "tapped", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone"}; !reflect.DeepEqual(all, want) {
 		t.Fatalf("scenarios %v, want %v", all, want)
 	}
 	comps, err := Comparisons(scenarios, all)
@@ -81,11 +81,11 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 			order = append(order, p)
 		}
 	}
-	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "sliver/pshost", "sliver/nat", "tapped/onehop"}; !reflect.DeepEqual(order, want) {
+	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "sliver/pshost", "sliver/nat", "tapped/onehop", "cloudfull/cloudnat", "cloudfull/cloudtproxy", "cloudtwo/cloudone"}; !reflect.DeepEqual(order, want) {
 		t.Errorf("comparisons %v, want %v", order, want)
 	}
-	if len(comps) != 8*len(figures) {
-		t.Errorf("%d comparisons, want %d (8 pairs x %d figures)", len(comps), 8*len(figures), len(figures))
+	if len(comps) != 11*len(figures) {
+		t.Errorf("%d comparisons, want %d (11 pairs x %d figures)", len(comps), 11*len(figures), len(figures))
 	}
 	for _, w := range []comparison{
 		{"onehop", "bridge", "tcp", 1.0, false},
@@ -111,6 +111,9 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 		{"tapped", "onehop", "tcp", 0.9, false},
 		{"tapped", "onehop", "udp64", 0.9, false},
 		{"tapped", "onehop", "rtt", 1.1, false},
+		{"cloudfull", "cloudnat", "tcp", 0.95, false},
+		{"cloudfull", "cloudtproxy", "tcp", 0, false},
+		{"cloudtwo", "cloudone", "tcp", 1.9, false},
 	} {
 		if c, ok := got[key{w.subject, w.baseline, w.figure}]; !ok || c != w {
 			t.Errorf("%s/%s %s: got %+v (present %v), want %+v", w.subject, w.baseline, w.figure, c, ok, w)

@@ -15,4 +15,9 @@ var scenarios = []*Scenario{
 	psHostScenario,
 	natScenario,
 	tappedScenario,
+	cloudFullScenario,
+	cloudTProxyScenario,
+	cloudNATScenario,
+	cloudTwoScenario,
+	cloudOneScenario,
 }

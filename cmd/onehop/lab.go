@@ -31,7 +31,7 @@ Namespaces are named oh-LAB-NODE, so 'ip netns' and 'nsenter' work on them too.`
 	}
 	c.PersistentFlags().StringVar(&lf.root, "root", lab.DefaultRoot, "where labs keep their state")
 	c.PersistentFlags().StringVar(&lf.name, "lab", "", "which lab (default: the only one that is up)")
-	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf), labReaddressCmd(lf))
+	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf), labReaddressCmd(lf), labLinkCmd(lf))
 	return c
 }
 
@@ -237,6 +237,61 @@ by moving to another subnet instead ('onehop lab move VM --to HOST --subnet').`,
 	}
 }
 
+func labLinkCmd(lf *labFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "link NAME down|up",
+		Short: "Cut a wide-area path of a cloud-access lab, or restore it",
+		Long: `Takes both links of the WAN router NAME down (down) or up again (up): the
+gateway's and the xTR's ends lose their carrier, as when a line fails. The
+gateway moves its connections' bytes to the other paths and opens a subflow
+on this one again once it is back. The links are the lab's wans.`,
+		Example: "  onehop lab link wan1 down\n  onehop lab link wan1 up",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[1] != "down" && args[1] != "up" {
+				return fmt.Errorf("lab link %s %q: the state is down or up", args[0], args[1])
+			}
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			if err := lab.SetLink(st, args[0], args[1] == "up"); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Link %s is %s.\n", args[0], args[1])
+			return nil
+		},
+	}
+}
+
+// cloudState is what lab status adds for a cloud-access node.
+func cloudState(c *lab.CloudNode) string {
+	var parts []string
+	if c.EIDPrefix != "" {
+		parts = append(parts, "eids "+c.EIDPrefix)
+	}
+	for _, p := range c.Paths {
+		s := p.WAN + " rloc " + p.RLOC
+		if p.EID != "" {
+			s += " eid " + p.EID
+		}
+		parts = append(parts, s)
+	}
+	if c.Rate != "" {
+		parts = append(parts, "rate "+c.Rate)
+	}
+	if len(c.Ends) > 0 {
+		parts = append(parts, "joins "+strings.Join(c.Ends, " and "))
+	}
+	if c.Via != "" {
+		parts = append(parts, "via "+c.Via)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ", " + strings.Join(parts, ", ")
+}
+
 func printStatus(r *lab.Report) {
 	fmt.Printf("lab %s (%s, datapath %s) from %s\n\n", r.Name, r.Phase, r.Datapath, r.Topology)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -261,6 +316,9 @@ func printStatus(r *lab.Report) {
 		}
 		if n.VNAT {
 			state += ", vnat"
+		}
+		if c := n.Cloud; c != nil {
+			state += cloudState(c)
 		}
 		if n.Sliver != nil {
 			var ls []string

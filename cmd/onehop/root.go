@@ -47,6 +47,7 @@ func nouns() []noun {
 		{cmd: vnatCmd},
 		{cmd: gatewayCmd},
 		{cmd: lispCmd},
+		{cmd: xtrCmd},
 	}
 }
 

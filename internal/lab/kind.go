@@ -65,6 +65,11 @@ var kinds = []nodeKind{
 	externalKind{},
 	vmKind{},
 	sliverKind{},
+	wanKind{},
+	gatewayKind{},
+	userKind{},
+	xtrKind{},
+	serverKind{},
 }
 
 // kindNamed returns the kind called name, or nil.

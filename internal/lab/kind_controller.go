@@ -33,5 +33,9 @@ func (controllerKind) start(_ context.Context, b *builder, node string) error {
 	if err := b.makePKI(); err != nil {
 		return err
 	}
-	return b.spawn("controller", node, NamespaceOf(b.st.Name, node), append(controllerArgs(b.st), b.controllerTLSArgs()...)...)
+	lisp, err := cloudControllerArgs(b)
+	if err != nil {
+		return err
+	}
+	return b.spawn("controller", node, NamespaceOf(b.st.Name, node), append(append(controllerArgs(b.st), b.controllerTLSArgs()...), lisp...)...)
 }

@@ -62,6 +62,8 @@ type State struct {
 	VNAT []string `json:"vnat,omitempty"`
 	// APIURL is the REST API over TLS on the fabric (pki.go).
 	APIURL string `json:"apiURL,omitempty"`
+	// Cloud is what lab status shows of each cloud-access node (cloud.go).
+	Cloud map[string]*CloudNode `json:"cloud,omitempty"`
 }
 
 // Process is a daemon the lab started.

@@ -39,6 +39,8 @@ type NodeReport struct {
 	// Sliver is a sliver's host and leases (and its slot, once the
 	// controller has allocated it).
 	Sliver *intent.Sliver `json:"sliver,omitempty"`
+	// Cloud is a cloud-access node's role: EIDs, paths, RLOCs, rate.
+	Cloud *CloudNode `json:"cloud,omitempty"`
 }
 
 // InterfaceReport is one interface of a node.
@@ -112,6 +114,7 @@ func Status(ctx context.Context, st *State) *Report {
 		node := strings.TrimPrefix(ns, prefix)
 		n := NodeReport{Name: node, Netns: ns, Present: netns.Exists(ns), Kind: st.Kinds[node]}
 		n.VNAT = slices.Contains(st.VNAT, node)
+		n.Cloud = st.Cloud[node]
 		if rep, ok := kindNamed(n.Kind).(reporter); ok {
 			rep.report(&n, f)
 		}

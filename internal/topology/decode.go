@@ -47,6 +47,9 @@ var sections = []section{
 	externalsSection,
 	sliversSection,
 	tapsSection,
+	wansSection,
+	gatewaysSection,
+	xtrsSection,
 	uplinksSection,
 }
 
@@ -203,6 +206,10 @@ type checker struct {
 	nodes   map[string]nodeName
 	farms   map[string]bool
 	subnets map[string]bool
+	// prefixes are the networks of the cloud-access sections, by user.
+	prefixes map[netip.Prefix]string
+	// wanEnds maps "gateway/WAN" and "xtr/WAN" to the node on that end.
+	wanEnds map[string]string
 }
 
 type nodeName struct {

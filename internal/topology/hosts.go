@@ -47,7 +47,7 @@ var hostsSection = section{
 		})(v))
 	},
 	validate: func(c *checker, f *File) {
-		if len(f.Hosts) == 0 {
+		if len(f.Hosts) == 0 && !f.CloudAccess() { // a cloud-access lab may have none
 			c.fail(f.Line, "no hosts: a lab needs at least one host under hosts:")
 		}
 		for i := range f.Hosts {
