@@ -100,6 +100,8 @@ type Engine struct {
 	// self are addresses that are this endpoint's (old and new): a walk
 	// never asks itself.
 	self map[netip.Addr]bool
+	// report is the last restore's (report.go).
+	report lastRestore
 }
 
 // New is an engine over a datapath and a network.
