@@ -69,6 +69,11 @@ type config struct {
 var errInterrupted = errors.New("interrupted")
 
 func main() {
+	// The bench re-executes itself inside namespaces as its own
+	// request/response tool (rrperf.go).
+	if len(os.Args) > 1 && os.Args[1] == rrperfArg {
+		os.Exit(rrperfMain(os.Args[2:]))
+	}
 	var cfg config
 	flag.StringVar(&cfg.binary, "binary", "bin/onehop", "the onehop binary (`make build`)")
 	flag.StringVar(&cfg.root, "root", defaultRoot, "state root for the bench's labs (kept apart from other labs)")
@@ -224,7 +229,7 @@ func run(ctx context.Context, cfg config, selected []*Scenario) (err error) {
 		rep.Variants = append(rep.Variants, v)
 	}
 	rep.Started = time.Now().UTC()
-	if err := runSteps(ctx, Schedule(names, tests, cfg.rounds), r.step, rep); err != nil {
+	if err := runSteps(ctx, ScheduleScenarios(selected, cfg.rounds), r.step, rep); err != nil {
 		return stopped(err)
 	}
 	rep.Finished = time.Now().UTC()

@@ -15,4 +15,8 @@ var scenarios = []*Scenario{
 	psHostScenario,
 	natScenario,
 	tappedScenario,
+	vnatBaseScenario,
+	vnat1Scenario,
+	vnat2Scenario,
+	vnatRestoreScenario,
 }
