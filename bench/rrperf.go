@@ -57,9 +57,9 @@ func rrperfMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	// Thousands of connections need as many descriptors; root may raise
-	// the hard limit too.
-	if err := raiseNoFile(uint64(2**n + 1024)); err != nil {
+	// Thousands of connections need as many descriptors: one each, and
+	// some to spare.
+	if err := raiseNoFile(uint64(*n + 512)); err != nil {
 		fmt.Fprintln(os.Stderr, "rrperf:", err)
 		return 1
 	}
@@ -92,10 +92,17 @@ func raiseNoFile(want uint64) error {
 	if l.Cur >= want {
 		return nil
 	}
-	l.Cur = want
-	if l.Max < want {
-		l.Max = want
+	// The soft limit up to the hard one is always allowed; beyond it
+	// needs CAP_SYS_RESOURCE (root outside a container).
+	hard := l.Max
+	l.Cur = max(want, l.Cur)
+	l.Max = max(want, l.Max)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err == nil {
+		return nil
+	} else if hard < want {
+		return fmt.Errorf("%d descriptors needed, the hard limit is %d and cannot be raised here: %w (raise it with ulimit -Hn)", want, hard, err)
 	}
+	l.Cur, l.Max = want, hard
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
 		return fmt.Errorf("raise the descriptor limit to %d: %w", want, err)
 	}

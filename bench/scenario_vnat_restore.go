@@ -252,6 +252,8 @@ func restoreOnce(ctx context.Context, e *Env, n int) (res restoreResult, err err
 		return
 	}
 	srv = e.tool(InNetns(b)(ctx, sargv...))
+	var serr strings.Builder
+	srv.Stderr = &serr
 	if err = srv.Start(); err != nil {
 		return
 	}
@@ -261,7 +263,7 @@ func restoreOnce(ctx context.Context, e *Env, n int) (res restoreResult, err err
 			break
 		}
 		if time.Now().After(deadline) {
-			return res, fmt.Errorf("the echo server in %s is not listening", b)
+			return res, fmt.Errorf("the echo server in %s is not listening: %s", b, serr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
