@@ -110,7 +110,11 @@ func raiseNoFile(want uint64) error {
 }
 
 func rrServe(addr string) error {
-	l, err := net.Listen("tcp4", addr)
+	// No TCP keepalive (Go's default is 15 s): the paper's program, like
+	// most, sends nothing on an idle connection, and a probe in the middle
+	// of a restore would be a packet the measurement did not ask for.
+	lc := net.ListenConfig{KeepAlive: -1}
+	l, err := lc.Listen(context.Background(), "tcp4", addr)
 	if err != nil {
 		return err
 	}
@@ -203,7 +207,7 @@ func rrClient(mode, addr string, d time.Duration) rrResult {
 // commands on in: "check" (1 B echoed on every connection: "ok N" or
 // "fail I: ERR"), "quit".
 func rrHold(addr string, n int, in io.Reader, out io.Writer) error {
-	dialer := net.Dialer{Timeout: 5 * time.Second}
+	dialer := net.Dialer{Timeout: 5 * time.Second, KeepAlive: -1} // no probes: see rrServe
 	cs := make([]net.Conn, 0, n)
 	defer func() {
 		for _, c := range cs {

@@ -65,7 +65,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	for _, s := range scenarios {
 		all = append(all, s.Name)
 	}
-	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "sliver", "pshost", "nat", "tapped"}; !reflect.DeepEqual(all, want) {
+	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "sliver", "pshost", "nat", "tapped", "vnat-base", "vnat1", "vnat2", "vnat-restore"}; !reflect.DeepEqual(all, want) {
 		t.Fatalf("scenarios %v, want %v", all, want)
 	}
 	comps, err := Comparisons(scenarios, all)
@@ -81,12 +81,13 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 			order = append(order, p)
 		}
 	}
-	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "sliver/pshost", "sliver/nat", "tapped/onehop"}; !reflect.DeepEqual(order, want) {
+	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "sliver/pshost", "sliver/nat", "tapped/onehop", "vnat1/vnat-base", "vnat2/vnat-base", "vnat2/vnat1"}; !reflect.DeepEqual(order, want) {
 		t.Errorf("comparisons %v, want %v", order, want)
 	}
-	nd := len(figuresOf(&Scenario{})) // the default tests' figures
-	if len(comps) != 8*nd {
-		t.Errorf("%d comparisons, want %d (8 pairs x %d figures)", len(comps), 8*nd, nd)
+	nd := len(figuresOf(&Scenario{}))   // the default tests' figures
+	nv := len(figuresOf(vnat1Scenario)) // the VNAT scenarios' five tests give six figures
+	if len(comps) != 8*nd+3*nv {
+		t.Errorf("%d comparisons, want %d (8 pairs x %d figures, 3 VNAT pairs x %d)", len(comps), 8*nd+3*nv, nd, nv)
 	}
 	for _, w := range []comparison{
 		{"onehop", "bridge", "tcp", 1.0, false},
@@ -112,6 +113,15 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 		{"tapped", "onehop", "tcp", 0.9, false},
 		{"tapped", "onehop", "udp64", 0.9, false},
 		{"tapped", "onehop", "rtt", 1.1, false},
+		{"vnat1", "vnat-base", "tcp", 0.99, false},
+		{"vnat1", "vnat-base", "rr", 0.99, false},
+		{"vnat1", "vnat-base", "crr", 0.99, false},
+		{"vnat1", "vnat-base", "rtt", 1.01, false},
+		{"vnat2", "vnat-base", "tcp", 0.97, false},
+		{"vnat2", "vnat-base", "udp64", 0.97, false},
+		{"vnat2", "vnat-base", "rr", 0.97, false},
+		{"vnat2", "vnat-base", "crr", 0, false},
+		{"vnat2", "vnat1", "rr", 0, false},
 	} {
 		if c, ok := got[key{w.subject, w.baseline, w.figure}]; !ok || c != w {
 			t.Errorf("%s/%s %s: got %+v (present %v), want %+v", w.subject, w.baseline, w.figure, c, ok, w)

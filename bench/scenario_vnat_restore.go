@@ -58,12 +58,22 @@ type restoreResult struct {
 
 func restoreChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 	res := map[int][]restoreResult{}
+	// A restore that fails (a connection not restored, not echoing) is a
+	// finding, not the end of the run: counted per size, the first reason kept.
+	failed, why := map[int]int{}, map[int]string{}
 	for r := 0; r < e.cfg.rounds; r++ {
 		for _, i := range Rotation(len(restoreSizes), r) {
 			n := restoreSizes[i]
 			x, err := restoreOnce(ctx, e, n)
+			if ctx.Err() != nil {
+				return nil, context.Cause(ctx)
+			}
 			if err != nil {
-				return nil, fmt.Errorf("restore %d connections (round %d): %w", n, r+1, err)
+				progress("round %d/%d: vnat-restore %5d connections: FAILED: %v", r+1, e.cfg.rounds, n, err)
+				if failed[n]++; why[n] == "" {
+					why[n] = strings.ReplaceAll(err.Error(), "\n", " | ")
+				}
+				continue
 			}
 			progress("round %d/%d: vnat-restore %5d connections: %8.1f ms (daemon %.1f ms), %.3f ms each; RTT %.0f µs; keyed after %.1f s; load %.2f",
 				r+1, e.cfg.rounds, n, ms(x.total), ms(x.daemon), ms(x.total)/float64(n), x.rttUS, x.keyWait.Seconds(), x.load1)
@@ -73,7 +83,15 @@ func restoreChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 	var out []Check
 	var perConn []float64
 	for _, n := range restoreSizes {
+		if failed[n] > 0 {
+			met := false
+			out = append(out, Check{Scenario: "vnat-restore", Name: fmt.Sprintf("%d connections, failed restores", n), Value: float64(failed[n]), Unit: "of " + strconv.Itoa(e.cfg.rounds),
+				Op: "<=", Target: 0, Met: &met, Detail: "the first: " + why[n]})
+		}
 		xs := res[n]
+		if len(xs) == 0 {
+			continue
+		}
 		tot, dae, rtt, load := make([]float64, len(xs)), make([]float64, len(xs)), make([]float64, len(xs)), make([]float64, len(xs))
 		for i, x := range xs {
 			tot[i], dae[i], rtt[i], load[i] = ms(x.total), ms(x.daemon), x.rttUS/1e3, x.load1
@@ -91,7 +109,7 @@ func restoreChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 			Check{Scenario: "vnat-restore", Name: fmt.Sprintf("%d connections, per connection", n), Value: per, Unit: "ms"},
 		)
 	}
-	if len(perConn) > 1 {
+	if len(perConn) == len(restoreSizes) && len(perConn) > 1 {
 		flat := perConn[len(perConn)-1] / perConn[0]
 		met := flat <= 1
 		out = append(out, Check{Scenario: "vnat-restore", Name: fmt.Sprintf("per connection, %d over %d", restoreSizes[len(restoreSizes)-1], restoreSizes[0]),
