@@ -69,10 +69,9 @@ type config struct {
 var errInterrupted = errors.New("interrupted")
 
 func main() {
-	// The bench re-executes itself inside namespaces as its own
-	// request/response tool (rrperf.go).
-	if len(os.Args) > 1 && os.Args[1] == rrperfArg {
-		os.Exit(rrperfMain(os.Args[2:]))
+	// The bench re-executes itself for its helper programs (helpers.go).
+	if len(os.Args) > 1 && helperModes[os.Args[1]] != nil {
+		os.Exit(helperModes[os.Args[1]](os.Args[2:]))
 	}
 	var cfg config
 	flag.StringVar(&cfg.binary, "binary", "bin/onehop", "the onehop binary (`make build`)")

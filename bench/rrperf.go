@@ -274,15 +274,8 @@ func ParseRR(out []byte) (Measurement, error) {
 		Extra: map[string]float64{"count": float64(r.Count), "seconds": r.Seconds}}, nil
 }
 
-// rrperfArgv is the command line that runs rrperf inside a namespace: the
-// bench's own binary, re-executed.
-func rrperfArgv(args ...string) ([]string, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("the bench's own binary (for rrperf): %w", err)
-	}
-	return append([]string{self, rrperfArg}, args...), nil
-}
+// rrperfArgv is the command line that runs rrperf inside a namespace.
+func rrperfArgv(args ...string) ([]string, error) { return helperArgv(rrperfArg, args...) }
 
 // rrServerKey is an rrperf server's key among Env.servers (iperf3's is
 // Pair.Server itself).

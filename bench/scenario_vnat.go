@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/netip"
-	"strconv"
-
-	"github.com/onehop/onehop/internal/vnat"
+	"strings"
 )
 
 // The paper's configurations (§6: Vanilla, VNAT1, VNAT2) side by side, each
@@ -53,27 +50,6 @@ func vnatPair(ctx context.Context, e *Env, tag string) (a, b, ifA, ifB string, e
 	return
 }
 
-// vnatEnds loads internal/vnat on both ends' interfaces (what `onehop vnat
-// run` attaches: tcx ingress and egress), held by the bench until cleanup.
-func vnatEnds(e *Env, a, b, ifA, ifB string, entries uint32) (da, db *vnat.Datapath, err error) {
-	open := func(ns, ifname string) (*vnat.Datapath, error) {
-		d, err := vnat.Open(vnat.Options{Netns: netnsDir + "/" + ns, XlateEntries: entries})
-		if err != nil {
-			return nil, err
-		}
-		e.OnCleanup(d.Close)
-		if err := d.AttachInterface(ifname); err != nil {
-			return nil, fmt.Errorf("%s: %w", ns, err)
-		}
-		return d, nil
-	}
-	if da, err = open(a, ifA); err != nil {
-		return nil, nil, err
-	}
-	db, err = open(b, ifB)
-	return da, db, err
-}
-
 func vnatPairOf(a, b string) []*Pair {
 	return []*Pair{{DstIP: vnatBv, Src: InNetns(a), Dst: InNetns(b), Server: b}}
 }
@@ -103,11 +79,11 @@ var vnat1Scenario = &Scenario{
 		if err != nil {
 			return nil, err
 		}
-		da, db, err := vnatEnds(e, a, b, ifA, ifB, 0)
+		h, err := holdVNATEnds(ctx, e, a, ifA, b, ifB, false)
 		if err != nil {
 			return nil, err
 		}
-		vnatDatapaths["vnat1"] = [2]*vnat.Datapath{da, db}
+		vnatHolders["vnat1"] = h
 		return vnatPairOf(a, b), nil
 	},
 	Baselines: []Baseline{
@@ -141,51 +117,11 @@ var vnat2Scenario = &Scenario{
 		if err != nil {
 			return nil, err
 		}
-		n := 3 * (vnatPortHi - vnatPortLo + 1)
-		da, db, err := vnatEnds(e, a, b, ifA, ifB, uint32(2*n+1024))
+		h, err := holdVNATEnds(ctx, e, a, ifA, b, ifB, true)
 		if err != nil {
 			return nil, err
 		}
-		vnatDatapaths["vnat2"] = [2]*vnat.Datapath{da, db}
-		// a moves: the new address first, then the old one goes, so the
-		// interface is never without one (which would flush its routes).
-		if err := IP(ctx,
-			[]string{"-n", a, "addr", "add", vnatAp + "/24", "dev", ifA},
-			[]string{"-n", a, "addr", "del", vnatAv + "/24", "dev", ifA},
-		); err != nil {
-			return nil, err
-		}
-		if err := da.KeepLocal(netip.MustParseAddr(vnatAv), ifA); err != nil {
-			return nil, err
-		}
-		if err := IP(ctx,
-			// The new place's way to b's subnet, with the virtual address
-			// as source: the moved end's sockets are bound to it.
-			[]string{"-n", a, "route", "add", vnatBNet, "dev", ifA, "src", vnatAv},
-			[]string{"-n", b, "route", "add", vnatANet, "dev", ifB},
-		); err != nil {
-			return nil, err
-		}
-		av, ap, bv := netip.MustParseAddr(vnatAv), netip.MustParseAddr(vnatAp), netip.MustParseAddr(vnatBv)
-		var ma, mb []vnat.Migration
-		for port := vnatPortLo; port <= vnatPortHi; port++ {
-			for _, s := range []struct {
-				proto vnat.Proto
-				port  string
-			}{{vnat.TCP, iperfPort}, {vnat.UDP, iperfPort}, {vnat.TCP, rrPort}} {
-				sp, _ := strconv.Atoi(s.port)
-				lv, lp := netip.AddrPortFrom(av, uint16(port)), netip.AddrPortFrom(ap, uint16(port))
-				r := netip.AddrPortFrom(bv, uint16(sp))
-				ma = append(ma, vnat.Migration{Virtual: vnat.Virtual{Proto: s.proto, Local: lv, Remote: r}, Physical: vnat.Physical{Proto: s.proto, Local: lp, Remote: r}})
-				mb = append(mb, vnat.Migration{Virtual: vnat.Virtual{Proto: s.proto, Local: r, Remote: lv}, Physical: vnat.Physical{Proto: s.proto, Local: r, Remote: lp}})
-			}
-		}
-		if err := da.TranslateBatch(ma); err != nil {
-			return nil, fmt.Errorf("%s: %w", a, err)
-		}
-		if err := db.TranslateBatch(mb); err != nil {
-			return nil, fmt.Errorf("%s: %w", b, err)
-		}
+		vnatHolders["vnat2"] = h
 		return vnatPairOf(a, b), nil
 	},
 	Baselines: []Baseline{
@@ -199,8 +135,8 @@ var vnat2Scenario = &Scenario{
 	Checks: vnatChecks("vnat2"),
 }
 
-// vnatDatapaths are the ends' datapaths of vnat1 and vnat2, for the checks.
-var vnatDatapaths = map[string][2]*vnat.Datapath{}
+// vnatHolders hold vnat1's and vnat2's datapaths (vnatends.go).
+var vnatHolders = map[string]*vnatHolder{}
 
 // vnatChecks proves the configuration is what it claims: one rr test of
 // 1 s, and the translation counters of both ends over it. In vnat1 they
@@ -209,26 +145,23 @@ var vnatDatapaths = map[string][2]*vnat.Datapath{}
 // ingress translation per transaction on each).
 func vnatChecks(name string) func(ctx context.Context, e *Env, pairs []*Pair) ([]Check, error) {
 	return func(ctx context.Context, e *Env, pairs []*Pair) ([]Check, error) {
-		ds, ok := vnatDatapaths[name]
+		h, ok := vnatHolders[name]
 		if !ok || len(pairs) != 1 {
 			return nil, fmt.Errorf("%s: not built", name)
 		}
 		counts := func() (map[string]float64, error) {
-			out := map[string]float64{}
-			for i, d := range ds {
-				c, err := d.Counters()
-				if err != nil {
-					return nil, err
-				}
+			c, err := h.counters(ctx)
+			if err != nil {
+				return nil, err
+			}
+			for _, end := range []string{"a", "b"} {
 				for _, k := range []string{"egress_translated", "ingress_translated", "translate_errors"} {
-					v, ok := c[k]
-					if !ok {
-						return nil, fmt.Errorf("%s: vnat counters have no %s: %v", name, k, c)
+					if _, ok := c[end+"."+k]; !ok {
+						return nil, fmt.Errorf("%s: vnat counters have no %s.%s: %v", name, end, k, c)
 					}
-					out[fmt.Sprintf("%c.%s", 'a'+i, k)] = float64(v)
 				}
 			}
-			return out, nil
+			return c, nil
 		}
 		before, err := counts()
 		if err != nil {
@@ -261,7 +194,9 @@ func vnatChecks(name string) func(ctx context.Context, e *Env, pairs []*Pair) ([
 		if name == "vnat1" {
 			most := 0.0
 			for k := range after {
-				most = max(most, after[k]-before[k])
+				if strings.HasSuffix(k, "_translated") {
+					most = max(most, after[k]-before[k])
+				}
 			}
 			met := most == 0
 			return []Check{{Scenario: name, Name: "packets translated during rr", Value: most, Unit: "packets", Op: "<=", Target: 0, Met: &met,
