@@ -371,3 +371,35 @@ print(out.hex())
 		t.Fatalf("the capture on rogue saw db1's VCMP answers on %d stream(s), want both tries': it proves nothing\n%s", len(streams), strings.Join(lines, "\n"))
 	}
 }
+
+// An interactive program keeps its session across a move: socat on web1
+// sends what a shell loop types (a line every 100 ms) to db1, where socat
+// runs cat behind it, and prints the echoes; web1 moves to another subnet
+// and the same session goes on, its connection migrated.
+func TestPrivilegedVNATInteractiveSocatSessionSurvivesAMove(t *testing.T) {
+	testenv.RequireTool(t, "udhcpc", "socat", "sh")
+	l := upLab(t, vnatPair)
+	l.start("db1", "socat", "TCP-LISTEN:7300,reuseaddr,fork", "EXEC:cat")
+	l.waitListening("db1", "tcp", 7300)
+	db := l.ip("db1")
+	client := l.start("web1", "sh", "-c", `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); echo "echo $i"; sleep 0.1; done | socat - TCP:`+db+`:7300`)
+	waitFor(t, "echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
+	var virt string
+	waitFor(t, "the session keyed at first contact", 20*time.Second, func() bool {
+		for _, c := range l.vnatStatus("web1").Conns {
+			if c.Proto == "tcp" && strings.HasSuffix(c.Virtual, "->"+db+":7300") && c.Keyed {
+				virt = c.Virtual
+				return true
+			}
+		}
+		return false
+	})
+	l.onehop("lab", "move", "web1", "--to", "h2", "--subnet", "blue/db")
+	l.refresh()
+	newIP := l.node("web1").VM.IP
+	before := lastEcho(client.Output())
+	waitFor(t, "20 more echoes after the move", 40*time.Second, func() bool { return lastEcho(client.Output()) >= before+20 })
+	if c, ok := l.vnatConn("web1", "tcp", virt); !ok || c.State != "migrated" || !strings.HasPrefix(c.Physical, newIP+":") {
+		t.Errorf("web1's status of %s after the move: %+v (found %v), want migrated from %s", virt, c, ok, newIP)
+	}
+}
