@@ -41,8 +41,22 @@ func (l *testLab) vnatConn(node, proto, virtual string) (vnatd.ConnStatus, bool)
 	return vnatd.ConnStatus{}, false
 }
 
+// waitOrSay is waitFor that says more when it gives up: what diag returns
+// (the programs' output, the daemons' logs).
+func waitOrSay(t *testing.T, what string, timeout time.Duration, ok func() bool, diag func() string) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !ok(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s\n%s", timeout, what, diag())
+		}
+		time.Sleep(100 * time.Millisecond) // the poll interval
+	}
+}
+
 // udpEchoServer answers every datagram on UDP 7200 from a socket connected
-// to its first client: a connected UDP socket at each end.
+// to its first client: a connected UDP socket at each end. An error (an
+// ICMP port unreachable reported on a connected socket) is printed and
+// the loop goes on, as a UDP application's would.
 const udpEchoServer = `
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -52,12 +66,16 @@ data, peer = s.recvfrom(2048)
 s.connect(peer)
 s.send(data)
 while True:
-    s.send(s.recv(2048))
+    try:
+        s.send(s.recv(2048))
+    except OSError as e:  # a port unreachable while the ends were apart: UDP goes on
+        print("recv/send: %s" % e, flush=True)
 `
 
 // udpEchoClient sends "line N" every 100 ms from a connected UDP socket
 // and prints "echo N" for each answer; a datagram lost is sent again
-// (UDP), 30 s without an answer ends it with "error".
+// (UDP), send and receive errors while the ends are apart are waited out,
+// 30 s without an answer ends it with "error".
 const udpEchoClient = `
 import socket, sys, time
 c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -72,7 +90,9 @@ while True:
             print("echo %d" % n, flush=True)
             n, last = n + 1, time.time()
             time.sleep(0.1)
-    except (socket.timeout, ConnectionRefusedError):
+    except OSError as e:  # a timeout, or no route/address while moving: UDP goes on
+        if not isinstance(e, socket.timeout):
+            time.sleep(0.1)
         if time.time() - last > 30:
             print("error: no answer for 30 s", flush=True)
             break
@@ -100,8 +120,10 @@ func TestPrivilegedVNATConnectedUDPFlowSurvivesASubnetMove(t *testing.T) {
 	l.refresh()
 	newIP := l.node("web1").VM.IP
 	before := lastEcho(client.Output())
-	waitFor(t, "20 more UDP echoes after the move", 40*time.Second, func() bool {
+	waitOrSay(t, "20 more UDP echoes after the move", 40*time.Second, func() bool {
 		return lastEcho(client.Output()) >= before+20 || strings.Contains(client.Output(), "error")
+	}, func() string {
+		return "client:\n" + lastLines(client.Output(), 5) + "\nserver:\n" + lastLines(server.Output(), 5) + "\n" + vnatLogs(l)
 	})
 	if strings.Contains(client.Output(), "error") {
 		t.Fatalf("the UDP flow stopped across the move:\n%s\n%s", lastLines(client.Output(), 3), vnatLogs(l))
@@ -398,7 +420,8 @@ func TestPrivilegedVNATInteractiveSocatSessionSurvivesAMove(t *testing.T) {
 	l.refresh()
 	newIP := l.node("web1").VM.IP
 	before := lastEcho(client.Output())
-	waitFor(t, "20 more echoes after the move", 40*time.Second, func() bool { return lastEcho(client.Output()) >= before+20 })
+	waitOrSay(t, "20 more echoes after the move", 40*time.Second, func() bool { return lastEcho(client.Output()) >= before+20 },
+		func() string { return "client:\n" + lastLines(client.Output(), 5) + "\n" + vnatLogs(l) })
 	if c, ok := l.vnatConn("web1", "tcp", virt); !ok || c.State != "migrated" || !strings.HasPrefix(c.Physical, newIP+":") {
 		t.Errorf("web1's status of %s after the move: %+v (found %v), want migrated from %s", virt, c, ok, newIP)
 	}
