@@ -395,21 +395,25 @@ print(out.hex())
 }
 
 // An interactive program keeps its session across a move: socat on web1
-// sends what a shell loop types (a line every 100 ms) to db1, where socat
-// runs cat behind it, and prints the echoes; web1 moves to another subnet
-// and the same session goes on, its connection migrated.
+// connects a shell loop to db1's echo server, and the loop behaves as a
+// user at a terminal would: it types a line, waits for the answer, prints
+// it, pauses. web1 moves to another subnet and the same session goes on,
+// its connection migrated. (socat alone, one process with its loop as a
+// child: when the test stops it, the loop reads EOF and ends, so nothing
+// outlives it holding the test's pipes.)
 func TestPrivilegedVNATInteractiveSocatSessionSurvivesAMove(t *testing.T) {
-	testenv.RequireTool(t, "udhcpc", "socat", "sh")
+	testenv.RequireTool(t, "udhcpc", "socat", "python3")
 	l := upLab(t, vnatPair)
-	l.start("db1", "socat", "TCP-LISTEN:7300,reuseaddr,fork", "EXEC:cat")
-	l.waitListening("db1", "tcp", 7300)
+	server := l.start("db1", "python3", "-c", echoServer)
+	waitFor(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	db := l.ip("db1")
-	client := l.start("web1", "sh", "-c", `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); echo "echo $i"; sleep 0.1; done | socat - TCP:`+db+`:7300`)
+	const typist = `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); echo echo $i; read r || exit 1; echo $r >&2; sleep 0.1; done`
+	client := l.start("web1", "socat", "SYSTEM:"+typist, "TCP:"+db+":7100")
 	waitFor(t, "echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
 	var virt string
 	waitFor(t, "the session keyed at first contact", 20*time.Second, func() bool {
 		for _, c := range l.vnatStatus("web1").Conns {
-			if c.Proto == "tcp" && strings.HasSuffix(c.Virtual, "->"+db+":7300") && c.Keyed {
+			if c.Proto == "tcp" && strings.HasSuffix(c.Virtual, "->"+db+":7100") && c.Keyed {
 				virt = c.Virtual
 				return true
 			}
