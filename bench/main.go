@@ -11,7 +11,12 @@
 //     paper's "routing VM"); router-2: vm1 -> vm3 and vm4 -> vm5 at once;
 //   - bridge:   vm1 -> vm2 in that bridge lab: a Linux bridge per host and
 //     no virtualization (the physical reference);
-//   - veth:     one raw veth pair between two namespaces (the floor).
+//   - veth:     one raw veth pair between two namespaces (the floor);
+//   - vnat-base, vnat1, vnat2: connection migration's configurations (no
+//     VNAT, VNAT with nothing migrated, every connection migrated), with
+//     request/response and connection setup rates too; vnat-restore: the
+//     time to restore 10 to 10,000 connections after a move, with the real
+//     daemons (scenario_vnat*.go, docs/connection-migration.md).
 //
 // Per scenario and round it takes single-stream TCP throughput (iperf3,
 // cubic) and the CPU time the whole machine spent per GB of it (cpu.go says
