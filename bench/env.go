@@ -45,8 +45,14 @@ type Env struct {
 	cgfd    int              // open descriptor of cgroup, for CLONE_INTO_CGROUP; -1 without
 	cpu     *cpuMeter
 	mu      sync.Mutex         // guards servers
-	servers map[string]*server // by receiver (Pair.Server)
+	servers map[string]*server // by receiver (Pair.Server; rrperf's: rrServerKey)
+	// closers undo what scenarios hold in the bench's own process (loaded
+	// eBPF programs, say), last first, before the namespaces go.
+	closers []func() error
 }
+
+// OnCleanup registers fn to run at cleanup, before namespaces are removed.
+func (e *Env) OnCleanup(fn func() error) { e.closers = append(e.closers, fn) }
 
 func newEnv(cfg config) (*Env, error) {
 	e := &Env{cfg: cfg, labs: map[string]*Lab{}, once: map[string]error{}, servers: map[string]*server{}, cgfd: -1}
@@ -283,42 +289,52 @@ func (s *server) stop() {
 // listens. It is a child of the bench (not `iperf3 -D`), so cleanup can stop
 // it by pid even once its namespace is gone.
 func (e *Env) startServer(ctx context.Context, p *Pair) error {
+	return e.startListener(ctx, p, p.Server, iperfPort, []string{"iperf3", "-s", "-p", iperfPort})
+}
+
+// startListener runs argv in p's receiver as the server named key (one per
+// key) and waits until something listens on TCP port there.
+func (e *Env) startListener(ctx context.Context, p *Pair, key, port string, argv []string) error {
 	e.mu.Lock()
-	if s, ok := e.servers[p.Server]; ok && !s.exited() {
+	if s, ok := e.servers[key]; ok && !s.exited() {
 		e.mu.Unlock()
 		return nil
 	}
 	e.mu.Unlock()
-	logf, err := os.CreateTemp(e.tmp, "iperf3-server-"+strings.ReplaceAll(p.Server, "/", "-")+"-*.log")
+	name := filepath.Base(argv[0])
+	if len(argv) > 1 && argv[1] == rrperfArg {
+		name = rrperfArg
+	}
+	logf, err := os.CreateTemp(e.tmp, name+"-server-"+strings.ReplaceAll(p.Server, "/", "-")+"-*.log")
 	if err != nil {
 		return err
 	}
 	defer logf.Close() // the child has its own descriptor
 	// Not bound to ctx: cleanup stops it, after the clients.
-	s := &server{cmd: e.tool(p.Dst(context.Background(), "iperf3", "-s", "-p", iperfPort)), log: logf.Name(), done: make(chan struct{})}
+	s := &server{cmd: e.tool(p.Dst(context.Background(), argv...)), log: logf.Name(), done: make(chan struct{})}
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("%s: iperf3 server: %w", p.Server, err)
+		return fmt.Errorf("%s: %s server: %w", p.Server, name, err)
 	}
 	e.mu.Lock()
-	e.servers[p.Server] = s
+	e.servers[key] = s
 	e.mu.Unlock()
 	go func() { s.err = s.cmd.Wait(); close(s.done) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		out, _ := p.Dst(ctx, "ss", "-Hltn", "sport = :"+iperfPort).Output()
+		out, _ := p.Dst(ctx, "ss", "-Hltn", "sport = :"+port).Output()
 		if len(bytes.TrimSpace(out)) > 0 {
 			return nil
 		}
 		select {
 		case <-s.done:
-			return fmt.Errorf("%s: iperf3 server exited (%v): %s", p.Server, s.err, tailFile(s.log))
+			return fmt.Errorf("%s: %s server exited (%v): %s", p.Server, name, s.err, tailFile(s.log))
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: iperf3 server not listening on %s after 10s: %s", p.Server, iperfPort, tailFile(s.log))
+			return fmt.Errorf("%s: %s server not listening on %s after 10s: %s", p.Server, name, port, tailFile(s.log))
 		}
 	}
 }
@@ -489,7 +505,14 @@ func (e *Env) cleanup() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var errs []error
-	// 1. Our iperf3 servers, by pid.
+	// 0. What scenarios hold in this process (last first).
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		if err := e.closers[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	e.closers = nil
+	// 1. Our servers (iperf3, rrperf), by pid.
 	e.mu.Lock()
 	for key, s := range e.servers {
 		s.stop()

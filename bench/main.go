@@ -11,7 +11,12 @@
 //     paper's "routing VM"); router-2: vm1 -> vm3 and vm4 -> vm5 at once;
 //   - bridge:   vm1 -> vm2 in that bridge lab: a Linux bridge per host and
 //     no virtualization (the physical reference);
-//   - veth:     one raw veth pair between two namespaces (the floor).
+//   - veth:     one raw veth pair between two namespaces (the floor);
+//   - vnat-base, vnat1, vnat2: connection migration's configurations (no
+//     VNAT, VNAT with nothing migrated, every connection migrated), with
+//     request/response and connection setup rates too; vnat-restore: the
+//     time to restore 10 to 10,000 connections after a move, with the real
+//     daemons (scenario_vnat*.go, docs/connection-migration.md).
 //
 // Per scenario and round it takes single-stream TCP throughput (iperf3,
 // cubic) and the CPU time the whole machine spent per GB of it (cpu.go says
@@ -69,6 +74,10 @@ type config struct {
 var errInterrupted = errors.New("interrupted")
 
 func main() {
+	// The bench re-executes itself for its helper programs (helpers.go).
+	if len(os.Args) > 1 && helperModes[os.Args[1]] != nil {
+		os.Exit(helperModes[os.Args[1]](os.Args[2:]))
+	}
 	var cfg config
 	flag.StringVar(&cfg.binary, "binary", "bin/onehop", "the onehop binary (`make build`)")
 	flag.StringVar(&cfg.root, "root", defaultRoot, "state root for the bench's labs (kept apart from other labs)")
@@ -224,7 +233,7 @@ func run(ctx context.Context, cfg config, selected []*Scenario) (err error) {
 		rep.Variants = append(rep.Variants, v)
 	}
 	rep.Started = time.Now().UTC()
-	if err := runSteps(ctx, Schedule(names, tests, cfg.rounds), r.step, rep); err != nil {
+	if err := runSteps(ctx, ScheduleScenarios(selected, cfg.rounds), r.step, rep); err != nil {
 		return stopped(err)
 	}
 	rep.Finished = time.Now().UTC()

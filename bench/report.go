@@ -130,7 +130,9 @@ func (r *Report) summarize() {
 	for _, f := range figures {
 		fs := FigureSummary{Title: f.title, Unit: f.baseUnit, LowerIsBetter: f.lowerIsBetter, Variants: map[string]Summary{}}
 		for _, v := range r.Variants {
-			fs.Variants[v.Name] = Summarize(r.values(f.key, v.Name))
+			if xs := r.values(f.key, v.Name); len(xs) > 0 {
+				fs.Variants[v.Name] = Summarize(xs)
+			}
 		}
 		r.Summary[f.key] = fs
 	}
@@ -186,7 +188,15 @@ func (r *Report) print(w io.Writer) {
 		if f.lowerIsBetter {
 			better = "lower is better"
 		}
-		for i, v := range r.Variants {
+		// Only the variants that measured this figure (rr and crr are
+		// run only where a scenario asks for them).
+		var measured []VariantInfo
+		for _, v := range r.Variants {
+			if fs.Variants[v.Name].N > 0 {
+				measured = append(measured, v)
+			}
+		}
+		for i, v := range measured {
 			s := fs.Variants[v.Name]
 			label := ""
 			switch i {

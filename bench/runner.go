@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,8 +37,9 @@ type Scenario struct {
 	// a TAP policy's copies arrive, say), once after the rounds, on the
 	// pairs Build returned.
 	Checks func(ctx context.Context, e *Env, pairs []*Pair) ([]Check, error)
-	// Tests, if set, are the only tests run on this scenario; its other
-	// figures stay empty (and their comparisons absent).
+	// Tests, if not nil, are the tests this scenario runs in every round
+	// instead of the default ones (tests): rr and crr are run only where
+	// asked for; an empty list runs none (a scenario of Checks only).
 	Tests []string
 }
 
@@ -103,6 +103,8 @@ var figures = []figure{
 	{key: "cpu", title: "CPU per GB moved by TCP, whole machine", baseUnit: "CPU-s/GB", unit: "CPU-ms/GB", scale: 1e-3, digits: 0, lowerIsBetter: true},
 	{key: "rtt", title: "ping RTT, avg", baseUnit: "µs", unit: "µs", scale: 1, digits: 1, lowerIsBetter: true},
 	{key: "udp64", title: "UDP 64 B received", baseUnit: "datagrams/s", unit: "kpps", scale: 1e3, digits: 1},
+	{key: "rr", title: "TCP request/response, 1 B each way, one connection", baseUnit: "transactions/s", unit: "k/s", scale: 1e3, digits: 2},
+	{key: "crr", title: "TCP connection setup: connect, 1 B each way, close", baseUnit: "connections/s", unit: "k/s", scale: 1e3, digits: 2},
 }
 
 func figureByKey(key string) (figure, bool) {
@@ -114,10 +116,30 @@ func figureByKey(key string) (figure, bool) {
 	return figure{}, false
 }
 
-// tests are what one step runs, in this order on each scenario; a test
-// yields samples of one or more figures (tcp also gives cpu: the CPU time
-// of the same transfer).
+// tests are what one step runs, in this order on each scenario that does
+// not name its own (Scenario.Tests); a test yields samples of one or more
+// figures (tcp also gives cpu: the CPU time of the same transfer).
 var tests = []string{"tcp", "rtt", "udp64"}
+
+// testsOf are the tests s runs in every round.
+func testsOf(s *Scenario) []string {
+	if s.Tests != nil {
+		return s.Tests
+	}
+	return tests
+}
+
+// figuresOf are the figures s measures: its tests', tcp's cpu too.
+func figuresOf(s *Scenario) map[string]bool {
+	out := map[string]bool{}
+	for _, t := range testsOf(s) {
+		out[t] = true
+		if t == "tcp" {
+			out["cpu"] = true
+		}
+	}
+	return out
+}
 
 // Step is one test on one scenario in one round.
 type Step struct {
@@ -132,10 +154,24 @@ type Step struct {
 // scenario before the next one, so drift and noise on the machine hit
 // every scenario alike and none always goes first or last.
 func Schedule(scenarios, tests []string, rounds int) []Step {
+	return schedule(scenarios, func(string) []string { return tests }, rounds)
+}
+
+// ScheduleScenarios is Schedule with each scenario's own tests (testsOf).
+func ScheduleScenarios(scenarios []*Scenario, rounds int) []Step {
+	names := make([]string, len(scenarios))
+	byName := map[string]*Scenario{}
+	for i, s := range scenarios {
+		names[i], byName[s.Name] = s.Name, s
+	}
+	return schedule(names, func(n string) []string { return testsOf(byName[n]) }, rounds)
+}
+
+func schedule(scenarios []string, testsOf func(string) []string, rounds int) []Step {
 	var out []Step
 	for r := 0; r < rounds; r++ {
 		for slot, i := range Rotation(len(scenarios), r) {
-			for _, t := range tests {
+			for _, t := range testsOf(scenarios[i]) {
 				out = append(out, Step{Round: r + 1, Slot: slot + 1, Scenario: scenarios[i], Test: t})
 			}
 		}
@@ -152,13 +188,14 @@ type comparison struct {
 }
 
 // Comparisons expands the scenarios' baselines into one comparison per
-// figure, in the scenarios' order, leaving out those with a side that does
-// not run (a run of some scenarios only). It fails on a baseline or target
-// that names nothing, so a typo cannot silently drop a comparison.
+// figure both sides measure, in the scenarios' order, leaving out those
+// with a side that does not run (a run of some scenarios only). It fails on
+// a baseline or target that names nothing, so a typo cannot silently drop
+// a comparison.
 func Comparisons(all []*Scenario, running []string) ([]comparison, error) {
-	known := map[string]bool{}
+	known := map[string]*Scenario{}
 	for _, s := range all {
-		known[s.Name] = true
+		known[s.Name] = s
 	}
 	runs := map[string]bool{}
 	for _, n := range running {
@@ -167,18 +204,25 @@ func Comparisons(all []*Scenario, running []string) ([]comparison, error) {
 	var out []comparison
 	for _, s := range all {
 		for _, b := range s.Baselines {
-			if !known[b.Scenario] || b.Scenario == s.Name {
+			if known[b.Scenario] == nil || b.Scenario == s.Name {
 				return nil, fmt.Errorf("scenario %s: baseline %q is not another scenario", s.Name, b.Scenario)
 			}
+			mine, theirs := figuresOf(s), figuresOf(known[b.Scenario])
 			for k := range b.Targets {
 				if _, ok := figureByKey(k); !ok {
 					return nil, fmt.Errorf("scenario %s: target for unknown figure %q", s.Name, k)
+				}
+				if !mine[k] || !theirs[k] {
+					return nil, fmt.Errorf("scenario %s: target for figure %q, which it or %s does not measure", s.Name, k, b.Scenario)
 				}
 			}
 			if !runs[s.Name] || !runs[b.Scenario] {
 				continue
 			}
 			for _, f := range figures {
+				if !mine[f.key] || !theirs[f.key] {
+					continue
+				}
 				t := b.Targets[f.key]
 				out = append(out, comparison{subject: s.Name, baseline: b.Scenario, figure: f.key, target: t.Ratio, strict: t.Strict})
 			}
@@ -248,24 +292,21 @@ func runSteps(ctx context.Context, steps []Step, measure measureFunc, rep *Repor
 type runner struct {
 	env   *Env
 	cfg   config
-	pairs map[string][]*Pair  // by scenario
-	only  map[string][]string // by scenario: its Tests, if it limits them
+	pairs map[string][]*Pair // by scenario
 }
 
 // setup builds each scenario, checks that each pair carries a ping, starts
-// an iperf3 server in each receiver and warms each path up.
+// the servers its tests need in each receiver (iperf3, rrperf) and warms
+// each TCP path up.
 func (r *runner) setup(ctx context.Context, scenarios []*Scenario) error {
 	r.pairs = map[string][]*Pair{}
-	r.only = map[string][]string{}
 	for _, s := range scenarios {
-		if len(s.Tests) > 0 {
-			r.only[s.Name] = s.Tests
-		}
 		pairs, err := s.Build(ctx, r.env)
 		if err != nil {
 			return fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
-		if len(pairs) == 0 {
+		figs := figuresOf(s)
+		if len(pairs) == 0 && len(figs) > 0 {
 			return fmt.Errorf("scenario %s: no pairs", s.Name)
 		}
 		r.pairs[s.Name] = pairs
@@ -275,9 +316,20 @@ func (r *runner) setup(ctx context.Context, scenarios []*Scenario) error {
 			if _, err := output(p.Src(ctx, "ping", "-c", "3", "-i", "0.2", "-W", "2", p.DstIP)); err != nil {
 				return fmt.Errorf("%s: the source cannot reach %s: %w", s.Name, p.DstIP, err)
 			}
+			if figs["rr"] || figs["crr"] {
+				if err := r.env.startRRServer(ctx, p); err != nil {
+					return err
+				}
+			}
+			if !figs["tcp"] && !figs["udp64"] {
+				continue
+			}
 			if err := r.env.startServer(ctx, p); err != nil {
 				return err
 			}
+		}
+		if !figs["tcp"] {
+			continue
 		}
 		// One unrecorded TCP run: the first transfer on a fresh path pays
 		// for neighbour resolution, page faults and cold caches.
@@ -291,9 +343,6 @@ func (r *runner) setup(ctx context.Context, scenarios []*Scenario) error {
 
 // step takes the samples of one step and reports progress.
 func (r *runner) step(ctx context.Context, st Step) ([]Sample, error) {
-	if only, ok := r.only[st.Scenario]; ok && !slices.Contains(only, st.Test) {
-		return nil, nil
-	}
 	samples, err := r.measure(ctx, st.Scenario, st.Test, r.cfg.seconds)
 	for _, s := range samples {
 		f, _ := figureByKey(s.Figure)
@@ -340,8 +389,8 @@ func (r *runner) measure(ctx context.Context, scenario, test string, secs int) (
 		}
 		if test != "rtt" {
 			for _, p := range pairs {
-				if s := r.env.serverOf(p); s != nil && s.exited() {
-					if err := r.env.startServer(ctx, p); err != nil {
+				if s := r.env.serverFor(p, test); s != nil && s.exited() {
+					if err := r.env.restartServer(ctx, p, test); err != nil {
 						return nil, err
 					}
 				}
@@ -370,6 +419,12 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 	case "rtt":
 		argv = []string{"ping", "-c", strconv.Itoa(r.cfg.pings), "-i", pingGap, ""}
 		parse = ParsePing
+	case "rr", "crr":
+		a, err := rrperfArgv("-mode", test, "-c", "", "-p", rrPort, "-t", strconv.Itoa(secs))
+		if err != nil {
+			return nil, err
+		}
+		argv, parse = a, ParseRR
 	default:
 		return nil, fmt.Errorf("unknown test %q", test)
 	}
@@ -379,9 +434,12 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 	runs := make([]*toolRun, len(pairs))
 	for i, p := range pairs {
 		a := append([]string(nil), argv...)
-		if test == "rtt" {
+		switch test {
+		case "rtt":
 			a[len(a)-1] = p.DstIP
-		} else {
+		case "rr", "crr":
+			a[5] = p.DstIP // SELF rrperf -mode M -c HOST
+		default:
 			a[2] = p.DstIP
 		}
 		runs[i] = &toolRun{cmd: r.env.tool(p.Src(tctx, a...))}
@@ -429,8 +487,8 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 		case run.err != nil && test == "rtt":
 			err = run.err // ping's own message says more than "no summary"
 		}
-		if s := r.env.serverOf(pairs[i]); test != "rtt" && s != nil && s.exited() {
-			err = fmt.Errorf("%w (the iperf3 server had exited: %v: %s)", err, s.err, tailFile(s.log))
+		if s := r.env.serverFor(pairs[i], test); s != nil && s.exited() {
+			err = fmt.Errorf("%w (the %s server had exited: %v: %s)", err, s.cmd.Args[0], s.err, tailFile(s.log))
 		}
 		errs = append(errs, fmt.Errorf("-> %s: %w", pairs[i].DstIP, err))
 	}

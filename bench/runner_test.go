@@ -65,7 +65,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	for _, s := range scenarios {
 		all = append(all, s.Name)
 	}
-	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "sliver", "pshost", "nat", "tapped", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone"}; !reflect.DeepEqual(all, want) {
+	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "sliver", "pshost", "nat", "tapped", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone", "vnat-base", "vnat1", "vnat2", "vnat-restore"}; !reflect.DeepEqual(all, want) {
 		t.Fatalf("scenarios %v, want %v", all, want)
 	}
 	comps, err := Comparisons(scenarios, all)
@@ -81,11 +81,14 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 			order = append(order, p)
 		}
 	}
-	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "sliver/pshost", "sliver/nat", "tapped/onehop", "cloudfull/cloudnat", "cloudfull/cloudtproxy", "cloudtwo/cloudone"}; !reflect.DeepEqual(order, want) {
+	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "sliver/pshost", "sliver/nat", "tapped/onehop", "cloudfull/cloudnat", "cloudfull/cloudtproxy", "cloudtwo/cloudone", "vnat1/vnat-base", "vnat2/vnat-base", "vnat2/vnat1"}; !reflect.DeepEqual(order, want) {
 		t.Errorf("comparisons %v, want %v", order, want)
 	}
-	if len(comps) != 11*len(figures) {
-		t.Errorf("%d comparisons, want %d (11 pairs x %d figures)", len(comps), 11*len(figures), len(figures))
+	nd := len(figuresOf(&Scenario{}))       // the default tests' figures
+	nc := len(figuresOf(cloudFullScenario)) // the cloud scenarios run tcp only: tcp and cpu
+	nv := len(figuresOf(vnat1Scenario))     // the VNAT scenarios' five tests give six figures
+	if len(comps) != 8*nd+3*nc+3*nv {
+		t.Errorf("%d comparisons, want %d (8 pairs x %d figures, 3 cloud pairs x %d, 3 VNAT pairs x %d)", len(comps), 8*nd+3*nc+3*nv, nd, nc, nv)
 	}
 	for _, w := range []comparison{
 		{"onehop", "bridge", "tcp", 1.0, false},
@@ -114,6 +117,15 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 		{"cloudfull", "cloudnat", "tcp", 0.95, false},
 		{"cloudfull", "cloudtproxy", "tcp", 0, false},
 		{"cloudtwo", "cloudone", "tcp", 1.9, false},
+		{"vnat1", "vnat-base", "tcp", 0.99, false},
+		{"vnat1", "vnat-base", "rr", 0.99, false},
+		{"vnat1", "vnat-base", "crr", 0.99, false},
+		{"vnat1", "vnat-base", "rtt", 1.01, false},
+		{"vnat2", "vnat-base", "tcp", 0.97, false},
+		{"vnat2", "vnat-base", "udp64", 0.97, false},
+		{"vnat2", "vnat-base", "rr", 0.97, false},
+		{"vnat2", "vnat-base", "crr", 0, false},
+		{"vnat2", "vnat1", "rr", 0, false},
 	} {
 		if c, ok := got[key{w.subject, w.baseline, w.figure}]; !ok || c != w {
 			t.Errorf("%s/%s %s: got %+v (present %v), want %+v", w.subject, w.baseline, w.figure, c, ok, w)
@@ -129,8 +141,8 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 			t.Errorf("comparison with %s, which does not run", c.baseline)
 		}
 	}
-	if len(some) != 2*len(figures) { // onehop/bridge, routed/onehop
-		t.Errorf("%d comparisons for onehop,bridge,routed, want %d", len(some), 2*len(figures))
+	if len(some) != 2*nd { // onehop/bridge, routed/onehop
+		t.Errorf("%d comparisons for onehop,bridge,routed, want %d", len(some), 2*nd)
 	}
 
 	bad := []*Scenario{{Name: "x", Baselines: []Baseline{{Scenario: "brige"}}}}

@@ -20,4 +20,8 @@ var scenarios = []*Scenario{
 	cloudNATScenario,
 	cloudTwoScenario,
 	cloudOneScenario,
+	vnatBaseScenario,
+	vnat1Scenario,
+	vnat2Scenario,
+	vnatRestoreScenario,
 }

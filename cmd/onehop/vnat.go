@@ -226,5 +226,8 @@ func printVNATStatus(w io.Writer, r vnatd.Reply, output string) error {
 		}
 		fmt.Fprintln(w)
 	}
+	if r.Restore != nil {
+		fmt.Fprintln(w, r.Restore)
+	}
 	return nil
 }

@@ -57,7 +57,8 @@ type Reply struct {
 	Error    string            `json:"error,omitempty"`
 	Conns    []ConnStatus      `json:"conns,omitempty"`
 	Counters map[string]uint64 `json:"counters,omitempty"`
-	Count    int               `json:"count,omitempty"` // connections suspended or resumed
+	Count    int               `json:"count,omitempty"`   // connections suspended or resumed
+	Restore  *RestoreReport    `json:"restore,omitempty"` // status: the last restore after a move
 }
 
 // ParseTuple reads "tcp 10.0.0.1:4000->10.0.0.2:22" (the form status prints).
@@ -96,7 +97,7 @@ func (e *Engine) answer(ctx context.Context, req Request) Reply {
 		if err := e.Sync(); err != nil {
 			return Reply{Error: err.Error()}
 		}
-		return Reply{Conns: e.Status(), Counters: e.Counters()}
+		return Reply{Conns: e.Status(), Counters: e.Counters(), Restore: e.LastRestore()}
 	case "suspend":
 		var sel func(vcmp.Tuple) bool
 		if !req.All {

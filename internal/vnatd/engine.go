@@ -112,6 +112,8 @@ type Engine struct {
 	self map[netip.Addr]bool
 	// stop, when set, ends the daemon on a control "stop" request.
 	stop func()
+	// report is the last restore's (report.go).
+	report lastRestore
 }
 
 // OnStop makes a control "stop" request call f (the daemon's clean stop).

@@ -338,6 +338,7 @@ func watch(ctx context.Context, e *Engine, d *vnat.Datapath, ifindex int, cur ne
 			if u.LinkIndex != ifindex {
 				continue
 			}
+			seen := time.Now()
 			now, err := primary(ifindex)
 			if err != nil {
 				log.Error("vnat: read address", "err", err)
@@ -356,14 +357,13 @@ func watch(ctx context.Context, e *Engine, d *vnat.Datapath, ifindex int, cur ne
 			if err := d.Resync(); err != nil {
 				log.Error("vnat: resync routes", "err", err)
 			}
-			start := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-			err = e.Restore(rctx, old, now)
+			r, err := e.RestoreAndReport(rctx, old, now, seen)
 			cancel()
 			if err != nil {
 				log.Error("vnat: restore", "old", old, "new", now, "err", err)
 			}
-			log.Info("vnat: restored", "took", time.Since(start), "conns", len(e.Status()))
+			log.Info("vnat: restored", "took", r.Done.Sub(r.Seen), "conns", r.Conns, "migrated", r.Migrated, "aborted", r.Aborted)
 		}
 	}
 }
