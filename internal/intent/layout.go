@@ -88,36 +88,113 @@ type HostKeys map[string][]byte
 // depend on the order anything was written in: local VMs by address, rules
 // as SortVisRules, slivers by slot, TAP rules by id.
 func Assemble(node string, hostKeys HostKeys, farms map[uint8]FarmState) (Desired, error) {
-	d := Desired{Node: node, VMNet: "10.0.0.0/8", Local: []LocalEndpoint{}, Visibility: []VisRule{}}
-	prefix := DesiredHostPrefix(node)
+	v := NewView(node)
 	for k, b := range hostKeys {
-		rest, ok := strings.CutPrefix(k, prefix)
-		if !ok {
-			return d, fmt.Errorf("desired key %s is not under %s", k, prefix)
+		if err := v.Set(k, b); err != nil {
+			return Desired{Node: node}, err
 		}
-		var err error
-		switch {
-		case strings.HasPrefix(rest, desiredVM):
-			var l LocalEndpoint
-			if err = json.Unmarshal(b, &l); err == nil {
-				d.Local = append(d.Local, l)
-			}
-		case strings.HasPrefix(rest, desiredSliver):
-			var s LocalSliver
-			if err = json.Unmarshal(b, &s); err == nil {
-				d.Slivers = append(d.Slivers, s)
-			}
-		case strings.HasPrefix(rest, desiredTap):
-			var r TapRule
-			if err = json.Unmarshal(b, &r); err == nil {
-				d.Taps = append(d.Taps, r)
-			}
-		default:
-			err = fmt.Errorf("unknown kind of key")
+	}
+	for _, f := range farms {
+		v.SetFarm(f)
+	}
+	return v.Desired(), nil
+}
+
+// View is one host's desired state as its keys, decoded, changed key by
+// key as a watch reports them: what an agent keeps between events, so that
+// an event costs the decoding of what it carries.
+type View struct {
+	node    string
+	prefix  string
+	local   map[string]LocalEndpoint
+	slivers map[string]LocalSliver
+	taps    map[string]TapRule
+	farms   map[uint8]FarmState
+}
+
+// NewView returns the empty view of node.
+func NewView(node string) *View {
+	return &View{node: node, prefix: DesiredHostPrefix(node), local: map[string]LocalEndpoint{},
+		slivers: map[string]LocalSliver{}, taps: map[string]TapRule{}, farms: map[uint8]FarmState{}}
+}
+
+// Set takes one of the host's keys' new value.
+func (v *View) Set(k string, b []byte) error {
+	rest, ok := strings.CutPrefix(k, v.prefix)
+	if !ok {
+		return fmt.Errorf("desired key %s is not under %s", k, v.prefix)
+	}
+	var err error
+	switch {
+	case strings.HasPrefix(rest, desiredVM):
+		var l LocalEndpoint
+		if err = json.Unmarshal(b, &l); err == nil {
+			v.local[k] = l
 		}
-		if err != nil {
-			return d, fmt.Errorf("desired key %s: %w", k, err)
+	case strings.HasPrefix(rest, desiredSliver):
+		var s LocalSliver
+		if err = json.Unmarshal(b, &s); err == nil {
+			v.slivers[k] = s
 		}
+	case strings.HasPrefix(rest, desiredTap):
+		var r TapRule
+		if err = json.Unmarshal(b, &r); err == nil {
+			v.taps[k] = r
+		}
+	default:
+		err = fmt.Errorf("unknown kind of key")
+	}
+	if err != nil {
+		return fmt.Errorf("desired key %s: %w", k, err)
+	}
+	return nil
+}
+
+// Delete drops one of the host's keys.
+func (v *View) Delete(k string) {
+	delete(v.local, k)
+	delete(v.slivers, k)
+	delete(v.taps, k)
+}
+
+// SetFarm takes a farm's state.
+func (v *View) SetFarm(f FarmState) { v.farms[f.ID] = f }
+
+// DeleteFarm drops a farm's state.
+func (v *View) DeleteFarm(id uint8) { delete(v.farms, id) }
+
+// Farms lists, ascending, the farms whose state the view needs: those its
+// VMs belong to.
+func (v *View) Farms() []uint8 {
+	var set [256]bool
+	for _, l := range v.local {
+		if f, ok := FarmOf(l.IP); ok {
+			set[f] = true
+		}
+	}
+	var out []uint8
+	for i, in := range set {
+		if in {
+			out = append(out, uint8(i))
+		}
+	}
+	return out
+}
+
+// Keys is how many host keys the view holds.
+func (v *View) Keys() int { return len(v.local) + len(v.slivers) + len(v.taps) }
+
+// Desired assembles the view (see Assemble for the order).
+func (v *View) Desired() Desired {
+	d := Desired{Node: v.node, VMNet: "10.0.0.0/8", Local: make([]LocalEndpoint, 0, len(v.local)), Visibility: []VisRule{}}
+	for _, l := range v.local {
+		d.Local = append(d.Local, l)
+	}
+	for _, s := range v.slivers {
+		d.Slivers = append(d.Slivers, s)
+	}
+	for _, r := range v.taps {
+		d.Taps = append(d.Taps, r)
 	}
 	sort.Slice(d.Local, func(i, j int) bool {
 		return d.Local[i].IP < d.Local[j].IP || (d.Local[i].IP == d.Local[j].IP && d.Local[i].Name < d.Local[j].Name)
@@ -129,10 +206,9 @@ func Assemble(node string, hostKeys HostKeys, farms map[uint8]FarmState) (Desire
 	sort.Slice(d.Taps, func(i, j int) bool {
 		return d.Taps[i].ID < d.Taps[j].ID || (d.Taps[i].ID == d.Taps[j].ID && d.Taps[i].Policy < d.Taps[j].Policy)
 	})
-	carried := CarriedFarms(d.Local)
 	seen := map[VisRule]bool{}
-	for _, id := range carried {
-		f, ok := farms[id]
+	for _, id := range v.Farms() {
+		f, ok := v.farms[id]
 		if !ok {
 			continue
 		}
@@ -147,7 +223,7 @@ func Assemble(node string, hostKeys HostKeys, farms map[uint8]FarmState) (Desire
 		}
 	}
 	SortVisRules(d.Visibility)
-	return d, nil
+	return d
 }
 
 // CarriedFarms lists, ascending, the farms the local VMs belong to: the
