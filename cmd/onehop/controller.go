@@ -37,6 +37,7 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
 	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
 	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
+	f.Int64Var(&cfg.EtcdQuota, "etcd-quota-bytes", 0, "embedded etcd's database quota: beyond it etcd raises NOSPACE and refuses writes (0: etcd's 2 GiB)")
 	addControllerTLSFlags(c, &cfg)
 	return c
 }

@@ -26,6 +26,7 @@ func (c *Controller) API() http.Handler {
 		c.statusRoutes,
 		c.sliverRoutes,
 		c.tapRoutes,
+		c.storeRoutes,
 	} {
 		register(mux)
 	}

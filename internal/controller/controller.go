@@ -31,6 +31,9 @@ type Controller struct {
 	model model
 	// kick asks Run for a full compile: a desired write failed.
 	kick chan struct{}
+	// maint keeps the store small and reports on it; nil for a store
+	// that is not etcd.
+	maint *StoreMaintainer
 	log  *slog.Logger
 	mu   sync.Mutex // one intent change at a time: read, allocate, write
 	// maxVMsPerHost is how many VMs a host's datapath holds; tests lower it.
