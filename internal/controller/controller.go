@@ -34,8 +34,8 @@ type Controller struct {
 	// maint keeps the store small and reports on it; nil for a store
 	// that is not etcd.
 	maint *StoreMaintainer
-	log  *slog.Logger
-	mu   sync.Mutex // one intent change at a time: read, allocate, write
+	log   *slog.Logger
+	mu    sync.Mutex // one intent change at a time: read, allocate, write
 	// maxVMsPerHost is how many VMs a host's datapath holds; tests lower it.
 	maxVMsPerHost int
 	// maxSlivers is how many slivers a host's datapath holds
