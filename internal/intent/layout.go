@@ -118,7 +118,9 @@ func NewView(node string) *View {
 		slivers: map[string]LocalSliver{}, taps: map[string]TapRule{}, farms: map[uint8]FarmState{}}
 }
 
-// Set takes one of the host's keys' new value.
+// Set takes one of the host's keys' new value. A key of a kind it does not
+// know is ignored (forward compatibility); a value that does not decode is
+// an error.
 func (v *View) Set(k string, b []byte) error {
 	rest, ok := strings.CutPrefix(k, v.prefix)
 	if !ok {
@@ -142,7 +144,9 @@ func (v *View) Set(k string, b []byte) error {
 			v.taps[k] = r
 		}
 	default:
-		err = fmt.Errorf("unknown kind of key")
+		// A kind of key a newer controller writes for a feature this
+		// agent does not have: not this agent's to apply, and no reason
+		// to stop applying the rest.
 	}
 	if err != nil {
 		return fmt.Errorf("desired key %s: %w", k, err)
