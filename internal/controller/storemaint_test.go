@@ -17,7 +17,7 @@ import (
 )
 
 // embeddedStore starts an embedded etcd with o for the test and dials it.
-func embeddedStore(t *testing.T, o EtcdOptions) *store.Etcd {
+func embeddedStore(t testing.TB, o EtcdOptions) *store.Etcd {
 	t.Helper()
 	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
