@@ -520,7 +520,7 @@ func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desire
 	a.mu.Unlock()
 	if err == nil {
 		if ch := diffDesired(a.applied, d); !ch.empty() {
-			a.log.Info("desired state applied", append([]any{"why", why, "events", events}, append(ch.attrs(),
+			a.log.Info("datapath reconciled", append([]any{"why", why, "events", events}, append(ch.attrs(),
 				"vms", len(d.Local), "revision", a.viewRev, "took", time.Since(start).Round(time.Microsecond))...)...)
 		}
 		a.applied = d

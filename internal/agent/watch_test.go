@@ -251,7 +251,7 @@ func TestALogLineStaysSmallWithManyVMs(t *testing.T) {
 			t.Errorf("a log line of %d bytes (over %d): %.300s...", len(l), maxLineBytes, l)
 		}
 		sawWaiting = sawWaiting || strings.Contains(l, "waiting for vifs")
-		sawApplied = sawApplied || strings.Contains(l, "desired state applied")
+		sawApplied = sawApplied || strings.Contains(l, "datapath reconciled")
 	}
 	if !sawWaiting || !sawApplied {
 		t.Fatalf("the log says nothing of the missing vifs (%v) or of the changes applied (%v): %d lines", sawWaiting, sawApplied, lines)
