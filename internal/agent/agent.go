@@ -6,6 +6,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -418,8 +419,16 @@ func (a *Agent) register(ctx context.Context) error {
 			return fmt.Errorf("ephemeral port range: %w", err)
 		}
 	}
-	if err := store.PutJSON(ctx, a.store, intent.NodesPrefix+a.cfg.Node, n); err != nil {
-		return err
+	// Unchanged, it is not written again: every agent watches the node
+	// records, and a restart that changed nothing must cost them nothing.
+	b, err := json.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("encode node record: %w", err)
+	}
+	if cur, err := a.store.Get(ctx, intent.NodesPrefix+a.cfg.Node); err != nil || !bytes.Equal(cur, b) {
+		if err := a.store.Put(ctx, intent.NodesPrefix+a.cfg.Node, b); err != nil {
+			return err
+		}
 	}
 	a.log.Info("registered node", "node", n.Name, "uplink", n.Uplink, "mac", n.UplinkMAC, "ip", n.UplinkIP)
 	return nil

@@ -258,3 +258,22 @@ func TestALogLineStaysSmallWithManyVMs(t *testing.T) {
 	}
 	t.Logf("%d lines, the longest %d bytes", lines, longest)
 }
+
+// A restarted agent whose host changed nothing does not write its node
+// record again: every other agent watches those records.
+func TestARestartedAgentLeavesAnUnchangedNodeRecordAlone(t *testing.T) {
+	s := store.NewMemory()
+	ifs := fakeInterfaces{"uplink0": 2}
+	for range 2 {
+		a, err := New(Config{Node: "h1", Uplink: "uplink0", Resync: time.Hour}, s, &fakeDatapath{}, ifs, quiet())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.register(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Writes(); n != 1 {
+		t.Fatalf("two starts wrote %d times, want once", n)
+	}
+}
