@@ -287,3 +287,21 @@ func benchCreates(b *testing.B, c *Controller) {
 		i++
 	}
 }
+
+// A host an operator puts in the store behind the controller's back is
+// taken in when an operation reads it: a VM placed there gets its desired
+// key at once, not at the next full compile.
+func TestAHostWrittenBehindTheControllerGetsItsVMsAtOnce(t *testing.T) {
+	c, s := cloud(t, 2, 1, 4)
+	ctx := t.Context()
+	if err := store.PutJSON(ctx, s, intent.HostsPrefix+"late", intent.Host{Name: "late"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateVM(ctx, "blue", "s0", "onlate", "late"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, intent.DesiredVMKey("late", "blue/s0/onlate")); err != nil {
+		t.Fatalf("the VM on a host written behind the controller has no desired key: %v", err)
+	}
+	sameAsReference(t, s)
+}

@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -33,6 +35,37 @@ func (t *tracked) Put(ctx context.Context, key string, value []byte) error {
 		t.c.changed(ctx, key, value, false)
 	}
 	return nil
+}
+
+// Get implements store.Store. Hosts are the one intent an operator may
+// write behind the controller (api_hosts.go): a host read here that the
+// model does not know, or knows otherwise, is taken in there and then, so
+// a VM placed on it gets its desired key at once.
+func (t *tracked) Get(ctx context.Context, key string) ([]byte, error) {
+	v, err := t.Store.Get(ctx, key)
+	if !strings.HasPrefix(key, intent.HostsPrefix) || (err != nil && !errors.Is(err, store.ErrNotFound)) {
+		return v, err
+	}
+	name := strings.TrimPrefix(key, intent.HostsPrefix)
+	m := &t.c.model
+	m.mu.Lock()
+	stale := false
+	if m.loaded {
+		h, known := m.hosts[name]
+		switch {
+		case err != nil:
+			stale = known
+		case !known:
+			stale = true
+		default:
+			stale = !bytes.Equal(mustJSON(h), v)
+		}
+	}
+	m.mu.Unlock()
+	if stale {
+		t.c.changed(ctx, key, v, err != nil)
+	}
+	return v, err
 }
 
 // PutIfUnchanged implements store.Store.
