@@ -14,6 +14,7 @@ import (
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/policy"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/tappolicy"
 )
 
 // VMIDsPrefix holds, per subnet (FARM/SUBNET), the host ids its VMs hold:
@@ -225,6 +226,7 @@ func (m *model) apply(key string, v []byte, deleted bool) (*dirty, error) {
 				delete(m.byName, old.Name)
 			}
 			d.tapsOn[old.Host] = true
+			d.taps = d.taps || m.tapNames(old)
 		}
 		if deleted {
 			delete(m.vms, full)
@@ -241,10 +243,9 @@ func (m *model) apply(key string, v []byte, deleted bool) (*dirty, error) {
 			}
 			m.onHost[vm.Host][full] = true
 			d.tapsOn[vm.Host] = true
+			d.taps = d.taps || m.tapNames(vm)
 		}
 		d.vms[full] = true
-		// A TAP rule names VMs by address: it may resolve differently.
-		d.taps = len(m.taps) > 0
 	case strings.HasPrefix(key, intent.SliversPrefix):
 		name := strings.TrimPrefix(key, intent.SliversPrefix)
 		if deleted {
@@ -312,6 +313,37 @@ func (m *model) apply(key string, v []byte, deleted bool) (*dirty, error) {
 	return d, nil
 }
 
+// tapNames reports whether a TAP policy names vm (by name, address or MAC)
+// as its sender, receiver or monitor: only then can a change of vm change
+// the compiled rules. Which hosts play a part in a rule that names a
+// subnet or any VM follows from the VMs of each host alone (the tapsOn of
+// the hosts vm leaves and joins).
+func (m *model) tapNames(vm intent.VM) bool {
+	for _, p := range m.taps {
+		for _, end := range []string{p.Sender, p.Receiver, p.Monitor} {
+			r, err := tappolicy.ParseRef(end)
+			if err != nil {
+				return true // cannot tell: compile the rules again
+			}
+			switch r.Kind {
+			case tappolicy.KindVM:
+				if r.Named() == vm.FullName() {
+					return true
+				}
+			case tappolicy.KindIP:
+				if r.IP.String() == vm.IP {
+					return true
+				}
+			case tappolicy.KindMAC:
+				if strings.EqualFold(r.MAC, vm.MAC) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 func orEmpty(m map[string]uint8) map[string]uint8 {
 	if m == nil {
 		return map[string]uint8{}
@@ -327,9 +359,9 @@ type writer interface {
 
 // compile writes the desired keys d may have changed, where they differ
 // from what the store holds. m.mu is held. Its cost grows with what d
-// names (a VM, a host's keys, the farms' states), not with the cloud; TAP
-// policies, when there are any, are the exception: they are resolved
-// against every VM (docs/control-plane.md).
+// names (a VM, a host's keys, the farms' states), not with the cloud; the
+// exception is a change of a TAP policy, or of a VM one names, which
+// resolves the policies against every VM (docs/control-plane.md).
 func (m *model) compile(ctx context.Context, w writer, d *dirty) (writes int, err error) {
 	put := func(key string, v []byte) error {
 		if cur, ok := m.written[key]; ok && bytes.Equal(cur, v) {

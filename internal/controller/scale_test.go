@@ -99,7 +99,9 @@ func sameAsReference(t *testing.T, s *store.Memory) {
 	farms, _, _ := store.ListJSON[intent.Farm](ctx, s, intent.FarmsPrefix)
 	subnets, _, _ := store.ListJSON[intent.Subnet](ctx, s, intent.SubnetsPrefix)
 	vms, _, _ := store.ListJSON[intent.VM](ctx, s, intent.VMsPrefix)
-	want, _ := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms})
+	slivers, _, _ := store.ListJSON[intent.Sliver](ctx, s, intent.SliversPrefix)
+	taps, _, _ := store.ListJSON[intent.TapPolicy](ctx, s, intent.TapsPrefix)
+	want, _ := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Slivers: slivers, Taps: taps})
 	for _, h := range hosts {
 		got, _, err := desired.Read(ctx, s, h.Name)
 		if err != nil {
@@ -112,10 +114,10 @@ func sameAsReference(t *testing.T, s *store.Memory) {
 	all, _, _ := s.List(ctx, intent.DesiredPrefix)
 	n := 0
 	for _, d := range want {
-		n += len(d.Local)
+		n += len(d.Local) + len(d.Slivers) + len(d.Taps)
 	}
 	if len(all) != n {
-		t.Fatalf("%d desired keys in the store, want %d (one per VM)", len(all), n)
+		t.Fatalf("%d desired keys in the store, want %d (one per VM, sliver and TAP rule of a host)", len(all), n)
 	}
 }
 
@@ -304,4 +306,48 @@ func TestAHostWrittenBehindTheControllerGetsItsVMsAtOnce(t *testing.T) {
 		t.Fatalf("the VM on a host written behind the controller has no desired key: %v", err)
 	}
 	sameAsReference(t, s)
+}
+
+// With TAP policies, the rules a host plays a part in follow its VMs: a VM
+// of the sender subnet arriving on a host gives it the rule, the last one
+// leaving takes it away, and a VM the policy names moving takes the
+// monitor's edge with it. What is written always equals the reference.
+func TestTapRulesFollowTheVMsTheyConcern(t *testing.T) {
+	c, s := cloud(t, 6, 2, 24)
+	ctx := t.Context()
+	if _, err := c.CreateVM(ctx, "blue", "s1", "mon", "h5"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateTap(ctx, intent.TapPolicy{Name: "t1", Sender: "blue/s0", Receiver: "any", Monitor: "blue/s1/mon"}); err != nil {
+		t.Fatal(err)
+	}
+	sameAsReference(t, s)
+	tapKeys := func() int {
+		all, _, _ := s.List(ctx, intent.DesiredPrefix)
+		n := 0
+		for k := range all {
+			if strings.Contains(k, "/tap/") {
+				n++
+			}
+		}
+		return n
+	}
+	if tapKeys() == 0 {
+		t.Fatal("the policy made no TAP key: the test shows nothing")
+	}
+	for _, step := range []func() error{
+		func() error { _, err := c.CreateVM(ctx, "blue", "s0", "newsnd", "h1"); return err },
+		func() error { _, err := c.MoveVM(ctx, "blue", "s0", "newsnd", "h3", ""); return err },
+		func() error { _, err := c.MoveVM(ctx, "blue", "s1", "mon", "h2", ""); return err },
+		func() error { return c.DeleteVM(ctx, "blue", "s0", "newsnd") },
+		func() error { return c.DeleteTap(ctx, "t1") },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+		sameAsReference(t, s)
+	}
+	if n := tapKeys(); n != 0 {
+		t.Fatalf("%d TAP keys left after the policy was deleted", n)
+	}
 }
