@@ -111,8 +111,21 @@ func (m *StoreMaintainer) once(ctx context.Context) (StoreStatus, error) {
 		m.compacted = rev
 		m.st.Compactions++
 		m.mu.Unlock()
-		if h, err = m.s.Health(ctx); err != nil {
-			return StoreStatus{Health: h}, err
+		// etcd counts the freed pages at its next backend commit (every
+		// 100 ms): wait for it, briefly, so the rule below sees them.
+		inUse := h.DBSizeInUse
+		for range 20 {
+			if h, err = m.s.Health(ctx); err != nil {
+				return StoreStatus{Health: h}, err
+			}
+			if h.DBSizeInUse < inUse {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return StoreStatus{Health: h}, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	}
 	free := h.DBSize - h.DBSizeInUse
