@@ -41,6 +41,7 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.LISPListen, "lisp-listen", "", "UDP address of the LISP map-server/map-resolver, e.g. 192.168.100.1:4342 (default: none)")
 	f.StringVar(&cfg.LISPSiteKeys, "lisp-site-keys", "", "file of LISP sites that may register: NAME KEY-ID SECRET EID-PREFIX[,...] a line (mode 600)")
 	f.StringVar(&cfg.LocationListen, "location-listen", ":2031", "TCP address of the VNAT location server (VCMP location queries and stores; docs/vnat-location.md); empty: none")
+	f.Int64Var(&cfg.EtcdQuota, "etcd-quota-bytes", 0, "embedded etcd's database quota: beyond it etcd raises NOSPACE and refuses writes (0: etcd's 2 GiB)")
 	addControllerTLSFlags(c, &cfg)
 	return c
 }

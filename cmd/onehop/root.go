@@ -44,6 +44,7 @@ func nouns() []noun {
 		{cmd: tapCmd, list: &tapListing},
 		{cmd: getCmd},
 		{cmd: statsCmd},
+		{cmd: statusCmd},
 		{cmd: vnatCmd},
 		{cmd: gatewayCmd},
 		{cmd: lispCmd},

@@ -6,6 +6,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"net/netip"
 	"reflect"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,6 +93,16 @@ type Agent struct {
 	hooks           Hooks
 	shares          *Shares // each local VM's share of the slow path
 	dpRefused       map[netip.Addr]map[string]uint64
+	lists, relists  uint64 // full lists of the store, and those after a lost watch
+
+	// passMu serialises passes and guards what they read: the view of
+	// the host's desired keys, the node records, the revision of the
+	// last change taken in, and the desired state last applied.
+	passMu  sync.Mutex
+	view    *intent.View
+	nodes   map[string]intent.Node
+	viewRev int64
+	applied intent.Desired
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -128,7 +140,8 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 		cfg.Resync = 2 * time.Second
 	}
 	a := &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log,
-		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{}}
+		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{},
+		view: intent.NewView(cfg.Node), nodes: map[string]intent.Node{}}
 	a.router = newRouter(dp, cfg.Uplink, log)
 	a.router.left = a.shares.Forget
 	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups, LocationServer: cfg.LocationServer}
@@ -151,7 +164,11 @@ func (a *Agent) Features() []feature.Feature { return a.features }
 // Router is the virtual router feature.
 func (a *Agent) Router() *Router { return a.router }
 
-// Run registers the node and reconciles until ctx ends.
+// Run registers the node and reconciles until ctx ends: it lists its
+// desired keys once, then applies what its watches report, change by
+// change, relisting only when a watch is lost (a compacted revision, an
+// error, the store gone). Every Resync it also applies again from what it
+// holds, without reading the store, to pick up vifs that appeared.
 func (a *Agent) Run(ctx context.Context) error {
 	for {
 		err := a.register(ctx)
@@ -165,29 +182,227 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
-	ticker := time.NewTicker(a.cfg.Resync)
-	defer ticker.Stop()
 	for {
-		wctx, cancel := context.WithCancel(ctx)
-		// Watch from the revision the reconcile read at, so nothing written
-		// after that read is missed.
 		rev, err := a.ReconcileOnce(ctx)
 		if err != nil {
 			a.log.Error("reconcile failed; will retry", "err", err)
 		}
-		changes := a.store.Watch(wctx, intent.DesiredPrefix+a.cfg.Node, rev)
-		// A host joining or leaving changes whom the datapath hears.
-		nodes := a.store.Watch(wctx, intent.NodesPrefix, rev)
+		if rev == 0 {
+			// Nothing was read: try the store again after a while.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(a.cfg.Resync):
+			}
+			continue
+		}
+		err = a.follow(ctx, rev)
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.mu.Lock()
+		a.relists++
+		a.mu.Unlock()
+		a.log.Warn("watch lost; listing the desired state again", "err", err)
+	}
+}
+
+// source is where a watched batch came from.
+type source struct {
+	farm   uint8
+	isFarm bool
+	nodes  bool
+}
+
+type sourced struct {
+	src source
+	b   store.Batch
+}
+
+// errWatchEnded is a watch that closed without saying why.
+var errWatchEnded = errors.New("watch ended")
+
+// follow applies the changes the watches report, from revision rev, until
+// one of them breaks (its error is returned) or ctx ends.
+func (a *Agent) follow(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	in := make(chan sourced, 64)
+	forward := func(fctx context.Context, src source, ch <-chan store.Batch) {
+		go func() {
+			for b := range ch {
+				select {
+				case in <- sourced{src, b}:
+				case <-fctx.Done():
+					return
+				}
+			}
+			if fctx.Err() == nil {
+				select {
+				case in <- sourced{src, store.Batch{Err: errWatchEnded}}:
+				case <-fctx.Done():
+				}
+			}
+		}()
+	}
+	forward(wctx, source{}, a.store.WatchEvents(wctx, intent.DesiredHostPrefix(a.cfg.Node), rev))
+	// A host joining or leaving changes whom the datapath hears.
+	forward(wctx, source{nodes: true}, a.store.WatchEvents(wctx, intent.NodesPrefix, rev))
+	farms := map[uint8]context.CancelFunc{}
+	defer func() {
+		for _, stop := range farms {
+			stop()
+		}
+	}()
+	// watchFarms follows the farm states the view needs, and only those:
+	// a farm the host carries no VM of sends it nothing.
+	watchFarms := func(from int64) error {
+		need := map[uint8]bool{}
+		a.passMu.Lock()
+		carried := a.view.Farms()
+		a.passMu.Unlock()
+		for _, id := range carried {
+			need[id] = true
+			if farms[id] != nil {
+				continue
+			}
+			start := from
+			if start == 0 {
+				// A farm the host just started carrying: read its
+				// state now and follow it from there.
+				kvs, r, err := a.store.List(ctx, intent.FarmStateKey(id))
+				if err != nil {
+					return fmt.Errorf("farm state %d: %w", id, err)
+				}
+				if err := a.takeFarm(intent.FarmStateKey(id), kvs[intent.FarmStateKey(id)], r); err != nil {
+					return err
+				}
+				start = r
+			}
+			fctx, stop := context.WithCancel(wctx)
+			farms[id] = stop
+			forward(fctx, source{farm: id, isFarm: true}, a.store.WatchEvents(fctx, intent.FarmStateKey(id), start))
+		}
+		for id, stop := range farms {
+			if !need[id] {
+				stop()
+				delete(farms, id)
+				a.passMu.Lock()
+				a.view.DeleteFarm(id)
+				a.passMu.Unlock()
+			}
+		}
+		return nil
+	}
+	if err := watchFarms(rev); err != nil {
+		return err
+	}
+	ticker := time.NewTicker(a.cfg.Resync)
+	defer ticker.Stop()
+	for {
+		var batch []sourced
 		select {
 		case <-ctx.Done():
-			cancel()
 			return nil
-		case <-changes:
-		case <-nodes:
 		case <-ticker.C:
+			if _, err := a.pass(ctx, "resync", 0); err != nil {
+				a.log.Error("reconcile failed; will retry", "err", err)
+			}
+			continue
+		case got := <-in:
+			batch = append(batch, got)
 		}
-		cancel()
+		// Take whatever else has arrived: one pass applies it all.
+	drain:
+		for {
+			select {
+			case got := <-in:
+				batch = append(batch, got)
+			default:
+				break drain
+			}
+		}
+		events := 0
+		for _, got := range batch {
+			if got.src.isFarm && farms[got.src.farm] == nil {
+				continue // a farm no longer followed
+			}
+			if got.b.Err != nil {
+				return got.b.Err
+			}
+			events += len(got.b.Events)
+			if err := a.take(got.src, got.b.Events); err != nil {
+				return err
+			}
+		}
+		if err := watchFarms(0); err != nil {
+			return err
+		}
+		if _, err := a.pass(ctx, "change", events); err != nil {
+			a.log.Error("reconcile failed; will retry", "err", err)
+		}
 	}
+}
+
+// take applies watched events to the view and node records.
+func (a *Agent) take(src source, events []store.Event) error {
+	a.passMu.Lock()
+	defer a.passMu.Unlock()
+	for _, e := range events {
+		switch {
+		case src.nodes:
+			name := strings.TrimPrefix(e.Key, intent.NodesPrefix)
+			if e.Deleted {
+				delete(a.nodes, name)
+				continue
+			}
+			var n intent.Node
+			if err := json.Unmarshal(e.Value, &n); err != nil {
+				// One bad record leaves that host unheard, as a list does.
+				a.log.Warn("node record", "key", e.Key, "err", err)
+				delete(a.nodes, name)
+				continue
+			}
+			a.nodes[name] = n
+		case src.isFarm:
+			if err := a.takeFarmLocked(e.Key, e.Value, e.Rev); err != nil {
+				return err
+			}
+		default:
+			if e.Deleted {
+				a.view.Delete(e.Key)
+			} else if err := a.view.Set(e.Key, e.Value); err != nil {
+				return err
+			}
+			a.viewRev = max(a.viewRev, e.Rev)
+		}
+	}
+	return nil
+}
+
+// takeFarm sets a farm's state from its key's value (nil: none).
+func (a *Agent) takeFarm(key string, v []byte, rev int64) error {
+	a.passMu.Lock()
+	defer a.passMu.Unlock()
+	return a.takeFarmLocked(key, v, rev)
+}
+
+func (a *Agent) takeFarmLocked(key string, v []byte, rev int64) error {
+	id, ok := intent.ParseFarmStateKey(key)
+	if !ok {
+		return fmt.Errorf("farm state key %s", key)
+	}
+	if v == nil {
+		a.view.DeleteFarm(id)
+	} else {
+		var f intent.FarmState
+		if err := json.Unmarshal(v, &f); err != nil {
+			return fmt.Errorf("decode %s: %w", key, err)
+		}
+		a.view.SetFarm(f)
+	}
+	a.viewRev = max(a.viewRev, rev)
+	return nil
 }
 
 func (a *Agent) register(ctx context.Context) error {
@@ -208,34 +423,93 @@ func (a *Agent) register(ctx context.Context) error {
 			return fmt.Errorf("ephemeral port range: %w", err)
 		}
 	}
-	if err := store.PutJSON(ctx, a.store, intent.NodesPrefix+a.cfg.Node, n); err != nil {
-		return err
+	// Unchanged, it is not written again: every agent watches the node
+	// records, and a restart that changed nothing must cost them nothing.
+	b, err := json.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("encode node record: %w", err)
+	}
+	if cur, err := a.store.Get(ctx, intent.NodesPrefix+a.cfg.Node); err != nil || !bytes.Equal(cur, b) {
+		if err := a.store.Put(ctx, intent.NodesPrefix+a.cfg.Node, b); err != nil {
+			return err
+		}
 	}
 	a.log.Info("registered node", "node", n.Name, "uplink", n.Uplink, "mac", n.UplinkMAC, "ip", n.UplinkIP)
 	return nil
 }
 
-// ReconcileOnce makes the datapath match the desired state now in the store
-// and returns the store revision it read.
+// ReconcileOnce lists the desired state now in the store (the host's
+// keys, the farm states its VMs need, the node records), makes the
+// datapath match it and returns the store revision it read at: a full
+// relist, which Run does at start and when a watch is lost.
 func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 	// Bounded: a stalled store must delay a pass, never stop the loop.
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	kvs, rev, err := a.store.List(ctx, intent.DesiredPrefix+a.cfg.Node)
+	kvs, rev, err := a.store.List(lctx, intent.DesiredHostPrefix(a.cfg.Node))
 	if err != nil {
 		return 0, err
 	}
-	d := intent.Desired{Node: a.cfg.Node, VMNet: "10.0.0.0/8"}
-	if b, ok := kvs[intent.DesiredPrefix+a.cfg.Node]; ok {
-		if err := json.Unmarshal(b, &d); err != nil {
-			return rev, fmt.Errorf("desired state of %s: %w", a.cfg.Node, err)
+	view := intent.NewView(a.cfg.Node)
+	for k, v := range kvs {
+		if err := view.Set(k, v); err != nil {
+			return 0, fmt.Errorf("desired state of %s: %w", a.cfg.Node, err)
 		}
 	}
-	nodes, _, err := store.ListJSON[intent.Node](ctx, a.store, intent.NodesPrefix)
-	if err != nil {
-		return rev, fmt.Errorf("node records: %w", err)
+	for _, id := range view.Farms() {
+		fk := intent.FarmStateKey(id)
+		fs, _, err := a.store.List(lctx, fk)
+		if err != nil {
+			return 0, fmt.Errorf("farm state %d: %w", id, err)
+		}
+		if b, ok := fs[fk]; ok {
+			var f intent.FarmState
+			if err := json.Unmarshal(b, &f); err != nil {
+				return 0, fmt.Errorf("decode %s: %w", fk, err)
+			}
+			view.SetFarm(f)
+		}
 	}
-	err = a.apply(d, nodes)
+	nodeKVs, _, err := a.store.List(lctx, intent.NodesPrefix)
+	if err != nil {
+		return 0, fmt.Errorf("node records: %w", err)
+	}
+	nodes := map[string]intent.Node{}
+	for k, b := range nodeKVs {
+		var n intent.Node
+		if err := json.Unmarshal(b, &n); err != nil {
+			a.log.Warn("node record", "key", k, "err", err)
+			continue
+		}
+		nodes[strings.TrimPrefix(k, intent.NodesPrefix)] = n
+	}
+	a.passMu.Lock()
+	if view.Desired().Digest() != a.applied.Digest() || a.viewRev == 0 {
+		a.viewRev = rev
+	}
+	a.view, a.nodes = view, nodes
+	a.passMu.Unlock()
+	a.mu.Lock()
+	a.lists++
+	a.mu.Unlock()
+	_, err = a.pass(ctx, "list", len(kvs))
+	return rev, err
+}
+
+// pass makes the datapath match the view, publishes the status and logs
+// what changed, and returns the desired state it applied.
+func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desired, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	a.passMu.Lock()
+	defer a.passMu.Unlock()
+	start := time.Now()
+	d := a.view.Desired()
+	nodes := make([]intent.Node, 0, len(a.nodes))
+	for _, name := range sortedNames(a.nodes) {
+		nodes = append(nodes, a.nodes[name])
+	}
+	err := a.apply(d, nodes)
 	if time.Since(a.countersAt) >= countersEvery {
 		if c, cerr := a.dp.Counters(); cerr == nil {
 			a.mu.Lock()
@@ -257,10 +531,26 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 		a.failures++
 	}
 	a.mu.Unlock()
+	if err == nil {
+		if ch := diffDesired(a.applied, d); !ch.empty() {
+			a.log.Info("datapath reconciled", append([]any{"why", why, "events", events}, append(ch.attrs(),
+				"vms", len(d.Local), "revision", a.viewRev, "took", time.Since(start).Round(time.Microsecond))...)...)
+		}
+		a.applied = d
+	}
 	if serr := a.publishStatus(ctx, d, err); serr != nil && err == nil {
 		err = serr
 	}
-	return rev, err
+	return d, err
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // subController is one feature's reconcile: compiled, checked against its
@@ -375,9 +665,11 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 		}
 	}
 	st.AppliedDigest = d.Digest()
+	st.AppliedRevision = a.viewRev
 	st.Error = ""
 	if applyErr != nil {
 		st.AppliedDigest = ""
+		st.AppliedRevision = 0
 		st.Error = applyErr.Error()
 	}
 	prev := a.status
@@ -390,9 +682,6 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	a.mu.Unlock()
 	if !changed {
 		return nil
-	}
-	if applyErr == nil {
-		a.log.Info("datapath reconciled", "digest", st.AppliedDigest, "endpoints", st.Endpoints, "vifs", st.AttachedVifs)
 	}
 	return store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
 }
@@ -459,6 +748,14 @@ func (a *Agent) MapUses() []MapUse {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Feature+out[i].Map < out[j].Feature+out[j].Map })
 	return out
+}
+
+// Lists returns how many times the agent listed its desired state in full,
+// and how many of those followed a lost watch.
+func (a *Agent) Lists() (lists, relists uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lists, a.relists
 }
 
 // Status returns the last reconcile's outcome and the reconcile counts.

@@ -116,7 +116,7 @@ func TestReconcileWritesDesiredEntriesAndReportsDigest(t *testing.T) {
 		t.Fatalf("attach %v uplink %q", dp.entries.Attach, dp.uplink)
 	}
 	st := publishedStatus(t, s, "h1")
-	if st.AppliedDigest != d.Digest() || st.Endpoints != 2 || len(st.AttachedVifs) != 2 {
+	if st.AppliedDigest != storedDigest(t, s, "h1") || st.Endpoints != 2 || len(st.AttachedVifs) != 2 {
 		t.Fatalf("status %+v", st)
 	}
 }
@@ -263,7 +263,7 @@ func TestStatusCarriesNonZeroCounters(t *testing.T) {
 func TestADepartingVMsStaleMappingIsForgotten(t *testing.T) {
 	ctx := context.Background()
 	s := store.NewMemory()
-	if err := store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired()); err != nil {
+	if err := writeDesired(ctx, s, desired()); err != nil {
 		t.Fatal(err)
 	}
 	a := newAgent(t, s, &fakeDatapath{}, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
@@ -274,7 +274,7 @@ func TestADepartingVMsStaleMappingIsForgotten(t *testing.T) {
 	}
 	d := desired()
 	d.Local = d.Local[:1] // web3 moves away
-	if err := store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", d); err != nil {
+	if err := writeDesired(ctx, s, d); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.ReconcileOnce(ctx); err != nil {

@@ -83,7 +83,7 @@ func TestAClaimMovesAMappingOnlyWhereTheStorePlacesTheVM(t *testing.T) {
 func TestTheDatapathHearsTheHostsTheStoreListsButNotItself(t *testing.T) {
 	ctx := context.Background()
 	s := store.NewMemory()
-	if err := store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired()); err != nil {
+	if err := writeDesired(ctx, s, desired()); err != nil {
 		t.Fatal(err)
 	}
 	putNodes(t, s,

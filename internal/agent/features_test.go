@@ -48,7 +48,7 @@ func TestEveryDatapathMapIsDeclaredByOneFeature(t *testing.T) {
 func TestAFullMapIsReportedAndNothingIsWritten(t *testing.T) {
 	ctx := context.Background()
 	s := store.NewMemory()
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	putDesired(t, s, "h1", desired())
 	dp := &fakeDatapath{caps: map[string]int{"endpoints": 1}}
 	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
 	_, err := a.ReconcileOnce(ctx)
@@ -150,7 +150,7 @@ func (d *loggingDatapath) SetFeatures(bits uint32) error {
 func TestFeatureBitsFollowTheirMapsAndFeaturesFailAlone(t *testing.T) {
 	ctx := context.Background()
 	s := store.NewMemory()
-	store.PutJSON(ctx, s, intent.DesiredPrefix+"h1", desired())
+	putDesired(t, s, "h1", desired())
 	var log []string
 	var mu sync.Mutex
 	dp := &loggingDatapath{log: &log, mu: &mu}

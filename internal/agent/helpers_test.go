@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	desiredstore "github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -39,7 +40,8 @@ func waitUntil(t *testing.T, ok func() bool, what ...string) {
 // putDesired stores the node's desired state as the controller would.
 func putDesired(t *testing.T, s store.Store, node string, d intent.Desired) {
 	t.Helper()
-	if err := store.PutJSON(context.Background(), s, intent.DesiredPrefix+node, d); err != nil {
+	d.Node = node
+	if err := desiredstore.Write(context.Background(), s, d); err != nil {
 		t.Fatalf("put desired state of %s: %v", node, err)
 	}
 }
@@ -60,4 +62,20 @@ func publishedStatus(t *testing.T, s store.Store, node string) intent.AgentStatu
 		t.Fatalf("status of %s: %v", node, err)
 	}
 	return st
+}
+
+// writeDesired stores d as the controller would, as the keys of its node.
+func writeDesired(ctx context.Context, s store.Store, d intent.Desired) error {
+	return desiredstore.Write(ctx, s, d)
+}
+
+// storedDigest is the digest of node's desired state as the store holds it
+// (what the lab compares an agent's report with).
+func storedDigest(t *testing.T, s store.Store, node string) string {
+	t.Helper()
+	d, _, err := desiredstore.Read(context.Background(), s, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Digest()
 }

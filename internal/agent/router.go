@@ -172,7 +172,10 @@ func (r *Router) Sync(p feature.Plan) error {
 	r.attached, r.missing, r.endpoints = attached, plan.missing, len(plan.entries.Endpoints)
 	r.mu.Unlock()
 	if len(plan.missing) > 0 && !reflect.DeepEqual(plan.missing, prevMissing) {
-		r.log.Info("waiting for vifs to appear", "vifs", plan.missing)
+		// A count and a few names: the line must not grow with the VMs.
+		shown, more := sample(plan.missing)
+		r.log.Info("waiting for vifs to appear", "missing", len(plan.missing), "first", shown, "more", more,
+			"attached", len(attached))
 	}
 	for _, name := range left {
 		if r.left != nil {

@@ -27,6 +27,7 @@ func (c *Controller) API() http.Handler {
 		c.sliverRoutes,
 		c.tapRoutes,
 		c.lispRoutes,
+		c.storeRoutes,
 	} {
 		register(mux)
 	}

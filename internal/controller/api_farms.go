@@ -53,7 +53,7 @@ func (c *Controller) CreateFarm(ctx context.Context, name string, proxyARP bool)
 		return intent.Farm{}, allocErr("name", err)
 	}
 	f := intent.Farm{Name: name, ID: id, ProxyARP: proxyARP}
-	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+	if err := c.saveAlloc(ctx, a); err != nil {
 		return f, err
 	}
 	return f, store.PutJSON(ctx, c.store, intent.FarmsPrefix+name, f)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/store"
@@ -93,8 +94,8 @@ func TestAPICreatesSliversWithLowestFreeSlotsKeptAcrossChanges(t *testing.T) {
 	if _, err := c.CompileOnce(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	var d intent.Desired
-	if err := store.GetJSON(t.Context(), s, intent.DesiredPrefix+"h1", &d); err != nil {
+	d, _, err := desired.Read(t.Context(), s, "h1")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if len(d.Slivers) != 3 || d.Slivers[0].Name != "s4" || d.Slivers[1].Name != "s2" || d.Slivers[2].Name != "s3" {

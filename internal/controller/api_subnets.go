@@ -48,7 +48,7 @@ func (c *Controller) CreateSubnet(ctx context.Context, farm, name string) (inten
 		return intent.Subnet{}, allocErr("farm", err)
 	}
 	s := intent.Subnet{Farm: farm, Name: name, ID: sid, Prefix: ipam.SubnetPrefix(f.ID, sid).String(), Gateway: ipam.Gateway(f.ID, sid).String()}
-	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+	if err := c.saveAlloc(ctx, a); err != nil {
 		return s, err
 	}
 	return s, store.PutJSON(ctx, c.store, key, s)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -98,7 +99,7 @@ func TestAPICreatesTapsWithLowestFreeIDsAndVMsByName(t *testing.T) {
 	}
 	rules := func(host string) string {
 		var d intent.Desired
-		if err := store.GetJSON(t.Context(), s, intent.DesiredPrefix+host, &d); err != nil {
+		if d, _, err = desired.Read(t.Context(), s, host); err != nil {
 			t.Fatal(err)
 		}
 		var out []string

@@ -60,19 +60,18 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 	if _, err := c.store.Get(ctx, intent.HostsPrefix+name); err == nil {
 		return intent.VM{}, conflict("name", "host %q (VMs and hosts share one set of node names, as the lab's namespaces oh-LAB-NAME do)", name)
 	}
-	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
-	if err != nil {
-		return intent.VM{}, err
-	}
-	for _, v := range vms {
-		if v.Name == name {
-			return intent.VM{}, conflict("name", "vm %q (as %s)", name, v.FullName())
+	if err := c.view(ctx, func(m *model) error {
+		if full, ok := m.byName[name]; ok {
+			return conflict("name", "vm %q (as %s)", name, full)
 		}
-	}
-	if err := c.checkRoom(vms, host); err != nil {
+		return nil
+	}); err != nil {
 		return intent.VM{}, err
 	}
-	a, err := c.alloc(ctx)
+	if err := c.checkRoom(ctx, host); err != nil {
+		return intent.VM{}, err
+	}
+	a, err := c.allocIn(ctx, farm+"/"+subnet)
 	if err != nil {
 		return intent.VM{}, err
 	}
@@ -85,7 +84,7 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 		return intent.VM{}, allocErr("subnet", err)
 	}
 	v := intent.NewVM(farm, subnet, name, host, ip)
-	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
 		return v, err
 	}
 	return v, store.PutJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), v)
@@ -95,12 +94,10 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 // (limits.MaxVMsPerHost endpoints): refused here, with an error naming the
 // host, it never reaches the host's agent, where it could not be programmed
 // and would take the host's other VMs down with it.
-func (c *Controller) checkRoom(vms []intent.VM, host string) error {
-	n := 0
-	for _, v := range vms {
-		if v.Host == host {
-			n++
-		}
+func (c *Controller) checkRoom(ctx context.Context, host string) error {
+	var n int
+	if err := c.view(ctx, func(m *model) error { n = len(m.onHost[host]); return nil }); err != nil {
+		return err
 	}
 	if n >= c.maxVMsPerHost {
 		return full("host", fmt.Errorf("host %q holds %d VMs, as many as its datapath holds (%d), 0 left: place the VM on another host", host, n, c.maxVMsPerHost))
@@ -116,12 +113,12 @@ func (c *Controller) DeleteVM(ctx context.Context, farm, subnet, name string) er
 	if _, err := c.store.Get(ctx, key); errors.Is(err, store.ErrNotFound) {
 		return notFound("vm", "vm %s/%s/%s", farm, subnet, name)
 	}
-	a, err := c.alloc(ctx)
+	a, err := c.allocIn(ctx, farm+"/"+subnet)
 	if err != nil {
 		return err
 	}
 	delete(a.VMs, farm+"/"+subnet+"/"+name)
-	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
 		return err
 	}
 	return c.store.Delete(ctx, key)

@@ -58,15 +58,11 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 		return v, err
 	}
 	if v.Host != host {
-		vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
-		if err != nil {
-			return v, err
-		}
-		if err := c.checkRoom(vms, host); err != nil {
+		if err := c.checkRoom(ctx, host); err != nil {
 			return v, err
 		}
 	}
-	a, err := c.alloc(ctx)
+	a, err := c.allocIn(ctx, v.Farm+"/"+v.Subnet, tf+"/"+ts)
 	if err != nil {
 		return v, err
 	}
@@ -81,7 +77,7 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	}
 	moved := intent.NewVM(tf, ts, name, host, ip)
 	moved.Firewall = v.Firewall
-	if err := store.PutJSON(ctx, c.store, intent.AllocKey, a); err != nil {
+	if err := c.saveAlloc(ctx, a, v.Farm+"/"+v.Subnet, tf+"/"+ts); err != nil {
 		return v, err
 	}
 	// The old record goes first: for a moment the VM is nowhere rather
@@ -103,11 +99,7 @@ func (c *Controller) moveHost(ctx context.Context, key string, v intent.VM, host
 	if v.Host == host {
 		return v, nil
 	}
-	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
-	if err != nil {
-		return v, err
-	}
-	if err := c.checkRoom(vms, host); err != nil {
+	if err := c.checkRoom(ctx, host); err != nil {
 		return v, err
 	}
 	v.Host = host

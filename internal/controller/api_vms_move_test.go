@@ -2,12 +2,13 @@ package controller
 
 import (
 	"errors"
+	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -120,8 +121,9 @@ func TestAPIMoveToAnotherSubnetReaddressesTheVMAndDesiredStateFollows(t *testing
 	if _, err := s.Get(t.Context(), intent.VMsPrefix+"blue/web/web1"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("the old record blue/web/web1 is still there (err %v)", err)
 	}
-	var a ipam.Allocations
-	if err := store.GetJSON(t.Context(), s, intent.AllocKey, &a); err != nil {
+	// A controller started afresh reads the allocations from the store.
+	a, err := New(s, slog.New(slog.DiscardHandler)).alloc(t.Context())
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := a.VMs["blue/web/web1"]; ok || a.VMs["blue/db/web1"] != 3 {
@@ -136,8 +138,8 @@ func TestAPIMoveToAnotherSubnetReaddressesTheVMAndDesiredStateFollows(t *testing
 		t.Fatal(err)
 	}
 	local := func(host string) map[string]intent.LocalEndpoint {
-		var d intent.Desired
-		if err := store.GetJSON(t.Context(), s, intent.DesiredPrefix+host, &d); err != nil {
+		d, _, err := desired.Read(t.Context(), s, host)
+		if err != nil {
 			t.Fatal(err)
 		}
 		m := map[string]intent.LocalEndpoint{}

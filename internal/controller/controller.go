@@ -6,7 +6,6 @@ package controller
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -25,7 +24,16 @@ import (
 
 // Controller compiles intent into desired state.
 type Controller struct {
+	// store is raw with every write of intent tracked: applied to the
+	// model and compiled into the desired keys it changes (tracked.go).
 	store store.Store
+	raw   store.Store
+	model model
+	// kick asks Run for a full compile: a desired write failed.
+	kick chan struct{}
+	// maint keeps the store small and reports on it; nil for a store
+	// that is not etcd.
+	maint *StoreMaintainer
 	log   *slog.Logger
 	mu    sync.Mutex // one intent change at a time: read, allocate, write
 	// maxVMsPerHost is how many VMs a host's datapath holds; tests lower it.
@@ -40,18 +48,21 @@ type Controller struct {
 
 // New returns a controller writing to s.
 func New(s store.Store, log *slog.Logger) *Controller {
-	return &Controller{store: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: portspace.MaxSlivers,
-		maxTaps: tap.MaxRules / 2}
+	c := &Controller{raw: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: portspace.MaxSlivers,
+		maxTaps: tap.MaxRules / 2, kick: make(chan struct{}, 1)}
+	c.store = &tracked{Store: s, c: c}
+	return c
 }
 
 // ApplyTopology makes the intent in the store equal to the topology file:
 // hosts, farms, subnets and VMs it names are created (keeping the addresses
 // they already had), and those it no longer names are removed.
 func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error {
-	var alloc ipam.Allocations
-	if err := store.GetJSON(ctx, c.store, intent.AllocKey, &alloc); err != nil && !errors.Is(err, store.ErrNotFound) {
+	a, err := c.alloc(ctx)
+	if err != nil {
 		return err
 	}
+	alloc := *a
 	// Forget allocations of VMs the topology dropped so their ids free up.
 	keep := map[string]bool{}
 	for _, vm := range t.VMs {
@@ -111,7 +122,7 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		}
 		want[intent.VMsPrefix+v.FullName()] = v
 	}
-	if err := store.PutJSON(ctx, c.store, intent.AllocKey, alloc); err != nil {
+	if err := c.saveAlloc(ctx, &alloc); err != nil {
 		return err
 	}
 	if err := c.putExactly(ctx, want); err != nil {
@@ -168,81 +179,62 @@ func putIfChanged(ctx context.Context, s store.Store, key string, v any) error {
 	return s.Put(ctx, key, b)
 }
 
-// CompileOnce writes every host's desired state from the current intent and
-// node reports, and returns the revision it read.
+// CompileOnce reloads the intent and every desired key from the store and
+// writes the desired keys that differ from what the intent makes (deleting
+// those it does not make), and returns the revision it read at. Nothing is
+// written when the store already agrees: a restarted controller costs the
+// agents nothing. Every change the controller makes itself is compiled as
+// it is made (tracked.go); this full pass runs at start, after a failed
+// write, and every few minutes to catch what was written behind its back.
 func (c *Controller) CompileOnce(ctx context.Context) (int64, error) {
-	hosts, rev, err := store.ListJSON[intent.Host](ctx, c.store, intent.HostsPrefix)
+	m := &c.model
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return c.compileAllLocked(ctx)
+}
+
+// compileAllLocked is CompileOnce with c.model.mu held.
+func (c *Controller) compileAllLocked(ctx context.Context) (int64, error) {
+	m := &c.model
+	rev, err := m.load(ctx, c.raw)
 	if err != nil {
 		return 0, err
 	}
-	vms, rev2, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+	start := time.Now()
+	writes, err := m.compileAll(ctx, c.raw)
 	if err != nil {
-		return 0, err
+		m.loaded = false
+		return rev, fmt.Errorf("write desired state: %w", err)
 	}
-	nodes, rev3, err := store.ListJSON[intent.Node](ctx, c.store, intent.NodesPrefix)
-	if err != nil {
-		return 0, err
-	}
-	farms, rev4, err := store.ListJSON[intent.Farm](ctx, c.store, intent.FarmsPrefix)
-	if err != nil {
-		return 0, err
-	}
-	subnets, rev5, err := store.ListJSON[intent.Subnet](ctx, c.store, intent.SubnetsPrefix)
-	if err != nil {
-		return 0, err
-	}
-	slivers, rev6, err := store.ListJSON[intent.Sliver](ctx, c.store, intent.SliversPrefix)
-	if err != nil {
-		return 0, err
-	}
-	taps, rev7, err := store.ListJSON[intent.TapPolicy](ctx, c.store, intent.TapsPrefix)
-	if err != nil {
-		return 0, err
-	}
-	rev = min(rev, rev2, rev3, rev4, rev5, rev6, rev7)
-	desired, pending := policy.Compile(policy.State{Hosts: hosts, Farms: farms, Subnets: subnets, VMs: vms, Nodes: nodes, Slivers: slivers, Taps: taps})
-	for host, d := range desired {
-		if err := putIfChanged(ctx, c.store, intent.DesiredPrefix+host, d); err != nil {
-			return rev, err
-		}
-	}
-	existing, _, err := c.store.List(ctx, intent.DesiredPrefix)
-	if err != nil {
-		return rev, err
-	}
-	for k := range existing {
-		if _, ok := desired[k[len(intent.DesiredPrefix):]]; !ok {
-			if err := c.store.Delete(ctx, k); err != nil {
-				return rev, err
-			}
-		}
-	}
-	if len(pending) > 0 {
-		c.log.Debug("VMs not yet reachable from other hosts", "vms", pending)
-	}
+	c.log.Info("desired state compiled in full", "hosts", len(m.hosts), "vms", len(m.vms), "keys_written", writes,
+		"took", time.Since(start).Round(time.Microsecond))
 	return rev, nil
 }
 
-// Run recompiles whenever intent or a node report changes, until ctx ends.
+// fullResync is how often Run compiles in full even when nothing failed.
+const fullResync = 5 * time.Minute
+
+// Run compiles the desired state in full at start, again after any failed
+// write of it (every second until one succeeds) and every few minutes,
+// until ctx ends. Changes in between are compiled as they are made.
 func (c *Controller) Run(ctx context.Context) error {
-	resync := time.NewTicker(10 * time.Second)
+	resync := time.NewTicker(fullResync)
 	defer resync.Stop()
 	for {
-		rev, err := c.CompileOnce(ctx)
-		if err != nil {
-			c.log.Error("compile desired state", "err", err)
+		wait := (<-chan time.Time)(nil)
+		if _, err := c.CompileOnce(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			c.log.Error("compile desired state; retrying in 1s", "err", err)
+			wait = time.After(time.Second)
 		}
-		wctx, cancel := context.WithCancel(ctx)
-		intentCh := c.store.Watch(wctx, intent.Root+"intent/", rev)
-		nodesCh := c.store.Watch(wctx, intent.NodesPrefix, rev)
 		select {
 		case <-ctx.Done():
-			cancel()
 			return nil
-		case <-intentCh:
-		case <-nodesCh:
+		case <-c.kick:
+		case <-wait:
 		case <-resync.C:
 		}
-		cancel()
 	}
 }

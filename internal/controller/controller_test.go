@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
@@ -104,8 +105,8 @@ func TestDesiredStateHoldsOnlyTheHostsOwnVMs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d1, d2 intent.Desired
-	store.GetJSON(ctx, s, intent.DesiredPrefix+"h1", &d1)
-	store.GetJSON(ctx, s, intent.DesiredPrefix+"h2", &d2)
+	d1, _, _ = desired.Read(ctx, s, "h1")
+	d2, _, _ = desired.Read(ctx, s, "h2")
 	// Other hosts' VMs are the ARP engine's to find, not the controller's
 	// to push: each host's state grows with its own VMs only.
 	if len(d1.Local) != 1 || d1.Local[0].Name != "blue/web/web1" {

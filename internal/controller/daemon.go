@@ -44,6 +44,12 @@ type DaemonConfig struct {
 	// LocationListen is where the VNAT location server answers VCMP
 	// (host:port, TCP; the paper's port is 2031); empty serves none.
 	LocationListen string
+	// EtcdQuota is the embedded etcd's database quota in bytes (0: etcd's
+	// 2 GiB).
+	EtcdQuota int64
+	// MaintainEvery is how often the controller measures, compacts (an
+	// external cluster) and defragments the store; 0 is 30 s.
+	MaintainEvery time.Duration
 }
 
 // Validate reports the first configuration mistake.
@@ -113,7 +119,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return fmt.Errorf("etcd data dir: %w", err)
 		}
-		e, err := EmbeddedEtcd(cfg.DataDir, cfg.ClientURL, cfg.Socket, cfg.PeerURL, cfg.TLS)
+		e, err := EmbeddedEtcdWith(cfg.DataDir, cfg.ClientURL, cfg.Socket, cfg.PeerURL, cfg.TLS, EtcdOptions{Quota: cfg.EtcdQuota})
 		if err != nil {
 			return err
 		}
@@ -132,6 +138,20 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 			return err
 		}
 	}
+	// The embedded member compacts itself (EmbeddedEtcdWith); an external
+	// cluster is compacted by the controller, which is its only writer
+	// of intent and desired state.
+	retain := int64(0)
+	if len(cfg.EtcdEndpoints) > 0 {
+		retain = CompactRetain
+	}
+	maint := NewStoreMaintainer(s, retain, log)
+	c.SetStoreMaintainer(maint)
+	every := cfg.MaintainEvery
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	go maint.Run(ctx, every)
 	if t != nil {
 		// The file seeds an empty store only: once intent exists, the API
 		// owns it, and a restarted controller must not undo API changes.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -76,12 +78,103 @@ func allocErr(field string, err error) error {
 	return fieldErr(field, err)
 }
 
+// alloc returns a copy of every allocation: farm, subnet and VM ids. It
+// costs a copy of every VM's id; allocIn copies one subnet's.
 func (c *Controller) alloc(ctx context.Context) (*ipam.Allocations, error) {
-	var a ipam.Allocations
-	if err := store.GetJSON(ctx, c.store, intent.AllocKey, &a); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, err
+	return c.allocIn(ctx)
+}
+
+// allocIn returns a copy of the farm and subnet ids and of the VM ids of
+// the subnets named (FARM/SUBNET; every subnet's when none is): what
+// saveAlloc with the same subnets writes back.
+func (c *Controller) allocIn(ctx context.Context, subnets ...string) (*ipam.Allocations, error) {
+	var a *ipam.Allocations
+	err := c.view(ctx, func(m *model) error {
+		a = m.allocations(subnets...)
+		return nil
+	})
+	return a, err
+}
+
+// saveAlloc writes what changed in a: the farm and subnet ids
+// (intent.AllocKey) and the VM ids of the subnets named, one key per
+// subnet (VMIDsPrefix); with no subnet named, a holds every VM's id and
+// every subnet's key is written where it changed.
+func (c *Controller) saveAlloc(ctx context.Context, a *ipam.Allocations, subnets ...string) error {
+	type write struct {
+		key string
+		val []byte // nil: delete
 	}
-	return &a, nil
+	var writes []write
+	err := c.view(ctx, func(m *model) error {
+		scope := map[string]bool{}
+		for _, sub := range subnets {
+			scope[sub] = true
+		}
+		all := len(subnets) == 0
+		want := map[string]map[string]uint8{}
+		for full, id := range a.VMs {
+			i := strings.LastIndexByte(full, '/')
+			if i < 0 {
+				return fmt.Errorf("allocation of vm %q: want FARM/SUBNET/VM", full)
+			}
+			sub := full[:i]
+			if !all && !scope[sub] {
+				continue
+			}
+			if want[sub] == nil {
+				want[sub] = map[string]uint8{}
+			}
+			want[sub][full[i+1:]] = id
+		}
+		if all || m.legacyVMs {
+			for sub := range m.vmids {
+				scope[sub] = true
+			}
+			for sub := range want {
+				scope[sub] = true
+			}
+		}
+		for _, sub := range sortedKeys(scope) {
+			w, ok := want[sub]
+			if !ok && !all && m.legacyVMs && !slices.Contains(subnets, sub) {
+				// Out of scope, but only in intent.AllocKey so far.
+				w = m.vmids[sub]
+			}
+			switch {
+			case maps.Equal(w, m.vmids[sub]) && !m.legacyVMs:
+			case len(w) == 0:
+				writes = append(writes, write{key: VMIDsPrefix + sub})
+			default:
+				writes = append(writes, write{key: VMIDsPrefix + sub, val: mustJSON(w)})
+			}
+		}
+		// Last, so that the VM ids of the layout of before leave
+		// intent.AllocKey only once every subnet has its own key.
+		if m.legacyVMs || !maps.Equal(a.Farms, m.allocFarms) || !maps.Equal(a.Subnets, m.allocSubnets) {
+			writes = append(writes, write{key: intent.AllocKey, val: mustJSON(ipam.Allocations{Farms: a.Farms, Subnets: a.Subnets})})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, w := range writes {
+		if w.val == nil {
+			err = c.store.Delete(ctx, w.key)
+		} else {
+			err = c.store.Put(ctx, w.key, w.val)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(writes) > 0 {
+		c.model.mu.Lock()
+		c.model.legacyVMs = false
+		c.model.mu.Unlock()
+	}
+	return nil
 }
 
 // qualify turns "web" into "farm/web" and checks the subnet exists.

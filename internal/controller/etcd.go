@@ -26,6 +26,32 @@ import (
 // peer traffic crosses the fabric; to grow, point every component at an
 // external cluster with --etcd-endpoints.
 func EmbeddedEtcd(dataDir, clientURL, socket, peerURL string, files pki.Files) (*embed.Etcd, error) {
+	return EmbeddedEtcdWith(dataDir, clientURL, socket, peerURL, files, EtcdOptions{})
+}
+
+// CompactRetain is how many revisions of history the store keeps: etcd's
+// auto-compaction on the embedded member, the controller's own compaction of
+// an external cluster. An agent whose watch falls further behind than that
+// relists; every other reader needs only the current values.
+const CompactRetain = 10000
+
+// EtcdOptions are the embedded member's settings beyond its URLs; the zero
+// value is the default.
+type EtcdOptions struct {
+	// Quota is the database size beyond which etcd raises NOSPACE and
+	// refuses writes; 0 is etcd's default, 2 GiB.
+	Quota int64
+	// Retain is how many revisions auto-compaction keeps; 0 is
+	// CompactRetain.
+	Retain int64
+	// NoFsync skips fsync: for tests only, a crash may lose writes.
+	NoFsync bool
+}
+
+// EmbeddedEtcdWith is EmbeddedEtcd with options: auto-compaction by
+// revision keeping o.Retain revisions (etcd runs it every five minutes), and
+// o.Quota.
+func EmbeddedEtcdWith(dataDir, clientURL, socket, peerURL string, files pki.Files, o EtcdOptions) (*embed.Etcd, error) {
 	scheme := "https"
 	if files.Empty() {
 		scheme = "http"
@@ -38,6 +64,13 @@ func EmbeddedEtcd(dataDir, clientURL, socket, peerURL string, files pki.Files) (
 	cfg.Name = "onehop"
 	cfg.Dir = dataDir
 	cfg.LogLevel = "error"
+	if o.Retain <= 0 {
+		o.Retain = CompactRetain
+	}
+	cfg.AutoCompactionMode = embed.CompactorModeRevision
+	cfg.AutoCompactionRetention = fmt.Sprint(o.Retain)
+	cfg.QuotaBackendBytes = o.Quota
+	cfg.UnsafeNoFsync = o.NoFsync
 	cfg.ListenClientUrls = []url.URL{*cu}
 	if socket != "" {
 		os.Remove(socket) // a socket left by a killed controller blocks the listen

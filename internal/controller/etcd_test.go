@@ -18,7 +18,7 @@ import (
 	"github.com/onehop/onehop/internal/testenv"
 )
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

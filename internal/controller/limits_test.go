@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/limits"
 	"github.com/onehop/onehop/internal/store"
@@ -45,8 +46,8 @@ func TestAPIRefusesAVMOnAFullHostAndKeepsItsOtherVMs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d1, d2 intent.Desired
-	store.GetJSON(ctx, s, intent.DesiredPrefix+"h1", &d1)
-	store.GetJSON(ctx, s, intent.DesiredPrefix+"h2", &d2)
+	d1, _, _ = desired.Read(ctx, s, "h1")
+	d2, _, _ = desired.Read(ctx, s, "h2")
 	if len(d1.Local) != 2 || d1.Local[0].Name != "blue/web/a" || d1.Local[1].Name != "blue/web/b" {
 		t.Errorf("h1 desired %+v, want a and b", d1.Local)
 	}

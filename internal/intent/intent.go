@@ -318,11 +318,16 @@ func (d Desired) Digest() string {
 
 // AgentStatus is what an agent reports after each reconcile.
 type AgentStatus struct {
-	Node          string   `json:"node"`
-	AppliedDigest string   `json:"appliedDigest"`
-	Endpoints     int      `json:"endpoints"`
-	AttachedVifs  []string `json:"attachedVifs"`
-	MissingVifs   []string `json:"missingVifs,omitempty"`
+	Node          string `json:"node"`
+	AppliedDigest string `json:"appliedDigest"`
+	// AppliedRevision is the store revision of the latest change to the
+	// host's desired keys (or the farm states it follows) that the agent
+	// has applied: an intent change at revision R has reached the host
+	// once this is at least the revision of the desired key R made.
+	AppliedRevision int64    `json:"appliedRevision,omitempty"`
+	Endpoints       int      `json:"endpoints"`
+	AttachedVifs    []string `json:"attachedVifs"`
+	MissingVifs     []string `json:"missingVifs,omitempty"`
 	// Drops and Forwards are the datapath counters, refreshed every few
 	// seconds (Prometheus on the agent has them live).
 	Drops    map[string]uint64 `json:"drops,omitempty"`

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -58,19 +59,19 @@ func agentWaitsFor(d *intent.Desired, st *intent.AgentStatus, vifs []string, exa
 // notVMVif tells a sliver's link from a VM's vif in an agent's report.
 func notVMVif(ifname string) bool { return !strings.HasPrefix(ifname, intent.VifName("")) }
 
-// agentReport reads host's desired state and agent status; a record not
-// written yet is nil, not an error.
+// agentReport reads host's desired state and agent status; a status not
+// written yet is nil, not an error. A host with no desired key has the
+// empty desired state (what its agent applies).
 func agentReport(ctx context.Context, s store.Store, host string) (*intent.Desired, *intent.AgentStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var d intent.Desired
 	var st intent.AgentStatus
-	dp, sp := &d, &st
-	if err := store.GetJSON(ctx, s, intent.DesiredPrefix+host, &d); errors.Is(err, store.ErrNotFound) {
-		dp = nil
-	} else if err != nil {
+	sp := &st
+	d, _, err := desired.Read(ctx, s, host)
+	if err != nil {
 		return nil, nil, fmt.Errorf("desired state of %s: %w", host, err)
 	}
+	dp := &d
 	if err := store.GetJSON(ctx, s, intent.StatusPrefix+host, &st); errors.Is(err, store.ErrNotFound) {
 		sp = nil
 	} else if err != nil {

@@ -4,8 +4,8 @@
 package policy
 
 import (
+	"encoding/json"
 	"fmt"
-	"net/netip"
 	"slices"
 	"sort"
 
@@ -28,8 +28,12 @@ type State struct {
 }
 
 // Compile returns the desired state of every host, keyed by host name: its
-// own VMs and slivers, and the cluster-wide rules. A VM on a host whose agent has not
-// reported its uplink yet is listed in pending (nobody can reach it yet).
+// own VMs and slivers, the TAP rules it plays a part in, and the rules and
+// proxy-ARP setting of the farms its VMs belong to. It is the reference the
+// controller's incremental compile (which writes the same pieces as keys,
+// intent/layout.go) and the agents' Assemble agree with: it encodes every
+// piece and assembles it as an agent would. A VM on a host whose agent has
+// not reported its uplink yet is listed in pending (nobody can reach it yet).
 func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	nodeMAC := map[string]string{}
 	for _, n := range s.Nodes {
@@ -39,32 +43,30 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	sort.Slice(vms, func(i, j int) bool {
 		return vms[i].IP < vms[j].IP || (vms[i].IP == vms[j].IP && vms[i].FullName() < vms[j].FullName())
 	})
-
-	visibility := Visibility(s.Farms, s.Subnets)
-	var proxyARP []uint8
-	for _, f := range s.Farms {
-		if f.ProxyARP {
-			proxyARP = append(proxyARP, f.ID)
-		}
-	}
-	sort.Slice(proxyARP, func(i, j int) bool { return proxyARP[i] < proxyARP[j] })
-	taps := tapRules(s)
+	farms := FarmStates(s.Farms, s.Subnets)
+	taps := TapRules(s)
 	desired = map[string]intent.Desired{}
 	for _, h := range s.Hosts {
-		d := intent.Desired{Node: h.Name, VMNet: TenantNet, Local: []intent.LocalEndpoint{}, ProxyARPFarms: proxyARP}
-		farms := map[uint8]bool{}
+		keys := intent.HostKeys{}
+		var local []intent.VM
 		for _, vm := range vms {
 			if vm.Host == h.Name {
-				d.Local = append(d.Local, intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface,
-					Firewall: vm.Firewall})
-				if ip, err := netip.ParseAddr(vm.IP); err == nil && ip.Is4() {
-					farms[ip.As4()[1]] = true
-				}
+				local = append(local, vm)
+				keys[intent.DesiredVMKey(h.Name, vm.FullName())] = mustJSON(LocalEndpoint(vm))
 			}
 		}
-		d.Visibility = visibleFrom(visibility, farms)
-		d.Slivers = localSlivers(s.Slivers, h.Name)
-		d.Taps = localTaps(taps, vms, h.Name)
+		for _, sl := range s.Slivers {
+			if sl.Host == h.Name {
+				keys[intent.DesiredSliverKey(h.Name, sl.Name)] = mustJSON(LocalSliver(sl))
+			}
+		}
+		for _, r := range LocalTaps(taps, local, h.Name) {
+			keys[intent.DesiredTapKey(h.Name, r.ID)] = mustJSON(r)
+		}
+		d, err := intent.Assemble(h.Name, keys, farms)
+		if err != nil {
+			panic(fmt.Sprintf("policy: assemble what it encoded: %v", err)) // a bug here, not bad input
+		}
 		desired[h.Name] = d
 	}
 	for _, vm := range vms {
@@ -75,27 +77,54 @@ func Compile(s State) (desired map[string]intent.Desired, pending []string) {
 	return desired, pending
 }
 
-// localSlivers are host's slivers, by slot (then name, so that even
-// intent the controller never writes compiles the same every time), each
-// with its own copy of its leases.
-func localSlivers(all []intent.Sliver, host string) []intent.LocalSliver {
-	var out []intent.LocalSliver
-	for _, s := range all {
-		if s.Host == host {
-			out = append(out, intent.LocalSliver{Name: s.Name, Slot: s.Slot, Leases: append([]intent.Lease(nil), s.Leases...)})
+// mustJSON encodes records of plain strings and numbers, which cannot fail.
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("policy: encode %T: %v", v, err))
+	}
+	return b
+}
+
+// LocalEndpoint is a VM as its host's desired state holds it.
+func LocalEndpoint(vm intent.VM) intent.LocalEndpoint {
+	return intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface, Firewall: vm.Firewall}
+}
+
+// LocalSliver is a sliver as its host's desired state holds it, with its
+// own copy of its leases.
+func LocalSliver(s intent.Sliver) intent.LocalSliver {
+	return intent.LocalSliver{Name: s.Name, Slot: s.Slot, Leases: append([]intent.Lease(nil), s.Leases...)}
+}
+
+// FarmStates compiles every farm's state, by id: its proxy-ARP setting and
+// the rules from or to its subnets. Its cost grows with farms and rules,
+// never with VMs.
+func FarmStates(farms []intent.Farm, subnets []intent.Subnet) map[uint8]intent.FarmState {
+	out := map[uint8]intent.FarmState{}
+	for _, f := range farms {
+		out[f.ID] = intent.FarmState{ID: f.ID, Name: f.Name, ProxyARP: f.ProxyARP, Visibility: []intent.VisRule{}}
+	}
+	for _, r := range Visibility(farms, subnets) {
+		for _, id := range []uint8{r.SrcFarm, r.DstFarm} {
+			f, ok := out[id]
+			if !ok {
+				continue
+			}
+			if n := len(f.Visibility); n == 0 || f.Visibility[n-1] != r {
+				f.Visibility = append(f.Visibility, r)
+			}
+			out[id] = f
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		return out[i].Slot < out[j].Slot || (out[i].Slot == out[j].Slot && out[i].Name < out[j].Name)
-	})
 	return out
 }
 
-// tapRules compiles every TAP policy into its rules (one per direction),
+// TapRules compiles every TAP policy into its rules (one per direction),
 // by ID. A policy today's intent cannot enforce (a VM it names is gone, a
 // peering it relied on withdrawn) compiles to none: it copies nothing
 // rather than copying to the wrong place.
-func tapRules(s State) []intent.TapRule {
+func TapRules(s State) []intent.TapRule {
 	if len(s.Taps) == 0 {
 		return nil
 	}
@@ -114,28 +143,15 @@ func tapRules(s State) []intent.TapRule {
 	return out
 }
 
-// localTaps are the rules host plays a part in: as the sender's edge (one
-// of its VMs may be the rule's sender) or as the monitor's edge.
-func localTaps(rules []intent.TapRule, vms []intent.VM, host string) []intent.TapRule {
+// LocalTaps are the rules host plays a part in: as the sender's edge (one
+// of vms, which may be host's VMs only, may be the rule's sender) or as the
+// monitor's edge.
+func LocalTaps(rules []intent.TapRule, vms []intent.VM, host string) []intent.TapRule {
 	var out []intent.TapRule
 	for _, r := range rules {
 		if r.MonitorHost == host || slices.ContainsFunc(vms, func(v intent.VM) bool {
 			return v.Host == host && tappolicy.Matches(r.Sender, v)
 		}) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// visibleFrom keeps the rules a host with VMs of these farms can use: a
-// host checks a rule only for a packet from or to one of its own VMs, so a
-// rule between two farms it holds no VM of is of no use to it, and would
-// take room in its map and move its epoch for nothing.
-func visibleFrom(rules []intent.VisRule, farms map[uint8]bool) []intent.VisRule {
-	out := []intent.VisRule{}
-	for _, r := range rules {
-		if farms[r.SrcFarm] || farms[r.DstFarm] {
 			out = append(out, r)
 		}
 	}

@@ -42,16 +42,22 @@ func TestVMOnHostWithoutAgentIsPending(t *testing.T) {
 	}
 }
 
-func TestProxyARPFarmsAreListedForEveryHost(t *testing.T) {
+// Proxy ARP answers a local VM's question, so a host needs the setting of
+// the farms its VMs belong to only: another farm's setting changing must
+// not reach it.
+func TestProxyARPFarmsAreListedForHostsCarryingThem(t *testing.T) {
+	red := func(name, host, ip string) intent.VM { v := vm(name, host, ip); v.Farm = "red"; return v }
 	s := State{
 		Hosts: []intent.Host{{Name: "h1"}, {Name: "h2"}},
 		Farms: []intent.Farm{{Name: "red", ID: 2, ProxyARP: true}, {Name: "blue", ID: 1}, {Name: "green", ID: 3, ProxyARP: true}},
+		VMs:   []intent.VM{red("r1", "h1", "10.2.1.2"), vm("b1", "h1", "10.1.1.2"), vm("b2", "h2", "10.1.1.3")},
 	}
 	d, _ := Compile(s)
-	for _, h := range []string{"h1", "h2"} {
-		if !reflect.DeepEqual(d[h].ProxyARPFarms, []uint8{2, 3}) {
-			t.Fatalf("%s proxy ARP farms %v", h, d[h].ProxyARPFarms)
-		}
+	if !reflect.DeepEqual(d["h1"].ProxyARPFarms, []uint8{2}) {
+		t.Fatalf("h1 (red and blue VMs) proxy ARP farms %v, want [2]", d["h1"].ProxyARPFarms)
+	}
+	if len(d["h2"].ProxyARPFarms) != 0 {
+		t.Fatalf("h2 (blue VMs only) proxy ARP farms %v, want none", d["h2"].ProxyARPFarms)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -110,6 +111,122 @@ func (e *Etcd) Watch(ctx context.Context, prefix string, rev int64) <-chan struc
 		}
 	}()
 	return out
+}
+
+// WatchEvents implements Store.
+func (e *Etcd) WatchEvents(ctx context.Context, prefix string, rev int64) <-chan Batch {
+	out := make(chan Batch, 1)
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wch := e.c.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	go func() {
+		defer close(out)
+		defer cancel()
+		for resp := range wch {
+			var b Batch
+			switch {
+			case resp.CompactRevision != 0:
+				b.Err = fmt.Errorf("watch %s from %d: %w (now at %d)", prefix, rev+1, ErrCompacted, resp.CompactRevision)
+			case resp.Err() != nil:
+				b.Err = fmt.Errorf("watch %s: %w", prefix, resp.Err())
+			}
+			for _, ev := range resp.Events {
+				b.Events = append(b.Events, Event{Key: string(ev.Kv.Key), Value: ev.Kv.Value,
+					Deleted: ev.Type == clientv3.EventTypeDelete, Rev: ev.Kv.ModRevision})
+			}
+			if len(b.Events) == 0 && b.Err == nil {
+				continue // a progress notification
+			}
+			select {
+			case out <- b:
+			case <-ctx.Done():
+				return
+			}
+			if b.Err != nil {
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// Health is what the cluster says of its database: how big it is, how much
+// of it holds live data, the quota it refuses writes beyond, and its alarms.
+type Health struct {
+	Endpoint string `json:"endpoint"`
+	// DBSize is the database file's size; DBSizeInUse the part holding
+	// data (the rest is free pages a defragmentation gives back).
+	DBSize      int64 `json:"dbSize"`
+	DBSizeInUse int64 `json:"dbSizeInUse"`
+	// Quota is the size beyond which the member raises NOSPACE and
+	// refuses every write.
+	Quota    int64  `json:"quota"`
+	Revision int64  `json:"revision"`
+	Version  string `json:"version"`
+	// Alarms are the cluster's raised alarms (NOSPACE, CORRUPT), by
+	// member.
+	Alarms []string `json:"alarms,omitempty"`
+}
+
+// Health asks the first endpoint that answers for its database's figures,
+// and the cluster for its alarms.
+func (e *Etcd) Health(ctx context.Context) (Health, error) {
+	var last error
+	for _, ep := range e.c.Endpoints() {
+		st, err := e.c.Status(ctx, ep)
+		if err != nil {
+			last = fmt.Errorf("etcd status of %s: %w", ep, err)
+			continue
+		}
+		h := Health{Endpoint: ep, DBSize: st.DbSize, DBSizeInUse: st.DbSizeInUse, Quota: st.DbSizeQuota,
+			Revision: st.Header.Revision, Version: st.Version}
+		al, err := e.c.AlarmList(ctx)
+		if err != nil {
+			return h, fmt.Errorf("etcd alarms: %w", err)
+		}
+		for _, a := range al.Alarms {
+			h.Alarms = append(h.Alarms, fmt.Sprintf("%s (member %x)", a.Alarm, a.MemberID))
+		}
+		return h, nil
+	}
+	return Health{}, last
+}
+
+// Compact discards every revision before rev (the current values stay):
+// watches from older revisions end with ErrCompacted.
+func (e *Etcd) Compact(ctx context.Context, rev int64) error {
+	if _, err := e.c.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
+		return fmt.Errorf("etcd compact to %d: %w", rev, err)
+	}
+	return nil
+}
+
+// Defragment gives every member's free pages back to the file system. A
+// member answers nothing while it defragments, one member at a time.
+func (e *Etcd) Defragment(ctx context.Context) error {
+	for _, ep := range e.c.Endpoints() {
+		if _, err := e.c.Defragment(ctx, ep); err != nil {
+			return fmt.Errorf("etcd defragment %s: %w", ep, err)
+		}
+	}
+	return nil
+}
+
+// DisarmNoSpace clears raised NOSPACE alarms, once compaction and
+// defragmentation have made room: etcd never clears one itself.
+func (e *Etcd) DisarmNoSpace(ctx context.Context) error {
+	al, err := e.c.AlarmList(ctx)
+	if err != nil {
+		return fmt.Errorf("etcd alarms: %w", err)
+	}
+	for _, a := range al.Alarms {
+		if a.Alarm != etcdserverpb.AlarmType_NOSPACE {
+			continue
+		}
+		if _, err := e.c.AlarmDisarm(ctx, (*clientv3.AlarmMember)(a)); err != nil {
+			return fmt.Errorf("etcd disarm NOSPACE of member %x: %w", a.MemberID, err)
+		}
+	}
+	return nil
 }
 
 // Close implements Store.

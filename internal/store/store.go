@@ -13,6 +13,25 @@ import (
 // ErrNotFound is returned by Get for a missing key.
 var ErrNotFound = errors.New("key not found")
 
+// ErrCompacted ends a watch that asked for revisions the store no longer
+// keeps: the watcher must relist.
+var ErrCompacted = errors.New("revision compacted")
+
+// Event is one change of one key.
+type Event struct {
+	Key     string
+	Value   []byte // nil for a deletion
+	Deleted bool
+	Rev     int64 // the revision the change was made at
+}
+
+// Batch is what one watch response carries: changes in revision order, or
+// the error that ends the watch (the channel closes after it).
+type Batch struct {
+	Events []Event
+	Err    error
+}
+
 // Store is the subset of etcd onehop uses.
 type Store interface {
 	// Get returns the value under key or ErrNotFound.
@@ -34,6 +53,13 @@ type Store interface {
 	// rev. The channel closes when ctx ends or the watch breaks; callers
 	// re-List and watch again (level-triggered, so a lost event loses nothing).
 	Watch(ctx context.Context, prefix string, rev int64) <-chan struct{}
+	// WatchEvents streams every change under prefix made after revision
+	// rev, in revision order: what changed, not a signal to relist. The
+	// channel closes when ctx ends or the watch breaks; a broken watch
+	// sends a Batch with Err first where it can (ErrCompacted when rev is
+	// older than the store keeps). The caller then relists and watches
+	// from the revision of its list.
+	WatchEvents(ctx context.Context, prefix string, rev int64) <-chan Batch
 	Close() error
 }
 

@@ -1,0 +1,29 @@
+package controller
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// storeRoutes serves the store's status (GET /v1/store).
+func (c *Controller) storeRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/store", func(w http.ResponseWriter, r *http.Request) {
+		if c.maint == nil {
+			writeJSON(w, http.StatusServiceUnavailable, FieldError{Field: "store", Msg: "this controller's store has no database to report on (not etcd)"})
+			return
+		}
+		writeJSON(w, http.StatusOK, c.maint.Status())
+	})
+	mux.Handle("GET /metrics", c.metricsHandler())
+}
+
+// metricsHandler serves the controller's metrics: the store's figures.
+func (c *Controller) metricsHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	if c.maint != nil {
+		reg.MustRegister(c.maint)
+	}
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,312 @@
+package intent
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// The desired state lives in many small keys, so that one change writes a
+// bounded number of them whatever the cloud's size, and an agent watches
+// only what concerns its host (docs/control-plane.md):
+//
+//	/onehop/desired/HOST/vm/FARM/SUBNET/VM  LocalEndpoint: one per VM of HOST
+//	/onehop/desired/HOST/sliver/NAME        LocalSliver: one per sliver of HOST
+//	/onehop/desired/HOST/tap/ID             TapRule: one per TAP rule HOST plays a part in
+//	/onehop/farmstate/FFF                   FarmState: one per farm (id, 3 digits), shared
+//
+// An agent watches its host's prefix and the farm states of the farms its
+// VMs belong to, and assembles them into a Desired (Assemble).
+const (
+	// FarmStatePrefix holds one FarmState per farm, under its id written
+	// with three digits (so that one farm's key is never a prefix of
+	// another's).
+	FarmStatePrefix = Root + "farmstate/"
+)
+
+// Kinds of key under a host's desired prefix.
+const (
+	desiredVM     = "vm/"
+	desiredSliver = "sliver/"
+	desiredTap    = "tap/"
+)
+
+// DesiredHostPrefix is the prefix of every desired key of host.
+func DesiredHostPrefix(host string) string { return DesiredPrefix + host + "/" }
+
+// DesiredVMKey is the key of a VM (farm/subnet/vm) in its host's desired state.
+func DesiredVMKey(host, vm string) string { return DesiredHostPrefix(host) + desiredVM + vm }
+
+// DesiredSliverKey is the key of a sliver in its host's desired state.
+func DesiredSliverKey(host, sliver string) string {
+	return DesiredHostPrefix(host) + desiredSliver + sliver
+}
+
+// DesiredTapKey is the key of a TAP rule in the desired state of a host that
+// plays a part in it.
+func DesiredTapKey(host string, id uint32) string {
+	return DesiredHostPrefix(host) + desiredTap + fmt.Sprintf("%010d", id)
+}
+
+// FarmStateKey is the key of farm id's state.
+func FarmStateKey(id uint8) string { return FarmStatePrefix + fmt.Sprintf("%03d", id) }
+
+// FarmState is what every host carrying a VM of the farm needs of it, kept
+// once for all of them: a change of a farm's rules or peerings writes this
+// one key.
+type FarmState struct {
+	ID       uint8  `json:"id"`
+	Name     string `json:"name,omitempty"`
+	ProxyARP bool   `json:"proxyARP,omitempty"`
+	// Visibility is every compiled rule from or to a subnet of the farm.
+	Visibility []VisRule `json:"visibility"`
+}
+
+// FarmOf returns the farm id of a VM address (the f of 10.f.s.h), or false.
+func FarmOf(ip string) (uint8, bool) {
+	a, err := netip.ParseAddr(ip)
+	if err != nil || !a.Is4() {
+		return 0, false
+	}
+	return a.As4()[1], true
+}
+
+// SortVisRules puts rules in the one order the desired state lists them in.
+func SortVisRules(rules []VisRule) {
+	sort.Slice(rules, func(i, j int) bool { return fmt.Sprint(rules[i]) < fmt.Sprint(rules[j]) })
+}
+
+// HostKeys is one host's desired keys: key (full) to value.
+type HostKeys map[string][]byte
+
+// Assemble builds node's Desired from its desired keys (hostKeys, keys under
+// DesiredHostPrefix(node)) and the states of the farms its VMs belong to
+// (farms missing from farms contribute nothing yet). The result does not
+// depend on the order anything was written in: local VMs by address, rules
+// as SortVisRules, slivers by slot, TAP rules by id.
+func Assemble(node string, hostKeys HostKeys, farms map[uint8]FarmState) (Desired, error) {
+	v := NewView(node)
+	for k, b := range hostKeys {
+		if err := v.Set(k, b); err != nil {
+			return Desired{Node: node}, err
+		}
+	}
+	for _, f := range farms {
+		v.SetFarm(f)
+	}
+	return v.Desired(), nil
+}
+
+// View is one host's desired state as its keys, decoded, changed key by
+// key as a watch reports them: what an agent keeps between events, so that
+// an event costs the decoding of what it carries.
+type View struct {
+	node    string
+	prefix  string
+	local   map[string]LocalEndpoint
+	slivers map[string]LocalSliver
+	taps    map[string]TapRule
+	farms   map[uint8]FarmState
+}
+
+// NewView returns the empty view of node.
+func NewView(node string) *View {
+	return &View{node: node, prefix: DesiredHostPrefix(node), local: map[string]LocalEndpoint{},
+		slivers: map[string]LocalSliver{}, taps: map[string]TapRule{}, farms: map[uint8]FarmState{}}
+}
+
+// Set takes one of the host's keys' new value. A key of a kind it does not
+// know is ignored (forward compatibility); a value that does not decode is
+// an error.
+func (v *View) Set(k string, b []byte) error {
+	rest, ok := strings.CutPrefix(k, v.prefix)
+	if !ok {
+		return fmt.Errorf("desired key %s is not under %s", k, v.prefix)
+	}
+	var err error
+	switch {
+	case strings.HasPrefix(rest, desiredVM):
+		var l LocalEndpoint
+		if err = json.Unmarshal(b, &l); err == nil {
+			v.local[k] = l
+		}
+	case strings.HasPrefix(rest, desiredSliver):
+		var s LocalSliver
+		if err = json.Unmarshal(b, &s); err == nil {
+			v.slivers[k] = s
+		}
+	case strings.HasPrefix(rest, desiredTap):
+		var r TapRule
+		if err = json.Unmarshal(b, &r); err == nil {
+			v.taps[k] = r
+		}
+	default:
+		// A kind of key a newer controller writes for a feature this
+		// agent does not have: not this agent's to apply, and no reason
+		// to stop applying the rest.
+	}
+	if err != nil {
+		return fmt.Errorf("desired key %s: %w", k, err)
+	}
+	return nil
+}
+
+// Delete drops one of the host's keys.
+func (v *View) Delete(k string) {
+	delete(v.local, k)
+	delete(v.slivers, k)
+	delete(v.taps, k)
+}
+
+// SetFarm takes a farm's state.
+func (v *View) SetFarm(f FarmState) { v.farms[f.ID] = f }
+
+// DeleteFarm drops a farm's state.
+func (v *View) DeleteFarm(id uint8) { delete(v.farms, id) }
+
+// Farms lists, ascending, the farms whose state the view needs: those its
+// VMs belong to.
+func (v *View) Farms() []uint8 {
+	var set [256]bool
+	for _, l := range v.local {
+		if f, ok := FarmOf(l.IP); ok {
+			set[f] = true
+		}
+	}
+	var out []uint8
+	for i, in := range set {
+		if in {
+			out = append(out, uint8(i))
+		}
+	}
+	return out
+}
+
+// Keys is how many host keys the view holds.
+func (v *View) Keys() int { return len(v.local) + len(v.slivers) + len(v.taps) }
+
+// Desired assembles the view (see Assemble for the order).
+func (v *View) Desired() Desired {
+	d := Desired{Node: v.node, VMNet: "10.0.0.0/8", Local: make([]LocalEndpoint, 0, len(v.local)), Visibility: []VisRule{}}
+	for _, l := range v.local {
+		d.Local = append(d.Local, l)
+	}
+	for _, s := range v.slivers {
+		d.Slivers = append(d.Slivers, s)
+	}
+	for _, r := range v.taps {
+		d.Taps = append(d.Taps, r)
+	}
+	sort.Slice(d.Local, func(i, j int) bool {
+		return d.Local[i].IP < d.Local[j].IP || (d.Local[i].IP == d.Local[j].IP && d.Local[i].Name < d.Local[j].Name)
+	})
+	sort.Slice(d.Slivers, func(i, j int) bool {
+		a, b := d.Slivers[i], d.Slivers[j]
+		return a.Slot < b.Slot || (a.Slot == b.Slot && a.Name < b.Name)
+	})
+	sort.Slice(d.Taps, func(i, j int) bool {
+		return d.Taps[i].ID < d.Taps[j].ID || (d.Taps[i].ID == d.Taps[j].ID && d.Taps[i].Policy < d.Taps[j].Policy)
+	})
+	seen := map[VisRule]bool{}
+	for _, id := range v.Farms() {
+		f, ok := v.farms[id]
+		if !ok {
+			continue
+		}
+		if f.ProxyARP {
+			d.ProxyARPFarms = append(d.ProxyARPFarms, id)
+		}
+		for _, r := range f.Visibility {
+			if !seen[r] {
+				seen[r] = true
+				d.Visibility = append(d.Visibility, r)
+			}
+		}
+	}
+	SortVisRules(d.Visibility)
+	return d
+}
+
+// CarriedFarms lists, ascending, the farms the local VMs belong to: the
+// farms whose state a host needs.
+func CarriedFarms(local []LocalEndpoint) []uint8 {
+	var set [256]bool
+	for _, l := range local {
+		if f, ok := FarmOf(l.IP); ok {
+			set[f] = true
+		}
+	}
+	var out []uint8
+	for i, in := range set {
+		if in {
+			out = append(out, uint8(i))
+		}
+	}
+	return out
+}
+
+// Split is Assemble's inverse, for writers of a whole Desired (tests, a
+// migration): the host's keys, and the farm states its rules and proxy-ARP
+// farms make (a rule goes to the states of both farms it joins).
+func Split(d Desired) (HostKeys, map[uint8]FarmState, error) {
+	keys := HostKeys{}
+	put := func(k string, v any) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("encode %s: %w", k, err)
+		}
+		keys[k] = b
+		return nil
+	}
+	for _, l := range d.Local {
+		if err := put(DesiredVMKey(d.Node, l.Name), l); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, s := range d.Slivers {
+		if err := put(DesiredSliverKey(d.Node, s.Name), s); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, r := range d.Taps {
+		if err := put(DesiredTapKey(d.Node, r.ID), r); err != nil {
+			return nil, nil, err
+		}
+	}
+	farms := map[uint8]FarmState{}
+	state := func(id uint8) FarmState {
+		f, ok := farms[id]
+		if !ok {
+			f = FarmState{ID: id, Visibility: []VisRule{}}
+		}
+		return f
+	}
+	for _, id := range d.ProxyARPFarms {
+		f := state(id)
+		f.ProxyARP = true
+		farms[id] = f
+	}
+	for _, r := range d.Visibility {
+		for _, id := range []uint8{r.SrcFarm, r.DstFarm} {
+			f := state(id)
+			if len(f.Visibility) == 0 || f.Visibility[len(f.Visibility)-1] != r {
+				f.Visibility = append(f.Visibility, r)
+			}
+			farms[id] = f
+		}
+	}
+	return keys, farms, nil
+}
+
+// ParseFarmStateKey returns the farm id a FarmStateKey names.
+func ParseFarmStateKey(k string) (uint8, bool) {
+	rest, ok := strings.CutPrefix(k, FarmStatePrefix)
+	if !ok || len(rest) != 3 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(rest, 10, 8)
+	return uint8(n), err == nil
+}

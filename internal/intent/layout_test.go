@@ -1,0 +1,56 @@
+package intent
+
+import (
+	"reflect"
+	"testing"
+)
+
+// A host's desired state written as keys and assembled back is the same,
+// and a farm's rules reach only the hosts carrying that farm.
+func TestDesiredSplitIntoKeysAssemblesBackAndFarmsStayApart(t *testing.T) {
+	d := Desired{Node: "h1", VMNet: "10.0.0.0/8",
+		Local: []LocalEndpoint{{Name: "blue/web/a", IP: "10.1.1.2"}, {Name: "blue/db/b", IP: "10.1.2.2"}},
+		Visibility: []VisRule{
+			{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 80},
+			{SrcFarm: 1, SrcSubnet: 1, DstFarm: 2, DstSubnet: 1},
+		},
+		ProxyARPFarms: []uint8{1},
+		Slivers:       []LocalSliver{{Name: "s2", Slot: 2}, {Name: "s1", Slot: 1}},
+		Taps:          []TapRule{{ID: 7, Policy: "p"}},
+	}
+	keys, farms, err := Split(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 5 || len(farms) != 2 {
+		t.Fatalf("%d keys and %d farm states, want 5 and 2", len(keys), len(farms))
+	}
+	got, err := Assemble("h1", keys, farms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := d
+	want.Slivers = []LocalSliver{{Name: "s1", Slot: 1}, {Name: "s2", Slot: 2}}
+	want.Local = []LocalEndpoint{{Name: "blue/web/a", IP: "10.1.1.2"}, {Name: "blue/db/b", IP: "10.1.2.2"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("assembled\n%+v\nwant\n%+v", got, want)
+	}
+	// A host with a VM of farm 2 only gets the rule that crosses to it,
+	// not farm 1's own, nor farm 1's proxy ARP.
+	h2 := HostKeys{DesiredVMKey("h2", "red/x/c"): []byte(`{"name":"red/x/c","ip":"10.2.1.2"}`)}
+	got2, err := Assemble("h2", h2, farms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got2.Visibility) != 1 || got2.Visibility[0].DstFarm != 2 || len(got2.ProxyARPFarms) != 0 {
+		t.Fatalf("h2 (farm 2 only) got rules %+v, proxy ARP %v", got2.Visibility, got2.ProxyARPFarms)
+	}
+	// A kind of key this version does not know is left alone.
+	h2[DesiredHostPrefix("h2")+"vnat/x"] = []byte(`{}`)
+	if _, err := Assemble("h2", h2, farms); err != nil {
+		t.Fatalf("an unknown kind of key: %v", err)
+	}
+	if id, ok := ParseFarmStateKey(FarmStateKey(7)); !ok || id != 7 {
+		t.Fatalf("farm state key of 7 parses as %d %v", id, ok)
+	}
+}
