@@ -228,11 +228,16 @@ func BenchmarkPrivilegedGatewayTwoPathsVsOne(b *testing.B) {
 // second lab, with an xTR) the full gateway (interception + MPTCP + LISP in
 // eBPF on gw and xtr) beside that lab's own NAT. "nat, user mptcp" is the
 // baseline of what MPTCP itself costs: the user's own socket MPTCP, through
-// the NAT, no gateway.
+// the NAT, no gateway. The full gateway runs twice: with the xTR's path
+// interface segmenting tunnel superpackets (what lispdp does by default on
+// this kernel) and sending them whole (lispdp.RLOCOptions.WholeSuperpackets,
+// which the gateway's lisp_decap takes for its own sockets). Each transfer
+// also reports its CPU cost per GiB (cpuMeter).
 func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 	const n = 512 << 20
 	one := []string{"--path", "dev=p1,eid=" + gwEID1 + ",rloc=192.168.71.1,name=wan1"}
-	measure := func(l *lab, variants map[string][]string, order []string) map[string][]float64 {
+	cpu := newCPUMeter(b)
+	measure := func(l *lab, variants map[string][]string, prep map[string]func(), order []string) {
 		l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
 		if err := netns.WriteSysctl(l.gw, "net/ipv4/ip_forward", "1"); err != nil {
 			b.Fatal(err)
@@ -242,33 +247,54 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 		if out, err := nat.CombinedOutput(); err != nil {
 			b.Fatalf("nft: %v: %s", err, out)
 		}
-		res := map[string][]float64{}
+		mbps, ours, all := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 		for round := 0; round < 5; round++ {
 			for _, k := range order {
-				if k == "nat" || k == "nat, user mptcp" {
-					res[k] = append(res[k], l.transferAs(b, srvEID+":5401", n, false, k != "nat"))
-					continue
+				if f := prep[k]; f != nil {
+					f()
 				}
-				l.startOnly(b, append(one, variants[k]...)...)
-				res[k] = append(res[k], l.transfer(b, srvEID+":5401", n, false))
-				l.stop(b)
+				var c0, c1 cpuSample
+				if k == "nat" || k == "nat, user mptcp" {
+					c0 = cpu.read(b)
+					mbps[k] = append(mbps[k], l.transferAs(b, srvEID+":5401", n, false, k != "nat"))
+					c1 = cpu.read(b)
+				} else {
+					l.startOnly(b, append(one, variants[k]...)...)
+					c0 = cpu.read(b)
+					mbps[k] = append(mbps[k], l.transfer(b, srvEID+":5401", n, false))
+					c1 = cpu.read(b)
+					l.stop(b)
+				}
+				g := perGiB(c0, c1, n)
+				ours[k], all[k] = append(ours[k], g.ours), append(all[k], g.all)
 			}
 		}
 		for _, k := range order {
-			b.Logf("%-16s median %6.0f Mbit/s (%s) = %.2fx NAT", k, median(res[k]), fmtRounds(res[k]), median(res[k])/median(res["nat"]))
+			b.Logf("%-24s median %6.0f Mbit/s (%s) = %.2fx NAT; CPU s/GiB: ours %s = %.2fx NAT, all CPUs %s",
+				k, median(mbps[k]), fmtRounds(mbps[k]), median(mbps[k])/median(mbps["nat"]),
+				fmtSpread(ours[k], 2), median(ours[k])/median(ours["nat"]), fmtSpread(all[k], 2))
 		}
-		return res
 	}
 	plain := newLab(b, "")
 	ipIn(b, plain.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
 	measure(plain, map[string][]string{
 		"intercept":      {"--map", "10.88.0.0/24=negative"},
 		"mptcp (native)": {"--map", "10.88.0.0/24=192.168.71.2"},
-	}, []string{"nat", "nat, user mptcp", "intercept", "mptcp (native)"})
+	}, nil, []string{"nat", "nat, user mptcp", "intercept", "mptcp (native)"})
 
 	withXTR, _ := newLISPLab(b, "")
 	ipIn(b, withXTR.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	xtr := xtrOf(withXTR)
+	tnl := func(on string) func() {
+		return func() { run(b, "ip", "netns", "exec", xtr, "ethtool", "-K", "s1", "tx-udp_tnl-segmentation", on) }
+	}
+	full := []string{"--lisp", "--map", "10.88.0.0/24=192.168.71.2"}
 	measure(withXTR, map[string][]string{
-		"full (lisp)": {"--lisp", "--map", "10.88.0.0/24=192.168.71.2"},
-	}, []string{"nat", "full (lisp)"})
+		"full (lisp, xtr segments)": full,
+		"full (lisp, whole)":        full,
+	}, map[string]func(){
+		"nat":                       tnl("on"),
+		"full (lisp, xtr segments)": tnl("off"),
+		"full (lisp, whole)":        tnl("on"),
+	}, []string{"nat", "full (lisp, xtr segments)", "full (lisp, whole)"})
 }
