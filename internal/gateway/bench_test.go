@@ -254,6 +254,7 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 					f()
 				}
 				var c0, c1 cpuSample
+				stopPerf := cpu.perfRecord(b, k, round)
 				if k == "nat" || k == "nat, user mptcp" {
 					c0 = cpu.read(b)
 					mbps[k] = append(mbps[k], l.transferAs(b, srvEID+":5401", n, false, k != "nat"))
@@ -265,6 +266,7 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 					c1 = cpu.read(b)
 					l.stop(b)
 				}
+				stopPerf()
 				g := perGiB(c0, c1, n)
 				ours[k], all[k] = append(ours[k], g.ours), append(all[k], g.all)
 			}

@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // cpuMeter reads the CPU time a benchmark's transfers cost, two ways:
@@ -127,4 +129,40 @@ func fmtSpread(v []float64, prec int) string {
 		s[i] = strconv.FormatFloat(x, 'f', prec, 64)
 	}
 	return fmt.Sprintf("%s (%s)", strconv.FormatFloat(median(v), 'f', prec, 64), strings.Join(s, " "))
+}
+
+// perfRecord, with GWBENCH_PERF=DIR set, records every CPU (perf record
+// -a -g) until the returned func is called, into DIR/VARIANT-ROUND.data,
+// and the thread ids of the meter's cgroup into DIR/VARIANT-ROUND.tids (so
+// a report can keep our threads, ksoftirqd and idle's softirqs, and leave
+// the rest of the machine out); without it, it does nothing. For finding where a variant's time goes
+// (perf's own cost makes those rounds' figures worthless).
+func (m *cpuMeter) perfRecord(t testing.TB, variant string, round int) func() {
+	t.Helper()
+	dir := os.Getenv("GWBENCH_PERF")
+	if dir == "" {
+		return func() {}
+	}
+	name := strings.NewReplacer(" ", "_", ",", "", "(", "", ")", "").Replace(variant)
+	base := filepath.Join(dir, fmt.Sprintf("%s-%d", name, round))
+	cmd := exec.Command("perf", "record", "-a", "-g", "-q", "-o", base+".data")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("perf: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // perf opens its events on every CPU
+	return func() {
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatalf("perf: %v", err)
+		}
+		tids, err := os.ReadFile(filepath.Join(m.dir, "tasks"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Logf("perf: %v", err) // interrupted: its exit status says so
+		}
+		if err := os.WriteFile(base+".tids", tids, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
