@@ -254,19 +254,21 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 					f()
 				}
 				var c0, c1 cpuSample
-				stopPerf := cpu.perfRecord(b, k, round)
 				if k == "nat" || k == "nat, user mptcp" {
+					stopPerf := cpu.perfRecord(b, k, round)
 					c0 = cpu.read(b)
 					mbps[k] = append(mbps[k], l.transferAs(b, srvEID+":5401", n, false, k != "nat"))
 					c1 = cpu.read(b)
+					stopPerf()
 				} else {
 					l.startOnly(b, append(one, variants[k]...)...)
+					stopPerf := cpu.perfRecord(b, k, round)
 					c0 = cpu.read(b)
 					mbps[k] = append(mbps[k], l.transfer(b, srvEID+":5401", n, false))
 					c1 = cpu.read(b)
+					stopPerf()
 					l.stop(b)
 				}
-				stopPerf()
 				g := perGiB(c0, c1, n)
 				ours[k], all[k] = append(ours[k], g.ours), append(all[k], g.all)
 			}
