@@ -482,7 +482,13 @@ static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 			 * segment the inner packet again: TCP for a socket of
 			 * this node, which receives a superpacket as it does a
 			 * GRO'd one. gso_size is kept (FIXED_GSO): it is the
-			 * inner segment size the receiver's MSS estimate reads. */
+			 * inner segment size the receiver's MSS estimate reads.
+			 * The inner header must cover the whole frame, as in a
+			 * superpacket TCP built and lisp_encap wrapped; a train
+			 * of datagrams UDP GRO glued together (each with its own
+			 * LISP header) does not, and is not taken apart here. */
+			if (inner_len + LISP_OVERHEAD + ETH_HLEN != skb->len)
+				return lisp_drop(LISP_DROP_GSO_DECAP);
 			data = (void *)(long)skb->data; /* the helper's call voids packet pointers */
 			end = (void *)(long)skb->data_end;
 			in = data + ETH_HLEN + LISP_OVERHEAD;
