@@ -372,6 +372,30 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb, int from_ingr
 	return bpf_redirect(ifindex, 0);
 }
 
+/* lisp_for_local_tcp: is the inner packet TCP of an established socket
+ * of this node's namespace (so the stack delivers it, never forwards it)?
+ * The lookup is the one the stack's own demultiplexing does. */
+static __always_inline int lisp_for_local_tcp(struct __sk_buff *skb, struct iphdr *in, void *end)
+{
+	if (in->protocol != IPPROTO_TCP || in->ihl != 5 ||
+	    (in->frag_off & bpf_htons(LISP_IP_MF | LISP_IP_OFFSET)))
+		return 0;
+	__be16 *ports = (void *)(in + 1);
+	if ((void *)(ports + 2) > end)
+		return 0;
+	struct bpf_sock_tuple t = {};
+	t.ipv4.saddr = in->saddr;
+	t.ipv4.daddr = in->daddr;
+	t.ipv4.sport = ports[0];
+	t.ipv4.dport = ports[1];
+	struct bpf_sock *sk = bpf_sk_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	int local = sk->state != BPF_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return local;
+}
+
 /* lisp_decapsulate: UDP 4341 to a local RLOC from a known remote RLOC is
  * stripped to the inner packet, which goes on (the stack routes it or
  * delivers it). LISP to a local RLOC that fails a check is dropped and
@@ -452,8 +476,29 @@ static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 		/* A superpacket's tunnel GSO state must go with the outer
 		 * headers, or segmenting the inner packet later breaks it. */
 		if (bpf_skb_adjust_room(skb, -LISP_OVERHEAD, BPF_ADJ_ROOM_MAC,
-					LISP_ADJ_ROOM_DECAP_L4_UDP))
-			return lisp_drop(LISP_DROP_GSO_DECAP);
+					LISP_ADJ_ROOM_DECAP_L4_UDP)) {
+			/* This kernel keeps SKB_GSO_UDP_TUNNEL and
+			 * skb->encapsulation. Harmless only where nothing will
+			 * segment the inner packet again: TCP for a socket of
+			 * this node, which receives a superpacket as it does a
+			 * GRO'd one. gso_size is kept (FIXED_GSO): it is the
+			 * inner segment size the receiver's MSS estimate reads.
+			 * The inner header must cover the whole frame, as in a
+			 * superpacket TCP built and lisp_encap wrapped; a train
+			 * of datagrams UDP GRO glued together (each with its own
+			 * LISP header) does not, and is not taken apart here. */
+			if (inner_len + LISP_OVERHEAD + ETH_HLEN != skb->len)
+				return lisp_drop(LISP_DROP_GSO_DECAP);
+			data = (void *)(long)skb->data; /* the helper's call voids packet pointers */
+			end = (void *)(long)skb->data_end;
+			in = data + ETH_HLEN + LISP_OVERHEAD;
+			if ((void *)(in + 1) > end || !lisp_for_local_tcp(skb, in, end))
+				return lisp_drop(LISP_DROP_GSO_DECAP);
+			if (bpf_skb_adjust_room(skb, -LISP_OVERHEAD, BPF_ADJ_ROOM_MAC,
+						BPF_F_ADJ_ROOM_FIXED_GSO))
+				return lisp_drop(LISP_DROP_GSO_DECAP);
+			lisp_count(LISP_DECAP_LOCAL_GSO);
+		}
 	} else if (bpf_skb_adjust_room(skb, -LISP_OVERHEAD, BPF_ADJ_ROOM_MAC, 0)) {
 		return lisp_drop(LISP_DROP_DECAP_FAILED);
 	}

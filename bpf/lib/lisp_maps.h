@@ -86,6 +86,7 @@ enum lisp_counter {
 	LISP_DROP_DECAP_FAILED, /* bpf_skb_adjust_room refused to close it */
 	LISP_DROP_GSO_DECAP,   /* a GSO superpacket the kernel cannot decapsulate in place (no BPF_F_ADJ_ROOM_DECAP_L4_UDP) */
 	LISP_DROP_ECN,         /* outer CE over a not-ECT inner packet (RFC 6040 §4.2) */
+	LISP_DECAP_LOCAL_GSO,  /* decapsulated, of which: a TCP superpacket for a local socket, stripped whole though the kernel keeps its tunnel GSO state */
 	LISP_COUNTER_MAX,
 };
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/lispdp"
 	"github.com/onehop/onehop/internal/netns"
 )
 
@@ -228,11 +230,18 @@ func BenchmarkPrivilegedGatewayTwoPathsVsOne(b *testing.B) {
 // second lab, with an xTR) the full gateway (interception + MPTCP + LISP in
 // eBPF on gw and xtr) beside that lab's own NAT. "nat, user mptcp" is the
 // baseline of what MPTCP itself costs: the user's own socket MPTCP, through
-// the NAT, no gateway.
+// the NAT, no gateway. The full gateway runs twice: with the xTR's path
+// interface segmenting tunnel superpackets (what lispdp does by default on
+// this kernel) and sending them whole (lispdp.RLOCOptions.WholeSuperpackets,
+// which the gateway's lisp_decap takes for its own sockets), each also with
+// the WAN path and the data center's link at MTU 9000 (the user's link
+// stays at 1500; NAT beside them the same). Each transfer also reports its
+// CPU cost per GiB (cpuMeter).
 func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 	const n = 512 << 20
 	one := []string{"--path", "dev=p1,eid=" + gwEID1 + ",rloc=192.168.71.1,name=wan1"}
-	measure := func(l *lab, variants map[string][]string, order []string) map[string][]float64 {
+	cpu := newCPUMeter(b)
+	measure := func(l *lab, variants map[string][]string, prep map[string]func(), order []string) {
 		l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
 		if err := netns.WriteSysctl(l.gw, "net/ipv4/ip_forward", "1"); err != nil {
 			b.Fatal(err)
@@ -242,33 +251,122 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 		if out, err := nat.CombinedOutput(); err != nil {
 			b.Fatalf("nft: %v: %s", err, out)
 		}
-		res := map[string][]float64{}
+		mbps, ours, all := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 		for round := 0; round < 5; round++ {
 			for _, k := range order {
-				if k == "nat" || k == "nat, user mptcp" {
-					res[k] = append(res[k], l.transferAs(b, srvEID+":5401", n, false, k != "nat"))
-					continue
+				if f := prep[k]; f != nil {
+					f()
 				}
-				l.startOnly(b, append(one, variants[k]...)...)
-				res[k] = append(res[k], l.transfer(b, srvEID+":5401", n, false))
-				l.stop(b)
+				var c0, c1 cpuSample
+				if strings.HasPrefix(k, "nat") {
+					stopPerf := cpu.perfRecord(b, k, round)
+					c0 = cpu.read(b)
+					mbps[k] = append(mbps[k], l.transferAs(b, srvEID+":5401", n, false, k == "nat, user mptcp"))
+					c1 = cpu.read(b)
+					stopPerf()
+				} else {
+					l.startOnly(b, append(one, variants[k]...)...)
+					stopPerf := cpu.perfRecord(b, k, round)
+					c0 = cpu.read(b)
+					mbps[k] = append(mbps[k], l.transfer(b, srvEID+":5401", n, false))
+					c1 = cpu.read(b)
+					stopPerf()
+					l.stop(b)
+				}
+				g := perGiB(c0, c1, n)
+				ours[k], all[k] = append(ours[k], g.ours), append(all[k], g.all)
 			}
 		}
 		for _, k := range order {
-			b.Logf("%-16s median %6.0f Mbit/s (%s) = %.2fx NAT", k, median(res[k]), fmtRounds(res[k]), median(res[k])/median(res["nat"]))
+			b.Logf("%-24s median %6.0f Mbit/s (%s) = %.2fx NAT; CPU s/GiB: ours %s = %.2fx NAT, all CPUs %s",
+				k, median(mbps[k]), fmtRounds(mbps[k]), median(mbps[k])/median(mbps["nat"]),
+				fmtSpread(ours[k], 2), median(ours[k])/median(ours["nat"]), fmtSpread(all[k], 2))
 		}
-		return res
 	}
 	plain := newLab(b, "")
 	ipIn(b, plain.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
 	measure(plain, map[string][]string{
 		"intercept":      {"--map", "10.88.0.0/24=negative"},
 		"mptcp (native)": {"--map", "10.88.0.0/24=192.168.71.2"},
-	}, []string{"nat", "nat, user mptcp", "intercept", "mptcp (native)"})
+	}, nil, []string{"nat", "nat, user mptcp", "intercept", "mptcp (native)"})
 
-	withXTR, _ := newLISPLab(b, "")
+	withXTR, dp := newLISPLab(b, "")
 	ipIn(b, withXTR.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	xtr := xtrOf(withXTR)
+	// wan sets the xTR's tunnel segmentation on s1 (on: superpackets
+	// leave whole) and the MTU of the WAN path and the data center's link
+	// (gw p1, xtr s1 and x0, dc e0; the user's link stays at 1500): 9000
+	// is a data center interconnect with jumbo frames.
+	h, err := netns.Handle(xtr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	s1, err := h.LinkByName("s1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	wan := func(tnl string, mtu int) func() {
+		return func() {
+			run(b, "ip", "netns", "exec", xtr, "ethtool", "-K", "s1", "tx-udp_tnl-segmentation", tnl)
+			m := fmt.Sprint(mtu)
+			ipIn(b, withXTR.gw, "link", "set", "p1", "mtu", m)
+			ipIn(b, xtr, "link", "set", "s1", "mtu", m)
+			ipIn(b, xtr, "link", "set", "x0", "mtu", m)
+			ipIn(b, withXTR.srv, "link", "set", "e0", "mtu", m)
+			if err := dp.SetPath(1, lispdp.Path{Ifindex: s1.Attrs().Index, LocalRLOC: netip.MustParseAddr("192.168.71.2"),
+				RemoteRLOC: netip.MustParseAddr("192.168.71.1"), MTU: mtu}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	full := []string{"--lisp", "--map", "10.88.0.0/24=192.168.71.2"}
 	measure(withXTR, map[string][]string{
-		"full (lisp)": {"--lisp", "--map", "10.88.0.0/24=192.168.71.2"},
-	}, []string{"nat", "full (lisp)"})
+		"full (lisp, xtr segments)":           full,
+		"full (lisp, xtr segments), mtu 9000": full,
+		"full (lisp, whole)":                  full,
+		"full (lisp, whole), mtu 9000":        full,
+	}, map[string]func(){
+		"nat":                                 wan("on", 1500),
+		"nat, mtu 9000":                       wan("on", 9000),
+		"full (lisp, xtr segments)":           wan("off", 1500),
+		"full (lisp, xtr segments), mtu 9000": wan("off", 9000),
+		"full (lisp, whole)":                  wan("on", 1500),
+		"full (lisp, whole), mtu 9000":        wan("on", 9000),
+	}, []string{"nat", "nat, mtu 9000", "full (lisp, xtr segments)", "full (lisp, xtr segments), mtu 9000", "full (lisp, whole)", "full (lisp, whole), mtu 9000"})
+}
+
+// The same comparison where the path and not the CPU is the bottleneck, as
+// in the paper's testbed (NAT and TCP interception performed alike there):
+// one path shaped to 1 Gbit/s (tbf on gw's and the xTR's ends), 128 MiB
+// downloads, 5 interleaved rounds: NAT and the full gateway (whole
+// superpackets).
+func BenchmarkPrivilegedGatewayOverheadVsNATShaped(b *testing.B) {
+	const n = 128 << 20
+	l, _ := newLISPLab(b, "1gbit")
+	ipIn(b, l.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
+	if err := netns.WriteSysctl(l.gw, "net/ipv4/ip_forward", "1"); err != nil {
+		b.Fatal(err)
+	}
+	nat := exec.Command("ip", "netns", "exec", l.gw, "nft", "-f", "-")
+	nat.Stdin = strings.NewReader("table ip gwbench {\n chain post {\n  type nat hook postrouting priority srcnat;\n  ip saddr 10.66.0.0/24 oifname \"p1\" masquerade\n }\n}\n")
+	if out, err := nat.CombinedOutput(); err != nil {
+		b.Fatalf("nft: %v: %s", err, out)
+	}
+	mbps := map[string][]float64{}
+	for round := 0; round < 5; round++ {
+		for _, k := range []string{"nat", "full"} {
+			if k == "nat" {
+				mbps[k] = append(mbps[k], l.transfer(b, srvEID+":5401", n, false))
+				continue
+			}
+			l.startOnly(b, "--path", "dev=p1,eid="+gwEID1+",rloc=192.168.71.1,name=wan1", "--lisp", "--map", "10.88.0.0/24=192.168.71.2")
+			mbps[k] = append(mbps[k], l.transfer(b, srvEID+":5401", n, false))
+			l.stop(b)
+		}
+	}
+	for _, k := range []string{"nat", "full"} {
+		b.Logf("%-5s median %5.0f Mbit/s (%s) = %.2fx NAT", k, median(mbps[k]), fmtRounds(mbps[k]), median(mbps[k])/median(mbps["nat"]))
+	}
 }

@@ -84,7 +84,9 @@ func newLISPLab(t testing.TB, rate string) (*lab, *lispdp.Datapath) {
 		if err := dp.SetEID(netip.PrefixFrom(netip.MustParseAddr(p.eid), 32), []lispdp.PathChoice{{ID: id, Priority: 1, Weight: 1}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := dp.AttachRLOC(p.dev); err != nil {
+		// The gateway delivers everything the xTR sends it to its own
+		// sockets: superpackets may cross whole (lispdp, GSO).
+		if err := dp.AttachRLOCWith(p.dev, lispdp.RLOCOptions{WholeSuperpackets: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -93,6 +95,10 @@ func newLISPLab(t testing.TB, rate string) (*lab, *lispdp.Datapath) {
 	}
 	return l, dp
 }
+
+// xtrOf names the xTR's namespace of a lab from newLISPLab (the lab's
+// first srv, renamed "dc" for the server behind it).
+func xtrOf(l *lab) string { return l.srv[:len(l.srv)-len("dc")] + "srv" }
 
 func lispBytes(t testing.TB, l *lab) (rx1, rx2 uint64) {
 	t.Helper()

@@ -82,3 +82,15 @@ type Options struct {
 	// attached ("" = the caller's).
 	Netns string
 }
+
+// RLOCOptions are AttachRLOCWith's per-interface choices.
+type RLOCOptions struct {
+	// WholeSuperpackets: the far end of this interface only terminates
+	// what it decapsulates (an access gateway: each inner packet is for one
+	// of its own TCP sockets), so TCP superpackets are sent whole, not
+	// segmented here. Its lisp_decap strips a superpacket for a local
+	// socket whole even where the kernel keeps the tunnel's GSO state
+	// (docs/lisp-datapath.md, GSO); one for anything else it drops
+	// (drop_gso_decap). Do not set it towards a node that forwards.
+	WholeSuperpackets bool
+}

@@ -154,3 +154,24 @@ func TestPrivilegedEncapsulatedByOneEndIsDecapsulatedByTheOther(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivilegedSuperpacketNotForALocalSocketIsDropped: on a kernel that
+// keeps a tunnel superpacket's GSO state through bpf_skb_adjust_room,
+// lisp_decap strips one whole only for a TCP socket of this node (the
+// namespace test shows that case); TCP to no local socket, which the stack
+// would forward and might segment again, is dropped and counted. (On a
+// kernel with BPF_F_ADJ_ROOM_DECAP_L4_UDP the row holds too: BPF_PROG_RUN's
+// superpacket has no GSO type, which the helper refuses to shrink.)
+func TestPrivilegedSuperpacketNotForALocalSocketIsDropped(t *testing.T) {
+	d := gateway(t)
+	reply := inner{proto: layers.IPProtocolTCP, src: "10.2.0.2", dst: "10.1.0.11", sport: 80, dport: 33001, body: "reply"}
+	o1 := outer{src: "198.51.100.1", dst: "192.0.2.1", sport: 50000, ttl: 64, flags: 0x80, nonce: 0xabcdef}
+	c0 := counters(t, d)
+	ret, _, _ := runGSO(t, d.Programs().Decap, frame(macGW, macP1nh, o1.encap(reply.ip(t))), 1400, 2)
+	if ret != verdictShot {
+		t.Errorf("verdict %d, want %d (dropped)", ret, verdictShot)
+	}
+	if c := counterDelta(c0, counters(t, d)); len(c) != 1 || c["drop_gso_decap"] != 1 {
+		t.Errorf("counted %v, want drop_gso_decap 1", c)
+	}
+}

@@ -182,10 +182,19 @@ func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) erro
 // far end, a kernel like this one, could not take them whole
 // (docs/lisp-datapath.md, GSO).
 func (d *Datapath) AttachRLOC(ifname string) error {
+	return d.AttachRLOCWith(ifname, RLOCOptions{})
+}
+
+// AttachRLOCWith is AttachRLOC with options for the interface.
+// WholeSuperpackets leaves the interface's tunnel segmentation alone: for
+// an interface whose far end delivers what it decapsulates to its own
+// sockets (an access gateway's subflows), which this datapath's lisp_decap
+// takes whole even on a kernel without DecapsGSO.
+func (d *Datapath) AttachRLOCWith(ifname string, o RLOCOptions) error {
 	return d.attach(ifname, []attachment{
 		{"decap/ingress/" + ifname, d.objs.LispDecap, ebpf.AttachTCXIngress},
 		{"encap/egress/" + ifname, d.objs.LispEncap, ebpf.AttachTCXEgress},
-	}, !d.gsoDecap)
+	}, !d.gsoDecap && !o.WholeSuperpackets)
 }
 
 // AttachEID attaches encapsulation to the tcx ingress of an EID-facing

@@ -31,7 +31,8 @@ const (
 	lispLispCounterLISP_DROP_DECAP_FAILED lispLispCounter = 12
 	lispLispCounterLISP_DROP_GSO_DECAP    lispLispCounter = 13
 	lispLispCounterLISP_DROP_ECN          lispLispCounter = 14
-	lispLispCounterLISP_COUNTER_MAX       lispLispCounter = 15
+	lispLispCounterLISP_DECAP_LOCAL_GSO   lispLispCounter = 15
+	lispLispCounterLISP_COUNTER_MAX       lispLispCounter = 16
 )
 
 type lispLispEid struct {

@@ -407,3 +407,69 @@ func sub(a, b map[uint8]Stats) map[uint8]Stats {
 	}
 	return out
 }
+
+// TestPrivilegedSuperpacketsForLocalSocketsAreDecapsulatedWhole: the xTR's
+// interface keeps tunnel segmentation (WholeSuperpackets), so the replies
+// to the gateway's subflow arrive as UDP-tunnel superpackets; the
+// gateway's lisp_decap, on a kernel without DecapsGSO, strips them whole
+// because each is for one of its own TCP sockets. The content arrives
+// intact by hash, nothing is dropped, and the gateway counts superpackets
+// (fewer decapsulations than segments). Before lisp_decap knew local
+// sockets every such superpacket was dropped (drop_gso_decap) and the
+// transfer stalled.
+func TestPrivilegedSuperpacketsForLocalSocketsAreDecapsulatedWhole(t *testing.T) {
+	p := newPair(t)
+	gw := open(t, Options{Netns: netns.Path(p.a)})
+	xtr := open(t, Options{Netns: netns.Path(p.b)})
+	if err := gw.SetPath(1, p.lispPath(t, p.ha, p.hb, "a1", "b1", "192.0.2.1", "192.0.2.2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := xtr.SetPath(1, p.lispPath(t, p.hb, p.ha, "b1", "a1", "192.0.2.2", "192.0.2.1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.AttachRLOC("a1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := xtr.AttachRLOCWith("b1", RLOCOptions{WholeSuperpackets: true}); err != nil {
+		t.Fatal(err)
+	}
+	if gw.DecapsGSO() {
+		t.Log("this kernel decapsulates superpackets in place (BPF_F_ADJ_ROOM_DECAP_L4_UDP): the local-socket path is not exercised")
+	}
+	out, err := exec.Command("ip", "netns", "exec", p.b, "ethtool", "-k", "b1").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "tx-udp_tnl-segmentation: on") {
+		t.Fatalf("b1 does not send tunnel superpackets whole: %v: %s", err, out)
+	}
+	one := []PathChoice{{ID: 1, Priority: 1, Weight: 1}}
+	for _, err := range []error{
+		gw.SetEID(netip.MustParsePrefix("10.2.0.0/16"), one),
+		gw.PinSource(addr("10.1.0.11"), 1),
+		xtr.SetEID(netip.MustParsePrefix("10.1.0.0/16"), one),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	g0, s0 := counters(t, gw), pathStats(t, gw)
+	const n = 8 << 20
+	exchange(t, p.a, p.b, netip.MustParseAddrPort("10.1.0.11:0"), netip.MustParseAddrPort("10.2.0.2:5011"), n)
+	c, s := counterDelta(g0, counters(t, gw)), sub(pathStats(t, gw), s0)[1]
+	t.Logf("gateway counters %v; path 1 received %d segments, %d bytes", c, s.RxPackets, s.RxBytes)
+	if s.RxBytes < n {
+		t.Errorf("path 1 decapsulated %d bytes, want >= %d", s.RxBytes, n)
+	}
+	if !gw.DecapsGSO() && (c["decap_local_gso"] == 0 || c["decapsulated"] >= s.RxPackets) {
+		t.Errorf("no superpacket decapsulated whole: decap_local_gso %d, %d decapsulations for %d segments", c["decap_local_gso"], c["decapsulated"], s.RxPackets)
+	}
+	for _, d := range []*Datapath{gw, xtr} {
+		drops, err := d.Drops()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r, v := range drops {
+			if v != 0 {
+				t.Errorf("dropped %d: %s", v, r)
+			}
+		}
+	}
+}
