@@ -30,6 +30,7 @@ record's TTL runs out. docs/cloud-access-lab.md shows it in the lab.`,
 		mapServer, mapResolver, keyFile string
 		keyID                           uint8
 		ttl, interval                   time.Duration
+		whole                           bool
 	)
 	run := &cobra.Command{
 		Use:   "run --rloc IF ... --eid-dev IF ... --eid-prefix PREFIX --map-server ADDR --key-file FILE",
@@ -60,6 +61,7 @@ runs out.`,
 			if err != nil {
 				return err
 			}
+			cfg.WholeSuperpackets = whole
 			ctx, cancel := signalContext()
 			defer cancel()
 			return xtr.Run(ctx, cfg, logger())
@@ -75,6 +77,7 @@ runs out.`,
 	f.Uint8Var(&keyID, "key-id", 1, "key id of the Map-Registers")
 	f.DurationVar(&ttl, "ttl", xtr.DefaultTTL, "TTL of the registered records (whole minutes)")
 	f.DurationVar(&interval, "register-interval", xtr.DefaultRegisterInterval, "how often the registration is refreshed")
+	f.BoolVar(&whole, "whole-superpackets", false, "send TCP superpackets to the RLOC links' far ends whole, not segmented: only when every far end is an access gateway terminating what it receives (docs/lisp-datapath.md)")
 	x.AddCommand(run)
 	return x
 }

@@ -38,7 +38,7 @@ func TestCloudDaemonArgsFollowTheTopology(t *testing.T) {
 	}
 	x, _ := f.XTRByName("xtr")
 	got = strings.Join(xtrArgs(st, f, x), " ")
-	want := "xtr run --eid-prefix 10.88.0.0/24 --map-server 192.168.100.1:4342 --key-file " + filepath.Join(st.Dir, "lisp-key-xtr") + " --key-id 2 --rloc wan1 --rloc wan2 --eid-dev s-srv"
+	want := "xtr run --eid-prefix 10.88.0.0/24 --map-server 192.168.100.1:4342 --key-file " + filepath.Join(st.Dir, "lisp-key-xtr") + " --key-id 2 --whole-superpackets --rloc wan1 --rloc wan2 --eid-dev s-srv"
 	if got != want {
 		t.Errorf("xtr args\n %q\nwant\n %q", got, want)
 	}

@@ -54,7 +54,10 @@ func (xtrKind) plumb(_ context.Context, b *builder, node string) error {
 // xtrArgs are the arguments of xTR x's daemon.
 func xtrArgs(st *State, t *topology.File, x topology.XTR) []string {
 	args := []string{"xtr", "run", "--eid-prefix", x.EIDPrefix, "--map-server", mapServer(t),
-		"--key-file", lispKeyFile(st, x.Name), "--key-id", fmt.Sprint(keyIDOf(t, x.Name))}
+		"--key-file", lispKeyFile(st, x.Name), "--key-id", fmt.Sprint(keyIDOf(t, x.Name)),
+		// Through the WAN routers, the xTR's links lead only to the access
+		// gateway, whose decapsulated packets are all for its own sockets.
+		"--whole-superpackets"}
 	for _, wn := range x.WANs {
 		args = append(args, "--rloc", wn)
 	}

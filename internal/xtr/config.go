@@ -51,6 +51,11 @@ type Config struct {
 	TTL time.Duration
 	// RegisterInterval is how often the registration is refreshed.
 	RegisterInterval time.Duration
+	// WholeSuperpackets sends TCP superpackets to the far ends of the
+	// RLOC links whole instead of segmenting them here: right only when
+	// every far end terminates what it decapsulates (access gateways), as
+	// lispdp.RLOCOptions says; it saves the gateway ~3.5x CPU per GiB.
+	WholeSuperpackets bool
 }
 
 // Defaults the flags start from.

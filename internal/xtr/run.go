@@ -56,7 +56,7 @@ func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	defer dp.Close()
 	for _, r := range cfg.RLOCs {
-		if err := dp.AttachRLOC(r.Dev); err != nil {
+		if err := dp.AttachRLOCWith(r.Dev, lispdp.RLOCOptions{WholeSuperpackets: cfg.WholeSuperpackets}); err != nil {
 			return fmt.Errorf("--rloc %s: %w", r.Dev, err)
 		}
 	}
