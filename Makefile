@@ -39,7 +39,7 @@ fuzz:
 
 # Whole labs of namespaces with real tools; one package at a time.
 e2e-test:
-	$(GO) test -count=1 -p 1 -timeout 20m ./test/e2e/...
+	$(GO) test -count=1 -p 1 -timeout 60m ./test/e2e/...
 
 test: deps vet check-generated unit-test fuzz e2e-test
 
