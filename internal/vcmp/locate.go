@@ -141,6 +141,14 @@ func (l *Locator) Result(a *LocAnswer) Outcome {
 	return l.done
 }
 
+// GiveUp ends the walk as Failed, whatever places are left: the caller
+// knows no later place can help (the peer is at its address and runs no
+// VCMP at all).
+func (l *Locator) GiveUp() Outcome {
+	l.done = Failed
+	return Failed
+}
+
 type dirKey struct {
 	proto      Proto
 	end, other netip.AddrPort

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/onehop/onehop/internal/vcmp"
@@ -950,8 +951,21 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 			if err != nil {
 				e.log.Info("vnat: place unreachable", "place", place, "err", err)
 			}
+			// The peer's own address refused VCMP outright: the peer is
+			// there and answers TCP, but runs no VNAT daemon. If it never
+			// keyed the connection either, it has none: no location server
+			// can bring a VNAT_UPD from it, so waiting there would hang the
+			// connection for ever. The walk fails (retried for RetryFor, in
+			// case a daemon is starting) and the migration is aborted.
+			refused := errors.Is(err, syscall.ECONNREFUSED)
 			e.mu.Lock()
 			for i, w := range ws {
+				if refused && w.c.keys == nil && place == w.c.oldRemote {
+					e.warn("no_peer_daemon", "vnat: the peer runs no VNAT daemon (VCMP refused at its address)", "conn", w.c.m.Tuple, "peer", place)
+					w.loc.GiveUp()
+					w.failed = true
+					continue
+				}
 				var a *vcmp.LocAnswer
 				if err == nil {
 					a, _ = ans[i].(*vcmp.LocAnswer)
