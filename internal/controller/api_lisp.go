@@ -286,7 +286,7 @@ func (c *Controller) AddLISPMapping(ctx context.Context, b LISPMappingBody) (LIS
 	if err := store.PutJSON(ctx, c.store, lispKey(p), m); err != nil {
 		return LISPMapping{}, err
 	}
-	c.lispChanged()
+	c.lispChanged(ctx)
 	return m, nil
 }
 
@@ -304,6 +304,6 @@ func (c *Controller) DeleteLISPMapping(ctx context.Context, p netip.Prefix) erro
 	if err := c.store.Delete(ctx, lispKey(p)); err != nil {
 		return err
 	}
-	c.lispChanged()
+	c.lispChanged(ctx)
 	return nil
 }

@@ -84,6 +84,17 @@ func (c DaemonConfig) Validate() error {
 
 // RunDaemon runs the controller until ctx ends.
 func RunDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
+	err := runDaemon(ctx, cfg, log)
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// Told to stop while still starting (seeding the store, say): that
+		// is a shutdown like any other, not a failure to report.
+		log.Info("controller stopped while starting", "err", err)
+		return nil
+	}
+	return err
+}
+
+func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

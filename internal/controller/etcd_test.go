@@ -123,3 +123,24 @@ func TestControllerUsesAnExternalEtcdCluster(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	runUntilVMs(t, DaemonConfig{EtcdEndpoints: []string{client}, Topology: writeTopo(t), Insecure: true}, []string{client}, nil)
 }
+
+// A controller told to stop before it has finished starting (here: before
+// it has even read the store) stops cleanly: the context's end is a
+// shutdown, not a startup failure to report.
+func TestAControllerStoppedWhileStartingReportsNoFailure(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DaemonConfig{DataDir: filepath.Join(dir, "etcd"), ClientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		Socket: filepath.Join(dir, "etcd.sock"), PeerURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		Topology: writeTopo(t), Insecure: true}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := RunDaemon(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatalf("stopped while starting: %v, want a clean stop", err)
+	}
+	// A startup that fails for its own reason still says so.
+	bad := cfg
+	bad.Topology = filepath.Join(dir, "missing.yaml")
+	if err := RunDaemon(t.Context(), bad, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil {
+		t.Fatal("a missing topology file: no error")
+	}
+}

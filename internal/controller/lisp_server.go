@@ -64,6 +64,7 @@ type LISPServer struct {
 
 	mu       sync.Mutex
 	held     []LISPMapping
+	heldRev  int64             // the store revision held was read at
 	nonces   map[string]uint64 // site + key id -> last accepted Map-Register nonce
 	stats    LISPServerStats
 	changed  chan struct{}
@@ -81,10 +82,17 @@ func (c *Controller) lispServer() *LISPServer {
 	return nil
 }
 
-// lispChanged tells a running map-server to re-read its mappings now
-// rather than at the next watch event.
-func (c *Controller) lispChanged() {
-	if s := c.lispServer(); s != nil {
+// lispChanged makes a running map-server answer from the mappings as they
+// are now: it re-reads them before the API call that changed them returns,
+// so a Map-Request sent after a 200 is answered with the change (the watch
+// alone would leave a window in which the old copy answers).
+func (c *Controller) lispChanged(ctx context.Context) {
+	s := c.lispServer()
+	if s == nil {
+		return
+	}
+	if _, err := s.reload(ctx); err != nil {
+		s.limit.Warn("lisp-reload", "lisp map-server: reading mappings failed; the watch will retry", "err", err)
 		select {
 		case s.changed <- struct{}{}:
 		default:
@@ -170,13 +178,17 @@ func (s *LISPServer) Addr() netip.AddrPort { return s.conn.LocalAddr().(*net.UDP
 func (s *LISPServer) Done() <-chan struct{} { return s.finished }
 
 // reload reads the mappings from etcd and returns the revision it read.
+// Reloads run concurrently (the watch, the API, Map-Registers): a copy read
+// at an older revision than the one held is dropped, not put back.
 func (s *LISPServer) reload(ctx context.Context) (int64, error) {
 	all, rev, err := store.ListJSON[LISPMapping](ctx, s.c.store, LISPMappingsPrefix)
 	if err != nil {
 		return 0, fmt.Errorf("lisp map-server: read mappings: %w", err)
 	}
 	s.mu.Lock()
-	s.held = all
+	if rev >= s.heldRev {
+		s.held, s.heldRev = all, rev
+	}
 	s.mu.Unlock()
 	return rev, nil
 }

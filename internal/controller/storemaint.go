@@ -101,6 +101,7 @@ func (m *StoreMaintainer) once(ctx context.Context) (StoreStatus, error) {
 		return StoreStatus{Health: h}, err
 	}
 	m.noteAlarm(h)
+	compactedNow := false
 	if m.Retain > 0 && h.Revision-m.Retain > m.compacted {
 		rev := h.Revision - m.Retain
 		if err := m.s.Compact(ctx, rev); err != nil && !errors.Is(err, context.Canceled) &&
@@ -111,6 +112,7 @@ func (m *StoreMaintainer) once(ctx context.Context) (StoreStatus, error) {
 		m.compacted = rev
 		m.st.Compactions++
 		m.mu.Unlock()
+		compactedNow = true
 		// etcd counts the freed pages at its next backend commit (every
 		// 100 ms): wait for it, briefly, so the rule below sees them.
 		inUse := h.DBSizeInUse
@@ -132,7 +134,14 @@ func (m *StoreMaintainer) once(ctx context.Context) (StoreStatus, error) {
 	m.mu.Lock()
 	due := time.Since(m.lastDefrag) >= m.DefragEvery
 	m.mu.Unlock()
-	if (free >= m.DefragFree && float64(free) >= m.DefragShare*float64(h.DBSize) && due) || (hasNoSpace(h) && free > 0) {
+	// Under NOSPACE only a defragmentation shrinks the file the quota
+	// counts, so it runs whenever anything may be free: pages reported free,
+	// or revisions this pass compacted away. etcd reports those pages late
+	// (bbolt frees them at a later write transaction once older readers are
+	// gone, and NOSPACE stops the writes), so waiting for the report can
+	// leave the alarm up for good.
+	noSpaceRoom := hasNoSpace(h) && (free > 0 || compactedNow)
+	if (free >= m.DefragFree && float64(free) >= m.DefragShare*float64(h.DBSize) && due) || noSpaceRoom {
 		start := time.Now()
 		if err := m.s.Defragment(ctx); err != nil {
 			return StoreStatus{Health: h}, err
