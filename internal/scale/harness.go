@@ -614,7 +614,7 @@ func (h *harness) collect(ctx context.Context, hosts []string, p func(i int) (<-
 // changeRules adds rules one at a time, each timed from the request to the
 // moment the last host holding a VM of its farm has applied it.
 func (h *harness) changeRules(ctx context.Context) error {
-	var everywhere, perHost []time.Duration
+	var everywhere, perHost, request []time.Duration
 	for k := 0; k < h.cfg.RuleChanges; k++ {
 		f := k % h.cfg.Farms
 		port := uint16(10000 + k)
@@ -629,6 +629,7 @@ func (h *harness) changeRules(ctx context.Context) error {
 		if err := h.allow(ctx, f, port); err != nil {
 			return err
 		}
+		request = append(request, time.Since(t0))
 		times, err := h.collect(ctx, hosts, func(i int) (<-chan time.Time, func()) { return chans[i], cancels[i] })
 		if err != nil {
 			return fmt.Errorf("rule change %d (farm %s): %w", k, h.farmName(f), err)
@@ -640,6 +641,7 @@ func (h *harness) changeRules(ctx context.Context) error {
 	}
 	h.report.RuleChange = summarize(everywhere)
 	h.report.RuleChangePerHost = summarize(perHost)
+	h.report.RuleRequest = summarize(request)
 	h.log("%d rule changes: applied everywhere %s", h.cfg.RuleChanges, h.report.RuleChange)
 	return nil
 }

@@ -26,7 +26,9 @@ type Report struct {
 	// applied it; RuleChangePerHost: the same for each host on its own.
 	RuleChange        Summary `json:"ruleChange"`
 	RuleChangePerHost Summary `json:"ruleChangePerHost"`
-	Move              Summary `json:"move"`
+	// RuleRequest: the rule's API request alone (the controller's part).
+	RuleRequest Summary `json:"ruleRequest"`
+	Move        Summary `json:"move"`
 	// The controller restart: how long the API was away, entries any
 	// datapath lost, and relists of desired state, beside an equally
 	// long quiet window before it.
@@ -185,7 +187,7 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "  (%d creates retried after a 5xx)\n", r.APIRetries)
 	}
 	fmt.Fprintf(w, "\nall VMs applied on all hosts: %v after the last create\n", r.AllAppliedAfterLastCreate.Round(time.Millisecond))
-	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s)\n", r.RuleChange, r.RuleChangePerHost)
+	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s; the API request alone: %s)\n", r.RuleChange, r.RuleChangePerHost, r.RuleRequest)
 	fmt.Fprintf(w, "VM move applied on both hosts:  %s\n", r.Move)
 	fmt.Fprintf(w, "controller restart: API back in %v; datapath entries removed %d (quiet window %d); relists %d (quiet window %d); other reads %d (%d); watches opened %d (%d)\n",
 		r.RestartDowntime.Round(time.Millisecond), r.RestartRemoved, r.QuietRemoved, r.RestartRelists, r.QuietRelists,
