@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -35,7 +36,21 @@ func main() {
 	flag.StringVar(&cfg.Binary, "binary", "", "onehop binary: run the controller as its own process (its memory measured apart)")
 	flag.BoolVar(&cluster, "cluster", false, "an external 3-member etcd cluster (etcd on PATH), its leader killed at half the creates")
 	flag.StringVar(&out, "out", "", "write the report as JSON here too")
+	var cpuprofile string
+	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process (the simulated agents; the controller too unless -binary) here")
 	flag.Parse()
+	if cpuprofile != "" {
+		f, err := os.Create(cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scale:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "scale:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if cluster {
 		etcd, err := exec.LookPath("etcd")
 		if err != nil {
@@ -66,6 +81,7 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		fmt.Fprintln(os.Stderr, "scale: logs kept in", dir)
+		pprof.StopCPUProfile()
 		os.Exit(1) // keeps dir: the controller's and etcd members' logs say why
 	}
 }

@@ -103,6 +103,10 @@ type Agent struct {
 	nodes   map[string]intent.Node
 	viewRev int64
 	applied intent.Desired
+	// nodeList is nodes sorted by name, made again only when nodes
+	// changed (nil): every pass hands it to the features, and it is as
+	// long as the cloud has hosts.
+	nodeList []intent.Node
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -351,6 +355,7 @@ func (a *Agent) take(src source, events []store.Event) error {
 	for _, e := range events {
 		switch {
 		case src.nodes:
+			a.nodeList = nil
 			name := strings.TrimPrefix(e.Key, intent.NodesPrefix)
 			if e.Deleted {
 				delete(a.nodes, name)
@@ -487,7 +492,7 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 	if view.Desired().Digest() != a.applied.Digest() || a.viewRev == 0 {
 		a.viewRev = rev
 	}
-	a.view, a.nodes = view, nodes
+	a.view, a.nodes, a.nodeList = view, nodes, nil
 	a.passMu.Unlock()
 	a.mu.Lock()
 	a.lists++
@@ -505,11 +510,13 @@ func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desire
 	defer a.passMu.Unlock()
 	start := time.Now()
 	d := a.view.Desired()
-	nodes := make([]intent.Node, 0, len(a.nodes))
-	for _, name := range sortedNames(a.nodes) {
-		nodes = append(nodes, a.nodes[name])
+	if a.nodeList == nil {
+		a.nodeList = make([]intent.Node, 0, len(a.nodes))
+		for _, name := range sortedNames(a.nodes) {
+			a.nodeList = append(a.nodeList, a.nodes[name])
+		}
 	}
-	err := a.apply(d, nodes)
+	err := a.apply(d, a.nodeList)
 	if time.Since(a.countersAt) >= countersEvery {
 		if c, cerr := a.dp.Counters(); cerr == nil {
 			a.mu.Lock()

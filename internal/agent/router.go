@@ -37,6 +37,14 @@ type Router struct {
 	attached  []string
 	missing   []string
 	endpoints int
+
+	// The known hosts as last compiled, and the node list they were
+	// compiled from: the agent hands every pass the same list until a
+	// node record changes (Agent.nodeList), and compiling a cloud's
+	// worth of hosts on every pass was the router's main cost.
+	hostsFrom []intent.Node
+	hosts     map[datapath.HostKey]uint8
+	hostsErrC error
 }
 
 // RouterWork is what the router runs beside its maps. The daemon fills it
@@ -104,9 +112,23 @@ func (r *Router) Compile(n feature.Node) (feature.Plan, error) {
 		return nil, err
 	}
 	// A broken node record leaves only that host unheard.
-	hosts, herr := datapath.CompileHosts(n.Nodes, n.Name)
+	hosts, herr := r.compileHosts(n.Nodes, n.Name)
 	e.Hosts = hosts
 	return &routerPlan{entries: e, missing: missing, local: n.Desired.Local, uplink: n.UplinkIfindex, hostsErr: herr}, nil
+}
+
+// compileHosts is datapath.CompileHosts, again only when nodes is another
+// list than last time (the agent never changes a list it handed over).
+// The map returned is shared by plans: nothing writes to it.
+func (r *Router) compileHosts(nodes []intent.Node, self string) (map[datapath.HostKey]uint8, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	same := r.hosts != nil && len(nodes) == len(r.hostsFrom) && (len(nodes) == 0 || &nodes[0] == &r.hostsFrom[0])
+	if !same {
+		r.hosts, r.hostsErrC = datapath.CompileHosts(nodes, self)
+		r.hostsFrom = nodes
+	}
+	return r.hosts, r.hostsErrC
 }
 
 // Sync implements feature.Feature: the maps are made to hold exactly the

@@ -74,9 +74,38 @@ func FarmOf(ip string) (uint8, bool) {
 	return a.As4()[1], true
 }
 
-// SortVisRules puts rules in the one order the desired state lists them in.
+// SortVisRules puts rules in the one order the desired state lists them in:
+// by their text as fmt.Sprint writes it ("{1 2 3 4 6 443}"). Every agent
+// sorts its rules on every pass, so each rule's text is made once, not at
+// every comparison (formatting in the comparison was a fifth of a
+// simulated agent's CPU in the scale harness).
 func SortVisRules(rules []VisRule) {
-	sort.Slice(rules, func(i, j int) bool { return fmt.Sprint(rules[i]) < fmt.Sprint(rules[j]) })
+	type keyed struct {
+		key  string
+		rule VisRule
+	}
+	ks := make([]keyed, len(rules))
+	var buf []byte
+	for i, r := range rules {
+		buf = appendVisRuleText(buf[:0], r)
+		ks[i] = keyed{string(buf), r}
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i].key < ks[j].key })
+	for i := range ks {
+		rules[i] = ks[i].rule
+	}
+}
+
+// appendVisRuleText appends r as fmt.Sprint(r) writes it.
+func appendVisRuleText(b []byte, r VisRule) []byte {
+	b = append(b, '{')
+	for i, v := range []uint64{uint64(r.SrcFarm), uint64(r.SrcSubnet), uint64(r.DstFarm), uint64(r.DstSubnet), uint64(r.Proto), uint64(r.Port)} {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = strconv.AppendUint(b, v, 10)
+	}
+	return append(b, '}')
 }
 
 // HostKeys is one host's desired keys: key (full) to value.

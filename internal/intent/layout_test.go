@@ -1,7 +1,10 @@
 package intent
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"sort"
 	"testing"
 )
 
@@ -52,5 +55,32 @@ func TestDesiredSplitIntoKeysAssemblesBackAndFarmsStayApart(t *testing.T) {
 	}
 	if id, ok := ParseFarmStateKey(FarmStateKey(7)); !ok || id != 7 {
 		t.Fatalf("farm state key of 7 parses as %d %v", id, ok)
+	}
+}
+
+// The rules' order is the one fmt.Sprint's text gives, as it always was:
+// digests of desired state computed before and after agree.
+func TestSortVisRulesKeepsTheOrderOfTheRulesText(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 200; round++ {
+		rules := make([]VisRule, 1+rng.IntN(60))
+		for i := range rules {
+			rules[i] = VisRule{SrcFarm: uint8(rng.IntN(256)), SrcSubnet: uint8(rng.IntN(12)), DstFarm: uint8(rng.IntN(256)),
+				DstSubnet: uint8(rng.IntN(12)), Proto: []uint8{0, 1, 6, 17}[rng.IntN(4)], Port: uint16(rng.IntN(70000))}
+			if rng.IntN(4) == 0 && i > 0 {
+				rules[i] = rules[i-1] // duplicates too
+			}
+		}
+		for _, r := range rules {
+			if got, want := string(appendVisRuleText(nil, r)), fmt.Sprint(r); got != want {
+				t.Fatalf("text of %+v: %q, fmt.Sprint gives %q", r, got, want)
+			}
+		}
+		want := append([]VisRule(nil), rules...)
+		sort.Slice(want, func(i, j int) bool { return fmt.Sprint(want[i]) < fmt.Sprint(want[j]) })
+		SortVisRules(rules)
+		if !reflect.DeepEqual(rules, want) {
+			t.Fatalf("round %d: SortVisRules gave %v, want %v", round, rules, want)
+		}
 	}
 }

@@ -14,6 +14,7 @@ package scale
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -288,7 +290,7 @@ func (h *harness) startAgents(ctx context.Context) error {
 			client = c
 		}
 		rec := newRecorder(name)
-		cs := &countingStore{Store: client, rec: rec}
+		cs := &countingStore{Store: client, host: intent.DesiredHostPrefix(name)}
 		lw := &countingWriter{}
 		a, err := agent.New(agent.Config{Node: name, Uplink: "uplink0", Resync: h.cfg.Resync}, cs, rec,
 			hostInterfaces{uplink: "uplink0", index: i}, slog.New(slog.NewTextHandler(lw, nil)))
@@ -612,7 +614,7 @@ func (h *harness) collect(ctx context.Context, hosts []string, p func(i int) (<-
 // changeRules adds rules one at a time, each timed from the request to the
 // moment the last host holding a VM of its farm has applied it.
 func (h *harness) changeRules(ctx context.Context) error {
-	var everywhere, perHost []time.Duration
+	var everywhere, perHost, request []time.Duration
 	for k := 0; k < h.cfg.RuleChanges; k++ {
 		f := k % h.cfg.Farms
 		port := uint16(10000 + k)
@@ -627,6 +629,7 @@ func (h *harness) changeRules(ctx context.Context) error {
 		if err := h.allow(ctx, f, port); err != nil {
 			return err
 		}
+		request = append(request, time.Since(t0))
 		times, err := h.collect(ctx, hosts, func(i int) (<-chan time.Time, func()) { return chans[i], cancels[i] })
 		if err != nil {
 			return fmt.Errorf("rule change %d (farm %s): %w", k, h.farmName(f), err)
@@ -638,6 +641,7 @@ func (h *harness) changeRules(ctx context.Context) error {
 	}
 	h.report.RuleChange = summarize(everywhere)
 	h.report.RuleChangePerHost = summarize(perHost)
+	h.report.RuleRequest = summarize(request)
 	h.log("%d rule changes: applied everywhere %s", h.cfg.RuleChanges, h.report.RuleChange)
 	return nil
 }
@@ -683,10 +687,10 @@ func (h *harness) moveVMs(ctx context.Context) error {
 func (h *harness) restartController(ctx context.Context) error {
 	window := 3*h.cfg.Resync + 2*time.Second
 	h.log("quiet window of %v before the restart", window)
-	relists0, removed0 := h.agentCounters()
+	c0 := h.agentCounters()
 	time.Sleep(window) // the baseline: what agents do when nothing changes
-	relists1, removed1 := h.agentCounters()
-	h.report.QuietRelists = relists1 - relists0
+	c1 := h.agentCounters()
+	h.report.QuietRelists, h.report.QuietReads, h.report.QuietWatches = c1.relists-c0.relists, c1.reads-c0.reads, c1.watches-c0.watches
 
 	t0 := time.Now()
 	if err := h.ctrl.stop(); err != nil {
@@ -713,22 +717,30 @@ func (h *harness) restartController(ctx context.Context) error {
 	if rest := window - time.Since(t0); rest > 0 {
 		time.Sleep(rest) // the same length as the quiet window
 	}
-	relists2, removed2 := h.agentCounters()
-	h.report.RestartRelists = relists2 - relists1
-	h.report.RestartRemoved = removed2 - removed1
-	h.report.QuietRemoved = removed1 - removed0
-	h.log("controller restart: %d entries removed from datapaths, %d relists (quiet window: %d)", h.report.RestartRemoved,
-		h.report.RestartRelists, h.report.QuietRelists)
+	c2 := h.agentCounters()
+	h.report.RestartRelists, h.report.RestartReads, h.report.RestartWatches = c2.relists-c1.relists, c2.reads-c1.reads, c2.watches-c1.watches
+	h.report.RestartRemoved = c2.removed - c1.removed
+	h.report.QuietRemoved = c1.removed - c0.removed
+	h.log("controller restart: %d entries removed from datapaths, %d relists, %d other reads, %d watches opened (quiet window: %d, %d, %d)",
+		h.report.RestartRemoved, h.report.RestartRelists, h.report.RestartReads, h.report.RestartWatches,
+		h.report.QuietRelists, h.report.QuietReads, h.report.QuietWatches)
 	return nil
 }
 
-func (h *harness) agentCounters() (relists, removed int64) {
+// counters are every agent's store and datapath counts, summed.
+type counters struct{ relists, reads, watches, removed int64 }
+
+func (h *harness) agentCounters() counters {
+	var c counters
 	for _, name := range h.names {
-		relists += h.stores[name].relists.Load()
-		_, r, _ := h.recs[name].stats()
-		removed += int64(r)
+		s := h.stores[name]
+		c.relists += s.relists.Load()
+		c.reads += s.reads.Load()
+		c.watches += s.watches.Load()
+		_, r := h.recs[name].stats()
+		c.removed += int64(r)
 	}
-	return relists, removed
+	return c
 }
 
 // verify checks that no intent was lost (the API lists every VM where it
@@ -772,20 +784,88 @@ func (h *harness) verify(ctx context.Context) error {
 		return fmt.Errorf("final state: %w", err)
 	}
 	h.report.Converged = true
-	var minRev int64 = -1
+	if err := h.awaitAppliedRevisions(ctx); err != nil {
+		return fmt.Errorf("final state: %w", err)
+	}
+	minRev := h.report.MinAppliedRevision
 	var logBytes, logLines int64
 	for _, name := range h.names {
-		_, _, applied := h.recs[name].stats()
-		if minRev < 0 || applied < minRev {
-			minRev = applied
-		}
 		logBytes += h.logs[name].bytes.Load()
 		logLines += h.logs[name].lines.Load()
 	}
-	h.report.MinAppliedRevision = minRev
+	h.report.Lists = h.agentCounters().relists
 	h.report.AgentLogBytes, h.report.AgentLogLines = logBytes/int64(len(h.names)), logLines/int64(len(h.names))
 	h.log("verified: %d VMs, %d rules in force; every agent converged (lowest applied revision %d)", len(vms), len(h.rules), minRev)
 	return nil
+}
+
+// awaitAppliedRevisions waits until every agent's published status says
+// it applied at least the revision of the latest change to any key it
+// follows (its desired keys, the farm states of the farms it carries), as
+// an operator would tell that a change reached a host, and records the
+// lowest applied revision.
+func (h *harness) awaitAppliedRevisions(ctx context.Context) error {
+	farmID := map[string]uint8{}
+	for f, farm := range h.farms {
+		farmID[h.farmName(f)] = farm.ID
+	}
+	carried := map[string]map[uint8]bool{}
+	for _, v := range h.vms {
+		if carried[v.host] == nil {
+			carried[v.host] = map[uint8]bool{}
+		}
+		carried[v.host][farmID[v.farm]] = true
+	}
+	return h.until(ctx, "every agent to publish the revision of its latest change as applied", func() (bool, string) {
+		need := map[string]int64{}
+		d, err := h.etcd.Get(ctx, intent.DesiredPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, kv := range d.Kvs {
+			host, _, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), intent.DesiredPrefix), "/")
+			need[host] = max(need[host], kv.ModRevision)
+		}
+		fs, err := h.etcd.Get(ctx, intent.FarmStatePrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, kv := range fs.Kvs {
+			id, ok := intent.ParseFarmStateKey(string(kv.Key))
+			if !ok {
+				continue
+			}
+			for host, farms := range carried {
+				if farms[id] {
+					need[host] = max(need[host], kv.ModRevision)
+				}
+			}
+		}
+		st, err := h.etcd.Get(ctx, intent.StatusPrefix, clientv3.WithPrefix())
+		if err != nil {
+			return false, err.Error()
+		}
+		applied := map[string]int64{}
+		for _, kv := range st.Kvs {
+			var s intent.AgentStatus
+			if err := json.Unmarshal(kv.Value, &s); err != nil {
+				return false, fmt.Sprintf("decode %s: %v", kv.Key, err)
+			}
+			applied[s.Node] = s.AppliedRevision
+		}
+		var minRev int64 = -1
+		var behind []string
+		for _, name := range h.names {
+			if applied[name] < need[name] {
+				behind = append(behind, fmt.Sprintf("%s at %d of %d", name, applied[name], need[name]))
+			}
+			if minRev < 0 || applied[name] < minRev {
+				minRev = applied[name]
+			}
+		}
+		h.report.MinAppliedRevision = minRev
+		return len(behind) == 0, fmt.Sprintf("%d agents behind (first %v)", len(behind), first(behind, 3))
+	})
 }
 
 // measureStore reads etcd's database size, compacts and defragments it,

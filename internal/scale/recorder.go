@@ -29,9 +29,7 @@ type Recorder struct {
 	vifs      map[uint32]bool
 	hosts     map[datapath.HostKey]bool
 	applies   int
-	removed   int   // entries any Apply took away, over the whole run
-	listedRev int64 // the revision of the last desired-state read
-	applied   int64 // listedRev as of the last Apply: the revision applied
+	removed   int // entries any Apply took away, over the whole run
 	waiters   []*waiter
 }
 
@@ -74,7 +72,6 @@ func (r *Recorder) Apply(e datapath.Entries, _ string) error {
 	defer r.mu.Unlock()
 	r.removed += replace(r.endpoints, e.Endpoints) + replace(r.vis, e.Visibility) + replace(r.vifs, e.Vifs) + replace(r.hosts, e.Hosts)
 	r.applies++
-	r.applied = r.listedRev
 	r.wakeLocked(now)
 	return nil
 }
@@ -131,10 +128,10 @@ func (r *Recorder) await(cond func(View) bool) (<-chan time.Time, func()) {
 }
 
 // stats returns the counters the report reads.
-func (r *Recorder) stats() (applies, removed int, applied int64) {
+func (r *Recorder) stats() (applies, removed int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.applies, r.removed, r.applied
+	return r.applies, r.removed
 }
 
 // snapshot copies the applied endpoints and rules.
@@ -149,14 +146,6 @@ func (r *Recorder) snapshot() View {
 		v.Vis[k] = true
 	}
 	return v
-}
-
-func (r *Recorder) listed(rev int64) {
-	r.mu.Lock()
-	if rev > r.listedRev {
-		r.listedRev = rev
-	}
-	r.mu.Unlock()
 }
 
 // hostInterfaces is a simulated host's interface table (agent.Interfaces):
@@ -188,27 +177,49 @@ func (h hostInterfaces) address() string {
 }
 
 // countingStore is the store one simulated agent sees: the real one, with
-// its reads of desired state counted (a relist) and their revision handed
-// to the recorder, so the recorder knows which revision it applied.
+// its reads counted. The agent lists its desired keys (desired/HOST/) in
+// full once at start and again only when a watch is lost, and otherwise
+// applies what its event watches carry: a List of exactly its host's
+// prefix is one relist. Every other read (a farm state it starts
+// carrying, the node records of a relist) is counted apart, as are the
+// watches it opens. The revision it applied is not the store's business:
+// the agent publishes it (AgentStatus.AppliedRevision), and the harness
+// reads it there.
 type countingStore struct {
 	store.Store
-	rec     *Recorder
+	host    string // the desired prefix of this host: intent.DesiredHostPrefix
 	relists atomic.Int64
+	reads   atomic.Int64 // every other List or Get
 	watches atomic.Int64
 }
 
 // List implements store.Store.
 func (c *countingStore) List(ctx context.Context, prefix string) (map[string][]byte, int64, error) {
 	kvs, rev, err := c.Store.List(ctx, prefix)
-	if err == nil && strings.HasPrefix(prefix, intent.DesiredPrefix) {
-		c.relists.Add(1)
-		c.rec.listed(rev)
+	if err == nil {
+		if prefix == c.host {
+			c.relists.Add(1)
+		} else {
+			c.reads.Add(1)
+		}
 	}
 	return kvs, rev, err
+}
+
+// Get implements store.Store.
+func (c *countingStore) Get(ctx context.Context, key string) ([]byte, error) {
+	c.reads.Add(1)
+	return c.Store.Get(ctx, key)
 }
 
 // Watch implements store.Store.
 func (c *countingStore) Watch(ctx context.Context, prefix string, rev int64) <-chan struct{} {
 	c.watches.Add(1)
 	return c.Store.Watch(ctx, prefix, rev)
+}
+
+// WatchEvents implements store.Store.
+func (c *countingStore) WatchEvents(ctx context.Context, prefix string, rev int64) <-chan store.Batch {
+	c.watches.Add(1)
+	return c.Store.WatchEvents(ctx, prefix, rev)
 }

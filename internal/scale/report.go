@@ -26,7 +26,9 @@ type Report struct {
 	// applied it; RuleChangePerHost: the same for each host on its own.
 	RuleChange        Summary `json:"ruleChange"`
 	RuleChangePerHost Summary `json:"ruleChangePerHost"`
-	Move              Summary `json:"move"`
+	// RuleRequest: the rule's API request alone (the controller's part).
+	RuleRequest Summary `json:"ruleRequest"`
+	Move        Summary `json:"move"`
 	// The controller restart: how long the API was away, entries any
 	// datapath lost, and relists of desired state, beside an equally
 	// long quiet window before it.
@@ -35,9 +37,20 @@ type Report struct {
 	QuietRemoved    int64         `json:"quietRemoved"`
 	RestartRelists  int64         `json:"restartRelists"`
 	QuietRelists    int64         `json:"quietRelists"`
-	KilledMember    string        `json:"killedMember,omitempty"`
-	Converged       bool          `json:"converged"`
-	// MinAppliedRevision is the lowest store revision any agent applied.
+	// Lists is every full list of desired state by any agent over the
+	// run (one each at start, and one after each lost watch).
+	Lists int64 `json:"lists"`
+	// Reads other than a relist (a farm state, the node records) and
+	// watches opened, in the same two windows.
+	RestartReads   int64  `json:"restartReads"`
+	QuietReads     int64  `json:"quietReads"`
+	RestartWatches int64  `json:"restartWatches"`
+	QuietWatches   int64  `json:"quietWatches"`
+	KilledMember   string `json:"killedMember,omitempty"`
+	Converged      bool   `json:"converged"`
+	// MinAppliedRevision is the lowest store revision any agent published
+	// as applied (AgentStatus.AppliedRevision) once every agent's was at
+	// least that of the latest change to a key it follows.
 	MinAppliedRevision int64 `json:"minAppliedRevision"`
 	EtcdRevision       int64 `json:"etcdRevision"`
 	EtcdDB             int64 `json:"etcdDB"`
@@ -174,10 +187,11 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "  (%d creates retried after a 5xx)\n", r.APIRetries)
 	}
 	fmt.Fprintf(w, "\nall VMs applied on all hosts: %v after the last create\n", r.AllAppliedAfterLastCreate.Round(time.Millisecond))
-	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s)\n", r.RuleChange, r.RuleChangePerHost)
+	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s; the API request alone: %s)\n", r.RuleChange, r.RuleChangePerHost, r.RuleRequest)
 	fmt.Fprintf(w, "VM move applied on both hosts:  %s\n", r.Move)
-	fmt.Fprintf(w, "controller restart: API back in %v; datapath entries removed %d (quiet window %d); relists %d (quiet window %d)\n",
-		r.RestartDowntime.Round(time.Millisecond), r.RestartRemoved, r.QuietRemoved, r.RestartRelists, r.QuietRelists)
+	fmt.Fprintf(w, "controller restart: API back in %v; datapath entries removed %d (quiet window %d); relists %d (quiet window %d); other reads %d (%d); watches opened %d (%d)\n",
+		r.RestartDowntime.Round(time.Millisecond), r.RestartRemoved, r.QuietRemoved, r.RestartRelists, r.QuietRelists,
+		r.RestartReads, r.QuietReads, r.RestartWatches, r.QuietWatches)
 	fmt.Fprintf(w, "etcd: revision %d, database %s (%s in use); after compaction and defrag %s\n",
 		r.EtcdRevision, mib(r.EtcdDB), mib(r.EtcdDBInUse), mib(r.EtcdDBCompacted))
 	ctrl := "in this process (not separable)"
@@ -185,6 +199,7 @@ func (r *Report) Print(w io.Writer) {
 		ctrl = fmt.Sprintf("RSS %s (peak %s)", mib(r.ControllerRSS), mib(r.ControllerPeakRSS))
 	}
 	fmt.Fprintf(w, "memory: controller %s; Go heap per simulated agent %s; this process RSS %s\n", ctrl, kib(r.AgentHeapEach), mib(r.HarnessRSS))
+	fmt.Fprintf(w, "full lists of desired state by agents over the run: %d (%d agents)\n", r.Lists, c.Hosts)
 	fmt.Fprintf(w, "agent log per agent over the run: %d lines, %s\n", r.AgentLogLines, kib(r.AgentLogBytes))
 	fmt.Fprintf(w, "converged: %v (lowest applied revision %d of %d)\n\ntargets:\n", r.Converged, r.MinAppliedRevision, r.EtcdRevision)
 	for _, t := range r.Targets() {

@@ -38,7 +38,16 @@ func check(t *testing.T, r *Report, err error, progress *bytes.Buffer) {
 		t.Errorf("store figures missing: db %d, compacted %d", r.EtcdDB, r.EtcdDBCompacted)
 	}
 	if r.MinAppliedRevision <= 0 {
-		t.Errorf("an agent reported no applied revision: the agent no longer reads its desired state with List under intent.DesiredPrefix; countingStore (recorder.go) must follow how it does")
+		t.Errorf("an agent published no applied revision (AgentStatus.AppliedRevision)")
+	}
+	// Each agent lists its desired keys once at start; with its watches
+	// unbroken it never lists again. Fewer lists than agents means the
+	// count no longer sees how the agent reads (countingStore).
+	if r.Lists < int64(r.Config.Hosts) {
+		t.Errorf("%d full lists of desired state by %d agents: countingStore (recorder.go) no longer sees the agent's list", r.Lists, r.Config.Hosts)
+	}
+	if r.QuietRelists != 0 {
+		t.Errorf("%d relists while nothing changed; want none", r.QuietRelists)
 	}
 	var out bytes.Buffer
 	r.Print(&out)

@@ -59,8 +59,10 @@ func Compile(n feature.Node) (Plan, error) {
 	}
 	slices.SortFunc(p.Locals, netip.Addr.Compare)
 	hosts := map[string]string{}
-	for _, nd := range n.Nodes {
-		hosts[nd.Name] = nd.UplinkMAC
+	if len(n.Desired.Taps) > 0 { // every pass compiles: without rules, no need of every host's MAC
+		for _, nd := range n.Nodes {
+			hosts[nd.Name] = nd.UplinkMAC
+		}
 	}
 
 	rules := slices.Clone(n.Desired.Taps)

@@ -177,6 +177,11 @@ func (r *Relay) Sync(fp feature.Plan) error {
 			}
 		}
 	}
+	if len(want) == 0 {
+		// Nothing to serve: the host's neighbour table is not worth
+		// reading on every pass (no location server, or no VM here).
+		return errors.Join(errs...)
+	}
 	neighs, err := netlink.NeighList(0, unix.AF_INET)
 	if err != nil {
 		return fmt.Errorf("vnat-location: list neighbours: %w", err)
