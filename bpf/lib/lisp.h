@@ -120,6 +120,7 @@ static __always_inline int lisp_bit(const __u64 *bits, __u32 id)
 }
 
 #define LISP_ICMP_ROOM 28 /* new IPv4 header (20) + ICMP header (8) */
+#define LISP_ICMP_MAX_QUOTE 80 /* IPv4 header with options (60) + a TCP header (20) */
 #define LISP_ICMP_DEST_UNREACH 3
 #define LISP_ICMP_FRAG_NEEDED 4
 
@@ -145,6 +146,7 @@ static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_
 	if ((void *)(orig + 1) > end)
 		return 0;
 	__u32 quoted = orig->ihl * 4 + 8;
+	__u8 proto = orig->protocol;
 	if (orig->protocol == IPPROTO_ICMP) {
 		__u8 *type = (void *)orig + orig->ihl * 4;
 
@@ -163,8 +165,20 @@ static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_
 	if (bpf_skb_adjust_room(skb, LISP_ICMP_ROOM, BPF_ADJ_ROOM_MAC, 0))
 		return 0;
 	__u32 want = ETH_HLEN + LISP_ICMP_ROOM + quoted;
-	if (skb->len > want && bpf_skb_change_tail(skb, want, 0))
-		return 0;
+	int partial = 0;
+	if (skb->len > want && bpf_skb_change_tail(skb, want, 0)) {
+		/* The helper refuses to cut off a checksum still left to the
+		 * device (CHECKSUM_PARTIAL, as on every TCP segment this node
+		 * sends and on what a veth brings in from a local stack): the
+		 * TCP checksum field lies past the 8 bytes. Quote the whole
+		 * TCP header then (RFC 1812 §4.3.2.3 allows more than 8). */
+		if (proto != IPPROTO_TCP)
+			return 0;
+		want += 12;
+		if (skb->len > want && bpf_skb_change_tail(skb, want, 0))
+			return 0;
+		partial = 1;
+	}
 
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
@@ -174,7 +188,7 @@ static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_
 	if ((void *)(icmp + 8) > end)
 		return 0;
 	__u32 icmp_len = end - (void *)icmp;
-	if (icmp_len > 8 + 68 || icmp_len % 4)
+	if (icmp_len > 8 + LISP_ICMP_MAX_QUOTE || icmp_len % 4)
 		return 0;
 
 	__builtin_memcpy(data, macs, sizeof(macs));
@@ -201,10 +215,33 @@ static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_
 	*(__u16 *)(icmp + 2) = 0;
 	*(__u16 *)(icmp + 4) = 0;
 	*(__be16 *)(icmp + 6) = bpf_htons(inner_mtu);
+	if (partial) {
+		/* The skb still asks for a TCP checksum over the quoted TCP
+		 * header, written into its check field: a device (or
+		 * skb_checksum_help) on the way would change the quote under
+		 * the ICMP checksum. Make that write a no-op: the field X gets
+		 * the value the completion computes, ~(S + X) with S the
+		 * one's-complement sum of the header's other words, i.e.
+		 * X + X = ~S, X = ~S rotated right by one (doubling is a
+		 * rotation in one's complement); ~S = 0 takes X = 0xffff, as
+		 * the completion writes 0xffff for 0. Local delivery takes
+		 * the partial state as verified either way. */
+		__u16 *th = (__u16 *)(icmp + quoted); /* icmp + 8 + orig ihl * 4 */
+		__u32 s = 0;
+
+		if ((void *)(th + 10) > end)
+			return 0;
+#pragma unroll
+		for (int i = 0; i < 10; i++)
+			if (i != 8)
+				s += th[i];
+		__u16 c = csum_fold(s);
+		th[8] = c ? (__u16)((c >> 1) | (c << 15)) : 0xffff;
+	}
 	/* Summed in 4-byte steps so the verifier sees each read inside the
 	 * packet; the quote is a whole number of words (ihl * 4 + 8). */
 	__u32 acc = 0;
-	for (int i = 0; i < (8 + 68) / 4; i++) {
+	for (int i = 0; i < (8 + LISP_ICMP_MAX_QUOTE) / 4; i++) {
 		__u32 *w = (__u32 *)(icmp + i * 4);
 
 		if ((void *)(w + 1) > end)
