@@ -93,6 +93,10 @@ type conn struct {
 	sendSeq             uint64
 	win                 vcmp.Window
 	helping             bool // the helpers run for it (its peer is away)
+	// prev is the physical tuple the datapath translated the connection
+	// to when the restore being run began (its virtual one when
+	// untranslated): what a refused update puts back.
+	prev vcmp.Tuple
 }
 
 // Engine is the daemon's state and decisions.
@@ -792,6 +796,7 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 		used = e.physUsed(cs)
 	}
 	for _, c := range cs {
+		c.prev = c.phys
 		if moved {
 			c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
 			c.phys.Local = netip.AddrPortFrom(new, e.physPort(c, new, ports, socks, used))
@@ -972,8 +977,38 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 }
 
 // update sends the updates of the walks that found their peer, one batch
-// per peer, and installs every translation in one write.
+// per peer. This end's translations (its new address, towards where the
+// walk found the peer) are installed in one write BEFORE any update is
+// sent: the peer installs its own as soon as it accepts an update and may
+// send at once (a keepalive, data), and a packet reaching the new address
+// before its translation finds no socket with that tuple and is answered
+// with a RESET. A connection the peer refuses gets its earlier translation
+// back; one the peer accepted at another place than the walk found gets the
+// place the peer names.
 func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk, moved bool, errs []error) error {
+	// Installed before the updates: the found connections, towards the
+	// place the walk found.
+	var early []Mapping
+	e.mu.Lock()
+	for _, ws := range found {
+		for _, w := range ws {
+			early = append(early, Mapping{Virtual: w.c.m.Tuple, Physical: vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: w.loc.Peer}})
+		}
+	}
+	e.mu.Unlock()
+	preinstalled := false
+	if len(early) > 0 {
+		if err := e.install(early); err != nil {
+			// All or nothing: nothing was installed, so the translations
+			// follow the replies as they did before (a window for a
+			// RESET, but no connection is left half-translated).
+			e.mu.Lock()
+			e.warn("translate_errors", "vnat: install translations before the updates", "conns", len(early), "err", err)
+			e.mu.Unlock()
+		} else {
+			preinstalled = true
+		}
+	}
 
 	var maps []Mapping
 	var applied []*conn
@@ -993,15 +1028,29 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		ans, err := e.exchange(ctx, peer, msgs)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", len(ws), peer, err))
+			if preinstalled {
+				// Whether the peer applied them is unknown: they stay
+				// translated towards it, locating, and `resume` retries.
+				e.mu.Lock()
+				e.counters["updates_unanswered"] += uint64(len(ws))
+				e.mu.Unlock()
+			}
 			continue
 		}
 		e.mu.Lock()
 		for i, w := range ws {
+			refused := func() {
+				e.abort(w.c)
+				if preinstalled {
+					maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: w.c.prev})
+					e.counters["translations_withdrawn"]++
+				}
+			}
 			inner, err := e.open(w.c, ans[i])
 			if err != nil {
 				if r, ok := ans[i].(*vcmp.UpdateReply); ok && r.Status != vcmp.UpdateOK {
 					e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple, "status", r.Status)
-					e.abort(w.c)
+					refused()
 				} else {
 					// A reply we cannot trust: left locating, `resume` retries.
 					e.warn(refusal(err), "vnat: update reply refused", "conn", w.c.m.Tuple, "from", peer, "err", err)
@@ -1011,14 +1060,16 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 			r, ok := inner.(*vcmp.UpdateReply)
 			if !ok || r.Status != vcmp.UpdateOK {
 				e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple)
-				e.abort(w.c)
+				refused()
 				continue
 			}
 			if _, err := e.step(w.c, vcmp.EvRecvUpdateReply); err != nil {
 				continue
 			}
 			p := vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: r.Phys}
-			maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: p})
+			if !preinstalled || p.Remote != w.loc.Peer {
+				maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: p})
+			}
 			applied = append(applied, w.c)
 			phys = append(phys, p)
 		}
@@ -1033,18 +1084,21 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		}
 	}
 	e.mu.Unlock()
+	installed := preinstalled || len(maps) > 0
 	if len(maps) > 0 {
 		if err := e.install(maps); err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: install %d translations: %w", len(maps), err))
-		} else {
-			e.mu.Lock()
-			for i, c := range applied {
-				c.phys = phys[i]
-				e.dir.Forget(c.m.Tuple)
-			}
-			e.counters["migrated"] += uint64(len(applied))
-			e.mu.Unlock()
+			installed = false
 		}
+	}
+	if installed {
+		e.mu.Lock()
+		for i, c := range applied {
+			c.phys = phys[i]
+			e.dir.Forget(c.m.Tuple)
+		}
+		e.counters["migrated"] += uint64(len(applied))
+		e.mu.Unlock()
 	}
 	return errors.Join(errs...)
 }

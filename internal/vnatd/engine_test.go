@@ -25,6 +25,9 @@ type fakeTr struct {
 	xlate map[vcmp.Tuple]vcmp.Tuple
 	kept  []netip.Addr
 	calls int // Translate calls
+	// onTranslate, if set, is called (without mu) before each Translate
+	// with the mappings it installs.
+	onTranslate func([]Mapping)
 }
 
 func (f *fakeTr) Conns() ([]Mapping, error) {
@@ -42,6 +45,9 @@ func (f *fakeTr) Conns() ([]Mapping, error) {
 }
 
 func (f *fakeTr) Translate(ms []Mapping) error {
+	if f.onTranslate != nil {
+		f.onTranslate(ms)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -651,5 +657,69 @@ func TestVirtualAddressConflictsAbort(t *testing.T) {
 	}
 	if a.e.Counters()["conflict"] != 1 || b.e.Counters()["conflict"] != 1 {
 		t.Errorf("conflict counters: a %v, b %v; want one each", a.e.Counters(), b.e.Counters())
+	}
+}
+
+// The restore race (found by the Table 1 benchmark): the peer translates
+// as soon as it accepts an update and may send at once (a keepalive), so
+// the mover must translate its own end BEFORE it sends the update, or that
+// packet reaches a new address with no socket for it and is reset. Every
+// translation b installs finds a's already there; the connection b refuses
+// (b requires keys, and that one was not keyed) gets a's translation
+// withdrawn.
+func TestMoverTranslatesBeforeItSendsTheUpdateAndWithdrawsOnRefusal(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	var conns [][2]vcmp.Tuple
+	for i := range 50 {
+		ta, tb := connect(a, b, uint16(40000+i))
+		conns = append(conns, [2]vcmp.Tuple{ta, tb})
+	}
+	syncAll(t, a, b)
+	// a suspends (and so keys) all but the last connection: b refuses its update.
+	refused := conns[len(conns)-1]
+	if k, err := a.e.Suspend(t.Context(), func(v vcmp.Tuple) bool { return v != refused[0] }); err != nil || k != len(conns)-1 {
+		t.Fatalf("suspend: %d, %v; want %d", k, err, len(conns)-1)
+	}
+
+	old, new := n.move(a, "10.0.3.3")
+	var mu sync.Mutex
+	var early []string // b installed a translation a did not have yet
+	checked := 0
+	b.tr.onTranslate = func(ms []Mapping) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range ms {
+			checked++
+			want := vcmp.Tuple{Proto: m.Virtual.Proto, Local: netip.AddrPortFrom(new, m.Virtual.Remote.Port()), Remote: netip.AddrPortFrom(b.addr, m.Virtual.Local.Port())}
+			if p, ok := a.tr.phys(m.Virtual.Reverse()); !ok || p != want {
+				early = append(early, fmt.Sprintf("%v (a has %v, %v)", m.Virtual, p, ok))
+			}
+		}
+	}
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if checked != len(conns)-1 {
+		t.Fatalf("b installed %d translations, want %d", checked, len(conns)-1)
+	}
+	if len(early) > 0 {
+		t.Fatalf("b translated %d connections before a did (a packet from b would be reset at a's new address): %v", len(early), early[0])
+	}
+	for _, c := range conns[:len(conns)-1] {
+		wantPhys(t, a, c[0], new, b.addr)
+		wantPhys(t, b, c[1], b.addr, new)
+	}
+	if p, ok := a.tr.phys(refused[0]); ok {
+		t.Errorf("a still translates the refused %v to %v, want its translation withdrawn", refused[0], p)
+	}
+	if s := state(t, a, refused[0]); s.State != "aborted" {
+		t.Errorf("a: refused %+v, want aborted", s)
+	}
+	if c := a.e.Counters(); c["translations_withdrawn"] != 1 || c["migrated"] != uint64(len(conns)-1) {
+		t.Errorf("a counters %v, want 1 translation withdrawn and %d migrated", c, len(conns)-1)
 	}
 }
