@@ -385,8 +385,87 @@ func innerRecord(m vcmp.Message) (vcmp.Record, bool) {
 // Handle answers one message a peer (at from) sent: the server side of
 // VCMP. Every message gets an answer, so batches line up.
 func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
+	return e.HandleBatch([]vcmp.Message{m}, from)[0]
+}
+
+// pendingUpdate is an accepted update whose translation is not written yet.
+type pendingUpdate struct {
+	i    int // its entry in the batch
+	c    *conn
+	phys vcmp.Tuple
+}
+
+// HandleBatch answers the messages of one batch a peer (at from) sent, in
+// order. The updates it accepts are translated together: one batched map
+// write and one route change per distinct address for a whole batch of
+// updates from a mover, so restoring a connection costs the same however
+// many move at once (issue 10 item 10).
+func (e *Engine) HandleBatch(ms []vcmp.Message, from netip.Addr) []vcmp.Message {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	out := make([]vcmp.Message, len(ms))
+	var pend []pendingUpdate
+	inBatch := map[*conn]bool{}
+	for i, m := range ms {
+		switch m.(type) {
+		case *vcmp.Update, *vcmp.Sealed:
+			c, phys, ans := e.acceptUpdate(m, from, func(c *conn) {
+				// A second update for a connection of this batch goes
+				// after the first one's translation.
+				if inBatch[c] {
+					e.installPending(pend, out)
+					pend, inBatch = nil, map[*conn]bool{}
+				}
+			})
+			if ans != nil {
+				out[i] = ans
+				continue
+			}
+			pend = append(pend, pendingUpdate{i: i, c: c, phys: phys})
+			inBatch[c] = true
+		default:
+			// Claims and keys see the updates before them applied.
+			e.installPending(pend, out)
+			pend, inBatch = nil, map[*conn]bool{}
+			out[i] = e.handleLocked(m, from)
+		}
+	}
+	e.installPending(pend, out)
+	return out
+}
+
+// installPending writes the accepted updates' translations in one write
+// and answers them: all applied, or (the write is all or nothing) all
+// answered conflict. Called with e.mu held.
+func (e *Engine) installPending(pend []pendingUpdate, out []vcmp.Message) {
+	if len(pend) == 0 {
+		return
+	}
+	maps := make([]Mapping, len(pend))
+	for i, p := range pend {
+		maps[i] = Mapping{Virtual: p.c.m.Tuple, Physical: p.phys}
+	}
+	if err := e.install(maps); err != nil {
+		for _, p := range pend {
+			e.warn("translate_errors", "vnat: install translation", "conn", p.c.m.Tuple, "err", err)
+			out[p.i] = &vcmp.UpdateReply{Record: p.c.record(), Status: vcmp.UpdateConflict}
+		}
+		return
+	}
+	for _, p := range pend {
+		p.c.phys = p.phys
+		e.counters["updates_applied"]++
+		e.dir.Forget(p.c.m.Tuple)
+		reply, err := p.c.seal(&vcmp.UpdateReply{Record: p.c.record(), Status: vcmp.UpdateOK})
+		if err != nil {
+			continue // nil: Serve answers a refusal
+		}
+		out[p.i] = reply
+	}
+}
+
+// handleLocked is Handle for everything but updates. Called with e.mu held.
+func (e *Engine) handleLocked(m vcmp.Message, from netip.Addr) vcmp.Message {
 	switch m := m.(type) {
 	case *vcmp.LocQuery, *vcmp.LocStore:
 		// Anyone may store a record, so their number is capped: a full
@@ -464,51 +543,46 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 		}
 		return &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)}
-	case *vcmp.Update, *vcmp.Sealed:
-		r, ok := innerRecord(m)
-		if !ok {
-			return nil
-		}
-		c, ok := e.conns[r.Conn.Reverse()]
-		if !ok {
-			e.warn("refused_unknown", "vnat: update for an unknown connection", "conn", r.Conn, "from", from)
-			return &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateUnknown}
-		}
-		inner, err := e.open(c, m)
-		if err != nil {
-			e.warn(refusal(err), "vnat: update refused", "conn", c.m.Tuple, "from", from, "err", err)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
-		}
-		if _, ok := inner.(*vcmp.Update); !ok {
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
-		}
-		r, _ = innerRecord(inner)
-		if r.Phys.Addr() == c.m.Tuple.Local.Addr() {
-			// The peer is now at this end's own virtual address (the
-			// network gave it our old one): packets to it would be
-			// delivered here (paper §3.4.2; policy: abort).
-			e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
-		}
-		if _, err := e.step(c, vcmp.EvRecvUpdate); err != nil {
-			e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
-		}
-		phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
-		if err := e.install([]Mapping{{Virtual: c.m.Tuple, Physical: phys}}); err != nil {
-			e.warn("translate_errors", "vnat: install translation", "conn", c.m.Tuple, "from", from, "err", err)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
-		}
-		c.phys = phys
-		e.counters["updates_applied"]++
-		e.dir.Forget(c.m.Tuple)
-		reply, err := c.seal(&vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateOK})
-		if err != nil {
-			return nil
-		}
-		return reply
 	}
 	return nil
+}
+
+// acceptUpdate checks one update (its connection, keys, conflicts) and
+// steps the connection; before stepping it calls before(c). It returns the
+// connection and the physical tuple to translate it to, or the answer when
+// the update is refused. Called with e.mu held.
+func (e *Engine) acceptUpdate(m vcmp.Message, from netip.Addr, before func(*conn)) (*conn, vcmp.Tuple, vcmp.Message) {
+	r, ok := innerRecord(m)
+	if !ok {
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: blank(vcmp.Tuple{}), Status: vcmp.UpdateRefused}
+	}
+	c, ok := e.conns[r.Conn.Reverse()]
+	if !ok {
+		e.warn("refused_unknown", "vnat: update for an unknown connection", "conn", r.Conn, "from", from)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateUnknown}
+	}
+	before(c)
+	inner, err := e.open(c, m)
+	if err != nil {
+		e.warn(refusal(err), "vnat: update refused", "conn", c.m.Tuple, "from", from, "err", err)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+	}
+	if _, ok := inner.(*vcmp.Update); !ok {
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+	}
+	r, _ = innerRecord(inner)
+	if r.Phys.Addr() == c.m.Tuple.Local.Addr() {
+		// The peer is now at this end's own virtual address (the
+		// network gave it our old one): packets to it would be
+		// delivered here (paper §3.4.2; policy: abort).
+		e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+	}
+	if _, err := e.step(c, vcmp.EvRecvUpdate); err != nil {
+		e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+	}
+	return c, vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}, nil
 }
 
 // install writes translations; a connection back at its virtual tuple (a
@@ -532,13 +606,16 @@ func (e *Engine) install(maps []Mapping) error {
 
 // Serve answers one VCMP stream from a peer at from.
 func (e *Engine) Serve(rw io.ReadWriter, from netip.Addr) error {
-	return vcmp.ServeBatches(rw, func(m vcmp.Message) vcmp.Message {
-		if a := e.Handle(m, from); a != nil {
-			return a
+	return vcmp.ServeWholeBatches(rw, func(ms []vcmp.Message) []vcmp.Message {
+		out := e.HandleBatch(ms, from)
+		for i, a := range out {
+			if a == nil {
+				// Something we cannot answer: a refusal keeps the batch in step.
+				r, _ := innerRecord(ms[i])
+				out[i] = &vcmp.UpdateReply{Record: blank(r.Conn), Status: vcmp.UpdateRefused}
+			}
 		}
-		// Something we cannot answer: a refusal keeps the batch in step.
-		r, _ := innerRecord(m)
-		return &vcmp.UpdateReply{Record: blank(r.Conn), Status: vcmp.UpdateRefused}
+		return out
 	})
 }
 
