@@ -42,6 +42,12 @@ type Translator interface {
 	Conns() ([]Mapping, error)
 	// Translate installs the mappings (one batched map update).
 	Translate([]Mapping) error
+	// Accept installs only the ingress half of the mappings (packets
+	// arriving at the new physical tuple reach the socket; what it sends
+	// is not translated yet), all or nothing; Translate or Unaccept end it.
+	Accept([]Mapping) error
+	// Unaccept withdraws what Accept installed for these connections.
+	Unaccept(virtual []vcmp.Tuple) error
 	// KeepLocal keeps addr usable by the sockets bound to it after the
 	// interface lost it, unannounced.
 	KeepLocal(addr netip.Addr) error
@@ -93,10 +99,6 @@ type conn struct {
 	sendSeq             uint64
 	win                 vcmp.Window
 	helping             bool // the helpers run for it (its peer is away)
-	// prev is the physical tuple the datapath translated the connection
-	// to when the restore being run began (its virtual one when
-	// untranslated): what a refused update puts back.
-	prev vcmp.Tuple
 }
 
 // Engine is the daemon's state and decisions.
@@ -873,7 +875,6 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 		used = e.physUsed(cs)
 	}
 	for _, c := range cs {
-		c.prev = c.phys
 		if moved {
 			c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
 			c.phys.Local = netip.AddrPortFrom(new, e.physPort(c, new, ports, socks, used))
@@ -1054,38 +1055,41 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 }
 
 // update sends the updates of the walks that found their peer, one batch
-// per peer. This end's translations (its new address, towards where the
-// walk found the peer) are installed in one write BEFORE any update is
-// sent: the peer installs its own as soon as it accepts an update and may
-// send at once (a keepalive, data), and a packet reaching the new address
-// before its translation finds no socket with that tuple and is answered
-// with a RESET. A connection the peer refuses gets its earlier translation
-// back; one the peer accepted at another place than the walk found gets the
-// place the peer names.
+// per peer, and installs every translation in one write. Before any update
+// is sent, this end accepts packets at its new address (the ingress half
+// of each translation, towards where the walk found the peer): the peer
+// translates as soon as it accepts an update and may send at once (a
+// keepalive, data), and a segment reaching the new address before the
+// translation found no socket with that tuple and was answered with a
+// RESET (the restore race the Table 1 benchmark found). The egress half
+// waits for the peer's answer, or this end's segments would be reset at
+// the peer the same way. A connection the peer refuses is no longer
+// accepted there.
 func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk, moved bool, errs []error) error {
-	// Installed before the updates: the found connections, towards the
-	// place the walk found.
 	var early []Mapping
 	e.mu.Lock()
 	for _, ws := range found {
 		for _, w := range ws {
-			early = append(early, Mapping{Virtual: w.c.m.Tuple, Physical: vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: w.loc.Peer}})
+			if p := (vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: w.loc.Peer}); p != w.c.m.Tuple {
+				early = append(early, Mapping{Virtual: w.c.m.Tuple, Physical: p})
+			}
 		}
 	}
 	e.mu.Unlock()
-	preinstalled := false
+	accepted := false
 	if len(early) > 0 {
-		if err := e.install(early); err != nil {
-			// All or nothing: nothing was installed, so the translations
-			// follow the replies as they did before (a window for a
-			// RESET, but no connection is left half-translated).
+		if err := e.tr.Accept(early); err != nil {
+			// All or nothing: nothing was accepted, so the translations
+			// follow the replies alone (a window for a RESET, but no
+			// connection half-translated).
 			e.mu.Lock()
-			e.warn("translate_errors", "vnat: install translations before the updates", "conns", len(early), "err", err)
+			e.warn("translate_errors", "vnat: accept at the new address before the updates", "conns", len(early), "err", err)
 			e.mu.Unlock()
 		} else {
-			preinstalled = true
+			accepted = true
 		}
 	}
+	var withdraw []vcmp.Tuple
 
 	var maps []Mapping
 	var applied []*conn
@@ -1105,21 +1109,14 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		ans, err := e.exchange(ctx, peer, msgs)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", len(ws), peer, err))
-			if preinstalled {
-				// Whether the peer applied them is unknown: they stay
-				// translated towards it, locating, and `resume` retries.
-				e.mu.Lock()
-				e.counters["updates_unanswered"] += uint64(len(ws))
-				e.mu.Unlock()
-			}
-			continue
+			continue // accepted still: whether the peer applied them is unknown; `resume` retries
 		}
 		e.mu.Lock()
 		for i, w := range ws {
 			refused := func() {
 				e.abort(w.c)
-				if preinstalled {
-					maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: w.c.prev})
+				if accepted {
+					withdraw = append(withdraw, w.c.m.Tuple)
 					e.counters["translations_withdrawn"]++
 				}
 			}
@@ -1144,9 +1141,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 				continue
 			}
 			p := vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: r.Phys}
-			if !preinstalled || p.Remote != w.loc.Peer {
-				maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: p})
-			}
+			maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: p})
 			applied = append(applied, w.c)
 			phys = append(phys, p)
 		}
@@ -1161,14 +1156,16 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		}
 	}
 	e.mu.Unlock()
-	installed := preinstalled || len(maps) > 0
+	if len(withdraw) > 0 {
+		if err := e.tr.Unaccept(withdraw); err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: withdraw %d refused connections: %w", len(withdraw), err))
+		}
+	}
 	if len(maps) > 0 {
 		if err := e.install(maps); err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: install %d translations: %w", len(maps), err))
-			installed = false
+			return errors.Join(errs...)
 		}
-	}
-	if installed {
 		e.mu.Lock()
 		for i, c := range applied {
 			c.phys = phys[i]

@@ -25,6 +25,8 @@ type fakeTr struct {
 	xlate map[vcmp.Tuple]vcmp.Tuple
 	kept  []netip.Addr
 	calls int // Translate calls
+	// accepted are the ingress halves Accept installed, by virtual tuple.
+	accepted map[vcmp.Tuple]vcmp.Tuple
 	// onTranslate, if set, is called (without mu) before each Translate
 	// with the mappings it installs.
 	onTranslate func([]Mapping)
@@ -53,8 +55,38 @@ func (f *fakeTr) Translate(ms []Mapping) error {
 	f.calls++
 	for _, m := range ms {
 		f.xlate[m.Virtual] = m.Physical
+		delete(f.accepted, m.Virtual)
 	}
 	return nil
+}
+
+func (f *fakeTr) Accept(ms []Mapping) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.accepted == nil {
+		f.accepted = map[vcmp.Tuple]vcmp.Tuple{}
+	}
+	for _, m := range ms {
+		f.accepted[m.Virtual] = m.Physical
+	}
+	return nil
+}
+
+func (f *fakeTr) Unaccept(vs []vcmp.Tuple) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, v := range vs {
+		delete(f.accepted, v)
+	}
+	return nil
+}
+
+// accepts says whether packets of v arriving as phys reach its socket: the
+// translation or an accepted ingress half.
+func (f *fakeTr) accepts(v, phys vcmp.Tuple) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.xlate[v] == phys || f.accepted[v] == phys
 }
 
 func (f *fakeTr) KeepLocal(a netip.Addr) error {
@@ -70,6 +102,7 @@ func (f *fakeTr) Forget(v vcmp.Tuple) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.xlate, v)
+	delete(f.accepted, v)
 	return nil
 }
 
@@ -667,12 +700,14 @@ func TestVirtualAddressConflictsAbort(t *testing.T) {
 
 // The restore race (found by the Table 1 benchmark): the peer translates
 // as soon as it accepts an update and may send at once (a keepalive), so
-// the mover must translate its own end BEFORE it sends the update, or that
-// packet reaches a new address with no socket for it and is reset. Every
-// translation b installs finds a's already there; the connection b refuses
-// (b requires keys, and that one was not keyed) gets a's translation
-// withdrawn.
-func TestMoverTranslatesBeforeItSendsTheUpdateAndWithdrawsOnRefusal(t *testing.T) {
+// the mover must accept packets at its new address BEFORE it sends the
+// update, or that packet reaches a new address with no socket for it and
+// is reset; and it must not send from the new address before the peer's
+// answer, or its packets are reset at the peer. Every translation b
+// installs finds a accepting it and not yet sending from there; the
+// connection b refuses (b requires keys, and that one was not keyed) is no
+// longer accepted at a's new address.
+func TestMoverAcceptsAtItsNewAddressBeforeItSendsTheUpdateAndWithdrawsOnRefusal(t *testing.T) {
 	n := newNetwork()
 	a := n.add(t, "a", "10.0.1.1", Config{})
 	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
@@ -690,16 +725,20 @@ func TestMoverTranslatesBeforeItSendsTheUpdateAndWithdrawsOnRefusal(t *testing.T
 
 	old, new := n.move(a, "10.0.3.3")
 	var mu sync.Mutex
-	var early []string // b installed a translation a did not have yet
+	var early, sending []string
 	checked := 0
 	b.tr.onTranslate = func(ms []Mapping) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, m := range ms {
 			checked++
-			want := vcmp.Tuple{Proto: m.Virtual.Proto, Local: netip.AddrPortFrom(new, m.Virtual.Remote.Port()), Remote: netip.AddrPortFrom(b.addr, m.Virtual.Local.Port())}
-			if p, ok := a.tr.phys(m.Virtual.Reverse()); !ok || p != want {
-				early = append(early, fmt.Sprintf("%v (a has %v, %v)", m.Virtual, p, ok))
+			va := m.Virtual.Reverse()
+			at := vcmp.Tuple{Proto: va.Proto, Local: netip.AddrPortFrom(new, va.Local.Port()), Remote: va.Remote}
+			if !a.tr.accepts(va, at) {
+				early = append(early, fmt.Sprint(m.Virtual))
+			}
+			if _, ok := a.tr.phys(va); ok {
+				sending = append(sending, fmt.Sprint(m.Virtual))
 			}
 		}
 	}
@@ -712,14 +751,21 @@ func TestMoverTranslatesBeforeItSendsTheUpdateAndWithdrawsOnRefusal(t *testing.T
 		t.Fatalf("b installed %d translations, want %d", checked, len(conns)-1)
 	}
 	if len(early) > 0 {
-		t.Fatalf("b translated %d connections before a did (a packet from b would be reset at a's new address): %v", len(early), early[0])
+		t.Fatalf("b translated %d connections before a accepted them at its new address (a packet from b would be reset there): %v", len(early), early[0])
+	}
+	if len(sending) > 0 {
+		t.Fatalf("a sent from its new address before b translated %d connections (b would reset them): %v", len(sending), sending[0])
 	}
 	for _, c := range conns[:len(conns)-1] {
 		wantPhys(t, a, c[0], new, b.addr)
 		wantPhys(t, b, c[1], b.addr, new)
 	}
+	at := vcmp.Tuple{Proto: refused[0].Proto, Local: netip.AddrPortFrom(new, refused[0].Local.Port()), Remote: refused[0].Remote}
+	if a.tr.accepts(refused[0], at) {
+		t.Errorf("a still accepts the refused %v at %v, want it withdrawn", refused[0], at)
+	}
 	if p, ok := a.tr.phys(refused[0]); ok {
-		t.Errorf("a still translates the refused %v to %v, want its translation withdrawn", refused[0], p)
+		t.Errorf("a translates the refused %v to %v, want untranslated", refused[0], p)
 	}
 	if s := state(t, a, refused[0]); s.State != "aborted" {
 		t.Errorf("a: refused %+v, want aborted", s)
