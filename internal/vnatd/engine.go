@@ -78,6 +78,8 @@ type Config struct {
 	SuspRetry time.Duration
 	// SuspTimeout is how long one claim waits for its answer; 0 is 2 s.
 	SuspTimeout time.Duration
+	// Conflict is the default conflict policy (--conflict); "" is abort.
+	Conflict Conflict
 	// OnRestore, if set, is told how long each Restore took.
 	OnRestore func(time.Duration)
 }
@@ -99,6 +101,7 @@ type conn struct {
 	sendSeq             uint64
 	win                 vcmp.Window
 	helping             bool // the helpers run for it (its peer is away)
+	conflict            Conflict // its §3.4.2 policy; default: the daemon's
 }
 
 // Engine is the daemon's state and decisions.
@@ -231,6 +234,7 @@ type ConnStatus struct {
 	Role     string `json:"role"`
 	Keyed    bool   `json:"keyed"`
 	Helper   bool   `json:"helper,omitempty"` // its peer is away: the helpers run for it
+	Conflict string `json:"conflict"`         // its §3.4.2 policy: abort or preempt
 }
 
 // Status lists the connections, sorted by virtual tuple.
@@ -242,7 +246,8 @@ func (e *Engine) Status() []ConnStatus {
 		out = append(out, ConnStatus{Proto: t.Proto.String(),
 			Virtual:  t.Local.String() + "->" + t.Remote.String(),
 			Physical: c.phys.Local.String() + "->" + c.phys.Remote.String(),
-			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping})
+			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping,
+			Conflict: string(e.policy(c))})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Virtual != out[j].Virtual {
@@ -580,11 +585,26 @@ func (e *Engine) acceptUpdate(m vcmp.Message, from netip.Addr, before func(*conn
 		e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 	}
+	phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
+	o := e.holder(c, phys)
+	if o != nil && e.policy(c) != ConflictPreempt {
+		// Another live connection here already is that tuple (§3.4.2,
+		// policy abort): it keeps it, this migration is aborted.
+		e.warn("conflict", "vnat: the moved peer's tuple is another connection's here, migration aborted", "conn", c.m.Tuple, "from", from, "tuple", phys, "holder", o.m.Tuple)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+	}
 	if _, err := e.step(c, vcmp.EvRecvUpdate); err != nil {
 		e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 	}
-	return c, vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}, nil
+	if o != nil {
+		// Policy preempt: the migrating connection takes the tuple.
+		if err := e.preempt(o, c); err != nil {
+			e.warn("translate_errors", "vnat: preempt", "conn", c.m.Tuple, "err", err)
+			return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+		}
+	}
+	return c, phys, nil
 }
 
 // install writes translations; a connection back at its virtual tuple (a

@@ -774,3 +774,76 @@ func TestMoverAcceptsAtItsNewAddressBeforeItSendsTheUpdateAndWithdrawsOnRefusal(
 		t.Errorf("a counters %v, want 1 translation withdrawn and %d migrated", c, len(conns)-1)
 	}
 }
+
+// Virtual-identification conflicts (paper §3.4.2), per-connection policy:
+// b holds a live connection Y from 10.0.3.3:40000 (a new host reused the
+// address and port) when a, whose connection X with b came from
+// 10.0.1.1:40000, moves to 10.0.3.3 and keeps its port: X at b would
+// travel as Y's tuple. Policy abort (the default): X's migration is
+// aborted, Y untouched. Policy preempt (set on X at b): X takes the tuple,
+// Y is aborted and its translation, if any, forgotten.
+func TestVirtualIdentificationConflictAbortOrPreempt(t *testing.T) {
+	for _, policy := range []Conflict{ConflictDefault, ConflictAbort, ConflictPreempt} {
+		t.Run(fmt.Sprintf("policy=%q", policy), func(t *testing.T) {
+			n := newNetwork()
+			a := n.add(t, "a", "10.0.1.1", Config{})
+			b := n.add(t, "b", "10.0.2.2", Config{})
+			ta, tb := connect(a, b, 40000)
+			y := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort("10.0.2.2:22"), Remote: netip.MustParseAddrPort("10.0.3.3:40000")}
+			b.tr.open = append(b.tr.open, y)
+			syncAll(t, a, b)
+			if policy != ConflictDefault {
+				if k := b.e.SetConflict(func(v vcmp.Tuple) bool { return v == tb }, policy); k != 1 {
+					t.Fatalf("SetConflict set %d connections, want 1", k)
+				}
+			}
+			want := policy
+			if want == ConflictDefault {
+				want = ConflictAbort
+			}
+			if s := state(t, b, tb); s.Conflict != string(want) {
+				t.Fatalf("b shows X's policy %q, want %q", s.Conflict, want)
+			}
+			old, new := n.move(a, "10.0.3.3")
+			if err := a.e.Restore(t.Context(), old, new); err != nil {
+				t.Fatal(err)
+			}
+			if want == ConflictAbort {
+				if s := state(t, a, ta); s.State != "aborted" {
+					t.Errorf("a: X %+v, want aborted", s)
+				}
+				if p, ok := b.tr.phys(tb); ok {
+					t.Errorf("b translates X to %v, want untouched", p)
+				}
+				if s := state(t, b, y); s.State != "active" {
+					t.Errorf("b: Y %+v, want active (it keeps its tuple)", s)
+				}
+				if c := b.e.Counters(); c["conflict"] != 1 || c["preempted"] != 0 {
+					t.Errorf("b counters %v, want one conflict, none preempted", c)
+				}
+				return
+			}
+			wantPhys(t, a, ta, new, b.addr)
+			wantPhys(t, b, tb, b.addr, new)
+			if s := state(t, b, y); s.State != "aborted" {
+				t.Errorf("b: Y %+v, want aborted (preempted)", s)
+			}
+			if c := b.e.Counters(); c["preempted"] != 1 || c["conflict"] != 0 {
+				t.Errorf("b counters %v, want one preempted, no conflict abort", c)
+			}
+		})
+	}
+}
+
+func TestParseConflictNamesTheBadPolicy(t *testing.T) {
+	for _, s := range []string{"abort", "preempt"} {
+		if p, err := ParseConflict(s); err != nil || string(p) != s {
+			t.Errorf("ParseConflict(%q) = %q, %v", s, p, err)
+		}
+	}
+	for _, s := range []string{"", "Abort", "steal"} {
+		if _, err := ParseConflict(s); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", s)) || !strings.Contains(err.Error(), "abort or preempt") {
+			t.Errorf("ParseConflict(%q): %v, want an error naming it and the choices", s, err)
+		}
+	}
+}
