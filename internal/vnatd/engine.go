@@ -100,7 +100,7 @@ type conn struct {
 	keyTries            int // AgreeKeys asked the peer this many times
 	sendSeq             uint64
 	win                 vcmp.Window
-	helping             bool // the helpers run for it (its peer is away)
+	helping             bool     // the helpers run for it (its peer is away)
 	conflict            Conflict // its §3.4.2 policy; default: the daemon's
 }
 
