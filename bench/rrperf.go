@@ -54,6 +54,7 @@ func rrperfMain(args []string) int {
 	port := fs.String("p", rrPort, "server port")
 	secs := fs.Float64("t", 3, "test length in seconds (rr, crr)")
 	n := fs.Int("n", 1, "connections to hold (hold)")
+	keepalive := fs.Duration("keepalive", -1, "TCP keepalive period of every connection (server and clients): 0 is Go's default (15 s), negative is none")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -66,11 +67,11 @@ func rrperfMain(args []string) int {
 	var err error
 	switch {
 	case *server:
-		err = rrServe(":" + *port)
+		err = rrServe(":"+*port, *keepalive)
 	case *host == "":
 		err = errors.New("-c HOST or -s")
 	case *mode == "hold":
-		err = rrHold(net.JoinHostPort(*host, *port), *n, os.Stdin, os.Stdout)
+		err = rrHold(net.JoinHostPort(*host, *port), *n, *keepalive, os.Stdin, os.Stdout)
 	case *mode == "rr" || *mode == "crr":
 		r := rrClient(*mode, net.JoinHostPort(*host, *port), time.Duration(*secs*float64(time.Second)))
 		err = json.NewEncoder(os.Stdout).Encode(r)
@@ -109,11 +110,11 @@ func raiseNoFile(want uint64) error {
 	return nil
 }
 
-func rrServe(addr string) error {
-	// No TCP keepalive (Go's default is 15 s): the paper's program, like
-	// most, sends nothing on an idle connection, and a probe in the middle
-	// of a restore would be a packet the measurement did not ask for.
-	lc := net.ListenConfig{KeepAlive: -1}
+// rrServe echoes on addr; keepalive is the accepted connections' TCP
+// keepalive period (negative: none, the request/response figures' choice:
+// a probe is a packet the measurement did not ask for; 0: Go's default).
+func rrServe(addr string, keepalive time.Duration) error {
+	lc := net.ListenConfig{KeepAlive: keepalive}
 	l, err := lc.Listen(context.Background(), "tcp4", addr)
 	if err != nil {
 		return err
@@ -206,8 +207,8 @@ func rrClient(mode, addr string, d time.Duration) rrResult {
 // rrHold opens n connections to addr, says "ready N", then answers
 // commands on in: "check" (1 B echoed on every connection: "ok N" or
 // "fail I: ERR"), "quit".
-func rrHold(addr string, n int, in io.Reader, out io.Writer) error {
-	dialer := net.Dialer{Timeout: 5 * time.Second, KeepAlive: -1} // no probes: see rrServe
+func rrHold(addr string, n int, keepalive time.Duration, in io.Reader, out io.Writer) error {
+	dialer := net.Dialer{Timeout: 5 * time.Second, KeepAlive: keepalive} // see rrServe
 	cs := make([]net.Conn, 0, n)
 	defer func() {
 		for _, c := range cs {

@@ -34,6 +34,10 @@ const (
 	restoreIfB  = "ohr-b"
 )
 
+// restoreKeepalive is the held connections' TCP keepalive period (rrperf
+// -keepalive): 0 is Go's default, 15 s.
+const restoreKeepalive = "0s"
+
 // restoreSizes are Table 1's rows (the paper had 10, 50, 100, 500).
 var restoreSizes = []int{10, 100, 1000, 10000}
 
@@ -265,7 +269,10 @@ func restoreOnce(ctx context.Context, e *Env, n int) (res restoreResult, err err
 	if db, err = e.startRestoreDaemon(ctx, b, restoreIfB); err != nil {
 		return
 	}
-	sargv, err := rrperfArgv("-s", "-p", rrPort, "-n", strconv.Itoa(n))
+	// Keepalives on, Go's default (15 s) on both ends, like ordinary
+	// applications: a probe sent while the connections are being
+	// restored must not cost a connection (the restore race).
+	sargv, err := rrperfArgv("-s", "-p", rrPort, "-n", strconv.Itoa(n), "-keepalive", restoreKeepalive)
 	if err != nil {
 		return
 	}
@@ -285,7 +292,7 @@ func restoreOnce(ctx context.Context, e *Env, n int) (res restoreResult, err err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	hargv, err := rrperfArgv("-mode", "hold", "-c", restoreB, "-p", rrPort, "-n", strconv.Itoa(n))
+	hargv, err := rrperfArgv("-mode", "hold", "-c", restoreB, "-p", rrPort, "-n", strconv.Itoa(n), "-keepalive", restoreKeepalive)
 	if err != nil {
 		return
 	}

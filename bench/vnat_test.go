@@ -88,7 +88,7 @@ func TestRRPerfOnLoopback(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	go rrServe(addr) //nolint:errcheck // ends with the test binary
+	go rrServe(addr, -1) //nolint:errcheck // ends with the test binary
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		c, err := net.Dial("tcp4", addr)
 		if err == nil {
@@ -109,7 +109,7 @@ func TestRRPerfOnLoopback(t *testing.T) {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	done := make(chan error, 1)
-	go func() { done <- rrHold(addr, 20, inR, outW); outW.Close() }()
+	go func() { done <- rrHold(addr, 20, -1, inR, outW); outW.Close() }()
 	sc := bufio.NewScanner(outR)
 	for _, step := range []struct{ send, want string }{{"", "ready 20"}, {"check", "ok 20"}, {"check", "ok 20"}} {
 		if step.send != "" {

@@ -78,6 +78,7 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	}
 	run.Flags().StringVar(&o.Iface, "iface", "eth0", "the endpoint's interface")
 	run.Flags().StringArrayVar(&o.LocationServers, "location-server", nil, "a location server asked last on every locate walk: ADDR or vcmp://ADDR[:2031] (repeatable)")
+	run.Flags().StringVar(&o.Conflict, "conflict", "abort", "default policy for a virtual-identification conflict (§3.4.2: the moved peer's tuple is another live connection's here): abort the migration, or preempt the connection already there")
 	run.Flags().BoolVar(&o.RequireKeys, "require-keys", false, "refuse updates for connections without agreed keys (no unauthenticated migration)")
 	run.Flags().StringVar(&o.Cgroup, "cgroup", "", "cgroup v2 directory to attach sockops to (records new TCP connections as they open)")
 	run.Flags().StringVar(&o.Listen, "listen", "", "VCMP listen address (default 0.0.0.0:2031)")
@@ -96,8 +97,9 @@ VIRTUAL is the 4-tuple the sockets use (their first physical one), PHYSICAL
 where the ends are now (equal until one moves). STATE is active (never moved,
 or untouched), suspended (roles negotiated, or waiting for the peer to find
 it), locating (looking for the peer after a move), migrated (translated) or
-aborted (nobody knew the peer). ROLE is primary or secondary while migrating;
-KEYED says whether updates for it are authenticated.`,
+aborted (nobody knew the peer, or a conflict). ROLE is primary or secondary
+while migrating; KEYED says whether updates for it are authenticated; CONFLICT
+is its policy for a virtual-identification conflict (abort or preempt).`,
 		Example: "  onehop vnat status\n  onehop lab exec m1 -- onehop vnat status -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -115,8 +117,9 @@ KEYED says whether updates for it are authenticated.`,
 	status.Flags().StringVarP(&output, "output", "o", "", "output format: json")
 
 	var all bool
+	var conflict string
 	suspend := &cobra.Command{
-		Use:   "suspend [--all | 'tcp LOCAL:PORT->REMOTE:PORT']",
+		Use:   "suspend [--conflict abort|preempt] [--all | 'tcp LOCAL:PORT->REMOTE:PORT']",
 		Short: "Before this end moves: claim the primary role and agree keys with the peers",
 		Long: `Tells each peer that this end is about to move (VNAT_SUSP_PRIMARY with a fresh
 X25519 key, one batch per peer): the peer becomes secondary, and the update
@@ -130,7 +133,12 @@ Name one connection as status prints its VIRTUAL column, or --all.`,
 			if all == (len(args) == 1) {
 				return fmt.Errorf("name one connection ('tcp LOCAL:PORT->REMOTE:PORT') or --all")
 			}
-			req := vnatd.Request{Op: "suspend", All: all}
+			req := vnatd.Request{Op: "suspend", All: all, Conflict: conflict}
+			if conflict != "" {
+				if _, err := vnatd.ParseConflict(conflict); err != nil {
+					return fmt.Errorf("--conflict: %w", err)
+				}
+			}
 			if !all {
 				if _, err := vnatd.ParseTuple(args[0]); err != nil {
 					return err
@@ -150,6 +158,7 @@ Name one connection as status prints its VIRTUAL column, or --all.`,
 		},
 	}
 	suspend.Flags().BoolVar(&all, "all", false, "every active connection")
+	suspend.Flags().StringVar(&conflict, "conflict", "", "these connections' policy for a virtual-identification conflict (§3.4.2): abort or preempt (default: the daemon's --conflict)")
 
 	resume := &cobra.Command{
 		Use:   "resume",
@@ -207,9 +216,9 @@ func printVNATStatus(w io.Writer, r vnatd.Reply, output string) error {
 		return fmt.Errorf("-o %q: the only output format is json", output)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROTO\tVIRTUAL\tPHYSICAL\tSTATE\tROLE\tKEYED")
+	fmt.Fprintln(tw, "PROTO\tVIRTUAL\tPHYSICAL\tSTATE\tROLE\tKEYED\tCONFLICT")
 	for _, c := range r.Conns {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\n", c.Proto, c.Virtual, c.Physical, c.State, c.Role, c.Keyed)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\n", c.Proto, c.Virtual, c.Physical, c.State, c.Role, c.Keyed, c.Conflict)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -101,9 +101,27 @@ func Exchange(rw io.ReadWriter, msgs []Message) ([]Message, error) {
 // every entry, so answers line up with requests.
 type Handler func(Message) Message
 
+// BatchHandler answers the entries of one batch at once (answers[i] for
+// entries[i]; a nil answer is an error), so that what they change can be
+// applied together.
+type BatchHandler func(entries []Message) []Message
+
 // ServeBatches answers VCMP_BATCH messages read from rw with one VCMP_BATCH
 // each, until the stream ends (nil on a clean end between messages).
 func ServeBatches(rw io.ReadWriter, h Handler) error {
+	return ServeWholeBatches(rw, func(es []Message) []Message {
+		out := make([]Message, len(es))
+		for i, e := range es {
+			if out[i] = h(e); out[i] == nil {
+				break
+			}
+		}
+		return out
+	})
+}
+
+// ServeWholeBatches is ServeBatches with a handler given each batch whole.
+func ServeWholeBatches(rw io.ReadWriter, h BatchHandler) error {
 	for {
 		m, err := ReadMessage(rw)
 		if err == io.EOF {
@@ -116,9 +134,12 @@ func ServeBatches(rw io.ReadWriter, h Handler) error {
 		if !ok {
 			return fmt.Errorf("vcmp: serve: got %s, want VCMP_BATCH", m.Command())
 		}
-		ans := &Batch{Entries: make([]Message, len(b.Entries))}
+		ans := &Batch{Entries: h(b.Entries)}
+		if len(ans.Entries) != len(b.Entries) {
+			return fmt.Errorf("vcmp: serve: %d answers to %d entries", len(ans.Entries), len(b.Entries))
+		}
 		for i, e := range b.Entries {
-			if ans.Entries[i] = h(e); ans.Entries[i] == nil {
+			if ans.Entries[i] == nil {
 				return fmt.Errorf("vcmp: serve: no answer to entry %d (%s)", i, e.Command())
 			}
 		}

@@ -53,6 +53,9 @@ type Datapath struct {
 	// away are the connections in vnat_away (their peer is away: the
 	// keepalive helper answers their probes).
 	away map[Virtual]bool
+	// accepting are the ingress entries Accept wrote ahead of a
+	// translation, by connection (accept.go).
+	accepting map[Virtual]XlateKey
 	// counterNames index vnat_counters (enum vnat_counter, from BTF).
 	counterNames []string
 }
@@ -423,6 +426,9 @@ func (d *Datapath) Translate(v Virtual, p Physical) error {
 			return fmt.Errorf("vnat: delete old translation of %s: %w", v, err)
 		}
 	}
+	if err := d.settle(v); err != nil {
+		return err
+	}
 	return d.syncActive()
 }
 
@@ -527,7 +533,11 @@ func (d *Datapath) TranslateBatch(ms []Migration) error {
 			return rollback(fmt.Errorf("vnat: write %d translations: %w", len(ms), err))
 		}
 	}
-	return d.syncActive()
+	var errs []error
+	for _, m := range ms {
+		errs = append(errs, d.settle(m.Virtual))
+	}
+	return errors.Join(append(errs, d.syncActive())...)
 }
 
 func keysOf(m map[netip.Addr]bool) []netip.Addr {
@@ -558,6 +568,9 @@ func (d *Datapath) Forget(v Virtual) error {
 			return fmt.Errorf("vnat: forget %s: %w", v, err)
 		}
 	}
+	if err := d.settle(v); err != nil {
+		return err
+	}
 	if err := d.syncActive(); err != nil {
 		return err
 	}
@@ -567,7 +580,7 @@ func (d *Datapath) Forget(v Virtual) error {
 // syncActive writes the "anything migrated? any peer away?" words the
 // programs read first.
 func (d *Datapath) syncActive() error {
-	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len()), Helpers: uint32(len(d.away))}
+	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len() + len(d.accepting)), Helpers: uint32(len(d.away))}
 	if err := d.objs.VnatState.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("vnat: write state: %w", err)
 	}

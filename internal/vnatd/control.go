@@ -50,6 +50,9 @@ type Request struct {
 	Op   string `json:"op"`             // status, suspend, resume, stop
 	All  bool   `json:"all,omitempty"`  // suspend: every connection
 	Conn string `json:"conn,omitempty"` // suspend: "tcp LOCAL->REMOTE" (virtual)
+	// Conflict (suspend): the connections' §3.4.2 policy, abort or
+	// preempt; "" leaves it as it is.
+	Conflict string `json:"conflict,omitempty"`
 }
 
 // Reply is the daemon's answer (one JSON line).
@@ -106,6 +109,13 @@ func (e *Engine) answer(ctx context.Context, req Request) Reply {
 				return Reply{Error: err.Error()}
 			}
 			sel = func(t vcmp.Tuple) bool { return t == want }
+		}
+		if req.Conflict != "" {
+			p, err := ParseConflict(req.Conflict)
+			if err != nil {
+				return Reply{Error: "suspend: " + err.Error()}
+			}
+			e.SetConflict(sel, p)
 		}
 		n, err := e.Suspend(ctx, sel)
 		r := Reply{Count: n}

@@ -64,10 +64,17 @@ func TestControlSocket(t *testing.T) {
 	if _, err := Ask(sock, Request{Op: "suspend", Conn: "nonsense"}); err == nil || !strings.Contains(err.Error(), "want \"tcp|udp") {
 		t.Errorf("suspend of nonsense: %v", err)
 	}
-	if r, err := Ask(sock, Request{Op: "suspend", Conn: ta.Proto.String() + " " + ta.Local.String() + "->" + ta.Remote.String()}); err != nil || r.Count != 1 {
+	name := ta.Proto.String() + " " + ta.Local.String() + "->" + ta.Remote.String()
+	if _, err := Ask(sock, Request{Op: "suspend", Conn: name, Conflict: "steal"}); err == nil || !strings.Contains(err.Error(), `conflict policy "steal": want abort or preempt`) {
+		t.Errorf("suspend --conflict steal: %v", err)
+	}
+	if s := state(t, a, ta); s.State != "active" || s.Conflict != "abort" {
+		t.Errorf("after a refused suspend: %+v, want active with the default policy abort", s)
+	}
+	if r, err := Ask(sock, Request{Op: "suspend", Conn: name, Conflict: "preempt"}); err != nil || r.Count != 1 {
 		t.Fatalf("suspend: %+v, %v", r, err)
 	}
-	if s := state(t, a, ta); s.State != "suspended" || s.Role != "primary" || !s.Keyed {
+	if s := state(t, a, ta); s.State != "suspended" || s.Role != "primary" || !s.Keyed || s.Conflict != "preempt" {
 		t.Errorf("after suspend: %+v", s)
 	}
 	if _, err := Ask(sock, Request{Op: "frobnicate"}); err == nil || !strings.Contains(err.Error(), `unknown control request "frobnicate"`) {

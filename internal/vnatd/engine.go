@@ -43,6 +43,12 @@ type Translator interface {
 	Conns() ([]Mapping, error)
 	// Translate installs the mappings (one batched map update).
 	Translate([]Mapping) error
+	// Accept installs only the ingress half of the mappings (packets
+	// arriving at the new physical tuple reach the socket; what it sends
+	// is not translated yet), all or nothing; Translate or Unaccept end it.
+	Accept([]Mapping) error
+	// Unaccept withdraws what Accept installed for these connections.
+	Unaccept(virtual []vcmp.Tuple) error
 	// KeepLocal keeps addr usable by the sockets bound to it after the
 	// interface lost it, unannounced.
 	KeepLocal(addr netip.Addr) error
@@ -73,6 +79,8 @@ type Config struct {
 	SuspRetry time.Duration
 	// SuspTimeout is how long one claim waits for its answer; 0 is 2 s.
 	SuspTimeout time.Duration
+	// Conflict is the default conflict policy (--conflict); "" is abort.
+	Conflict Conflict
 	// OnRestore, if set, is told how long each Restore took.
 	OnRestore func(time.Duration)
 }
@@ -93,7 +101,8 @@ type conn struct {
 	keyTries            int // AgreeKeys asked the peer this many times
 	sendSeq             uint64
 	win                 vcmp.Window
-	helping             bool // the helpers run for it (its peer is away)
+	helping             bool     // the helpers run for it (its peer is away)
+	conflict            Conflict // its §3.4.2 policy; default: the daemon's
 }
 
 // Engine is the daemon's state and decisions.
@@ -226,6 +235,7 @@ type ConnStatus struct {
 	Role     string `json:"role"`
 	Keyed    bool   `json:"keyed"`
 	Helper   bool   `json:"helper,omitempty"` // its peer is away: the helpers run for it
+	Conflict string `json:"conflict"`         // its §3.4.2 policy: abort or preempt
 }
 
 // Status lists the connections, sorted by virtual tuple.
@@ -237,7 +247,8 @@ func (e *Engine) Status() []ConnStatus {
 		out = append(out, ConnStatus{Proto: t.Proto.String(),
 			Virtual:  t.Local.String() + "->" + t.Remote.String(),
 			Physical: c.phys.Local.String() + "->" + c.phys.Remote.String(),
-			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping})
+			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping,
+			Conflict: string(e.policy(c))})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Virtual != out[j].Virtual {
@@ -382,8 +393,87 @@ func innerRecord(m vcmp.Message) (vcmp.Record, bool) {
 // Handle answers one message a peer (at from) sent: the server side of
 // VCMP. Every message gets an answer, so batches line up.
 func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
+	return e.HandleBatch([]vcmp.Message{m}, from)[0]
+}
+
+// pendingUpdate is an accepted update whose translation is not written yet.
+type pendingUpdate struct {
+	i    int // its entry in the batch
+	c    *conn
+	phys vcmp.Tuple
+}
+
+// HandleBatch answers the messages of one batch a peer (at from) sent, in
+// order. The updates it accepts are translated together: one batched map
+// write and one route change per distinct address for a whole batch of
+// updates from a mover, so restoring a connection costs the same however
+// many move at once (issue 10 item 10).
+func (e *Engine) HandleBatch(ms []vcmp.Message, from netip.Addr) []vcmp.Message {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	out := make([]vcmp.Message, len(ms))
+	var pend []pendingUpdate
+	inBatch := map[*conn]bool{}
+	for i, m := range ms {
+		switch m.(type) {
+		case *vcmp.Update, *vcmp.Sealed:
+			c, phys, ans := e.acceptUpdate(m, from, func(c *conn) {
+				// A second update for a connection of this batch goes
+				// after the first one's translation.
+				if inBatch[c] {
+					e.installPending(pend, out)
+					pend, inBatch = nil, map[*conn]bool{}
+				}
+			})
+			if ans != nil {
+				out[i] = ans
+				continue
+			}
+			pend = append(pend, pendingUpdate{i: i, c: c, phys: phys})
+			inBatch[c] = true
+		default:
+			// Claims and keys see the updates before them applied.
+			e.installPending(pend, out)
+			pend, inBatch = nil, map[*conn]bool{}
+			out[i] = e.handleLocked(m, from)
+		}
+	}
+	e.installPending(pend, out)
+	return out
+}
+
+// installPending writes the accepted updates' translations in one write
+// and answers them: all applied, or (the write is all or nothing) all
+// answered conflict. Called with e.mu held.
+func (e *Engine) installPending(pend []pendingUpdate, out []vcmp.Message) {
+	if len(pend) == 0 {
+		return
+	}
+	maps := make([]Mapping, len(pend))
+	for i, p := range pend {
+		maps[i] = Mapping{Virtual: p.c.m.Tuple, Physical: p.phys}
+	}
+	if err := e.install(maps); err != nil {
+		for _, p := range pend {
+			e.warn("translate_errors", "vnat: install translation", "conn", p.c.m.Tuple, "err", err)
+			out[p.i] = &vcmp.UpdateReply{Record: p.c.record(), Status: vcmp.UpdateConflict}
+		}
+		return
+	}
+	for _, p := range pend {
+		p.c.phys = p.phys
+		e.counters["updates_applied"]++
+		e.dir.Forget(p.c.m.Tuple)
+		reply, err := p.c.seal(&vcmp.UpdateReply{Record: p.c.record(), Status: vcmp.UpdateOK})
+		if err != nil {
+			continue // nil: Serve answers a refusal
+		}
+		out[p.i] = reply
+	}
+}
+
+// handleLocked is Handle for everything but updates. Called with e.mu held.
+func (e *Engine) handleLocked(m vcmp.Message, from netip.Addr) vcmp.Message {
 	switch m := m.(type) {
 	case *vcmp.LocQuery, *vcmp.LocStore:
 		// Anyone may store a record, so their number is capped: a full
@@ -461,51 +551,61 @@ func (e *Engine) Handle(m vcmp.Message, from netip.Addr) vcmp.Message {
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 		}
 		return &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)}
-	case *vcmp.Update, *vcmp.Sealed:
-		r, ok := innerRecord(m)
-		if !ok {
-			return nil
-		}
-		c, ok := e.conns[r.Conn.Reverse()]
-		if !ok {
-			e.warn("refused_unknown", "vnat: update for an unknown connection", "conn", r.Conn, "from", from)
-			return &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateUnknown}
-		}
-		inner, err := e.open(c, m)
-		if err != nil {
-			e.warn(refusal(err), "vnat: update refused", "conn", c.m.Tuple, "from", from, "err", err)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
-		}
-		if _, ok := inner.(*vcmp.Update); !ok {
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
-		}
-		r, _ = innerRecord(inner)
-		if r.Phys.Addr() == c.m.Tuple.Local.Addr() {
-			// The peer is now at this end's own virtual address (the
-			// network gave it our old one): packets to it would be
-			// delivered here (paper §3.4.2; policy: abort).
-			e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
-		}
-		if _, err := e.step(c, vcmp.EvRecvUpdate); err != nil {
-			e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
-		}
-		phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
-		if err := e.install([]Mapping{{Virtual: c.m.Tuple, Physical: phys}}); err != nil {
-			e.warn("translate_errors", "vnat: install translation", "conn", c.m.Tuple, "from", from, "err", err)
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
-		}
-		c.phys = phys
-		e.counters["updates_applied"]++
-		e.dir.Forget(c.m.Tuple)
-		reply, err := c.seal(&vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateOK})
-		if err != nil {
-			return nil
-		}
-		return reply
 	}
 	return nil
+}
+
+// acceptUpdate checks one update (its connection, keys, conflicts) and
+// steps the connection; before stepping it calls before(c). It returns the
+// connection and the physical tuple to translate it to, or the answer when
+// the update is refused. Called with e.mu held.
+func (e *Engine) acceptUpdate(m vcmp.Message, from netip.Addr, before func(*conn)) (*conn, vcmp.Tuple, vcmp.Message) {
+	r, ok := innerRecord(m)
+	if !ok {
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: blank(vcmp.Tuple{}), Status: vcmp.UpdateRefused}
+	}
+	c, ok := e.conns[r.Conn.Reverse()]
+	if !ok {
+		e.warn("refused_unknown", "vnat: update for an unknown connection", "conn", r.Conn, "from", from)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateUnknown}
+	}
+	before(c)
+	inner, err := e.open(c, m)
+	if err != nil {
+		e.warn(refusal(err), "vnat: update refused", "conn", c.m.Tuple, "from", from, "err", err)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+	}
+	if _, ok := inner.(*vcmp.Update); !ok {
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+	}
+	r, _ = innerRecord(inner)
+	if r.Phys.Addr() == c.m.Tuple.Local.Addr() {
+		// The peer is now at this end's own virtual address (the
+		// network gave it our old one): packets to it would be
+		// delivered here (paper §3.4.2; policy: abort).
+		e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+	}
+	phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
+	o := e.holder(c, phys)
+	if o != nil && e.policy(c) != ConflictPreempt {
+		// Another live connection here already is that tuple (§3.4.2,
+		// policy abort): it keeps it, this migration is aborted.
+		e.warn("conflict", "vnat: the moved peer's tuple is another connection's here, migration aborted", "conn", c.m.Tuple, "from", from, "tuple", phys, "holder", o.m.Tuple)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+	}
+	if _, err := e.step(c, vcmp.EvRecvUpdate); err != nil {
+		e.warn("unexpected", "vnat: update not expected", "conn", c.m.Tuple, "from", from, "err", err)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+	}
+	if o != nil {
+		// Policy preempt: the migrating connection takes the tuple.
+		if err := e.preempt(o, c); err != nil {
+			e.warn("translate_errors", "vnat: preempt", "conn", c.m.Tuple, "err", err)
+			return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
+		}
+	}
+	return c, phys, nil
 }
 
 // install writes translations; a connection back at its virtual tuple (a
@@ -529,13 +629,16 @@ func (e *Engine) install(maps []Mapping) error {
 
 // Serve answers one VCMP stream from a peer at from.
 func (e *Engine) Serve(rw io.ReadWriter, from netip.Addr) error {
-	return vcmp.ServeBatches(rw, func(m vcmp.Message) vcmp.Message {
-		if a := e.Handle(m, from); a != nil {
-			return a
+	return vcmp.ServeWholeBatches(rw, func(ms []vcmp.Message) []vcmp.Message {
+		out := e.HandleBatch(ms, from)
+		for i, a := range out {
+			if a == nil {
+				// Something we cannot answer: a refusal keeps the batch in step.
+				r, _ := innerRecord(ms[i])
+				out[i] = &vcmp.UpdateReply{Record: blank(r.Conn), Status: vcmp.UpdateRefused}
+			}
 		}
-		// Something we cannot answer: a refusal keeps the batch in step.
-		r, _ := innerRecord(m)
-		return &vcmp.UpdateReply{Record: blank(r.Conn), Status: vcmp.UpdateRefused}
+		return out
 	})
 }
 
@@ -986,8 +1089,41 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 }
 
 // update sends the updates of the walks that found their peer, one batch
-// per peer, and installs every translation in one write.
+// per peer, and installs every translation in one write. Before any update
+// is sent, this end accepts packets at its new address (the ingress half
+// of each translation, towards where the walk found the peer): the peer
+// translates as soon as it accepts an update and may send at once (a
+// keepalive, data), and a segment reaching the new address before the
+// translation found no socket with that tuple and was answered with a
+// RESET (the restore race the Table 1 benchmark found). The egress half
+// waits for the peer's answer, or this end's segments would be reset at
+// the peer the same way. A connection the peer refuses is no longer
+// accepted there.
 func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk, moved bool, errs []error) error {
+	var early []Mapping
+	e.mu.Lock()
+	for _, ws := range found {
+		for _, w := range ws {
+			if p := (vcmp.Tuple{Proto: w.c.phys.Proto, Local: w.c.phys.Local, Remote: w.loc.Peer}); p != w.c.m.Tuple {
+				early = append(early, Mapping{Virtual: w.c.m.Tuple, Physical: p})
+			}
+		}
+	}
+	e.mu.Unlock()
+	accepted := false
+	if len(early) > 0 {
+		if err := e.tr.Accept(early); err != nil {
+			// All or nothing: nothing was accepted, so the translations
+			// follow the replies alone (a window for a RESET, but no
+			// connection half-translated).
+			e.mu.Lock()
+			e.warn("translate_errors", "vnat: accept at the new address before the updates", "conns", len(early), "err", err)
+			e.mu.Unlock()
+		} else {
+			accepted = true
+		}
+	}
+	var withdraw []vcmp.Tuple
 
 	var maps []Mapping
 	var applied []*conn
@@ -1007,15 +1143,22 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		ans, err := e.exchange(ctx, peer, msgs)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", len(ws), peer, err))
-			continue
+			continue // accepted still: whether the peer applied them is unknown; `resume` retries
 		}
 		e.mu.Lock()
 		for i, w := range ws {
+			refused := func() {
+				e.abort(w.c)
+				if accepted {
+					withdraw = append(withdraw, w.c.m.Tuple)
+					e.counters["translations_withdrawn"]++
+				}
+			}
 			inner, err := e.open(w.c, ans[i])
 			if err != nil {
 				if r, ok := ans[i].(*vcmp.UpdateReply); ok && r.Status != vcmp.UpdateOK {
 					e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple, "status", r.Status)
-					e.abort(w.c)
+					refused()
 				} else {
 					// A reply we cannot trust: left locating, `resume` retries.
 					e.warn(refusal(err), "vnat: update reply refused", "conn", w.c.m.Tuple, "from", peer, "err", err)
@@ -1025,7 +1168,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 			r, ok := inner.(*vcmp.UpdateReply)
 			if !ok || r.Status != vcmp.UpdateOK {
 				e.warn("update_refused_by_peer", "vnat: peer refused update", "conn", w.c.m.Tuple)
-				e.abort(w.c)
+				refused()
 				continue
 			}
 			if _, err := e.step(w.c, vcmp.EvRecvUpdateReply); err != nil {
@@ -1047,18 +1190,23 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		}
 	}
 	e.mu.Unlock()
+	if len(withdraw) > 0 {
+		if err := e.tr.Unaccept(withdraw); err != nil {
+			errs = append(errs, fmt.Errorf("vnatd: withdraw %d refused connections: %w", len(withdraw), err))
+		}
+	}
 	if len(maps) > 0 {
 		if err := e.install(maps); err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: install %d translations: %w", len(maps), err))
-		} else {
-			e.mu.Lock()
-			for i, c := range applied {
-				c.phys = phys[i]
-				e.dir.Forget(c.m.Tuple)
-			}
-			e.counters["migrated"] += uint64(len(applied))
-			e.mu.Unlock()
+			return errors.Join(errs...)
 		}
+		e.mu.Lock()
+		for i, c := range applied {
+			c.phys = phys[i]
+			e.dir.Forget(c.m.Tuple)
+		}
+		e.counters["migrated"] += uint64(len(applied))
+		e.mu.Unlock()
 	}
 	return errors.Join(errs...)
 }

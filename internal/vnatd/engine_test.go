@@ -25,6 +25,11 @@ type fakeTr struct {
 	xlate map[vcmp.Tuple]vcmp.Tuple
 	kept  []netip.Addr
 	calls int // Translate calls
+	// accepted are the ingress halves Accept installed, by virtual tuple.
+	accepted map[vcmp.Tuple]vcmp.Tuple
+	// onTranslate, if set, is called (without mu) before each Translate
+	// with the mappings it installs.
+	onTranslate func([]Mapping)
 }
 
 func (f *fakeTr) Conns() ([]Mapping, error) {
@@ -42,13 +47,46 @@ func (f *fakeTr) Conns() ([]Mapping, error) {
 }
 
 func (f *fakeTr) Translate(ms []Mapping) error {
+	if f.onTranslate != nil {
+		f.onTranslate(ms)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
 	for _, m := range ms {
 		f.xlate[m.Virtual] = m.Physical
+		delete(f.accepted, m.Virtual)
 	}
 	return nil
+}
+
+func (f *fakeTr) Accept(ms []Mapping) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.accepted == nil {
+		f.accepted = map[vcmp.Tuple]vcmp.Tuple{}
+	}
+	for _, m := range ms {
+		f.accepted[m.Virtual] = m.Physical
+	}
+	return nil
+}
+
+func (f *fakeTr) Unaccept(vs []vcmp.Tuple) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, v := range vs {
+		delete(f.accepted, v)
+	}
+	return nil
+}
+
+// accepts says whether packets of v arriving as phys reach its socket: the
+// translation or an accepted ingress half.
+func (f *fakeTr) accepts(v, phys vcmp.Tuple) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.xlate[v] == phys || f.accepted[v] == phys
 }
 
 func (f *fakeTr) KeepLocal(a netip.Addr) error {
@@ -64,6 +102,7 @@ func (f *fakeTr) Forget(v vcmp.Tuple) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.xlate, v)
+	delete(f.accepted, v)
 	return nil
 }
 
@@ -272,6 +311,11 @@ func TestRestoreOneEndMoves(t *testing.T) {
 			}
 			if a.tr.calls != 1 {
 				t.Errorf("a installed its translations in %d writes, want 1", a.tr.calls)
+			}
+			// The peer applies the batch of 200 updates with one write too
+			// (it did one per update: most of a large restore's time).
+			if b.tr.calls != 1 {
+				t.Errorf("b installed 200 updates in %d writes, want 1", b.tr.calls)
 			}
 			if c := b.e.Counters(); c["updates_applied"] != 200 {
 				t.Errorf("b counters %v, want 200 updates applied", c)
@@ -651,5 +695,155 @@ func TestVirtualAddressConflictsAbort(t *testing.T) {
 	}
 	if a.e.Counters()["conflict"] != 1 || b.e.Counters()["conflict"] != 1 {
 		t.Errorf("conflict counters: a %v, b %v; want one each", a.e.Counters(), b.e.Counters())
+	}
+}
+
+// The restore race (found by the Table 1 benchmark): the peer translates
+// as soon as it accepts an update and may send at once (a keepalive), so
+// the mover must accept packets at its new address BEFORE it sends the
+// update, or that packet reaches a new address with no socket for it and
+// is reset; and it must not send from the new address before the peer's
+// answer, or its packets are reset at the peer. Every translation b
+// installs finds a accepting it and not yet sending from there; the
+// connection b refuses (b requires keys, and that one was not keyed) is no
+// longer accepted at a's new address.
+func TestMoverAcceptsAtItsNewAddressBeforeItSendsTheUpdateAndWithdrawsOnRefusal(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	var conns [][2]vcmp.Tuple
+	for i := range 50 {
+		ta, tb := connect(a, b, uint16(40000+i))
+		conns = append(conns, [2]vcmp.Tuple{ta, tb})
+	}
+	syncAll(t, a, b)
+	// a suspends (and so keys) all but the last connection: b refuses its update.
+	refused := conns[len(conns)-1]
+	if k, err := a.e.Suspend(t.Context(), func(v vcmp.Tuple) bool { return v != refused[0] }); err != nil || k != len(conns)-1 {
+		t.Fatalf("suspend: %d, %v; want %d", k, err, len(conns)-1)
+	}
+
+	old, new := n.move(a, "10.0.3.3")
+	var mu sync.Mutex
+	var early, sending []string
+	checked := 0
+	b.tr.onTranslate = func(ms []Mapping) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range ms {
+			checked++
+			va := m.Virtual.Reverse()
+			at := vcmp.Tuple{Proto: va.Proto, Local: netip.AddrPortFrom(new, va.Local.Port()), Remote: va.Remote}
+			if !a.tr.accepts(va, at) {
+				early = append(early, fmt.Sprint(m.Virtual))
+			}
+			if _, ok := a.tr.phys(va); ok {
+				sending = append(sending, fmt.Sprint(m.Virtual))
+			}
+		}
+	}
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if checked != len(conns)-1 {
+		t.Fatalf("b installed %d translations, want %d", checked, len(conns)-1)
+	}
+	if len(early) > 0 {
+		t.Fatalf("b translated %d connections before a accepted them at its new address (a packet from b would be reset there): %v", len(early), early[0])
+	}
+	if len(sending) > 0 {
+		t.Fatalf("a sent from its new address before b translated %d connections (b would reset them): %v", len(sending), sending[0])
+	}
+	for _, c := range conns[:len(conns)-1] {
+		wantPhys(t, a, c[0], new, b.addr)
+		wantPhys(t, b, c[1], b.addr, new)
+	}
+	at := vcmp.Tuple{Proto: refused[0].Proto, Local: netip.AddrPortFrom(new, refused[0].Local.Port()), Remote: refused[0].Remote}
+	if a.tr.accepts(refused[0], at) {
+		t.Errorf("a still accepts the refused %v at %v, want it withdrawn", refused[0], at)
+	}
+	if p, ok := a.tr.phys(refused[0]); ok {
+		t.Errorf("a translates the refused %v to %v, want untranslated", refused[0], p)
+	}
+	if s := state(t, a, refused[0]); s.State != "aborted" {
+		t.Errorf("a: refused %+v, want aborted", s)
+	}
+	if c := a.e.Counters(); c["translations_withdrawn"] != 1 || c["migrated"] != uint64(len(conns)-1) {
+		t.Errorf("a counters %v, want 1 translation withdrawn and %d migrated", c, len(conns)-1)
+	}
+}
+
+// Virtual-identification conflicts (paper §3.4.2), per-connection policy:
+// b holds a live connection Y from 10.0.3.3:40000 (a new host reused the
+// address and port) when a, whose connection X with b came from
+// 10.0.1.1:40000, moves to 10.0.3.3 and keeps its port: X at b would
+// travel as Y's tuple. Policy abort (the default): X's migration is
+// aborted, Y untouched. Policy preempt (set on X at b): X takes the tuple,
+// Y is aborted and its translation, if any, forgotten.
+func TestVirtualIdentificationConflictAbortOrPreempt(t *testing.T) {
+	for _, policy := range []Conflict{ConflictDefault, ConflictAbort, ConflictPreempt} {
+		t.Run(fmt.Sprintf("policy=%q", policy), func(t *testing.T) {
+			n := newNetwork()
+			a := n.add(t, "a", "10.0.1.1", Config{})
+			b := n.add(t, "b", "10.0.2.2", Config{})
+			ta, tb := connect(a, b, 40000)
+			y := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort("10.0.2.2:22"), Remote: netip.MustParseAddrPort("10.0.3.3:40000")}
+			b.tr.open = append(b.tr.open, y)
+			syncAll(t, a, b)
+			if policy != ConflictDefault {
+				if k := b.e.SetConflict(func(v vcmp.Tuple) bool { return v == tb }, policy); k != 1 {
+					t.Fatalf("SetConflict set %d connections, want 1", k)
+				}
+			}
+			want := policy
+			if want == ConflictDefault {
+				want = ConflictAbort
+			}
+			if s := state(t, b, tb); s.Conflict != string(want) {
+				t.Fatalf("b shows X's policy %q, want %q", s.Conflict, want)
+			}
+			old, new := n.move(a, "10.0.3.3")
+			if err := a.e.Restore(t.Context(), old, new); err != nil {
+				t.Fatal(err)
+			}
+			if want == ConflictAbort {
+				if s := state(t, a, ta); s.State != "aborted" {
+					t.Errorf("a: X %+v, want aborted", s)
+				}
+				if p, ok := b.tr.phys(tb); ok {
+					t.Errorf("b translates X to %v, want untouched", p)
+				}
+				if s := state(t, b, y); s.State != "active" {
+					t.Errorf("b: Y %+v, want active (it keeps its tuple)", s)
+				}
+				if c := b.e.Counters(); c["conflict"] != 1 || c["preempted"] != 0 {
+					t.Errorf("b counters %v, want one conflict, none preempted", c)
+				}
+				return
+			}
+			wantPhys(t, a, ta, new, b.addr)
+			wantPhys(t, b, tb, b.addr, new)
+			if s := state(t, b, y); s.State != "aborted" {
+				t.Errorf("b: Y %+v, want aborted (preempted)", s)
+			}
+			if c := b.e.Counters(); c["preempted"] != 1 || c["conflict"] != 0 {
+				t.Errorf("b counters %v, want one preempted, no conflict abort", c)
+			}
+		})
+	}
+}
+
+func TestParseConflictNamesTheBadPolicy(t *testing.T) {
+	for _, s := range []string{"abort", "preempt"} {
+		if p, err := ParseConflict(s); err != nil || string(p) != s {
+			t.Errorf("ParseConflict(%q) = %q, %v", s, p, err)
+		}
+	}
+	for _, s := range []string{"", "Abort", "steal"} {
+		if _, err := ParseConflict(s); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", s)) || !strings.Contains(err.Error(), "abort or preempt") {
+			t.Errorf("ParseConflict(%q): %v, want an error naming it and the choices", s, err)
+		}
 	}
 }

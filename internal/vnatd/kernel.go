@@ -59,6 +59,22 @@ func (k kernel) Translate(ms []Mapping) error {
 	return k.d.TranslateBatch(vm)
 }
 
+func (k kernel) Accept(ms []Mapping) error {
+	vm := make([]vnat.Migration, len(ms))
+	for i, m := range ms {
+		vm[i] = vnat.Migration{Virtual: vnat.Virtual(m.Virtual), Physical: vnat.Physical(m.Physical)}
+	}
+	return k.d.Accept(vm)
+}
+
+func (k kernel) Unaccept(vs []vcmp.Tuple) error {
+	vv := make([]vnat.Virtual, len(vs))
+	for i, v := range vs {
+		vv[i] = vnat.Virtual(v)
+	}
+	return k.d.Unaccept(vv)
+}
+
 func (k kernel) KeepLocal(a netip.Addr) error { return k.d.KeepLocal(a, k.iface) }
 
 func (k kernel) Forget(v vcmp.Tuple) error { return k.d.Forget(vnat.Virtual(v)) }

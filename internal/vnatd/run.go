@@ -27,9 +27,12 @@ type Options struct {
 	Iface           string   // the endpoint's interface (eth0)
 	LocationServers []string // host or host:port, or vcmp://host[:port]
 	RequireKeys     bool
-	Control         string // control socket; "" = DefaultControl()
-	Cgroup          string // cgroup v2 to attach sockops to; "" = none (sock_diag only)
-	Listen          string // VCMP listen address; "" = 0.0.0.0:2031
+	// Conflict is the default conflict policy (§3.4.2): "abort" (or
+	// "") or "preempt".
+	Conflict string
+	Control  string // control socket; "" = DefaultControl()
+	Cgroup   string // cgroup v2 to attach sockops to; "" = none (sock_diag only)
+	Listen   string // VCMP listen address; "" = 0.0.0.0:2031
 	// NoKeepaliveHelper turns off the keepalive helper (on by default:
 	// while a peer is away, this end answers its own TCP keepalives).
 	NoKeepaliveHelper bool
@@ -77,6 +80,13 @@ func Run(ctx context.Context, o Options) error {
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	conflict := ConflictAbort
+	if o.Conflict != "" {
+		var err error
+		if conflict, err = ParseConflict(o.Conflict); err != nil {
+			return fmt.Errorf("vnat run --conflict: %w", err)
+		}
 	}
 	var servers []netip.Addr
 	for _, s := range o.LocationServers {
@@ -150,7 +160,7 @@ func Run(ctx context.Context, o Options) error {
 	if freezer != nil {
 		helpers = append(helpers, freezer)
 	}
-	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers}
+	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers, Conflict: conflict}
 	var metrics *Metrics
 	if ml != nil {
 		metrics = NewMetrics(d.Counters)

@@ -1,0 +1,88 @@
+package vnatd
+
+import (
+	"fmt"
+
+	"github.com/onehop/onehop/internal/vcmp"
+)
+
+// Conflict is a connection's policy for a virtual-identification conflict
+// (paper §3.4.2): its migration would give it a 4-tuple another live
+// connection at the target end already uses (an address and port reused
+// by a new host or process while the old connection lives on elsewhere).
+type Conflict string
+
+const (
+	// ConflictDefault is "the daemon's default" (a connection's zero value).
+	ConflictDefault Conflict = ""
+	// ConflictAbort aborts the migration: the connection already there
+	// keeps the tuple (the paper's first policy, and the daemon's default).
+	ConflictAbort Conflict = "abort"
+	// ConflictPreempt preempts the connection already there: the
+	// migrating one takes the tuple, the other is aborted (its translation
+	// forgotten; packets of that tuple now belong to the migrating one).
+	ConflictPreempt Conflict = "preempt"
+)
+
+// ParseConflict reads a policy as the CLI and control requests give it.
+func ParseConflict(s string) (Conflict, error) {
+	switch c := Conflict(s); c {
+	case ConflictAbort, ConflictPreempt:
+		return c, nil
+	}
+	return "", fmt.Errorf("conflict policy %q: want abort or preempt", s)
+}
+
+// policy is c's conflict policy, the daemon's default when it has none.
+func (e *Engine) policy(c *conn) Conflict {
+	if c.conflict != ConflictDefault {
+		return c.conflict
+	}
+	if e.cfg.Conflict != ConflictDefault {
+		return e.cfg.Conflict
+	}
+	return ConflictAbort
+}
+
+// SetConflict sets the conflict policy of the connections sel picks (all
+// when nil) and returns how many it set.
+func (e *Engine) SetConflict(sel func(vcmp.Tuple) bool, p Conflict) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for t, c := range e.conns {
+		if sel == nil || sel(t) {
+			c.conflict = p
+			n++
+		}
+	}
+	return n
+}
+
+// holder is the other live connection at this end that travels as phys
+// (translated to it, or untranslated with it as its own tuple), if any.
+// Called with e.mu held.
+func (e *Engine) holder(c *conn, phys vcmp.Tuple) *conn {
+	for _, o := range e.conns {
+		if o != c && o.m.State != vcmp.Aborted && o.phys == phys {
+			return o
+		}
+	}
+	return nil
+}
+
+// preempt aborts o, which held the tuple c now takes (policy preempt):
+// its translation is forgotten, its helpers stop. Called with e.mu held.
+func (e *Engine) preempt(o, c *conn) error {
+	if o.phys != o.m.Tuple {
+		if err := e.tr.Forget(o.m.Tuple); err != nil {
+			return fmt.Errorf("vnatd: preempt %v: %w", o.m.Tuple, err)
+		}
+	}
+	e.stopHelpers(o)
+	o.m.State = vcmp.Aborted
+	e.dir.Forget(o.m.Tuple)
+	e.counters["preempted"]++
+	e.log.Info("vnat: virtual identification conflict, existing connection preempted", "conn", c.m.Tuple, "preempted", o.m.Tuple, "tuple", o.phys)
+	return nil
+}
