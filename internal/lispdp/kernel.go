@@ -3,9 +3,9 @@ package lispdp
 import (
 	"errors"
 	"fmt"
+	onehopns "github.com/onehop/onehop/internal/netns"
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 
@@ -13,7 +13,6 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // Datapath is the LISP data plane loaded into the kernel: the programs, their
@@ -122,22 +121,7 @@ func (d *Datapath) inNS(fn func() error) error {
 	if d.opts.Netns == "" {
 		return fn()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		ns, err := netns.GetFromPath(d.opts.Netns)
-		if err != nil {
-			errc <- fmt.Errorf("open namespace %s: %w", d.opts.Netns, err)
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter namespace %s: %w", d.opts.Netns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return onehopns.DoPath(d.opts.Netns, fn)
 }
 
 type attachment struct {

@@ -144,11 +144,15 @@ func Fd(name string) (netns.NsHandle, error) {
 
 // Do runs fn on a thread inside the named namespace, for what has no
 // namespace-bound handle (per-namespace sysctls).
-func Do(name string, fn func() error) error {
+func Do(name string, fn func() error) error { return DoPath(Path(name), fn) }
+
+// DoPath is Do for a namespace given by its file (/proc/PID/ns/net, a
+// bind mount anywhere).
+func DoPath(path string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread is discarded afterwards
-		if err := enter(name); err != nil {
+		if err := enter(path); err != nil {
 			errc <- err
 			return
 		}
@@ -157,14 +161,14 @@ func Do(name string, fn func() error) error {
 	return <-errc
 }
 
-func enter(name string) error {
-	fd, err := unix.Open(Path(name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+func enter(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("open network namespace %s: %w", name, err)
+		return fmt.Errorf("open network namespace %s: %w", path, err)
 	}
 	defer unix.Close(fd)
 	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("enter network namespace %s: %w", name, err)
+		return fmt.Errorf("enter network namespace %s: %w", path, err)
 	}
 	return nil
 }
@@ -181,7 +185,7 @@ func Exec(name string, argv []string) error {
 	// execve from the thread that entered the namespaces: namespaces
 	// belong to a thread, and the new program keeps the caller's.
 	runtime.LockOSThread()
-	if err := enter(name); err != nil {
+	if err := enter(Path(name)); err != nil {
 		return err
 	}
 	if err := ownSysfs(name); err != nil {

@@ -3,11 +3,11 @@ package vnat
 import (
 	"errors"
 	"fmt"
+	onehopns "github.com/onehop/onehop/internal/netns"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -312,22 +312,7 @@ func (d *Datapath) inNS(fn func() error) error {
 	if d.opts.Netns == "" {
 		return fn()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		ns, err := netns.GetFromPath(d.opts.Netns)
-		if err != nil {
-			errc <- fmt.Errorf("open namespace %s: %w", d.opts.Netns, err)
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter namespace %s: %w", d.opts.Netns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return onehopns.DoPath(d.opts.Netns, fn)
 }
 
 // handle is a netlink handle in the endpoint's namespace, for routes,
