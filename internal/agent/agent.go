@@ -18,11 +18,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -64,6 +66,9 @@ type Config struct {
 	// address) the host relays its VMs' location streams to
 	// (internal/vnatrelay); invalid: no relay.
 	LocationServer netip.Addr
+	// StatusEvery paces status writes while changes keep coming: at most
+	// one per interval (0: sized to the number of hosts; statuspub.go).
+	StatusEvery time.Duration
 }
 
 // uplinks lists every uplink name, index 0 first.
@@ -94,6 +99,18 @@ type Agent struct {
 	shares          *Shares // each local VM's share of the slow path
 	dpRefused       map[netip.Addr]map[string]uint64
 	lists, relists  uint64 // full lists of the store, and those after a lost watch
+
+	// The status as last made (status) is numbered by statusSeq; the
+	// publisher writes it, paced (statuspub.go). statusKick wakes it.
+	statusSeq                         uint64
+	statusKick                        chan struct{}
+	statusWrites, statusWriteFailures uint64
+	statusLog                         *ratelog.Logger
+	knownHosts                        atomic.Int64 // node records held: the self-sized status pace
+	// pubMu serialises status writes and guards what was written last.
+	pubMu        sync.Mutex
+	publishedSeq uint64
+	publishedAt  time.Time
 
 	// passMu serialises passes and guards what they read: the view of
 	// the host's desired keys, the node records, the revision of the
@@ -145,7 +162,8 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 	}
 	a := &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log,
 		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{},
-		view: intent.NewView(cfg.Node), nodes: map[string]intent.Node{}}
+		view: intent.NewView(cfg.Node), nodes: map[string]intent.Node{},
+		statusKick: make(chan struct{}, 1), statusLog: ratelog.New(log, 1, time.Minute, nil)}
 	a.router = newRouter(dp, cfg.Uplink, log)
 	a.router.left = a.shares.Forget
 	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups, LocationServer: cfg.LocationServer}
@@ -174,6 +192,9 @@ func (a *Agent) Router() *Router { return a.router }
 // error, the store gone). Every Resync it also applies again from what it
 // holds, without reading the store, to pick up vifs that appeared.
 func (a *Agent) Run(ctx context.Context) error {
+	pctx, stopPublisher := context.WithCancel(ctx)
+	defer stopPublisher()
+	go a.publishStatuses(pctx)
 	for {
 		err := a.register(ctx)
 		if err == nil {
@@ -498,6 +519,11 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 	a.lists++
 	a.mu.Unlock()
 	_, err = a.pass(ctx, "list", len(kvs))
+	// A full list is rare (start, a lost watch): its outcome is written
+	// at once, unpaced, so whoever listed for a reason sees it.
+	if serr := a.flushStatus(ctx); serr != nil && err == nil {
+		err = fmt.Errorf("status: %w", serr)
+	}
 	return rev, err
 }
 
@@ -511,6 +537,7 @@ func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desire
 	start := time.Now()
 	d := a.view.Desired()
 	if a.nodeList == nil {
+		a.knownHosts.Store(int64(len(a.nodes)))
 		a.nodeList = make([]intent.Node, 0, len(a.nodes))
 		for _, name := range sortedNames(a.nodes) {
 			a.nodeList = append(a.nodeList, a.nodes[name])
@@ -545,9 +572,7 @@ func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desire
 		}
 		a.applied = d
 	}
-	if serr := a.publishStatus(ctx, d, err); serr != nil && err == nil {
-		err = serr
-	}
+	a.noteStatus(d, err)
 	return d, err
 }
 
@@ -656,7 +681,9 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 	return errors.Join(errs...)
 }
 
-func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr error) error {
+// noteStatus makes the status of a pass that applied d (or failed with
+// applyErr) and hands it to the publisher if it changed.
+func (a *Agent) noteStatus(d intent.Desired, applyErr error) {
 	a.mu.Lock()
 	st := a.status
 	st.Node = a.cfg.Node
@@ -681,16 +708,11 @@ func (a *Agent) publishStatus(ctx context.Context, d intent.Desired, applyErr er
 	}
 	prev := a.status
 	st.Time = prev.Time
-	changed := !reflect.DeepEqual(st, prev)
-	if changed {
+	if !reflect.DeepEqual(st, prev) {
 		st.Time = time.Now().UTC()
-		a.status = st
+		a.noteStatusLocked(st)
 	}
 	a.mu.Unlock()
-	if !changed {
-		return nil
-	}
-	return store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
 }
 
 // refusalsLocked lists what each VM was refused: by the datapath (dp, by

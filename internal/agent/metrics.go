@@ -17,6 +17,7 @@ type Collector struct {
 	mapped, asking, capacity, arpEvents                    *prometheus.Desc
 	refused                                                *prometheus.Desc
 	mapEntries, mapCapacity, mapOverflow                   *prometheus.Desc
+	statusWrites, statusWriteFailures                      *prometheus.Desc
 }
 
 // NewCollector returns a collector for a's node.
@@ -52,13 +53,18 @@ func NewCollector(a *Agent) *Collector {
 			"Reconcile passes of desired state into the datapath.", nil, l),
 		failures: prometheus.NewDesc("onehop_reconcile_failures_total",
 			"Reconcile passes that failed (the agent log says why).", nil, l),
+		statusWrites: prometheus.NewDesc("onehop_agent_status_writes_total",
+			"Writes of this host's status record to the store (at most one per --status-interval while changes keep coming).", nil, l),
+		statusWriteFailures: prometheus.NewDesc("onehop_agent_status_write_failures_total",
+			"Status writes the store refused or did not answer (retried; the agent log says why).", nil, l),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.drops, c.forwards, c.endpoints, c.vifs, c.reconciles, c.failures,
-		c.mapped, c.asking, c.capacity, c.arpEvents, c.refused, c.mapEntries, c.mapCapacity, c.mapOverflow} {
+		c.mapped, c.asking, c.capacity, c.arpEvents, c.refused, c.mapEntries, c.mapCapacity, c.mapOverflow,
+		c.statusWrites, c.statusWriteFailures} {
 		ch <- d
 	}
 	for _, f := range c.agent.features {
@@ -86,6 +92,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.vifs, prometheus.GaugeValue, float64(len(st.AttachedVifs)))
 	ch <- prometheus.MustNewConstMetric(c.reconciles, prometheus.CounterValue, float64(rec))
 	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(fail))
+	writes, wfail := c.agent.StatusWrites()
+	ch <- prometheus.MustNewConstMetric(c.statusWrites, prometheus.CounterValue, float64(writes))
+	ch <- prometheus.MustNewConstMetric(c.statusWriteFailures, prometheus.CounterValue, float64(wfail))
 	for _, u := range c.agent.MapUses() {
 		ch <- prometheus.MustNewConstMetric(c.mapEntries, prometheus.GaugeValue, float64(u.Want), u.Feature, u.Map)
 		ch <- prometheus.MustNewConstMetric(c.mapCapacity, prometheus.GaugeValue, float64(u.Capacity), u.Feature, u.Map)

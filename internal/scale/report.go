@@ -28,7 +28,10 @@ type Report struct {
 	RuleChangePerHost Summary `json:"ruleChangePerHost"`
 	// RuleRequest: the rule's API request alone (the controller's part).
 	RuleRequest Summary `json:"ruleRequest"`
-	Move        Summary `json:"move"`
+	// RuleHarnessGCs is how many collections of this process's heap (the
+	// simulated agents' one shared heap) fell among the rule changes.
+	RuleHarnessGCs uint32  `json:"ruleHarnessGCs"`
+	Move           Summary `json:"move"`
 	// The controller restart: how long the API was away, entries any
 	// datapath lost, and relists of desired state, beside an equally
 	// long quiet window before it.
@@ -187,7 +190,8 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "  (%d creates retried after a 5xx)\n", r.APIRetries)
 	}
 	fmt.Fprintf(w, "\nall VMs applied on all hosts: %v after the last create\n", r.AllAppliedAfterLastCreate.Round(time.Millisecond))
-	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s; the API request alone: %s)\n", r.RuleChange, r.RuleChangePerHost, r.RuleRequest)
+	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s; the API request alone: %s; %d collections of the agents' shared heap among them)\n",
+		r.RuleChange, r.RuleChangePerHost, r.RuleRequest, r.RuleHarnessGCs)
 	fmt.Fprintf(w, "VM move applied on both hosts:  %s\n", r.Move)
 	fmt.Fprintf(w, "controller restart: API back in %v; datapath entries removed %d (quiet window %d); relists %d (quiet window %d); other reads %d (%d); watches opened %d (%d)\n",
 		r.RestartDowntime.Round(time.Millisecond), r.RestartRemoved, r.QuietRemoved, r.RestartRelists, r.QuietRelists,

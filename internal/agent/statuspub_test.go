@@ -1,0 +1,144 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+)
+
+// statusStore counts the status writes that reach the store and can refuse
+// them, as a store out of quota or out of reach does.
+type statusStore struct {
+	store.Store
+	mu      sync.Mutex
+	writes  int
+	refuse  bool
+	refused int
+}
+
+func (s *statusStore) Put(ctx context.Context, key string, v []byte) error {
+	if strings.HasPrefix(key, intent.StatusPrefix) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.refuse {
+			s.refused++
+			return errors.New("etcdserver: mvcc: database space exceeded")
+		}
+		s.writes++
+	}
+	return s.Store.Put(ctx, key, v)
+}
+
+func (s *statusStore) counts() (writes, refused int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writes, s.refused
+}
+
+func (s *statusStore) setRefuse(on bool) {
+	s.mu.Lock()
+	s.refuse = on
+	s.mu.Unlock()
+}
+
+// A host that sees a burst of changes writes its status at most once per
+// StatusEvery (and once at the start), however many changes it applied,
+// and the status it is left with names the last of them: 60 rule changes
+// in a row cost a handful of writes, not 60.
+func TestAStatusIsWrittenAtMostOncePerIntervalDuringABurst(t *testing.T) {
+	s := &statusStore{Store: store.NewMemory()}
+	ifs := fakeInterfaces{"uplink0": 2, localVM(0).Interface: 10}
+	every := 300 * time.Millisecond
+	a, err := New(Config{Node: "h1", Uplink: "uplink0", Resync: time.Hour, StatusEvery: every}, s, &fakeDatapath{}, ifs, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	putJSON(t, s, intent.DesiredVMKey("h1", localVM(0).Name), localVM(0))
+	runAgent(t, a)
+	waitUntil(t, func() bool { w, _ := s.counts(); return w == 1 }, "the status of the first list written")
+	start := time.Now()
+	var last int64
+	for k := range 60 {
+		rule := intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: uint16(1000 + k)}
+		putJSON(t, s, intent.FarmStateKey(1), intent.FarmState{ID: 1, Visibility: []intent.VisRule{rule}})
+		_, last, _ = s.Store.List(context.Background(), intent.FarmStateKey(1))
+		waitUntil(t, func() bool { st, _, _ := a.Status(); return st.AppliedRevision >= last }, "change applied")
+		time.Sleep(5 * time.Millisecond)
+	}
+	burst := time.Since(start)
+	waitUntil(t, func() bool { return publishedStatus(t, s, "h1").AppliedRevision == last }, "the last change's revision published")
+	writes, _ := s.counts()
+	// The first list's write, then at most one per interval begun during
+	// the burst, and the trailing one that carries the last change.
+	if most := 1 + int(burst/every) + 2; writes > most {
+		t.Fatalf("%d status writes for 60 changes over %v, want at most %d (one per %v)", writes, burst.Round(time.Millisecond), most, every)
+	}
+	if writes < 2 {
+		t.Fatalf("%d status writes: the changes were never reported", writes)
+	}
+	if w, _ := a.StatusWrites(); w != uint64(writes) {
+		t.Fatalf("the agent counts %d status writes, the store saw %d", w, writes)
+	}
+	t.Logf("60 changes over %v: %d status writes", burst.Round(time.Millisecond), writes)
+}
+
+// A status the store refuses does not fail the pass that made it (the
+// datapath has the change) and is not lost: it is counted, and written
+// once the store takes writes again.
+func TestARefusedStatusWriteIsRetriedAndNeverFailsThePass(t *testing.T) {
+	s := &statusStore{Store: store.NewMemory()}
+	ifs := fakeInterfaces{"uplink0": 2, localVM(0).Interface: 10, localVM(1).Interface: 11}
+	dp := &fakeDatapath{}
+	a, err := New(Config{Node: "h1", Uplink: "uplink0", Resync: time.Hour, StatusEvery: 50 * time.Millisecond}, s, dp, ifs, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	putJSON(t, s, intent.DesiredVMKey("h1", localVM(0).Name), localVM(0))
+	runAgent(t, a)
+	waitUntil(t, func() bool { w, _ := s.counts(); return w == 1 }, "the first status written")
+	s.setRefuse(true)
+	putJSON(t, s, intent.DesiredVMKey("h1", localVM(1).Name), localVM(1))
+	waitUntil(t, func() bool { st, _, _ := a.Status(); return st.Endpoints == 2 }, "the second VM applied")
+	waitUntil(t, func() bool { _, r := s.counts(); return r >= 2 }, "the refused write retried")
+	if _, _, failures := a.Status(); failures != 0 {
+		t.Fatalf("%d reconcile failures: a refused status write must not fail the pass", failures)
+	}
+	if _, f := a.StatusWrites(); f < 2 {
+		t.Fatalf("the agent counts %d failed status writes, want the refusals counted", f)
+	}
+	if got := publishedStatus(t, s, "h1"); got.Endpoints != 1 {
+		t.Fatalf("published endpoints %d while the store refused, want the old 1", got.Endpoints)
+	}
+	s.setRefuse(false)
+	waitUntil(t, func() bool { return publishedStatus(t, s, "h1").Endpoints == 2 }, "the status written once the store takes writes")
+}
+
+// A self-sized pace keeps the cloud's status writes near
+// StatusWritesPerSecond: 100 ms for a lab, 5 s at 1,000 hosts, never over
+// 10 s; a set interval is kept whatever the size.
+func TestTheStatusPaceGrowsWithTheCloud(t *testing.T) {
+	for _, c := range []struct {
+		set   time.Duration
+		hosts int
+		want  time.Duration
+	}{
+		{0, 0, MinStatusEvery},
+		{0, 3, MinStatusEvery},
+		{0, 20, MinStatusEvery},
+		{0, 100, 500 * time.Millisecond},
+		{0, 1000, 5 * time.Second},
+		{0, 100000, MaxStatusEvery},
+		{time.Second, 1000, time.Second},
+		{time.Millisecond, 3, time.Millisecond},
+	} {
+		if got := statusEvery(c.set, c.hosts); got != c.want {
+			t.Errorf("statusEvery(%v, %d hosts) = %v, want %v", c.set, c.hosts, got, c.want)
+		}
+	}
+}
