@@ -70,7 +70,7 @@ func protoPort(proto string, port uint16) string {
 	return fmt.Sprintf("%s/%d", proto, port)
 }
 
-var ruleListing = listing{kind: "rules", print: func(c *client.Client, output string, w io.Writer) error {
+var ruleListing = listing{kind: "rules", print: func(c *client.Client, output outputFormat, w io.Writer) error {
 	return listAndPrint(c, "/v1/rules", output, w, "FARM\tFROM\tTO\tWHAT\tIN FORCE", func(r controller.RuleView) string {
 		return fmt.Sprintf("%s\t%s\t%s\t%s\t%v", r.Farm, r.From, r.To, protoPort(r.Proto, r.Port), r.Effective)
 	})

@@ -44,7 +44,7 @@ without it such ARP is dropped, as on a real router.`,
 	return farm
 }
 
-var farmListing = listing{kind: "farms", print: func(c *client.Client, output string, w io.Writer) error {
+var farmListing = listing{kind: "farms", print: func(c *client.Client, output outputFormat, w io.Writer) error {
 	return listAndPrint(c, "/v1/farms", output, w, "FARM\tID\tADDRESSES\tPEERS\tRULES", func(f intent.Farm) string {
 		return fmt.Sprintf("%s\t%d\t10.%d.0.0/16\t%s\t%d", f.Name, f.ID, f.ID, strings.Join(f.Peers, ","), len(f.Rules))
 	})

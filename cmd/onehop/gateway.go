@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -119,7 +118,7 @@ a map-server). An address with no mapping is forwarded natively.`,
 	f.StringVar(&keyFile, "map-server-key-file", "", "file holding the key of Map-Registers to --map-server")
 	f.Uint8Var(&cfg.KeyID, "key-id", 1, "the key id of Map-Registers to --map-server")
 
-	var output string
+	var output outputFormat
 	status := &cobra.Command{
 		Use:   "status [-o json]",
 		Short: "The gateway's paths and connections: subflows, their paths and RLOCs, bytes",
@@ -132,9 +131,6 @@ and received on it (the kernel's tcp_info of each subflow).`,
 		Example: "  onehop gateway status\n  onehop lab exec gw -- onehop gateway status -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" {
-				return fmt.Errorf("-o %q: the only output format is json", output)
-			}
 			p, err := sock()
 			if err != nil {
 				return err
@@ -146,7 +142,7 @@ and received on it (the kernel's tcp_info of each subflow).`,
 			return printGatewayStatus(cmd.OutOrStdout(), r, output)
 		},
 	}
-	status.Flags().StringVarP(&output, "output", "o", "", "output format: json")
+	addOutputFlag(status.Flags(), &output)
 	g.AddCommand(run, status)
 	return g
 }
@@ -220,11 +216,9 @@ func buildGatewayConfig(cfg gateway.Config, intercept, paths, maps []string, eid
 	return &cfg, chain, nil
 }
 
-func printGatewayStatus(w io.Writer, r gateway.Reply, output string) error {
-	if output == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+func printGatewayStatus(w io.Writer, r gateway.Reply, output outputFormat) error {
+	if output == jsonOutput {
+		return printJSON(w, r)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tDEV\tEID\tRLOC\tSTATE")

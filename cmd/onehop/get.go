@@ -16,17 +16,17 @@ import (
 // defines its own and nouns() registers it.
 type listing struct {
 	kind  string // farms, vms, ...: the argument of `onehop get`
-	print func(c *client.Client, output string, w io.Writer) error
+	print func(c *client.Client, output outputFormat, w io.Writer) error
 }
 
 // listAndPrint fetches path as a list of T and prints it as JSON or as a table
 // of header and one row per item.
-func listAndPrint[T any](c *client.Client, path, output string, w io.Writer, header string, row func(T) string) error {
+func listAndPrint[T any](c *client.Client, path string, output outputFormat, w io.Writer, header string, row func(T) string) error {
 	var items []T
 	if err := c.Do("GET", path, nil, &items); err != nil {
 		return err
 	}
-	if output == "json" {
+	if output == jsonOutput {
 		return printJSON(w, items)
 	}
 	fmt.Fprintln(w, header)
@@ -47,7 +47,7 @@ func listings() []*listing {
 }
 
 func getCmd() *cobra.Command {
-	var output string
+	var output outputFormat
 	ls := listings()
 	kinds := make([]string, len(ls))
 	for i, l := range ls {
@@ -58,9 +58,6 @@ func getCmd() *cobra.Command {
 		ValidArgs: kinds,
 		Example:   "  onehop get vms\n  onehop get rules -o json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			var l *listing
 			for _, x := range ls {
 				if x.kind == args[0] {
@@ -79,6 +76,6 @@ func getCmd() *cobra.Command {
 			return l.print(c, output, w)
 		},
 	}
-	get.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(get.Flags(), &output)
 	return get
 }

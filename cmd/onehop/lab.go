@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -87,7 +86,7 @@ func labDownCmd(lf *labFlags) *cobra.Command {
 }
 
 func labStatusCmd(lf *labFlags) *cobra.Command {
-	var output string
+	var output outputFormat
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Show every node of the lab: namespace, interfaces, MACs, IPs, daemons",
@@ -98,19 +97,14 @@ func labStatusCmd(lf *labFlags) *cobra.Command {
 				return err
 			}
 			r := lab.Status(cmd.Context(), st)
-			switch output {
-			case "json":
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(r)
-			case "text", "":
-				printStatus(r)
-				return nil
+			if output == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), r)
 			}
-			return fmt.Errorf("-o %q: want text or json", output)
+			printStatus(r)
+			return nil
 		},
 	}
-	status.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(status.Flags(), &output)
 	return status
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -153,14 +152,11 @@ func describeMapping(m controller.LISPMapping) string {
 }
 
 func lispMapListCmd() *cobra.Command {
-	var output string
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use: "list [-o json]", Short: "List the mappings the map-server answers with: operators' and registered", Args: cobra.NoArgs,
 		Example: "  onehop lisp map list\n  onehop lisp map list -o json",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			c, err := api()
 			if err != nil {
 				return err
@@ -172,15 +168,13 @@ func lispMapListCmd() *cobra.Command {
 			return printMappings(cmd.OutOrStdout(), output, items)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(cmd.Flags(), &output)
 	return cmd
 }
 
-func printMappings(out io.Writer, output string, items []controller.LISPMapping) error {
-	if output == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(items)
+func printMappings(out io.Writer, output outputFormat, items []controller.LISPMapping) error {
+	if output == jsonOutput {
+		return printJSON(out, items)
 	}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	defer w.Flush()
@@ -231,14 +225,11 @@ registers the prefix puts it back at its next Map-Register (within a minute).`,
 }
 
 func lispServerCmd() *cobra.Command {
-	var output string
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use: "server [-o json]", Short: "The map-server's address and counters, refused Map-Registers by reason", Args: cobra.NoArgs,
 		Example: "  onehop lisp server\n  onehop lisp server -o json",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			c, err := api()
 			if err != nil {
 				return err
@@ -248,10 +239,8 @@ func lispServerCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if output == "json" {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+			if output == jsonOutput {
+				return printJSON(out, st)
 			}
 			if st.Listen == "" {
 				fmt.Fprintln(out, "no map-server runs (onehop controller --lisp-listen ADDR:4342 starts one)")
@@ -268,6 +257,6 @@ func lispServerCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(cmd.Flags(), &output)
 	return cmd
 }

@@ -76,7 +76,7 @@ func TestCLILispChecksNameTheArgument(t *testing.T) {
 		{[]string{"lisp", "map", "add", "10.99.0.0/16", "--ttl", "-1"}, "--ttl -1: want 0 to 4294967295 minutes"},
 		{[]string{"lisp", "map", "add", "10.99.0.0/16", "--action", "explode"}, `--action: unknown action "explode"`},
 		{[]string{"lisp", "map", "delete", "nope"}, `EID-PREFIX "nope"`},
-		{[]string{"lisp", "map", "list", "-o", "yaml"}, `-o "yaml": want text or json`},
+		{[]string{"lisp", "map", "list", "-o", "yaml"}, `invalid argument "yaml" for "-o, --output" flag: want text or json`},
 	} {
 		_, err := runOut(append(tc.args, noAPI...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -223,14 +223,12 @@ func sliverDeleteCmd() *cobra.Command {
 }
 
 func sliverListCmd() *cobra.Command {
-	var host, output string
+	var host string
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use: "list [--host HOST] [-o json]", Short: "List slivers with their slots and leases", Args: cobra.NoArgs,
 		Example: "  onehop sliver list\n  onehop sliver list --host h1 -o json",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			c, err := api()
 			if err != nil {
 				return err
@@ -245,12 +243,12 @@ func sliverListCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&host, "host", "", "only this host's slivers")
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(cmd.Flags(), &output)
 	return cmd
 }
 
-func printSlivers(c *client.Client, path, output string, w io.Writer) error {
-	if output == "json" {
+func printSlivers(c *client.Client, path string, output outputFormat, w io.Writer) error {
+	if output == jsonOutput {
 		var items []controller.SliverView
 		if err := c.Do("GET", path, nil, &items); err != nil {
 			return err
@@ -262,6 +260,6 @@ func printSlivers(c *client.Client, path, output string, w io.Writer) error {
 	})
 }
 
-var sliverListing = listing{kind: "slivers", print: func(c *client.Client, output string, w io.Writer) error {
+var sliverListing = listing{kind: "slivers", print: func(c *client.Client, output outputFormat, w io.Writer) error {
 	return printSlivers(c, "/v1/slivers", output, w)
 }}

@@ -93,7 +93,7 @@ func TestCLIChecksSliverArgumentsBeforeAsking(t *testing.T) {
 		{[]string{"sliver", "create", "h1/s1", "--ports", "7:10000"}, `--ports: lease 1 "7:10000": uplink "7": want a number 0..3`},
 		{[]string{"sliver", "set", "h1/s1", "--ports", "10000-10099,10050"}, "--ports: leases 10000-10099 and 10050 overlap on ports 10050"},
 		{[]string{"sliver", "delete", "h1/s1/x"}, `want HOST/NAME`},
-		{[]string{"sliver", "list", "-o", "yaml"}, `-o "yaml": want text or json`},
+		{[]string{"sliver", "list", "-o", "yaml"}, `invalid argument "yaml" for "-o, --output" flag: want text or json`},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {

@@ -35,7 +35,7 @@ func subnetCmd() *cobra.Command {
 	return subnet
 }
 
-var subnetListing = listing{kind: "subnets", print: func(c *client.Client, output string, w io.Writer) error {
+var subnetListing = listing{kind: "subnets", print: func(c *client.Client, output outputFormat, w io.Writer) error {
 	return listAndPrint(c, "/v1/subnets", output, w, "SUBNET\tPREFIX\tGATEWAY", func(s intent.Subnet) string {
 		return fmt.Sprintf("%s/%s\t%s\t%s", s.Farm, s.Name, s.Prefix, s.Gateway)
 	})

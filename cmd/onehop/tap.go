@@ -145,14 +145,11 @@ func describeTap(v controller.TapView) string {
 }
 
 func tapListCmd() *cobra.Command {
-	var output string
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use: "list [-o json]", Short: "List TAP policies with their ids, ends and filters", Args: cobra.NoArgs,
 		Example: "  onehop tap list\n  onehop tap list -o json",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			c, err := api()
 			if err != nil {
 				return err
@@ -162,16 +159,16 @@ func tapListCmd() *cobra.Command {
 			return printTaps(c, output, w)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(cmd.Flags(), &output)
 	return cmd
 }
 
-func printTaps(c *client.Client, output string, w io.Writer) error {
+func printTaps(c *client.Client, output outputFormat, w io.Writer) error {
 	var items []controller.TapView
 	if err := c.Do("GET", "/v1/taps", nil, &items); err != nil {
 		return err
 	}
-	if output == "json" {
+	if output == jsonOutput {
 		return printJSON(w, items)
 	}
 	fmt.Fprintln(w, "TAP\tID\tSENDER\tRECEIVER\tMONITOR\tFILTER\tDIRECTIONS")
@@ -194,19 +191,16 @@ func printTaps(c *client.Client, output string, w io.Writer) error {
 	return nil
 }
 
-var tapListing = listing{kind: "taps", print: func(c *client.Client, output string, w io.Writer) error {
+var tapListing = listing{kind: "taps", print: func(c *client.Client, output outputFormat, w io.Writer) error {
 	return printTaps(c, output, w)
 }}
 
 func tapGetCmd() *cobra.Command {
-	var output string
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use: "get NAME [-o json]", Short: "Show one TAP policy", Args: cobra.ExactArgs(1),
 		Example: "  onehop tap get web-http",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			if err := tappolicy.CheckName(args[0]); err != nil {
 				return fmt.Errorf("NAME: %w", err)
 			}
@@ -219,7 +213,7 @@ func tapGetCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if output == "json" {
+			if output == jsonOutput {
 				return printJSON(out, v)
 			}
 			fmt.Fprintf(out, "tap %s: id %d, %s\n", v.Name, v.ID, describeTap(v))
@@ -229,7 +223,7 @@ func tapGetCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	addOutputFlag(cmd.Flags(), &output)
 	return cmd
 }
 

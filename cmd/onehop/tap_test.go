@@ -121,7 +121,7 @@ func TestCLITapChecksNameTheFlag(t *testing.T) {
 		{append(base, "--vlan", "512"), "--vlan: vlan 512 is not a segment"},
 		{[]string{"tap", "get", "Bad"}, `NAME: tap name "Bad"`},
 		{[]string{"tap", "delete", "Bad"}, `NAME: tap name "Bad"`},
-		{[]string{"tap", "list", "-o", "yaml"}, `-o "yaml": want text or json`},
+		{[]string{"tap", "list", "-o", "yaml"}, `invalid argument "yaml" for "-o, --output" flag: want text or json`},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

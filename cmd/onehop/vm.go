@@ -103,7 +103,7 @@ func vmDeleteCmd() *cobra.Command {
 	}
 }
 
-var vmListing = listing{kind: "vms", print: func(c *client.Client, output string, w io.Writer) error {
+var vmListing = listing{kind: "vms", print: func(c *client.Client, output outputFormat, w io.Writer) error {
 	return listAndPrint(c, "/v1/vms", output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL", func(v intent.VM) string {
 		fw := "-"
 		if v.Firewall != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -88,7 +87,7 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	run.Flags().BoolVar(&o.NoPin, "no-pin", false, "pin nothing: the translations end with the daemon")
 	run.Flags().StringVar(&o.FreezeCgroup, "freeze-cgroup", "", "cgroup v2 directory of the local application, frozen while any of its peers is away and thawed when they are back")
 
-	var output string
+	var output outputFormat
 	status := &cobra.Command{
 		Use:   "status [-o json]",
 		Short: "This endpoint's connections: virtual and physical 4-tuples, state, role, keyed",
@@ -114,7 +113,7 @@ is its policy for a virtual-identification conflict (abort or preempt).`,
 			return printVNATStatus(cmd.OutOrStdout(), r, output)
 		},
 	}
-	status.Flags().StringVarP(&output, "output", "o", "", "output format: json")
+	addOutputFlag(status.Flags(), &output)
 
 	var all bool
 	var conflict string
@@ -205,15 +204,9 @@ for the next ` + "`onehop vnat run`" + `.`,
 	return v
 }
 
-func printVNATStatus(w io.Writer, r vnatd.Reply, output string) error {
-	switch output {
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
-	case "":
-	default:
-		return fmt.Errorf("-o %q: the only output format is json", output)
+func printVNATStatus(w io.Writer, r vnatd.Reply, output outputFormat) error {
+	if output == jsonOutput {
+		return printJSON(w, r)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PROTO\tVIRTUAL\tPHYSICAL\tSTATE\tROLE\tKEYED\tCONFLICT")
