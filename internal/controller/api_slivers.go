@@ -151,21 +151,15 @@ func (c *Controller) DeleteSliver(ctx context.Context, host, name string) error 
 	return c.store.Delete(ctx, sliverKey(host, name))
 }
 
-// sliverRetries bounds how often a write that lost a race to another
-// controller is tried again on what that one wrote.
-const sliverRetries = 8
-
 // writeSliver checks leases against host's other slivers and its own
 // ephemeral range and writes host/name: create (refused if it exists,
 // lowest free slot) or replace (it must exist, its slot stays). uplinks
 // are the uplink indexes the host has; nil takes them from its agent's
 // node record.
 //
-// The write is a compare-and-swap on every sliver key of the host: if any
-// was written after the read this decision was made on (another
-// controller on the same etcd), nothing is written and it starts over on
-// what is there now, so two writers can never both take one range or one
-// slot.
+// The decision is made on every sliver of the host and written only if
+// none changed meanwhile (decideAndWrite), so two controllers can never
+// both take one range or one slot.
 func (c *Controller) writeSliver(ctx context.Context, host, name string, leases []intent.Lease, create bool, uplinks []int) (intent.Sliver, error) {
 	if err := lease.CheckSliverName(name); err != nil {
 		return intent.Sliver{}, fieldErr("name", err)
@@ -176,58 +170,41 @@ func (c *Controller) writeSliver(ctx context.Context, host, name string, leases 
 		}
 		return intent.Sliver{}, err
 	}
-	for attempt := 0; attempt < sliverRetries; attempt++ {
-		kvs, rev, err := c.store.List(ctx, intent.SliversPrefix+host+"/")
-		if err != nil {
-			return intent.Sliver{}, err
-		}
+	return decideAndWrite(ctx, c, intent.SliversPrefix+host+"/", "sliver "+host+"/"+name, func(all []intent.Sliver) (string, intent.Sliver, error) {
 		var others []intent.Sliver
 		var self *intent.Sliver
-		for k, b := range kvs {
-			var s intent.Sliver
-			if err := json.Unmarshal(b, &s); err != nil {
-				return intent.Sliver{}, fmt.Errorf("decode %s: %w", k, err)
-			}
-			if s.Name == name {
-				self = &s
+		for i := range all {
+			if all[i].Name == name {
+				self = &all[i]
 				continue
 			}
-			others = append(others, s)
+			others = append(others, all[i])
 		}
 		switch {
 		case create && self != nil:
-			return intent.Sliver{}, conflict("name", "sliver %s/%s (slot %d, ports %s)", host, name, self.Slot, lease.Format(self.Leases))
+			return "", intent.Sliver{}, conflict("name", "sliver %s/%s (slot %d, ports %s)", host, name, self.Slot, lease.Format(self.Leases))
 		case !create && self == nil:
-			return intent.Sliver{}, notFound("sliver", "sliver %s/%s", host, name)
+			return "", intent.Sliver{}, notFound("sliver", "sliver %s/%s", host, name)
 		}
 		node, err := c.node(ctx, host)
 		if err != nil {
-			return intent.Sliver{}, err
+			return "", intent.Sliver{}, err
 		}
 		if err := checkUplinks(host, leases, node, uplinks); err != nil {
-			return intent.Sliver{}, err
+			return "", intent.Sliver{}, err
 		}
 		lo, hi := lease.Ephemeral(node)
 		if err := lease.Overlap(host, name, leases, others, lo, hi); err != nil {
-			return intent.Sliver{}, &FieldError{Field: "ports", Msg: err.Error(), kind: ErrConflict}
+			return "", intent.Sliver{}, &FieldError{Field: "ports", Msg: err.Error(), kind: ErrConflict}
 		}
 		s := intent.Sliver{Host: host, Name: name, Leases: leases}
 		if self != nil {
 			s.Slot = self.Slot
 		} else if s.Slot, err = freeSlot(host, others, c.maxSlivers); err != nil {
-			return intent.Sliver{}, err
+			return "", intent.Sliver{}, err
 		}
-		b, err := json.Marshal(s)
-		if err != nil {
-			return s, fmt.Errorf("encode sliver %s: %w", s.FullName(), err)
-		}
-		ok, err := c.store.PutIfUnchanged(ctx, intent.SliversPrefix+host+"/", rev, sliverKey(host, name), b)
-		if err != nil || ok {
-			return s, err
-		}
-		c.log.Info("sliver write raced another writer; deciding again", "sliver", s.FullName(), "attempt", attempt+1)
-	}
-	return intent.Sliver{}, fmt.Errorf("sliver %s/%s: the host's slivers kept changing under %d attempts to write it", host, name, sliverRetries)
+		return sliverKey(host, name), s, nil
+	})
 }
 
 // node is host's node record, or an empty one (uplink 0 only, Linux's

@@ -197,10 +197,6 @@ func (c *Controller) DeleteTap(ctx context.Context, name string) error {
 	return c.store.Delete(ctx, tapKey(name))
 }
 
-// tapRetries bounds how often a write that lost a race to another
-// controller is decided again.
-const tapRetries = 8
-
 // tapErr turns a tappolicy error into the API's, naming the JSON field.
 func tapErr(err error) error {
 	var fe *tappolicy.FieldError
@@ -222,11 +218,7 @@ func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bo
 		}
 		return intent.TapPolicy{}, fieldErr("name", err)
 	}
-	for attempt := 0; attempt < tapRetries; attempt++ {
-		all, rev, err := store.ListJSON[intent.TapPolicy](ctx, c.store, intent.TapsPrefix)
-		if err != nil {
-			return intent.TapPolicy{}, err
-		}
+	return decideAndWrite(ctx, c, intent.TapsPrefix, "tap "+p.Name, func(all []intent.TapPolicy) (string, intent.TapPolicy, error) {
 		var others []intent.TapPolicy
 		var self *intent.TapPolicy
 		for i := range all {
@@ -238,41 +230,32 @@ func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bo
 		}
 		switch {
 		case create && self != nil:
-			return intent.TapPolicy{}, conflict("name", "tap %s (id %d, %s -> %s, monitor %s)", p.Name, self.ID, self.Sender, self.Receiver, self.Monitor)
+			return "", intent.TapPolicy{}, conflict("name", "tap %s (id %d, %s -> %s, monitor %s)", p.Name, self.ID, self.Sender, self.Receiver, self.Monitor)
 		case !create && self == nil:
-			return intent.TapPolicy{}, notFound("name", "tap %s", p.Name)
+			return "", intent.TapPolicy{}, notFound("name", "tap %s", p.Name)
 		case !create && p.ID != 0 && p.ID != self.ID:
-			return intent.TapPolicy{}, fieldErr("id", fmt.Errorf("id %d: tap %s has id %d, which stays while it lives", p.ID, p.Name, self.ID))
+			return "", intent.TapPolicy{}, fieldErr("id", fmt.Errorf("id %d: tap %s has id %d, which stays while it lives", p.ID, p.Name, self.ID))
 		}
 		w, err := c.tapWorld(ctx)
 		if err != nil {
-			return intent.TapPolicy{}, err
+			return "", intent.TapPolicy{}, err
 		}
 		resolved, err := w.Resolve(p)
 		if err != nil {
-			return intent.TapPolicy{}, tapErr(err)
+			return "", intent.TapPolicy{}, tapErr(err)
 		}
 		for _, o := range others {
 			if sameTraffic(o, resolved) {
-				return intent.TapPolicy{}, conflict("body", "tap %s copies the same traffic to the same monitor (id %d)", o.Name, o.ID)
+				return "", intent.TapPolicy{}, conflict("body", "tap %s copies the same traffic to the same monitor (id %d)", o.Name, o.ID)
 			}
 		}
 		if self != nil {
 			resolved.ID = self.ID
 		} else if resolved.ID, err = freeTapID(others, c.maxTaps); err != nil {
-			return intent.TapPolicy{}, err
+			return "", intent.TapPolicy{}, err
 		}
-		b, err := json.Marshal(resolved)
-		if err != nil {
-			return resolved, fmt.Errorf("encode tap %s: %w", p.Name, err)
-		}
-		ok, err := c.store.PutIfUnchanged(ctx, intent.TapsPrefix, rev, tapKey(p.Name), b)
-		if err != nil || ok {
-			return resolved, err
-		}
-		c.log.Info("tap write raced another writer; deciding again", "tap", p.Name, "attempt", attempt+1)
-	}
-	return intent.TapPolicy{}, fmt.Errorf("tap %s: the taps kept changing under %d attempts to write it", p.Name, tapRetries)
+		return tapKey(p.Name), resolved, nil
+	})
 }
 
 // sameTraffic reports whether two resolved policies copy the same packets
