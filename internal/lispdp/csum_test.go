@@ -1,14 +1,11 @@
 package lispdp
 
 import (
-	"bufio"
 	"bytes"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,37 +22,11 @@ import (
 // snmp reads one counter of /proc/net/snmp inside a namespace.
 func snmp(t testing.TB, ns, proto, field string) uint64 {
 	t.Helper()
-	var val uint64
-	err := netns.Do(ns, func() error {
-		f, err := os.Open("/proc/thread-self/net/snmp")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		var header []string
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) == 0 || fields[0] != proto+":" {
-				continue
-			}
-			if header == nil {
-				header = fields
-				continue
-			}
-			for i, h := range header {
-				if h == field {
-					val, err = strconv.ParseUint(fields[i], 10, 64)
-					return err
-				}
-			}
-		}
-		return fmt.Errorf("no %s %s in /proc/net/snmp", proto, field)
-	})
+	v, err := netns.SNMP(ns, proto, field)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return val
+	return v
 }
 
 func waitFor(t testing.TB, what string, cond func() bool) {

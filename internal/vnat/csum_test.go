@@ -1,13 +1,9 @@
 package vnat
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"net"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,41 +13,14 @@ import (
 	"github.com/onehop/onehop/internal/testenv"
 )
 
-// snmp reads one counter of /proc/net/snmp inside a namespace (the
-// thread's own view: /proc/thread-self).
+// snmp reads one counter of /proc/net/snmp inside a namespace.
 func snmp(t testing.TB, ns, proto, field string) uint64 {
 	t.Helper()
-	var val uint64
-	err := netns.Do(ns, func() error {
-		f, err := os.Open("/proc/thread-self/net/snmp")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		var header []string
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) == 0 || fields[0] != proto+":" {
-				continue
-			}
-			if header == nil {
-				header = fields
-				continue
-			}
-			for i, h := range header {
-				if h == field {
-					val, err = strconv.ParseUint(fields[i], 10, 64)
-					return err
-				}
-			}
-		}
-		return fmt.Errorf("no %s %s in /proc/net/snmp", proto, field)
-	})
+	v, err := netns.SNMP(ns, proto, field)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return val
+	return v
 }
 
 // TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel sends every
