@@ -87,8 +87,8 @@ drop is also logged with its reason (rate-limited).`,
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9100", "address for /metrics; empty to disable")
 	f.DurationVar(&cfg.Resync, "resync", 2*time.Second, "reconcile at least this often")
 	f.DurationVar(&cfg.StatusEvery, "status-interval", 0,
-		fmt.Sprintf("write this host's status at most this often while changes keep coming; a quiet host reports its first change at once. 0: sized to the cloud, hosts/%d seconds between %v and %v, so all agents together write about %d a second at most (docs/control-plane.md)",
-			agent.StatusWritesPerSecond, agent.MinStatusEvery, agent.MaxStatusEvery, agent.StatusWritesPerSecond))
+		fmt.Sprintf("write this host's status at most this often while changes keep coming; a quiet host reports its first change at once. 0: sized to the cloud, hosts/%d seconds between %v and %v, so all agents together write at most about %d a second up to %d hosts (docs/control-plane.md)",
+			agent.StatusWritesPerSecond, agent.MinStatusEvery, agent.MaxStatusEvery, agent.StatusWritesPerSecond, int(agent.MaxStatusEvery/time.Second)*agent.StatusWritesPerSecond))
 	f.StringVar(&locServer, "location-server", "", "the VNAT location server (the controller's fabric address): VMs' VNAT daemons reach it at 169.254.20.31:2031 through this host (docs/vnat-location.md)")
 	f.StringVar(&dns, "dns", "", "comma-separated DNS servers handed to VMs by DHCP (none by default)")
 	f.IntVar(&cfg.MappingTableSize, "mapping-table-size", 16384,

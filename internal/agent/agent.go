@@ -107,6 +107,7 @@ type Agent struct {
 	statusWrites, statusWriteFailures uint64
 	statusLog                         *ratelog.Logger
 	knownHosts                        atomic.Int64 // node records held: the self-sized status pace
+	statusNow                         atomic.Bool  // the next write skips the pace (publishNow)
 	// pubMu serialises status writes and guards what was written last.
 	pubMu        sync.Mutex
 	publishedSeq uint64
@@ -193,8 +194,14 @@ func (a *Agent) Router() *Router { return a.router }
 // holds, without reading the store, to pick up vifs that appeared.
 func (a *Agent) Run(ctx context.Context) error {
 	pctx, stopPublisher := context.WithCancel(ctx)
-	defer stopPublisher()
-	go a.publishStatuses(pctx)
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		a.publishStatuses(pctx)
+	}()
+	// The publisher is gone before Run returns: the caller may close the
+	// store next.
+	defer func() { stopPublisher(); <-published }()
 	for {
 		err := a.register(ctx)
 		if err == nil {
@@ -208,7 +215,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	for {
-		rev, err := a.ReconcileOnce(ctx)
+		rev, err := a.relist(ctx)
+		// A full list is rare (start, a lost watch): its outcome is
+		// written at once, unpaced, but by the publisher: the loop
+		// goes on to follow the watches meanwhile.
+		a.publishNow()
 		if err != nil {
 			a.log.Error("reconcile failed; will retry", "err", err)
 		}
@@ -467,8 +478,19 @@ func (a *Agent) register(ctx context.Context) error {
 // ReconcileOnce lists the desired state now in the store (the host's
 // keys, the farm states its VMs need, the node records), makes the
 // datapath match it and returns the store revision it read at: a full
-// relist, which Run does at start and when a watch is lost.
+// relist, which Run does at start and when a watch is lost. The status it
+// makes is written before it returns.
 func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
+	rev, err := a.relist(ctx)
+	if serr := a.flushStatus(ctx); serr != nil && err == nil {
+		err = fmt.Errorf("status: %w", serr)
+	}
+	return rev, err
+}
+
+// relist is ReconcileOnce but for the status, which it leaves to the
+// publisher.
+func (a *Agent) relist(ctx context.Context) (int64, error) {
 	// Bounded: a stalled store must delay a pass, never stop the loop.
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -519,11 +541,6 @@ func (a *Agent) ReconcileOnce(ctx context.Context) (int64, error) {
 	a.lists++
 	a.mu.Unlock()
 	_, err = a.pass(ctx, "list", len(kvs))
-	// A full list is rare (start, a lost watch): its outcome is written
-	// at once, unpaced, so whoever listed for a reason sees it.
-	if serr := a.flushStatus(ctx); serr != nil && err == nil {
-		err = fmt.Errorf("status: %w", serr)
-	}
 	return rev, err
 }
 

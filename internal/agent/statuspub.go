@@ -13,7 +13,8 @@ import (
 // size its own pace (Config.StatusEvery 0) writes at most once per
 // hosts/StatusWritesPerSecond seconds, within [MinStatusEvery,
 // MaxStatusEvery]. A lab of three hosts then reports every 100 ms; a cloud
-// of 1,000 every 5 s; 2,000 and more every 10 s.
+// of 1,000 every 5 s; 2,000 and more every 10 s, so beyond 2,000 hosts the
+// cloud writes up to hosts/10 a second.
 const StatusWritesPerSecond = 200
 
 // The bounds of a self-sized status pace.
@@ -26,7 +27,8 @@ const (
 // makes each of them apply it, and each then has a new applied revision to
 // report. Written at once, those hundred writes queue in etcd ahead of the
 // controller's next change, and every agent that reports slows the change
-// after it for everyone (docs/control-plane.md, "Status"). Paced, a host
+// after it for everyone (docs/control-plane.md, "Status writes are
+// paced"). Paced, a host
 // that sees many changes reports the latest of them once per interval; a
 // host that was quiet still reports its first change at once, so a single
 // change (a lab step, `onehop status` after an edit) is seen without delay.
@@ -47,7 +49,8 @@ func statusEvery(set time.Duration, hosts int) time.Duration {
 // report, never the datapath.
 const statusWriteTimeout = 5 * time.Second
 
-// noteStatus takes st as the agent's status to publish; a.mu must be held.
+// noteStatusLocked takes st as the agent's status to publish; a.mu must
+// be held.
 // It is written by the publisher (Run) or by flushStatus, never by the pass
 // that made it.
 func (a *Agent) noteStatusLocked(st intent.AgentStatus) {
@@ -60,6 +63,7 @@ func (a *Agent) noteStatusLocked(st intent.AgentStatus) {
 }
 
 // flushStatus writes the latest status now if it has not been written.
+// Every attempt, failed or not, starts a new interval.
 func (a *Agent) flushStatus(ctx context.Context) error {
 	a.pubMu.Lock()
 	defer a.pubMu.Unlock()
@@ -72,18 +76,29 @@ func (a *Agent) flushStatus(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
 	defer cancel()
 	err := store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
+	a.publishedAt = time.Now()
 	a.mu.Lock()
-	a.statusWrites++
 	if err != nil {
 		a.statusWriteFailures++
+	} else {
+		a.statusWrites++
 	}
 	a.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	a.publishedSeq = seq
-	a.publishedAt = time.Now()
 	return nil
+}
+
+// publishNow has the publisher write the latest status without waiting
+// for its interval (after a full list).
+func (a *Agent) publishNow() {
+	a.statusNow.Store(true)
+	select {
+	case a.statusKick <- struct{}{}:
+	default:
+	}
 }
 
 // publishStatuses writes the status whenever it changed, at most once per
@@ -100,18 +115,20 @@ func (a *Agent) publishStatuses(ctx context.Context) {
 		a.pubMu.Lock()
 		wait := every - time.Since(a.publishedAt)
 		a.pubMu.Unlock()
-		if wait > 0 {
+		// Taken whether or not the pace would wait: a request left
+		// standing would let a later change skip its interval.
+		now := a.statusNow.Swap(false)
+		if wait > 0 && !now {
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(wait):
+			case <-t.C:
 			}
 		}
 		if err := a.flushStatus(ctx); err != nil && ctx.Err() == nil {
 			a.statusLog.Warn("status", "cannot write the agent's status; will retry", "err", err, "retry_in", every)
-			a.pubMu.Lock()
-			a.publishedAt = time.Now() // the retry is paced like a write
-			a.pubMu.Unlock()
 			select {
 			case a.statusKick <- struct{}{}:
 			default:
@@ -120,8 +137,8 @@ func (a *Agent) publishStatuses(ctx context.Context) {
 	}
 }
 
-// StatusWrites returns how many status writes the agent made, and how many
-// of them failed.
+// StatusWrites returns how many status writes the store took, and how
+// many it refused or did not answer.
 func (a *Agent) StatusWrites() (writes, failures uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
