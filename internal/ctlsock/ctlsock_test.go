@@ -346,16 +346,29 @@ func TestCancelStopsTheServerAndRemovesOnlyWhatItOwns(t *testing.T) {
 // After runs once the reply is out: a request that stops the daemon still
 // gets its answer.
 func TestAfterRunsOnceTheReplyIsOut(t *testing.T) {
+	got := make(chan struct{})
 	var cancel context.CancelFunc
+	outFirst := make(chan bool, 1)
 	s := &Server[request, reply]{Handle: handle, After: func(r request, _ reply, err error) {
-		if r.Op == "echo" && err == nil {
-			cancel()
+		if r.Op != "echo" || err != nil {
+			return
 		}
+		select { // the client has the reply before After does anything
+		case <-got:
+			outFirst <- true
+		case <-time.After(2 * time.Second):
+			outFirst <- false
+		}
+		cancel()
 	}}
 	path, c, done := serve(t, s)
 	cancel = c
 	if r, err := ask(path, request{Op: "echo", N: 1}); err != nil || r.Echo != "x" {
 		t.Fatalf("the stopping request's reply: %+v, %v", r, err)
+	}
+	close(got)
+	if !<-outFirst {
+		t.Error("After ran before the client had the reply")
 	}
 	select {
 	case err := <-done:
@@ -410,5 +423,43 @@ func TestDefaultPathIsNamedByTheNetworkNamespace(t *testing.T) {
 	}
 	if want := fmt.Sprintf("/run/x/netns-%d.sock", ino); p != want {
 		t.Fatalf("DefaultPath = %s, want %s", p, want)
+	}
+}
+
+// Daemons started at once over a stale socket: one takes the path, the
+// others are refused, and the socket there is the winner's.
+func TestDaemonsStartingAtOnceOneWins(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.sock")
+	staleSocket(t, path)
+	const n = 8
+	type res struct {
+		l   *Listener
+		err error
+	}
+	out := make(chan res, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			l, err := Listen(path)
+			out <- res{l, err}
+		}()
+	}
+	close(start)
+	var won []*Listener
+	for range n {
+		r := <-out
+		if r.err == nil {
+			won = append(won, r.l)
+			defer r.l.Close()
+		} else if !strings.Contains(r.err.Error(), "another daemon holds") && !strings.Contains(r.err.Error(), "already answering") {
+			t.Errorf("a loser's error: %v", r.err)
+		}
+	}
+	if len(won) != 1 {
+		t.Fatalf("%d of %d daemons took %s, want 1", len(won), n, path)
+	}
+	if inode(t, path) != won[0].ino {
+		t.Fatal("the socket at the path is not the winner's")
 	}
 }
