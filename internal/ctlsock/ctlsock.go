@@ -214,6 +214,31 @@ func (e *RemoteError) Error() string { return e.Msg }
 // dialTimeout bounds connecting: a live daemon accepts at once.
 const dialTimeout = 2 * time.Second
 
+// Client asks one kind of daemon, and names it in its errors.
+type Client[Req, Rep any] struct {
+	Name    string        // the daemon, as errors name it: "gateway daemon"
+	Run     string        // the command that starts one: "onehop gateway run"
+	Timeout time.Duration // bounds a whole exchange (DefaultTimeout if 0)
+}
+
+// Ask is the package's Ask, its errors saying which daemon at which path,
+// and, when none answers, which command starts one. The daemon's refusal
+// stays its own message.
+func (cl Client[Req, Rep]) Ask(path string, req Req) (Rep, error) {
+	r, err := Ask[Req, Rep](path, req, orDefault(cl.Timeout, DefaultTimeout))
+	var de *DialError
+	var re *RemoteError
+	switch {
+	case errors.As(err, &de):
+		return r, fmt.Errorf("%s at %s: %w (is `%s` running in this network namespace?)", cl.Name, path, err, cl.Run)
+	case errors.As(err, &re):
+		return r, err
+	case err != nil:
+		return r, fmt.Errorf("%s at %s: %w", cl.Name, path, err)
+	}
+	return r, nil
+}
+
 // Ask sends req to the daemon behind the socket at path and returns its
 // reply; the whole exchange takes at most timeout. A reply that carries
 // an error is returned too, with a *RemoteError.

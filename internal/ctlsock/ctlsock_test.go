@@ -115,17 +115,25 @@ func TestBadRequestsAreRefusedWithAReason(t *testing.T) {
 	mustServe(t, path)
 }
 
-// raw sends line as it is and returns the error of the reply.
-func raw(t *testing.T, path, line string) string {
+// dial connects to path as a raw client, closed when the test ends; every
+// wait on it gives up after 10 s.
+func dial(t *testing.T, path string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+	t.Cleanup(func() { c.Close() })
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// raw sends line as it is and returns the error of the reply.
+func raw(t *testing.T, path, line string) string {
+	t.Helper()
+	c := dial(t, path)
 	if _, err := io.WriteString(c, line); err != nil {
 		t.Fatal(err)
 	}
@@ -145,14 +153,7 @@ func raw(t *testing.T, path, line string) string {
 // still answers others.
 func TestEndlessRequestRefusedAndTheDaemonStillServes(t *testing.T) {
 	path, _, _ := serve(t, &Server[request, reply]{Handle: handle, MaxRequest: 1024})
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	c := dial(t, path)
 	wrote := make(chan error, 1)
 	go func() {
 		chunk := []byte(`{"op":"` + strings.Repeat("a", 4096))
@@ -186,14 +187,7 @@ func TestEndlessRequestRefusedAndTheDaemonStillServes(t *testing.T) {
 // Timeout.
 func TestSilentClientDroppedAfterTheTimeout(t *testing.T) {
 	path, _, _ := serve(t, &Server[request, reply]{Handle: handle, Timeout: 100 * time.Millisecond})
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	c := dial(t, path)
 	start := time.Now()
 	got, err := io.ReadAll(c) // until the daemon closes
 	if err != nil {

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -17,17 +16,9 @@ const ControlDir = "/run/onehop/gateway"
 // network namespace, named by the namespace's inode (/run is shared by
 // every namespace; the inode is not), so `onehop lab exec gw -- onehop
 // gateway status` reaches gw's daemon and no other.
-func DefaultControl() (string, error) {
-	p, err := ctlsock.DefaultPath(ControlDir)
-	if err != nil {
-		return "", fmt.Errorf("gateway: %w", err)
-	}
-	return p, nil
-}
+func DefaultControl() (string, error) { return ctlsock.DefaultPath(ControlDir) }
 
-// ListenControl binds the control socket at path (see ctlsock.Listen: mode
-// 0600, a stale socket replaced, a live one refused); closing it removes
-// the socket if it is still this daemon's.
+// ListenControl binds the control socket at path: see ctlsock.Listen.
 func ListenControl(path string) (*ctlsock.Listener, error) { return ctlsock.Listen(path) }
 
 // Request is one control request (one JSON line).
@@ -61,22 +52,9 @@ func (e *Engine) ServeControl(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// askTimeout bounds a whole exchange: status answers at once.
-const askTimeout = 10 * time.Second
+// client asks the gateway; status answers at once.
+var client = ctlsock.Client[Request, Reply]{Name: "gateway daemon", Run: "onehop gateway run", Timeout: 10 * time.Second}
 
 // Ask sends one request to the daemon behind socket path and returns its
 // reply; the daemon's refusal comes back as its own message.
-func Ask(path string, req Request) (Reply, error) {
-	r, err := ctlsock.Ask[Request, Reply](path, req, askTimeout)
-	var de *ctlsock.DialError
-	var re *ctlsock.RemoteError
-	switch {
-	case errors.As(err, &de):
-		return r, fmt.Errorf("gateway daemon at %s: %w (is `onehop gateway run` running in this network namespace?)", path, err)
-	case errors.As(err, &re):
-		return r, err
-	case err != nil:
-		return r, fmt.Errorf("gateway daemon at %s: %w", path, err)
-	}
-	return r, nil
-}
+func Ask(path string, req Request) (Reply, error) { return client.Ask(path, req) }

@@ -20,17 +20,9 @@ const ControlDir = "/run/onehop/vnat"
 // network namespace: named by the namespace's inode, so `onehop lab exec
 // m1 -- onehop vnat status` reaches m1's daemon and no other (/run is
 // shared by every namespace; the inode is not).
-func DefaultControl() (string, error) {
-	p, err := ctlsock.DefaultPath(ControlDir)
-	if err != nil {
-		return "", fmt.Errorf("vnatd: %w", err)
-	}
-	return p, nil
-}
+func DefaultControl() (string, error) { return ctlsock.DefaultPath(ControlDir) }
 
-// ListenControl binds the control socket at path (see ctlsock.Listen: mode
-// 0600, a stale socket replaced, a live one refused); closing it removes
-// the socket if it is still this daemon's.
+// ListenControl binds the control socket at path: see ctlsock.Listen.
 func ListenControl(path string) (*ctlsock.Listener, error) { return ctlsock.Listen(path) }
 
 // netnsInode is the inode of the caller's network namespace.
@@ -154,23 +146,10 @@ func (e *Engine) ServeControl(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// askTimeout bounds a whole exchange: a suspend waits for the peers (the
-// daemon gives a request ctlsock.DefaultHandleTimeout).
-const askTimeout = 60 * time.Second
+// client asks the VNAT daemon; a suspend waits for the peers, up to the
+// daemon's ctlsock.DefaultHandleTimeout.
+var client = ctlsock.Client[Request, Reply]{Name: "vnat daemon", Run: "onehop vnat run", Timeout: 60 * time.Second}
 
 // Ask sends one request to the daemon behind socket path and returns its
 // reply; the daemon's refusal comes back as its own message.
-func Ask(path string, req Request) (Reply, error) {
-	r, err := ctlsock.Ask[Request, Reply](path, req, askTimeout)
-	var de *ctlsock.DialError
-	var re *ctlsock.RemoteError
-	switch {
-	case errors.As(err, &de):
-		return r, fmt.Errorf("vnat daemon at %s: %w (is `onehop vnat run` running in this network namespace?)", path, err)
-	case errors.As(err, &re):
-		return r, err
-	case err != nil:
-		return r, fmt.Errorf("vnat daemon at %s: %w", path, err)
-	}
-	return r, nil
-}
+func Ask(path string, req Request) (Reply, error) { return client.Ask(path, req) }
