@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -59,8 +60,20 @@ func (s *Server[Req, Rep]) Serve(ctx context.Context, l net.Listener) error {
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var pause time.Duration
 	for {
 		c, err := l.Accept()
+		if err != nil && ctx.Err() == nil && transient(err) {
+			/* out of descriptors or memory for a moment: wait and
+			   accept again rather than end the control socket */
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			select {
+			case <-ctx.Done():
+			case <-time.After(pause):
+			}
+			continue
+		}
+		pause = 0
 		if err != nil {
 			/* again, so that the close (and the removal of the socket)
 			   is over when Serve returns: the AfterFunc may be midway */
@@ -72,6 +85,12 @@ func (s *Server[Req, Rep]) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() { s.conn(ctx, c) })
 	}
+}
+
+// transient says whether an Accept error may pass by itself.
+func transient(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
 }
 
 // errTooLong is a request over MaxRequest.

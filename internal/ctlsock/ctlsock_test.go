@@ -457,3 +457,50 @@ func TestDaemonsStartingAtOnceOneWins(t *testing.T) {
 		t.Fatal("the socket at the path is not the winner's")
 	}
 }
+
+// flakyListener fails its first n Accepts with err.
+type flakyListener struct {
+	net.Listener
+	n   int
+	err error
+}
+
+func (f *flakyListener) Accept() (net.Conn, error) {
+	if f.n > 0 {
+		f.n--
+		return nil, &net.OpError{Op: "accept", Net: "unix", Err: f.err}
+	}
+	return f.Listener.Accept()
+}
+
+// Running out of descriptors for a moment does not end the control
+// socket; an error that will not pass does, and Serve says which.
+func TestServeOutlastsAShortageOfDescriptors(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.sock")
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- (&Server[request, reply]{Handle: handle}).Serve(ctx, &flakyListener{Listener: l, n: 3, err: syscall.EMFILE})
+	}()
+	mustServe(t, path)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	path = filepath.Join(t.TempDir(), "c.sock")
+	if l, err = Listen(path); err != nil {
+		t.Fatal(err)
+	}
+	err = (&Server[request, reply]{Handle: handle}).Serve(t.Context(), &flakyListener{Listener: l, n: 1, err: syscall.EINVAL})
+	if !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("Serve after a lasting accept error: %v, want it returned", err)
+	}
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket after Serve gave up: %v, want it removed", err)
+	}
+}
