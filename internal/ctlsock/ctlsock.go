@@ -102,20 +102,20 @@ func (s *Server[Req, Rep]) conn(ctx context.Context, c net.Conn) {
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) }) //nolint:errcheck // the conn is closing anyway
 	defer stop()
 	timeout := orDefault(s.Timeout, DefaultTimeout)
-	max := s.MaxRequest
-	if max <= 0 {
-		max = DefaultMaxRequest
+	limit := s.MaxRequest
+	if limit <= 0 {
+		limit = DefaultMaxRequest
 	}
 	if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 		return
 	}
-	line, err := readLine(c, max)
+	line, err := readLine(c, limit)
 	var req Req
 	switch {
 	case errors.Is(err, io.EOF):
 		return // the client went away without asking
 	case errors.Is(err, errTooLong):
-		s.fail(c, timeout, fmt.Sprintf("request refused: longer than %d bytes", max))
+		s.fail(c, timeout, fmt.Sprintf("request refused: longer than %d bytes", limit))
 		return
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		if ctx.Err() == nil {
@@ -154,16 +154,16 @@ func (s *Server[Req, Rep]) fail(c net.Conn, timeout time.Duration, msg string) {
 	c.Write(append(b, '\n')) //nolint:errcheck // the client went away
 }
 
-// readLine reads one line of at most max bytes (the newline not counted;
+// readLine reads one line of at most limit bytes (the newline not counted;
 // a last line without one counts too) and never buffers more than that.
-func readLine(r io.Reader, max int) ([]byte, error) {
-	line, err := bufio.NewReader(io.LimitReader(r, int64(max)+1)).ReadBytes('\n')
+func readLine(r io.Reader, limit int) ([]byte, error) {
+	line, err := bufio.NewReader(io.LimitReader(r, int64(limit)+1)).ReadBytes('\n')
 	switch {
 	case err == nil:
 		return line, nil
 	case !errors.Is(err, io.EOF):
 		return nil, err
-	case len(line) > max:
+	case len(line) > limit:
 		return nil, errTooLong // the limit ran out before a newline
 	case len(bytes.TrimSpace(line)) == 0:
 		return nil, io.EOF
