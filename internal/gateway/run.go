@@ -8,9 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -128,23 +126,11 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 			return err
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(ctl), 0o755); err != nil {
-		return fmt.Errorf("gateway run: --control: %w", err)
-	}
-	if err := os.Remove(ctl); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("gateway run: --control: stale socket: %w", err)
-	}
-	cl, err := net.Listen("unix", ctl)
+	cl, err := ListenControl(ctl)
 	if err != nil {
 		return fmt.Errorf("gateway run: --control: %w", err)
 	}
-	undo = append(undo, func() error {
-		cl.Close()
-		if err := os.Remove(ctl); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		return nil
-	})
+	undo = append(undo, cl.Close)
 
 	var pin Pinner = routes
 	if cfg.LISP {

@@ -1,19 +1,15 @@
 package vnatd
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/onehop/onehop/internal/ctlsock"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -24,25 +20,18 @@ const ControlDir = "/run/onehop/vnat"
 // network namespace: named by the namespace's inode, so `onehop lab exec
 // m1 -- onehop vnat status` reaches m1's daemon and no other (/run is
 // shared by every namespace; the inode is not).
-func DefaultControl() (string, error) {
-	ino, err := netnsInode()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(ControlDir, fmt.Sprintf("netns-%d.sock", ino)), nil
-}
+func DefaultControl() (string, error) { return ctlsock.DefaultPath(ControlDir) }
+
+// ListenControl binds the control socket at path: see ctlsock.Listen.
+func ListenControl(path string) (*ctlsock.Listener, error) { return ctlsock.Listen(path) }
 
 // netnsInode is the inode of the caller's network namespace.
 func netnsInode() (uint64, error) {
-	fi, err := os.Stat("/proc/self/ns/net")
+	ino, err := ctlsock.NetnsInode()
 	if err != nil {
-		return 0, fmt.Errorf("vnatd: this process's network namespace: %w", err)
+		return 0, fmt.Errorf("vnatd: %w", err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 0, errors.New("vnatd: this process's network namespace: no inode")
-	}
-	return st.Ino, nil
+	return ino, nil
 }
 
 // Request is one control request (one JSON line).
@@ -94,107 +83,73 @@ func ParseTuple(s string) (vcmp.Tuple, error) {
 }
 
 // answer carries out one control request.
-func (e *Engine) answer(ctx context.Context, req Request) Reply {
+func (e *Engine) answer(ctx context.Context, req Request) (Reply, error) {
 	switch req.Op {
 	case "status":
 		if err := e.Sync(); err != nil {
-			return Reply{Error: err.Error()}
+			return Reply{}, err
 		}
-		return Reply{Conns: e.Status(), Counters: e.Counters(), Restore: e.LastRestore()}
+		return Reply{Conns: e.Status(), Counters: e.Counters(), Restore: e.LastRestore()}, nil
 	case "suspend":
 		var sel func(vcmp.Tuple) bool
 		if !req.All {
 			want, err := ParseTuple(req.Conn)
 			if err != nil {
-				return Reply{Error: err.Error()}
+				return Reply{}, err
 			}
 			sel = func(t vcmp.Tuple) bool { return t == want }
 		}
 		if req.Conflict != "" {
 			p, err := ParseConflict(req.Conflict)
 			if err != nil {
-				return Reply{Error: "suspend: " + err.Error()}
+				return Reply{}, fmt.Errorf("suspend: %w", err)
 			}
 			e.SetConflict(sel, p)
 		}
 		n, err := e.Suspend(ctx, sel)
-		r := Reply{Count: n}
-		if err != nil {
-			r.Error = err.Error()
-		} else if n == 0 && !req.All {
-			r.Error = fmt.Sprintf("no active connection %s here (see onehop vnat status)", req.Conn)
+		if err == nil && n == 0 && !req.All {
+			err = fmt.Errorf("no active connection %s here (see onehop vnat status)", req.Conn)
 		}
-		return r
+		return Reply{Count: n}, err
 	case "resume":
 		n, err := e.Resume(ctx)
-		r := Reply{Count: n}
-		if err != nil {
-			r.Error = err.Error()
-		}
-		return r
+		return Reply{Count: n}, err
 	case "stop":
-		e.mu.Lock()
-		stop := e.stop
-		e.mu.Unlock()
-		if stop == nil {
-			return Reply{Error: "this daemon does not stop on request"}
+		if e.stopper() == nil {
+			return Reply{}, errors.New("this daemon does not stop on request")
 		}
-		return Reply{} // ServeControl stops it once the reply is out
+		return Reply{}, nil // stopped once the reply is out (after)
 	}
-	return Reply{Error: fmt.Sprintf("unknown control request %q (want status, suspend, resume or stop)", req.Op)}
+	return Reply{}, fmt.Errorf("unknown control request %q (want status, suspend, resume or stop)", req.Op)
+}
+
+// after stops the daemon once its reply to a stop is out, so the client
+// hears that it is stopping.
+func (e *Engine) after(req Request, _ Reply, err error) {
+	if req.Op == "stop" && err == nil {
+		e.stopper()()
+	}
+}
+
+func (e *Engine) stopper() func() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stop
 }
 
 // ServeControl answers control requests on l until ctx ends.
 func (e *Engine) ServeControl(ctx context.Context, l net.Listener) error {
-	go func() { <-ctx.Done(); l.Close() }()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("vnatd: control: %w", err)
-		}
-		go func() {
-			defer c.Close()
-			var req Request
-			if err := json.NewDecoder(bufio.NewReader(c)).Decode(&req); err != nil {
-				json.NewEncoder(c).Encode(Reply{Error: "bad request: " + err.Error()}) //nolint:errcheck // the client went away
-				return
-			}
-			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			r := e.answer(rctx, req)
-			json.NewEncoder(c).Encode(r) //nolint:errcheck // the client went away
-			if req.Op == "stop" && r.Error == "" {
-				e.mu.Lock()
-				stop := e.stop
-				e.mu.Unlock()
-				stop()
-			}
-		}()
+	s := &ctlsock.Server[Request, Reply]{Handle: e.answer, After: e.after}
+	if err := s.Serve(ctx, l); err != nil {
+		return fmt.Errorf("vnatd: %w", err)
 	}
+	return nil
 }
 
-// Ask sends one request to the daemon behind socket path and returns its reply.
-func Ask(path string, req Request) (Reply, error) {
-	c, err := net.DialTimeout("unix", path, 2*time.Second)
-	if err != nil {
-		return Reply{}, fmt.Errorf("vnat daemon at %s: %w (is `onehop vnat run` running in this network namespace?)", path, err)
-	}
-	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(60 * time.Second)); err != nil {
-		return Reply{}, err
-	}
-	if err := json.NewEncoder(c).Encode(req); err != nil {
-		return Reply{}, fmt.Errorf("vnat daemon at %s: send: %w", path, err)
-	}
-	var r Reply
-	if err := json.NewDecoder(c).Decode(&r); err != nil {
-		return Reply{}, fmt.Errorf("vnat daemon at %s: reply: %w", path, err)
-	}
-	if r.Error != "" {
-		return r, errors.New(r.Error)
-	}
-	return r, nil
-}
+// client asks the VNAT daemon; a suspend waits for the peers, up to the
+// daemon's ctlsock.DefaultHandleTimeout.
+var client = ctlsock.Client[Request, Reply]{Name: "vnat daemon", Run: "onehop vnat run", Timeout: 60 * time.Second}
+
+// Ask sends one request to the daemon behind socket path and returns its
+// reply; the daemon's refusal comes back as its own message.
+func Ask(path string, req Request) (Reply, error) { return client.Ask(path, req) }

@@ -3,9 +3,11 @@ package vnatd
 import (
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onehop/onehop/internal/vcmp"
 )
@@ -99,5 +101,40 @@ func TestSuspendWithAPeerThatDoesNotKnowTheConnection(t *testing.T) {
 	}
 	if s := state(t, a, ta); s.State != "suspended" || s.Role != "primary" || s.Keyed {
 		t.Errorf("after a suspend the peer did not know: %+v, want suspended primary, unkeyed", s)
+	}
+}
+
+// stop is refused by a daemon that does not stop on request; one that
+// does answers first, then stops (the CLI hears "stopping"), and its
+// control socket goes with it.
+func TestControlStopAnswersThenStops(t *testing.T) {
+	n := newNetwork()
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	sock := filepath.Join(t.TempDir(), "c.sock")
+	l, err := ListenControl(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.e.ServeControl(ctx, l) }()
+	if _, err := Ask(sock, Request{Op: "stop"}); err == nil || err.Error() != "this daemon does not stop on request" {
+		t.Fatalf("stop without OnStop: %v", err)
+	}
+	a.e.OnStop(cancel)
+	if _, err := Ask(sock, Request{Op: "stop"}); err != nil {
+		t.Fatalf("stop: %v, want an answer before the daemon goes", err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the daemon answered stop but did not stop")
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("the control socket after stop: %v, want it removed", err)
 	}
 }

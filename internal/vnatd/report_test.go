@@ -31,7 +31,10 @@ func TestRestoreReportCountsTheMoveAndTimesItFromTheAddressChange(t *testing.T) 
 	if !r.Seen.Equal(seen) || r.TookUS < 5000 || r.Done.Sub(r.Seen).Microseconds() != r.TookUS {
 		t.Fatalf("report times seen %v done %v took %d µs; want from seen, at least 5 ms", r.Seen, r.Done, r.TookUS)
 	}
-	got := a.e.answer(t.Context(), Request{Op: "status"})
+	got, err := a.e.answer(t.Context(), Request{Op: "status"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if got.Restore == nil || got.Restore.Conns != 30 {
 		t.Fatalf("status restore %+v, want the report", got.Restore)
 	}

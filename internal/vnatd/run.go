@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -196,17 +195,11 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(ctl), 0o755); err != nil {
-		return fmt.Errorf("vnat run: control dir: %w", err)
-	}
-	if err := os.Remove(ctl); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("vnat run: stale control socket: %w", err)
-	}
-	cl, err := net.Listen("unix", ctl)
+	cl, err := ListenControl(ctl)
 	if err != nil {
-		return fmt.Errorf("vnat run: control socket: %w", err)
+		return fmt.Errorf("vnat run: %w", err)
 	}
-	defer os.Remove(ctl)
+	defer cl.Close()
 	go e.ServeControl(ctx, cl) //nolint:errcheck // ends with ctx
 	go serveVCMP(ctx, e, vl, log)
 	go contact(ctx, e, log)
