@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"syscall"
 	"testing"
@@ -15,17 +16,19 @@ import (
 )
 
 // The request is struct inet_diag_req_v2 byte for byte: family, protocol,
-// every state, the tuple in network order, no interface, no cookie.
+// every state, the tuple in network order, no interface, the cookie.
 func TestDestroyRequestIsInetDiagReqV2(t *testing.T) {
 	tu := Tuple{Proto: UDP, Local: ap("10.9.0.1:4000"), Remote: ap("10.9.3.4:53")}
-	got := destroyRequest{tu}.Serialize()
+	got := destroyRequest{t: tu, cookie: [2]uint32{0x01020304, 0x0a0b0c0d}}.Serialize()
 	want := make([]byte, 0, destroyRequestLen)
 	want = append(want, unix.AF_INET, 17, 0, 0)
 	want = binary.NativeEndian.AppendUint32(want, 0xffffffff)
 	want = append(want, 0x0f, 0xa0, 0x00, 53)
 	want = append(want, 10, 9, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 	want = append(want, 10, 9, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-	want = append(want, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+	want = append(want, 0, 0, 0, 0)
+	want = binary.NativeEndian.AppendUint32(want, 0x01020304)
+	want = binary.NativeEndian.AppendUint32(want, 0x0a0b0c0d)
 	if len(got) != destroyRequestLen || (destroyRequest{}).Len() != destroyRequestLen || !bytes.Equal(got, want) {
 		t.Fatalf("request\n% x\nwant\n% x", got, want)
 	}
@@ -91,11 +94,49 @@ func TestPrivilegedDestroySocketAbortsTheApplicationsSocket(t *testing.T) {
 	if _, err := u1.WriteToUDP([]byte("x"), u2.LocalAddr().(*net.UDPAddr)); err != nil {
 		t.Errorf("udp peer after the destroy: %v", err)
 	}
-	// Gone: named as such.
-	if err := d.DestroySocket(tupleOf(TCP, server)); !errors.Is(err, unix.ENOENT) {
-		t.Errorf("destroy a socket that is gone: %v, want ENOENT", err)
+	// Gone: named as such, and what the kernel's lookup falls back to
+	// then (a listener on the port, an unconnected UDP socket) is not hit.
+	var ln net.Listener
+	var u3 *net.UDPConn
+	u2t := tupleOf(UDP, u2)
+	if err := u2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Do(n.name, func() (err error) {
+		if ln, err = net.Listen("tcp4", server.LocalAddr().String()); err != nil {
+			return err
+		}
+		u3, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(u2t.Local))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	defer u3.Close()
+	for _, tu := range []Tuple{tupleOf(TCP, server), u2t} {
+		if err := d.DestroySocket(tu); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("destroy %s, whose socket is gone: %v, want ENOENT", tu, err)
+		}
+	}
+	if err := netns.Do(n.name, func() error {
+		c, err := net.DialTimeout("tcp4", ln.Addr().String(), 2*time.Second)
+		if err != nil {
+			return fmt.Errorf("the listener on the gone connection's port: %w", err)
+		}
+		return c.Close()
+	}); err != nil {
+		t.Error(err)
+	}
+	if _, err := u1.WriteToUDP([]byte("y"), net.UDPAddrFromAddrPort(u2t.Local)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readErr(u3); err != nil {
+		t.Errorf("the unconnected UDP socket on the gone connection's port: %v", err)
 	}
 	if err := d.DestroySocket(Tuple{Proto: 1, Local: ap("10.9.0.1:1"), Remote: ap("10.9.0.2:2")}); err == nil {
 		t.Error("destroy with protocol 1 accepted")
+	}
+	if err := d.CanDestroySockets(); err != nil {
+		t.Errorf("CanDestroySockets on this kernel (CONFIG_INET_DIAG_DESTROY=y): %v", err)
 	}
 }
