@@ -148,6 +148,14 @@ func Run(ctx context.Context, o Options) error {
 	if err := d.AttachInterface(o.Iface); err != nil {
 		return err
 	}
+	// A connection preempted in a conflict (--conflict preempt) has its
+	// socket closed (sock_diag SOCK_DESTROY); say now if this kernel
+	// cannot, rather than at the first conflict.
+	closePreempted := true
+	if err := d.CanDestroySockets(); err != nil {
+		closePreempted = false
+		log.Warn("vnat: this kernel cannot close sockets: a connection preempted in a virtual-identification conflict keeps its socket until its own timers give up", "err", err)
+	}
 	if o.Cgroup != "" {
 		if err := d.AttachCgroup(o.Cgroup); err != nil {
 			return err
@@ -217,7 +225,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
-		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "migrated", len(d.Migrations()))
+		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "migrated", len(d.Migrations()),
+		"conflict", conflict, "close_preempted", closePreempted)
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
 }
 
