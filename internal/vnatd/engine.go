@@ -98,7 +98,7 @@ type conn struct {
 	// oldLocal, oldRemote: the physical addresses before the move being
 	// restored (the locate walk's places).
 	oldLocal, oldRemote netip.Addr
-	priv                *ecdh.PrivateKey // this suspension's key pair
+	priv                *ecdh.PrivateKey  // this suspension's key pair
 	own                 [vcmp.KeyLen]byte // its public key (kept when priv is not: LoadKeys)
 	peerPub             *[vcmp.KeyLen]byte
 	keys                *vcmp.Keys
