@@ -250,9 +250,18 @@ func TestKeysSurviveADaemonRestart(t *testing.T) {
 					b.e.LoadKeys(es)
 				}
 			}
+			bOwn, aOwn := b.e.conns[tb].own, a.e.conns[ta].own
 			restart()
 			if s := state(t, b, tb); s.Keyed != keep {
 				t.Fatalf("b after the restart: %+v, want keyed=%v", s, keep)
+			}
+			if keep {
+				// a sends its key again (a first contact crossing the
+				// restart): the same agreement, answered with b's same key.
+				ans := sendOne(t, n, a, b.addr, &vcmp.Key{Record: vcmp.Record{Conn: ta, Phys: ta.Local}, Public: aOwn})
+				if k, ok := ans.(*vcmp.Key); !ok || k.Public != bOwn {
+					t.Fatalf("b answered a's key again with %v, want its own key from before the restart", ans)
+				}
 			}
 			old, new := n.move(a, "10.0.3.3")
 			err := a.e.Restore(t.Context(), old, new)
