@@ -307,3 +307,21 @@ func TestKeysSurviveADaemonRestart(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkKeyFileSave300 is one save of 300 keyed connections (what a
+// restore of 300 connections with one peer writes twice on the mover and
+// once on the peer).
+func BenchmarkKeyFileSave300(b *testing.B) {
+	f := KeyFile{Path: filepath.Join(b.TempDir(), "keys", "x.keys"), PinDir: "/sys/fs/bpf/test/vnat"}
+	one := testEntries()[0]
+	es := make([]KeyEntry, 300)
+	for i := range es {
+		es[i] = one
+		es[i].Conn.Local = netip.AddrPortFrom(one.Conn.Local.Addr(), uint16(10000+i))
+	}
+	for b.Loop() {
+		if err := f.Save(es); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
