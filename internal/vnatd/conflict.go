@@ -1,7 +1,9 @@
 package vnatd
 
 import (
+	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/onehop/onehop/internal/vcmp"
 )
@@ -71,8 +73,20 @@ func (e *Engine) holder(c *conn, phys vcmp.Tuple) *conn {
 	return nil
 }
 
+// SocketCloser closes the application's socket of a connection (its
+// virtual tuple is the socket's own) for real: its next read or write
+// fails (ECONNABORTED). kernel.go's is sock_diag SOCK_DESTROY. A
+// Translator that has one gets preempted connections closed.
+type SocketCloser interface {
+	CloseSocket(virtual vcmp.Tuple) error
+}
+
 // preempt aborts o, which held the tuple c now takes (policy preempt):
-// its translation is forgotten, its helpers stop. Called with e.mu held.
+// its translation is forgotten, its helpers stop, and its socket is
+// closed, so the application sees the connection end at once instead of
+// waiting on a socket whose packets now belong to c until its own timers
+// give up. A datapath that cannot close it leaves it (said in the log,
+// with why). Called with e.mu held.
 func (e *Engine) preempt(o, c *conn) error {
 	if o.phys != o.m.Tuple {
 		if err := e.tr.Forget(o.m.Tuple); err != nil {
@@ -84,5 +98,26 @@ func (e *Engine) preempt(o, c *conn) error {
 	e.dir.Forget(o.m.Tuple)
 	e.counters["preempted"]++
 	e.log.Info("vnat: virtual identification conflict, existing connection preempted", "conn", c.m.Tuple, "preempted", o.m.Tuple, "tuple", o.phys)
+	e.closePreempted(o)
 	return nil
+}
+
+// closePreempted closes o's socket (o was preempted). Called with e.mu held.
+func (e *Engine) closePreempted(o *conn) {
+	sc, ok := e.tr.(SocketCloser)
+	if !ok {
+		e.warn("preempt_close_errors", "vnat: preempted connection's socket left open: this datapath cannot close sockets; it ends when its own timers give up", "preempted", o.m.Tuple)
+		return
+	}
+	err := sc.CloseSocket(o.m.Tuple)
+	switch {
+	case err == nil:
+		e.counters["preempted_closed"]++
+		e.log.Info("vnat: preempted connection's socket closed", "preempted", o.m.Tuple)
+	case errors.Is(err, syscall.ENOENT):
+		// Its application closed it already: nothing lingers.
+		e.log.Info("vnat: preempted connection's socket was closed already", "preempted", o.m.Tuple)
+	default:
+		e.warn("preempt_close_errors", "vnat: preempted connection's socket left open; it ends when its own timers give up", "preempted", o.m.Tuple, "err", err)
+	}
 }

@@ -83,6 +83,9 @@ type Config struct {
 	Conflict Conflict
 	// OnRestore, if set, is told how long each Restore took.
 	OnRestore func(time.Duration)
+	// Keys, if set, keeps the agreed keys across a restart (keys.go):
+	// saved whenever they change, loaded with LoadKeys.
+	Keys KeyStore
 }
 
 // MaxRecords caps the location records one daemon keeps for others.
@@ -95,7 +98,8 @@ type conn struct {
 	// oldLocal, oldRemote: the physical addresses before the move being
 	// restored (the locate walk's places).
 	oldLocal, oldRemote netip.Addr
-	priv                *ecdh.PrivateKey // this suspension's key pair
+	priv                *ecdh.PrivateKey  // this suspension's key pair
+	own                 [vcmp.KeyLen]byte // its public key (kept when priv is not: LoadKeys)
 	peerPub             *[vcmp.KeyLen]byte
 	keys                *vcmp.Keys
 	keyTries            int // AgreeKeys asked the peer this many times
@@ -103,6 +107,9 @@ type conn struct {
 	win                 vcmp.Window
 	helping             bool     // the helpers run for it (its peer is away)
 	conflict            Conflict // its §3.4.2 policy; default: the daemon's
+	// keysDirty is the engine's flag: set when what the key file keeps
+	// of this connection changed.
+	keysDirty *bool
 }
 
 // Engine is the daemon's state and decisions.
@@ -124,6 +131,10 @@ type Engine struct {
 	stop func()
 	// report is the last restore's (report.go).
 	report lastRestore
+	// keys keeps the agreed keys (Config.Keys; nil after DropKeys);
+	// keysDirty says they changed since it last saved them.
+	keys      KeyStore
+	keysDirty bool
 }
 
 // OnStop makes a control "stop" request call f (the daemon's clean stop).
@@ -136,7 +147,7 @@ func (e *Engine) OnStop(f func()) {
 // New is an engine over a datapath and a network.
 func New(cfg Config, tr Translator, dial Dialer) *Engine {
 	e := &Engine{cfg: cfg, tr: tr, dial: dial, log: cfg.Logger, conns: map[vcmp.Tuple]*conn{},
-		counters: map[string]uint64{}, limit: map[string]*logLimit{}, self: map[netip.Addr]bool{}}
+		counters: map[string]uint64{}, limit: map[string]*logLimit{}, self: map[netip.Addr]bool{}, keys: cfg.Keys}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
@@ -184,7 +195,7 @@ func (e *Engine) Sync() error {
 		}
 		seen[m.Virtual] = true
 		if _, ok := e.conns[m.Virtual]; !ok {
-			c := &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical}
+			c := &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical, keysDirty: &e.keysDirty}
 			if m.Physical != m.Virtual {
 				// Translated before this daemon knew it: an earlier
 				// run's, taken over from the pinned maps. A port it
@@ -220,9 +231,13 @@ func (e *Engine) Sync() error {
 			}
 			e.counters["closed_forgotten"]++
 		}
+		if c.keys != nil {
+			e.keysDirty = true // its keys leave the key file
+		}
 		delete(e.conns, t)
 		e.dir.Forget(t)
 	}
+	e.saveKeys()
 	return errors.Join(errs...)
 }
 
@@ -312,13 +327,23 @@ func refusal(err error) string {
 	return "refused_other"
 }
 
+// touchKeys says what the key file keeps of c changed.
+func (c *conn) touchKeys() {
+	if c.keysDirty != nil {
+		*c.keysDirty = true
+	}
+}
+
 // newKeys starts a suspension's key exchange: a fresh pair, no agreed keys.
 func (c *conn) newKeys() error {
 	k, err := vcmp.GenerateKey(rand.Reader)
 	if err != nil {
 		return err
 	}
-	c.priv, c.keys, c.peerPub, c.sendSeq, c.win = k, nil, nil, 0, vcmp.Window{}
+	if c.keys != nil {
+		c.touchKeys() // the old keys leave the key file
+	}
+	c.priv, c.own, c.keys, c.peerPub, c.sendSeq, c.win = k, vcmp.PublicKey(k), nil, nil, 0, vcmp.Window{}
 	return nil
 }
 
@@ -337,6 +362,7 @@ func (c *conn) agree(peer [vcmp.KeyLen]byte) error {
 		return err
 	}
 	c.keys, c.peerPub, c.sendSeq, c.win = &k, &peer, 0, vcmp.Window{}
+	c.touchKeys()
 	return nil
 }
 
@@ -346,6 +372,7 @@ func (c *conn) seal(m vcmp.Message) (vcmp.Message, error) {
 		return m, nil
 	}
 	c.sendSeq++
+	c.touchKeys()
 	return vcmp.Seal(m, c.keys.Send, c.sendSeq)
 }
 
@@ -354,7 +381,11 @@ func (e *Engine) open(c *conn, m vcmp.Message) (vcmp.Message, error) {
 	if c.keys == nil {
 		return vcmp.Open(m, nil, nil, e.cfg.RequireKeys)
 	}
-	return vcmp.Open(m, &c.keys.Recv, &c.win, e.cfg.RequireKeys)
+	inner, err := vcmp.Open(m, &c.keys.Recv, &c.win, e.cfg.RequireKeys)
+	if err == nil {
+		c.touchKeys() // the window moved
+	}
+	return inner, err
 }
 
 // blank is the block of a refusal for a connection this end does not hold:
@@ -411,6 +442,9 @@ type pendingUpdate struct {
 func (e *Engine) HandleBatch(ms []vcmp.Message, from netip.Addr) []vcmp.Message {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// Before the answers leave: the sequence numbers sealed with and the
+	// keys agreed are kept (a restart must not seal with one again).
+	defer e.saveKeys()
 	out := make([]vcmp.Message, len(ms))
 	var pend []pendingUpdate
 	inBatch := map[*conn]bool{}
@@ -550,7 +584,7 @@ func (e *Engine) handleLocked(m vcmp.Message, from netip.Addr) vcmp.Message {
 			e.warn("refused_key", "vnat: key refused", "conn", c.m.Tuple, "from", from, "err", err)
 			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 		}
-		return &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)}
+		return &vcmp.Key{Record: c.record(), Public: c.own}
 	}
 	return nil
 }
@@ -680,8 +714,9 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 		n++
 		p := c.phys.Remote.Addr()
 		byPeer[p] = append(byPeer[p], c)
-		msgs[p] = append(msgs[p], &vcmp.SuspPrimary{Record: c.record()}, &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)})
+		msgs[p] = append(msgs[p], &vcmp.SuspPrimary{Record: c.record()}, &vcmp.Key{Record: c.record(), Public: c.own})
 	}
+	e.saveKeys() // the old keys are gone with the new suspension
 	e.mu.Unlock()
 	// One claim batch per peer, the peers at once: a peer that does not
 	// answer must not hold up the claims to the others.
@@ -763,6 +798,7 @@ func (e *Engine) claim(ctx context.Context, p netip.Addr, cs []*conn, msgs []vcm
 			}
 		}
 	}
+	e.saveKeys()
 	return nil
 }
 
@@ -790,7 +826,7 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 		}
 		p := c.phys.Remote.Addr()
 		byPeer[p] = append(byPeer[p], c)
-		msgs[p] = append(msgs[p], &vcmp.Key{Record: c.record(), Public: vcmp.PublicKey(c.priv)})
+		msgs[p] = append(msgs[p], &vcmp.Key{Record: c.record(), Public: c.own})
 	}
 	e.mu.Unlock()
 	n := 0
@@ -820,6 +856,7 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 				n++ // the peer's own first contact crossed ours and agreed already
 			}
 		}
+		e.saveKeys()
 		e.mu.Unlock()
 	}
 	return n, errors.Join(errs...)
@@ -1139,6 +1176,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 			}
 			msgs = append(msgs, m)
 		}
+		e.saveKeys() // the sequence numbers used, before the updates leave
 		e.mu.Unlock()
 		ans, err := e.exchange(ctx, peer, msgs)
 		if err != nil {
@@ -1179,6 +1217,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 			applied = append(applied, w.c)
 			phys = append(phys, p)
 		}
+		e.saveKeys() // the windows moved
 		e.mu.Unlock()
 	}
 	// Connections still waiting translate their own end now: packets from

@@ -3,6 +3,7 @@ package vnatd
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,6 +31,20 @@ type fakeTr struct {
 	// onTranslate, if set, is called (without mu) before each Translate
 	// with the mappings it installs.
 	onTranslate func([]Mapping)
+	// socketsClosed are the sockets CloseSocket closed; closeErr, if set,
+	// is its answer instead (a kernel that cannot).
+	socketsClosed []vcmp.Tuple
+	closeErr      error
+}
+
+func (f *fakeTr) CloseSocket(v vcmp.Tuple) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closeErr != nil {
+		return f.closeErr
+	}
+	f.socketsClosed = append(f.socketsClosed, v)
+	return nil
 }
 
 func (f *fakeTr) Conns() ([]Mapping, error) {
@@ -783,11 +798,17 @@ func TestMoverAcceptsAtItsNewAddressBeforeItSendsTheUpdateAndWithdrawsOnRefusal(
 // aborted, Y untouched. Policy preempt (set on X at b): X takes the tuple,
 // Y is aborted and its translation, if any, forgotten.
 func TestVirtualIdentificationConflictAbortOrPreempt(t *testing.T) {
-	for _, policy := range []Conflict{ConflictDefault, ConflictAbort, ConflictPreempt} {
-		t.Run(fmt.Sprintf("policy=%q", policy), func(t *testing.T) {
+	for _, tc := range []struct {
+		policy   Conflict
+		closeErr error // the datapath cannot close sockets
+	}{{policy: ConflictDefault}, {policy: ConflictAbort}, {policy: ConflictPreempt},
+		{policy: ConflictPreempt, closeErr: errors.New("the kernel cannot close sockets (test)")}} {
+		policy := tc.policy
+		t.Run(fmt.Sprintf("policy=%q,closeErr=%v", policy, tc.closeErr), func(t *testing.T) {
 			n := newNetwork()
 			a := n.add(t, "a", "10.0.1.1", Config{})
 			b := n.add(t, "b", "10.0.2.2", Config{})
+			b.tr.closeErr = tc.closeErr
 			ta, tb := connect(a, b, 40000)
 			y := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort("10.0.2.2:22"), Remote: netip.MustParseAddrPort("10.0.3.3:40000")}
 			b.tr.open = append(b.tr.open, y)
@@ -821,6 +842,9 @@ func TestVirtualIdentificationConflictAbortOrPreempt(t *testing.T) {
 				if c := b.e.Counters(); c["conflict"] != 1 || c["preempted"] != 0 {
 					t.Errorf("b counters %v, want one conflict, none preempted", c)
 				}
+				if len(b.tr.socketsClosed) != 0 {
+					t.Errorf("b closed sockets %v, want none", b.tr.socketsClosed)
+				}
 				return
 			}
 			wantPhys(t, a, ta, new, b.addr)
@@ -830,6 +854,20 @@ func TestVirtualIdentificationConflictAbortOrPreempt(t *testing.T) {
 			}
 			if c := b.e.Counters(); c["preempted"] != 1 || c["conflict"] != 0 {
 				t.Errorf("b counters %v, want one preempted, no conflict abort", c)
+			}
+			// The preempted connection's socket is closed for real; a
+			// datapath that cannot leaves it open and says why.
+			if tc.closeErr == nil {
+				if !slices.Equal(b.tr.socketsClosed, []vcmp.Tuple{y}) || b.e.Counters()["preempted_closed"] != 1 {
+					t.Errorf("b closed sockets %v (counters %v), want Y's (%v) alone", b.tr.socketsClosed, b.e.Counters(), y)
+				}
+				return
+			}
+			if c := b.e.Counters(); c["preempt_close_errors"] != 1 || c["preempted_closed"] != 0 {
+				t.Errorf("b counters %v, want one preempt_close_errors", c)
+			}
+			if l := b.logs.String(); !strings.Contains(l, "socket left open") || !strings.Contains(l, tc.closeErr.Error()) {
+				t.Errorf("b's log does not say the socket was left open and why:\n%s", l)
 			}
 		})
 	}

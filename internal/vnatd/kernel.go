@@ -79,6 +79,10 @@ func (k kernel) KeepLocal(a netip.Addr) error { return k.d.KeepLocal(a, k.iface)
 
 func (k kernel) Forget(v vcmp.Tuple) error { return k.d.Forget(vnat.Virtual(v)) }
 
+// CloseSocket closes the socket whose own tuple is v (sock_diag
+// SOCK_DESTROY): a preempted connection's application sees ECONNABORTED.
+func (k kernel) CloseSocket(v vcmp.Tuple) error { return k.d.DestroySocket(vnat.Tuple(v)) }
+
 // keepalive is the keepalive helper over the datapath (vnat_away): while a
 // TCP connection's peer is away, this end's egress answers the
 // connection's keepalive probes. UDP has no keepalives.

@@ -43,6 +43,9 @@ type Options struct {
 	PinDir string
 	// NoPin pins nothing: the translations end with the daemon.
 	NoPin bool
+	// KeyFile keeps the agreed keys across a restart when pinned ("" =
+	// KeyFilePath of the pin directory); unpinned, nothing is kept.
+	KeyFile string
 	// Metrics is the address Prometheus metrics are served on ("" = none).
 	Metrics string
 	Logger  *slog.Logger
@@ -147,6 +150,14 @@ func Run(ctx context.Context, o Options) error {
 	if err := d.AttachInterface(o.Iface); err != nil {
 		return err
 	}
+	// A connection preempted in a conflict (--conflict preempt) has its
+	// socket closed (sock_diag SOCK_DESTROY); say now if this kernel
+	// cannot, rather than at the first conflict.
+	closePreempted := true
+	if err := d.CanDestroySockets(); err != nil {
+		closePreempted = false
+		log.Warn("vnat: this kernel cannot close sockets: a connection preempted in a virtual-identification conflict keeps its socket until its own timers give up", "err", err)
+	}
 	if o.Cgroup != "" {
 		if err := d.AttachCgroup(o.Cgroup); err != nil {
 			return err
@@ -160,6 +171,17 @@ func Run(ctx context.Context, o Options) error {
 		helpers = append(helpers, freezer)
 	}
 	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers, Conflict: conflict}
+	// The keys are kept with the pinned state: what a restart takes over
+	// is what they authenticate. Unpinned, the translations end with the
+	// daemon, and so do the keys.
+	var keys *KeyFile
+	if pin != "" {
+		keys = &KeyFile{Path: o.KeyFile, PinDir: pin}
+		if keys.Path == "" {
+			keys.Path = KeyFilePath(pin)
+		}
+		cfg.Keys = keys
+	}
 	var metrics *Metrics
 	if ml != nil {
 		metrics = NewMetrics(d.Counters)
@@ -175,9 +197,30 @@ func Run(ctx context.Context, o Options) error {
 	}
 	// Runs before the datapath closes: no application stays frozen.
 	defer e.StopHelpers()
+	// Stopped on request, the keys go with the pins (nothing will take
+	// their connections over); ended otherwise, they stay for the next run.
+	defer func() {
+		if remove.Load() {
+			if err := e.DropKeys(); err != nil {
+				log.Error("vnat: remove the key file", "err", err)
+			}
+		}
+	}()
 	e.OnStop(func() { remove.Store(true); cancel() })
 	if err := e.Sync(); err != nil {
 		return err
+	}
+	if keys != nil {
+		// Before anything talks VCMP: first contact would otherwise ask
+		// the peers for new keys, which they refuse outside a suspension.
+		es, err := keys.Load()
+		if err != nil {
+			return fmt.Errorf("vnat run: %w", err)
+		}
+		if len(es) > 0 {
+			n, dropped := e.LoadKeys(es)
+			log.Info("vnat: keys agreed before the restart kept", "key_file", keys.Path, "conns", n, "dropped_closed", dropped)
+		}
 	}
 
 	listen := o.Listen
@@ -210,7 +253,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
-		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "migrated", len(d.Migrations()))
+		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "key_file", keyPath(keys), "migrated", len(d.Migrations()),
+		"conflict", conflict, "close_preempted", closePreempted)
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
 }
 
@@ -369,4 +413,12 @@ func watch(ctx context.Context, e *Engine, d *vnat.Datapath, ifindex int, cur ne
 			log.Info("vnat: restored", "took", r.Done.Sub(r.Seen), "conns", r.Conns, "migrated", r.Migrated, "aborted", r.Aborted)
 		}
 	}
+}
+
+// keyPath is where the keys are kept ("" when they are not).
+func keyPath(k *KeyFile) string {
+	if k == nil {
+		return ""
+	}
+	return k.Path
 }
