@@ -35,9 +35,18 @@ type Feature struct {
 	log      *slog.Logger
 	rl       *ratelog.Logger
 
+	// tables opens a reconciled map for writing; nil: the kernel's
+	// (f.k.Map). Tests count or fail the writes through it.
+	tables func(name string) (datapath.Table, error)
+
 	mu    sync.Mutex
-	cur   *state            // what the maps hold; nil until first read
+	cur   *state            // what the maps hold; nil until read (at start, after a failed write)
 	names map[uint32]string // slot -> sliver name, as last synced
+	// portsFrom are the leases ps_ports was last made to hold exactly,
+	// when portsKnown (not at start or after a failed write).
+	portsFrom  []portLease
+	portsKnown bool
+	scratch    []uint32 // a pass's ps_ports when its leases changed
 }
 
 // New is the feature on the loaded datapath k.
