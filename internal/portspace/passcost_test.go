@@ -93,3 +93,34 @@ func BenchmarkPrivilegedPortspacePass(b *testing.B) {
 		}
 	})
 }
+
+// manySlivers is h1 with n slivers of ten ports each on uplink 0.
+func manySlivers(n int) feature.Node {
+	var sl []intent.LocalSliver
+	links := map[string]int{}
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("s%d", i+1)
+		sl = append(sl, intent.LocalSliver{Name: name, Slot: uint32(i + 1),
+			Leases: []intent.Lease{{Uplink: 0, Lo: uint16(1024 + i*10), Hi: uint16(1024 + i*10 + 9)}}})
+		links[intent.SliverIfname(name, 0)] = 100 + i
+	}
+	return node(sl, links)
+}
+
+// Compile's share of a pass with many slivers on the host: each pass
+// compiles them all again, so it must not compare every sliver's leases
+// with every other's.
+//
+//	go test -run '^$' -bench PortspaceCompile -benchtime 5x ./internal/portspace/
+func BenchmarkPortspaceCompile(b *testing.B) {
+	for _, n := range []int{64, 1000, 4000} {
+		nd := manySlivers(n)
+		b.Run(fmt.Sprintf("slivers=%d", n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := Compile(nd); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
