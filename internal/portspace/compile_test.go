@@ -213,3 +213,27 @@ func TestAnyOverlapFindsEveryPortSharedOnOneUplink(t *testing.T) {
 		}
 	}
 }
+
+func TestLinkMACsAreTheHostsLinksAsReadOneByOne(t *testing.T) {
+	macOf, err := linkMACs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ifc := range ifs {
+		one, err := net.InterfaceByIndex(ifc.Index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mac, err := macOf(ifc.Index)
+		if err != nil || mac.String() != one.HardwareAddr.String() {
+			t.Errorf("link %s (%d): MAC %v, %v; read alone: %v", ifc.Name, ifc.Index, mac, err, one.HardwareAddr)
+		}
+	}
+	if _, err := macOf(1 << 30); err == nil || !strings.Contains(err.Error(), "sliver link 1073741824") {
+		t.Errorf("a link that is not there: %v, want an error naming it", err)
+	}
+}

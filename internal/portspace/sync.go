@@ -130,6 +130,13 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 	bySlot := append([]Sliver(nil), p.Slivers...)
 	sort.Slice(bySlot, func(i, j int) bool { return bySlot[i].Slot < bySlot[j].Slot })
 	fan := map[int]uint32{}
+	macOf := f.vifMAC
+	if macOf == nil && len(p.Slivers) > 0 {
+		var err error
+		if macOf, err = linkMACs(); err != nil {
+			return nil, nil, err
+		}
+	}
 	for _, sl := range bySlot {
 		if sl.Slot < 1 || sl.Slot > MaxSlivers {
 			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, MaxSlivers)
@@ -151,7 +158,7 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 			if v.Uplink < 0 || v.Uplink >= MaxUplinks || v.Ifindex <= 0 {
 				return nil, nil, fmt.Errorf("sliver %s: link %s (ifindex %d) on uplink %d", sl.Name, v.Name, v.Ifindex, v.Uplink)
 			}
-			mac, err := f.vifMAC(v.Ifindex)
+			mac, err := macOf(v.Ifindex)
 			if err != nil {
 				return nil, nil, fmt.Errorf("sliver %s: %w", sl.Name, err)
 			}
