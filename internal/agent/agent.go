@@ -125,6 +125,11 @@ type Agent struct {
 	// changed (nil): every pass hands it to the features, and it is as
 	// long as the cloud has hosts.
 	nodeList []intent.Node
+	// uplinksAt is the ifindex each extra uplink (index > 0) was last
+	// given the uplink program at, by name: a pass attaches it only
+	// when it has none yet or the interface was made again (a new
+	// ifindex), as the router does for uplink 0.
+	uplinksAt map[string]int
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -634,12 +639,17 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 			u.Addr = addr
 		}
 		node.Uplinks = append(node.Uplinks, u)
-		if i > 0 {
+		if i > 0 && a.uplinksAt[name] != idx {
 			// The router attaches uplink 0; the others carry only what
-			// features steer (slivers' leases on their addresses).
+			// features steer (slivers' leases on their addresses). A
+			// failed attach is not recorded: the next pass tries again.
 			if err := a.dp.AttachUplink(name, idx); err != nil {
 				return err
 			}
+			if a.uplinksAt == nil {
+				a.uplinksAt = map[string]int{}
+			}
+			a.uplinksAt[name] = idx
 		}
 	}
 	plans := make([]feature.Plan, len(a.features))

@@ -45,6 +45,9 @@ type Router struct {
 	hostsFrom []intent.Node
 	hosts     map[datapath.HostKey]uint8
 	hostsErrC error
+	// uplinkAt is the ifindex the uplink was last given its program at
+	// (0: not yet); Sync attaches again only when it changed.
+	uplinkAt int
 }
 
 // RouterWork is what the router runs beside its maps. The daemon fills it
@@ -149,8 +152,11 @@ func (r *Router) Sync(p feature.Plan) error {
 	if logHosts {
 		r.log.Warn("known hosts", "err", plan.hostsErr)
 	}
-	if err := r.dp.AttachUplink(r.uplink, plan.uplink); err != nil {
-		return err
+	if plan.uplink != r.uplinkAt {
+		if err := r.dp.AttachUplink(r.uplink, plan.uplink); err != nil {
+			return err
+		}
+		r.uplinkAt = plan.uplink
 	}
 	if err := r.dp.Apply(plan.entries, r.uplink); err != nil {
 		return err

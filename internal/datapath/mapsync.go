@@ -32,9 +32,16 @@ func ReadMap[K, V comparable](k *Kernel, name string, into map[K]V) error {
 	return nil
 }
 
+// Table is what PutChanged and RemoveGone write to: an *ebpf.Map, or a
+// test's wrapper that counts or fails the writes.
+type Table interface {
+	Put(key, value any) error
+	Delete(key any) error
+}
+
 // PutChanged writes every entry of want that cur does not hold as it is,
 // and records it in cur.
-func PutChanged[K, V comparable](m *ebpf.Map, cur, want map[K]V, what string) error {
+func PutChanged[K, V comparable](m Table, cur, want map[K]V, what string) error {
 	for k, v := range want {
 		if c, ok := cur[k]; ok && c == v {
 			continue
@@ -49,7 +56,7 @@ func PutChanged[K, V comparable](m *ebpf.Map, cur, want map[K]V, what string) er
 
 // RemoveGone takes out every entry of cur that want does not have: deleted
 // from a hash, zeroed in an array.
-func RemoveGone[K, V comparable](m *ebpf.Map, cur, want map[K]V, array bool, what string) error {
+func RemoveGone[K, V comparable](m Table, cur, want map[K]V, array bool, what string) error {
 	for k := range cur {
 		if _, ok := want[k]; ok {
 			continue

@@ -67,6 +67,10 @@ func Compile(n feature.Node) (Plan, error) {
 	})
 	slots, names := map[uint32]string{}, map[string]bool{}
 	var all []intent.Sliver // for the overlap check between slivers
+	// lease.Overlap compares a sliver with every one before it: 0.1 s a
+	// pass at 1,000 slivers, 1.4 s at 4,000. It is asked only when two
+	// leases do share a port, to name them.
+	overlaps := anyOverlap(slivers)
 	for _, s := range slivers {
 		if err := lease.CheckSliverName(s.Name); err != nil {
 			return Plan{}, fmt.Errorf("node %s: %w", n.Name, err)
@@ -87,8 +91,10 @@ func Compile(n feature.Node) (Plan, error) {
 			return Plan{}, fmt.Errorf("node %s: sliver %s: %w", n.Name, s.Name, err)
 		}
 		// Ephemeral range 1-0: empty; the controller checked the host's.
-		if err := lease.Overlap(n.Name, s.Name, leases, all, 1, 0); err != nil {
-			return Plan{}, fmt.Errorf("node %s: sliver %s: %w", n.Name, s.Name, err)
+		if overlaps {
+			if err := lease.Overlap(n.Name, s.Name, leases, all, 1, 0); err != nil {
+				return Plan{}, fmt.Errorf("node %s: sliver %s: %w", n.Name, s.Name, err)
+			}
 		}
 		all = append(all, intent.Sliver{Host: n.Name, Name: s.Name, Slot: s.Slot, Leases: leases})
 	}
@@ -128,6 +134,35 @@ func Compile(n feature.Node) (Plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// anyOverlap reports whether two of the slivers' leases share a port on
+// one uplink (two of one sliver's too, which lease.Check refuses): one
+// sort and one sweep. Leases that are no range (lo > hi) share nothing.
+func anyOverlap(slivers []intent.LocalSliver) bool {
+	var spans []intent.Lease
+	for _, s := range slivers {
+		for _, l := range s.Leases {
+			if l.Lo <= l.Hi {
+				spans = append(spans, l)
+			}
+		}
+	}
+	slices.SortFunc(spans, func(a, b intent.Lease) int {
+		if a.Uplink != b.Uplink {
+			return a.Uplink - b.Uplink
+		}
+		return int(a.Lo) - int(b.Lo)
+	})
+	for i := 1; i < len(spans); i++ {
+		if spans[i].Uplink == spans[i-1].Uplink && spans[i].Lo <= spans[i-1].Hi {
+			return true
+		}
+		if spans[i].Uplink == spans[i-1].Uplink && spans[i].Hi < spans[i-1].Hi {
+			spans[i].Hi = spans[i-1].Hi // the sweep carries the highest end so far
+		}
+	}
+	return false
 }
 
 func uplinkList(us []Uplink) string {

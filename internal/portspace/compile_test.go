@@ -2,6 +2,7 @@ package portspace
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"reflect"
@@ -159,5 +160,80 @@ func TestCompileRefusesWhatTheControllerNeverWrites(t *testing.T) {
 				t.Fatalf("err %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+func TestAnyOverlapFindsEveryPortSharedOnOneUplink(t *testing.T) {
+	l := func(up int, lo, hi uint16) intent.Lease { return intent.Lease{Uplink: up, Lo: lo, Hi: hi} }
+	sl := func(ls ...intent.Lease) intent.LocalSliver { return intent.LocalSliver{Leases: ls} }
+	cases := []struct {
+		name    string
+		slivers []intent.LocalSliver
+		want    bool
+	}{
+		{"none", nil, false},
+		{"adjacent", []intent.LocalSliver{sl(l(0, 10, 19)), sl(l(0, 20, 29))}, false},
+		{"one port shared", []intent.LocalSliver{sl(l(0, 10, 20)), sl(l(0, 20, 29))}, true},
+		{"same ports, other uplinks", []intent.LocalSliver{sl(l(0, 10, 20)), sl(l(1, 10, 20))}, false},
+		{"inside a long one, after a short one", []intent.LocalSliver{sl(l(0, 10, 100)), sl(l(0, 20, 30)), sl(l(0, 50, 60))}, true},
+		{"one sliver's own", []intent.LocalSliver{sl(l(0, 10, 20), l(0, 15, 25))}, true},
+		{"no range", []intent.LocalSliver{sl(l(0, 10, 20)), sl(l(0, 30, 15))}, false},
+	}
+	for _, c := range cases {
+		if got := anyOverlap(c.slivers); got != c.want {
+			t.Errorf("%s: anyOverlap = %v, want %v", c.name, got, c.want)
+		}
+	}
+	// And on random slivers, as a pairwise comparison finds.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 2000; round++ {
+		var slivers []intent.LocalSliver
+		var all []intent.Lease
+		for i := 0; i < 1+rng.IntN(6); i++ {
+			var s intent.LocalSliver
+			for j := 0; j < 1+rng.IntN(3); j++ {
+				lo := uint16(rng.IntN(200))
+				le := l(rng.IntN(2), lo, lo+uint16(rng.IntN(30)))
+				s.Leases = append(s.Leases, le)
+				all = append(all, le)
+			}
+			slivers = append(slivers, s)
+		}
+		want := false
+		for i := range all {
+			for j := i + 1; j < len(all); j++ {
+				a, b := all[i], all[j]
+				if a.Uplink == b.Uplink && max(a.Lo, b.Lo) <= min(a.Hi, b.Hi) {
+					want = true
+				}
+			}
+		}
+		if got := anyOverlap(slivers); got != want {
+			t.Fatalf("round %d: anyOverlap(%v) = %v, a pairwise comparison says %v", round, slivers, got, want)
+		}
+	}
+}
+
+func TestLinkMACsAreTheHostsLinksAsReadOneByOne(t *testing.T) {
+	macOf, err := linkMACs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ifc := range ifs {
+		one, err := net.InterfaceByIndex(ifc.Index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mac, err := macOf(ifc.Index)
+		if err != nil || mac.String() != one.HardwareAddr.String() {
+			t.Errorf("link %s (%d): MAC %v, %v; read alone: %v", ifc.Name, ifc.Index, mac, err, one.HardwareAddr)
+		}
+	}
+	if _, err := macOf(1 << 30); err == nil || !strings.Contains(err.Error(), "sliver link 1073741824") {
+		t.Errorf("a link that is not there: %v, want an error naming it", err)
 	}
 }

@@ -23,7 +23,7 @@ type Feature struct {
 	cgroupDir string
 	node      string // the metrics' node label
 	// vifMAC reads a sliver link's own MAC (a frame for the host is
-	// given it); tests replace it.
+	// given it); tests set it. nil: the host's links, read once a pass.
 	vifMAC func(ifindex int) (net.HardwareAddr, error)
 	// links attaches the programs: the kernel; a recording fake in the
 	// BPF_PROG_RUN tests, whose links are made up.
@@ -35,14 +35,23 @@ type Feature struct {
 	log      *slog.Logger
 	rl       *ratelog.Logger
 
+	// tables opens a reconciled map for writing; nil: the kernel's
+	// (f.k.Map). Tests count or fail the writes through it.
+	tables func(name string) (datapath.Table, error)
+
 	mu    sync.Mutex
-	cur   *state            // what the maps hold; nil until first read
+	cur   *state            // what the maps hold; nil until read (at start, after a failed write)
 	names map[uint32]string // slot -> sliver name, as last synced
+	// portsFrom are the leases ps_ports was last made to hold exactly,
+	// when portsKnown (not at start or after a failed write).
+	portsFrom  []portLease
+	portsKnown bool
+	scratch    []uint32 // a pass's ps_ports when its leases changed
 }
 
 // New is the feature on the loaded datapath k.
 func New(k *datapath.Kernel) *Feature {
-	return &Feature{k: k, vifMAC: interfaceMAC, links: k, names: map[uint32]string{}}
+	return &Feature{k: k, links: k, names: map[uint32]string{}}
 }
 
 // linker is what Sync needs of the kernel to attach the programs.
@@ -74,12 +83,26 @@ func (f *Feature) WithCgroups(dir string) *Feature {
 	return f
 }
 
-func interfaceMAC(ifindex int) (net.HardwareAddr, error) {
-	ifc, err := net.InterfaceByIndex(ifindex)
+// linkMACs reads every link of the host once and returns a lookup of a
+// sliver link's MAC by ifindex. One lookup by index reads them all too
+// (net.InterfaceByIndex lists every link and keeps one), so a pass that
+// asked once per sliver link read the host's links as many times.
+func linkMACs() (func(ifindex int) (net.HardwareAddr, error), error) {
+	ifs, err := net.Interfaces()
 	if err != nil {
-		return nil, fmt.Errorf("sliver link %d: %w", ifindex, err)
+		return nil, fmt.Errorf("list links: %w", err)
 	}
-	return ifc.HardwareAddr, nil
+	macs := make(map[int]net.HardwareAddr, len(ifs))
+	for _, ifc := range ifs {
+		macs[ifc.Index] = ifc.HardwareAddr
+	}
+	return func(ifindex int) (net.HardwareAddr, error) {
+		mac, ok := macs[ifindex]
+		if !ok {
+			return nil, fmt.Errorf("sliver link %d: no such link", ifindex)
+		}
+		return mac, nil
+	}, nil
 }
 
 // Name implements feature.Feature.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -18,11 +19,16 @@ import (
 // state is what the reconciled maps hold (arrays: only their non-zero
 // entries). Sync keeps the last one it wrote, so a pass writes only what
 // changed: rewriting 4×65536 port slots every pass would be too slow.
+//
+// ps_ports is kept as the array it is (portKeys slots, 1 MiB), not as a
+// Go map: with every port leased that map had 262,140 entries, and
+// building and comparing it again took a pass ~35 ms although nothing
+// had changed.
 type state struct {
 	uplinks map[uint32]datapath.PsUplink // by ifindex
 	index   map[uint32]datapath.PsUplink // by uplink index
 	addrs   map[uint32]uint32
-	ports   map[uint32]uint32
+	ports   []uint32 // by portKey: the slot leasing the port, 0 for none
 	slivers map[uint32]datapath.PsSliver
 	vifs    map[uint32]datapath.PsVif
 	fanout  map[datapath.PsFanoutKey]uint32
@@ -30,13 +36,61 @@ type state struct {
 	limits  map[uint32]datapath.PsLimits
 }
 
-func newState() *state {
-	return &state{
+// portKeys is how many slots ps_ports has: every port of every uplink.
+const portKeys = MaxUplinks * 65536
+
+// portKey is a port's slot in ps_ports (bpf/lib/portspace.h's key).
+func portKey(uplink int, port uint16) uint32 { return uint32(uplink)<<16 | uint32(port) }
+
+// newState is an empty state; the ports array is made only for what
+// the maps hold (cur), never for a pass's want.
+func newState(withPorts bool) *state {
+	s := &state{
 		uplinks: map[uint32]datapath.PsUplink{}, index: map[uint32]datapath.PsUplink{},
-		addrs: map[uint32]uint32{}, ports: map[uint32]uint32{}, slivers: map[uint32]datapath.PsSliver{},
+		addrs: map[uint32]uint32{}, slivers: map[uint32]datapath.PsSliver{},
 		vifs: map[uint32]datapath.PsVif{}, fanout: map[datapath.PsFanoutKey]uint32{},
 		cgroups: map[uint64]uint32{}, limits: map[uint32]datapath.PsLimits{},
 	}
+	if withPorts {
+		s.ports = make([]uint32, portKeys)
+	}
+	return s
+}
+
+// portLease is one lease as ps_ports holds it: whose ports are which.
+type portLease struct {
+	sliver string
+	slot   uint32
+	uplink int
+	lo, hi uint16
+}
+
+// leasesOf lists p's leases in plan order: the whole of what ps_ports is
+// made from, so two plans with the same list need the same ports.
+func leasesOf(p Plan) []portLease {
+	var out []portLease
+	for _, sl := range p.Slivers {
+		for _, l := range sl.Leases {
+			out = append(out, portLease{sliver: sl.Name, slot: sl.Slot, uplink: l.Uplink, lo: l.Lo, hi: l.Hi})
+		}
+	}
+	return out
+}
+
+// portsOf fills into (portKeys long) with the slot of every leased port,
+// refusing two slivers on one port. Leases were checked by want.
+func portsOf(leases []portLease, into []uint32) error {
+	clear(into)
+	for _, l := range leases {
+		for port := int(l.lo); port <= int(l.hi); port++ {
+			key := portKey(l.uplink, uint16(port))
+			if other := into[key]; other != 0 {
+				return fmt.Errorf("sliver %s: port %d on uplink %d is also slot %d's", l.sliver, port, l.uplink, other)
+			}
+			into[key] = l.slot
+		}
+	}
+	return nil
 }
 
 // Lifetimes the shares are sized from (bpf/lib/portspace_maps.h, portspace.h).
@@ -69,13 +123,20 @@ func limitsFor(slivers int, fragCap, echoCap int) datapath.PsLimits {
 	return l
 }
 
-// want is the maps' content for p.
+// want is the maps' content for p, ps_ports apart (portsOf).
 func (f *Feature) want(p Plan) (*state, map[string]int, error) {
-	s := newState()
+	s := newState(false)
 	attach := map[string]int{}
 	bySlot := append([]Sliver(nil), p.Slivers...)
 	sort.Slice(bySlot, func(i, j int) bool { return bySlot[i].Slot < bySlot[j].Slot })
 	fan := map[int]uint32{}
+	macOf := f.vifMAC
+	if macOf == nil && len(p.Slivers) > 0 {
+		var err error
+		if macOf, err = linkMACs(); err != nil {
+			return nil, nil, err
+		}
+	}
 	for _, sl := range bySlot {
 		if sl.Slot < 1 || sl.Slot > MaxSlivers {
 			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, MaxSlivers)
@@ -88,13 +149,6 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 			if l.Uplink < 0 || l.Uplink >= MaxUplinks || l.Lo > l.Hi {
 				return nil, nil, fmt.Errorf("sliver %s: lease %d-%d on uplink %d is not a range on an uplink 0..%d", sl.Name, l.Lo, l.Hi, l.Uplink, MaxUplinks-1)
 			}
-			for port := int(l.Lo); port <= int(l.Hi); port++ {
-				key := uint32(l.Uplink)<<16 | uint32(port)
-				if other, taken := s.ports[key]; taken {
-					return nil, nil, fmt.Errorf("sliver %s: port %d on uplink %d is also slot %d's", sl.Name, port, l.Uplink, other)
-				}
-				s.ports[key] = sl.Slot
-			}
 			// Rewritten echo ids come from its lowest lease on the uplink.
 			if rec.EchoLo[l.Uplink] > rec.EchoHi[l.Uplink] || l.Lo < rec.EchoLo[l.Uplink] {
 				rec.EchoLo[l.Uplink], rec.EchoHi[l.Uplink] = l.Lo, l.Hi
@@ -104,7 +158,7 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 			if v.Uplink < 0 || v.Uplink >= MaxUplinks || v.Ifindex <= 0 {
 				return nil, nil, fmt.Errorf("sliver %s: link %s (ifindex %d) on uplink %d", sl.Name, v.Name, v.Ifindex, v.Uplink)
 			}
-			mac, err := f.vifMAC(v.Ifindex)
+			mac, err := macOf(v.Ifindex)
 			if err != nil {
 				return nil, nil, fmt.Errorf("sliver %s: %w", sl.Name, err)
 			}
@@ -182,7 +236,25 @@ func (f *Feature) sync(p Plan) error {
 	if want.cgroups, err = f.cgroupIDs(p); err != nil {
 		return fmt.Errorf("portspace: %w", err)
 	}
+	// ps_ports is made from the leases alone: when they are those the
+	// map was last made to hold, it holds them, and nothing of its
+	// 262,144 slots is looked at. Otherwise the whole of it is made
+	// again (a few hundred µs) and compared with what it holds.
+	leases := leasesOf(p)
+	samePorts := f.cur != nil && f.portsKnown && slices.Equal(leases, f.portsFrom)
+	var wantPorts []uint32
+	if !samePorts {
+		if f.scratch == nil {
+			f.scratch = make([]uint32, portKeys)
+		}
+		if err := portsOf(leases, f.scratch); err != nil {
+			return fmt.Errorf("portspace: %w", err)
+		}
+		wantPorts = f.scratch
+	}
 	if f.cur == nil {
+		// An agent's first pass, or the first after a failed write:
+		// what the maps hold is read, not assumed, and compared with.
 		if f.cur, err = f.read(); err != nil {
 			return fmt.Errorf("portspace: %w", err)
 		}
@@ -197,14 +269,14 @@ func (f *Feature) sync(p Plan) error {
 		}
 	}
 	cur := f.cur
-	m := func(name string) *ebpf.Map {
-		mm, merr := f.k.Map(name)
+	m := func(name string) datapath.Table {
+		mm, merr := f.table(name)
 		if merr != nil && err == nil {
 			err = merr
 		}
 		return mm
 	}
-	maps := struct{ uplinks, index, addrs, ports, slivers, vifs, fanout, cgroups, limits *ebpf.Map }{
+	maps := struct{ uplinks, index, addrs, ports, slivers, vifs, fanout, cgroups, limits datapath.Table }{
 		m(MapUplinks), m("ps_uplink_index"), m(MapAddrs), m(MapPorts), m(MapSlivers), m(MapVifs), m(MapFanout), m(MapCgroups), m("ps_config"),
 	}
 	if err != nil {
@@ -220,8 +292,8 @@ func (f *Feature) sync(p Plan) error {
 		func() error { return datapath.PutChanged(maps.addrs, cur.addrs, want.addrs, "ps_addrs") },
 		func() error { return datapath.PutChanged(maps.limits, cur.limits, want.limits, "ps_config") },
 		func() error { return datapath.PutChanged(maps.cgroups, cur.cgroups, want.cgroups, "ps_cgroups") },
-		func() error { return datapath.PutChanged(maps.ports, cur.ports, want.ports, "ps_ports") },
-		func() error { return datapath.RemoveGone(maps.ports, cur.ports, want.ports, true, "ps_ports") },
+		func() error { return putPorts(maps.ports, cur.ports, wantPorts) },
+		func() error { return removePorts(maps.ports, cur.ports, wantPorts) },
 		func() error { return datapath.RemoveGone(maps.cgroups, cur.cgroups, want.cgroups, false, "ps_cgroups") },
 		func() error { return datapath.RemoveGone(maps.addrs, cur.addrs, want.addrs, false, "ps_addrs") },
 		func() error { return datapath.RemoveGone(maps.uplinks, cur.uplinks, want.uplinks, false, "ps_uplinks") },
@@ -234,16 +306,61 @@ func (f *Feature) sync(p Plan) error {
 	for _, step := range steps {
 		if err := step(); err != nil {
 			// What the maps hold is no longer known for sure: read it
-			// again on the next pass.
-			f.cur = nil
+			// again on the next pass, and compare every port with it.
+			f.cur, f.portsKnown, f.portsFrom = nil, false, nil
 			return fmt.Errorf("portspace: %w", err)
 		}
+	}
+	if !samePorts {
+		f.portsKnown, f.portsFrom = true, leases
 	}
 	f.names = map[uint32]string{}
 	for _, sl := range p.Slivers {
 		f.names[sl.Slot] = sl.Name
 	}
 	return f.attach(p, attach)
+}
+
+// putPorts writes every port of want (nil: unchanged, nothing to do)
+// whose slot cur does not have, and records it in cur.
+func putPorts(m datapath.Table, cur, want []uint32) error {
+	for key, slot := range want {
+		if slot == 0 || cur[key] == slot {
+			continue
+		}
+		if err := m.Put(uint32(key), slot); err != nil {
+			return fmt.Errorf("write ps_ports: %w", err)
+		}
+		cur[key] = slot
+	}
+	return nil
+}
+
+// removePorts zeroes every port cur has that want (nil: unchanged) has
+// not: the port is the host's again.
+func removePorts(m datapath.Table, cur, want []uint32) error {
+	if want == nil {
+		return nil
+	}
+	for key, slot := range cur {
+		if slot == 0 || want[key] != 0 {
+			continue
+		}
+		if err := m.Put(uint32(key), uint32(0)); err != nil {
+			return fmt.Errorf("remove from ps_ports: %w", err)
+		}
+		cur[key] = 0
+	}
+	return nil
+}
+
+// table is the reconciled map name as Sync writes it: the kernel's, or
+// what a test put in its place (f.tables).
+func (f *Feature) table(name string) (datapath.Table, error) {
+	if f.tables != nil {
+		return f.tables(name)
+	}
+	return f.k.Map(name)
 }
 
 // attach puts the programs where p needs them and takes them off where it
@@ -298,11 +415,11 @@ func (f *Feature) cgroupIDs(p Plan) (map[uint64]uint32, error) {
 
 // resetSlot zeroes a slot's counters and shares.
 func (f *Feature) resetSlot(slot uint32) error {
-	stats, err := f.k.Map("ps_stats")
+	stats, err := f.table("ps_stats")
 	if err != nil {
 		return err
 	}
-	shares, err := f.k.Map("ps_shares")
+	shares, err := f.table("ps_shares")
 	if err != nil {
 		return err
 	}
@@ -319,15 +436,15 @@ func (f *Feature) resetSlot(slot uint32) error {
 	return nil
 }
 
-// read takes what the maps hold (once, when the feature starts: an agent
-// restart finds the maps its predecessor wrote).
+// read takes what the maps hold (when the feature starts: an agent
+// restart finds the maps its predecessor wrote; and after a failed write).
 func (f *Feature) read() (*state, error) {
-	s := newState()
+	s := newState(true)
 	for _, r := range []func() error{
 		func() error { return datapath.ReadMap(f.k, MapUplinks, s.uplinks) },
 		func() error { return datapath.ReadMap(f.k, "ps_uplink_index", s.index) },
 		func() error { return datapath.ReadMap(f.k, MapAddrs, s.addrs) },
-		func() error { return datapath.ReadMap(f.k, MapPorts, s.ports) },
+		func() error { return f.readPorts(s.ports) },
 		func() error { return datapath.ReadMap(f.k, MapSlivers, s.slivers) },
 		func() error { return datapath.ReadMap(f.k, MapVifs, s.vifs) },
 		func() error { return datapath.ReadMap(f.k, MapFanout, s.fanout) },
@@ -339,6 +456,36 @@ func (f *Feature) read() (*state, error) {
 		}
 	}
 	return s, nil
+}
+
+// portsBatch is how many ps_ports slots one read takes: 64 KiB of keys
+// and as much of values, 4 system calls for the whole map (one lookup
+// per slot took half a second).
+const portsBatch = 16384
+
+// readPorts reads ps_ports into into (portKeys long), in batches.
+func (f *Feature) readPorts(into []uint32) error {
+	m, err := f.k.Map(MapPorts)
+	if err != nil {
+		return err
+	}
+	if int(m.MaxEntries()) != len(into) {
+		return fmt.Errorf("read %s: %d entries, want %d", MapPorts, m.MaxEntries(), len(into))
+	}
+	keys, vals := make([]uint32, portsBatch), make([]uint32, portsBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			into[keys[i]] = vals[i]
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil // the end of the map
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", MapPorts, err)
+		}
+	}
 }
 
 // Stats reads each synced sliver's counters, summed over CPUs, with its
