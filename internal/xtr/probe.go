@@ -12,11 +12,13 @@ import (
 // unauthenticated, so a forged source could aim the answers at someone
 // else: each source address gets ProbeBurst answers at once and then
 // ProbeRate a second, and all sources together ProbeTotalRate a second; an
-// answer is never larger than lisp.MaxProbeReplyLen.
+// answer is never larger than lisp.MaxProbeReplyLen (so at most ~5 KB/s
+// to one address, ~256 KB/s in all). A gateway probing at its fastest
+// (every 100 ms) stays under ProbeRate for two locators per source.
 const (
-	ProbeRate      = 5
-	ProbeBurst     = 10
-	ProbeTotalRate = 200
+	ProbeRate      = 20
+	ProbeBurst     = 40
+	ProbeTotalRate = 1000
 	// MaxProbeSources bounds the sources followed; when full, a new source
 	// shares one bucket with every other untracked one.
 	MaxProbeSources = 4096

@@ -89,7 +89,7 @@ func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			return fmt.Errorf("--rloc %s: answering RLOC probes on %s: %w", cfg.RLOCs[i].Dev, a, err)
 		}
 		go func() { <-ctx.Done(); pc.Close() }()
-		go x.answerProbes(pc, a)
+		go ServeProbes(pc, a, x.probes, x.warn)
 	}
 	reg := &lisp.Registrar{Server: cfg.MapServer, KeyID: cfg.KeyID, Key: cfg.Key, Records: cfg.Records(addrs),
 		Interval: cfg.RegisterInterval, WantMapNotify: true, Log: log}
@@ -120,9 +120,10 @@ type xtr struct {
 	probes   *Responder
 }
 
-// answerProbes answers the RLOC probes arriving at locator local until pc
-// is closed.
-func (x *xtr) answerProbes(pc *net.UDPConn, local netip.Addr) {
+// ServeProbes answers with r the RLOC probes arriving on pc, the socket on
+// locator local's control port, until pc is closed; warn rate-limits its
+// complaints.
+func ServeProbes(pc *net.UDPConn, local netip.Addr, r *Responder, warn *ratelog.Logger) {
 	buf := make([]byte, lisp.MaxMessageLen+1)
 	for {
 		n, src, err := pc.ReadFromUDPAddrPort(buf)
@@ -130,14 +131,14 @@ func (x *xtr) answerProbes(pc *net.UDPConn, local netip.Addr) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			x.warn.Warn("xtr: read rloc probes", "xtr: read rloc probes", "rloc", local, "err", err)
+			warn.Warn("xtr: read rloc probes", "xtr: read rloc probes", "rloc", local, "err", err)
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
 		src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
-		if out := x.probes.Answer(buf[:n], src, local); out != nil {
+		if out := r.Answer(buf[:n], src, local); out != nil {
 			if _, err := pc.WriteToUDPAddrPort(out, src); err != nil {
-				x.warn.Warn("xtr: answer an rloc probe", "xtr: answer an rloc probe", "rloc", local, "to", src, "err", err)
+				warn.Warn("xtr: answer an rloc probe", "xtr: answer an rloc probe", "rloc", local, "to", src, "err", err)
 			}
 		}
 	}

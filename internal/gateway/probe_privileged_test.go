@@ -1,0 +1,216 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/lisp"
+	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/ratelog"
+	"github.com/onehop/onehop/internal/xtr"
+)
+
+// startSelf runs this test binary as the gateway daemon (TestMain) in gw
+// with cfg, the paths and mapping of lab.start.
+func (l *lab) startSelf(t testing.TB, cfg Config) {
+	t.Helper()
+	cfg.Intercept, cfg.EIDPrefix, cfg.Control = []string{"g0"}, netip.MustParsePrefix("10.77.0.0/24"), l.sock
+	cfg.Paths = []Path{
+		{Name: "wan1", Dev: "p1", EID: netip.MustParseAddr(gwEID1), RLOC: netip.MustParseAddr("192.168.71.1")},
+		{Name: "wan2", Dev: "p2", EID: netip.MustParseAddr(gwEID2), RLOC: netip.MustParseAddr("192.168.72.1")},
+	}
+	cfg.Static = []Record{{EID: netip.MustParsePrefix("10.88.0.0/24"), Locators: []Locator{
+		{Addr: netip.MustParseAddr("192.168.71.2"), Priority: 1, Weight: 100},
+		{Addr: netip.MustParseAddr("192.168.72.2"), Priority: 1, Weight: 100}}}}
+	cfg.ListenPort, cfg.FWMark, cfg.Table, cfg.RulePriority = DefaultListenPort, DefaultFWMark, DefaultTable, DefaultRulePriority
+	cfg.Congestion, cfg.MaxPerClient = DefaultCongestion, DefaultMaxPerClient
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.logs = &syncBuf{}
+	l.daemon = exec.Command(l.bin, "netns-exec", l.gw, "--", self, "-test.run=^$")
+	l.daemon.Env = append(os.Environ(), daemonEnv+"="+string(js))
+	l.daemon.Stdout, l.daemon.Stderr = l.logs, l.logs
+	if err := l.daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	daemon := l.daemon
+	t.Cleanup(func() {
+		if daemon.ProcessState == nil {
+			if err := daemon.Process.Kill(); err != nil {
+				t.Error(err)
+			}
+			daemon.Wait() //nolint:errcheck // killed: its exit status says so
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := Ask(l.sock, Request{Op: "status"}); err == nil {
+			return
+		} else if time.Now().After(deadline) || l.daemon.ProcessState != nil {
+			t.Fatalf("gateway never answered: %v\n%s", err, l.logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// answerProbes makes srv answer RLOC probes on both its locators with the
+// xTR's own responder (xtr.ServeProbes), for the data center's prefix.
+func (l *lab) answerProbes(t testing.TB) *xtr.Responder {
+	t.Helper()
+	addrs := []netip.Addr{netip.MustParseAddr("192.168.71.2"), netip.MustParseAddr("192.168.72.2")}
+	xc := xtr.Config{RLOCs: []xtr.RLOC{{Dev: "s1", Priority: 1, Weight: 100}, {Dev: "s2", Priority: 1, Weight: 100}},
+		EIDPrefixes: []netip.Prefix{netip.MustParsePrefix("10.88.0.0/24")}, TTL: xtr.DefaultTTL}
+	r := xtr.NewResponder(xc.Records(addrs), nil)
+	for _, a := range addrs {
+		var pc *net.UDPConn
+		if err := netns.Do(l.srv, func() (err error) {
+			pc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, lisp.ControlPort)))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		go xtr.ServeProbes(pc, a, r, ratelog.New(nil, 5, time.Minute, nil))
+	}
+	return r
+}
+
+// pathStatus returns the named path's status now.
+func (l *lab) pathStatus(t testing.TB, name string) (PathStatus, Reply) {
+	t.Helper()
+	r, err := Ask(l.sock, Request{Op: "status"})
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, l.logs)
+	}
+	for _, p := range r.Paths {
+		if p.Name == name {
+			return p, r
+		}
+	}
+	t.Fatalf("no path %s in %+v", name, r.Paths)
+	return PathStatus{}, r
+}
+
+// waitPathFor waits up to within for the named path to satisfy cond and
+// returns how long it took.
+func (l *lab) waitPathFor(t testing.TB, name string, within time.Duration, what string, cond func(PathStatus) bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var last PathStatus
+	for time.Since(start) < within {
+		if last, _ = l.pathStatus(t, name); cond(last) {
+			return time.Since(start)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("path %s not %s within %v: %+v\n%s", name, what, within, last, l.logs)
+	return 0
+}
+
+func nftIn(t testing.TB, ns, script string) {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft in %s: %v: %s", ns, err, out)
+	}
+}
+
+// The far side of wan1 fails while the gateway's link p1 stays up (srv
+// drops everything arriving on s1): RLOC probing marks 192.168.71.2 down
+// over wan1 within interval×(misses+1) plus slack, status shows wan1 down
+// for "rloc probe", its subflow is closed and the download goes on over
+// wan2; when the drop is removed one answered probe brings wan1 back and
+// the same connection gets its wan1 subflow again; the download arrives
+// whole.
+func TestPrivilegedGatewayRLOCProbeNoticesAFarSideFailure(t *testing.T) {
+	l := newLabPrefix(t, "rp", "20mbit")
+	const interval, misses = 300 * time.Millisecond, 3
+	blob := make([]byte, 48<<20)
+	if _, err := rand.Read(blob); err != nil {
+		t.Fatal(err)
+	}
+	l.serve(t, srvEID+":5201", true, blob)
+	resp := l.answerProbes(t)
+	l.startSelf(t, Config{ProbeInterval: interval, ProbeMisses: misses})
+
+	d := l.download(t, srvEID+":5201")
+	d.waitBytes(t, 1<<20, l.logs)
+	l.conn(t, srvEID+":5201", func(c ConnStatus) bool { return liveOn(c, "wan1") && liveOn(c, "wan2") })
+	for _, n := range []string{"wan1", "wan2"} {
+		l.waitPathFor(t, n, 5*time.Second, "answering probes", func(p PathStatus) bool {
+			return p.Up && len(p.Probes) == 1 && p.Probes[0].Answered > 0
+		})
+	}
+
+	nftIn(t, l.srv, "table ip rptest {\n chain in {\n  type filter hook prerouting priority raw;\n  iifname \"s1\" drop\n }\n}\n")
+	cut := time.Now()
+	bound := interval*(misses+1) + time.Second
+	took := l.waitPathFor(t, "wan1", bound, "down for rloc probe", func(p PathStatus) bool { return !p.Up && p.Reason == "rloc probe" })
+	t.Logf("wan1 marked down %v after its far side failed (interval %v, misses %d)", time.Since(cut), interval, misses)
+	if took < interval*(misses-1) {
+		t.Fatalf("wan1 down after %v: sooner than %d missed probes could say", took, misses)
+	}
+	h, err := netns.Handle(l.gw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p1, err := h.LinkByName("p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p1.Attrs().Flags&net.FlagUp == 0 || p1.Attrs().OperState.String() != "up" {
+		t.Fatalf("p1 is not up (%v): the test must fail the far side only", p1.Attrs().OperState)
+	}
+	c := l.conn(t, srvEID+":5201", func(c ConnStatus) bool {
+		for _, s := range c.Subflows {
+			if s.Path == "wan1" && s.State == "closed: rloc probe" {
+				return liveOn(c, "wan2")
+			}
+		}
+		return false
+	})
+	if !c.Open {
+		t.Fatalf("connection closed: %+v", c)
+	}
+	/* the transfer goes on over wan2 while wan1 is down */
+	at := d.got.Load()
+	d.waitBytes(t, at+2<<20, l.logs)
+	if p, _ := l.pathStatus(t, "wan1"); p.Up {
+		t.Fatalf("wan1 came back while its far side still drops: %+v", p)
+	}
+
+	nftIn(t, l.srv, "delete table ip rptest\n")
+	healed := time.Now()
+	l.waitPathFor(t, "wan1", interval+time.Second, "up again", func(p PathStatus) bool { return p.Up && p.Reason == "" })
+	t.Logf("wan1 up again %v after the drop was removed", time.Since(healed))
+	l.conn(t, srvEID+":5201", func(c ConnStatus) bool { return c.Open && liveOn(c, "wan1") && liveOn(c, "wan2") })
+	d.wait(t, blob, l.logs)
+
+	_, r := l.pathStatus(t, "wan1")
+	if r.Counters["rloc_down"] != 1 || r.Counters["rloc_up"] != 1 || r.Counters["subflows_closed_rloc_down"] != 1 ||
+		r.Counters["path_down"] != 0 || r.Counters["probe_bad_nonce"] != 0 || r.Counters["probe_bad_source"] != 0 {
+		t.Fatalf("counters %v: want one rloc down and up, one subflow closed for it, no link change, no bad answer", r.Counters)
+	}
+	if st := resp.Stats(); st.Answered == 0 || st.Refused != 0 || st.RateLimited != 0 {
+		t.Fatalf("responder %+v", st)
+	}
+	l.stop(t)
+}
