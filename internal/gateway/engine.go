@@ -383,7 +383,8 @@ func (e *Engine) SetRLOCUp(path int, rloc netip.Addr, up bool) {
 	}
 	conns := e.mptcpConns()
 	p := e.cfg.Paths[path]
-	e.log.Info("gateway: rloc "+map[bool]string{true: "up", false: "down"}[up]+" (rloc probe)", "path", p.Name, "rloc", rloc, "connections", len(conns))
+	/* rate-limited: a far end can make its locator flap */
+	e.rl.Info("rloc:"+p.Name+":"+rloc.String(), "gateway: rloc "+map[bool]string{true: "up", false: "down"}[up]+" (rloc probe)", "path", p.Name, "rloc", rloc, "connections", len(conns))
 	if !up {
 		e.count("rloc_down")
 		e.closeSubflows(path, conns, "rloc probe", "subflows_closed_rloc_down", func(c *conn) bool {

@@ -70,13 +70,15 @@ func (l *lab) startSelf(t testing.TB, cfg Config) {
 }
 
 // answerProbes makes srv answer RLOC probes on both its locators with the
-// xTR's own responder (xtr.ServeProbes), for the data center's prefix.
-func (l *lab) answerProbes(t testing.TB) *xtr.Responder {
+// xTR's own responder (xtr.ServeProbes), for the data center's prefix; it
+// returns the responder and its sockets by locator.
+func (l *lab) answerProbes(t testing.TB) (*xtr.Responder, map[netip.Addr]*net.UDPConn) {
 	t.Helper()
 	addrs := []netip.Addr{netip.MustParseAddr("192.168.71.2"), netip.MustParseAddr("192.168.72.2")}
 	xc := xtr.Config{RLOCs: []xtr.RLOC{{Dev: "s1", Priority: 1, Weight: 100}, {Dev: "s2", Priority: 1, Weight: 100}},
 		EIDPrefixes: []netip.Prefix{netip.MustParsePrefix("10.88.0.0/24")}, TTL: xtr.DefaultTTL}
 	r := xtr.NewResponder(xc.Records(addrs), nil)
+	socks := map[netip.Addr]*net.UDPConn{}
 	for _, a := range addrs {
 		var pc *net.UDPConn
 		if err := netns.Do(l.srv, func() (err error) {
@@ -86,9 +88,46 @@ func (l *lab) answerProbes(t testing.TB) *xtr.Responder {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pc.Close() })
+		socks[a] = pc
 		go xtr.ServeProbes(pc, a, r, ratelog.New(nil, 5, time.Minute, nil))
 	}
-	return r
+	return r, socks
+}
+
+// probePort finds the UDP port of the gateway's probe socket on rloc.
+func (l *lab) probePort(t testing.TB, rloc string) netip.AddrPort {
+	t.Helper()
+	out := run(t, "ip", "netns", "exec", l.gw, "ss", "-uanH", "src", rloc)
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		/* "UNCONN 0 0 192.168.71.1%p1:41234 0.0.0.0:*" */
+		local := f[3]
+		if i := strings.LastIndex(local, ":"); i > 0 {
+			host, port := local[:i], local[i+1:]
+			host, _, _ = strings.Cut(host, "%")
+			if ap, err := netip.ParseAddrPort(host + ":" + port); err == nil {
+				return ap
+			}
+		}
+	}
+	t.Fatalf("no probe socket on %s in gw:\n%s", rloc, out)
+	return netip.AddrPort{}
+}
+
+// forgedReply is a Map-Reply with the P bit and nonce for the data
+// center's prefix.
+func forgedReply(t testing.TB, nonce uint64) []byte {
+	t.Helper()
+	rep := lisp.MapReply{Nonce: nonce, Probe: true, Records: []lisp.Record{{EID: netip.MustParsePrefix("10.88.0.0/24"), TTL: time.Minute,
+		Locators: []lisp.Locator{{Addr: netip.MustParseAddr("192.168.71.2"), Priority: 1, Weight: 100, Reachable: true}}}}}
+	b, err := rep.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // pathStatus returns the named path's status now.
@@ -147,7 +186,7 @@ func TestPrivilegedGatewayRLOCProbeNoticesAFarSideFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.serve(t, srvEID+":5201", true, blob)
-	resp := l.answerProbes(t)
+	resp, socks := l.answerProbes(t)
 	l.startSelf(t, Config{ProbeInterval: interval, ProbeMisses: misses})
 
 	d := l.download(t, srvEID+":5201")
@@ -190,6 +229,39 @@ func TestPrivilegedGatewayRLOCProbeNoticesAFarSideFailure(t *testing.T) {
 	if !c.Open {
 		t.Fatalf("connection closed: %+v", c)
 	}
+	/* answers that must not bring wan1 back, sent from srv to the
+	   gateway's probe socket over wan1 (only what arrives on s1 is
+	   dropped): from the probed locator's control port with a nonce the
+	   gateway did not send, and from another port of it */
+	gwSock := l.probePort(t, "192.168.71.1")
+	const forged = 5
+	for i := range forged {
+		if _, err := socks[netip.MustParseAddr("192.168.71.2")].WriteToUDPAddrPort(forgedReply(t, uint64(0xbad0+i)), gwSock); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var other *net.UDPConn
+	if err := netns.Do(l.srv, func() (err error) {
+		other, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(192, 168, 71, 2)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.WriteToUDPAddrPort(forgedReply(t, 1), gwSock); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, r := l.pathStatus(t, "wan1")
+		if r.Counters["probe_bad_nonce"] >= forged && r.Counters["probe_bad_source"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("forged answers not counted: %v", r.Counters)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	/* the transfer goes on over wan2 while wan1 is down */
 	at := d.got.Load()
 	d.waitBytes(t, at+2<<20, l.logs)
@@ -206,8 +278,8 @@ func TestPrivilegedGatewayRLOCProbeNoticesAFarSideFailure(t *testing.T) {
 
 	_, r := l.pathStatus(t, "wan1")
 	if r.Counters["rloc_down"] != 1 || r.Counters["rloc_up"] != 1 || r.Counters["subflows_closed_rloc_down"] != 1 ||
-		r.Counters["path_down"] != 0 || r.Counters["probe_bad_nonce"] != 0 || r.Counters["probe_bad_source"] != 0 {
-		t.Fatalf("counters %v: want one rloc down and up, one subflow closed for it, no link change, no bad answer", r.Counters)
+		r.Counters["path_down"] != 0 || r.Counters["probe_bad_nonce"] < forged || r.Counters["probe_bad_source"] != 1 {
+		t.Fatalf("counters %v: want one rloc down and up, one subflow closed for it, no link change, only the forged answers bad", r.Counters)
 	}
 	if st := resp.Stats(); st.Answered == 0 || st.Refused != 0 || st.RateLimited != 0 {
 		t.Fatalf("responder %+v", st)
