@@ -531,6 +531,18 @@ type PathStatus struct {
 	LISP *PathBytes `json:"lisp,omitempty"`
 }
 
+// State is the path's state for a status table: "up", or "down" with its
+// reason ("down: rloc probe").
+func (p PathStatus) State() string {
+	switch {
+	case p.Up:
+		return "up"
+	case p.Reason != "":
+		return "down: " + p.Reason
+	}
+	return "down"
+}
+
 // PathBytes are one path's datapath counters.
 type PathBytes struct {
 	TxBytes   uint64 `json:"tx_bytes"`

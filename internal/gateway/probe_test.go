@@ -199,6 +199,14 @@ func TestRLOCDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 	if paths, _ = e.Status(); paths[0].Up || paths[0].Reason != "rloc probe" || !paths[1].Up || len(paths[0].Probes) != 2 {
 		t.Fatalf("paths with every locator of path 0 down: %+v", paths)
 	}
+	if paths[0].State() != "down: rloc probe" || paths[1].State() != "up" {
+		t.Fatalf("states %q %q", paths[0].State(), paths[1].State())
+	}
+	e.SetPathUp(1, false)
+	if paths, _ = e.Status(); paths[1].State() != "down: link down" {
+		t.Fatalf("path 1 link down: %q", paths[1].State())
+	}
+	e.SetPathUp(1, true)
 
 	mu.Lock()
 	live[0].State = 7
