@@ -262,6 +262,26 @@ func TestPrivilegedGatewayRLOCProbeNoticesAFarSideFailure(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	/* a new connection while wan1 is down is planned without its dead
+	   locator: it connects over wan2 at once, not after the initial
+	   attempt on wan1 that a path dead beyond the link costs without
+	   probing */
+	small := make([]byte, 128<<10)
+	if _, err := rand.Read(small); err != nil {
+		t.Fatal(err)
+	}
+	l.serve(t, srvEID+":5202", true, small)
+	began := time.Now()
+	l.download(t, srvEID+":5202").wait(t, small, l.logs)
+	if took := time.Since(began); took >= initialAttempt {
+		t.Fatalf("a new connection with wan1's locator down took %v: it tried wan1 first", took)
+	}
+	sc := l.conn(t, srvEID+":5202", func(c ConnStatus) bool { return !c.Open })
+	for _, sf := range sc.Subflows {
+		if sf.Path != "wan2" {
+			t.Fatalf("the new connection has a subflow on %s: %+v", sf.Path, sc)
+		}
+	}
 	/* the transfer goes on over wan2 while wan1 is down */
 	at := d.got.Load()
 	d.waitBytes(t, at+2<<20, l.logs)
@@ -278,7 +298,7 @@ func TestPrivilegedGatewayRLOCProbeNoticesAFarSideFailure(t *testing.T) {
 
 	_, r := l.pathStatus(t, "wan1")
 	if r.Counters["rloc_down"] != 1 || r.Counters["rloc_up"] != 1 || r.Counters["subflows_closed_rloc_down"] != 1 ||
-		r.Counters["path_down"] != 0 || r.Counters["probe_bad_nonce"] < forged || r.Counters["probe_bad_source"] != 1 {
+		r.Counters["path_down"] != 0 || r.Counters["dial_errors"] != 0 || r.Counters["probe_bad_nonce"] < forged || r.Counters["probe_bad_source"] != 1 {
 		t.Fatalf("counters %v: want one rloc down and up, one subflow closed for it, no link change, only the forged answers bad", r.Counters)
 	}
 	if st := resp.Stats(); st.Answered == 0 || st.Refused != 0 || st.RateLimited != 0 {
