@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // MaxPaths is the most subflows one MPTCP connection may have in Linux
@@ -79,6 +80,11 @@ type Config struct {
 	MapServer    netip.AddrPort
 	MapServerKey string
 	KeyID        uint8
+	// ProbeInterval is how often each locator in use is RLOC-probed over
+	// its path (0: no probing); ProbeMisses unanswered probes in a row take
+	// it down for that path, as its link going down would.
+	ProbeInterval time.Duration
+	ProbeMisses   int
 }
 
 // Defaults the flags start from.
@@ -252,6 +258,19 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPerClient < 0 {
 		errs = append(errs, fmt.Errorf("--max-per-client %d: want 0 (no bound) or more", c.MaxPerClient))
+	}
+	if c.ProbeInterval < 0 || c.ProbeInterval > 0 && c.ProbeInterval < MinProbeInterval {
+		errs = append(errs, fmt.Errorf("--rloc-probe-interval %s: want 0 (no probing) or at least %s", c.ProbeInterval, MinProbeInterval))
+	}
+	if c.ProbeInterval > 0 {
+		if c.ProbeMisses < 1 || c.ProbeMisses > MaxProbeMisses {
+			errs = append(errs, fmt.Errorf("--rloc-probe-misses %d: want 1 to %d", c.ProbeMisses, MaxProbeMisses))
+		}
+		for _, p := range c.Paths {
+			if !p.RLOC.IsValid() {
+				errs = append(errs, fmt.Errorf("--path dev=%s: --rloc-probe-interval needs rloc= (the probes' source and ITR-RLOC on the path)", p.Dev))
+			}
+		}
 	}
 	if c.Congestion == "" {
 		errs = append(errs, errors.New("--congestion: must name an algorithm (cubic)"))

@@ -56,6 +56,9 @@ type Engine struct {
 	counters map[string]uint64
 	// perClient counts each user address's connections (--max-per-client).
 	perClient map[netip.Addr]int
+	// probeDown holds the locators RLOC probing found down, per path.
+	probeDown map[ProbeKey]bool
+	prober    *Prober
 }
 
 // conn is one intercepted connection.
@@ -90,6 +93,9 @@ type EngineDeps struct {
 	// TCPInfo reads a connection that fell back to plain TCP (optional).
 	TCPInfo func(*net.TCPConn) (SubflowInfo, error)
 	Logger  *slog.Logger
+	// Prober, when RLOC probing is on, is read for status and counters
+	// (its changes come in through SetRLOCUp).
+	Prober *Prober
 }
 
 // NewEngine returns an engine with every path up.
@@ -106,6 +112,7 @@ func NewEngine(cfg *Config, d EngineDeps) *Engine {
 		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows, tcpInfo: d.TCPInfo,
 		log: log, rl: ratelog.New(log, 5, 10*time.Second, time.Now),
 		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{}, perClient: map[netip.Addr]int{},
+		probeDown: map[ProbeKey]bool{}, prober: d.Prober,
 	}
 }
 
@@ -142,6 +149,18 @@ func (e *Engine) isUp(i int) bool {
 	return i >= 0 && i < len(e.pathUp) && e.pathUp[i]
 }
 
+// findUsable is the PathFinder with the locators RLOC probing found down
+// over their path left out.
+func (e *Engine) findUsable(rloc netip.Addr) (int, bool) {
+	path, ok := e.find(rloc)
+	if !ok {
+		return 0, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return path, !e.probeDown[ProbeKey{Path: path, RLOC: rloc}]
+}
+
 // Open decides and opens the gateway's side of a connection intercepted
 // from client to dest: resolve, plan, pin, dial, add subflows. It returns
 // the registered connection; Splice carries it and Finish forgets it.
@@ -157,7 +176,7 @@ func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, 
 		plan = Plan{Mode: ModeNative, Why: "resolve: " + err.Error()}
 	default:
 		c.rec = rec
-		plan = PlanFor(rec, e.isUp, e.find)
+		plan = PlanFor(rec, e.isUp, e.findUsable)
 	}
 	c.mode, c.why = plan.Mode, plan.Why
 	if plan.Mode == ModeMPTCP {
@@ -327,51 +346,115 @@ func (e *Engine) SetPathUp(path int, up bool) {
 	e.mu.Lock()
 	was := e.pathUp[path]
 	e.pathUp[path] = up
-	conns := make([]*conn, 0, len(e.conns))
-	for _, c := range e.conns {
-		if c.mode == ModeMPTCP {
-			conns = append(conns, c)
-		}
-	}
 	e.mu.Unlock()
 	if was == up {
 		return
 	}
+	conns := e.mptcpConns()
 	p := e.cfg.Paths[path]
 	e.log.Info("gateway: path "+map[bool]string{true: "up", false: "down"}[up], "path", p.Name, "dev", p.Dev, "connections", len(conns))
 	if !up {
 		e.count("path_down")
-		for _, c := range conns {
-			sfs, err := e.subflows(c.up)
-			if err != nil {
-				continue
-			}
-			for _, sf := range sfs {
-				if sf.Local.Addr() != p.EID {
-					continue
-				}
-				if err := e.pm.Destroy(c.token, sf.Local, sf.Remote); err != nil {
-					e.rl.Warn("subflow", "gateway: closing a subflow of a failed path", "conn", c.id, "path", p.Name, "err", err)
-					continue
-				}
-				e.count("subflows_closed_path_down")
-				s := e.subflowStatus(sf)
-				s.State = "closed: path down"
-				e.mu.Lock()
-				c.note(s, true)
-				e.mu.Unlock()
-			}
-		}
+		e.closeSubflows(path, conns, "path down", "subflows_closed_path_down", func(*conn) bool { return true })
 		return
 	}
 	e.count("path_up")
 	if err := e.pin.Repin(path); err != nil {
 		e.log.Warn("gateway: re-pinning a path that came back", "path", p.Name, "err", err)
 	}
+	e.restoreSubflows(path, conns, netip.Addr{})
+}
+
+// SetRLOCUp records RLOC probing finding locator rloc down (or up again)
+// over path: the same as the path's link going down or up, for the
+// connections whose subflow on path goes to rloc.
+func (e *Engine) SetRLOCUp(path int, rloc netip.Addr, up bool) {
+	k := ProbeKey{Path: path, RLOC: rloc}
+	e.mu.Lock()
+	was := !e.probeDown[k]
+	if up {
+		delete(e.probeDown, k)
+	} else {
+		e.probeDown[k] = true
+	}
+	e.mu.Unlock()
+	if was == up {
+		return
+	}
+	conns := e.mptcpConns()
+	p := e.cfg.Paths[path]
+	/* rate-limited: a far end can make its locator flap */
+	e.rl.Info("rloc:"+p.Name+":"+rloc.String(), "gateway: rloc "+map[bool]string{true: "up", false: "down"}[up]+" (rloc probe)", "path", p.Name, "rloc", rloc, "connections", len(conns))
+	if !up {
+		e.count("rloc_down")
+		e.closeSubflows(path, conns, "rloc probe", "subflows_closed_rloc_down", func(c *conn) bool {
+			/* the locator this connection's subflow on path goes to */
+			for _, sf := range PlanFor(c.rec, nil, e.find).Subflows {
+				if sf.Path == path {
+					return sf.Locator.Addr == rloc
+				}
+			}
+			return false
+		})
+		return
+	}
+	e.count("rloc_up")
+	if e.isUp(path) {
+		e.restoreSubflows(path, conns, rloc)
+	}
+}
+
+// mptcpConns lists the MPTCP connections.
+func (e *Engine) mptcpConns() []*conn {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	conns := make([]*conn, 0, len(e.conns))
+	for _, c := range e.conns {
+		if c.mode == ModeMPTCP {
+			conns = append(conns, c)
+		}
+	}
+	return conns
+}
+
+// closeSubflows closes the subflow on path of each connection match
+// picks, noting why in its status and counting it under counter.
+func (e *Engine) closeSubflows(path int, conns []*conn, why, counter string, match func(*conn) bool) {
+	p := e.cfg.Paths[path]
 	for _, c := range conns {
-		plan := PlanFor(c.rec, e.isUp, e.find)
+		if !match(c) {
+			continue
+		}
+		sfs, err := e.subflows(c.up)
+		if err != nil {
+			continue
+		}
+		for _, sf := range sfs {
+			if sf.Local.Addr() != p.EID {
+				continue
+			}
+			if err := e.pm.Destroy(c.token, sf.Local, sf.Remote); err != nil {
+				e.rl.Warn("subflow", "gateway: closing a subflow of a failed path", "conn", c.id, "path", p.Name, "why", why, "err", err)
+				continue
+			}
+			e.count(counter)
+			s := e.subflowStatus(sf)
+			s.State = "closed: " + why
+			e.mu.Lock()
+			c.note(s, true)
+			e.mu.Unlock()
+		}
+	}
+}
+
+// restoreSubflows gives each connection whose plan (now) has a subflow on
+// path (to rloc, when valid) that subflow back if it has none alive.
+func (e *Engine) restoreSubflows(path int, conns []*conn, rloc netip.Addr) {
+	p := e.cfg.Paths[path]
+	for _, c := range conns {
+		plan := PlanFor(c.rec, e.isUp, e.findUsable)
 		for _, sf := range plan.Subflows {
-			if sf.Path != path {
+			if sf.Path != path || rloc.IsValid() && sf.Locator.Addr != rloc {
 				continue
 			}
 			if sfs, err := e.subflows(c.up); err == nil && hasLocal(sfs, p.EID) {
@@ -386,6 +469,38 @@ func (e *Engine) SetPathUp(path int, up bool) {
 			go e.addSubflow(c, path)
 		}
 	}
+}
+
+// ProbeTargets lists the locators the open connections use, each with the
+// path that reaches it and the record's EID prefix: what RLOC probing
+// watches. Every usable locator of a connection's record is listed, the
+// ones found down too (probing is what brings them back).
+func (e *Engine) ProbeTargets() []Probe {
+	e.mu.Lock()
+	recs := make([]Record, 0, len(e.conns))
+	for _, c := range e.conns {
+		if c.mode == ModeMPTCP || c.mode == ModeTCPFallback {
+			recs = append(recs, c.rec)
+		}
+	}
+	e.mu.Unlock()
+	seen := map[ProbeKey]bool{}
+	var out []Probe
+	for _, r := range recs {
+		for _, l := range r.Locators {
+			if l.Priority == Unusable {
+				continue
+			}
+			path, ok := e.find(l.Addr)
+			k := ProbeKey{Path: path, RLOC: l.Addr}
+			if !ok || seen[k] {
+				continue
+			}
+			seen[k] = true
+			out = append(out, Probe{Key: k, EID: r.EID})
+		}
+	}
+	return out
 }
 
 // hasLocal says whether a subflow from a is alive (established or
@@ -406,9 +521,26 @@ type PathStatus struct {
 	EID  netip.Addr `json:"eid"`
 	RLOC netip.Addr `json:"rloc,omitzero"`
 	Up   bool       `json:"up"`
+	// Reason says why a path is down: "link down", or "rloc probe" when
+	// every locator probed over it stopped answering.
+	Reason string `json:"reason,omitempty"`
+	// Probes are the locators RLOC-probed over the path.
+	Probes []RLOCProbe `json:"rloc_probes,omitempty"`
 	// LISP counts what the LISP datapath encapsulated onto the path (Tx)
 	// and decapsulated from it (Rx), inner bytes; absent without --lisp.
 	LISP *PathBytes `json:"lisp,omitempty"`
+}
+
+// State is the path's state for a status table: "up", or "down" with its
+// reason ("down: rloc probe").
+func (p PathStatus) State() string {
+	switch {
+	case p.Up:
+		return "up"
+	case p.Reason != "":
+		return "down: " + p.Reason
+	}
+	return "down"
 }
 
 // PathBytes are one path's datapath counters.
@@ -552,6 +684,17 @@ func (e *Engine) Status() ([]PathStatus, []ConnStatus) {
 	paths := make([]PathStatus, len(e.cfg.Paths))
 	for i, p := range e.cfg.Paths {
 		paths[i] = PathStatus{Name: p.Name, Dev: p.Dev, EID: p.EID, RLOC: p.RLOC, Up: e.pathUp[i]}
+		if !e.pathUp[i] {
+			paths[i].Reason = "link down"
+		}
+	}
+	/* a path whose every probed locator is down is down, whatever its
+	   link says */
+	probed, down := map[int]int{}, map[int]int{}
+	for k, d := range e.probeDown {
+		if d {
+			down[k.Path]++
+		}
 	}
 	open := make([]*conn, 0, len(e.conns))
 	for _, c := range e.conns {
@@ -559,6 +702,17 @@ func (e *Engine) Status() ([]PathStatus, []ConnStatus) {
 	}
 	closed := append([]ConnStatus(nil), e.closed...)
 	e.mu.Unlock()
+	if e.prober != nil {
+		for i := range paths {
+			paths[i].Probes = e.prober.Status(i)
+			probed[i] = len(paths[i].Probes)
+		}
+	}
+	for i := range paths {
+		if paths[i].Up && down[i] > 0 && down[i] >= probed[i] {
+			paths[i].Up, paths[i].Reason = false, "rloc probe"
+		}
+	}
 	if pc, ok := e.pin.(PathCounter); ok {
 		if pb, err := pc.PathBytes(); err == nil {
 			for i := range paths {
@@ -586,6 +740,11 @@ func (e *Engine) Counters() map[string]uint64 {
 	out := make(map[string]uint64, len(e.counters))
 	for k, v := range e.counters {
 		out[k] = v
+	}
+	if e.prober != nil {
+		for k, v := range e.prober.Counters() {
+			out[k] = v
+		}
 	}
 	return out
 }

@@ -76,6 +76,12 @@ const (
 // with tbf at rate; everything goes with the namespaces in Cleanup.
 func newLab(t testing.TB, rate string) *lab {
 	t.Helper()
+	return newLabPrefix(t, "gw", rate)
+}
+
+// newLabPrefix is newLab with the namespaces named prefix-<random>-*.
+func newLabPrefix(t testing.TB, prefix, rate string) *lab {
+	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, nftables, MPTCP path manager")
 	testenv.RequireTool(t, "ip", "tc", "nft", "ss", "go")
 	sfx := make([]byte, 3)
@@ -83,7 +89,7 @@ func newLab(t testing.TB, rate string) *lab {
 		t.Fatal(err)
 	}
 	id := hex.EncodeToString(sfx)
-	l := &lab{user: "gw-" + id + "-user", gw: "gw-" + id + "-gw", srv: "gw-" + id + "-srv"}
+	l := &lab{user: prefix + "-" + id + "-user", gw: prefix + "-" + id + "-gw", srv: prefix + "-" + id + "-srv"}
 	for _, n := range []string{l.user, l.gw, l.srv} {
 		if err := netns.Create(n); err != nil {
 			t.Fatal(err)

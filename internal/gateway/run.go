@@ -142,16 +142,24 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 		pin = NewLISPPinner(cfg, routes, dp)
 	}
 
+	var prober *Prober
+	if cfg.ProbeInterval > 0 {
+		prober = NewProber(cfg.ProbeInterval, cfg.ProbeMisses, time.Now, randomNonce)
+	}
 	e := NewEngine(cfg, EngineDeps{
 		Resolver: res, Find: RouteFinder(cfg), Pin: pin, PM: &NetlinkPM{},
 		Dial: KernelDialer(cfg.Congestion), Subflows: ReadSubflows, TCPInfo: ReadTCPInfo, Logger: log,
+		Prober: prober,
 	})
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- e.ServeControl(ctx, cl) }()
 	go func() { errc <- watchLinks(ctx, e, cfg) }()
 	go func() { errc <- e.serve(ctx, ln.(*net.TCPListener)) }()
+	if prober != nil {
+		go func() { errc <- runProber(ctx, e, prober, cfg, log) }()
+	}
 	if cfg.MapServer.IsValid() {
 		reg := registrar(cfg, log)
 		go func() {
@@ -161,7 +169,8 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 		}()
 	}
 	log.Info("gateway up", "intercept", cfg.Intercept, "listen_port", cfg.ListenPort, "paths", len(cfg.Paths),
-		"eid_prefix", cfg.EIDPrefix, "congestion", cfg.Congestion, "control", ctl)
+		"eid_prefix", cfg.EIDPrefix, "congestion", cfg.Congestion, "control", ctl,
+		"rloc_probe_interval", cfg.ProbeInterval, "rloc_probe_misses", cfg.ProbeMisses)
 	select {
 	case <-ctx.Done():
 		return nil

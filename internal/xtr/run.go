@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-
+	"net"
 	"net/netip"
 	"os"
 	"sync/atomic"
@@ -79,6 +79,18 @@ func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 		go x.sniff(ctx, fd, addrs[i], seen)
 	}
+	/* RLOC probes (RFC 9301 §7.1) arrive at each locator on the control
+	   port; one socket per locator, so each answer leaves from the address
+	   that was probed */
+	x.probes = NewResponder(cfg.Records(addrs), nil)
+	for i, a := range addrs {
+		pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, lisp.ControlPort)))
+		if err != nil {
+			return fmt.Errorf("--rloc %s: answering RLOC probes on %s: %w", cfg.RLOCs[i].Dev, a, err)
+		}
+		go func() { <-ctx.Done(); pc.Close() }()
+		go ServeProbes(pc, a, x.probes, x.warn)
+	}
 	reg := &lisp.Registrar{Server: cfg.MapServer, KeyID: cfg.KeyID, Key: cfg.Key, Records: cfg.Records(addrs),
 		Interval: cfg.RegisterInterval, WantMapNotify: true, Log: log}
 	for _, rec := range reg.Records {
@@ -105,6 +117,31 @@ type xtr struct {
 	tunnels  Tunnels
 	raw      rawSender
 	replayed atomic.Uint64
+	probes   *Responder
+}
+
+// ServeProbes answers with r the RLOC probes arriving on pc, the socket on
+// locator local's control port, until pc is closed; warn rate-limits its
+// complaints.
+func ServeProbes(pc *net.UDPConn, local netip.Addr, r *Responder, warn *ratelog.Logger) {
+	buf := make([]byte, lisp.MaxMessageLen+1)
+	for {
+		n, src, err := pc.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			warn.Warn("xtr: read rloc probes", "xtr: read rloc probes", "rloc", local, "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+		if out := r.Answer(buf[:n], src, local); out != nil {
+			if _, err := pc.WriteToUDPAddrPort(out, src); err != nil {
+				warn.Warn("xtr: answer an rloc probe", "xtr: answer an rloc probe", "rloc", local, "to", src, "err", err)
+			}
+		}
+	}
 }
 
 // rawSender sends whole IPv4 packets, headers as given (IPPROTO_RAW).

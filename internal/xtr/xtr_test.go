@@ -247,3 +247,66 @@ func TestFixTCPChecksumMakesTheSumGopacketComputes(t *testing.T) {
 		t.Fatalf("checksum %x, want %x", s.Inner[36:38], want[36:38])
 	}
 }
+
+type probeClock struct{ t time.Time }
+
+func (c *probeClock) now() time.Time { return c.t }
+
+func probeMsg(t *testing.T, nonce uint64, probe bool) []byte {
+	t.Helper()
+	req := lisp.NewProbe(nonce, netip.MustParseAddr("192.168.71.1"), netip.MustParsePrefix("10.88.0.0/24"))
+	req.Probe = probe
+	b, err := req.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// The responder answers a probe with the nonce echoed, refuses a plain
+// Map-Request and garbage, and bounds each source to ProbeBurst answers at
+// once then ProbeRate a second, while another source is still answered.
+func TestResponderAnswersProbesAndBoundsEachSource(t *testing.T) {
+	clk := &probeClock{t: time.Unix(1000, 0)}
+	cfg := Config{RLOCs: []RLOC{{Dev: "s1", Priority: 1, Weight: 50}, {Dev: "s2", Priority: 1, Weight: 50}},
+		EIDPrefixes: []netip.Prefix{netip.MustParsePrefix("10.88.0.0/24")}, TTL: DefaultTTL}
+	local := netip.MustParseAddr("192.168.71.2")
+	r := NewResponder(cfg.Records([]netip.Addr{local, netip.MustParseAddr("192.168.72.2")}), clk.now)
+	src := netip.MustParseAddrPort("192.168.71.1:40000")
+	out := r.Answer(probeMsg(t, 42, true), src, local)
+	rep, err := lisp.DecodeMapReply(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Probe || rep.Nonce != 42 || len(rep.Records[0].Locators) != 2 || !rep.Records[0].Locators[0].Probed {
+		t.Fatalf("answer %+v: want P, nonce 42, both locators, the first flagged probed", rep)
+	}
+	if len(out) > lisp.MaxProbeReplyLen {
+		t.Fatalf("answer of %d bytes", len(out))
+	}
+	if r.Answer(probeMsg(t, 43, false), src, local) != nil || r.Answer([]byte{0x10, 1}, src, local) != nil {
+		t.Fatal("answered a plain map-request or garbage")
+	}
+	n := 1
+	for r.Answer(probeMsg(t, 44, true), src, local) != nil {
+		n++
+	}
+	if n != ProbeBurst {
+		t.Fatalf("%d answers at once to one source, want the burst %d", n, ProbeBurst)
+	}
+	if r.Answer(probeMsg(t, 45, true), netip.MustParseAddrPort("192.168.72.1:40000"), local) == nil {
+		t.Fatal("another source was refused while the first was limited")
+	}
+	clk.t = clk.t.Add(time.Second)
+	n = 0
+	for r.Answer(probeMsg(t, 46, true), src, local) != nil {
+		n++
+	}
+	if n != ProbeRate {
+		t.Fatalf("%d answers a second later, want %d", n, ProbeRate)
+	}
+	st := r.Stats()
+	if st.Answered != uint64(ProbeBurst+1+ProbeRate) || st.Refused != 2 || st.RateLimited != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
