@@ -117,6 +117,9 @@ a map-server). An address with no mapping is forwarded natively.`,
 	f.StringVar(&cfg.MapServerKey, "map-server-key", "", "the key of Map-Registers to --map-server (HMAC-SHA-256; visible in ps: prefer --map-server-key-file)")
 	f.StringVar(&keyFile, "map-server-key-file", "", "file holding the key of Map-Registers to --map-server")
 	f.Uint8Var(&cfg.KeyID, "key-id", 1, "the key id of Map-Registers to --map-server")
+	f.DurationVar(&cfg.ProbeInterval, "rloc-probe-interval", 0,
+		"RLOC-probe each locator in use this often over its path, so a far side that fails is noticed with the local link up (RFC 9301; 0: off; needs rloc= on every path; the lab uses 1s)")
+	f.IntVar(&cfg.ProbeMisses, "rloc-probe-misses", gateway.DefaultProbeMisses, "unanswered probes in a row that take a locator down (its subflows closed until one is answered)")
 
 	var output outputFormat
 	status := &cobra.Command{
@@ -227,7 +230,7 @@ func printGatewayStatus(w io.Writer, r gateway.Reply, output outputFormat) error
 		if p.RLOC.IsValid() {
 			rloc = p.RLOC.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Dev, p.EID, rloc, map[bool]string{true: "up", false: "down"}[p.Up])
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Dev, p.EID, rloc, p.State())
 	}
 	if err := tw.Flush(); err != nil {
 		return err

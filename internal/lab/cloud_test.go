@@ -29,6 +29,7 @@ func TestCloudDaemonArgsFollowTheTopology(t *testing.T) {
 		"gateway run --eid-prefix 10.77.0.0/24 --lisp",
 		"--map-resolver 192.168.100.1:4342 --map-server 192.168.100.1:4342",
 		"--map-server-key-file " + filepath.Join(st.Dir, "lisp-key-gw") + " --key-id 1",
+		"--rloc-probe-interval 1s",
 		"--intercept u-user",
 		"--path dev=wan1,eid=10.77.0.1,rloc=172.31.1.2,name=wan1 --path dev=wan2,eid=10.77.0.2,rloc=172.31.2.2,name=wan2",
 	} {

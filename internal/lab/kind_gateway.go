@@ -65,7 +65,10 @@ func (gatewayKind) plumb(_ context.Context, b *builder, node string) error {
 func gatewayArgs(st *State, t *topology.File, g topology.Gateway) []string {
 	args := []string{"gateway", "run", "--eid-prefix", g.EIDPrefix, "--lisp",
 		"--map-resolver", mapServer(t), "--map-server", mapServer(t),
-		"--map-server-key-file", lispKeyFile(st, g.Name), "--key-id", fmt.Sprint(keyIDOf(t, g.Name))}
+		"--map-server-key-file", lispKeyFile(st, g.Name), "--key-id", fmt.Sprint(keyIDOf(t, g.Name)),
+		// The lab's xTRs answer probes: a WAN cut anywhere on a path
+		// takes it down, not only the gateway's own link.
+		"--rloc-probe-interval", "1s"}
 	for _, u := range g.Users {
 		args = append(args, "--intercept", "u-"+u.Name)
 	}
