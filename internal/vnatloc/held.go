@@ -34,9 +34,14 @@ type HeldIndex struct {
 
 	mu     sync.Mutex
 	synced bool               // the index follows the store: answer from memory
+	seen   int64              // the latest revision the watch or a list brought
 	recs   map[string]heldRec // by store key; only records that hold addresses
 	addrs  map[netip.Addr]int // address → live holding records naming it
 	exp    expiries           // every holding record's expiry (stale entries skipped)
+	// ahead holds, by key, the revision of a write of the local server
+	// applied before the watch brought it: the watch's older changes of
+	// the key are stale and skipped.
+	ahead map[string]int64
 }
 
 type heldRec struct {
@@ -51,7 +56,7 @@ func NewHeldIndex(s store.Store, log *slog.Logger) *HeldIndex {
 		log = slog.Default()
 	}
 	return &HeldIndex{store: s, log: log, rlog: ratelog.New(log, 1, time.Second, time.Now),
-		recs: map[string]heldRec{}, addrs: map[netip.Addr]int{}}
+		recs: map[string]heldRec{}, addrs: map[netip.Addr]int{}, ahead: map[string]int64{}}
 }
 
 // Start lists the records (so an index started before a controller
@@ -77,8 +82,8 @@ func (x *HeldIndex) follow(ctx context.Context, rev int64) {
 				x.rlog.Warn("watch", "vnat locations: held-address watch broke, relisting", "err", b.Err)
 				break
 			}
-			x.apply(b.Events)
 			rev = b.Events[len(b.Events)-1].Rev
+			x.apply(b.Events, rev)
 		}
 		x.mu.Lock()
 		x.synced = false
@@ -104,9 +109,10 @@ func (x *HeldIndex) follow(ctx context.Context, rev int64) {
 	}
 }
 
-// relist replaces the index with the store's records. A record the local
-// server committed after the list's revision is kept: it is newer than the
-// list, and the watch from the list's revision brings whatever follows.
+// relist replaces the index with the store's records. A key the local
+// server wrote after the list's revision keeps what the server wrote: it
+// is newer than the list, and the watch from the list's revision brings
+// whatever follows.
 func (x *HeldIndex) relist(ctx context.Context) (int64, error) {
 	kvs, rev, err := x.store.List(ctx, Prefix)
 	if err != nil {
@@ -117,44 +123,60 @@ func (x *HeldIndex) relist(ctx context.Context) (int64, error) {
 	old := x.recs
 	x.recs, x.addrs, x.exp = map[string]heldRec{}, map[netip.Addr]int{}, nil
 	for k, b := range kvs {
-		if o, ok := old[k]; ok && o.rev > rev {
-			continue
+		if x.ahead[k] <= rev {
+			x.set(k, b, rev)
 		}
-		x.set(k, b, rev)
 	}
-	for k, o := range old {
-		if o.rev > rev {
+	for k, a := range x.ahead {
+		if a <= rev {
+			delete(x.ahead, k)
+		} else if o, ok := old[k]; ok {
 			x.add(k, o)
 		}
 	}
 	x.synced = true
+	x.seen = max(x.seen, rev)
 	return rev, nil
 }
 
 // apply takes changes from the watch.
-func (x *HeldIndex) apply(evs []store.Event) {
+func (x *HeldIndex) apply(evs []store.Event, rev int64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, e := range evs {
+		if e.Rev <= x.ahead[e.Key] {
+			continue // the server's own write, or older than it
+		}
 		x.change(e)
+	}
+	x.seen = max(x.seen, rev)
+	for k, a := range x.ahead {
+		if a <= x.seen {
+			delete(x.ahead, k)
+		}
 	}
 }
 
-// committed takes the server's own writes at rev (0: unknown), at once.
+// committed takes the server's own writes at rev (0: unknown), at once,
+// unless the watch already brought them (and what followed).
 func (x *HeldIndex) committed(ops []store.Op, rev int64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if rev != 0 && rev <= x.seen {
+		return
+	}
 	for _, o := range ops {
 		x.change(store.Event{Key: o.Key, Value: o.Value, Deleted: o.Delete, Rev: rev})
+		if rev != 0 {
+			x.ahead[o.Key] = rev
+		}
 	}
 }
 
-// change applies one change of one key. A change older than what the
-// index holds for the key is skipped: the watch may bring, after the
-// server applied its own write, an earlier change of the same key, which
-// must not withdraw a newer record. (An older put of a key the index no
-// longer holds is applied: it holds too much, and only until the watch
-// brings the later change.)
+// change applies one change of one key. A change older than the record
+// the index holds for the key is skipped (apply also skips the watch's
+// changes older than a write of the server applied ahead of it): a stale
+// change must not withdraw a newer record.
 func (x *HeldIndex) change(e store.Event) {
 	if cur, ok := x.recs[e.Key]; ok && e.Rev != 0 && cur.rev >= e.Rev {
 		return
