@@ -28,7 +28,9 @@ func TestABatchIsDecidedAsOneRecordAtATime(t *testing.T) {
 	cfgWhole := cfg
 	cfgWhole.MaxTxnOps = 7
 	whole, one := New(stWhole, cfgWhole), New(stOne, cfg)
-	vm := func() netip.Addr { return netip.AddrFrom4([4]byte{10, 1, byte(1 + rng.IntN(2)), byte(2 + rng.IntN(8))}) }
+	vm := func() netip.Addr {
+		return netip.AddrFrom4([4]byte{10, 1, byte(1 + rng.IntN(2)), byte(2 + rng.IntN(8))})
+	}
 	var batches, records int
 	for step := range 400 {
 		if rng.IntN(10) == 0 {
