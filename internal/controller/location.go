@@ -135,7 +135,8 @@ func relayAllowed(ctx context.Context, s store.Store, sender, source netip.Addr)
 // VM address (CreateVM, MoveVM, ApplyTopology) skips them. While the
 // location server runs they come from its index (vnatloc.HeldIndex: the
 // cost of the held addresses, not of the records); otherwise, and while
-// the index's watch is broken, from every record in the store.
+// the index's watch is broken, from every record in the store. The set
+// may be the index's shared one: callers only read it.
 func (c *Controller) heldAddrs(ctx context.Context) (map[netip.Addr]bool, error) {
 	var held map[netip.Addr]bool
 	var err error

@@ -38,6 +38,11 @@ type HeldIndex struct {
 	recs   map[string]heldRec // by store key; only records that hold addresses
 	addrs  map[netip.Addr]int // address → live holding records naming it
 	exp    expiries           // every holding record's expiry (stale entries skipped)
+	// snap is the held set HeldAt last answered, shared with its callers
+	// and never changed: a new one is made when an address joins or
+	// leaves addrs (a refresh changes neither), so HeldAt usually costs
+	// nothing of the set's size.
+	snap map[netip.Addr]bool
 	// ahead holds, by key, the revision of a write of the local server
 	// applied before the watch brought it: the watch's older changes of
 	// the key are stale and skipped.
@@ -121,7 +126,7 @@ func (x *HeldIndex) relist(ctx context.Context) (int64, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	old := x.recs
-	x.recs, x.addrs, x.exp = map[string]heldRec{}, map[netip.Addr]int{}, nil
+	x.recs, x.addrs, x.exp, x.snap = map[string]heldRec{}, map[netip.Addr]int{}, nil, nil
 	for k, b := range kvs {
 		if x.ahead[k] <= rev {
 			x.set(k, b, rev)
@@ -202,8 +207,11 @@ func (x *HeldIndex) set(key string, b []byte, rev int64) {
 
 func (x *HeldIndex) add(key string, r heldRec) {
 	x.recs[key] = r
-	x.addrs[r.virt]++
-	x.addrs[r.phys]++
+	for _, a := range []netip.Addr{r.virt, r.phys} {
+		if x.addrs[a]++; x.addrs[a] == 1 {
+			x.snap = nil
+		}
+	}
 	heap.Push(&x.exp, expiry{at: r.expires, key: key, rev: r.rev})
 }
 
@@ -216,6 +224,7 @@ func (x *HeldIndex) remove(key string) {
 	for _, a := range []netip.Addr{r.virt, r.phys} {
 		if x.addrs[a]--; x.addrs[a] <= 0 {
 			delete(x.addrs, a)
+			x.snap = nil
 		}
 	}
 }
@@ -223,7 +232,8 @@ func (x *HeldIndex) remove(key string) {
 // HeldAt is Held(ctx, store, now) from the index: the addresses live
 // records of moved ends name. Records expired at now leave the index. When
 // the index does not follow the store (not started, or its watch broke and
-// it has not listed again), it is Held itself.
+// it has not listed again), it is Held itself. The map is shared until the
+// held set changes: callers only read it.
 func (x *HeldIndex) HeldAt(ctx context.Context, now time.Time) (map[netip.Addr]bool, error) {
 	x.mu.Lock()
 	if !x.synced {
@@ -237,11 +247,13 @@ func (x *HeldIndex) HeldAt(ctx context.Context, now time.Time) (map[netip.Addr]b
 			x.remove(ex.key)
 		}
 	}
-	held := make(map[netip.Addr]bool, len(x.addrs))
-	for a := range x.addrs {
-		held[a] = true
+	if x.snap == nil {
+		x.snap = make(map[netip.Addr]bool, len(x.addrs))
+		for a := range x.addrs {
+			x.snap[a] = true
+		}
 	}
-	return held, nil
+	return x.snap, nil
 }
 
 // Synced says whether HeldAt answers from memory.
