@@ -42,7 +42,8 @@ func movedVMs(b *testing.B, ctx context.Context, s store.Store, idx *vnatloc.Hel
 // 100 connections) in an embedded etcd: reading every record (no location
 // server in the process) against asking the server's index.
 //
-//	go test -run '^$' -bench HeldAddrs10000 -benchtime 50x ./internal/controller/
+//	go test -run '^$' -bench HeldAddrs10000/records -benchtime 50x ./internal/controller/
+//	go test -run '^$' -bench HeldAddrs10000/index -benchtime 100000x ./internal/controller/
 func BenchmarkHeldAddrs10000Records(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
