@@ -99,3 +99,71 @@ func BenchmarkLocationBatch963Refreshes(b *testing.B) {
 		})
 	}
 }
+
+// TestLocationBatchOverEtcdIsHeldAtOnceAndByAnotherController runs the
+// location server over a real (embedded) etcd: a batch of 300 records is
+// written in 3 transactions (etcd's own Txn, revision bumped 3 times), the
+// server's index holds them at once, and a second controller's index,
+// which only the watch feeds, holds the same set once its watch caught up;
+// after a release batch both free the address.
+func TestLocationBatchOverEtcdIsHeldAtOnceAndByAnotherController(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := embeddedStore(t, EtcdOptions{})
+	mine, other := vnatloc.NewHeldIndex(s, nil), vnatloc.NewHeldIndex(s, nil)
+	for _, x := range []*vnatloc.HeldIndex{mine, other} {
+		if err := x.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc := vnatloc.New(s, vnatloc.Config{Index: mine, Logger: slog.New(slog.DiscardHandler)})
+	virt, phys := netip.MustParseAddr("10.1.1.2"), netip.MustParseAddr("10.1.2.2")
+	var stores, releases []vcmp.Message
+	for i := range 300 {
+		conn := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.AddrPortFrom(virt, uint16(30000+i)), Remote: netip.MustParseAddrPort("10.1.3.2:7100")}
+		stores = append(stores, &vcmp.LocStore{Record: vcmp.Record{Conn: conn, Phys: netip.AddrPortFrom(phys, uint16(30000+i))}})
+		releases = append(releases, vcmp.Release(conn))
+	}
+	rev := func() int64 {
+		_, r, err := s.List(ctx, "/onehop/none/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, step := range []struct {
+		name string
+		ms   []vcmp.Message
+		want vcmp.LocStatus
+		held bool
+	}{{"store", stores, vcmp.LocStored, true}, {"release", releases, vcmp.LocNotFound, false}} {
+		r0 := rev()
+		for i, a := range svc.HandleBatch(ctx, step.ms, phys) {
+			if a.(*vcmp.LocAnswer).Status != step.want {
+				t.Fatalf("%s: answer %d status %d, want %d", step.name, i, a.(*vcmp.LocAnswer).Status, step.want)
+			}
+		}
+		if n := rev() - r0; n != 3 {
+			t.Fatalf("%s of 300 records: etcd revision moved %d, want 3 transactions", step.name, n)
+		}
+		h, err := mine.HeldAt(ctx, time.Now())
+		if err != nil || h[virt] != step.held || h[phys] != step.held {
+			t.Fatalf("%s: the server's index at once: %v %v, want %v and %v held: %v", step.name, vnatloc.HeldList(h), err, virt, phys, step.held)
+		}
+		want := h
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			h, err := other.HeldAt(ctx, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h[virt] == step.held && h[phys] == step.held && len(h) == len(want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the other controller's index holds %v 10 s later", step.name, vnatloc.HeldList(h))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
