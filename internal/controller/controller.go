@@ -44,6 +44,8 @@ type Controller struct {
 	// maxTaps is how many TAP policies there may be: half a host's TAP
 	// rules (tap.MaxRules), so each fits in both directions; tests lower it.
 	maxTaps int
+	// loc is the location server's held-address index (location.go).
+	loc locationState
 }
 
 // New returns a controller writing to s.

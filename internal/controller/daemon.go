@@ -145,7 +145,7 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	defer s.Close()
 	c := New(s, log)
 	if cfg.LocationListen != "" {
-		if err := serveLocations(ctx, s, cfg.LocationListen, log); err != nil {
+		if err := c.serveLocations(ctx, cfg.LocationListen, log); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -20,10 +21,25 @@ import (
 // records in etcd under vnatloc.Prefix, and it hands out no address a live
 // record still holds virtually (§3.4.2, heldAddrs below). docs/vnat-location.md.
 
+// locationState is what the controller keeps of its location server.
+type locationState struct {
+	// index is the held-address index, set once the server runs: nil
+	// before (heldAddrs then reads the store).
+	index atomic.Pointer[vnatloc.HeldIndex]
+}
+
 // serveLocations starts the location server on addr (host:port) and
-// returns once it listens; it stops when ctx ends.
-func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.Logger) error {
-	svc := vnatloc.New(s, vnatloc.Config{Logger: log,
+// returns once it listens; it stops when ctx ends. From then on heldAddrs
+// asks the server's held-address index instead of reading every record.
+func (c *Controller) serveLocations(ctx context.Context, addr string, log *slog.Logger) error {
+	s := c.raw
+	// The index is listed before anything is allocated with it, and
+	// follows every writer of the records (another controller's too).
+	idx := vnatloc.NewHeldIndex(s, log)
+	if err := idx.Start(ctx); err != nil {
+		return err
+	}
+	svc := vnatloc.New(s, vnatloc.Config{Logger: log, Index: idx,
 		RelayAllowed: func(ctx context.Context, sender, source netip.Addr) (bool, error) {
 			return relayAllowed(ctx, s, sender, source)
 		},
@@ -37,6 +53,7 @@ func serveLocations(ctx context.Context, s store.Store, addr string, log *slog.L
 	if err != nil {
 		return fmt.Errorf("vnat location server: listen %s: %w", addr, err)
 	}
+	c.loc.index.Store(idx)
 	go func() {
 		if err := svc.Serve(ctx, l); err != nil {
 			log.Error("vnat location server stopped", "err", err)
@@ -115,13 +132,23 @@ func relayAllowed(ctx context.Context, s store.Store, sender, source netip.Addr)
 // an endpoint that moved away from one still uses it for its connections,
 // so the controller must not give it to anyone else until the record
 // expires or its holder releases it (paper §3.4.2). Every allocation of a
-// VM address (CreateVM, MoveVM, ApplyTopology) skips them.
+// VM address (CreateVM, MoveVM, ApplyTopology) skips them. While the
+// location server runs they come from its index (vnatloc.HeldIndex: the
+// cost of the held addresses, not of the records); otherwise, and while
+// the index's watch is broken, from every record in the store. The set
+// may be the index's shared one: callers only read it.
 func (c *Controller) heldAddrs(ctx context.Context) (map[netip.Addr]bool, error) {
-	held, err := vnatloc.Held(ctx, c.store, time.Now())
+	var held map[netip.Addr]bool
+	var err error
+	if idx := c.loc.index.Load(); idx != nil {
+		held, err = idx.HeldAt(ctx, time.Now())
+	} else {
+		held, err = vnatloc.Held(ctx, c.store, time.Now())
+	}
 	if err != nil {
 		return nil, err
 	}
-	if len(held) > 0 {
+	if len(held) > 0 && c.log.Enabled(ctx, slog.LevelDebug) { // sorting them costs
 		c.log.Debug("addresses held by VNAT endpoints, not handed out", "addrs", vnatloc.HeldList(held))
 	}
 	return held, nil

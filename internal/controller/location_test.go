@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/vcmp"
 	"github.com/onehop/onehop/internal/vnatloc"
 )
@@ -17,7 +18,17 @@ import (
 // there, get other addresses than 10.1.1.2 while the record lives. Once it
 // is released (or expires) the address is free again. Without the hook
 // db1 gets 10.1.1.2, the address web1's connection still uses virtually.
+//
+// It runs twice: heldAddrs reading every record (no location server in
+// the process) and asking the server's index (it runs), where the store
+// and the release must count at once, before the index's watch could
+// bring them.
 func TestAddressHeldByAVNATEndpointIsNotHandedOut(t *testing.T) {
+	t.Run("records", func(t *testing.T) { addressHeldNotHandedOut(t, false) })
+	t.Run("index", func(t *testing.T) { addressHeldNotHandedOut(t, true) })
+}
+
+func addressHeldNotHandedOut(t *testing.T, withIndex bool) {
 	c, s := newController()
 	putHost(t, s, "h1")
 	putHost(t, s, "h2")
@@ -36,7 +47,19 @@ func TestAddressHeldByAVNATEndpointIsNotHandedOut(t *testing.T) {
 
 	// web1's daemon, now at 10.1.3.2, stores its connection with db1.
 	now := time.Now()
-	loc := vnatloc.New(s, vnatloc.Config{Now: func() time.Time { return now }, Lifetime: time.Minute})
+	var idx *vnatloc.HeldIndex
+	if withIndex {
+		// The index follows a store whose watch never delivers, so only
+		// the server's own commits can reach it.
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		idx = vnatloc.NewHeldIndex(silentWatch{s}, nil)
+		if err := idx.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c.loc.index.Store(idx)
+	}
+	loc := vnatloc.New(s, vnatloc.Config{Now: func() time.Time { return now }, Lifetime: time.Minute, Index: idx})
 	conn := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort("10.1.1.2:40000"), Remote: netip.MustParseAddrPort("10.1.2.2:7100")}
 	if a := loc.Handle(context.Background(), &vcmp.LocStore{Record: vcmp.Record{Conn: conn, Phys: netip.MustParseAddrPort("10.1.3.2:40000")}},
 		netip.MustParseAddr("10.1.3.2")); a.Status != vcmp.LocStored {
@@ -61,4 +84,14 @@ func TestAddressHeldByAVNATEndpointIsNotHandedOut(t *testing.T) {
 	if out["ip"] != "10.1.1.2" {
 		t.Fatalf("web3 created after the release got %v, want 10.1.1.2 (free again)", out["ip"])
 	}
+	if withIndex && !idx.Synced() {
+		t.Fatal("the index stopped following the store: heldAddrs read the records instead")
+	}
+}
+
+// silentWatch is a store whose event watch stays open and brings nothing.
+type silentWatch struct{ *store.Memory }
+
+func (silentWatch) WatchEvents(ctx context.Context, _ string, _ int64) <-chan store.Batch {
+	return make(chan store.Batch)
 }

@@ -121,10 +121,10 @@ func (s *Service) ServeStream(ctx context.Context, rw io.ReadWriter, from netip.
 		from, first = src, nil
 	}
 	in := io.MultiReader(bytes.NewReader(first), rw)
-	err = vcmp.ServeBatches(struct {
+	err = vcmp.ServeWholeBatches(struct {
 		io.Reader
 		io.Writer
-	}{in, rw}, func(m vcmp.Message) vcmp.Message { return s.Handle(ctx, m, from) })
+	}{in, rw}, func(ms []vcmp.Message) []vcmp.Message { return s.HandleBatch(ctx, ms, from) })
 	if err != nil {
 		s.badStream(from, err)
 	}

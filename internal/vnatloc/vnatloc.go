@@ -91,6 +91,14 @@ type Config struct {
 	// relay streams of source (a VM): the controller answers from intent,
 	// true when sender is the host the VM is placed on. Nil: no relays.
 	RelayAllowed func(ctx context.Context, sender, source netip.Addr) (bool, error)
+	// Index is the held-address index the controller allocates with: the
+	// server applies its own writes to it as soon as they are committed,
+	// so an allocation after a store was answered sees the record even
+	// before the index's watch brings it. Nil: none.
+	Index *HeldIndex
+	// MaxTxnOps caps the writes of one store transaction (the records of a
+	// VCMP batch are written a transaction at a time); 0: store.MaxTxnOps.
+	MaxTxnOps int
 }
 
 type entry struct {
@@ -128,6 +136,9 @@ func New(s store.Store, cfg Config) *Service {
 	}
 	if cfg.MaxHeldPerSource <= 0 {
 		cfg.MaxHeldPerSource = MaxHeldPerSource
+	}
+	if cfg.MaxTxnOps <= 0 {
+		cfg.MaxTxnOps = store.MaxTxnOps
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -382,7 +393,8 @@ func (s *Service) identity(ctx context.Context, from netip.Addr) (string, error)
 
 // put decides whether from may store r and stores it: "" or the refusal's
 // reason. Called with s.mu held.
-func (s *Service) put(ctx context.Context, r vcmp.Record, from netip.Addr) (string, error) {
+func (s *Service) put(ctx context.Context, b *batch, r vcmp.Record, from netip.Addr) (string, error) {
+	s.room(ctx, b, Key(r.Conn))
 	if reason, detail := checkRecord(r, false); reason != "" {
 		s.refuse(reason, "malformed record", "from", from, "conn", r.Conn, "detail", detail)
 		return reason, nil
@@ -419,27 +431,23 @@ func (s *Service) put(ctx context.Context, r vcmp.Record, from netip.Addr) (stri
 		return "held_full", nil
 	}
 	e := entry{phys: r.Phys, owner: who, expires: s.cfg.Now().Add(s.cfg.Lifetime)}
-	b, err := json.Marshal(Stored{Proto: r.Conn.Proto.String(), Local: r.Conn.Local.String(), Remote: r.Conn.Remote.String(),
+	js, err := json.Marshal(Stored{Proto: r.Conn.Proto.String(), Local: r.Conn.Local.String(), Remote: r.Conn.Remote.String(),
 		Phys: r.Phys.String(), Owner: who, Expires: e.expires.UTC()})
 	if err != nil {
 		return "store", err
 	}
-	if err := s.store.Put(ctx, Key(r.Conn), b); err != nil {
-		s.counters["store_errors"]++
-		return "store", fmt.Errorf("vnat locations: store %v: %w", r.Conn, err)
-	}
+	counter := "stored"
 	if exists {
-		s.counters["refreshed"]++
-	} else {
-		s.counters["stored"]++
+		counter = "refreshed"
 	}
-	s.index(r.Conn, e)
+	s.stage(b, r.Conn, store.Op{Key: Key(r.Conn), Value: js}, &e, counter)
 	return "", nil
 }
 
 // release withdraws from's record for conn: "" or the refusal's reason.
 // Called with s.mu held.
-func (s *Service) release(ctx context.Context, r vcmp.Record, from netip.Addr) (string, error) {
+func (s *Service) release(ctx context.Context, b *batch, r vcmp.Record, from netip.Addr) (string, error) {
+	s.room(ctx, b, Key(r.Conn))
 	if reason, detail := checkRecord(r, true); reason != "" {
 		s.refuse(reason, "malformed release", "from", from, "conn", r.Conn, "detail", detail)
 		return reason, nil
@@ -456,12 +464,7 @@ func (s *Service) release(ctx context.Context, r vcmp.Record, from netip.Addr) (
 		s.refuse("owner", "release from another source than the record's", "from", from, "conn", r.Conn, "owner", cur.owner)
 		return "owner", nil
 	}
-	if err := s.store.Delete(ctx, Key(r.Conn)); err != nil {
-		s.counters["store_errors"]++
-		return "store", fmt.Errorf("vnat locations: release %v: %w", r.Conn, err)
-	}
-	s.unindex(r.Conn)
-	s.counters["released"]++
+	s.stage(b, r.Conn, store.Op{Key: Key(r.Conn), Delete: true}, nil, "released")
 	return "", nil
 }
 
@@ -472,16 +475,46 @@ func blankRecord() vcmp.Record {
 	return vcmp.Record{Conn: vcmp.Tuple{Proto: vcmp.TCP, Local: z, Remote: z}, Phys: z}
 }
 
-// Handle answers one message from a VCMP stream whose source is from. Every
-// message gets a VCMP_LOC_ANSWER, so a batch's answers line up: a query is
-// answered found, stored, not found or refused; a store stored or refused;
-// a release not found (nothing stored now) or refused; anything else
-// refused (this place keeps locations only).
+// Handle answers one message from a VCMP stream whose source is from: a
+// batch of one (HandleBatch).
 func (s *Service) Handle(ctx context.Context, m vcmp.Message, from netip.Addr) *vcmp.LocAnswer {
+	return s.HandleBatch(ctx, []vcmp.Message{m}, from)[0].(*vcmp.LocAnswer)
+}
+
+// HandleBatch answers the messages of one VCMP batch from a source at
+// from, in order. Every message gets a VCMP_LOC_ANSWER, so a batch's
+// answers line up: a query is answered found, stored, not found or
+// refused; a store stored or refused; a release not found (nothing stored
+// now) or refused; anything else refused (this place keeps locations
+// only).
+//
+// Each record is checked as if the batch's earlier records were stored
+// (the same checks and refusals as one at a time), and the batch's writes
+// go to the store together: one transaction per Config.MaxTxnOps records
+// rather than one write per record. A record is answered stored (or
+// released) only once its transaction committed; if it fails, the
+// transaction's records are answered refused (counted store_errors) and
+// the index is as it was before them.
+func (s *Service) HandleBatch(ctx context.Context, ms []vcmp.Message, from netip.Addr) []vcmp.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	b := &batch{keys: map[string]bool{}, out: make([]*vcmp.LocAnswer, len(ms))}
+	for i, m := range ms {
+		b.cur = i
+		b.out[i] = s.handle(ctx, b, m, from)
+	}
+	s.flush(ctx, b)
+	out := make([]vcmp.Message, len(ms))
+	for i, a := range b.out {
+		s.counters["answered_"+locStatusName(a.Status)]++
+		out[i] = a
+	}
+	return out
+}
+
+// handle decides one message of b. Called with s.mu held.
+func (s *Service) handle(ctx context.Context, b *batch, m vcmp.Message, from netip.Addr) *vcmp.LocAnswer {
 	ans := func(r vcmp.Record, st vcmp.LocStatus) *vcmp.LocAnswer {
-		s.counters["answered_"+locStatusName(st)]++
 		return &vcmp.LocAnswer{Record: r, Status: st}
 	}
 	switch m := m.(type) {
@@ -489,6 +522,11 @@ func (s *Service) Handle(ctx context.Context, m vcmp.Message, from netip.Addr) *
 		if reason, detail := checkRecord(m.Record, !m.Store); reason != "" {
 			s.refuse(reason, "malformed query", "from", from, "conn", m.Conn, "detail", detail)
 			return ans(m.Record, vcmp.LocRefused)
+		}
+		if b.keys[Key(m.Conn.Reverse())] {
+			// Found is an answer from the store: the record it finds
+			// must be committed first.
+			s.flush(ctx, b)
 		}
 		if e, ok := s.live(ctx, m.Conn.Reverse()); ok {
 			a := ans(m.Record, vcmp.LocFound)
@@ -498,7 +536,7 @@ func (s *Service) Handle(ctx context.Context, m vcmp.Message, from netip.Addr) *
 		if !m.Store {
 			return ans(m.Record, vcmp.LocNotFound)
 		}
-		reason, err := s.put(ctx, m.Record, from)
+		reason, err := s.put(ctx, b, m.Record, from)
 		if err != nil {
 			s.rlog.Warn("store_error", "vnat location server: store", "err", err)
 		}
@@ -511,10 +549,10 @@ func (s *Service) Handle(ctx context.Context, m vcmp.Message, from netip.Addr) *
 		var err error
 		st := vcmp.LocStored
 		if vcmp.IsRelease(m) {
-			reason, err = s.release(ctx, m.Record, from)
+			reason, err = s.release(ctx, b, m.Record, from)
 			st = vcmp.LocNotFound
 		} else {
-			reason, err = s.put(ctx, m.Record, from)
+			reason, err = s.put(ctx, b, m.Record, from)
 		}
 		if err != nil {
 			s.rlog.Warn("store_error", "vnat location server: store", "err", err)
@@ -529,6 +567,109 @@ func (s *Service) Handle(ctx context.Context, m vcmp.Message, from netip.Addr) *
 		s.refuse("command", "not a location message", "from", from, "command", m.Command())
 	}
 	return ans(blankRecord(), vcmp.LocRefused)
+}
+
+// batch is the writes of one VCMP batch not yet committed. The index
+// already shows them, so the batch's later records are checked against
+// them; a failed commit puts back what they replaced.
+type batch struct {
+	ops  []pending
+	keys map[string]bool // the keys ops write: a transaction names a key once
+	cur  int             // the message being decided
+	out  []*vcmp.LocAnswer
+}
+
+// pending is one write of a batch.
+type pending struct {
+	op      store.Op
+	t       vcmp.Tuple
+	prev    entry // what the index held for t before, if hadPrev
+	hadPrev bool
+	ans     int    // the message it answers
+	counter string // stored, refreshed or released, once committed
+}
+
+// room commits b's writes if the next one, to key, cannot join them: the
+// key is already written (a transaction names a key once) or the
+// transaction is full. It runs before the next record is checked, so that
+// record is checked against what the store holds. Called with s.mu held.
+func (s *Service) room(ctx context.Context, b *batch, key string) {
+	if b.keys[key] || len(b.ops) >= s.cfg.MaxTxnOps {
+		s.flush(ctx, b)
+	}
+}
+
+// stage adds a write of t to b and shows it in the index: next is the
+// record's new entry, nil for a release. Called with s.mu held.
+func (s *Service) stage(b *batch, t vcmp.Tuple, op store.Op, next *entry, counter string) {
+	prev, had := s.recs[t]
+	if next != nil {
+		s.index(t, *next)
+	} else {
+		s.unindex(t)
+	}
+	b.ops = append(b.ops, pending{op: op, t: t, prev: prev, hadPrev: had, ans: b.cur, counter: counter})
+	b.keys[op.Key] = true
+}
+
+// flush commits b's writes. Each one committed is counted and given to
+// Config.Index; each one that is not is undone in the index and its
+// message answered refused. Called with s.mu held.
+func (s *Service) flush(ctx context.Context, b *batch) {
+	if len(b.ops) == 0 {
+		return
+	}
+	ops := make([]store.Op, len(b.ops))
+	for i, p := range b.ops {
+		ops[i] = p.op
+	}
+	rev, n, err := s.commit(ctx, ops)
+	for _, p := range b.ops[:n] {
+		s.counters[p.counter]++
+	}
+	if s.cfg.Index != nil && n > 0 {
+		s.cfg.Index.committed(ops[:n], rev)
+	}
+	if err != nil {
+		for i := len(b.ops) - 1; i >= n; i-- {
+			p := b.ops[i]
+			if p.hadPrev {
+				s.index(p.t, p.prev)
+			} else {
+				s.unindex(p.t)
+			}
+			b.out[p.ans] = &vcmp.LocAnswer{Record: b.out[p.ans].Record, Status: vcmp.LocRefused}
+			s.counters["store_errors"]++
+		}
+		s.rlog.Warn("store_error", "vnat location server: store", "records", len(ops)-n, "err", err)
+	}
+	b.ops = b.ops[:0]
+	clear(b.keys)
+}
+
+// commit writes ops: in one transaction if the store takes them (etcd
+// does), else one at a time. It returns the revision they were written at
+// (0 when unknown) and how many of ops were written, a prefix of them.
+func (s *Service) commit(ctx context.Context, ops []store.Op) (int64, int, error) {
+	if tx, ok := s.store.(store.Txner); ok {
+		rev, err := tx.Txn(ctx, ops)
+		if err != nil {
+			return 0, 0, fmt.Errorf("vnat locations: store %d records: %w", len(ops), err)
+		}
+		return rev, len(ops), nil
+	}
+	for i, o := range ops {
+		var err error
+		if o.Delete {
+			err = s.store.Delete(ctx, o.Key)
+		} else {
+			err = s.store.Put(ctx, o.Key, o.Value)
+		}
+		if err != nil {
+			return 0, i, fmt.Errorf("vnat locations: store %s: %w", o.Key, err)
+		}
+	}
+	return 0, len(ops), nil
 }
 
 func locStatusName(st vcmp.LocStatus) string {
