@@ -156,6 +156,9 @@ type network struct {
 	// before, if set for an address, runs once (without the network's
 	// lock) at the next dial to it, before that dial goes on.
 	before map[netip.Addr]func()
+	// serve, if set for an address, answers streams to it instead of a
+	// daemon (a place that lies).
+	serve map[netip.Addr]vcmp.BatchHandler
 }
 
 type node struct {
@@ -169,7 +172,7 @@ type node struct {
 func newNetwork() *network {
 	return &network{at: map[netip.Addr]*node{}, dials: map[netip.Addr]int{},
 		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{},
-		refuse: map[netip.Addr]bool{}, before: map[netip.Addr]func(){}}
+		refuse: map[netip.Addr]bool{}, before: map[netip.Addr]func(){}, serve: map[netip.Addr]vcmp.BatchHandler{}}
 }
 
 func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
@@ -202,6 +205,12 @@ func (n *network) dial(_ context.Context, from *node, a netip.Addr) (io.ReadWrit
 	}
 	n.dials[a]++
 	n.dialed[a] = append(n.dialed[a], time.Now())
+	if h := n.serve[a]; h != nil {
+		n.mu.Unlock()
+		c, s := net.Pipe()
+		go func() { defer s.Close(); vcmp.ServeWholeBatches(s, h) }() //nolint:errcheck // the test reads the client side
+		return c, nil
+	}
 	to, ok := n.at[a]
 	gate, wait := n.gate, n.wait
 	src := from.addr

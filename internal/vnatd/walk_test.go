@@ -205,3 +205,42 @@ func TestWalkAbortsWhenThePeerRunsNoDaemon(t *testing.T) {
 		t.Errorf("a asked the location server %d times, want none (the walk gave up at the peer)", d)
 	}
 }
+
+// A place that answers every query with a new location where nobody is
+// (and stores whatever it is asked to) cannot make a walk go on for ever:
+// after MaxStaleRounds more walks the connection waits, its location
+// stored, and the place was asked once per walk.
+func TestStaleLocationsAreBounded(t *testing.T) {
+	n := newNetwork()
+	loc := netip.MustParseAddr("10.0.9.9")
+	k := 0
+	n.serve[loc] = func(ms []vcmp.Message) []vcmp.Message {
+		out := make([]vcmp.Message, len(ms))
+		for i, m := range ms {
+			switch m := m.(type) {
+			case *vcmp.LocQuery:
+				k++
+				out[i] = &vcmp.LocAnswer{Record: m.Record, Status: vcmp.LocFound, Peer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 8, byte(k)}), 22)}
+			case *vcmp.LocStore:
+				out[i] = &vcmp.LocAnswer{Record: m.Record, Status: vcmp.LocStored}
+			}
+		}
+		return out
+	}
+	a := n.add(t, "a", "10.0.1.1", Config{LocationServers: []netip.Addr{loc}, RetryFor: time.Millisecond})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, _ := connect(a, b, 40000)
+	syncAll(t, a, b)
+	n.move(b, "10.0.4.4") // b is gone from its place too
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, a, ta); s.State != "suspended" {
+		t.Fatalf("a: %+v, want suspended (stored, waiting)", s)
+	}
+	wantCounter(t, a, "stale_locations", MaxStaleRounds+1)
+	if d := n.dials[loc]; d != MaxStaleRounds+1 {
+		t.Errorf("a asked the lying place %d times, want %d", d, MaxStaleRounds+1)
+	}
+}
