@@ -1020,6 +1020,9 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 		}
 		e.mu.Lock()
 		for _, w := range stale {
+			if len(w.loc.Stored) > 0 {
+				w.stored = true // the walk that found the stale location stored on its way
+			}
 			var ps []vcmp.Place
 			for _, p := range w.loc.Places {
 				if !staleAddr(w.stale, p.Addr) { // nothing answers VCMP for the peer there
@@ -1088,7 +1091,7 @@ func (e *Engine) locate(ctx context.Context, walks []*walk, found map[netip.Addr
 		e.walkRound(ctx, walks, found)
 		var failed []*walk
 		for _, w := range walks {
-			if w.failed {
+			if w.failed && len(w.loc.Places) > 0 { // with nowhere to ask, asking again changes nothing
 				failed = append(failed, w)
 			}
 		}
@@ -1109,7 +1112,12 @@ func (e *Engine) locate(ctx context.Context, walks []*walk, found map[netip.Addr
 	}
 	e.mu.Lock()
 	for _, w := range walks {
-		if w.failed {
+		switch {
+		case w.failed && w.stored:
+			// A walk again after a stale location that reached nobody
+			// this time, but stored its location before: it waits there.
+			e.step(w.c, vcmp.EvStored) //nolint:errcheck // Locating, not updating
+		case w.failed:
 			e.step(w.c, vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
 			e.counters["aborted"]++
 		}
@@ -1322,23 +1330,29 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		e.mu.Unlock()
 		ans, err := e.exchange(ctx, peer, msgs)
 		if err != nil {
+			// Nothing was delivered, to a location a record gave (not the
+			// peer's own daemon answering for itself a moment ago, which
+			// is there: a lost SYN): the location is stale.
 			var unreached *unreachedError
-			if errors.As(err, &unreached) {
-				// Nothing was delivered: nobody takes updates where the
-				// walk found the peer. The location is stale.
-				e.mu.Lock()
-				for _, w := range ws {
+			n := 0
+			e.mu.Lock()
+			for _, w := range ws {
+				if errors.As(err, &unreached) && w.foundAt != peer {
 					stale = append(stale, w)
 					e.staleLocation(w, err)
 					if accepted {
 						withdraw = append(withdraw, w.c.m.Tuple)
 					}
+					continue
 				}
-				e.mu.Unlock()
-				continue
+				n++
 			}
-			errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", len(ws), peer, err))
-			continue // accepted still: whether the peer applied them is unknown; `resume` retries
+			e.mu.Unlock()
+			if n > 0 {
+				// Accepted still: whether the peer applied them is unknown; `resume` retries.
+				errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", n, peer, err))
+			}
+			continue
 		}
 		e.mu.Lock()
 		for i, w := range ws {

@@ -244,3 +244,40 @@ func TestStaleLocationsAreBounded(t *testing.T) {
 		t.Errorf("a asked the lying place %d times, want %d", d, MaxStaleRounds+1)
 	}
 }
+
+// The control for a stale location: the peer's own daemon answered the
+// query for itself a moment ago, so an update whose dial then fails (a
+// lost SYN) is not stale: the connection stays locating (still accepted
+// at the new address) for `vnat resume`, as before, and is not stored
+// anywhere or aborted.
+func TestUpdateLostToAPeerThatAnsweredIsNotStale(t *testing.T) {
+	n := newNetwork()
+	loc := netip.MustParseAddr("10.0.9.9")
+	n.add(t, "locsrv", loc.String(), Config{})
+	a := n.add(t, "a", "10.0.1.1", Config{LocationServers: []netip.Addr{loc}})
+	b := n.add(t, "b", "10.0.2.2", Config{})
+	ta, _ := connect(a, b, 40000)
+	syncAll(t, a, b)
+	// The first dial to b is the query (answered), the second the update (lost).
+	n.before[b.addr] = func() {
+		n.mu.Lock()
+		n.before[b.addr] = func() { n.mu.Lock(); n.drop[b.addr] = 1; n.mu.Unlock() }
+		n.mu.Unlock()
+	}
+	old, new := n.move(a, "10.0.3.3")
+	if err := a.e.Restore(t.Context(), old, new); err == nil {
+		t.Fatal("a's restore with its update lost: no error")
+	}
+	if s := state(t, a, ta); s.State != "locating" {
+		t.Errorf("a: %+v, want locating (for resume)", s)
+	}
+	wantCounter(t, a, "stale_locations", 0)
+	wantCounter(t, a, "aborted", 0)
+	if d := n.dials[loc]; d != 0 {
+		t.Errorf("a asked the location server %d times, want none", d)
+	}
+	if k, err := a.e.Resume(t.Context()); err != nil || k != 1 {
+		t.Fatalf("resume: %d, %v", k, err)
+	}
+	wantPhys(t, a, ta, new, b.addr)
+}
