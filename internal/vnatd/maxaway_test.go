@@ -174,3 +174,11 @@ func TestMaxAwayLoopStopsTheHelpersOnItsOwn(t *testing.T) {
 	}
 	wantCounter(t, b, "away_expired", 1)
 }
+
+// A negative --max-away is refused before anything is set up, naming it.
+func TestRunRefusesANegativeMaxAway(t *testing.T) {
+	err := Run(t.Context(), Options{Iface: "no-such-iface-vwalk", MaxAway: -time.Second})
+	if err == nil || !strings.Contains(err.Error(), "--max-away -1s") {
+		t.Fatalf("Run with --max-away -1s: %v, want an error naming it", err)
+	}
+}
