@@ -76,19 +76,7 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	}
 	defer x.Close()
 	xb := accept()
-	go func() {
-		c := xb
-		r := bufio.NewReader(c)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			if _, err := c.Write([]byte(line)); err != nil {
-				return
-			}
-		}
-	}()
+	go echoConn(xb)
 	rx := bufio.NewReader(x)
 	if err := echoOnce(x, rx, "x before"); err != nil {
 		t.Fatal(err)

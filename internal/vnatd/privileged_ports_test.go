@@ -19,20 +19,47 @@ func echoLines(ln net.Listener) {
 		if err != nil {
 			return
 		}
-		go func() {
-			defer c.Close()
-			r := bufio.NewReader(c)
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if _, err := c.Write([]byte(line)); err != nil {
-					return
-				}
-			}
-		}()
+		go echoConn(c)
 	}
+}
+
+// echoConn sends c's lines back until either side fails, then closes it.
+func echoConn(c net.Conn) {
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if _, err := c.Write([]byte(line)); err != nil {
+			return
+		}
+	}
+}
+
+// dialEcho listens at addr in serverNS, where every connection echoes its
+// lines, and dials it from clientNS; both are closed when t ends.
+func dialEcho(t *testing.T, serverNS, clientNS, addr string) net.Conn {
+	t.Helper()
+	var ln net.Listener
+	if err := netns.Do(serverNS, func() (err error) {
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go echoLines(ln)
+	var conn net.Conn
+	if err := netns.Do(clientNS, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", addr, 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // echoOnce sends a line over c and checks it comes back.

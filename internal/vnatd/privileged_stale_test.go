@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -78,39 +77,7 @@ func TestPrivilegedBothEndsMoveWithAStaleLocationRecord(t *testing.T) {
 	p.start(t, p.b)
 	sockA, sockB, logA, logB := p.a.sock, p.b.sock, p.a.logs, p.b.logs
 
-	var ln net.Listener
-	if err := netns.Do(nsB, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		r := bufio.NewReader(c)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			if _, err := c.Write([]byte(line)); err != nil {
-				return
-			}
-		}
-	}()
-	var conn net.Conn
-	if err := netns.Do(nsA, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialEcho(t, nsB, nsA, "10.8.0.2:5001")
 	r := bufio.NewReader(conn)
 	seq := 0
 	echo := func(what string) {
