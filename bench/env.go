@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -302,7 +303,7 @@ func (e *Env) startListener(ctx context.Context, p *Pair, key, port string, argv
 	}
 	e.mu.Unlock()
 	name := filepath.Base(argv[0])
-	if len(argv) > 1 && argv[1] == rrperfArg {
+	if slices.Contains(argv, rrperfArg) {
 		name = rrperfArg
 	}
 	logf, err := os.CreateTemp(e.tmp, name+"-server-"+strings.ReplaceAll(p.Server, "/", "-")+"-*.log")

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -424,7 +425,7 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 		if err != nil {
 			return nil, err
 		}
-		argv, parse = a, ParseRR
+		argv, parse = pinned(rrClientCPU, a), ParseRR
 	default:
 		return nil, fmt.Errorf("unknown test %q", test)
 	}
@@ -438,7 +439,8 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 		case "rtt":
 			a[len(a)-1] = p.DstIP
 		case "rr", "crr":
-			a[5] = p.DstIP // SELF rrperf -mode M -c HOST
+			// taskset -c CPU ... rrperf -mode M -c HOST: rrperf's -c
+			a[slices.Index(a, rrperfArg)+4] = p.DstIP
 		default:
 			a[2] = p.DstIP
 		}
