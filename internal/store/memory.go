@@ -101,27 +101,7 @@ func (m *Memory) Delete(_ context.Context, key string) error {
 
 // record makes a change the next revision: it is kept for event watchers
 // and signalled to the others. m.mu is held.
-func (m *Memory) record(e Event) {
-	m.rev++
-	m.writes++
-	e.Rev = m.rev
-	m.history = append(m.history, e)
-	if len(m.history) > memoryHistory {
-		drop := len(m.history) - memoryHistory/2
-		m.compacted = m.history[drop-1].Rev
-		m.history = append([]Event(nil), m.history[drop:]...)
-	}
-	close(m.changed)
-	m.changed = make(chan struct{})
-	for ch, prefix := range m.watchers {
-		if strings.HasPrefix(e.Key, prefix) {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
+func (m *Memory) record(e Event) { m.recordAll([]Event{e}) }
 
 // Writes returns how many changes the store has taken.
 func (m *Memory) Writes() int64 {

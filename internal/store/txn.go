@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -95,7 +96,7 @@ func (m *Memory) recordAll(evs []Event) {
 	m.changed = make(chan struct{})
 	for ch, prefix := range m.watchers {
 		for _, e := range evs {
-			if len(e.Key) >= len(prefix) && e.Key[:len(prefix)] == prefix {
+			if strings.HasPrefix(e.Key, prefix) {
 				select {
 				case ch <- struct{}{}:
 				default:
