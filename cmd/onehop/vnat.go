@@ -86,7 +86,6 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	run.Flags().StringVar(&o.Metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics), e.g. 127.0.0.1:9431; off when empty")
 	run.Flags().BoolVar(&o.NoPin, "no-pin", false, "pin nothing: the translations end with the daemon")
 	run.Flags().StringVar(&o.FreezeCgroup, "freeze-cgroup", "", "cgroup v2 directory of the local application, frozen while any of its peers is away and thawed when they are back")
-	run.Flags().DurationVar(&o.MaxAway, "max-away", vnatd.DefaultMaxAway, "how long this end keeps helping a connection whose suspended peer is away (answering its keepalives, its --freeze-cgroup frozen) before it stops and lets the application's own timeouts decide; 0: until the peer is back")
 
 	var output outputFormat
 	status := &cobra.Command{
