@@ -38,11 +38,6 @@ type Options struct {
 	// FreezeCgroup is a cgroup v2 directory frozen while any peer is
 	// away (the generic helper); "" = none.
 	FreezeCgroup string
-	// MaxAway bounds how long the helpers run for a connection whose
-	// peer is away (--max-away; DefaultMaxAway): after it they stop (the
-	// application is thawed, its keepalives no longer answered) and its
-	// own timeouts decide. 0 = unbounded (until the peer is back).
-	MaxAway time.Duration
 	// PinDir holds the pinned maps and links ("" = DefaultPinDir(); if
 	// that is not on a bpffs the daemon runs unpinned, with a warning).
 	PinDir string
@@ -55,11 +50,6 @@ type Options struct {
 	Metrics string
 	Logger  *slog.Logger
 }
-
-// DefaultMaxAway is --max-away's default: long enough for a suspended
-// host to move and resume, short enough that an application is not kept
-// frozen for a peer that is never coming back.
-const DefaultMaxAway = 10 * time.Minute
 
 // ParseServer reads one --location-server value: an IPv4 address, with an
 // optional port (only vcmp.Port is served today) and an optional vcmp://.
@@ -99,9 +89,6 @@ func Run(ctx context.Context, o Options) error {
 		if conflict, err = ParseConflict(o.Conflict); err != nil {
 			return fmt.Errorf("vnat run --conflict: %w", err)
 		}
-	}
-	if o.MaxAway < 0 {
-		return fmt.Errorf("vnat run: --max-away %v: want a duration of 0 (unbounded) or more", o.MaxAway)
 	}
 	var servers []netip.Addr
 	for _, s := range o.LocationServers {
@@ -183,7 +170,7 @@ func Run(ctx context.Context, o Options) error {
 	if freezer != nil {
 		helpers = append(helpers, freezer)
 	}
-	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers, Conflict: conflict, MaxAway: o.MaxAway}
+	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers, Conflict: conflict}
 	// The keys are kept with the pinned state: what a restart takes over
 	// is what they authenticate. Unpinned, the translations end with the
 	// daemon, and so do the keys.
@@ -260,14 +247,13 @@ func Run(ctx context.Context, o Options) error {
 	go serveVCMP(ctx, e, vl, log)
 	go contact(ctx, e, log)
 	go keepLocations(ctx, e, servers, log)
-	go expireAway(ctx, e)
 
 	addr, err := primary(link.Attrs().Index)
 	if err != nil {
 		return err
 	}
 	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
-		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "max_away", o.MaxAway, "pin_dir", pin, "key_file", keyPath(keys), "migrated", len(d.Migrations()),
+		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "key_file", keyPath(keys), "migrated", len(d.Migrations()),
 		"conflict", conflict, "close_preempted", closePreempted)
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
 }
