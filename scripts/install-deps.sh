@@ -7,6 +7,7 @@ set -euo pipefail
 declare -A need=(
   [clang-14]=clang-14        # go generate: compiles bpf/*.c
   [llvm-strip]=llvm          # bpf2go strips the objects it embeds
+  [clang-format-14]=clang-format-14  # make lint: bpf/ stays in .clang-format's style (same LLVM as clang-14)
   [ip]=iproute2
   [ping]=iputils-ping
   [iperf3]=iperf3
