@@ -21,7 +21,7 @@ declare -A need=(
   [etcd]=etcd-server       # an external etcd cluster in tests
   [nft]=nftables           # bench: the NAT baseline port-space isolation is compared with
   [ethtool]=ethtool        # vnat tests: checksum offload off, so the kernel verifies translated checksums
-  [mptcpize]=mptcpd         # cloud-access bench: iperf3 servers speak MPTCP
+  [mptcpize]=mptcpize      # cloud-access bench: iperf3 servers speak MPTCP
   [socat]=socat            # e2e: an interactive program (socat) keeps its connection across a VNAT move
 )
 missing=()
