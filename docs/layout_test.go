@@ -5,11 +5,12 @@ package docs
 
 import (
 	"bufio"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -122,14 +123,14 @@ func TestReadmeLayoutListsEveryPackageAndBPFEntryFile(t *testing.T) {
 		what  string
 		paths map[string]bool
 	}{{"package", pkgs}, {"eBPF entry file", entries}} {
-		for _, p := range sorted(want.paths) {
+		for _, p := range slices.Sorted(maps.Keys(want.paths)) {
 			if _, ok := listed[p]; !ok {
 				t.Errorf("README.md's layout does not list %s %s: add a line \"- `%s`: what it is for\"", want.what, p, p)
 			}
 		}
 	}
 
-	for _, path := range sorted(listed) {
+	for _, path := range slices.Sorted(maps.Keys(listed)) {
 		line := listed[path]
 		switch {
 		case isCodeDir(path) && !pkgs[path]:
@@ -156,14 +157,4 @@ func isCodeDir(path string) bool {
 		}
 	}
 	return false
-}
-
-// sorted returns m's keys in order, so failures read the same every run.
-func sorted[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

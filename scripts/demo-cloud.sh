@@ -17,7 +17,6 @@ LAB=cloud
 source "$(dirname "$0")/lib.sh"
 SRV=10.88.0.10
 
-need_root demo-cloud
 TMP=$(mktemp -d)
 cleanup() {
   stop_bg
@@ -67,9 +66,21 @@ wan_bytes() {
 per_path() { # before... after...
   note "wan1 carried $((($3 - $1) / 1000000)) MB, wan2 $((($4 - $2) / 1000000)) MB"
 }
-# intact OUT SUM: the client's figures and whether its hash is the server's.
+# intact OUT SUM: whether the client's hash (in OUT) is the server's, SUM.
 intact() {
   if grep -q "sha256 $2" <<<"$1"; then note "content intact (sha256 ${2:0:16}...)"; else note "content DIFFERS from the server's (sha256 ${2:0:16}...)"; fi
+}
+# download PORT SUM: user downloads from srv:PORT through the gateway; its
+# figures, whether the content is the server's, what each WAN carried.
+download() {
+  local b1 b2 a1 a2 out
+  read -r b1 b2 <<<"$(wan_bytes | xargs)"
+  printf '$ onehop lab exec user -- python3 client.py %s %s\n' "$SRV" "$1"
+  out=$(on user python3 "$TMP/client.py" $SRV "$1")
+  echo "$out"
+  read -r a1 a2 <<<"$(wan_bytes | xargs)"
+  intact "$out" "$2"
+  per_path "$b1" "$b2" "$a1" "$a2"
 }
 
 say "srv serves 40 MB and 120 MB over MPTCP; the gateway takes the user's plain TCP and carries it as MPTCP"
@@ -82,12 +93,7 @@ done
 SUM1=$(head -1 "$TMP/srv1"); SUM2=$(head -1 "$TMP/srv2")
 
 say "A download from user to $SRV:5201 (two 100 Mbit/s paths)"
-read -r b1 b2 <<<"$(wan_bytes | xargs)"
-out=$(on user python3 "$TMP/client.py" $SRV 5201)
-printf '$ onehop lab exec user -- python3 client.py %s 5201\n%s\n' "$SRV" "$out"
-read -r a1 a2 <<<"$(wan_bytes | xargs)"
-intact "$out" "$SUM1"
-per_path "$b1" "$b2" "$a1" "$a2"
+download 5201 "$SUM1"
 show "$ONEHOP" lab exec --lab "$LAB" gw -- "$ONEHOP" gateway status
 say "On srv: one MPTCP connection, one subflow from each of the gateway's path EIDs (ss -M, ss -t)"
 on user python3 "$TMP/client.py" $SRV 5202 > "$TMP/dl-ss" 2>&1 & dl=$!; BG+=($dl)
@@ -128,12 +134,7 @@ for _ in $(seq 50); do
   "$ONEHOP" lab exec --lab "$LAB" gw -- "$ONEHOP" gateway status -o json | python3 -c 'import json,sys; sys.exit(0 if all(p["up"] for p in json.load(sys.stdin)["paths"]) else 1)' && break
   sleep 0.2
 done
-read -r b1 b2 <<<"$(wan_bytes | xargs)"
-out=$(on user python3 "$TMP/client.py" $SRV 5201)
-printf '$ onehop lab exec user -- python3 client.py %s 5201\n%s\n' "$SRV" "$out"
-read -r a1 a2 <<<"$(wan_bytes | xargs)"
-intact "$out" "$SUM1"
-per_path "$b1" "$b2" "$a1" "$a2"
+download 5201 "$SUM1"
 show "$ONEHOP" lab exec --lab "$LAB" gw -- "$ONEHOP" gateway status
 show "$ONEHOP" lisp server --api "$API"
 

@@ -14,7 +14,6 @@ TOPO=${2:-examples/portshare.yaml}
 LAB=portshare
 source "$(dirname "$0")/lib.sh"
 
-need_root demo-portshare
 trap 'stop_bg; lab_down_quietly' EXIT
 lab_up "$TOPO" "the port-space lab"
 

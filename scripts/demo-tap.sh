@@ -15,7 +15,6 @@ TOPO=${2:-examples/tap.yaml}
 LAB=tap
 source "$(dirname "$0")/lib.sh"
 
-need_root demo-tap
 trap 'stop_bg; lab_down_quietly' EXIT
 lab_up "$TOPO" "the TAP lab"
 

@@ -49,7 +49,6 @@ tcp() {
 arp_event() { metric "$1" onehop_arp_engine_events_total "event=\"$2\""; }
 trap stop_bg EXIT
 
-need_root demo
 lab_up "$TOPO" "the quick-start lab"
 
 say "What is where: hosts h1 h2 h3 on one L2 fabric; farm blue (subnets web, db), farm red (web)"

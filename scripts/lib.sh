@@ -21,6 +21,12 @@ demo_err() {
 }
 trap 'demo_err $?' ERR
 
+# Every demo creates namespaces and loads eBPF; scripts/NAME.sh is `make NAME`.
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$(basename "$0" .sh): needs root (it creates network namespaces and loads eBPF); try: sudo make $(basename "$0" .sh)" >&2
+  exit 1
+fi
+
 STATE=/run/onehop/$LAB
 API=$STATE/api.sock
 METRICS_PORT=9100 # internal/lab.MetricsPort: each agent's /metrics
@@ -42,14 +48,6 @@ vin() { printf '$ onehop lab exec %s -- %s\n' "$1" "${*:2}"; on "$@" | sed 's/^/
 show() { printf '$ %s\n' "$*"; "$@"; }
 # op VERB...: an operator verb against this lab's controller.
 op() { printf '$ onehop %s\n' "$*"; "$ONEHOP" "$@" --api "$API"; }
-
-# need_root DEMO: every demo creates namespaces and loads eBPF.
-need_root() {
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "$1: needs root (it creates network namespaces and loads eBPF); try: sudo make $1" >&2
-    exit 1
-  fi
-}
 
 # lab_up TOPO WHAT: brings the lab up from TOPO, taking down first a lab of
 # the same name that is up, so the demo starts from the topology file.
