@@ -5,6 +5,7 @@ package docs
 
 import (
 	"bufio"
+	"errors"
 	"maps"
 	"os"
 	"os/exec"
@@ -72,11 +73,11 @@ func packageDirs(t *testing.T) map[string]bool {
 	cmd.Dir = abs
 	out, err := cmd.Output()
 	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list ./...: %v\n%s", err, ee.Stderr)
 		}
-		t.Fatalf("go list ./...: %v\n%s", err, stderr)
+		t.Fatalf("go list ./...: %v", err)
 	}
 	dirs := map[string]bool{}
 	for _, dir := range strings.Fields(string(out)) {
