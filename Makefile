@@ -43,9 +43,10 @@ lint: deps
 vet:
 	$(GO) vet ./...
 
-# Pure Go tests, then BPF_PROG_RUN tests (root) in the same packages.
+# Pure Go tests, then BPF_PROG_RUN tests (root) in the same packages; docs/
+# holds the tests that keep README's layout and the demos true to the tree.
 unit-test:
-	$(GO) test -count=1 ./internal/... ./cmd/... ./bench/...
+	$(GO) test -count=1 ./internal/... ./cmd/... ./bench/... ./docs/...
 
 # Every Go fuzz target, briefly (FUZZTIME each): parsers a tenant or an operator can feed.
 fuzz:
