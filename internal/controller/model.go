@@ -17,12 +17,6 @@ import (
 	"github.com/onehop/onehop/internal/tappolicy"
 )
 
-// VMIDsPrefix holds, per subnet (FARM/SUBNET), the host ids its VMs hold:
-// the VM part of the allocations, one small key per subnet, so that creating
-// a VM rewrites at most 253 entries rather than every VM's (the farm and
-// subnet ids stay in intent.AllocKey).
-const VMIDsPrefix = intent.Root + "intent/vmids/"
-
 // model is the controller's copy of the intent and of the desired keys it
 // has written, kept so that a change costs what it touches and not what the
 // cloud holds (docs/control-plane.md). The controller is intent's only
@@ -44,8 +38,8 @@ type model struct {
 	taps    map[string]intent.TapPolicy
 
 	// Allocations: farm and subnet ids (intent.AllocKey) and, per subnet,
-	// its VMs' host ids (VMIDsPrefix). legacyVMs says the store still holds
-	// the VM ids in intent.AllocKey, as before VMIDsPrefix: the next save
+	// its VMs' host ids (intent.VMIDsPrefix). legacyVMs says the store still holds
+	// the VM ids in intent.AllocKey, as before intent.VMIDsPrefix: the next save
 	// writes every subnet's key.
 	allocFarms, allocSubnets map[string]uint8
 	vmids                    map[string]map[string]uint8
@@ -93,7 +87,7 @@ func (m *model) reset() {
 func (m *model) load(ctx context.Context, s store.Store) (int64, error) {
 	m.reset()
 	m.loaded = false
-	kvs, rev, err := s.List(ctx, intent.Root+"intent/")
+	kvs, rev, err := s.List(ctx, intent.Prefix)
 	if err != nil {
 		return 0, err
 	}
@@ -127,7 +121,7 @@ func (m *model) load(ctx context.Context, s store.Store) (int64, error) {
 
 // noteWritten records that key holds v in the store (nil: no longer there).
 func (m *model) noteWritten(key string, v []byte) {
-	if strings.Contains(key, "/tap/") {
+	if _, kind, _, _ := intent.ParseDesiredKey(key); kind == intent.DesiredTapKind {
 		if _, had := m.written[key]; had != (v != nil) {
 			m.tapKeys += map[bool]int{true: 1, false: -1}[v != nil]
 		}
@@ -156,9 +150,9 @@ func (m *model) noteWritten(key string, v []byte) {
 	kind, name, _ := strings.Cut(rest, "/")
 	var at map[string]string
 	switch kind {
-	case "vm":
+	case intent.DesiredVMKind:
 		at = m.vmAt
-	case "sliver":
+	case intent.DesiredSliverKind:
 		at, name = m.sliverAt, host+"/"+name
 	default:
 		return
@@ -279,7 +273,7 @@ func (m *model) apply(key string, v []byte, deleted bool) (*dirty, error) {
 		}
 		m.allocFarms, m.allocSubnets = orEmpty(a.Farms), orEmpty(a.Subnets)
 		if len(a.VMs) > 0 {
-			// The layout before VMIDsPrefix: take the VM ids from here
+			// The layout before intent.VMIDsPrefix: take the VM ids from here
 			// for every subnet that has no key of its own yet.
 			m.legacyVMs = true
 			for full, id := range a.VMs {
@@ -296,8 +290,8 @@ func (m *model) apply(key string, v []byte, deleted bool) (*dirty, error) {
 				}
 			}
 		}
-	case strings.HasPrefix(key, VMIDsPrefix):
-		sub := strings.TrimPrefix(key, VMIDsPrefix)
+	case strings.HasPrefix(key, intent.VMIDsPrefix):
+		sub := strings.TrimPrefix(key, intent.VMIDsPrefix)
 		ids := map[string]uint8{}
 		if !deleted {
 			if err := decode(&ids); err != nil {
@@ -422,9 +416,9 @@ func (m *model) compile(ctx context.Context, w writer, d *dirty) (writes int, er
 			rest := strings.TrimPrefix(k, intent.DesiredHostPrefix(h))
 			kind, name, _ := strings.Cut(rest, "/")
 			switch kind {
-			case "vm":
+			case intent.DesiredVMKind:
 				d.vms[name] = true
-			case "sliver":
+			case intent.DesiredSliverKind:
 				d.slivers[h+"/"+name] = true
 			}
 		}
@@ -487,7 +481,7 @@ func (m *model) compile(ctx context.Context, w writer, d *dirty) (writes int, er
 		if len(want) == 0 && len(m.keysOf[h]) == 0 {
 			continue
 		}
-		if err := m.sync(m.keysOf[h], intent.DesiredHostPrefix(h)+"tap/", want, put, del); err != nil {
+		if err := m.sync(m.keysOf[h], intent.DesiredKindPrefix(h, intent.DesiredTapKind), want, put, del); err != nil {
 			return writes, err
 		}
 	}
@@ -563,7 +557,7 @@ func (m *model) compileAll(ctx context.Context, w writer) (int, error) {
 			h, kind, _ := strings.Cut(rest, "/")
 			kind, _, _ = strings.Cut(kind, "/")
 			_, host := m.hosts[h]
-			if !host || (kind != "vm" && kind != "sliver" && kind != "tap") {
+			if !host || (kind != intent.DesiredVMKind && kind != intent.DesiredSliverKind && kind != intent.DesiredTapKind) {
 				stale = append(stale, k)
 			}
 		}

@@ -21,7 +21,7 @@ type tracked struct {
 	c *Controller
 }
 
-func isIntent(key string) bool { return strings.HasPrefix(key, intent.Root+"intent/") }
+func isIntent(key string) bool { return strings.HasPrefix(key, intent.Prefix) }
 
 // Put implements store.Store.
 func (t *tracked) Put(ctx context.Context, key string, value []byte) error {
