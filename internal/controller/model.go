@@ -188,14 +188,8 @@ func (m *model) apply(key string, v []byte, deleted bool) error {
 }
 
 func (m *model) applyHost(name string, v []byte, deleted bool) error {
-	if deleted {
-		delete(m.hosts, name)
-	} else {
-		var h intent.Host
-		if err := json.Unmarshal(v, &h); err != nil {
-			return err
-		}
-		m.hosts[name] = h
+	if err := applyRecord(m.hosts, name, v, deleted); err != nil {
+		return err
 	}
 	for _, p := range m.parts {
 		p.hostChanged(m, name)
@@ -204,28 +198,16 @@ func (m *model) applyHost(name string, v []byte, deleted bool) error {
 }
 
 func (m *model) applyFarm(name string, v []byte, deleted bool) error {
-	if deleted {
-		delete(m.farms, name)
-	} else {
-		var f intent.Farm
-		if err := json.Unmarshal(v, &f); err != nil {
-			return err
-		}
-		m.farms[name] = f
+	if err := applyRecord(m.farms, name, v, deleted); err != nil {
+		return err
 	}
 	m.farmsChanged()
 	return nil
 }
 
 func (m *model) applySubnet(name string, v []byte, deleted bool) error {
-	if deleted {
-		delete(m.subnets, name)
-	} else {
-		var s intent.Subnet
-		if err := json.Unmarshal(v, &s); err != nil {
-			return err
-		}
-		m.subnets[name] = s
+	if err := applyRecord(m.subnets, name, v, deleted); err != nil {
+		return err
 	}
 	m.farmsChanged()
 	return nil
@@ -372,30 +354,6 @@ func (m *model) compileAll(ctx context.Context, w writer) (int, error) {
 	return kw.writes, nil
 }
 
-func (m *model) farmList() []intent.Farm {
-	out := make([]intent.Farm, 0, len(m.farms))
-	for _, k := range sortedKeys(m.farms) {
-		out = append(out, m.farms[k])
-	}
-	return out
-}
-
-func (m *model) subnetList() []intent.Subnet {
-	out := make([]intent.Subnet, 0, len(m.subnets))
-	for _, k := range sortedKeys(m.subnets) {
-		out = append(out, m.subnets[k])
-	}
-	return out
-}
-
-func (m *model) vmList() []intent.VM {
-	out := make([]intent.VM, 0, len(m.vms))
-	for _, k := range sortedKeys(m.vms) {
-		out = append(out, m.vms[k])
-	}
-	return out
-}
-
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -403,6 +361,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// sortedValues lists m's values in the order of their keys.
+func sortedValues[V any](m map[string]V) []V {
+	out := make([]V, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		out = append(out, m[k])
+	}
+	return out
 }
 
 func mustJSON(v any) []byte {

@@ -26,7 +26,7 @@ func (p *farmStates) compile(m *model, w *keyWriter) error {
 	}
 	p.marked = false
 	want := map[string][]byte{}
-	for id, f := range policy.FarmStates(m.farmList(), m.subnetList()) {
+	for id, f := range policy.FarmStates(sortedValues(m.farms), sortedValues(m.subnets)) {
 		want[intent.FarmStateKey(id)] = mustJSON(f)
 	}
 	return w.sync(farmKeys(m), intent.FarmStatePrefix, want)

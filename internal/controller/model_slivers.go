@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"encoding/json"
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -28,14 +27,8 @@ func (p *sliverKeys) reset() {
 }
 
 func (p *sliverKeys) apply(_ *model, name string, v []byte, deleted bool) error {
-	if deleted {
-		delete(p.slivers, name)
-	} else {
-		var s intent.Sliver
-		if err := json.Unmarshal(v, &s); err != nil {
-			return err
-		}
-		p.slivers[name] = s
+	if err := applyRecord(p.slivers, name, v, deleted); err != nil {
+		return err
 	}
 	p.marked[name] = true
 	return nil
@@ -61,12 +54,8 @@ func (p *sliverKeys) hostChanged(m *model, host string) {
 }
 
 func (p *sliverKeys) markAll(*model) {
-	for name := range p.slivers {
-		p.marked[name] = true
-	}
-	for name := range p.written {
-		p.marked[name] = true
-	}
+	markEach(p.marked, p.slivers)
+	markEach(p.marked, p.written)
 }
 
 func (p *sliverKeys) compile(m *model, w *keyWriter) error {

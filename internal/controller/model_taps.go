@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"encoding/json"
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -31,14 +30,8 @@ func (p *tapKeys) reset() {
 }
 
 func (p *tapKeys) apply(_ *model, name string, v []byte, deleted bool) error {
-	if deleted {
-		delete(p.policies, name)
-	} else {
-		var tp intent.TapPolicy
-		if err := json.Unmarshal(v, &tp); err != nil {
-			return err
-		}
-		p.policies[name] = tp
+	if err := applyRecord(p.policies, name, v, deleted); err != nil {
+		return err
 	}
 	p.redo = true
 	return nil
@@ -97,12 +90,8 @@ func (p *tapKeys) markAll(m *model) {
 
 // onEveryHost marks every host, and every host with desired keys.
 func (p *tapKeys) onEveryHost(m *model) {
-	for h := range m.hosts {
-		p.on[h] = true
-	}
-	for h := range m.keysOf {
-		p.on[h] = true
-	}
+	markEach(p.on, m.hosts)
+	markEach(p.on, m.keysOf)
 }
 
 func (p *tapKeys) compile(m *model, w *keyWriter) error {
@@ -110,7 +99,8 @@ func (p *tapKeys) compile(m *model, w *keyWriter) error {
 		p.redo = false
 		rules := []intent.TapRule(nil)
 		if len(p.policies) > 0 {
-			rules = policy.TapRules(policy.State{Farms: m.farmList(), Subnets: m.subnetList(), VMs: m.vmList(), Taps: p.list()})
+			rules = policy.TapRules(policy.State{Farms: sortedValues(m.farms), Subnets: sortedValues(m.subnets),
+				VMs: sortedValues(m.vms), Taps: sortedValues(p.policies)})
 		}
 		if !equalJSON(rules, p.rules) {
 			p.rules = rules
@@ -141,12 +131,4 @@ func (p *tapKeys) compile(m *model, w *keyWriter) error {
 		}
 	}
 	return nil
-}
-
-func (p *tapKeys) list() []intent.TapPolicy {
-	out := make([]intent.TapPolicy, 0, len(p.policies))
-	for _, k := range sortedKeys(p.policies) {
-		out = append(out, p.policies[k])
-	}
-	return out
 }

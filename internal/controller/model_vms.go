@@ -38,12 +38,8 @@ func (p *vmKeys) hostChanged(m *model, host string) {
 func (p *vmKeys) vmChanged(_ *model, full string, _, _ *intent.VM) { p.marked[full] = true }
 
 func (p *vmKeys) markAll(m *model) {
-	for full := range m.vms {
-		p.marked[full] = true
-	}
-	for full := range p.at {
-		p.marked[full] = true
-	}
+	markEach(p.marked, m.vms)
+	markEach(p.marked, p.at)
 }
 
 func (p *vmKeys) compile(m *model, w *keyWriter) error {

@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"sort"
 	"strings"
 
@@ -58,6 +59,28 @@ type recordKind struct {
 	// and marks in the parts what of the desired state it may change. Its
 	// error is the value's that does not decode.
 	apply func(m *model, name string, v []byte, deleted bool) error
+}
+
+// applyRecord is how most kinds apply a record: decoded into records under
+// its name, or deleted from them.
+func applyRecord[T any](records map[string]T, name string, v []byte, deleted bool) error {
+	if deleted {
+		delete(records, name)
+		return nil
+	}
+	var r T
+	if err := json.Unmarshal(v, &r); err != nil {
+		return err
+	}
+	records[name] = r
+	return nil
+}
+
+// markEach marks every key of keys.
+func markEach[V any](marks map[string]bool, keys map[string]V) {
+	for k := range keys {
+		marks[k] = true
+	}
 }
 
 // claims reports whether key is a record of the kind, and its name.
