@@ -59,9 +59,7 @@ func (p *sliverKeys) markAll(*model) {
 }
 
 func (p *sliverKeys) compile(m *model, w *keyWriter) error {
-	marked := p.marked
-	p.marked = map[string]bool{}
-	for _, name := range sortedKeys(marked) {
+	for _, name := range takeMarks(&p.marked) {
 		var want string
 		s, ok := p.slivers[name]
 		if ok {

@@ -107,12 +107,11 @@ func (p *tapKeys) compile(m *model, w *keyWriter) error {
 			p.onEveryHost(m)
 		}
 	}
-	on := p.on
-	p.on = map[string]bool{}
+	on := takeMarks(&p.on)
 	if len(p.rules) == 0 && m.counts[intent.DesiredTapKind] == 0 {
 		return nil // no TAP anywhere: nothing to look at
 	}
-	for _, h := range sortedKeys(on) {
+	for _, h := range on {
 		want := map[string][]byte{}
 		if _, ok := m.hosts[h]; ok && len(p.rules) > 0 {
 			var local []intent.VM

@@ -43,9 +43,7 @@ func (p *vmKeys) markAll(m *model) {
 }
 
 func (p *vmKeys) compile(m *model, w *keyWriter) error {
-	marked := p.marked
-	p.marked = map[string]bool{}
-	for _, full := range sortedKeys(marked) {
+	for _, full := range takeMarks(&p.marked) {
 		var want string
 		if vm, ok := m.vms[full]; ok {
 			if _, ok := m.hosts[vm.Host]; ok {

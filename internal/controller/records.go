@@ -83,6 +83,14 @@ func markEach[V any](marks map[string]bool, keys map[string]V) {
 	}
 }
 
+// takeMarks returns the marked keys in order and clears the marks: what a
+// part's compile writes.
+func takeMarks(marks *map[string]bool) []string {
+	keys := sortedKeys(*marks)
+	*marks = map[string]bool{}
+	return keys
+}
+
 // claims reports whether key is a record of the kind, and its name.
 func (k recordKind) claims(key string) (string, bool) {
 	if k.key != "" {

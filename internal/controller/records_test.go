@@ -17,10 +17,10 @@ import (
 	"github.com/onehop/onehop/internal/store"
 )
 
-// intentConstants returns the string constants package intent declares,
-// by name, read from its source: a key layout added there shows up here
-// without anyone listing it.
-func intentConstants(t *testing.T) map[string]string {
+// intentConstants returns the string constants package intent declares
+// that keep accepts, name by value, read from its source: a key layout
+// added there shows up here without anyone listing it.
+func intentConstants(t *testing.T, keep func(name, v string) bool) map[string]string {
 	t.Helper()
 	dir := filepath.Join("..", "intent")
 	fset := token.NewFileSet()
@@ -41,14 +41,26 @@ func intentConstants(t *testing.T) map[string]string {
 	pkg, _ := conf.Check("intent", fset, files, nil)
 	out := map[string]string{}
 	for _, name := range pkg.Scope().Names() {
-		if c, ok := pkg.Scope().Lookup(name).(*types.Const); ok && c.Val().Kind() == constant.String {
-			out[name] = constant.StringVal(c.Val())
+		c, ok := pkg.Scope().Lookup(name).(*types.Const)
+		if !ok || c.Val().Kind() != constant.String {
+			continue
+		}
+		if v := constant.StringVal(c.Val()); keep(name, v) {
+			out[v] = name
 		}
 	}
-	if out["HostsPrefix"] != intent.HostsPrefix {
-		t.Fatalf("read intent.HostsPrefix as %q, want %q", out["HostsPrefix"], intent.HostsPrefix)
-	}
 	return out
+}
+
+// count is how many of xs f holds for.
+func count[T any](xs []T, f func(T) bool) int {
+	n := 0
+	for _, x := range xs {
+		if f(x) {
+			n++
+		}
+	}
+	return n
 }
 
 type importerFunc func(path string) (*types.Package, error)
@@ -68,23 +80,12 @@ func loadedModel() *model {
 // layout lives in the controller.
 func TestEveryIntentRecordLayoutIsClaimedByExactlyOneRecordKind(t *testing.T) {
 	m := loadedModel()
-	layouts := map[string]string{} // value -> constant name
-	for name, v := range intentConstants(t) {
-		if strings.HasPrefix(v, intent.Prefix) && v != intent.Prefix {
-			layouts[v] = name
-		}
-	}
-	if len(layouts) < 8 {
-		t.Fatalf("only %d record layouts found in intent: %v", len(layouts), layouts)
+	layouts := intentConstants(t, func(_, v string) bool { return strings.HasPrefix(v, intent.Prefix) && v != intent.Prefix })
+	if layouts[intent.HostsPrefix] != "HostsPrefix" || len(layouts) < 8 {
+		t.Fatalf("read %d record layouts from intent, HostsPrefix not among them: %v", len(layouts), layouts)
 	}
 	for v, name := range layouts {
-		n := 0
-		for _, k := range m.kinds {
-			if k.prefix == v || k.key == v {
-				n++
-			}
-		}
-		if n != 1 {
+		if n := count(m.kinds, func(k recordKind) bool { return k.prefix == v || k.key == v }); n != 1 {
 			t.Errorf("intent.%s (%s) is claimed by %d record kinds, want 1: add its kind to recordKinds or to its part (records.go)", name, v, n)
 		}
 	}
@@ -108,24 +109,13 @@ func TestEveryIntentRecordLayoutIsClaimedByExactlyOneRecordKind(t *testing.T) {
 // and every part's kind is one intent names.
 func TestEveryKindOfDesiredKeyIsWrittenByExactlyOnePart(t *testing.T) {
 	m := loadedModel()
-	kinds := map[string]string{}
 	isKind := regexp.MustCompile(`^Desired\w+Kind$`)
-	for name, v := range intentConstants(t) {
-		if isKind.MatchString(name) {
-			kinds[v] = name
-		}
-	}
-	if len(kinds) < 3 {
-		t.Fatalf("only %d kinds of desired key found in intent: %v", len(kinds), kinds)
+	kinds := intentConstants(t, func(name, _ string) bool { return isKind.MatchString(name) })
+	if kinds[intent.DesiredVMKind] != "DesiredVMKind" || len(kinds) < 3 {
+		t.Fatalf("read %d kinds of desired key from intent, DesiredVMKind not among them: %v", len(kinds), kinds)
 	}
 	for v, name := range kinds {
-		n := 0
-		for _, p := range m.parts {
-			if p.desiredKind() == v {
-				n++
-			}
-		}
-		if n != 1 {
+		if n := count(m.parts, func(p part) bool { return p.desiredKind() == v }); n != 1 {
 			t.Errorf("intent.%s (%q) is written by %d parts, want 1", name, v, n)
 		}
 	}
