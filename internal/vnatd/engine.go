@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -70,14 +71,16 @@ type Config struct {
 	Logger *slog.Logger
 	// Now; nil is time.Now (the log limiter's and retries' clock).
 	Now func() time.Time
-	// RetryFor is how long a locate walk that reached nobody is retried
-	// before the migration is aborted; 0 is 15 s.
-	RetryFor time.Duration
+	// WalkRetry is how a locate walk that reached nobody is retried
+	// before the migration is aborted; a zero field is walkRetry's (100 ms
+	// doubling to 2 s, for 15 s).
+	WalkRetry backoff.Backoff
 	// Helpers run for each connection whose peer is away (helpers.go).
 	Helpers []Helper
-	// SuspRetry is the pause before a suspend claim is sent again to a
-	// peer that did not answer (doubling, SuspTries in all); 0 is 250 ms.
-	SuspRetry time.Duration
+	// ClaimRetry is how a suspend claim is sent again to a peer that did
+	// not answer; a zero field is claimRetry's (250 ms doubling, SuspTries
+	// in all).
+	ClaimRetry backoff.Backoff
 	// SuspTimeout is how long one claim waits for its answer; 0 is 2 s.
 	SuspTimeout time.Duration
 	// Conflict is the default conflict policy (--conflict); "" is abort.
@@ -100,7 +103,7 @@ type conn struct {
 	own                 [vcmp.KeyLen]byte // its public key (kept when priv is not: LoadKeys)
 	peerPub             *[vcmp.KeyLen]byte
 	keys                *vcmp.Keys
-	keyTries            int // AgreeKeys asked the peer this many times
+	keyRetry            *backoff.Retry // AgreeKeys' tries (keyRetry); nil: never asked
 	sendSeq             uint64
 	win                 vcmp.Window
 	helping             bool     // the helpers run for it (its peer is away)
@@ -155,12 +158,8 @@ func New(cfg Config, tr Translator, dial Dialer) *Engine {
 	if e.cfg.Now == nil {
 		e.cfg.Now = time.Now
 	}
-	if e.cfg.RetryFor == 0 {
-		e.cfg.RetryFor = 15 * time.Second
-	}
-	if e.cfg.SuspRetry == 0 {
-		e.cfg.SuspRetry = 250 * time.Millisecond
-	}
+	e.cfg.WalkRetry = e.cfg.WalkRetry.Or(walkRetry)
+	e.cfg.ClaimRetry = e.cfg.ClaimRetry.Or(claimRetry)
 	if e.cfg.SuspTimeout == 0 {
 		e.cfg.SuspTimeout = 2 * time.Second
 	}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"syscall"
-	"time"
 
+	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -125,12 +125,11 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 
 	// The walk, in rounds: every connection still walking asks its next
 	// place; the queries for one place go in one batch. A walk that
-	// reached nobody starts again after a pause, for RetryFor: the new
+	// reached nobody starts again after a pause, on WalkRetry: the new
 	// address often comes before the route to the peer's place (DHCP,
 	// the new subnet's gateway).
 	found := map[netip.Addr][]*walk{}
-	giveUp := e.cfg.Now().Add(e.cfg.RetryFor)
-	pause := 100 * time.Millisecond
+	retry := e.cfg.WalkRetry.Start(e.cfg.Now())
 	for {
 		e.walkRound(ctx, walks, found)
 		var failed []*walk
@@ -139,14 +138,14 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 				failed = append(failed, w)
 			}
 		}
-		if len(failed) == 0 || ctx.Err() != nil || e.cfg.Now().Add(pause).After(giveUp) {
+		if len(failed) == 0 || ctx.Err() != nil {
 			break
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(pause):
+		pause, ok := retry.Next(e.cfg.Now())
+		if !ok {
+			break
 		}
-		pause = min(2*pause, 2*time.Second)
+		backoff.Sleep(ctx, pause) // an ended ctx ends the walk after the next round
 		e.mu.Lock()
 		for _, w := range failed {
 			w.failed = false
@@ -250,7 +249,7 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 			// there and answers TCP, but runs no VNAT daemon. If it never
 			// keyed the connection either, it has none: no location server
 			// can bring a VNAT_UPD from it, so waiting there would hang the
-			// connection for ever. The walk fails (retried for RetryFor, in
+			// connection for ever. The walk fails (retried on WalkRetry, in
 			// case a daemon is starting) and the migration is aborted.
 			refused := errors.Is(err, syscall.ECONNREFUSED)
 			e.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -67,36 +68,30 @@ func (e *Engine) Suspend(ctx context.Context, sel func(vcmp.Tuple) bool) (int, e
 	return n, errors.Join(errs...)
 }
 
-// SuspTries is how many times a claim (VNAT_SUSP_PRIMARY + VCMP_KEY) is
-// sent to a peer that does not answer, with a doubling pause between
-// tries, before its connections are primary by default (§3.3.1.2: no
-// negotiation, both ends primary).
-const SuspTries = 4
-
-// claim sends one peer its claim batch until it answers or SuspTries are
+// claim sends one peer its claim batch until it answers or ClaimRetry is
 // spent, and steps the connections with the answer. A retransmitted claim
 // is the same batch (the same keys): a peer that took the first one but
 // whose answer was lost answers again with the same role and key.
 func (e *Engine) claim(ctx context.Context, p netip.Addr, cs []*conn, msgs []vcmp.Message) error {
-	pause := e.cfg.SuspRetry
+	retry := e.cfg.ClaimRetry.Start(e.cfg.Now())
 	var ans []vcmp.Message
 	var err error
 	for try := 1; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, e.cfg.SuspTimeout)
 		ans, err = e.exchange(tctx, p, msgs)
 		cancel()
-		if err == nil || try == SuspTries || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		pause, ok := retry.Next(e.cfg.Now())
+		if !ok {
 			break
 		}
 		e.mu.Lock()
 		e.counters["susp_retransmitted"]++
 		e.mu.Unlock()
 		e.log.Info("vnat: suspend claim unanswered, sending again", "peer", p, "try", try, "pause", pause, "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(pause):
-		}
-		pause *= 2
+		backoff.Sleep(ctx, pause) // an ended ctx ends the loop at the next try
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -105,7 +100,7 @@ func (e *Engine) claim(ctx context.Context, p netip.Addr, cs []*conn, msgs []vcm
 		for _, c := range cs {
 			e.step(c, vcmp.EvTimeout) //nolint:errcheck // no answer: primary by default
 		}
-		return fmt.Errorf("vnatd: suspend with %s: no answer after %d tries, primary by default: %w", p, SuspTries, err)
+		return fmt.Errorf("vnatd: suspend with %s: no answer after %d tries, primary by default: %w", p, e.cfg.ClaimRetry.Tries, err)
 	}
 	for i, c := range cs {
 		claim, key := ans[2*i], ans[2*i+1]
@@ -129,10 +124,6 @@ func (e *Engine) claim(ctx context.Context, p netip.Addr, cs []*conn, msgs []vcm
 	return nil
 }
 
-// MaxKeyTries is how many times AgreeKeys asks a peer's daemon that does
-// not know a connection yet (it looks for new connections on its own clock).
-const MaxKeyTries = 5
-
 // AgreeKeys agrees update keys at first contact for the connections that
 // have none and were never tried (one VCMP_KEY batch per peer), so that an
 // unplanned move (no suspend) is authenticated too. A peer without a VNAT
@@ -142,11 +133,11 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 	e.mu.Lock()
 	byPeer := map[netip.Addr][]*conn{}
 	msgs := map[netip.Addr][]vcmp.Message{}
+	now := e.cfg.Now()
 	for _, c := range e.conns {
-		if c.keys != nil || c.keyTries >= MaxKeyTries || (c.m.State != vcmp.Active && c.m.State != vcmp.Migrated) {
+		if c.keys != nil || (c.m.State != vcmp.Active && c.m.State != vcmp.Migrated) || !c.askKeys(now) {
 			continue
 		}
-		c.keyTries++
 		if err := c.newKeys(); err != nil {
 			e.mu.Unlock()
 			return 0, err
@@ -164,7 +155,7 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 			// No daemon there (or not reachable): not asked again.
 			e.mu.Lock()
 			for _, c := range cs {
-				c.keyTries = MaxKeyTries
+				c.keyRetry.Stop()
 			}
 			e.mu.Unlock()
 			errs = append(errs, fmt.Errorf("vnatd: keys with %s: %w", p, err))
@@ -187,4 +178,15 @@ func (e *Engine) AgreeKeys(ctx context.Context) (int, error) {
 		e.mu.Unlock()
 	}
 	return n, errors.Join(errs...)
+}
+
+// askKeys says whether AgreeKeys asks c's peer for keys this round, and
+// counts the try: keyRetry's tries, one a round. Called with e.mu held.
+func (c *conn) askKeys(now time.Time) bool {
+	if c.keyRetry == nil {
+		c.keyRetry = keyRetry.Start(now)
+		return true
+	}
+	_, ok := c.keyRetry.Next(now) // the last round's try got no keys
+	return ok
 }
