@@ -151,13 +151,9 @@ func (e *Engine) handleLocked(m vcmp.Message, from netip.Addr) vcmp.Message {
 		}
 		return a
 	case *vcmp.SuspPrimary:
-		c, ok := e.conns[m.Conn.Reverse()]
-		if !ok {
-			return &vcmp.UpdateReply{Record: blank(m.Conn.Reverse()), Status: vcmp.UpdateUnknown}
-		}
-		if from != c.phys.Remote.Addr() {
-			e.warn("refused_claim_source", "vnat: suspend claim from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		c, refused := e.fromPeer(m.Conn, from, "refused_claim_source", "vnat: suspend claim from elsewhere than the peer")
+		if refused != nil {
+			return refused
 		}
 		if c.m.State == vcmp.Suspended && c.m.Moving {
 			// Crossing claims (figure 3-4(b)): we claimed too. Arbitrate
@@ -186,17 +182,13 @@ func (e *Engine) handleLocked(m vcmp.Message, from netip.Addr) vcmp.Message {
 		}
 		return &vcmp.SuspSecondary{Record: c.record()}
 	case *vcmp.Key:
-		c, ok := e.conns[m.Conn.Reverse()]
-		if !ok {
-			return &vcmp.UpdateReply{Record: blank(m.Conn.Reverse()), Status: vcmp.UpdateUnknown}
-		}
 		// Keys come only from where the peer is, and replace agreed keys
 		// only in a new suspension: otherwise anyone who can reach port
 		// 2031 and guess a 4-tuple could key the connection and then
 		// move it.
-		if from != c.phys.Remote.Addr() {
-			e.warn("refused_key_source", "vnat: key from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
-			return &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+		c, refused := e.fromPeer(m.Conn, from, "refused_key_source", "vnat: key from elsewhere than the peer")
+		if refused != nil {
+			return refused
 		}
 		if c.keys != nil && (c.peerPub == nil || *c.peerPub != m.Public) && c.m.State != vcmp.Suspended {
 			e.warn("refused_rekey", "vnat: new key outside a suspension", "conn", c.m.Tuple, "from", from)
@@ -209,6 +201,22 @@ func (e *Engine) handleLocked(m vcmp.Message, from netip.Addr) vcmp.Message {
 		return &vcmp.Key{Record: c.record(), Public: c.own}
 	}
 	return nil
+}
+
+// fromPeer is the connection a claim or key names (its tuple as the sender
+// sees it), or the answer refusing the message: the connection is unknown
+// here, or the message (kind and msg log it) came from elsewhere than where
+// the peer is. Called with e.mu held.
+func (e *Engine) fromPeer(named vcmp.Tuple, from netip.Addr, kind, msg string) (*conn, vcmp.Message) {
+	c, ok := e.conns[named.Reverse()]
+	if !ok {
+		return nil, &vcmp.UpdateReply{Record: blank(named.Reverse()), Status: vcmp.UpdateUnknown}
+	}
+	if from != c.phys.Remote.Addr() {
+		e.warn(kind, msg, "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
+		return nil, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+	}
+	return c, nil
 }
 
 // acceptUpdate checks one update (its connection, keys, conflicts) and
