@@ -22,13 +22,13 @@ static __always_inline __u16 csum_fold(__u64 sum)
 	return (__u16)~sum;
 }
 
-/* The checksum after one 16-bit word it covers changed from old to new
+/* The checksum after one 16-bit word it covers changed from m to m2
  * (RFC 1624, eqn. 3: HC' = ~(~HC + ~m + m')). All three in network order:
  * a one's-complement sum does not care which (RFC 1071 §2(B)), so no byte
  * swaps. */
-static __always_inline __sum16 csum_replace16(__sum16 check, __be16 old, __be16 new)
+static __always_inline __sum16 csum_replace16(__sum16 check, __be16 m, __be16 m2)
 {
-	return csum_fold((__u32)(__u16)~check + (__u16)~old + (__u16)new);
+	return csum_fold((__u32)(__u16)~check + (__u16)~m + (__u16)m2);
 }
 
 /* The checksum after a word it covers went down by d (network order),
