@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/cilium/ebpf"
@@ -64,31 +64,6 @@ func (k *Kernel) PsDropName(i int) string {
 	return k.DropReason(code)
 }
 
-// loadSharing loads one more object whose pinned maps are all the vif
-// program's (by name), into objs.
-func loadSharing(load func() (*ebpf.CollectionSpec, error), shared map[string]*ebpf.Map, objs any, what string) error {
-	spec, err := load()
-	if err != nil {
-		return err
-	}
-	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
-	for name, ms := range spec.Maps {
-		if ms.Pinning == ebpf.PinNone {
-			continue // its own (.bss, the test hooks' redirect log)
-		}
-		m, ok := shared[name]
-		if !ok {
-			return fmt.Errorf("%s program uses map %s, which the vif program does not share", what, name)
-		}
-		opts.MapReplacements[name] = m
-		ms.MaxEntries = m.MaxEntries()
-	}
-	if err := spec.LoadAndAssign(objs, opts); err != nil {
-		return fmt.Errorf("load %s program: %w", what, err)
-	}
-	return nil
-}
-
 // SliverProgram is the program on sliver links (BPF_PROG_RUN tests).
 func (k *Kernel) SliverProgram() *ebpf.Program { return k.sliver.SliverIngress }
 
@@ -100,71 +75,29 @@ const psLinkDir = "portspace-links"
 // AttachSliver puts the sliver program on the tcx ingress of ifname, the
 // host-side end of a sliver's link (pinned, like a vif's).
 func (k *Kernel) AttachSliver(ifname string, ifindex int) error {
-	return k.attachTCX(k.psLinks, psLinkDir, "sliver-"+ifname, ifname, ifindex, k.sliver.SliverIngress, ebpf.AttachTCXIngress)
+	return k.psLinks.TCX("sliver-"+ifname, ifname, ifindex, k.sliver.SliverIngress, ebpf.AttachTCXIngress)
 }
 
 // DetachSliver takes the sliver program off ifname (a link that is gone
 // loses it with the link; the pin goes too).
 func (k *Kernel) DetachSliver(ifname string) error {
-	return k.psDetach("sliver-" + ifname)
+	return k.psLinks.Detach("sliver-" + ifname)
 }
 
 // SliverLinks lists the sliver links the program sits on, by name,
 // including those pinned by an earlier agent.
 func (k *Kernel) SliverLinks() ([]string, error) {
-	seen := map[string]bool{}
-	for name := range k.psLinks {
-		if n, ok := cutPrefix(name, "sliver-"); ok {
-			seen[n] = true
-		}
+	names, err := k.psLinks.Names()
+	if err != nil {
+		return nil, fmt.Errorf("sliver links: %w", err)
 	}
-	if k.pinDir != "" {
-		entries, err := os.ReadDir(filepath.Join(k.pinDir, psLinkDir))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("read sliver link pins: %w", err)
+	var out []string
+	for _, name := range names {
+		if n, ok := strings.CutPrefix(name, "sliver-"); ok && n != "" {
+			out = append(out, n)
 		}
-		for _, de := range entries {
-			if n, ok := cutPrefix(de.Name(), "sliver-"); ok {
-				seen[n] = true
-			}
-		}
-	}
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		out = append(out, n)
 	}
 	return out, nil
-}
-
-func cutPrefix(s, p string) (string, bool) {
-	if len(s) > len(p) && s[:len(p)] == p {
-		return s[len(p):], true
-	}
-	return "", false
-}
-
-func (k *Kernel) psDetach(name string) error {
-	if _, ok := k.psLinks[name]; ok {
-		detachFrom(k.psLinks, k.pinDir != "", name)
-		return nil
-	}
-	if k.pinDir == "" {
-		return nil
-	}
-	pin := filepath.Join(k.pinDir, psLinkDir, name)
-	l, err := link.LoadPinnedLink(pin, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		// A pin whose link went with its device: only the file is left.
-		if rerr := os.Remove(pin); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-			return fmt.Errorf("remove pin %s: %w", pin, rerr)
-		}
-		return nil
-	}
-	l.Unpin()
-	return l.Close()
 }
 
 // AttachLoopback puts the loopback program on lo's tcx egress: the host's
@@ -174,17 +107,20 @@ func (k *Kernel) AttachLoopback() error {
 	if err != nil {
 		return fmt.Errorf("find lo: %w", err)
 	}
-	return k.attachTCX(k.psLinks, psLinkDir, "lo-egress", "lo", lo.Index, k.sliver.LoopbackEgress, ebpf.AttachTCXEgress)
+	return k.psLinks.TCX("lo-egress", "lo", lo.Index, k.sliver.LoopbackEgress, ebpf.AttachTCXEgress)
 }
 
 // DetachLoopback takes the loopback program off lo.
-func (k *Kernel) DetachLoopback() error { return k.psDetach("lo-egress") }
+func (k *Kernel) DetachLoopback() error { return k.psLinks.Detach("lo-egress") }
 
-// AttachSliverCgroups attaches the socket programs (bind, post-bind,
-// connect) at dir, the cgroup v2 directory whose children are the
-// slivers' cgroups; links are pinned so they outlive the agent.
-func (k *Kernel) AttachSliverCgroups(dir string) error {
-	for _, p := range []struct {
+// sliverCgroupProgs are the socket programs on the slivers' cgroup, by the
+// name of their link.
+func (k *Kernel) sliverCgroupProgs() []struct {
+	name string
+	prog *ebpf.Program
+	at   ebpf.AttachType
+} {
+	return []struct {
 		name string
 		prog *ebpf.Program
 		at   ebpf.AttachType
@@ -192,36 +128,24 @@ func (k *Kernel) AttachSliverCgroups(dir string) error {
 		{"cgroup-bind4", k.sock.SliverBind4, ebpf.AttachCGroupInet4Bind},
 		{"cgroup-post-bind4", k.sock.SliverPostBind4, ebpf.AttachCGroupInet4PostBind},
 		{"cgroup-connect4", k.sock.SliverConnect4, ebpf.AttachCGroupInet4Connect},
-	} {
-		if _, ok := k.psLinks[p.name]; ok {
-			continue
-		}
-		pin := ""
-		if k.pinDir != "" {
-			pin = filepath.Join(k.pinDir, psLinkDir, p.name)
-			if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-				if l.Update(p.prog) == nil {
-					k.psLinks[p.name] = l
-					continue
-				}
-				l.Unpin()
-				l.Close()
+	}
+}
+
+// AttachSliverCgroups attaches the socket programs (bind, post-bind,
+// connect) at dir, the cgroup v2 directory whose children are the
+// slivers' cgroups; links are pinned so they outlive the agent.
+func (k *Kernel) AttachSliverCgroups(dir string) error {
+	for _, p := range k.sliverCgroupProgs() {
+		err := k.psLinks.Attach(p.name, p.prog, nil, func() (link.Link, error) {
+			l, err := link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.at, Program: p.prog})
+			if err != nil {
+				return nil, fmt.Errorf("attach %s to cgroup %s: %w", p.name, dir, err)
 			}
-			if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
-				return fmt.Errorf("pin dir: %w", err)
-			}
-		}
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.at, Program: p.prog})
+			return l, nil
+		})
 		if err != nil {
-			return fmt.Errorf("attach %s to cgroup %s: %w", p.name, dir, err)
+			return err
 		}
-		if pin != "" {
-			if err := l.Pin(pin); err != nil {
-				l.Close()
-				return fmt.Errorf("pin %s: %w", p.name, err)
-			}
-		}
-		k.psLinks[p.name] = l
 	}
 	return nil
 }
@@ -229,8 +153,8 @@ func (k *Kernel) AttachSliverCgroups(dir string) error {
 // DetachSliverCgroups takes the socket programs off the slivers' cgroups.
 func (k *Kernel) DetachSliverCgroups() error {
 	var errs []error
-	for _, name := range []string{"cgroup-bind4", "cgroup-post-bind4", "cgroup-connect4"} {
-		errs = append(errs, k.psDetach(name))
+	for _, p := range k.sliverCgroupProgs() {
+		errs = append(errs, k.psLinks.Detach(p.name))
 	}
 	return errors.Join(errs...)
 }

@@ -3,16 +3,16 @@ package lispdp
 import (
 	"errors"
 	"fmt"
-	onehopns "github.com/onehop/onehop/internal/netns"
 	"net/netip"
 	"os/exec"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/onehop/onehop/internal/bpfobj"
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // Datapath is the LISP data plane loaded into the kernel: the programs, their
@@ -20,7 +20,7 @@ import (
 type Datapath struct {
 	opts  Options
 	objs  lispObjects
-	links map[string]link.Link
+	links *bpfobj.Links // never pinned
 
 	mu    sync.Mutex
 	paths map[uint8]lispLispPath // configured paths, for the tunnel maps
@@ -36,11 +36,12 @@ func Open(o Options) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lispdp: load spec: %w", err)
 	}
-	names, err := counterNames(spec)
+	// "encapsulated", ..., "drop_malformed", ... (enum lisp_counter)
+	names, err := bpfobj.EnumNames(spec, "lisp_counter", "LISP_")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("lispdp: %w", err)
 	}
-	d := &Datapath{opts: o, links: map[string]link.Link{}, paths: map[uint8]lispLispPath{},
+	d := &Datapath{opts: o, links: bpfobj.NewLinks(""), paths: map[uint8]lispLispPath{},
 		counterNames: names}
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		return nil, fmt.Errorf("lispdp: load programs: %+v", err)
@@ -72,22 +73,6 @@ func probeGSODecap(prog *ebpf.Program) (bool, error) {
 // off), so this node never sends any; the far end must do the same.
 func (d *Datapath) DecapsGSO() bool { return d.gsoDecap }
 
-// counterNames reads enum lisp_counter from BTF, so Go never repeats the
-// C's list: "encapsulated", ..., "drop_malformed", ...
-func counterNames(spec *ebpf.CollectionSpec) ([]string, error) {
-	var e *btf.Enum
-	if err := spec.Types.TypeByName("lisp_counter", &e); err != nil {
-		return nil, fmt.Errorf("lispdp: btf enum lisp_counter: %w", err)
-	}
-	names := make([]string, lispLispCounterLISP_COUNTER_MAX)
-	for _, v := range e.Values {
-		if v.Value < uint64(len(names)) {
-			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "LISP_"))
-		}
-	}
-	return names, nil
-}
-
 // Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
 type Programs struct {
 	Encap   *ebpf.Program // tcx egress of an RLOC interface
@@ -103,25 +88,13 @@ func (d *Datapath) Programs() Programs {
 // Close detaches every link and unloads the programs.
 func (d *Datapath) Close() error {
 	var errs []error
-	for name, l := range d.links {
-		if err := l.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("lispdp: detach %s: %w", name, err))
-		}
-		delete(d.links, name)
+	if err := d.links.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("lispdp: %w", err))
 	}
 	if err := d.objs.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("lispdp: unload: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// inNS runs fn in the datapath's namespace: on a locked thread that is
-// thrown away afterwards, so no other goroutine ever runs there.
-func (d *Datapath) inNS(fn func() error) error {
-	if d.opts.Netns == "" {
-		return fn()
-	}
-	return onehopns.DoPath(d.opts.Netns, fn)
 }
 
 type attachment struct {
@@ -131,7 +104,7 @@ type attachment struct {
 }
 
 func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) error {
-	return d.inNS(func() error {
+	return onehopns.DoPath(d.opts.Netns, func() error {
 		ifc, err := netlink.LinkByName(ifname)
 		if err != nil {
 			return fmt.Errorf("lispdp: interface %s: %w", ifname, err)
@@ -145,14 +118,9 @@ func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) erro
 			}
 		}
 		for _, a := range as {
-			if _, ok := d.links[a.name]; ok {
-				continue
+			if err := d.links.TCX(a.name, ifname, ifc.Attrs().Index, a.prog, a.at); err != nil {
+				return fmt.Errorf("lispdp: %w", err)
 			}
-			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Attrs().Index, Program: a.prog, Attach: a.at})
-			if err != nil {
-				return fmt.Errorf("lispdp: attach %s to %s: %w", a.at, ifname, err)
-			}
-			d.links[a.name] = l
 		}
 		return nil
 	})
@@ -339,17 +307,9 @@ func (d *Datapath) PathStats() (map[uint8]Stats, error) {
 // Counters returns every datapath counter by name (encapsulated, pinned,
 // decapsulated, native, drop_*), summed over CPUs.
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for i, name := range d.counterNames {
-		var per []uint64
-		if err := d.objs.LispCounters.Lookup(uint32(i), &per); err != nil {
-			return nil, fmt.Errorf("lispdp: read counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+	out, err := bpfobj.Counters(d.objs.LispCounters, d.counterNames)
+	if err != nil {
+		return nil, fmt.Errorf("lispdp: %w", err)
 	}
 	return out, nil
 }

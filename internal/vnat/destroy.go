@@ -9,6 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // ErrDestroyUnsupported is DestroySocket's error when the kernel cannot
@@ -73,7 +75,7 @@ func (d *Datapath) CanDestroySockets() error {
 
 // destroy sends one SOCK_DESTROY request in the endpoint's namespace.
 func (d *Datapath) destroy(r destroyRequest) error {
-	err := d.inNS(func() error {
+	err := onehopns.DoPath(d.opts.Netns, func() error {
 		req := nl.NewNetlinkRequest(nl.SOCK_DESTROY, unix.NLM_F_ACK)
 		req.AddData(r)
 		_, err := req.Execute(unix.NETLINK_INET_DIAG, 0)

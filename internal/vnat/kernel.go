@@ -3,7 +3,6 @@ package vnat
 import (
 	"errors"
 	"fmt"
-	onehopns "github.com/onehop/onehop/internal/netns"
 	"net"
 	"net/netip"
 	"os"
@@ -13,11 +12,13 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/internal/bpfobj"
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // Options say where the endpoint is.
@@ -41,7 +42,7 @@ type Options struct {
 type Datapath struct {
 	opts  Options
 	objs  vnatObjects
-	links map[string]link.Link
+	links *bpfobj.Links // pinned under PinDir/links when pinning
 
 	mu     sync.Mutex
 	table  *Table
@@ -69,11 +70,16 @@ func Open(o Options) (*Datapath, error) {
 	if o.XlateEntries > 0 {
 		spec.Maps["vnat_xlate"].MaxEntries = o.XlateEntries
 	}
-	names, err := counterNames(spec)
+	// "egress_translated", ... (enum vnat_counter, VNAT_COUNTER_MAX left out)
+	names, err := bpfobj.EnumNames(spec, "vnat_counter", "VNAT_")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("vnat: %w", err)
 	}
-	d := &Datapath{opts: o, links: map[string]link.Link{}, table: NewTable(),
+	links := bpfobj.NewLinks("")
+	if o.PinDir != "" {
+		links = bpfobj.NewLinks(filepath.Join(o.PinDir, "links"))
+	}
+	d := &Datapath{opts: o, links: links, table: NewTable(),
 		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{}, away: map[Virtual]bool{},
 		counterNames: names}
 	opts := &ebpf.CollectionOptions{}
@@ -177,22 +183,6 @@ func (d *Datapath) adopt() error {
 	return d.syncRoutes(nil)
 }
 
-// counterNames reads enum vnat_counter from BTF, so Go never repeats the
-// C's list: "egress_translated", ... (VNAT_COUNTER_MAX left out).
-func counterNames(spec *ebpf.CollectionSpec) ([]string, error) {
-	var e *btf.Enum
-	if err := spec.Types.TypeByName("vnat_counter", &e); err != nil {
-		return nil, fmt.Errorf("vnat: btf enum vnat_counter: %w", err)
-	}
-	names := make([]string, vnatVnatCounterVNAT_COUNTER_MAX)
-	for _, v := range e.Values {
-		if v.Value < uint64(len(names)) {
-			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "VNAT_"))
-		}
-	}
-	return names, nil
-}
-
 // Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
 func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
 	return d.objs.VnatEgress, d.objs.VnatIngress, d.objs.VnatSockops
@@ -206,11 +196,8 @@ func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
 func (d *Datapath) Close() error {
 	if d.opts.PinDir != "" {
 		var errs []error
-		for name, l := range d.links {
-			if err := l.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("close link %s: %w", name, err))
-			}
-			delete(d.links, name)
+		if err := d.links.Close(); err != nil {
+			errs = append(errs, err)
 		}
 		if err := d.objs.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close vnat: %w", err))
@@ -227,16 +214,12 @@ func (d *Datapath) Remove() error { return d.remove() }
 
 func (d *Datapath) remove() error {
 	var errs []error
-	for name, l := range d.links {
-		if d.opts.PinDir != "" {
-			if err := l.Unpin(); err != nil {
-				errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
-			}
-		}
-		if err := l.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("detach %s: %w", name, err))
-		}
-		delete(d.links, name)
+	// Links of an earlier run this one never took over (another
+	// interface) go too.
+	names, err := d.links.Names()
+	errs = append(errs, err)
+	for _, name := range names {
+		errs = append(errs, d.links.Detach(name))
 	}
 	d.mu.Lock()
 	for va := range d.routes {
@@ -251,17 +234,6 @@ func (d *Datapath) remove() error {
 				errs = append(errs, fmt.Errorf("unpin map: %w", err))
 			}
 		}
-		// Links of an earlier run this one never took over (another
-		// interface) go too; then the directory.
-		if ents, err := os.ReadDir(filepath.Join(d.opts.PinDir, "links")); err == nil {
-			for _, e := range ents {
-				p := filepath.Join(d.opts.PinDir, "links", e.Name())
-				if l, err := link.LoadPinnedLink(p, nil); err == nil {
-					l.Unpin() //nolint:errcheck // removed below if it stays
-					l.Close()
-				}
-			}
-		}
 		if err := os.RemoveAll(d.opts.PinDir); err != nil {
 			errs = append(errs, fmt.Errorf("remove pin dir: %w", err))
 		}
@@ -270,49 +242,6 @@ func (d *Datapath) remove() error {
 		errs = append(errs, fmt.Errorf("unload vnat: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// attach attaches via a link named name (pinned under PinDir/links when
-// pinning): a pinned link of an earlier run still on the same hook gets
-// the new program, atomically (the hook is never empty).
-func (d *Datapath) attach(name string, prog *ebpf.Program, same func(*link.Info) bool, make func() (link.Link, error)) error {
-	if _, ok := d.links[name]; ok {
-		return nil
-	}
-	pin := ""
-	if d.opts.PinDir != "" {
-		pin = filepath.Join(d.opts.PinDir, "links", strings.ReplaceAll(name, "/", "_"))
-		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-			info, ierr := l.Info()
-			if ierr == nil && same(info) && l.Update(prog) == nil {
-				d.links[name] = l
-				return nil
-			}
-			l.Unpin() //nolint:errcheck // replaced below
-			l.Close()
-		}
-	}
-	l, err := make()
-	if err != nil {
-		return err
-	}
-	if pin != "" {
-		if err := l.Pin(pin); err != nil {
-			l.Close()
-			return fmt.Errorf("vnat: pin link %s: %w", name, err)
-		}
-	}
-	d.links[name] = l
-	return nil
-}
-
-// inNS runs fn in the endpoint's namespace: on a locked thread that is
-// thrown away afterwards, so no other goroutine ever runs there.
-func (d *Datapath) inNS(fn func() error) error {
-	if d.opts.Netns == "" {
-		return fn()
-	}
-	return onehopns.DoPath(d.opts.Netns, fn)
 }
 
 // handle is a netlink handle in the endpoint's namespace, for routes,
@@ -336,7 +265,7 @@ func (d *Datapath) handle() (*netlink.Handle, error) {
 
 // AttachInterface attaches the translation to ifname's tcx ingress and egress.
 func (d *Datapath) AttachInterface(ifname string) error {
-	return d.inNS(func() error {
+	return onehopns.DoPath(d.opts.Netns, func() error {
 		ifc, err := netlink.LinkByName(ifname)
 		if err != nil {
 			return fmt.Errorf("vnat: interface %s: %w", ifname, err)
@@ -349,18 +278,8 @@ func (d *Datapath) AttachInterface(ifname string) error {
 			{"ingress/" + ifname, d.objs.VnatIngress, ebpf.AttachTCXIngress},
 			{"egress/" + ifname, d.objs.VnatEgress, ebpf.AttachTCXEgress},
 		} {
-			ifindex := ifc.Attrs().Index
-			err := d.attach(a.name, a.prog, func(info *link.Info) bool {
-				return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
-			}, func() (link.Link, error) {
-				l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: a.prog, Attach: a.at})
-				if err != nil {
-					return nil, fmt.Errorf("vnat: attach %s to %s: %w", a.at, ifname, err)
-				}
-				return l, nil
-			})
-			if err != nil {
-				return err
+			if err := d.links.TCX(a.name, ifname, ifc.Attrs().Index, a.prog, a.at); err != nil {
+				return fmt.Errorf("vnat: %w", err)
 			}
 		}
 		return nil
@@ -372,13 +291,17 @@ func (d *Datapath) AttachInterface(ifname string) error {
 // recorded, and forgotten when they close.
 func (d *Datapath) AttachCgroup(path string) error {
 	name := "sockops" + path
-	return d.attach(name, d.objs.VnatSockops, func(info *link.Info) bool { return info.Type == link.CgroupType }, func() (link.Link, error) {
+	err := d.links.Attach(name, d.objs.VnatSockops, func(info *link.Info) bool { return info.Type == link.CgroupType }, func() (link.Link, error) {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.VnatSockops})
 		if err != nil {
-			return nil, fmt.Errorf("vnat: attach sockops to cgroup %s: %w", path, err)
+			return nil, fmt.Errorf("attach sockops to cgroup %s: %w", path, err)
 		}
 		return l, nil
 	})
+	if err != nil {
+		return fmt.Errorf("vnat: %w", err)
+	}
+	return nil
 }
 
 // Translate makes connection v travel as p from now on, both ways, on
@@ -663,17 +586,9 @@ func netipPrefix(a netip.Addr) *net.IPNet {
 // Counters are the datapath's counters, summed over CPUs, by name
 // (enum vnat_counter in lower case without VNAT_).
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for i, name := range d.counterNames {
-		var per []uint64
-		if err := d.objs.VnatCounters.Lookup(uint32(i), &per); err != nil {
-			return nil, fmt.Errorf("vnat: read counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+	out, err := bpfobj.Counters(d.objs.VnatCounters, d.counterNames)
+	if err != nil {
+		return nil, fmt.Errorf("vnat: %w", err)
 	}
 	return out, nil
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // Socket is a TCP or UDP socket of the endpoint as sock_diag reports it.
@@ -70,7 +72,7 @@ func (d *Datapath) ReservePort(p Proto, at netip.AddrPort) (uint16, io.Closer, e
 		typ = unix.SOCK_DGRAM
 	}
 	var fd, port int
-	err := d.inNS(func() error {
+	err := onehopns.DoPath(d.opts.Netns, func() error {
 		var err error
 		fd, err = unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
