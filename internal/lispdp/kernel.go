@@ -15,9 +15,9 @@ import (
 	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
-// Datapath is the LISP data plane loaded into the kernel: the programs, their
+// Kernel is the LISP data plane loaded into the kernel: the programs, their
 // maps and the links attaching them.
-type Datapath struct {
+type Kernel struct {
 	opts  Options
 	objs  lispObjects
 	links *bpfobj.Links // never pinned
@@ -31,7 +31,7 @@ type Datapath struct {
 }
 
 // Open loads the programs and maps; nothing is attached yet.
-func Open(o Options) (*Datapath, error) {
+func Open(o Options) (*Kernel, error) {
 	spec, err := loadLisp()
 	if err != nil {
 		return nil, fmt.Errorf("lispdp: load spec: %w", err)
@@ -41,7 +41,7 @@ func Open(o Options) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lispdp: %w", err)
 	}
-	d := &Datapath{opts: o, links: bpfobj.NewLinks(""), paths: map[uint8]lispLispPath{},
+	d := &Kernel{opts: o, links: bpfobj.NewLinks(""), paths: map[uint8]lispLispPath{},
 		counterNames: names}
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		return nil, fmt.Errorf("lispdp: load programs: %+v", err)
@@ -71,7 +71,7 @@ func probeGSODecap(prog *ebpf.Program) (bool, error) {
 // superpacket in place. Where it cannot, AttachRLOC makes the interface
 // segment tunnel superpackets before they leave (tx-udp_tnl-segmentation
 // off), so this node never sends any; the far end must do the same.
-func (d *Datapath) DecapsGSO() bool { return d.gsoDecap }
+func (d *Kernel) DecapsGSO() bool { return d.gsoDecap }
 
 // Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
 type Programs struct {
@@ -81,12 +81,12 @@ type Programs struct {
 }
 
 // Programs returns the loaded programs, for BPF_PROG_RUN tests and benchmarks.
-func (d *Datapath) Programs() Programs {
+func (d *Kernel) Programs() Programs {
 	return Programs{Encap: d.objs.LispEncap, EncapIn: d.objs.LispEncapIn, Decap: d.objs.LispDecap}
 }
 
 // Close detaches every link and unloads the programs.
-func (d *Datapath) Close() error {
+func (d *Kernel) Close() error {
 	var errs []error
 	if err := d.links.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("lispdp: %w", err))
@@ -103,7 +103,7 @@ type attachment struct {
 	at   ebpf.AttachType
 }
 
-func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) error {
+func (d *Kernel) attach(ifname string, as []attachment, noTunnelGSO bool) error {
 	return onehopns.DoPath(d.opts.Netns, func() error {
 		ifc, err := netlink.LinkByName(ifname)
 		if err != nil {
@@ -133,7 +133,7 @@ func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) erro
 // UDP tunnel superpackets itself before they leave (ethtool), since the
 // far end, a kernel like this one, could not take them whole
 // (docs/lisp-datapath.md, GSO).
-func (d *Datapath) AttachRLOC(ifname string) error {
+func (d *Kernel) AttachRLOC(ifname string) error {
 	return d.AttachRLOCWith(ifname, RLOCOptions{})
 }
 
@@ -142,7 +142,7 @@ func (d *Datapath) AttachRLOC(ifname string) error {
 // an interface whose far end delivers what it decapsulates to its own
 // sockets (an access gateway's subflows), which this datapath's lisp_decap
 // takes whole even on a kernel without DecapsGSO.
-func (d *Datapath) AttachRLOCWith(ifname string, o RLOCOptions) error {
+func (d *Kernel) AttachRLOCWith(ifname string, o RLOCOptions) error {
 	return d.attach(ifname, []attachment{
 		{"decap/ingress/" + ifname, d.objs.LispDecap, ebpf.AttachTCXIngress},
 		{"encap/egress/" + ifname, d.objs.LispEncap, ebpf.AttachTCXEgress},
@@ -151,14 +151,14 @@ func (d *Datapath) AttachRLOCWith(ifname string, o RLOCOptions) error {
 
 // AttachEID attaches encapsulation to the tcx ingress of an EID-facing
 // interface: an xTR's packets from its site's EIDs arrive there.
-func (d *Datapath) AttachEID(ifname string) error {
+func (d *Kernel) AttachEID(ifname string) error {
 	return d.attach(ifname, []attachment{
 		{"encap/ingress/" + ifname, d.objs.LispEncapIn, ebpf.AttachTCXIngress},
 	}, false)
 }
 
 // SetPath configures (or replaces) path id.
-func (d *Datapath) SetPath(id uint8, p Path) error {
+func (d *Kernel) SetPath(id uint8, p Path) error {
 	e, err := pathEntry(p)
 	if err != nil {
 		return fmt.Errorf("lispdp: path %d: %w", id, err)
@@ -191,7 +191,7 @@ func (d *Datapath) SetPath(id uint8, p Path) error {
 
 // forgetTunnel removes what decapsulation knows of path id (old), keeping
 // its local RLOC while another path still uses it.
-func (d *Datapath) forgetTunnel(id uint8, old lispLispPath) error {
+func (d *Kernel) forgetTunnel(id uint8, old lispLispPath) error {
 	tk := lispLispTunnelKey{LocalRloc: old.LocalRloc, RemoteRloc: old.RemoteRloc}
 	if err := d.objs.LispTunnels.Delete(tk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("lispdp: delete tunnel of path %d: %w", id, err)
@@ -209,7 +209,7 @@ func (d *Datapath) forgetTunnel(id uint8, old lispLispPath) error {
 
 // DeletePath removes path id: encapsulation onto it stops (no_path) and its
 // remote RLOC is no longer accepted.
-func (d *Datapath) DeletePath(id uint8) error {
+func (d *Kernel) DeletePath(id uint8) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old, ok := d.paths[id]
@@ -228,7 +228,7 @@ func (d *Datapath) DeletePath(id uint8) error {
 
 // SetEID maps an EID prefix to its RLOCs (as paths). An empty paths is a
 // negative mapping: packets to the prefix go on natively, untouched.
-func (d *Datapath) SetEID(prefix netip.Prefix, paths []PathChoice) error {
+func (d *Kernel) SetEID(prefix netip.Prefix, paths []PathChoice) error {
 	k, err := eidKey(prefix)
 	if err != nil {
 		return fmt.Errorf("lispdp: %w", err)
@@ -244,7 +244,7 @@ func (d *Datapath) SetEID(prefix netip.Prefix, paths []PathChoice) error {
 }
 
 // DeleteEID forgets an EID prefix's mapping.
-func (d *Datapath) DeleteEID(prefix netip.Prefix) error {
+func (d *Kernel) DeleteEID(prefix netip.Prefix) error {
 	k, err := eidKey(prefix)
 	if err != nil {
 		return fmt.Errorf("lispdp: %w", err)
@@ -257,7 +257,7 @@ func (d *Datapath) DeleteEID(prefix netip.Prefix) error {
 
 // PinSource makes packets from innerSrc take path id whenever their
 // destination's mapping lists it as usable (one subflow, one path).
-func (d *Datapath) PinSource(innerSrc netip.Addr, id uint8) error {
+func (d *Kernel) PinSource(innerSrc netip.Addr, id uint8) error {
 	if !innerSrc.Is4() {
 		return fmt.Errorf("lispdp: pin %v: not IPv4", innerSrc)
 	}
@@ -268,7 +268,7 @@ func (d *Datapath) PinSource(innerSrc netip.Addr, id uint8) error {
 }
 
 // Unpin removes innerSrc's pin.
-func (d *Datapath) Unpin(innerSrc netip.Addr) error {
+func (d *Kernel) Unpin(innerSrc netip.Addr) error {
 	if !innerSrc.Is4() {
 		return fmt.Errorf("lispdp: unpin %v: not IPv4", innerSrc)
 	}
@@ -279,7 +279,7 @@ func (d *Datapath) Unpin(innerSrc netip.Addr) error {
 }
 
 // PathStats returns the counts of every configured path.
-func (d *Datapath) PathStats() (map[uint8]Stats, error) {
+func (d *Kernel) PathStats() (map[uint8]Stats, error) {
 	d.mu.Lock()
 	ids := make([]uint8, 0, len(d.paths))
 	for id := range d.paths {
@@ -306,7 +306,7 @@ func (d *Datapath) PathStats() (map[uint8]Stats, error) {
 
 // Counters returns every datapath counter by name (encapsulated, pinned,
 // decapsulated, native, drop_*), summed over CPUs.
-func (d *Datapath) Counters() (map[string]uint64, error) {
+func (d *Kernel) Counters() (map[string]uint64, error) {
 	out, err := bpfobj.Counters(d.objs.LispCounters, d.counterNames)
 	if err != nil {
 		return nil, fmt.Errorf("lispdp: %w", err)
@@ -316,7 +316,7 @@ func (d *Datapath) Counters() (map[string]uint64, error) {
 
 // Drops returns the drop counters by reason (malformed, unknown_rloc,
 // wrong_iid, no_path, too_big, ...), summed over CPUs.
-func (d *Datapath) Drops() (map[string]uint64, error) {
+func (d *Kernel) Drops() (map[string]uint64, error) {
 	all, err := d.Counters()
 	if err != nil {
 		return nil, err

@@ -31,15 +31,15 @@ type Options struct {
 	// 0 keeps the C default.
 	XlateEntries uint32
 	// PinDir, on a bpffs, holds the maps (maps/) and links (links/) so
-	// that translations outlive the process: a Datapath opened on a
+	// that translations outlive the process: a Kernel opened on a
 	// PinDir where an earlier one pinned its maps takes them over, with
 	// every migrated connection in them. "" pins nothing.
 	PinDir string
 }
 
-// Datapath is VNAT loaded into the kernel for one endpoint: the programs,
+// Kernel is VNAT loaded into the kernel for one endpoint: the programs,
 // their maps, the links attaching them, and the migrated connections.
-type Datapath struct {
+type Kernel struct {
 	opts  Options
 	objs  vnatObjects
 	links *bpfobj.Links // pinned under PinDir/links when pinning
@@ -62,7 +62,7 @@ type Datapath struct {
 }
 
 // Open loads the programs and maps (nothing attached yet).
-func Open(o Options) (*Datapath, error) {
+func Open(o Options) (*Kernel, error) {
 	spec, err := loadVnat()
 	if err != nil {
 		return nil, fmt.Errorf("vnat: load spec: %w", err)
@@ -79,7 +79,7 @@ func Open(o Options) (*Datapath, error) {
 	if o.PinDir != "" {
 		links = bpfobj.NewLinks(filepath.Join(o.PinDir, "links"))
 	}
-	d := &Datapath{opts: o, links: links, table: NewTable(),
+	d := &Kernel{opts: o, links: links, table: NewTable(),
 		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{}, away: map[Virtual]bool{},
 		counterNames: names}
 	opts := &ebpf.CollectionOptions{}
@@ -140,7 +140,7 @@ func IsBPFFS(dir string) bool { return checkBPFFS(dir) == nil }
 // migrated connections (vnat_xlate's egress entries name both tuples) and
 // their routes. Helper marks belong to the daemon that made them: they
 // are cleared (a new daemon starts no helper it does not know about).
-func (d *Datapath) adopt() error {
+func (d *Kernel) adopt() error {
 	var k XlateKey
 	var v Rewrite
 	it := d.objs.VnatXlate.Iterate()
@@ -184,7 +184,7 @@ func (d *Datapath) adopt() error {
 }
 
 // Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
-func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
+func (d *Kernel) Programs() (egress, ingress, sockops *ebpf.Program) {
 	return d.objs.VnatEgress, d.objs.VnatIngress, d.objs.VnatSockops
 }
 
@@ -193,7 +193,7 @@ func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
 // (Options.PinDir), the pinned links keep the programs attached and the
 // pinned maps keep every translation, and the routes stay: the next Open
 // on the same PinDir takes them over. Remove takes pinned ones away.
-func (d *Datapath) Close() error {
+func (d *Kernel) Close() error {
 	if d.opts.PinDir != "" {
 		var errs []error
 		if err := d.links.Close(); err != nil {
@@ -210,9 +210,9 @@ func (d *Datapath) Close() error {
 // Remove detaches everything, unpins the links and maps (removing
 // PinDir), removes the routes it added and unloads the programs: every
 // translation stops.
-func (d *Datapath) Remove() error { return d.remove() }
+func (d *Kernel) Remove() error { return d.remove() }
 
-func (d *Datapath) remove() error {
+func (d *Kernel) remove() error {
 	var errs []error
 	// Links of an earlier run this one never took over (another
 	// interface) go too.
@@ -246,7 +246,7 @@ func (d *Datapath) remove() error {
 
 // handle is a netlink handle in the endpoint's namespace, for routes,
 // addresses and sock_diag.
-func (d *Datapath) handle() (*netlink.Handle, error) {
+func (d *Kernel) handle() (*netlink.Handle, error) {
 	fams := []int{unix.NETLINK_ROUTE, unix.NETLINK_INET_DIAG}
 	if d.opts.Netns == "" {
 		return netlink.NewHandle(fams...)
@@ -264,7 +264,7 @@ func (d *Datapath) handle() (*netlink.Handle, error) {
 }
 
 // AttachInterface attaches the translation to ifname's tcx ingress and egress.
-func (d *Datapath) AttachInterface(ifname string) error {
+func (d *Kernel) AttachInterface(ifname string) error {
 	return onehopns.DoPath(d.opts.Netns, func() error {
 		ifc, err := netlink.LinkByName(ifname)
 		if err != nil {
@@ -289,7 +289,7 @@ func (d *Datapath) AttachInterface(ifname string) error {
 // AttachCgroup attaches the connection recorder (sockops) to a cgroup v2
 // directory: TCP connections its processes establish from now on are
 // recorded, and forgotten when they close.
-func (d *Datapath) AttachCgroup(path string) error {
+func (d *Kernel) AttachCgroup(path string) error {
 	name := "sockops" + path
 	err := d.links.Attach(name, d.objs.VnatSockops, func(info *link.Info) bool { return info.Type == link.CgroupType }, func() (link.Link, error) {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.VnatSockops})
@@ -307,7 +307,7 @@ func (d *Datapath) AttachCgroup(path string) error {
 // Translate makes connection v travel as p from now on, both ways, on
 // this end; v already migrated moves to p. A moved remote end gets a /32
 // route under its virtual address via its physical address's next hop.
-func (d *Datapath) Translate(v Virtual, p Physical) error {
+func (d *Kernel) Translate(v Virtual, p Physical) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	write, stale, err := d.table.Set(v, p)
@@ -345,7 +345,7 @@ func (d *Datapath) Translate(v Virtual, p Physical) error {
 // all or nothing: when any connection cannot be translated (a physical
 // tuple another one has, a full map), every connection of the batch is
 // left as it was before the call, in the table and in the map.
-func (d *Datapath) TranslateBatch(ms []Migration) error {
+func (d *Kernel) TranslateBatch(ms []Migration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	keys := make([]XlateKey, 0, 2*len(ms))
@@ -459,7 +459,7 @@ func keysOf(m map[netip.Addr]bool) []netip.Addr {
 // Resync writes the routes for moved peers again. Call it after the
 // endpoint's addresses change: removing an interface's last address
 // flushes every route through that interface.
-func (d *Datapath) Resync() error {
+func (d *Kernel) Resync() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.resyncing = true
@@ -468,7 +468,7 @@ func (d *Datapath) Resync() error {
 }
 
 // Forget stops translating v (its packets go out as the socket wrote them).
-func (d *Datapath) Forget(v Virtual) error {
+func (d *Kernel) Forget(v Virtual) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, e := range d.table.Forget(v) {
@@ -487,7 +487,7 @@ func (d *Datapath) Forget(v Virtual) error {
 
 // syncActive writes the "anything migrated? any peer away?" words the
 // programs read first.
-func (d *Datapath) syncActive() error {
+func (d *Kernel) syncActive() error {
 	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len() + len(d.accepting)), Helpers: uint32(len(d.away))}
 	if err := d.objs.VnatState.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("vnat: write state: %w", err)
@@ -502,7 +502,7 @@ func (d *Datapath) syncActive() error {
 // A wanted route is replaced even if installed when resyncing: removing an
 // interface's last address flushes every route through it (the kernel's
 // fib_disable_ip).
-func (d *Datapath) syncRoutes(vas []netip.Addr) error {
+func (d *Kernel) syncRoutes(vas []netip.Addr) error {
 	if vas == nil {
 		for va := range d.table.RemoteRoutes() {
 			vas = append(vas, va)
@@ -533,7 +533,7 @@ func (d *Datapath) syncRoutes(vas []netip.Addr) error {
 	return nil
 }
 
-func (d *Datapath) addRoute(virt, phys netip.Addr) error {
+func (d *Kernel) addRoute(virt, phys netip.Addr) error {
 	h, err := d.handle()
 	if err != nil {
 		return err
@@ -559,7 +559,7 @@ func (d *Datapath) addRoute(virt, phys netip.Addr) error {
 	return nil
 }
 
-func (d *Datapath) delRoute(virt netip.Addr) error {
+func (d *Kernel) delRoute(virt netip.Addr) error {
 	h, err := d.handle()
 	if err != nil {
 		return err
@@ -585,7 +585,7 @@ func netipPrefix(a netip.Addr) *net.IPNet {
 
 // Counters are the datapath's counters, summed over CPUs, by name
 // (enum vnat_counter in lower case without VNAT_).
-func (d *Datapath) Counters() (map[string]uint64, error) {
+func (d *Kernel) Counters() (map[string]uint64, error) {
 	out, err := bpfobj.Counters(d.objs.VnatCounters, d.counterNames)
 	if err != nil {
 		return nil, fmt.Errorf("vnat: %w", err)
@@ -594,7 +594,7 @@ func (d *Datapath) Counters() (map[string]uint64, error) {
 }
 
 // Migrations lists the migrated connections.
-func (d *Datapath) Migrations() []Migration {
+func (d *Kernel) Migrations() []Migration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.table.Migrations()
@@ -621,7 +621,7 @@ type Conn struct {
 
 // Connections lists recorded connections (sockops and sock_diag) and the
 // migrated ones, each once, sorted by virtual tuple.
-func (d *Datapath) Connections() ([]Conn, error) {
+func (d *Kernel) Connections() ([]Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	all := map[Tuple]Conn{}

@@ -28,7 +28,7 @@ import (
 //     to addr would otherwise put it in the sender field).
 //
 // ifname is the endpoint's interface (the one the programs are attached to).
-func (d *Datapath) KeepLocal(addr netip.Addr, ifname string) error {
+func (d *Kernel) KeepLocal(addr netip.Addr, ifname string) error {
 	if !addr.Is4() || addr.IsUnspecified() || addr.IsMulticast() || addr.IsLoopback() {
 		return fmt.Errorf("vnat: keep local %s: not an IPv4 unicast address", addr)
 	}
@@ -58,7 +58,7 @@ func (d *Datapath) KeepLocal(addr netip.Addr, ifname string) error {
 
 // ReleaseLocal undoes KeepLocal's address (the sysctls stay: they are
 // harmless and another kept address may need them).
-func (d *Datapath) ReleaseLocal(addr netip.Addr) error {
+func (d *Kernel) ReleaseLocal(addr netip.Addr) error {
 	return onehopns.DoPath(d.opts.Netns, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
