@@ -11,7 +11,7 @@
 
 #include "common.h"
 
-/* internal/portspace/plan.go: MaxUplinks, MaxSlivers (a test compares). */
+/* internal/limits: MaxUplinks, MaxSlivers (a test compares). */
 #define PS_MAX_UPLINKS 4
 #define PS_MAX_SLIVERS 16384
 #define PS_PORTS (PS_MAX_UPLINKS * 65536)

@@ -41,10 +41,6 @@ type (
 const (
 	// FeaturePortspace is port space's bit in node_config.features.
 	FeaturePortspace = uint32(vifFeatureBitFEATURE_PORTSPACE)
-	// PsMaxUplinks and PsMaxSlivers are the programs' limits, as sized
-	// in the C (a test holds internal/portspace to them).
-	PsMaxUplinks = 4
-	PsMaxSlivers = 16384
 	// PsShareFrags and PsShareEcho index PsLimits and PsShare.
 	PsShareFrags = int(sliverPsShareKindPS_SHARE_FRAGS)
 	PsShareEcho  = int(sliverPsShareKindPS_SHARE_ECHO)

@@ -23,11 +23,6 @@ const (
 	// FeatureVNATLocation lets VMs reach the VNAT location service through
 	// the host (bpf/lib/vnat_service.h; the agent's relay sets it).
 	FeatureVNATLocation = uint32(vifFeatureBitFEATURE_VNAT_LOCATION)
-	// TapMaxRules and TapMaxTargets are the programs' limits, as sized in
-	// the C (a test holds internal/tap to them).
-	TapMaxRules   = 256
-	TapMaxTargets = 64
-
 	// Roles, sides and kinds of a TapKey.
 	TapRoleCopy     = uint8(vifTapRoleTAP_ROLE_COPY)
 	TapRoleRecover  = uint8(vifTapRoleTAP_ROLE_RECOVER)

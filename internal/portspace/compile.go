@@ -8,6 +8,7 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lease"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // The feature's maps, by their names in bpf/lib/portspace_maps.h: what
@@ -47,8 +48,8 @@ func Compile(n feature.Node) (Plan, error) {
 		if !u.Addr.Is4() {
 			continue
 		}
-		if u.Index < 0 || u.Index >= MaxUplinks {
-			return Plan{}, fmt.Errorf("node %s: uplink %s has index %d: want 0..%d", n.Name, u.Name, u.Index, MaxUplinks-1)
+		if u.Index < 0 || u.Index >= limits.MaxUplinks {
+			return Plan{}, fmt.Errorf("node %s: uplink %s has index %d: want 0..%d", n.Name, u.Name, u.Index, limits.MaxUplinks-1)
 		}
 		if have[u.Index] {
 			return Plan{}, fmt.Errorf("node %s: two uplinks with index %d", n.Name, u.Index)
@@ -75,8 +76,8 @@ func Compile(n feature.Node) (Plan, error) {
 		if err := lease.CheckSliverName(s.Name); err != nil {
 			return Plan{}, fmt.Errorf("node %s: %w", n.Name, err)
 		}
-		if s.Slot < 1 || s.Slot > MaxSlivers {
-			return Plan{}, fmt.Errorf("node %s: sliver %s has slot %d: want 1..%d", n.Name, s.Name, s.Slot, MaxSlivers)
+		if s.Slot < 1 || s.Slot > limits.MaxSlivers {
+			return Plan{}, fmt.Errorf("node %s: sliver %s has slot %d: want 1..%d", n.Name, s.Name, s.Slot, limits.MaxSlivers)
 		}
 		if other, dup := slots[s.Slot]; dup {
 			return Plan{}, fmt.Errorf("node %s: slivers %s and %s share slot %d", n.Name, other, s.Name, s.Slot)

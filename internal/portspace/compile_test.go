@@ -12,6 +12,7 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lease"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 var (
@@ -147,7 +148,7 @@ func TestCompileRefusesWhatTheControllerNeverWrites(t *testing.T) {
 			"sliver s1 leases 2:10000-10099 on uplink 2, which the node does not have (it has uplinks 0 (uplink0), 1 (uplink1))"},
 		{"shared slot", []intent.LocalSliver{local("s1", 1, "10000"), local("s2", 1, "10001")}, "slivers s1 and s2 share slot 1"},
 		{"slot 0", []intent.LocalSliver{local("s1", 0, "10000")}, "slot 0: want 1..16384"},
-		{"slot too high", []intent.LocalSliver{local("s1", MaxSlivers+1, "10000")}, "slot 16385"},
+		{"slot too high", []intent.LocalSliver{local("s1", limits.MaxSlivers+1, "10000")}, "slot 16385"},
 		{"name twice", []intent.LocalSliver{local("s1", 1, "10000"), local("s1", 2, "10001")}, "sliver s1 listed twice"},
 		{"bad name", []intent.LocalSliver{local("S1", 1, "10000")}, `sliver name "S1"`},
 		{"overlap", []intent.LocalSliver{local("s1", 1, "10000-10099"), local("s2", 2, "10099")}, "sliver s2: ports 10099 on uplink 0 overlap h1/s1's lease 10000-10099"},

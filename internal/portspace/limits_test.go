@@ -4,21 +4,19 @@ import (
 	"testing"
 
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/limits"
 )
 
-// plan.go's limits are the compiled programs' map sizes.
+// internal/limits says what the compiled programs' maps hold.
 func TestLimitsAreTheProgramsMapSizes(t *testing.T) {
-	if datapath.PsMaxUplinks != MaxUplinks || datapath.PsMaxSlivers != MaxSlivers {
-		t.Fatalf("datapath sizes %d uplinks, %d slivers; plan.go says %d, %d", datapath.PsMaxUplinks, datapath.PsMaxSlivers, MaxUplinks, MaxSlivers)
-	}
 	sizes, err := datapath.MapSizes()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]int{
-		"ps_uplinks": MaxUplinks, "ps_uplink_index": MaxUplinks, "ps_addrs": MaxUplinks,
-		"ps_ports": MaxUplinks * 65536, "ps_slivers": MaxSlivers + 1, "ps_vifs": MaxSlivers * MaxUplinks,
-		"ps_fanout": MaxSlivers * MaxUplinks, "ps_cgroups": MaxSlivers, "ps_shares": MaxSlivers + 1, "ps_stats": MaxSlivers + 1,
+		"ps_uplinks": limits.MaxUplinks, "ps_uplink_index": limits.MaxUplinks, "ps_addrs": limits.MaxUplinks,
+		"ps_ports": limits.MaxUplinks * 65536, "ps_slivers": limits.MaxSlivers + 1, "ps_vifs": limits.MaxSlivers * limits.MaxUplinks,
+		"ps_fanout": limits.MaxSlivers * limits.MaxUplinks, "ps_cgroups": limits.MaxSlivers, "ps_shares": limits.MaxSlivers + 1, "ps_stats": limits.MaxSlivers + 1,
 	} {
 		if got, ok := sizes[name]; !ok || got != want {
 			t.Errorf("map %s holds %d entries (present: %v), want %d", name, got, ok, want)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // fullNode is a host with four uplinks whose every port (1..65535) is
@@ -17,7 +18,7 @@ import (
 func fullNode(shrink, dropLast bool) feature.Node {
 	n := feature.Node{Name: "h1", Desired: intent.Desired{Node: "h1"}}
 	links := map[string]int{}
-	for u := 0; u < MaxUplinks; u++ {
+	for u := 0; u < limits.MaxUplinks; u++ {
 		n.Uplinks = append(n.Uplinks, feature.Uplink{Index: u, Name: fmt.Sprintf("uplink%d", u), Ifindex: 2 + u,
 			MAC: upMAC, Addr: netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + u)}), Bits: 24})
 	}
@@ -25,8 +26,8 @@ func fullNode(shrink, dropLast bool) feature.Node {
 		if dropLast && i == 63 {
 			break
 		}
-		u := i % MaxUplinks
-		lo, hi := uint16(i/MaxUplinks*4096), uint16(i/MaxUplinks*4096+4095)
+		u := i % limits.MaxUplinks
+		lo, hi := uint16(i/limits.MaxUplinks*4096), uint16(i/limits.MaxUplinks*4096+4095)
 		if lo == 0 {
 			lo = 1
 		}

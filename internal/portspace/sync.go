@@ -14,6 +14,7 @@ import (
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // state is what the reconciled maps hold (arrays: only their non-zero
@@ -37,7 +38,7 @@ type state struct {
 }
 
 // portKeys is how many slots ps_ports has: every port of every uplink.
-const portKeys = MaxUplinks * 65536
+const portKeys = limits.MaxUplinks * 65536
 
 // portKey is a port's slot in ps_ports (bpf/lib/portspace.h's key).
 func portKey(uplink int, port uint16) uint32 { return uint32(uplink)<<16 | uint32(port) }
@@ -138,16 +139,16 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 		}
 	}
 	for _, sl := range bySlot {
-		if sl.Slot < 1 || sl.Slot > MaxSlivers {
-			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, MaxSlivers)
+		if sl.Slot < 1 || sl.Slot > limits.MaxSlivers {
+			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, limits.MaxSlivers)
 		}
 		var rec datapath.PsSliver
 		for u := range rec.EchoLo {
 			rec.EchoLo[u], rec.EchoHi[u] = 1, 0 // none
 		}
 		for _, l := range sl.Leases {
-			if l.Uplink < 0 || l.Uplink >= MaxUplinks || l.Lo > l.Hi {
-				return nil, nil, fmt.Errorf("sliver %s: lease %d-%d on uplink %d is not a range on an uplink 0..%d", sl.Name, l.Lo, l.Hi, l.Uplink, MaxUplinks-1)
+			if l.Uplink < 0 || l.Uplink >= limits.MaxUplinks || l.Lo > l.Hi {
+				return nil, nil, fmt.Errorf("sliver %s: lease %d-%d on uplink %d is not a range on an uplink 0..%d", sl.Name, l.Lo, l.Hi, l.Uplink, limits.MaxUplinks-1)
 			}
 			// Rewritten echo ids come from its lowest lease on the uplink.
 			if rec.EchoLo[l.Uplink] > rec.EchoHi[l.Uplink] || l.Lo < rec.EchoLo[l.Uplink] {
@@ -155,7 +156,7 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 			}
 		}
 		for _, v := range sl.Vifs {
-			if v.Uplink < 0 || v.Uplink >= MaxUplinks || v.Ifindex <= 0 {
+			if v.Uplink < 0 || v.Uplink >= limits.MaxUplinks || v.Ifindex <= 0 {
 				return nil, nil, fmt.Errorf("sliver %s: link %s (ifindex %d) on uplink %d", sl.Name, v.Name, v.Ifindex, v.Uplink)
 			}
 			mac, err := macOf(v.Ifindex)
@@ -173,8 +174,8 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 		s.slivers[sl.Slot] = rec
 	}
 	for _, u := range p.Uplinks {
-		if u.Index < 0 || u.Index >= MaxUplinks || !u.Addr.Is4() || len(u.MAC) != 6 {
-			return nil, nil, fmt.Errorf("uplink %s: index %d, address %s, MAC %s: not an IPv4 uplink 0..%d", u.Name, u.Index, u.Addr, u.MAC, MaxUplinks-1)
+		if u.Index < 0 || u.Index >= limits.MaxUplinks || !u.Addr.Is4() || len(u.MAC) != 6 {
+			return nil, nil, fmt.Errorf("uplink %s: index %d, address %s, MAC %s: not an IPv4 uplink 0..%d", u.Name, u.Index, u.Addr, u.MAC, limits.MaxUplinks-1)
 		}
 		rec := datapath.PsUplink{Ifindex: uint32(u.Ifindex), Addr: datapath.IPKey(u.Addr), Index: uint8(u.Index), Vifs: fan[u.Index]}
 		copy(rec.Mac[:], u.MAC)

@@ -13,6 +13,7 @@ import (
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // state is what the reconciled maps hold (arrays: only their non-zero
@@ -176,15 +177,15 @@ func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error)
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	slotOf, taken, freed, ok := allocate(ids, f.slotOf, MaxRules)
+	slotOf, taken, freed, ok := allocate(ids, f.slotOf, limits.MaxTapRules)
 	if !ok {
-		return nil, ch, fmt.Errorf("%d rules: more than %d", len(ids), MaxRules)
+		return nil, ch, fmt.Errorf("%d rules: more than %d", len(ids), limits.MaxTapRules)
 	}
 	ch.rules, ch.freedRules = taken, freed
 	// Targets likewise.
-	targetOf, taken, freed, ok := allocate(l.targets, f.targetOf, MaxTargets)
+	targetOf, taken, freed, ok := allocate(l.targets, f.targetOf, limits.MaxTapTargets)
 	if !ok {
-		return nil, ch, fmt.Errorf("%d monitors to copy to: more than %d", len(l.targets), MaxTargets)
+		return nil, ch, fmt.Errorf("%d monitors to copy to: more than %d", len(l.targets), limits.MaxTapTargets)
 	}
 	ch.targets, ch.freedTargets = taken, freed
 
