@@ -81,7 +81,7 @@ static __always_inline int ps_share_take(__u32 slot, const __u32 kind, __u64 now
 }
 
 /* Port space's fragment records (ps_frags), one implementation for both
- * directions: a sliver's own datagrams (sliver.c) and datagrams steered to
+ * directions: a sliver's own datagrams (portspace.c) and datagrams steered to
  * a sliver (ps_steer). A later fragment follows a record younger than
  * FRAG_LIFETIME_NS, as the router's frag_flows (frag.h). */
 static __always_inline struct ps_frag *ps_frag_live(const struct ps_frag_key *k, __u64 now)

@@ -177,7 +177,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ps_fanout SEC(".maps");
 
-/* cgroup v2 id -> slot (sliver_sock.c). */
+/* cgroup v2 id -> slot (portspace_sock.c). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, PS_MAX_SLIVERS);

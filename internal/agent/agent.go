@@ -176,7 +176,11 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 	if k, ok := dp.(*datapath.Kernel); ok {
 		env.Kernel = k
 	}
-	a.features = registry(env)
+	features, err := registry(env)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.features = features
 	if err := feature.Check(a.features); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}

@@ -3,6 +3,8 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -27,13 +29,11 @@ type Kernel struct {
 	pinDir string // "" when nothing is pinned (tests)
 	vif    vifObjects
 	uplink uplinkObjects
-	sliver sliverObjects
-	sock   sliverSockObjects
 	links  *bpfobj.Links
-	// psLinks are port space's links (sliver links, lo, the slivers'
-	// cgroup), kept apart from the router's so its Apply leaves them be.
-	psLinks *bpfobj.Links
-	maps    map[string]*ebpf.Map // every map of both programs, by its name in the C
+	maps   map[string]*ebpf.Map // every map of both programs, by its name in the C
+	// closeWith are objects loaded on these maps (port space's programs),
+	// closed with them.
+	closeWith []io.Closer
 	// barrier and barrierInner: waitForPrograms updates one in the other.
 	barrier, barrierInner *ebpf.Map
 	dropName              []string
@@ -62,9 +62,9 @@ const MinMappingTableSize = 64
 // pinDir/links, so traffic keeps flowing across an agent restart and a new
 // agent takes over the same maps.
 func Open(pinDir string, o Options) (*Kernel, error) {
-	vifSpec, uplinkSpec, sliverSpec := loadVif, loadUplink, loadSliver
+	vifSpec, uplinkSpec := loadVif, loadUplink
 	if o.testHooks {
-		vifSpec, uplinkSpec, sliverSpec = loadVifTest, loadUplinkTest, loadSliverTest
+		vifSpec, uplinkSpec = loadVifTest, loadUplinkTest
 	}
 	spec, err := vifSpec()
 	if err != nil {
@@ -80,7 +80,7 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 	if err := sizes.apply(spec); err != nil {
 		return nil, err
 	}
-	k := &Kernel{pinDir: pinDir, links: bpfobj.NewLinks(pinPath(pinDir, "links")), psLinks: bpfobj.NewLinks(pinPath(pinDir, psLinkDir))}
+	k := &Kernel{pinDir: pinDir, links: bpfobj.NewLinks(pinPath(pinDir, "links"))}
 	if k.dropName, err = bpfobj.EnumNames(spec, "drop_reason", "DROP_"); err != nil {
 		return nil, err
 	}
@@ -121,26 +121,17 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 	}
 	moveEntries(stale, bpfobj.MapsByName(&k.vif.vifMaps))
 
-	// Every pinned map of the vif program is shared with the other
-	// programs by name: a feature's new map needs no line here.
+	// Every pinned map of the vif program is shared with the uplink program
+	// (and any other loaded on them, Maps) by name: a feature's new map
+	// needs no line here.
 	shared := bpfobj.MapsByName(&k.vif.vifMaps)
-	for _, o := range []struct {
-		load func() (*ebpf.CollectionSpec, error)
-		objs any
-		what string
-	}{
-		{uplinkSpec, &k.uplink, "uplink"},
-		{sliverSpec, &k.sliver, "sliver"},
-		{loadSliverSock, &k.sock, "sliver socket"},
-	} {
-		spec, err := o.load()
-		if err == nil {
-			err = bpfobj.LoadOn(spec, o.objs, shared, o.what, "vif")
-		}
-		if err != nil {
-			k.Close()
-			return nil, err
-		}
+	uspec, err := uplinkSpec()
+	if err == nil {
+		err = bpfobj.LoadOn(uspec, &k.uplink, shared, "uplink", "vif")
+	}
+	if err != nil {
+		k.Close()
+		return nil, err
 	}
 	k.maps = shared
 	for name, m := range bpfobj.MapsByName(&k.uplink.uplinkMaps) {
@@ -161,12 +152,23 @@ func (k *Kernel) VifProgram() *ebpf.Program { return k.vif.VifIngress }
 // UplinkProgram is the program on the uplink's tcx ingress.
 func (k *Kernel) UplinkProgram() *ebpf.Program { return k.uplink.UplinkIngress }
 
+// PinDir is where the maps and links are pinned, "" when nothing is.
+func (k *Kernel) PinDir() string { return k.pinDir }
+
+// Maps are the programs' maps by their names in the C, for another object
+// to load on (bpfobj.LoadOn): port space's programs use the router's maps.
+func (k *Kernel) Maps() map[string]*ebpf.Map { return maps.Clone(k.maps) }
+
+// CloseWith has c closed when k is: an object loaded on k's maps lives no
+// longer than they do in this process.
+func (k *Kernel) CloseWith(c io.Closer) { k.closeWith = append(k.closeWith, c) }
+
 // Close releases this process's handles. Pinned maps and links stay.
 func (k *Kernel) Close() error {
+	for _, c := range k.closeWith {
+		c.Close()
+	}
 	k.links.Close()
-	k.psLinks.Close()
-	k.sock.Close()
-	k.sliver.Close()
 	k.uplink.Close()
 	if k.barrier != nil {
 		k.barrier.Close()
@@ -324,6 +326,19 @@ func (k *Kernel) syncFarms(farms [256]FarmConfig) error {
 	}
 	return nil
 }
+
+// The features' bits in node_config.features (enum feature_bit), which
+// switch their stages of the router's programs on: listed here, with the
+// router's config, rather than in each feature.
+const (
+	// FeaturePortspace is port space's bit (internal/portspace).
+	FeaturePortspace = uint32(vifFeatureBitFEATURE_PORTSPACE)
+	// FeatureTap is the TAP's bit (internal/tap).
+	FeatureTap = uint32(vifFeatureBitFEATURE_TAP)
+	// FeatureVNATLocation lets VMs reach the VNAT location service through
+	// the host (bpf/lib/vnat_service.h; the agent's relay sets it).
+	FeatureVNATLocation = uint32(vifFeatureBitFEATURE_VNAT_LOCATION)
+)
 
 // SetFeatures sets the node's feature bits (node_config.features), which
 // switch the features' datapath stages on; the rest of the config stays.
@@ -596,4 +611,24 @@ func MapNames() ([]string, error) {
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// OpenTestObjects loads the objects built with ONEHOP_TEST_HOOKS (every
+// redirect logged in each program's redirect_log), unpinned: for other
+// packages' BPF_PROG_RUN tests (port space's, TAP's). The agent never
+// calls it.
+func OpenTestObjects() (*Kernel, error) { return Open("", Options{testHooks: true}) }
+
+// MapSizes is every map's size as compiled (the vif program defines them
+// all), by its name in the C.
+func MapSizes() (map[string]int, error) {
+	spec, err := loadVif()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for name, m := range spec.Maps {
+		out[name] = int(m.MaxEntries)
+	}
+	return out, nil
 }

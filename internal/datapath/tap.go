@@ -18,11 +18,6 @@ type (
 )
 
 const (
-	// FeatureTap is the TAP's bit in node_config.features.
-	FeatureTap = uint32(vifFeatureBitFEATURE_TAP)
-	// FeatureVNATLocation lets VMs reach the VNAT location service through
-	// the host (bpf/lib/vnat_service.h; the agent's relay sets it).
-	FeatureVNATLocation = uint32(vifFeatureBitFEATURE_VNAT_LOCATION)
 	// Roles, sides and kinds of a TapKey.
 	TapRoleCopy     = uint8(vifTapRoleTAP_ROLE_COPY)
 	TapRoleRecover  = uint8(vifTapRoleTAP_ROLE_RECOVER)

@@ -16,7 +16,7 @@ import (
 // Sync writing the plan into the datapath's maps and putting the sliver
 // program on the slivers' links, Stats reading the per-sliver counters.
 type Feature struct {
-	k *datapath.Kernel
+	k *datapath.Kernel // the router, whose maps port space's are
 	// cgroupDir is the parent of the slivers' cgroups ("": no socket
 	// confinement): the socket programs sit there, and DIR/NAME is
 	// sliver NAME's cgroup.
@@ -25,7 +25,7 @@ type Feature struct {
 	// vifMAC reads a sliver link's own MAC (a frame for the host is
 	// given it); tests set it. nil: the host's links, read once a pass.
 	vifMAC func(ifindex int) (net.HardwareAddr, error)
-	// links attaches the programs: the kernel; a recording fake in the
+	// links attaches the programs: the Kernel; a recording fake in the
 	// BPF_PROG_RUN tests, whose links are made up.
 	links linker
 
@@ -49,9 +49,27 @@ type Feature struct {
 	scratch    []uint32 // a pass's ps_ports when its leases changed
 }
 
-// New is the feature on the loaded datapath k.
-func New(k *datapath.Kernel) *Feature {
-	return &Feature{k: k, links: k, names: map[uint32]string{}}
+// New is the feature on port space's loaded programs k (nil: an agent on a
+// fake datapath, where only an empty plan syncs).
+func New(k *Kernel) *Feature {
+	f := &Feature{names: map[uint32]string{}}
+	if k != nil {
+		f.k, f.links = k.router, k
+	}
+	return f
+}
+
+// Load loads port space's programs on the router's maps (Open) and is the
+// feature on them; a nil router is an agent on a fake datapath.
+func Load(router *datapath.Kernel) (*Feature, error) {
+	if router == nil {
+		return New(nil), nil
+	}
+	k, err := Open(router)
+	if err != nil {
+		return nil, fmt.Errorf("portspace: %w", err)
+	}
+	return New(k), nil
 }
 
 // linker is what Sync needs of the kernel to attach the programs.

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onehop/onehop/internal/datapath"
-
 	"github.com/google/gopacket/layers"
 )
 
@@ -218,8 +216,8 @@ func TestPrivilegedAFirstFragmentSeenAgainTakesNoShareEitherWay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var one datapath.PsLimits
-	one.IntervalNs[datapath.PsShareFrags] = uint64(time.Hour) // one record an hour, no burst
+	var one limitsRecord
+	one.IntervalNs[shareFrags] = uint64(time.Hour) // one record an hour, no burst
 	if err := cfg.Put(uint32(0), one); err != nil {
 		t.Fatal(err)
 	}
@@ -229,15 +227,15 @@ func TestPrivilegedAFirstFragmentSeenAgainTakesNoShareEitherWay(t *testing.T) {
 	}
 	refused := func() uint64 {
 		t.Helper()
-		var s datapath.PsShare
+		var s shareRecord
 		if err := shares.Lookup(uint32(1), &s); err != nil {
 			t.Fatalf("s1's share: %v", err)
 		}
-		return s.Refused[datapath.PsShareFrags]
+		return s.Refused[shareFrags]
 	}
 	reset := func() {
 		t.Helper()
-		if err := shares.Put(uint32(1), datapath.PsShare{}); err != nil {
+		if err := shares.Put(uint32(1), shareRecord{}); err != nil {
 			t.Fatal(err)
 		}
 	}

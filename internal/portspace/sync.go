@@ -26,15 +26,15 @@ import (
 // building and comparing it again took a pass ~35 ms although nothing
 // had changed.
 type state struct {
-	uplinks map[uint32]datapath.PsUplink // by ifindex
-	index   map[uint32]datapath.PsUplink // by uplink index
+	uplinks map[uint32]uplinkRecord // by ifindex
+	index   map[uint32]uplinkRecord // by uplink index
 	addrs   map[uint32]uint32
 	ports   []uint32 // by portKey: the slot leasing the port, 0 for none
-	slivers map[uint32]datapath.PsSliver
-	vifs    map[uint32]datapath.PsVif
-	fanout  map[datapath.PsFanoutKey]uint32
+	slivers map[uint32]sliverRecord
+	vifs    map[uint32]vifRecord
+	fanout  map[fanoutKey]uint32
 	cgroups map[uint64]uint32
-	limits  map[uint32]datapath.PsLimits
+	limits  map[uint32]limitsRecord
 }
 
 // portKeys is how many slots ps_ports has: every port of every uplink.
@@ -47,10 +47,10 @@ func portKey(uplink int, port uint16) uint32 { return uint32(uplink)<<16 | uint3
 // the maps hold (cur), never for a pass's want.
 func newState(withPorts bool) *state {
 	s := &state{
-		uplinks: map[uint32]datapath.PsUplink{}, index: map[uint32]datapath.PsUplink{},
-		addrs: map[uint32]uint32{}, slivers: map[uint32]datapath.PsSliver{},
-		vifs: map[uint32]datapath.PsVif{}, fanout: map[datapath.PsFanoutKey]uint32{},
-		cgroups: map[uint64]uint32{}, limits: map[uint32]datapath.PsLimits{},
+		uplinks: map[uint32]uplinkRecord{}, index: map[uint32]uplinkRecord{},
+		addrs: map[uint32]uint32{}, slivers: map[uint32]sliverRecord{},
+		vifs: map[uint32]vifRecord{}, fanout: map[fanoutKey]uint32{},
+		cgroups: map[uint64]uint32{}, limits: map[uint32]limitsRecord{},
 	}
 	if withPorts {
 		s.ports = make([]uint32, portKeys)
@@ -105,8 +105,8 @@ const (
 // limitsFor sizes each sliver's share of the two LRUs: together the slivers
 // cannot add more records in a lifetime than the table holds, so no sliver
 // evicts another's records while its own are fresh.
-func limitsFor(slivers int, fragCap, echoCap int) datapath.PsLimits {
-	var l datapath.PsLimits
+func limitsFor(slivers int, fragCap, echoCap int) limitsRecord {
+	var l limitsRecord
 	if slivers < 1 {
 		slivers = 1
 	}
@@ -119,8 +119,8 @@ func limitsFor(slivers int, fragCap, echoCap int) datapath.PsLimits {
 		l.IntervalNs[kind] = uint64(interval)
 		l.BurstNs[kind] = uint64(interval) * uint64(per/2) // half its part at once
 	}
-	set(datapath.PsShareFrags, fragCap, fragLifetime)
-	set(datapath.PsShareEcho, echoCap, echoWindow)
+	set(shareFrags, fragCap, fragLifetime)
+	set(shareEcho, echoCap, echoWindow)
 	return l
 }
 
@@ -142,7 +142,7 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 		if sl.Slot < 1 || sl.Slot > limits.MaxSlivers {
 			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, limits.MaxSlivers)
 		}
-		var rec datapath.PsSliver
+		var rec sliverRecord
 		for u := range rec.EchoLo {
 			rec.EchoLo[u], rec.EchoHi[u] = 1, 0 // none
 		}
@@ -164,10 +164,10 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 				return nil, nil, fmt.Errorf("sliver %s: %w", sl.Name, err)
 			}
 			rec.Vif[v.Uplink] = uint32(v.Ifindex)
-			pv := datapath.PsVif{Slot: sl.Slot, Uplink: uint8(v.Uplink)}
+			pv := vifRecord{Slot: sl.Slot, Uplink: uint8(v.Uplink)}
 			copy(pv.Mac[:], mac)
 			s.vifs[uint32(v.Ifindex)] = pv
-			s.fanout[datapath.PsFanoutKey{Uplink: uint32(v.Uplink), Index: fan[v.Uplink]}] = uint32(v.Ifindex)
+			s.fanout[fanoutKey{Uplink: uint32(v.Uplink), Index: fan[v.Uplink]}] = uint32(v.Ifindex)
 			fan[v.Uplink]++
 			attach[v.Name] = v.Ifindex
 		}
@@ -177,7 +177,7 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 		if u.Index < 0 || u.Index >= limits.MaxUplinks || !u.Addr.Is4() || len(u.MAC) != 6 {
 			return nil, nil, fmt.Errorf("uplink %s: index %d, address %s, MAC %s: not an IPv4 uplink 0..%d", u.Name, u.Index, u.Addr, u.MAC, limits.MaxUplinks-1)
 		}
-		rec := datapath.PsUplink{Ifindex: uint32(u.Ifindex), Addr: datapath.IPKey(u.Addr), Index: uint8(u.Index), Vifs: fan[u.Index]}
+		rec := uplinkRecord{Ifindex: uint32(u.Ifindex), Addr: datapath.IPKey(u.Addr), Index: uint8(u.Index), Vifs: fan[u.Index]}
 		copy(rec.Mac[:], u.MAC)
 		s.uplinks[uint32(u.Ifindex)] = rec
 		s.index[uint32(u.Index)] = rec
@@ -402,7 +402,7 @@ func (f *Feature) cgroupIDs(p Plan) (map[uint64]uint32, error) {
 		return out, nil
 	}
 	for _, sl := range p.Slivers {
-		id, err := datapath.CgroupID(filepath.Join(f.cgroupDir, sl.Name))
+		id, err := cgroupID(filepath.Join(f.cgroupDir, sl.Name))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -428,10 +428,10 @@ func (f *Feature) resetSlot(slot uint32) error {
 	if err != nil {
 		return fmt.Errorf("possible cpus: %w", err)
 	}
-	if err := stats.Put(slot, make([]datapath.PsCounters, cpus)); err != nil {
+	if err := stats.Put(slot, make([]countersRecord, cpus)); err != nil {
 		return fmt.Errorf("reset counters of slot %d: %w", slot, err)
 	}
-	if err := shares.Put(slot, datapath.PsShare{}); err != nil {
+	if err := shares.Put(slot, shareRecord{}); err != nil {
 		return fmt.Errorf("reset shares of slot %d: %w", slot, err)
 	}
 	return nil
@@ -509,7 +509,7 @@ func (f *Feature) Stats() ([]intent.SliverStats, error) {
 	sort.Slice(slots, func(i, j int) bool { return slots[i] < slots[j] })
 	out := make([]intent.SliverStats, 0, len(slots))
 	for _, slot := range slots {
-		var per []datapath.PsCounters
+		var per []countersRecord
 		if err := m.Lookup(slot, &per); err != nil {
 			return nil, fmt.Errorf("read counters of %s: %w", names[slot], err)
 		}
@@ -523,7 +523,7 @@ func (f *Feature) Stats() ([]intent.SliverStats, error) {
 				if n == 0 {
 					continue
 				}
-				name := f.k.PsDropName(i)
+				name := dropName(f.k, i)
 				if name == "" {
 					name = fmt.Sprintf("ps_drop_%d", i)
 				}

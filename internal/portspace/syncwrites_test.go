@@ -54,7 +54,7 @@ func (c countedTable) Delete(key any) error {
 }
 
 // countWrites has f write k's maps through a counter.
-func countWrites(f *Feature, k *datapath.Kernel) *writes {
+func countWrites(f *Feature, k router) *writes {
 	w := &writes{n: map[string]int{}, failAt: map[string]int{}}
 	f.tables = func(name string) (datapath.Table, error) {
 		m, err := k.Map(name)
@@ -81,7 +81,7 @@ func (w *writes) take() map[string]int {
 
 // kernelPorts reads ps_ports as the kernel holds it, slot by slot (not
 // with the feature's own reader).
-func kernelPorts(t *testing.T, k *datapath.Kernel) []uint32 {
+func kernelPorts(t *testing.T, k router) []uint32 {
 	t.Helper()
 	m, err := k.Map(MapPorts)
 	if err != nil {
@@ -110,7 +110,7 @@ func wantPorts(t *testing.T, p Plan) []uint32 {
 }
 
 // samePorts fails t unless the kernel's ps_ports is exactly p's.
-func samePorts(t *testing.T, k *datapath.Kernel, p Plan, when string) {
+func samePorts(t *testing.T, k router, p Plan, when string) {
 	t.Helper()
 	got, want := kernelPorts(t, k), wantPorts(t, p)
 	diff := 0
@@ -235,7 +235,11 @@ func TestPrivilegedARestartedAgentConvergesThePinnedMapsOnItsFirstPass(t *testin
 		if err != nil {
 			t.Fatalf("open the datapath pinned at %s: %v", pins, err)
 		}
-		f := New(k)
+		ps, err := Open(k)
+		if err != nil {
+			t.Fatalf("open port space on the datapath pinned at %s: %v", pins, err)
+		}
+		f := New(ps)
 		f.links = &fakeLinks{slivers: map[string]int{}}
 		f.vifMAC = func(int) (net.HardwareAddr, error) { return vifMAC, nil }
 		return k, f

@@ -32,6 +32,8 @@ const struct ps_echo_key *_ps_echo_key_type __attribute__((unused));
 const struct ps_echo *_ps_echo_type __attribute__((unused));
 const struct ps_fanout_key *_ps_fanout_key_type __attribute__((unused));
 const enum ps_share_kind *_ps_share_kind_type __attribute__((unused));
+/* For Go to name the per-sliver drop counters (DROP_PS_FIRST..). */
+const enum drop_reason *_drop_reason_type __attribute__((unused));
 
 /* A cheap mix of the sliver's id and the remote: the same request always
  * gets the same id on the wire, so each reply of one ping finds it. */
