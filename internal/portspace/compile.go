@@ -14,13 +14,20 @@ import (
 // The feature's maps, by their names in bpf/lib/portspace_maps.h: what
 // Sizes counts and the agent checks against their capacities.
 const (
-	MapUplinks = "ps_uplinks" // uplink index -> the uplink (ifindex, MAC)
-	MapAddrs   = "ps_addrs"   // public IPv4 -> uplink index
-	MapPorts   = "ps_ports"   // (uplink, port) -> slot: one entry per leased port
-	MapSlivers = "ps_slivers" // slot -> the sliver (its leases, per-sliver state)
-	MapVifs    = "ps_vifs"    // host-side vif ifindex -> slot
-	MapFanout  = "ps_fanout"  // (uplink, i) -> vif: who gets a copy of what all slivers share (ARP replies)
-	MapCgroups = "ps_cgroups" // cgroup id -> slot (the sock_addr programs' confinement)
+	MapUplinks = "portspace_uplinks" // uplink index -> the uplink (ifindex, MAC)
+	MapAddrs   = "portspace_addrs"   // public IPv4 -> uplink index
+	MapPorts   = "portspace_ports"   // (uplink, port) -> slot: one entry per leased port
+	MapSlivers = "portspace_slivers" // slot -> the sliver (its leases, per-sliver state)
+	MapVifs    = "portspace_vifs"    // host-side vif ifindex -> slot
+	MapFanout  = "portspace_fanout"  // (uplink, i) -> vif: who gets a copy of what all slivers share (ARP replies)
+	MapCgroups = "portspace_cgroups" // cgroup id -> slot (the sock_addr programs' confinement)
+)
+
+// The reconciled maps Sizes does not count: one entry per uplink (as
+// MapUplinks), one for the whole host.
+const (
+	mapUplinkIndex = "portspace_uplink_index" // uplink index -> the uplink, for the sliver side
+	mapConfig      = "portspace_config"       // the per-sliver share limits
 )
 
 // MissingVif is a sliver left out of a plan because the host-side end of
@@ -178,8 +185,8 @@ func uplinkList(us []Uplink) string {
 }
 
 // Sizes is how many entries the plan puts in each map the feature
-// reconciles. ps_ports holds one entry per leased port (steering is one
-// lookup whatever the number of leases); ps_fanout one per sliver link.
+// reconciles. portspace_ports holds one entry per leased port (steering is one
+// lookup whatever the number of leases); portspace_fanout one per sliver link.
 func (p Plan) Sizes() feature.Sizes {
 	ports, vifs := 0, 0
 	for _, s := range p.Slivers {

@@ -71,7 +71,7 @@ func TestCompileGivesEverySliverItsVifsAndLeasesBySlot(t *testing.T) {
 	if !reflect.DeepEqual(p, want) {
 		t.Fatalf("plan\n%+v\nwant\n%+v", p, want)
 	}
-	wantSizes := feature.Sizes{"ps_uplinks": 2, "ps_addrs": 2, "ps_ports": 300, "ps_slivers": 2, "ps_vifs": 3, "ps_fanout": 3, "ps_cgroups": 2}
+	wantSizes := feature.Sizes{"portspace_uplinks": 2, "portspace_addrs": 2, "portspace_ports": 300, "portspace_slivers": 2, "portspace_vifs": 3, "portspace_fanout": 3, "portspace_cgroups": 2}
 	if got := p.Sizes(); !reflect.DeepEqual(got, wantSizes) {
 		t.Fatalf("sizes %v, want %v", got, wantSizes)
 	}
@@ -103,8 +103,8 @@ func TestCompileLeavesOutASliverWhoseLinkIsMissing(t *testing.T) {
 	if !reflect.DeepEqual(p.Missing, want) {
 		t.Fatalf("missing %+v, want %+v", p.Missing, want)
 	}
-	if got := p.Sizes()["ps_ports"]; got != 100 {
-		t.Fatalf("ps_ports %d, want 100 (only s2's)", got)
+	if got := p.Sizes()["portspace_ports"]; got != 100 {
+		t.Fatalf("portspace_ports %d, want 100 (only s2's)", got)
 	}
 }
 
@@ -117,7 +117,7 @@ func TestCompileWithoutSliversIsNotInUse(t *testing.T) {
 		t.Fatalf("plan %+v: want 2 uplinks and not in use", p)
 	}
 	for m, v := range p.Sizes() {
-		if v != 0 && m != "ps_uplinks" && m != "ps_addrs" {
+		if v != 0 && m != "portspace_uplinks" && m != "portspace_addrs" {
 			t.Errorf("%s: %d entries, want 0", m, v)
 		}
 	}

@@ -42,11 +42,11 @@ type Feature struct {
 	mu    sync.Mutex
 	cur   *state            // what the maps hold; nil until read (at start, after a failed write)
 	names map[uint32]string // slot -> sliver name, as last synced
-	// portsFrom are the leases ps_ports was last made to hold exactly,
+	// portsFrom are the leases portspace_ports was last made to hold exactly,
 	// when portsKnown (not at start or after a failed write).
 	portsFrom  []portLease
 	portsKnown bool
-	scratch    []uint32 // a pass's ps_ports when its leases changed
+	scratch    []uint32 // a pass's portspace_ports when its leases changed
 }
 
 // New is the feature on port space's loaded programs k (nil: an agent on a
@@ -136,12 +136,12 @@ func (f *Feature) Maps() []feature.Map {
 		return feature.Map{Name: name, Owner: feature.Datapath, Lifetime: lifetime}
 	}
 	return []feature.Map{
-		rec(MapUplinks), rec("ps_uplink_index"), rec(MapAddrs), rec(MapPorts), rec(MapSlivers),
-		rec(MapVifs), rec(MapFanout), rec(MapCgroups), rec("ps_config"),
-		own("ps_frags", "LRU of 16384 datagrams; a record steers later fragments for 2 s; each sliver's new records are limited by its share"),
-		own("ps_echo_ids", "LRU of 16384 echo requests; each sliver's new records are limited by its share; a record delivers only while its id is in the sliver's lease"),
-		own("ps_shares", "one entry per slot, zeroed when a sliver takes the slot"),
-		own("ps_stats", "per-CPU counters per slot, zeroed when a sliver takes the slot"),
+		rec(MapUplinks), rec(mapUplinkIndex), rec(MapAddrs), rec(MapPorts), rec(MapSlivers),
+		rec(MapVifs), rec(MapFanout), rec(MapCgroups), rec(mapConfig),
+		own("portspace_frags", "LRU of 16384 datagrams; a record steers later fragments for 2 s; each sliver's new records are limited by its share"),
+		own("portspace_echo_ids", "LRU of 16384 echo requests; each sliver's new records are limited by its share; a record delivers only while its id is in the sliver's lease"),
+		own("portspace_shares", "one entry per slot, zeroed when a sliver takes the slot"),
+		own("portspace_stats", "per-CPU counters per slot, zeroed when a sliver takes the slot"),
 	}
 }
 

@@ -21,19 +21,19 @@ import (
 // Only the feature's sync reads and writes them; Plan's Uplink, Sliver and
 // Vif are what it compiles them from.
 type (
-	uplinkRecord   = portspacePsUplink    // one uplink and the public address its slivers share
-	sliverRecord   = portspacePsSliver    // a sliver by slot: its links per uplink, its echo-id ranges
-	vifRecord      = portspacePsVif       // a sliver's host-side link: whose, for which uplink, its MAC
-	limitsRecord   = portspacePsLimits    // the per-sliver shares of the fragment and echo records
-	shareRecord    = portspacePsShare     // one sliver's buckets
-	countersRecord = portspacePsCounters  // one sliver's counters on one CPU
-	fanoutKey      = portspacePsFanoutKey // (uplink, i) in the ARP fan-out lists
+	uplinkRecord   = portspacePortspaceUplink    // one uplink and the public address its slivers share
+	sliverRecord   = portspacePortspaceSliver    // a sliver by slot: its links per uplink, its echo-id ranges
+	vifRecord      = portspacePortspaceVif       // a sliver's host-side link: whose, for which uplink, its MAC
+	limitsRecord   = portspacePortspaceLimits    // the per-sliver shares of the fragment and echo records
+	shareRecord    = portspacePortspaceShare     // one sliver's buckets
+	countersRecord = portspacePortspaceCounters  // one sliver's counters on one CPU
+	fanoutKey      = portspacePortspaceFanoutKey // (uplink, i) in the ARP fan-out lists
 )
 
 // Indexes of limitsRecord's and shareRecord's arrays.
 const (
-	shareFrags = int(portspacePsShareKindPS_SHARE_FRAGS)
-	shareEcho  = int(portspacePsShareKindPS_SHARE_ECHO)
+	shareFrags = int(portspacePortspaceShareKindPORTSPACE_SHARE_FRAGS)
+	shareEcho  = int(portspacePortspaceShareKindPORTSPACE_SHARE_ECHO)
 )
 
 // Kernel is port space's programs in the running kernel, loaded on the

@@ -14,9 +14,9 @@ func TestLimitsAreTheProgramsMapSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]int{
-		"ps_uplinks": limits.MaxUplinks, "ps_uplink_index": limits.MaxUplinks, "ps_addrs": limits.MaxUplinks,
-		"ps_ports": limits.MaxUplinks * 65536, "ps_slivers": limits.MaxSlivers + 1, "ps_vifs": limits.MaxSlivers * limits.MaxUplinks,
-		"ps_fanout": limits.MaxSlivers * limits.MaxUplinks, "ps_cgroups": limits.MaxSlivers, "ps_shares": limits.MaxSlivers + 1, "ps_stats": limits.MaxSlivers + 1,
+		"portspace_uplinks": limits.MaxUplinks, "portspace_uplink_index": limits.MaxUplinks, "portspace_addrs": limits.MaxUplinks,
+		"portspace_ports": limits.MaxUplinks * 65536, "portspace_slivers": limits.MaxSlivers + 1, "portspace_vifs": limits.MaxSlivers * limits.MaxUplinks,
+		"portspace_fanout": limits.MaxSlivers * limits.MaxUplinks, "portspace_cgroups": limits.MaxSlivers, "portspace_shares": limits.MaxSlivers + 1, "portspace_stats": limits.MaxSlivers + 1,
 	} {
 		if got, ok := sizes[name]; !ok || got != want {
 			t.Errorf("map %s holds %d entries (present: %v), want %d", name, got, ok, want)

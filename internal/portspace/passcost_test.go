@@ -12,7 +12,7 @@ import (
 
 // fullNode is a host with four uplinks whose every port (1..65535) is
 // leased: 64 slivers of 4096 ports each (port 0 left out), 16 per uplink,
-// each with its one link, so ps_ports holds 262,140 entries of its
+// each with its one link, so portspace_ports holds 262,140 entries of its
 // 262,144. shrink takes one port off the first sliver's lease (a lease
 // change); dropLast leaves the last sliver (4096 ports) out.
 func fullNode(shrink, dropLast bool) feature.Node {
@@ -60,7 +60,7 @@ func pass(tb testing.TB, f *Feature, n feature.Node) {
 }
 
 // The feature's share of an agent pass when every port of four uplinks is
-// leased (262,140 entries in ps_ports): a pass that changes nothing (every
+// leased (262,140 entries in portspace_ports): a pass that changes nothing (every
 // resync, every change elsewhere), the first pass of a restarted agent,
 // and a pass in which one lease lost (or got back) a port.
 // The real maps, written as root.

@@ -156,7 +156,7 @@ type portspaceNodeConfig struct {
 	Features      uint32
 }
 
-type portspacePsCounters struct {
+type portspacePortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
 	BytesIn    uint64
@@ -165,14 +165,14 @@ type portspacePsCounters struct {
 	Drops      [16]uint64
 }
 
-type portspacePsEcho struct {
+type portspacePortspaceEcho struct {
 	_      structs.HostLayout
 	OrigId uint16
 	Pad    uint16
 	Slot   uint32
 }
 
-type portspacePsEchoKey struct {
+type portspacePortspaceEchoKey struct {
 	_      structs.HostLayout
 	Remote uint32
 	Id     uint16
@@ -180,20 +180,20 @@ type portspacePsEchoKey struct {
 	Pad    uint8
 }
 
-type portspacePsFanoutKey struct {
+type portspacePortspaceFanoutKey struct {
 	_      structs.HostLayout
 	Uplink uint32
 	Index  uint32
 }
 
-type portspacePsFrag struct {
+type portspacePortspaceFrag struct {
 	_      structs.HostLayout
 	WhenNs uint64
 	Slot   uint32
 	Pad    uint32
 }
 
-type portspacePsFragKey struct {
+type portspacePortspaceFragKey struct {
 	_         structs.HostLayout
 	Remote    uint32
 	Id        uint16
@@ -202,34 +202,34 @@ type portspacePsFragKey struct {
 	Slot      uint32
 }
 
-type portspacePsLimits struct {
+type portspacePortspaceLimits struct {
 	_          structs.HostLayout
 	IntervalNs [2]uint64
 	BurstNs    [2]uint64
 }
 
-type portspacePsShare struct {
+type portspacePortspaceShare struct {
 	_       structs.HostLayout
 	NextNs  [2]uint64
 	Refused [2]uint64
 }
 
-type portspacePsShareKind uint32
+type portspacePortspaceShareKind uint32
 
 const (
-	portspacePsShareKindPS_SHARE_FRAGS portspacePsShareKind = 0
-	portspacePsShareKindPS_SHARE_ECHO  portspacePsShareKind = 1
-	portspacePsShareKindPS_SHARE_KINDS portspacePsShareKind = 2
+	portspacePortspaceShareKindPORTSPACE_SHARE_FRAGS portspacePortspaceShareKind = 0
+	portspacePortspaceShareKindPORTSPACE_SHARE_ECHO  portspacePortspaceShareKind = 1
+	portspacePortspaceShareKindPORTSPACE_SHARE_KINDS portspacePortspaceShareKind = 2
 )
 
-type portspacePsSliver struct {
+type portspacePortspaceSliver struct {
 	_      structs.HostLayout
 	Vif    [4]uint32
 	EchoLo [4]uint16
 	EchoHi [4]uint16
 }
 
-type portspacePsUplink struct {
+type portspacePortspaceUplink struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Addr    uint32
@@ -239,7 +239,7 @@ type portspacePsUplink struct {
 	Vifs    uint32
 }
 
-type portspacePsVif struct {
+type portspacePortspaceVif struct {
 	_      structs.HostLayout
 	Slot   uint32
 	Uplink uint8
@@ -300,51 +300,51 @@ type portspaceVmShare struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	portspaceMapConfig          = "config"
-	portspaceMapConntrack       = "conntrack"
-	portspaceMapDropEvents      = "drop_events"
-	portspaceMapDrops           = "drops"
-	portspaceMapEndpoints       = "endpoints"
-	portspaceMapFarms           = "farms"
-	portspaceMapFirewallRules   = "firewall_rules"
-	portspaceMapFirewalls       = "firewalls"
-	portspaceMapForwards        = "forwards"
-	portspaceMapMappings        = "mappings"
-	portspaceMapPsAddrs         = "ps_addrs"
-	portspaceMapPsCgroups       = "ps_cgroups"
-	portspaceMapPsConfig        = "ps_config"
-	portspaceMapPsEchoIds       = "ps_echo_ids"
-	portspaceMapPsFanout        = "ps_fanout"
-	portspaceMapPsFrags         = "ps_frags"
-	portspaceMapPsPorts         = "ps_ports"
-	portspaceMapPsShares        = "ps_shares"
-	portspaceMapPsSlivers       = "ps_slivers"
-	portspaceMapPsStats         = "ps_stats"
-	portspaceMapPsUplinkIndex   = "ps_uplink_index"
-	portspaceMapPsUplinks       = "ps_uplinks"
-	portspaceMapPsVifs          = "ps_vifs"
-	portspaceMapScopeMembers    = "scope_members"
-	portspaceMapScopes          = "scopes"
-	portspaceMapShareConfig     = "share_config"
-	portspaceMapSlowpath        = "slowpath"
-	portspaceMapVifs            = "vifs"
-	portspaceMapVisibility      = "visibility"
-	portspaceMapVmShares        = "vm_shares"
-	portspaceProgLoopbackEgress = "loopback_egress"
-	portspaceProgSliverIngress  = "sliver_ingress"
-	portspaceVarDropReasonType  = "_drop_reason_type"
-	portspaceVarPsCountersType  = "_ps_counters_type"
-	portspaceVarPsEchoKeyType   = "_ps_echo_key_type"
-	portspaceVarPsEchoType      = "_ps_echo_type"
-	portspaceVarPsFanoutKeyType = "_ps_fanout_key_type"
-	portspaceVarPsFragKeyType   = "_ps_frag_key_type"
-	portspaceVarPsFragType      = "_ps_frag_type"
-	portspaceVarPsLimitsType    = "_ps_limits_type"
-	portspaceVarPsShareKindType = "_ps_share_kind_type"
-	portspaceVarPsShareType     = "_ps_share_type"
-	portspaceVarPsSliverType    = "_ps_sliver_type"
-	portspaceVarPsUplinkType    = "_ps_uplink_type"
-	portspaceVarPsVifType       = "_ps_vif_type"
+	portspaceMapConfig                 = "config"
+	portspaceMapConntrack              = "conntrack"
+	portspaceMapDropEvents             = "drop_events"
+	portspaceMapDrops                  = "drops"
+	portspaceMapEndpoints              = "endpoints"
+	portspaceMapFarms                  = "farms"
+	portspaceMapFirewallRules          = "firewall_rules"
+	portspaceMapFirewalls              = "firewalls"
+	portspaceMapForwards               = "forwards"
+	portspaceMapMappings               = "mappings"
+	portspaceMapPortspaceAddrs         = "portspace_addrs"
+	portspaceMapPortspaceCgroups       = "portspace_cgroups"
+	portspaceMapPortspaceConfig        = "portspace_config"
+	portspaceMapPortspaceEchoIds       = "portspace_echo_ids"
+	portspaceMapPortspaceFanout        = "portspace_fanout"
+	portspaceMapPortspaceFrags         = "portspace_frags"
+	portspaceMapPortspacePorts         = "portspace_ports"
+	portspaceMapPortspaceShares        = "portspace_shares"
+	portspaceMapPortspaceSlivers       = "portspace_slivers"
+	portspaceMapPortspaceStats         = "portspace_stats"
+	portspaceMapPortspaceUplinkIndex   = "portspace_uplink_index"
+	portspaceMapPortspaceUplinks       = "portspace_uplinks"
+	portspaceMapPortspaceVifs          = "portspace_vifs"
+	portspaceMapScopeMembers           = "scope_members"
+	portspaceMapScopes                 = "scopes"
+	portspaceMapShareConfig            = "share_config"
+	portspaceMapSlowpath               = "slowpath"
+	portspaceMapVifs                   = "vifs"
+	portspaceMapVisibility             = "visibility"
+	portspaceMapVmShares               = "vm_shares"
+	portspaceProgLoopbackEgress        = "loopback_egress"
+	portspaceProgSliverIngress         = "sliver_ingress"
+	portspaceVarDropReasonType         = "_drop_reason_type"
+	portspaceVarPortspaceCountersType  = "_portspace_counters_type"
+	portspaceVarPortspaceEchoKeyType   = "_portspace_echo_key_type"
+	portspaceVarPortspaceEchoType      = "_portspace_echo_type"
+	portspaceVarPortspaceFanoutKeyType = "_portspace_fanout_key_type"
+	portspaceVarPortspaceFragKeyType   = "_portspace_frag_key_type"
+	portspaceVarPortspaceFragType      = "_portspace_frag_type"
+	portspaceVarPortspaceLimitsType    = "_portspace_limits_type"
+	portspaceVarPortspaceShareKindType = "_portspace_share_kind_type"
+	portspaceVarPortspaceShareType     = "_portspace_share_type"
+	portspaceVarPortspaceSliverType    = "_portspace_sliver_type"
+	portspaceVarPortspaceUplinkType    = "_portspace_uplink_type"
+	portspaceVarPortspaceVifType       = "_portspace_vif_type"
 )
 
 // loadPortspace returns the embedded CollectionSpec for portspace.
@@ -397,55 +397,55 @@ type portspaceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type portspaceMapSpecs struct {
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops         *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
-	Farms         *ebpf.MapSpec `ebpf:"farms"`
-	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
-	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
-	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
-	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
-	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
-	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
-	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
-	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
-	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
-	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
-	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
-	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
-	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
+	Config               *ebpf.MapSpec `ebpf:"config"`
+	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms                *ebpf.MapSpec `ebpf:"farms"`
+	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
+	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.MapSpec `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.MapSpec `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.MapSpec `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.MapSpec `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.MapSpec `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.MapSpec `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.MapSpec `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.MapSpec `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.MapSpec `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.MapSpec `ebpf:"portspace_vifs"`
+	ScopeMembers         *ebpf.MapSpec `ebpf:"scope_members"`
+	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
+	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // portspaceVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type portspaceVariableSpecs struct {
-	DropReasonType  *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
-	PsCountersType  *ebpf.VariableSpec `ebpf:"_ps_counters_type"`
-	PsEchoKeyType   *ebpf.VariableSpec `ebpf:"_ps_echo_key_type"`
-	PsEchoType      *ebpf.VariableSpec `ebpf:"_ps_echo_type"`
-	PsFanoutKeyType *ebpf.VariableSpec `ebpf:"_ps_fanout_key_type"`
-	PsFragKeyType   *ebpf.VariableSpec `ebpf:"_ps_frag_key_type"`
-	PsFragType      *ebpf.VariableSpec `ebpf:"_ps_frag_type"`
-	PsLimitsType    *ebpf.VariableSpec `ebpf:"_ps_limits_type"`
-	PsShareKindType *ebpf.VariableSpec `ebpf:"_ps_share_kind_type"`
-	PsShareType     *ebpf.VariableSpec `ebpf:"_ps_share_type"`
-	PsSliverType    *ebpf.VariableSpec `ebpf:"_ps_sliver_type"`
-	PsUplinkType    *ebpf.VariableSpec `ebpf:"_ps_uplink_type"`
-	PsVifType       *ebpf.VariableSpec `ebpf:"_ps_vif_type"`
+	DropReasonType         *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
+	PortspaceCountersType  *ebpf.VariableSpec `ebpf:"_portspace_counters_type"`
+	PortspaceEchoKeyType   *ebpf.VariableSpec `ebpf:"_portspace_echo_key_type"`
+	PortspaceEchoType      *ebpf.VariableSpec `ebpf:"_portspace_echo_type"`
+	PortspaceFanoutKeyType *ebpf.VariableSpec `ebpf:"_portspace_fanout_key_type"`
+	PortspaceFragKeyType   *ebpf.VariableSpec `ebpf:"_portspace_frag_key_type"`
+	PortspaceFragType      *ebpf.VariableSpec `ebpf:"_portspace_frag_type"`
+	PortspaceLimitsType    *ebpf.VariableSpec `ebpf:"_portspace_limits_type"`
+	PortspaceShareKindType *ebpf.VariableSpec `ebpf:"_portspace_share_kind_type"`
+	PortspaceShareType     *ebpf.VariableSpec `ebpf:"_portspace_share_type"`
+	PortspaceSliverType    *ebpf.VariableSpec `ebpf:"_portspace_sliver_type"`
+	PortspaceUplinkType    *ebpf.VariableSpec `ebpf:"_portspace_uplink_type"`
+	PortspaceVifType       *ebpf.VariableSpec `ebpf:"_portspace_vif_type"`
 }
 
 // portspaceObjects contains all objects after they have been loaded into the kernel.
@@ -468,36 +468,36 @@ func (o *portspaceObjects) Close() error {
 //
 // It can be passed to loadPortspaceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type portspaceMaps struct {
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	DropEvents    *ebpf.Map `ebpf:"drop_events"`
-	Drops         *ebpf.Map `ebpf:"drops"`
-	Endpoints     *ebpf.Map `ebpf:"endpoints"`
-	Farms         *ebpf.Map `ebpf:"farms"`
-	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.Map `ebpf:"firewalls"`
-	Forwards      *ebpf.Map `ebpf:"forwards"`
-	Mappings      *ebpf.Map `ebpf:"mappings"`
-	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.Map `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
-	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
-	PsShares      *ebpf.Map `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
-	PsStats       *ebpf.Map `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
-	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
-	Scopes        *ebpf.Map `ebpf:"scopes"`
-	ShareConfig   *ebpf.Map `ebpf:"share_config"`
-	Slowpath      *ebpf.Map `ebpf:"slowpath"`
-	Vifs          *ebpf.Map `ebpf:"vifs"`
-	Visibility    *ebpf.Map `ebpf:"visibility"`
-	VmShares      *ebpf.Map `ebpf:"vm_shares"`
+	Config               *ebpf.Map `ebpf:"config"`
+	Conntrack            *ebpf.Map `ebpf:"conntrack"`
+	DropEvents           *ebpf.Map `ebpf:"drop_events"`
+	Drops                *ebpf.Map `ebpf:"drops"`
+	Endpoints            *ebpf.Map `ebpf:"endpoints"`
+	Farms                *ebpf.Map `ebpf:"farms"`
+	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	Forwards             *ebpf.Map `ebpf:"forwards"`
+	Mappings             *ebpf.Map `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.Map `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.Map `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.Map `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.Map `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.Map `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.Map `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.Map `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.Map `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.Map `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.Map `ebpf:"portspace_vifs"`
+	ScopeMembers         *ebpf.Map `ebpf:"scope_members"`
+	Scopes               *ebpf.Map `ebpf:"scopes"`
+	ShareConfig          *ebpf.Map `ebpf:"share_config"`
+	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	Vifs                 *ebpf.Map `ebpf:"vifs"`
+	Visibility           *ebpf.Map `ebpf:"visibility"`
+	VmShares             *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *portspaceMaps) Close() error {
@@ -512,19 +512,19 @@ func (m *portspaceMaps) Close() error {
 		m.Firewalls,
 		m.Forwards,
 		m.Mappings,
-		m.PsAddrs,
-		m.PsCgroups,
-		m.PsConfig,
-		m.PsEchoIds,
-		m.PsFanout,
-		m.PsFrags,
-		m.PsPorts,
-		m.PsShares,
-		m.PsSlivers,
-		m.PsStats,
-		m.PsUplinkIndex,
-		m.PsUplinks,
-		m.PsVifs,
+		m.PortspaceAddrs,
+		m.PortspaceCgroups,
+		m.PortspaceConfig,
+		m.PortspaceEchoIds,
+		m.PortspaceFanout,
+		m.PortspaceFrags,
+		m.PortspacePorts,
+		m.PortspaceShares,
+		m.PortspaceSlivers,
+		m.PortspaceStats,
+		m.PortspaceUplinkIndex,
+		m.PortspaceUplinks,
+		m.PortspaceVifs,
 		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,
@@ -539,19 +539,19 @@ func (m *portspaceMaps) Close() error {
 //
 // It can be passed to loadPortspaceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type portspaceVariables struct {
-	DropReasonType  *ebpf.Variable `ebpf:"_drop_reason_type"`
-	PsCountersType  *ebpf.Variable `ebpf:"_ps_counters_type"`
-	PsEchoKeyType   *ebpf.Variable `ebpf:"_ps_echo_key_type"`
-	PsEchoType      *ebpf.Variable `ebpf:"_ps_echo_type"`
-	PsFanoutKeyType *ebpf.Variable `ebpf:"_ps_fanout_key_type"`
-	PsFragKeyType   *ebpf.Variable `ebpf:"_ps_frag_key_type"`
-	PsFragType      *ebpf.Variable `ebpf:"_ps_frag_type"`
-	PsLimitsType    *ebpf.Variable `ebpf:"_ps_limits_type"`
-	PsShareKindType *ebpf.Variable `ebpf:"_ps_share_kind_type"`
-	PsShareType     *ebpf.Variable `ebpf:"_ps_share_type"`
-	PsSliverType    *ebpf.Variable `ebpf:"_ps_sliver_type"`
-	PsUplinkType    *ebpf.Variable `ebpf:"_ps_uplink_type"`
-	PsVifType       *ebpf.Variable `ebpf:"_ps_vif_type"`
+	DropReasonType         *ebpf.Variable `ebpf:"_drop_reason_type"`
+	PortspaceCountersType  *ebpf.Variable `ebpf:"_portspace_counters_type"`
+	PortspaceEchoKeyType   *ebpf.Variable `ebpf:"_portspace_echo_key_type"`
+	PortspaceEchoType      *ebpf.Variable `ebpf:"_portspace_echo_type"`
+	PortspaceFanoutKeyType *ebpf.Variable `ebpf:"_portspace_fanout_key_type"`
+	PortspaceFragKeyType   *ebpf.Variable `ebpf:"_portspace_frag_key_type"`
+	PortspaceFragType      *ebpf.Variable `ebpf:"_portspace_frag_type"`
+	PortspaceLimitsType    *ebpf.Variable `ebpf:"_portspace_limits_type"`
+	PortspaceShareKindType *ebpf.Variable `ebpf:"_portspace_share_kind_type"`
+	PortspaceShareType     *ebpf.Variable `ebpf:"_portspace_share_type"`
+	PortspaceSliverType    *ebpf.Variable `ebpf:"_portspace_sliver_type"`
+	PortspaceUplinkType    *ebpf.Variable `ebpf:"_portspace_uplink_type"`
+	PortspaceVifType       *ebpf.Variable `ebpf:"_portspace_vif_type"`
 }
 
 // portspacePrograms contains all programs after they have been loaded into the kernel.

@@ -13,7 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type portspaceSockPsCounters struct {
+type portspaceSockPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
 	BytesIn    uint64
@@ -22,14 +22,14 @@ type portspaceSockPsCounters struct {
 	Drops      [16]uint64
 }
 
-type portspaceSockPsEcho struct {
+type portspaceSockPortspaceEcho struct {
 	_      structs.HostLayout
 	OrigId uint16
 	Pad    uint16
 	Slot   uint32
 }
 
-type portspaceSockPsEchoKey struct {
+type portspaceSockPortspaceEchoKey struct {
 	_      structs.HostLayout
 	Remote uint32
 	Id     uint16
@@ -37,20 +37,20 @@ type portspaceSockPsEchoKey struct {
 	Pad    uint8
 }
 
-type portspaceSockPsFanoutKey struct {
+type portspaceSockPortspaceFanoutKey struct {
 	_      structs.HostLayout
 	Uplink uint32
 	Index  uint32
 }
 
-type portspaceSockPsFrag struct {
+type portspaceSockPortspaceFrag struct {
 	_      structs.HostLayout
 	WhenNs uint64
 	Slot   uint32
 	Pad    uint32
 }
 
-type portspaceSockPsFragKey struct {
+type portspaceSockPortspaceFragKey struct {
 	_         structs.HostLayout
 	Remote    uint32
 	Id        uint16
@@ -59,26 +59,26 @@ type portspaceSockPsFragKey struct {
 	Slot      uint32
 }
 
-type portspaceSockPsLimits struct {
+type portspaceSockPortspaceLimits struct {
 	_          structs.HostLayout
 	IntervalNs [2]uint64
 	BurstNs    [2]uint64
 }
 
-type portspaceSockPsShare struct {
+type portspaceSockPortspaceShare struct {
 	_       structs.HostLayout
 	NextNs  [2]uint64
 	Refused [2]uint64
 }
 
-type portspaceSockPsSliver struct {
+type portspaceSockPortspaceSliver struct {
 	_      structs.HostLayout
 	Vif    [4]uint32
 	EchoLo [4]uint16
 	EchoHi [4]uint16
 }
 
-type portspaceSockPsUplink struct {
+type portspaceSockPortspaceUplink struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Addr    uint32
@@ -88,7 +88,7 @@ type portspaceSockPsUplink struct {
 	Vifs    uint32
 }
 
-type portspaceSockPsVif struct {
+type portspaceSockPortspaceVif struct {
 	_      structs.HostLayout
 	Slot   uint32
 	Uplink uint8
@@ -100,22 +100,22 @@ type portspaceSockPsVif struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	portspaceSockMapPsAddrs          = "ps_addrs"
-	portspaceSockMapPsCgroups        = "ps_cgroups"
-	portspaceSockMapPsConfig         = "ps_config"
-	portspaceSockMapPsEchoIds        = "ps_echo_ids"
-	portspaceSockMapPsFanout         = "ps_fanout"
-	portspaceSockMapPsFrags          = "ps_frags"
-	portspaceSockMapPsPorts          = "ps_ports"
-	portspaceSockMapPsShares         = "ps_shares"
-	portspaceSockMapPsSlivers        = "ps_slivers"
-	portspaceSockMapPsStats          = "ps_stats"
-	portspaceSockMapPsUplinkIndex    = "ps_uplink_index"
-	portspaceSockMapPsUplinks        = "ps_uplinks"
-	portspaceSockMapPsVifs           = "ps_vifs"
-	portspaceSockProgSliverBind4     = "sliver_bind4"
-	portspaceSockProgSliverConnect4  = "sliver_connect4"
-	portspaceSockProgSliverPostBind4 = "sliver_post_bind4"
+	portspaceSockMapPortspaceAddrs       = "portspace_addrs"
+	portspaceSockMapPortspaceCgroups     = "portspace_cgroups"
+	portspaceSockMapPortspaceConfig      = "portspace_config"
+	portspaceSockMapPortspaceEchoIds     = "portspace_echo_ids"
+	portspaceSockMapPortspaceFanout      = "portspace_fanout"
+	portspaceSockMapPortspaceFrags       = "portspace_frags"
+	portspaceSockMapPortspacePorts       = "portspace_ports"
+	portspaceSockMapPortspaceShares      = "portspace_shares"
+	portspaceSockMapPortspaceSlivers     = "portspace_slivers"
+	portspaceSockMapPortspaceStats       = "portspace_stats"
+	portspaceSockMapPortspaceUplinkIndex = "portspace_uplink_index"
+	portspaceSockMapPortspaceUplinks     = "portspace_uplinks"
+	portspaceSockMapPortspaceVifs        = "portspace_vifs"
+	portspaceSockProgSliverBind4         = "sliver_bind4"
+	portspaceSockProgSliverConnect4      = "sliver_connect4"
+	portspaceSockProgSliverPostBind4     = "sliver_post_bind4"
 )
 
 // loadPortspaceSock returns the embedded CollectionSpec for portspaceSock.
@@ -169,19 +169,19 @@ type portspaceSockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type portspaceSockMapSpecs struct {
-	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
-	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
-	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
-	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
+	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.MapSpec `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.MapSpec `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.MapSpec `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.MapSpec `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.MapSpec `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.MapSpec `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.MapSpec `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.MapSpec `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.MapSpec `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.MapSpec `ebpf:"portspace_vifs"`
 }
 
 // portspaceSockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,36 +210,36 @@ func (o *portspaceSockObjects) Close() error {
 //
 // It can be passed to loadPortspaceSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type portspaceSockMaps struct {
-	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.Map `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
-	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
-	PsShares      *ebpf.Map `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
-	PsStats       *ebpf.Map `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
+	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.Map `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.Map `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.Map `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.Map `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.Map `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.Map `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.Map `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.Map `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.Map `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.Map `ebpf:"portspace_vifs"`
 }
 
 func (m *portspaceSockMaps) Close() error {
 	return _PortspaceSockClose(
-		m.PsAddrs,
-		m.PsCgroups,
-		m.PsConfig,
-		m.PsEchoIds,
-		m.PsFanout,
-		m.PsFrags,
-		m.PsPorts,
-		m.PsShares,
-		m.PsSlivers,
-		m.PsStats,
-		m.PsUplinkIndex,
-		m.PsUplinks,
-		m.PsVifs,
+		m.PortspaceAddrs,
+		m.PortspaceCgroups,
+		m.PortspaceConfig,
+		m.PortspaceEchoIds,
+		m.PortspaceFanout,
+		m.PortspaceFrags,
+		m.PortspacePorts,
+		m.PortspaceShares,
+		m.PortspaceSlivers,
+		m.PortspaceStats,
+		m.PortspaceUplinkIndex,
+		m.PortspaceUplinks,
+		m.PortspaceVifs,
 	)
 }
 

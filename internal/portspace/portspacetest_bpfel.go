@@ -104,7 +104,7 @@ type portspaceTestNodeConfig struct {
 	Features      uint32
 }
 
-type portspaceTestPsCounters struct {
+type portspaceTestPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
 	BytesIn    uint64
@@ -113,14 +113,14 @@ type portspaceTestPsCounters struct {
 	Drops      [16]uint64
 }
 
-type portspaceTestPsEcho struct {
+type portspaceTestPortspaceEcho struct {
 	_      structs.HostLayout
 	OrigId uint16
 	Pad    uint16
 	Slot   uint32
 }
 
-type portspaceTestPsEchoKey struct {
+type portspaceTestPortspaceEchoKey struct {
 	_      structs.HostLayout
 	Remote uint32
 	Id     uint16
@@ -128,20 +128,20 @@ type portspaceTestPsEchoKey struct {
 	Pad    uint8
 }
 
-type portspaceTestPsFanoutKey struct {
+type portspaceTestPortspaceFanoutKey struct {
 	_      structs.HostLayout
 	Uplink uint32
 	Index  uint32
 }
 
-type portspaceTestPsFrag struct {
+type portspaceTestPortspaceFrag struct {
 	_      structs.HostLayout
 	WhenNs uint64
 	Slot   uint32
 	Pad    uint32
 }
 
-type portspaceTestPsFragKey struct {
+type portspaceTestPortspaceFragKey struct {
 	_         structs.HostLayout
 	Remote    uint32
 	Id        uint16
@@ -150,26 +150,26 @@ type portspaceTestPsFragKey struct {
 	Slot      uint32
 }
 
-type portspaceTestPsLimits struct {
+type portspaceTestPortspaceLimits struct {
 	_          structs.HostLayout
 	IntervalNs [2]uint64
 	BurstNs    [2]uint64
 }
 
-type portspaceTestPsShare struct {
+type portspaceTestPortspaceShare struct {
 	_       structs.HostLayout
 	NextNs  [2]uint64
 	Refused [2]uint64
 }
 
-type portspaceTestPsSliver struct {
+type portspaceTestPortspaceSliver struct {
 	_      structs.HostLayout
 	Vif    [4]uint32
 	EchoLo [4]uint16
 	EchoHi [4]uint16
 }
 
-type portspaceTestPsUplink struct {
+type portspaceTestPortspaceUplink struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Addr    uint32
@@ -179,7 +179,7 @@ type portspaceTestPsUplink struct {
 	Vifs    uint32
 }
 
-type portspaceTestPsVif struct {
+type portspaceTestPortspaceVif struct {
 	_      structs.HostLayout
 	Slot   uint32
 	Uplink uint8
@@ -247,54 +247,54 @@ type portspaceTestVmShare struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	portspaceTestMapConfig            = "config"
-	portspaceTestMapConntrack         = "conntrack"
-	portspaceTestMapDropEvents        = "drop_events"
-	portspaceTestMapDrops             = "drops"
-	portspaceTestMapEndpoints         = "endpoints"
-	portspaceTestMapFarms             = "farms"
-	portspaceTestMapFirewallRules     = "firewall_rules"
-	portspaceTestMapFirewalls         = "firewalls"
-	portspaceTestMapForwards          = "forwards"
-	portspaceTestMapMappings          = "mappings"
-	portspaceTestMapPsAddrs           = "ps_addrs"
-	portspaceTestMapPsCgroups         = "ps_cgroups"
-	portspaceTestMapPsConfig          = "ps_config"
-	portspaceTestMapPsEchoIds         = "ps_echo_ids"
-	portspaceTestMapPsFanout          = "ps_fanout"
-	portspaceTestMapPsFrags           = "ps_frags"
-	portspaceTestMapPsPorts           = "ps_ports"
-	portspaceTestMapPsShares          = "ps_shares"
-	portspaceTestMapPsSlivers         = "ps_slivers"
-	portspaceTestMapPsStats           = "ps_stats"
-	portspaceTestMapPsUplinkIndex     = "ps_uplink_index"
-	portspaceTestMapPsUplinks         = "ps_uplinks"
-	portspaceTestMapPsVifs            = "ps_vifs"
-	portspaceTestMapRedirectLog       = "redirect_log"
-	portspaceTestMapScopeMembers      = "scope_members"
-	portspaceTestMapScopes            = "scopes"
-	portspaceTestMapShareConfig       = "share_config"
-	portspaceTestMapSlowpath          = "slowpath"
-	portspaceTestMapVifs              = "vifs"
-	portspaceTestMapVisibility        = "visibility"
-	portspaceTestMapVmShares          = "vm_shares"
-	portspaceTestProgLoopbackEgress   = "loopback_egress"
-	portspaceTestProgSliverIngress    = "sliver_ingress"
-	portspaceTestVarDropReasonType    = "_drop_reason_type"
-	portspaceTestVarPsCountersType    = "_ps_counters_type"
-	portspaceTestVarPsEchoKeyType     = "_ps_echo_key_type"
-	portspaceTestVarPsEchoType        = "_ps_echo_type"
-	portspaceTestVarPsFanoutKeyType   = "_ps_fanout_key_type"
-	portspaceTestVarPsFragKeyType     = "_ps_frag_key_type"
-	portspaceTestVarPsFragType        = "_ps_frag_type"
-	portspaceTestVarPsLimitsType      = "_ps_limits_type"
-	portspaceTestVarPsShareKindType   = "_ps_share_kind_type"
-	portspaceTestVarPsShareType       = "_ps_share_type"
-	portspaceTestVarPsSliverType      = "_ps_sliver_type"
-	portspaceTestVarPsUplinkType      = "_ps_uplink_type"
-	portspaceTestVarPsVifType         = "_ps_vif_type"
-	portspaceTestVarRedirectKindType  = "_redirect_kind_type"
-	portspaceTestVarRedirectTraceType = "_redirect_trace_type"
+	portspaceTestMapConfig                 = "config"
+	portspaceTestMapConntrack              = "conntrack"
+	portspaceTestMapDropEvents             = "drop_events"
+	portspaceTestMapDrops                  = "drops"
+	portspaceTestMapEndpoints              = "endpoints"
+	portspaceTestMapFarms                  = "farms"
+	portspaceTestMapFirewallRules          = "firewall_rules"
+	portspaceTestMapFirewalls              = "firewalls"
+	portspaceTestMapForwards               = "forwards"
+	portspaceTestMapMappings               = "mappings"
+	portspaceTestMapPortspaceAddrs         = "portspace_addrs"
+	portspaceTestMapPortspaceCgroups       = "portspace_cgroups"
+	portspaceTestMapPortspaceConfig        = "portspace_config"
+	portspaceTestMapPortspaceEchoIds       = "portspace_echo_ids"
+	portspaceTestMapPortspaceFanout        = "portspace_fanout"
+	portspaceTestMapPortspaceFrags         = "portspace_frags"
+	portspaceTestMapPortspacePorts         = "portspace_ports"
+	portspaceTestMapPortspaceShares        = "portspace_shares"
+	portspaceTestMapPortspaceSlivers       = "portspace_slivers"
+	portspaceTestMapPortspaceStats         = "portspace_stats"
+	portspaceTestMapPortspaceUplinkIndex   = "portspace_uplink_index"
+	portspaceTestMapPortspaceUplinks       = "portspace_uplinks"
+	portspaceTestMapPortspaceVifs          = "portspace_vifs"
+	portspaceTestMapRedirectLog            = "redirect_log"
+	portspaceTestMapScopeMembers           = "scope_members"
+	portspaceTestMapScopes                 = "scopes"
+	portspaceTestMapShareConfig            = "share_config"
+	portspaceTestMapSlowpath               = "slowpath"
+	portspaceTestMapVifs                   = "vifs"
+	portspaceTestMapVisibility             = "visibility"
+	portspaceTestMapVmShares               = "vm_shares"
+	portspaceTestProgLoopbackEgress        = "loopback_egress"
+	portspaceTestProgSliverIngress         = "sliver_ingress"
+	portspaceTestVarDropReasonType         = "_drop_reason_type"
+	portspaceTestVarPortspaceCountersType  = "_portspace_counters_type"
+	portspaceTestVarPortspaceEchoKeyType   = "_portspace_echo_key_type"
+	portspaceTestVarPortspaceEchoType      = "_portspace_echo_type"
+	portspaceTestVarPortspaceFanoutKeyType = "_portspace_fanout_key_type"
+	portspaceTestVarPortspaceFragKeyType   = "_portspace_frag_key_type"
+	portspaceTestVarPortspaceFragType      = "_portspace_frag_type"
+	portspaceTestVarPortspaceLimitsType    = "_portspace_limits_type"
+	portspaceTestVarPortspaceShareKindType = "_portspace_share_kind_type"
+	portspaceTestVarPortspaceShareType     = "_portspace_share_type"
+	portspaceTestVarPortspaceSliverType    = "_portspace_sliver_type"
+	portspaceTestVarPortspaceUplinkType    = "_portspace_uplink_type"
+	portspaceTestVarPortspaceVifType       = "_portspace_vif_type"
+	portspaceTestVarRedirectKindType       = "_redirect_kind_type"
+	portspaceTestVarRedirectTraceType      = "_redirect_trace_type"
 )
 
 // loadPortspaceTest returns the embedded CollectionSpec for portspaceTest.
@@ -347,58 +347,58 @@ type portspaceTestProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type portspaceTestMapSpecs struct {
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops         *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
-	Farms         *ebpf.MapSpec `ebpf:"farms"`
-	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
-	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
-	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
-	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
-	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
-	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
-	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
-	RedirectLog   *ebpf.MapSpec `ebpf:"redirect_log"`
-	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
-	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
-	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
-	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
-	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
-	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
+	Config               *ebpf.MapSpec `ebpf:"config"`
+	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms                *ebpf.MapSpec `ebpf:"farms"`
+	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
+	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.MapSpec `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.MapSpec `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.MapSpec `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.MapSpec `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.MapSpec `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.MapSpec `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.MapSpec `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.MapSpec `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.MapSpec `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.MapSpec `ebpf:"portspace_vifs"`
+	RedirectLog          *ebpf.MapSpec `ebpf:"redirect_log"`
+	ScopeMembers         *ebpf.MapSpec `ebpf:"scope_members"`
+	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
+	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // portspaceTestVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type portspaceTestVariableSpecs struct {
-	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
-	PsCountersType    *ebpf.VariableSpec `ebpf:"_ps_counters_type"`
-	PsEchoKeyType     *ebpf.VariableSpec `ebpf:"_ps_echo_key_type"`
-	PsEchoType        *ebpf.VariableSpec `ebpf:"_ps_echo_type"`
-	PsFanoutKeyType   *ebpf.VariableSpec `ebpf:"_ps_fanout_key_type"`
-	PsFragKeyType     *ebpf.VariableSpec `ebpf:"_ps_frag_key_type"`
-	PsFragType        *ebpf.VariableSpec `ebpf:"_ps_frag_type"`
-	PsLimitsType      *ebpf.VariableSpec `ebpf:"_ps_limits_type"`
-	PsShareKindType   *ebpf.VariableSpec `ebpf:"_ps_share_kind_type"`
-	PsShareType       *ebpf.VariableSpec `ebpf:"_ps_share_type"`
-	PsSliverType      *ebpf.VariableSpec `ebpf:"_ps_sliver_type"`
-	PsUplinkType      *ebpf.VariableSpec `ebpf:"_ps_uplink_type"`
-	PsVifType         *ebpf.VariableSpec `ebpf:"_ps_vif_type"`
-	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
-	RedirectTraceType *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
+	DropReasonType         *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
+	PortspaceCountersType  *ebpf.VariableSpec `ebpf:"_portspace_counters_type"`
+	PortspaceEchoKeyType   *ebpf.VariableSpec `ebpf:"_portspace_echo_key_type"`
+	PortspaceEchoType      *ebpf.VariableSpec `ebpf:"_portspace_echo_type"`
+	PortspaceFanoutKeyType *ebpf.VariableSpec `ebpf:"_portspace_fanout_key_type"`
+	PortspaceFragKeyType   *ebpf.VariableSpec `ebpf:"_portspace_frag_key_type"`
+	PortspaceFragType      *ebpf.VariableSpec `ebpf:"_portspace_frag_type"`
+	PortspaceLimitsType    *ebpf.VariableSpec `ebpf:"_portspace_limits_type"`
+	PortspaceShareKindType *ebpf.VariableSpec `ebpf:"_portspace_share_kind_type"`
+	PortspaceShareType     *ebpf.VariableSpec `ebpf:"_portspace_share_type"`
+	PortspaceSliverType    *ebpf.VariableSpec `ebpf:"_portspace_sliver_type"`
+	PortspaceUplinkType    *ebpf.VariableSpec `ebpf:"_portspace_uplink_type"`
+	PortspaceVifType       *ebpf.VariableSpec `ebpf:"_portspace_vif_type"`
+	RedirectKindType       *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
+	RedirectTraceType      *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
 }
 
 // portspaceTestObjects contains all objects after they have been loaded into the kernel.
@@ -421,37 +421,37 @@ func (o *portspaceTestObjects) Close() error {
 //
 // It can be passed to loadPortspaceTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type portspaceTestMaps struct {
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	DropEvents    *ebpf.Map `ebpf:"drop_events"`
-	Drops         *ebpf.Map `ebpf:"drops"`
-	Endpoints     *ebpf.Map `ebpf:"endpoints"`
-	Farms         *ebpf.Map `ebpf:"farms"`
-	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.Map `ebpf:"firewalls"`
-	Forwards      *ebpf.Map `ebpf:"forwards"`
-	Mappings      *ebpf.Map `ebpf:"mappings"`
-	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.Map `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
-	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
-	PsShares      *ebpf.Map `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
-	PsStats       *ebpf.Map `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
-	RedirectLog   *ebpf.Map `ebpf:"redirect_log"`
-	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
-	Scopes        *ebpf.Map `ebpf:"scopes"`
-	ShareConfig   *ebpf.Map `ebpf:"share_config"`
-	Slowpath      *ebpf.Map `ebpf:"slowpath"`
-	Vifs          *ebpf.Map `ebpf:"vifs"`
-	Visibility    *ebpf.Map `ebpf:"visibility"`
-	VmShares      *ebpf.Map `ebpf:"vm_shares"`
+	Config               *ebpf.Map `ebpf:"config"`
+	Conntrack            *ebpf.Map `ebpf:"conntrack"`
+	DropEvents           *ebpf.Map `ebpf:"drop_events"`
+	Drops                *ebpf.Map `ebpf:"drops"`
+	Endpoints            *ebpf.Map `ebpf:"endpoints"`
+	Farms                *ebpf.Map `ebpf:"farms"`
+	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	Forwards             *ebpf.Map `ebpf:"forwards"`
+	Mappings             *ebpf.Map `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.Map `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.Map `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.Map `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.Map `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.Map `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.Map `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.Map `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.Map `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.Map `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.Map `ebpf:"portspace_vifs"`
+	RedirectLog          *ebpf.Map `ebpf:"redirect_log"`
+	ScopeMembers         *ebpf.Map `ebpf:"scope_members"`
+	Scopes               *ebpf.Map `ebpf:"scopes"`
+	ShareConfig          *ebpf.Map `ebpf:"share_config"`
+	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	Vifs                 *ebpf.Map `ebpf:"vifs"`
+	Visibility           *ebpf.Map `ebpf:"visibility"`
+	VmShares             *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *portspaceTestMaps) Close() error {
@@ -466,19 +466,19 @@ func (m *portspaceTestMaps) Close() error {
 		m.Firewalls,
 		m.Forwards,
 		m.Mappings,
-		m.PsAddrs,
-		m.PsCgroups,
-		m.PsConfig,
-		m.PsEchoIds,
-		m.PsFanout,
-		m.PsFrags,
-		m.PsPorts,
-		m.PsShares,
-		m.PsSlivers,
-		m.PsStats,
-		m.PsUplinkIndex,
-		m.PsUplinks,
-		m.PsVifs,
+		m.PortspaceAddrs,
+		m.PortspaceCgroups,
+		m.PortspaceConfig,
+		m.PortspaceEchoIds,
+		m.PortspaceFanout,
+		m.PortspaceFrags,
+		m.PortspacePorts,
+		m.PortspaceShares,
+		m.PortspaceSlivers,
+		m.PortspaceStats,
+		m.PortspaceUplinkIndex,
+		m.PortspaceUplinks,
+		m.PortspaceVifs,
 		m.RedirectLog,
 		m.ScopeMembers,
 		m.Scopes,
@@ -494,21 +494,21 @@ func (m *portspaceTestMaps) Close() error {
 //
 // It can be passed to loadPortspaceTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type portspaceTestVariables struct {
-	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
-	PsCountersType    *ebpf.Variable `ebpf:"_ps_counters_type"`
-	PsEchoKeyType     *ebpf.Variable `ebpf:"_ps_echo_key_type"`
-	PsEchoType        *ebpf.Variable `ebpf:"_ps_echo_type"`
-	PsFanoutKeyType   *ebpf.Variable `ebpf:"_ps_fanout_key_type"`
-	PsFragKeyType     *ebpf.Variable `ebpf:"_ps_frag_key_type"`
-	PsFragType        *ebpf.Variable `ebpf:"_ps_frag_type"`
-	PsLimitsType      *ebpf.Variable `ebpf:"_ps_limits_type"`
-	PsShareKindType   *ebpf.Variable `ebpf:"_ps_share_kind_type"`
-	PsShareType       *ebpf.Variable `ebpf:"_ps_share_type"`
-	PsSliverType      *ebpf.Variable `ebpf:"_ps_sliver_type"`
-	PsUplinkType      *ebpf.Variable `ebpf:"_ps_uplink_type"`
-	PsVifType         *ebpf.Variable `ebpf:"_ps_vif_type"`
-	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
-	RedirectTraceType *ebpf.Variable `ebpf:"_redirect_trace_type"`
+	DropReasonType         *ebpf.Variable `ebpf:"_drop_reason_type"`
+	PortspaceCountersType  *ebpf.Variable `ebpf:"_portspace_counters_type"`
+	PortspaceEchoKeyType   *ebpf.Variable `ebpf:"_portspace_echo_key_type"`
+	PortspaceEchoType      *ebpf.Variable `ebpf:"_portspace_echo_type"`
+	PortspaceFanoutKeyType *ebpf.Variable `ebpf:"_portspace_fanout_key_type"`
+	PortspaceFragKeyType   *ebpf.Variable `ebpf:"_portspace_frag_key_type"`
+	PortspaceFragType      *ebpf.Variable `ebpf:"_portspace_frag_type"`
+	PortspaceLimitsType    *ebpf.Variable `ebpf:"_portspace_limits_type"`
+	PortspaceShareKindType *ebpf.Variable `ebpf:"_portspace_share_kind_type"`
+	PortspaceShareType     *ebpf.Variable `ebpf:"_portspace_share_type"`
+	PortspaceSliverType    *ebpf.Variable `ebpf:"_portspace_sliver_type"`
+	PortspaceUplinkType    *ebpf.Variable `ebpf:"_portspace_uplink_type"`
+	PortspaceVifType       *ebpf.Variable `ebpf:"_portspace_vif_type"`
+	RedirectKindType       *ebpf.Variable `ebpf:"_redirect_kind_type"`
+	RedirectTraceType      *ebpf.Variable `ebpf:"_redirect_trace_type"`
 }
 
 // portspaceTestPrograms contains all programs after they have been loaded into the kernel.

@@ -205,14 +205,14 @@ func TestPrivilegedTwoSliversPingingOneRemoteEachGetTheirOwnReplies(t *testing.T
 }
 
 // A fragment record is made the same way for datagrams to a sliver and from
-// one (bpf/lib/portspace.h, ps_frag_record): only a new record takes a unit
+// one (bpf/lib/portspace.h, portspace_frag_record): only a new record takes a unit
 // of the sliver's share; the same first fragment again refreshes its record
 // for nothing. With a share of one record, a first fragment seen twice is
 // refused nothing, in either direction, and a second datagram is refused.
 func TestPrivilegedAFirstFragmentSeenAgainTakesNoShareEitherWay(t *testing.T) {
 	k, f, _ := loadFeature(t)
 	syncPlan(t, f, testPlan(1)) // s1 (slot 1) sends from ifindex 1
-	cfg, err := k.Map("ps_config")
+	cfg, err := k.Map("portspace_config")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestPrivilegedAFirstFragmentSeenAgainTakesNoShareEitherWay(t *testing.T) {
 	if err := cfg.Put(uint32(0), one); err != nil {
 		t.Fatal(err)
 	}
-	shares, err := k.Map("ps_shares")
+	shares, err := k.Map("portspace_shares")
 	if err != nil {
 		t.Fatal(err)
 	}

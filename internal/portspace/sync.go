@@ -21,7 +21,7 @@ import (
 // entries). Sync keeps the last one it wrote, so a pass writes only what
 // changed: rewriting 4×65536 port slots every pass would be too slow.
 //
-// ps_ports is kept as the array it is (portKeys slots, 1 MiB), not as a
+// portspace_ports is kept as the array it is (portKeys slots, 1 MiB), not as a
 // Go map: with every port leased that map had 262,140 entries, and
 // building and comparing it again took a pass ~35 ms although nothing
 // had changed.
@@ -37,10 +37,10 @@ type state struct {
 	limits  map[uint32]limitsRecord
 }
 
-// portKeys is how many slots ps_ports has: every port of every uplink.
+// portKeys is how many slots portspace_ports has: every port of every uplink.
 const portKeys = limits.MaxUplinks * 65536
 
-// portKey is a port's slot in ps_ports (bpf/lib/portspace.h's key).
+// portKey is a port's slot in portspace_ports (bpf/lib/portspace.h's key).
 func portKey(uplink int, port uint16) uint32 { return uint32(uplink)<<16 | uint32(port) }
 
 // newState is an empty state; the ports array is made only for what
@@ -58,7 +58,7 @@ func newState(withPorts bool) *state {
 	return s
 }
 
-// portLease is one lease as ps_ports holds it: whose ports are which.
+// portLease is one lease as portspace_ports holds it: whose ports are which.
 type portLease struct {
 	sliver string
 	slot   uint32
@@ -66,7 +66,7 @@ type portLease struct {
 	lo, hi uint16
 }
 
-// leasesOf lists p's leases in plan order: the whole of what ps_ports is
+// leasesOf lists p's leases in plan order: the whole of what portspace_ports is
 // made from, so two plans with the same list need the same ports.
 func leasesOf(p Plan) []portLease {
 	var out []portLease
@@ -124,7 +124,7 @@ func limitsFor(slivers int, fragCap, echoCap int) limitsRecord {
 	return l
 }
 
-// want is the maps' content for p, ps_ports apart (portsOf).
+// want is the maps' content for p, portspace_ports apart (portsOf).
 func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 	s := newState(false)
 	attach := map[string]int{}
@@ -184,7 +184,7 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 		s.addrs[rec.Addr] = uint32(u.Index)
 	}
 	if len(p.Slivers) > 0 {
-		s.limits[0] = limitsFor(len(p.Slivers), f.capacity("ps_frags"), f.capacity("ps_echo_ids"))
+		s.limits[0] = limitsFor(len(p.Slivers), f.capacity("portspace_frags"), f.capacity("portspace_echo_ids"))
 	}
 	return s, attach, nil
 }
@@ -237,7 +237,7 @@ func (f *Feature) sync(p Plan) error {
 	if want.cgroups, err = f.cgroupIDs(p); err != nil {
 		return fmt.Errorf("portspace: %w", err)
 	}
-	// ps_ports is made from the leases alone: when they are those the
+	// portspace_ports is made from the leases alone: when they are those the
 	// map was last made to hold, it holds them, and nothing of its
 	// 262,144 slots is looked at. Otherwise the whole of it is made
 	// again (a few hundred µs) and compared with what it holds.
@@ -278,31 +278,31 @@ func (f *Feature) sync(p Plan) error {
 		return mm
 	}
 	maps := struct{ uplinks, index, addrs, ports, slivers, vifs, fanout, cgroups, limits datapath.Table }{
-		m(MapUplinks), m("ps_uplink_index"), m(MapAddrs), m(MapPorts), m(MapSlivers), m(MapVifs), m(MapFanout), m(MapCgroups), m("ps_config"),
+		m(MapUplinks), m(mapUplinkIndex), m(MapAddrs), m(MapPorts), m(MapSlivers), m(MapVifs), m(MapFanout), m(MapCgroups), m(mapConfig),
 	}
 	if err != nil {
 		return fmt.Errorf("portspace: %w", err)
 	}
 	steps := []func() error{
 		// What the ports will point at, first.
-		func() error { return datapath.PutChanged(maps.slivers, cur.slivers, want.slivers, "ps_slivers") },
-		func() error { return datapath.PutChanged(maps.vifs, cur.vifs, want.vifs, "ps_vifs") },
-		func() error { return datapath.PutChanged(maps.fanout, cur.fanout, want.fanout, "ps_fanout") },
-		func() error { return datapath.PutChanged(maps.index, cur.index, want.index, "ps_uplink_index") },
-		func() error { return datapath.PutChanged(maps.uplinks, cur.uplinks, want.uplinks, "ps_uplinks") },
-		func() error { return datapath.PutChanged(maps.addrs, cur.addrs, want.addrs, "ps_addrs") },
-		func() error { return datapath.PutChanged(maps.limits, cur.limits, want.limits, "ps_config") },
-		func() error { return datapath.PutChanged(maps.cgroups, cur.cgroups, want.cgroups, "ps_cgroups") },
+		func() error { return datapath.PutChanged(maps.slivers, cur.slivers, want.slivers, MapSlivers) },
+		func() error { return datapath.PutChanged(maps.vifs, cur.vifs, want.vifs, MapVifs) },
+		func() error { return datapath.PutChanged(maps.fanout, cur.fanout, want.fanout, MapFanout) },
+		func() error { return datapath.PutChanged(maps.index, cur.index, want.index, mapUplinkIndex) },
+		func() error { return datapath.PutChanged(maps.uplinks, cur.uplinks, want.uplinks, MapUplinks) },
+		func() error { return datapath.PutChanged(maps.addrs, cur.addrs, want.addrs, MapAddrs) },
+		func() error { return datapath.PutChanged(maps.limits, cur.limits, want.limits, mapConfig) },
+		func() error { return datapath.PutChanged(maps.cgroups, cur.cgroups, want.cgroups, MapCgroups) },
 		func() error { return putPorts(maps.ports, cur.ports, wantPorts) },
 		func() error { return removePorts(maps.ports, cur.ports, wantPorts) },
-		func() error { return datapath.RemoveGone(maps.cgroups, cur.cgroups, want.cgroups, false, "ps_cgroups") },
-		func() error { return datapath.RemoveGone(maps.addrs, cur.addrs, want.addrs, false, "ps_addrs") },
-		func() error { return datapath.RemoveGone(maps.uplinks, cur.uplinks, want.uplinks, false, "ps_uplinks") },
-		func() error { return datapath.RemoveGone(maps.index, cur.index, want.index, true, "ps_uplink_index") },
-		func() error { return datapath.RemoveGone(maps.fanout, cur.fanout, want.fanout, false, "ps_fanout") },
-		func() error { return datapath.RemoveGone(maps.vifs, cur.vifs, want.vifs, false, "ps_vifs") },
-		func() error { return datapath.RemoveGone(maps.slivers, cur.slivers, want.slivers, true, "ps_slivers") },
-		func() error { return datapath.RemoveGone(maps.limits, cur.limits, want.limits, true, "ps_config") },
+		func() error { return datapath.RemoveGone(maps.cgroups, cur.cgroups, want.cgroups, false, MapCgroups) },
+		func() error { return datapath.RemoveGone(maps.addrs, cur.addrs, want.addrs, false, MapAddrs) },
+		func() error { return datapath.RemoveGone(maps.uplinks, cur.uplinks, want.uplinks, false, MapUplinks) },
+		func() error { return datapath.RemoveGone(maps.index, cur.index, want.index, true, mapUplinkIndex) },
+		func() error { return datapath.RemoveGone(maps.fanout, cur.fanout, want.fanout, false, MapFanout) },
+		func() error { return datapath.RemoveGone(maps.vifs, cur.vifs, want.vifs, false, MapVifs) },
+		func() error { return datapath.RemoveGone(maps.slivers, cur.slivers, want.slivers, true, MapSlivers) },
+		func() error { return datapath.RemoveGone(maps.limits, cur.limits, want.limits, true, mapConfig) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -330,7 +330,7 @@ func putPorts(m datapath.Table, cur, want []uint32) error {
 			continue
 		}
 		if err := m.Put(uint32(key), slot); err != nil {
-			return fmt.Errorf("write ps_ports: %w", err)
+			return fmt.Errorf("write portspace_ports: %w", err)
 		}
 		cur[key] = slot
 	}
@@ -348,7 +348,7 @@ func removePorts(m datapath.Table, cur, want []uint32) error {
 			continue
 		}
 		if err := m.Put(uint32(key), uint32(0)); err != nil {
-			return fmt.Errorf("remove from ps_ports: %w", err)
+			return fmt.Errorf("remove from portspace_ports: %w", err)
 		}
 		cur[key] = 0
 	}
@@ -416,11 +416,11 @@ func (f *Feature) cgroupIDs(p Plan) (map[uint64]uint32, error) {
 
 // resetSlot zeroes a slot's counters and shares.
 func (f *Feature) resetSlot(slot uint32) error {
-	stats, err := f.table("ps_stats")
+	stats, err := f.table("portspace_stats")
 	if err != nil {
 		return err
 	}
-	shares, err := f.table("ps_shares")
+	shares, err := f.table("portspace_shares")
 	if err != nil {
 		return err
 	}
@@ -443,14 +443,14 @@ func (f *Feature) read() (*state, error) {
 	s := newState(true)
 	for _, r := range []func() error{
 		func() error { return datapath.ReadMap(f.k, MapUplinks, s.uplinks) },
-		func() error { return datapath.ReadMap(f.k, "ps_uplink_index", s.index) },
+		func() error { return datapath.ReadMap(f.k, mapUplinkIndex, s.index) },
 		func() error { return datapath.ReadMap(f.k, MapAddrs, s.addrs) },
 		func() error { return f.readPorts(s.ports) },
 		func() error { return datapath.ReadMap(f.k, MapSlivers, s.slivers) },
 		func() error { return datapath.ReadMap(f.k, MapVifs, s.vifs) },
 		func() error { return datapath.ReadMap(f.k, MapFanout, s.fanout) },
 		func() error { return datapath.ReadMap(f.k, MapCgroups, s.cgroups) },
-		func() error { return datapath.ReadMap(f.k, "ps_config", s.limits) },
+		func() error { return datapath.ReadMap(f.k, mapConfig, s.limits) },
 	} {
 		if err := r(); err != nil {
 			return nil, err
@@ -459,12 +459,12 @@ func (f *Feature) read() (*state, error) {
 	return s, nil
 }
 
-// portsBatch is how many ps_ports slots one read takes: 64 KiB of keys
+// portsBatch is how many portspace_ports slots one read takes: 64 KiB of keys
 // and as much of values, 4 system calls for the whole map (one lookup
 // per slot took half a second).
 const portsBatch = 16384
 
-// readPorts reads ps_ports into into (portKeys long), in batches.
+// readPorts reads portspace_ports into into (portKeys long), in batches.
 func (f *Feature) readPorts(into []uint32) error {
 	m, err := f.k.Map(MapPorts)
 	if err != nil {
@@ -498,7 +498,7 @@ func (f *Feature) Stats() ([]intent.SliverStats, error) {
 		names[slot] = n
 	}
 	f.mu.Unlock()
-	m, err := f.k.Map("ps_stats")
+	m, err := f.k.Map("portspace_stats")
 	if err != nil {
 		return nil, err
 	}
