@@ -619,15 +619,24 @@ func MapNames() ([]string, error) {
 // calls it.
 func OpenTestObjects() (*Kernel, error) { return Open("", Options{testHooks: true}) }
 
-// MapSizes is every map's size as compiled (the vif program defines them
-// all), by its name in the C.
-func MapSizes() (map[string]int, error) {
+// MapSpecs is every map as compiled (the vif program defines them all), by
+// its name in the C: for a feature's test to hold its own records to them.
+func MapSpecs() (map[string]*ebpf.MapSpec, error) {
 	spec, err := loadVif()
 	if err != nil {
 		return nil, err
 	}
+	return spec.Maps, nil
+}
+
+// MapSizes is every map's size as compiled, by its name in the C.
+func MapSizes() (map[string]int, error) {
+	specs, err := MapSpecs()
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]int{}
-	for name, m := range spec.Maps {
+	for name, m := range specs {
 		out[name] = int(m.MaxEntries)
 	}
 	return out, nil

@@ -379,26 +379,11 @@ type vifTapKey struct {
 	Pad  uint8
 }
 
-type vifTapKeyKind uint32
-
-const (
-	vifTapKeyKindTAP_KEY_IP      vifTapKeyKind = 0
-	vifTapKeyKindTAP_KEY_SEGMENT vifTapKeyKind = 1
-	vifTapKeyKindTAP_KEY_ANY     vifTapKeyKind = 2
-)
-
 type vifTapLimits struct {
 	_          structs.HostLayout
 	IntervalNs uint64
 	BurstNs    uint64
 }
-
-type vifTapRole uint32
-
-const (
-	vifTapRoleTAP_ROLE_COPY    vifTapRole = 0
-	vifTapRoleTAP_ROLE_RECOVER vifTapRole = 1
-)
 
 type vifTapRule struct {
 	_       structs.HostLayout
@@ -412,13 +397,6 @@ type vifTapRule struct {
 	DportHi uint16
 	Pad     uint16
 }
-
-type vifTapSide uint32
-
-const (
-	vifTapSideTAP_SIDE_SENDER   vifTapSide = 0
-	vifTapSideTAP_SIDE_RECEIVER vifTapSide = 1
-)
 
 type vifTapTarget struct {
 	_       structs.HostLayout

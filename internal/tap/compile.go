@@ -270,15 +270,15 @@ type indexKey struct {
 }
 
 // Roles, sides and kinds (enum tap_role, tap_side, tap_key_kind in
-// bpf/lib/tap_maps.h; a test compares).
+// bpf/lib/tap_maps.h).
 const (
-	roleCopy    = 0
-	roleRecover = 1
-	sideSender  = 0
-	sideRecv    = 1
-	kindIP      = 0
-	kindSegment = 1
-	kindAny     = 2
+	roleCopy    = uint8(tapTapRoleTAP_ROLE_COPY)
+	roleRecover = uint8(tapTapRoleTAP_ROLE_RECOVER)
+	sideSender  = uint8(tapTapSideTAP_SIDE_SENDER)
+	sideRecv    = uint8(tapTapSideTAP_SIDE_RECEIVER)
+	kindIP      = uint8(tapTapKeyKindTAP_KEY_IP)
+	kindSegment = uint8(tapTapKeyKindTAP_KEY_SEGMENT)
+	kindAny     = uint8(tapTapKeyKindTAP_KEY_ANY)
 )
 
 // layout is what the plan puts in the maps, with rules by ID and targets
