@@ -142,14 +142,20 @@ func TestPrivilegedAPinnedLinkIsTakenOverAndDetached(t *testing.T) {
 	if !reflect.DeepEqual(names, []string{"lo/in", "lo_in"}) {
 		t.Fatalf("names %q: want the held link and its pin", names)
 	}
-	var attached int
-	inNS(func() error {
-		ids, err := tcxPrograms(1)
-		attached = len(ids)
-		return err
-	})
-	if attached != 1 {
-		t.Fatalf("%d programs on lo's tcx ingress, want the one taken over", attached)
+	attached := func() int {
+		t.Helper()
+		var n int
+		inNS(func() error {
+			progs, err := link.QueryPrograms(link.QueryOptions{Target: 1, Attach: ebpf.AttachTCXIngress})
+			if err == nil {
+				n = len(progs.Programs)
+			}
+			return err
+		})
+		return n
+	}
+	if attached() != 1 {
+		t.Fatalf("%d programs on lo's tcx ingress, want the one taken over", attached())
 	}
 	if err := second.Detach("lo/in"); err != nil {
 		t.Fatal(err)
@@ -157,24 +163,10 @@ func TestPrivilegedAPinnedLinkIsTakenOverAndDetached(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(pins, "lo_in")); !os.IsNotExist(err) {
 		t.Fatalf("the pin after Detach: %v, want it gone", err)
 	}
-	inNS(func() error {
-		ids, err := tcxPrograms(1)
-		attached = len(ids)
-		return err
-	})
-	if attached != 0 {
-		t.Fatalf("%d programs on lo's tcx ingress after Detach", attached)
+	if n := attached(); n != 0 {
+		t.Fatalf("%d programs on lo's tcx ingress after Detach", n)
 	}
 	if err := second.Detach("lo/in"); err != nil {
 		t.Fatalf("detaching what is not there: %v", err)
 	}
-}
-
-// tcxPrograms lists the programs on ifindex's tcx ingress.
-func tcxPrograms(ifindex int) ([]link.AttachedProgram, error) {
-	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXIngress})
-	if err != nil {
-		return nil, err
-	}
-	return res.Programs, nil
 }
