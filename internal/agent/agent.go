@@ -176,13 +176,16 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 	if k, ok := dp.(*datapath.Kernel); ok {
 		env.Kernel = k
 	}
-	features, err := registry(env)
-	if err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
-	}
-	a.features = features
+	a.features = registry(env)
 	if err := feature.Check(a.features); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
+	}
+	for _, f := range a.features {
+		if l, ok := f.(feature.Loader); ok {
+			if err := l.Load(); err != nil {
+				return nil, fmt.Errorf("agent: %w", err)
+			}
+		}
 	}
 	for _, f := range a.features {
 		a.subs[f.Name()] = &subController{}

@@ -30,18 +30,13 @@ type Env struct {
 }
 
 // registry lists every datapath feature the agent runs, in the order they
-// sync. A new feature adds its line here (docs/architecture.md), one that
-// loads programs of its own its load first; the agent runs a
-// sub-controller for each.
-func registry(env Env) ([]feature.Feature, error) {
-	ps, err := portspace.Load(env.Kernel)
-	if err != nil {
-		return nil, err
-	}
+// sync. A new feature adds its one line here (docs/architecture.md); the
+// agent runs a sub-controller for each.
+func registry(env Env) []feature.Feature {
 	return []feature.Feature{
 		env.Router,
-		ps.WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
+		portspace.New(env.Kernel).WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
 		tap.New(env.Kernel).WithAgent(env.Node, env.Log),
 		vnatrelay.New(env.LocationServer, env.Log),
-	}, nil
+	}
 }

@@ -28,7 +28,7 @@ func BenchmarkPrivilegedPortspaceCost(b *testing.B) {
 			b.Fatal(err)
 		}
 		k := testKernel{r, ps}
-		f := New(ps)
+		f := New(r)
 		f.links = &fakeLinks{slivers: map[string]int{}}
 		f.vifMAC = func(int) (net.HardwareAddr, error) { return vifMAC, nil }
 		cfg, _ := k.Map("config")

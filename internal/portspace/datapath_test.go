@@ -176,7 +176,7 @@ func loadFeature(t testing.TB) (testKernel, *Feature, *fakeLinks) {
 	if err := cfg.Put(uint32(0), nc); err != nil {
 		t.Fatal(err)
 	}
-	f := New(k.ps)
+	f := New(k.Kernel)
 	links := &fakeLinks{slivers: map[string]int{}}
 	f.links = links
 	f.vifMAC = func(int) (net.HardwareAddr, error) { return vifMAC, nil }

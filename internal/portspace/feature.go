@@ -25,8 +25,8 @@ type Feature struct {
 	// vifMAC reads a sliver link's own MAC (a frame for the host is
 	// given it); tests set it. nil: the host's links, read once a pass.
 	vifMAC func(ifindex int) (net.HardwareAddr, error)
-	// links attaches the programs: the Kernel; a recording fake in the
-	// BPF_PROG_RUN tests, whose links are made up.
+	// links attaches the programs: the Kernel (Load); a recording fake in
+	// the BPF_PROG_RUN tests, whose links are made up.
 	links linker
 
 	// confiner keeps each sliver's namespace to its lease (confine.go);
@@ -49,27 +49,25 @@ type Feature struct {
 	scratch    []uint32 // a pass's portspace_ports when its leases changed
 }
 
-// New is the feature on port space's loaded programs k (nil: an agent on a
-// fake datapath, where only an empty plan syncs).
-func New(k *Kernel) *Feature {
-	f := &Feature{names: map[uint32]string{}}
-	if k != nil {
-		f.k, f.links = k.router, k
-	}
-	return f
+// New is the feature on the router's loaded programs k (nil: an agent on a
+// fake datapath, where only an empty plan syncs). Its own programs load
+// on k's maps with Load.
+func New(k *datapath.Kernel) *Feature {
+	return &Feature{k: k, names: map[uint32]string{}}
 }
 
-// Load loads port space's programs on the router's maps (Open) and is the
-// feature on them; a nil router is an agent on a fake datapath.
-func Load(router *datapath.Kernel) (*Feature, error) {
-	if router == nil {
-		return New(nil), nil
+// Load implements feature.Loader: port space's programs on the router's
+// maps (Open), which Sync attaches. Nothing to load on a fake datapath.
+func (f *Feature) Load() error {
+	if f.k == nil || f.links != nil {
+		return nil
 	}
-	k, err := Open(router)
+	k, err := Open(f.k)
 	if err != nil {
-		return nil, fmt.Errorf("portspace: %w", err)
+		return fmt.Errorf("portspace: %w", err)
 	}
-	return New(k), nil
+	f.links = k
+	return nil
 }
 
 // linker is what Sync needs of the kernel to attach the programs.

@@ -1,10 +1,14 @@
 package portspace
 
 import (
+	"slices"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/limits"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // internal/limits says what the compiled programs' maps hold.
@@ -20,6 +24,44 @@ func TestLimitsAreTheProgramsMapSizes(t *testing.T) {
 	} {
 		if got, ok := sizes[name]; !ok || got != want {
 			t.Errorf("map %s holds %d entries (present: %v), want %d", name, got, ok, want)
+		}
+	}
+}
+
+// The agent's feature loads port space's programs on the router's own
+// maps: what the sliver program steers by is what Sync writes.
+func TestPrivilegedLoadPutsThePortSpaceProgramsOnTheRoutersMaps(t *testing.T) {
+	testenv.RequireRoot(t, "loads BPF programs")
+	r, err := datapath.Open("", datapath.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	f := New(r)
+	if err := f.Load(); err != nil {
+		t.Fatal(err)
+	}
+	k, ok := f.links.(*Kernel)
+	if !ok {
+		t.Fatalf("the feature attaches with %T, want the loaded *Kernel", f.links)
+	}
+	ports, err := r.Map(MapPorts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinfo, err := ports.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := pinfo.ID()
+	for _, p := range []*ebpf.Program{k.SliverProgram(), k.LoopbackProgram()} {
+		info, err := p.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, _ := info.MapIDs()
+		if !slices.Contains(ids, want) {
+			t.Errorf("program %s uses maps %v, not the router's %s (%d)", info.Name, ids, MapPorts, want)
 		}
 	}
 }

@@ -79,7 +79,7 @@ func BenchmarkPrivilegedPortspacePass(b *testing.B) {
 		// A new agent on the maps its predecessor wrote: it reads them
 		// and writes what differs (nothing here).
 		for i := 0; i < b.N; i++ {
-			fresh := New(k.ps)
+			fresh := New(k.Kernel)
 			fresh.links, fresh.vifMAC = f.links, f.vifMAC
 			pass(b, fresh, full)
 		}

@@ -213,6 +213,9 @@ func (f *Feature) Sync(fp feature.Plan) error {
 		}
 		return errors.New("portspace: no datapath loaded")
 	}
+	if f.links == nil {
+		return errors.New("portspace: its programs are not loaded (Load)")
+	}
 	// The namespaces first: the host's end of a sliver's link takes the
 	// shared MAC there, which the maps record.
 	// A sliver whose namespace cannot be set up (not there yet, gone)

@@ -235,11 +235,7 @@ func TestPrivilegedARestartedAgentConvergesThePinnedMapsOnItsFirstPass(t *testin
 		if err != nil {
 			t.Fatalf("open the datapath pinned at %s: %v", pins, err)
 		}
-		ps, err := Open(k)
-		if err != nil {
-			t.Fatalf("open port space on the datapath pinned at %s: %v", pins, err)
-		}
-		f := New(ps)
+		f := New(k)
 		f.links = &fakeLinks{slivers: map[string]int{}}
 		f.vifMAC = func(int) (net.HardwareAddr, error) { return vifMAC, nil }
 		return k, f
