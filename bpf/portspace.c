@@ -103,7 +103,7 @@ static __always_inline int portspace_echo_out(__u32 slot, __u32 u, __be32 remote
  * fragment it sent. Returns a drop reason, or 0 (with *rewrite set when
  * the echo id at *id_off must become *wire). */
 static __always_inline int portspace_check_ipv4(struct packet *pkt, const struct portspace_uplink *up, __u32 slot, __u32 u,
-					 __be16 *wire, __be16 *old, __u32 *id_off)
+						__be16 *wire, __be16 *old, __u32 *id_off)
 {
 	struct iphdr *ip = pkt->ip;
 	if (ip->saddr != up->addr)
