@@ -7,7 +7,7 @@ QUICKSTART ?= examples/quickstart.yaml
 PORTSHARE ?= examples/portshare.yaml
 TAPDEMO ?= examples/tap.yaml
 
-.PHONY: all deps build generate check-generated vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap demo-cloud bench bench-scale clean
+.PHONY: all deps build generate check-generated lint vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap demo-cloud bench bench-scale clean
 
 all: build
 
@@ -26,12 +26,27 @@ check-generated: generate
 	@git diff --exit-code --stat -- '*_bpfel.go' '*_bpfel.o' || \
 	  (echo "generated BPF files differ from bpf/*.c: run 'make generate' and commit" >&2; exit 1)
 
+# Static checks at pinned versions: staticcheck through go.mod's tool
+# directive, gofmt of the Go that builds, clang-format-14 (install-deps) with
+# bpf/.clang-format. bpf/*.c and bpf/lib/*.h only: headers vendored into
+# bpf/include/ keep their own style. Generated *_bpfel.go are gofmt-clean
+# and stay in the check.
+lint: deps
+	@$(GO) tool staticcheck ./... || \
+	  { echo "lint: staticcheck found the problems above: fix them (go tool staticcheck ./... runs it again)" >&2; exit 1; }
+	@bad=$$(git ls-files -z '*.go' | xargs -0 "$$($(GO) env GOROOT)/bin/gofmt" -l); \
+	  if [ -n "$$bad" ]; then echo "$$bad" >&2; \
+	    echo "lint: the Go files above are not gofmt-formatted: run gofmt -w on them" >&2; exit 1; fi
+	@clang-format-14 --dry-run --Werror bpf/*.c bpf/lib/*.h || \
+	  { echo "lint: bpf/ is not in bpf/.clang-format's style: run clang-format-14 -i bpf/*.c bpf/lib/*.h, then make generate" >&2; exit 1; }
+
 vet:
 	$(GO) vet ./...
 
-# Pure Go tests, then BPF_PROG_RUN tests (root) in the same packages.
+# Pure Go tests, then BPF_PROG_RUN tests (root) in the same packages; docs/
+# holds the tests that keep README's layout and the demos true to the tree.
 unit-test:
-	$(GO) test -count=1 ./internal/... ./cmd/... ./bench/...
+	$(GO) test -count=1 ./internal/... ./cmd/... ./bench/... ./docs/...
 
 # Every Go fuzz target, briefly (FUZZTIME each): parsers a tenant or an operator can feed.
 fuzz:
@@ -41,7 +56,7 @@ fuzz:
 e2e-test:
 	$(GO) test -count=1 -p 1 -timeout 60m ./test/e2e/...
 
-test: deps vet check-generated unit-test fuzz e2e-test
+test: deps lint vet check-generated unit-test fuzz e2e-test
 
 demo: deps build
 	@bash scripts/demo.sh $(BIN) $(QUICKSTART)

@@ -19,19 +19,19 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/netns"
 )
 
 // Names of what the bench creates; fixed, so that a later run finds and
 // removes what an interrupted one left behind.
 const (
-	defaultRoot  = "/run/onehop-bench" // lab state root of the bench's own labs
-	netnsPrefix  = "ohbench-"          // every namespace the bench makes itself
-	labMarker    = ".bench-lab-"       // <root>/.bench-lab-NAME: lab NAME is the bench's (set before `lab up`)
-	cgroupName   = "onehop-bench"      // the tools' cgroup, at the root of the cgroup v2 hierarchy
-	iperfPort    = "5201"
-	netnsDir     = "/run/netns"
-	labNetnsFmt  = "oh-%s-"       // `onehop lab`'s namespaces are oh-LAB-NODE
-	labFabricFmt = "oh-%s-fabric" // a lab's fabric namespace, where its bridge br0 is
+	defaultRoot = "/run/onehop-bench" // lab state root of the bench's own labs
+	netnsPrefix = "ohbench-"          // every namespace the bench makes itself
+	labMarker   = ".bench-lab-"       // <root>/.bench-lab-NAME: lab NAME is the bench's (set before `lab up`)
+	cgroupName  = "onehop-bench"      // the tools' cgroup, at the root of the cgroup v2 hierarchy
+	iperfPort   = "5201"
 )
 
 // Env is what one run has made, so that scenarios can share it and cleanup
@@ -243,10 +243,11 @@ func (l *Lab) Addr(vm string) (string, error) {
 }
 
 // Netns is the namespace of a node of the lab.
-func (l *Lab) Netns(node string) string { return fmt.Sprintf(labNetnsFmt, l.Name) + node }
+func (l *Lab) Netns(node string) string { return lab.NamespaceOf(l.Name, node) }
 
-// FabricNetns is the namespace of the lab's fabric (bridge br0).
-func (l *Lab) FabricNetns() string { return fmt.Sprintf(labFabricFmt, l.Name) }
+// FabricNetns is the namespace of the lab's fabric (its bridge,
+// lab.FabricBridge).
+func (l *Lab) FabricNetns() string { return lab.NamespaceOf(l.Name, "fabric") }
 
 // Pair is from -> to inside the lab.
 func (l *Lab) Pair(from, to string) (*Pair, error) {
@@ -462,22 +463,18 @@ func uniq(xs []string) []string {
 }
 
 // labThere tells whether anything of lab is left: state or namespaces.
-func (e *Env) labThere(lab string) bool {
-	if _, err := os.Stat(filepath.Join(e.cfg.root, lab)); err == nil {
+func (e *Env) labThere(name string) bool {
+	if _, err := os.Stat(filepath.Join(e.cfg.root, name)); err == nil {
 		return true
 	}
-	return len(netnsWithPrefix(fmt.Sprintf(labNetnsFmt, lab))) > 0
+	return len(netnsWithPrefix(lab.NamespaceOf(name, ""))) > 0
 }
 
-// netnsWithPrefix lists the named namespaces whose names start with prefix.
+// netnsWithPrefix lists the named namespaces whose names start with prefix
+// (none when they cannot be listed: cleanup then finds nothing to remove,
+// and says what is still there).
 func netnsWithPrefix(prefix string) []string {
-	entries, _ := os.ReadDir(netnsDir)
-	var out []string
-	for _, en := range entries {
-		if strings.HasPrefix(en.Name(), prefix) {
-			out = append(out, en.Name())
-		}
-	}
+	out, _ := netns.List(prefix)
 	return out
 }
 
@@ -538,15 +535,15 @@ func (e *Env) cleanup() error {
 	// 3. The labs: `lab down` stops their daemons and removes namespaces,
 	// pins and state; it also cleans namespaces a crashed `lab up` left
 	// without state. A lab that is not there at all is not an error.
-	for _, lab := range labs {
-		if e.labThere(lab) {
-			if out, err := e.onehop(ctx, "lab", "down", "--root", e.cfg.root, "--lab", lab).CombinedOutput(); err != nil {
-				errs = append(errs, fmt.Errorf("lab down %s: %v\n%s", lab, err, out))
+	for _, name := range labs {
+		if e.labThere(name) {
+			if out, err := e.onehop(ctx, "lab", "down", "--root", e.cfg.root, "--lab", name).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("lab down %s: %v\n%s", name, err, out))
 				continue
 			}
 		}
-		if !e.labThere(lab) {
-			os.Remove(filepath.Join(e.cfg.root, labMarker+lab))
+		if !e.labThere(name) {
+			os.Remove(filepath.Join(e.cfg.root, labMarker+name))
 		}
 	}
 	// 4. The bench's own namespaces (their veths and bridges go with them).
@@ -567,12 +564,16 @@ func (e *Env) cleanup() error {
 // Pdeathsig failed, and they would keep the namespaces alive.
 func killStrays(ctx context.Context, labs []string) {
 	nss := netnsWithPrefix(netnsPrefix)
-	for _, lab := range labs {
-		nss = append(nss, netnsWithPrefix(fmt.Sprintf(labNetnsFmt, lab))...)
+	daemons := map[string]bool{} // hosts run the lab's daemons: `lab down` stops those
+	for _, name := range labs {
+		nss = append(nss, netnsWithPrefix(lab.NamespaceOf(name, ""))...)
+		for _, node := range []string{"h1", "h2", "fabric", "controller"} {
+			daemons[lab.NamespaceOf(name, node)] = true
+		}
 	}
 	for _, ns := range nss {
-		if strings.HasSuffix(ns, "-h1") || strings.HasSuffix(ns, "-h2") || strings.HasSuffix(ns, "-fabric") || strings.HasSuffix(ns, "-controller") {
-			continue // hosts run the lab's daemons: `lab down` stops those
+		if daemons[ns] {
+			continue
 		}
 		out, err := command(ctx, "ip", "netns", "pids", ns).Output()
 		if err != nil {

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onehop/onehop/internal/netns"
 	"github.com/onehop/onehop/internal/vnat"
 )
 
@@ -97,7 +98,7 @@ func vnatEnds(a, ia, b, ib string, move bool, in io.Reader, out io.Writer) (err 
 		entries = uint32(2*n + 1024)
 	}
 	for _, end := range [][2]string{{a, ia}, {b, ib}} {
-		d, err := vnat.Open(vnat.Options{Netns: netnsDir + "/" + end[0], XlateEntries: entries})
+		d, err := vnat.Open(vnat.Options{Netns: netns.Path(end[0]), XlateEntries: entries})
 		if err != nil {
 			return err
 		}

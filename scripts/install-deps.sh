@@ -7,6 +7,7 @@ set -euo pipefail
 declare -A need=(
   [clang-14]=clang-14        # go generate: compiles bpf/*.c
   [llvm-strip]=llvm          # bpf2go strips the objects it embeds
+  [clang-format-14]=clang-format-14  # make lint: bpf/ stays in .clang-format's style (same LLVM as clang-14)
   [ip]=iproute2
   [ping]=iputils-ping
   [iperf3]=iperf3
@@ -20,7 +21,7 @@ declare -A need=(
   [etcd]=etcd-server       # an external etcd cluster in tests
   [nft]=nftables           # bench: the NAT baseline port-space isolation is compared with
   [ethtool]=ethtool        # vnat tests: checksum offload off, so the kernel verifies translated checksums
-  [mptcpize]=mptcpd         # cloud-access bench: iperf3 servers speak MPTCP
+  [mptcpize]=mptcpize      # cloud-access bench: iperf3 servers speak MPTCP
   [socat]=socat            # e2e: an interactive program (socat) keeps its connection across a VNAT move
 )
 missing=()

@@ -8,11 +8,12 @@
 #ifndef ONEHOP_ICMP_ERROR_H
 #define ONEHOP_ICMP_ERROR_H
 
+#include "csum.h"
 #include "parse.h"
 #include "route.h"
 
 #define ICMP_TIME_EXCEEDED 11
-#define ICMP_ERR_ROOM 28 /* new IPv4 header (20) + ICMP header (8) */
+#define ICMP_ERR_MAX_QUOTE 68 /* IPv4 header with options (60) + 8 bytes */
 
 /* ICMP errors a router or host sends about a packet: unreachable, time
  * exceeded, parameter problem. */
@@ -79,41 +80,15 @@ static __always_inline int make_time_exceeded(struct __sk_buff *skb, const __u8 
 	if ((void *)(icmp + 8) > data_end)
 		return -1;
 	__u32 icmp_len = data_end - (void *)icmp;
-	if (icmp_len > 8 + 68 || icmp_len % 4)
+	if (icmp_len > 8 + ICMP_ERR_MAX_QUOTE || icmp_len % 4)
 		return -1; /* a quote cut short by a runt packet: not worth answering */
 
 	mac_copy(eth->h_dest, vm_mac);
 	virtual_mac(gateway_of(sender), eth->h_source);
 	eth->h_proto = bpf_htons(ETH_P_IP);
 
-	__builtin_memset(ip, 0, sizeof(*ip));
-	ip->version = 4;
-	ip->ihl = 5;
-	ip->tos = 0xc0;
-	ip->tot_len = bpf_htons(sizeof(*ip) + icmp_len);
-	ip->ttl = 64;
-	ip->protocol = 1;
-	ip->saddr = gateway_of(sender);
-	ip->daddr = sender;
-	__s64 sum = bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0);
-	ip->check = csum_fold(sum);
-
-	icmp[0] = ICMP_TIME_EXCEEDED;
-	icmp[1] = 0;
-	*(__u16 *)(icmp + 2) = 0;
-	*(__u32 *)(icmp + 4) = 0;
-	/* The ICMP checksum covers header and quote: icmp_len bytes, a multiple
-	 * of 4 whenever the quote is whole (ihl*4 + 8); summed in 4-byte steps
-	 * so the verifier sees each read inside the packet. */
-	__u32 acc = 0;
-	for (int i = 0; i < (8 + 68) / 4; i++) {
-		__u32 *w = (__u32 *)(icmp + i * 4);
-		if ((void *)(w + 1) > data_end)
-			break;
-		__u32 v = *w;
-		acc += (v & 0xffff) + (v >> 16);
-	}
-	*(__u16 *)(icmp + 2) = csum_fold(acc);
+	icmp_error_headers(ip, gateway_of(sender), sender, icmp_len, ICMP_TIME_EXCEEDED, 0, 0);
+	icmp_error_csum(icmp, data_end, 8 + ICMP_ERR_MAX_QUOTE);
 	return 0;
 }
 

@@ -25,6 +25,7 @@
 #include <linux/in.h>
 #include <linux/udp.h>
 #include "common.h"
+#include "csum.h"
 #include "parse.h"
 #include "lisp_maps.h"
 
@@ -108,18 +109,11 @@ static __always_inline int lisp_drop(__u32 reason)
 	return TC_ACT_SHOT;
 }
 
-/* RFC 1624 incremental update of an Internet checksum for one 16-bit word. */
-static __always_inline void lisp_csum_replace(__sum16 *check, __be16 from, __be16 to)
-{
-	*check = csum_fold((__u32)(__u16)~*check + (__u16)~from + (__u16)to);
-}
-
 static __always_inline int lisp_bit(const __u64 *bits, __u32 id)
 {
 	return (bits[(id >> 6) & 3] >> (id & 63)) & 1;
 }
 
-#define LISP_ICMP_ROOM 28 /* new IPv4 header (20) + ICMP header (8) */
 #define LISP_ICMP_MAX_QUOTE 80 /* IPv4 header with options (60) + a TCP header (20) */
 #define LISP_ICMP_DEST_UNREACH 3
 #define LISP_ICMP_FRAG_NEEDED 4
@@ -162,9 +156,9 @@ static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_
 	mac_copy(macs, eth->h_source);
 	mac_copy(macs + ETH_ALEN, eth->h_dest);
 
-	if (bpf_skb_adjust_room(skb, LISP_ICMP_ROOM, BPF_ADJ_ROOM_MAC, 0))
+	if (bpf_skb_adjust_room(skb, ICMP_ERR_ROOM, BPF_ADJ_ROOM_MAC, 0))
 		return 0;
-	__u32 want = ETH_HLEN + LISP_ICMP_ROOM + quoted;
+	__u32 want = ETH_HLEN + ICMP_ERR_ROOM + quoted;
 	int partial = 0;
 	if (skb->len > want && bpf_skb_change_tail(skb, want, 0)) {
 		/* The helper refuses to cut off a checksum still left to the
@@ -193,28 +187,9 @@ static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_
 
 	__builtin_memcpy(data, macs, sizeof(macs));
 	eth->h_proto = bpf_htons(ETH_P_IP);
-	__builtin_memset(ip, 0, sizeof(*ip));
-	ip->version = 4;
-	ip->ihl = 5;
-	ip->tos = 0xc0;
-	ip->tot_len = bpf_htons(sizeof(*ip) + icmp_len);
-	ip->ttl = 64;
-	ip->protocol = IPPROTO_ICMP;
-	ip->saddr = daddr;
-	ip->daddr = saddr;
-	{
-		__u16 *w = (__u16 *)ip;
-		__u32 sum = 0;
-#pragma unroll
-		for (int i = 0; i < 10; i++)
-			sum += w[i];
-		ip->check = csum_fold(sum);
-	}
-	icmp[0] = LISP_ICMP_DEST_UNREACH;
-	icmp[1] = LISP_ICMP_FRAG_NEEDED;
-	*(__u16 *)(icmp + 2) = 0;
-	*(__u16 *)(icmp + 4) = 0;
-	*(__be16 *)(icmp + 6) = bpf_htons(inner_mtu);
+	/* RFC 1191: the next-hop MTU in the low half of the second word. */
+	icmp_error_headers(ip, daddr, saddr, icmp_len, LISP_ICMP_DEST_UNREACH, LISP_ICMP_FRAG_NEEDED,
+			   bpf_htonl(inner_mtu));
 	if (partial) {
 		/* The skb still asks for a TCP checksum over the quoted TCP
 		 * header, written into its check field: a device (or
@@ -238,18 +213,7 @@ static __always_inline int lisp_send_too_big(struct __sk_buff *skb, __u16 inner_
 		__u16 c = csum_fold(s);
 		th[8] = c ? (__u16)((c >> 1) | (c << 15)) : 0xffff;
 	}
-	/* Summed in 4-byte steps so the verifier sees each read inside the
-	 * packet; the quote is a whole number of words (ihl * 4 + 8). */
-	__u32 acc = 0;
-	for (int i = 0; i < (8 + LISP_ICMP_MAX_QUOTE) / 4; i++) {
-		__u32 *w = (__u32 *)(icmp + i * 4);
-
-		if ((void *)(w + 1) > end)
-			break;
-		__u32 v = *w;
-		acc += (v & 0xffff) + (v >> 16);
-	}
-	*(__u16 *)(icmp + 2) = csum_fold(acc);
+	icmp_error_csum(icmp, end, 8 + LISP_ICMP_MAX_QUOTE);
 	return from_ingress ? bpf_redirect(skb->ifindex, 0) : bpf_redirect(skb->ifindex, BPF_F_INGRESS);
 }
 
@@ -371,14 +335,7 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb, int from_ingr
 		o.lisp.flags |= LISP_FLAG_I;
 		o.lisp.iid_lsb = bpf_htonl((path->iid & 0xffffff) << 8);
 	}
-	{
-		__u16 *w = (__u16 *)&o.ip;
-		__u32 sum = 0;
-#pragma unroll
-		for (int i = 0; i < 10; i++)
-			sum += w[i];
-		o.ip.check = csum_fold(sum);
-	}
+	o.ip.check = csum_ipv4(&o.ip);
 
 	__u32 ifindex = path->ifindex;
 	int neigh = path->flags & LISP_PATH_NEIGH;
@@ -549,14 +506,14 @@ static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 		__be16 old = *(__be16 *)in;
 
 		in->tos = new_tos;
-		lisp_csum_replace(&in->check, old, *(__be16 *)in);
+		in->check = csum_replace16(in->check, old, *(__be16 *)in);
 	}
 	if (outer_ttl < inner_ttl) {
 		__be16 *w = (__be16 *)&in->ttl; /* {ttl, protocol} */
 		__be16 old = *w;
 
 		in->ttl = outer_ttl;
-		lisp_csum_replace(&in->check, old, *w);
+		in->check = csum_replace16(in->check, old, *w);
 	}
 
 	lisp_path_count(id, segs, inner_len, 0);

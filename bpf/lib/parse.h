@@ -113,15 +113,6 @@ static __always_inline int mac_equal(const __u8 *a, const __u8 *b)
 	       a[5] == b[5];
 }
 
-/* Folds a one's-complement sum to the 16-bit Internet checksum. */
-static __always_inline __u16 csum_fold(__u64 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
-}
-
 static __always_inline void mac_copy(__u8 *dst, const __u8 *src)
 {
 	__builtin_memcpy(dst, src, ETH_ALEN);

@@ -9,6 +9,7 @@
 
 #include "policy_maps.h"
 #include "conntrack.h"
+#include "csum.h"
 #include "parse.h"
 #include "route.h"
 #include "share.h"
@@ -241,15 +242,13 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 }
 
 /* One hop through the virtual gateway: TTL down by one, checksum patched
- * incrementally (the ip_decrease_ttl arithmetic: TTL is the high byte of its
- * 16-bit word, so the sum changes by 0x0100). */
+ * incrementally (TTL is the high byte of its 16-bit word, so the word goes
+ * down by 0x0100). */
 static __always_inline int take_gateway_hop(struct iphdr *ip)
 {
 	if (ip->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
-	__u32 check = ip->check;
-	check += bpf_htons(0x0100);
-	ip->check = (__u16)(check + (check >= 0xFFFF));
+	csum_word_decreased(&ip->check, bpf_htons(0x0100));
 	ip->ttl--;
 	return DROP_NONE;
 }
@@ -266,12 +265,9 @@ static __always_inline int answer_gateway_ping(struct packet *pkt)
 	__u8 *icmp = (void *)ip + (ip->ihl & 0xf) * 4;
 	if ((void *)icmp + 4 > pkt->data_end || icmp[0] != ICMP_ECHO_REQUEST || icmp[1] != 0)
 		return 0;
-	/* Type 8 -> 0 lowers the sum by 0x0800: add it back to the checksum. */
+	/* Type 8 -> 0: the word {type, code} goes down by 0x0800. */
 	icmp[0] = ICMP_ECHO_REPLY;
-	__u16 *csum = (__u16 *)(icmp + 2);
-	__u32 c = *csum;
-	c += bpf_htons(0x0800);
-	*csum = (__u16)(c + (c >= 0xFFFF));
+	csum_word_decreased((__sum16 *)(icmp + 2), bpf_htons(0x0800));
 	__be32 gw = ip->daddr;
 	ip->daddr = ip->saddr;
 	ip->saddr = gw; /* swapping addresses leaves the IP checksum as it was */

@@ -35,6 +35,7 @@
 #define ONEHOP_TAP_H
 
 #include "common.h"
+#include "csum.h"
 #include "parse.h"
 #include "drop.h"
 #include "route.h"
@@ -53,14 +54,6 @@
 static __always_inline int is_tap_copy(const struct iphdr *ip)
 {
 	return ip->frag_off & bpf_htons(IP_RESERVED_FLAG);
-}
-
-/* The header checksum after one 16-bit word changed from old to new (RFC
- * 1624, eqn. 3); all in network order. */
-static __always_inline __be16 csum_replace16(__be16 check, __be16 old, __be16 new)
-{
-	__u32 sum = (~bpf_ntohs(check) & 0xffff) + (~bpf_ntohs(old) & 0xffff) + bpf_ntohs(new);
-	return bpf_htons(csum_fold(sum));
 }
 
 /* The index of the lowest set bit of x (x != 0). clang 14's BPF backend

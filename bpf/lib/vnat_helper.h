@@ -32,6 +32,7 @@
 #include <linux/tcp.h>
 #include <bpf/bpf_core_read.h>
 #include "common.h"
+#include "csum.h"
 #include "vnat_maps.h"
 #include "vnat.h"
 
@@ -66,14 +67,6 @@ struct vnat_pseudo {
 	__u8 proto;
 	__be16 len;
 };
-
-static __always_inline __u16 vnat_csum_fold(__u64 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
-}
 
 static __always_inline int vnat_seq_after(__u32 a, __u32 b)
 {
@@ -218,7 +211,7 @@ static __always_inline int vnat_keepalive(struct __sk_buff *skb)
 	ph.proto = IPPROTO_TCP;
 	ph.len = bpf_htons(l4len);
 
-	rip.check = vnat_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&rip, sizeof(rip), 0));
+	rip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&rip, sizeof(rip), 0));
 	__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
 
 	if (ts)
@@ -227,7 +220,7 @@ static __always_inline int vnat_keepalive(struct __sk_buff *skb)
 		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r, sizeof(r.tcp), sum);
 	if (sum < 0)
 		goto fail;
-	r.tcp.check = vnat_csum_fold(sum);
+	r.tcp.check = csum_fold(sum);
 
 	/* The probe becomes the answer: same skb, new length. */
 	__u32 len = sizeof(reth) + sizeof(rip) + l4len;

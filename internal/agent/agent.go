@@ -155,6 +155,14 @@ func (a *Agent) SetHooks(h Hooks) {
 // enough for `onehop stats`, rare enough not to load etcd.
 const countersEvery = 5 * time.Second
 
+// passTimeout bounds one reconcile pass: a pass whose features are slow
+// stops at its deadline and leaves the rest to the next pass, instead of
+// running on while the watches' events wait for passMu. What a pass calls
+// (BPF map writes, netlink, a feature's Sync) takes no context, so the
+// bound is checked between features (apply): no sync starts after the
+// deadline, but one already running is not cut short.
+const passTimeout = 10 * time.Second
+
 // New returns an agent; Run starts it.
 func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logger) (*Agent, error) {
 	if cfg.Node == "" {
@@ -559,10 +567,12 @@ func (a *Agent) relist(ctx context.Context) (int64, error) {
 // pass makes the datapath match the view, publishes the status and logs
 // what changed, and returns the desired state it applied.
 func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desired, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	a.passMu.Lock()
 	defer a.passMu.Unlock()
+	// The clock starts once the view is ours: time spent waiting for
+	// another pass is not this pass's.
+	ctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
 	start := time.Now()
 	d := a.view.Desired()
 	if a.nodeList == nil {
@@ -572,7 +582,7 @@ func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desire
 			a.nodeList = append(a.nodeList, a.nodes[name])
 		}
 	}
-	err := a.apply(d, a.nodeList)
+	err := a.apply(ctx, d, a.nodeList)
 	if time.Since(a.countersAt) >= countersEvery {
 		if c, cerr := a.dp.Counters(); cerr == nil {
 			a.mu.Lock()
@@ -626,8 +636,9 @@ type subController struct {
 
 // apply runs every feature's sub-controller on d. Features going out of use
 // lose their bit before their maps are emptied; features coming into use
-// get it only once their maps are written.
-func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
+// get it only once their maps are written. A feature not yet synced when
+// ctx ends is left, failed, for the next pass.
+func (a *Agent) apply(ctx context.Context, d intent.Desired, nodes []intent.Node) error {
 	upIndex, upMAC, _, err := a.ifs.ByName(a.cfg.Uplink)
 	if err != nil {
 		return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
@@ -682,6 +693,9 @@ func (a *Agent) apply(d intent.Desired, nodes []intent.Node) error {
 	for i, f := range a.features {
 		if errs[i] == nil {
 			errs[i] = feature.CheckFit(f.Name(), sizes[i], a.dp.Capacity)
+		}
+		if errs[i] == nil && ctx.Err() != nil {
+			errs[i] = fmt.Errorf("not synced, the pass ran out of time: %w", ctx.Err())
 		}
 		if errs[i] == nil {
 			errs[i] = f.Sync(plans[i])

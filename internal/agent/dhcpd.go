@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/dhcp"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
@@ -90,22 +91,11 @@ func udpFrame(src, dst net.HardwareAddr, saddr, daddr netip.Addr, sport, dport u
 	ip[9] = 17
 	copy(ip[12:16], saddr.AsSlice())
 	copy(ip[16:20], daddr.AsSlice())
-	binary.BigEndian.PutUint16(ip[10:], ipChecksum(ip))
+	csum.SetIPv4(ip)
 	udp := f[34:42]
 	binary.BigEndian.PutUint16(udp[0:], sport)
 	binary.BigEndian.PutUint16(udp[2:], dport)
 	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
 	copy(f[42:], payload)
 	return f
-}
-
-func ipChecksum(h []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/intent"
 )
 
@@ -39,7 +40,7 @@ func TestDHCPDiscoverIsOfferedTheVMsAddressFromItsGateway(t *testing.T) {
 	if net.HardwareAddr(reply[0:6]).String() != web1.MAC || net.HardwareAddr(reply[6:12]).String() != "02:00:0a:01:01:01" {
 		t.Fatalf("ethernet %x", reply[:12])
 	}
-	if ipChecksum(reply[14:34]) != 0 {
+	if csum.Checksum(reply[14:34]) != 0 {
 		t.Fatal("bad IPv4 header checksum")
 	}
 	if netip.AddrFrom4([4]byte(reply[26:30])).String() != "10.1.1.1" {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -106,6 +107,7 @@ type stubFeature struct {
 	bit     uint32
 	inUse   bool
 	failing error
+	delay   time.Duration // how long a sync takes
 	log     *[]string
 	mu      *sync.Mutex
 }
@@ -128,6 +130,7 @@ func (f *stubFeature) Sync(p feature.Plan) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	*f.log = append(*f.log, fmt.Sprintf("sync %s inUse=%v", f.name, p.InUse()))
+	time.Sleep(f.delay)
 	return nil
 }
 
@@ -147,21 +150,37 @@ func (d *loggingDatapath) SetFeatures(bits uint32) error {
 
 // A feature's bit is set only once its maps are written, and cleared
 // before they are emptied; a failing feature stops no other.
-func TestFeatureBitsFollowTheirMapsAndFeaturesFailAlone(t *testing.T) {
-	ctx := context.Background()
+// agentWithStubs is an agent on h1's desired state whose registry starts
+// with stubs; the stubs' syncs and the datapath's SetFeatures go, in order,
+// into the log returned.
+func agentWithStubs(t *testing.T, stubs ...*stubFeature) (*Agent, *loggingDatapath, *[]string) {
+	t.Helper()
 	s := store.NewMemory()
 	putDesired(t, s, "h1", desired())
-	var log []string
-	var mu sync.Mutex
-	dp := &loggingDatapath{log: &log, mu: &mu}
+	log := &[]string{}
+	mu := &sync.Mutex{}
+	dp := &loggingDatapath{log: log, mu: mu}
 	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
-	tap := &stubFeature{name: "stage", bit: 1 << 8, inUse: true, log: &log, mu: &mu}
-	broken := &stubFeature{name: "broken", bit: 1 << 9, failing: errors.New("bad intent"), log: &log, mu: &mu}
-	a.features = append([]feature.Feature{tap, broken}, a.features...)
-	a.subs["stage"], a.subs["broken"] = &subController{}, &subController{}
+	var fs []feature.Feature
+	for _, f := range stubs {
+		f.log, f.mu = log, mu
+		fs = append(fs, f)
+		a.subs[f.name] = &subController{}
+	}
+	a.features = append(fs, a.features...)
 	if err := feature.Check(a.features); err != nil {
 		t.Fatal(err)
 	}
+	return a, dp, log
+}
+
+// A feature's bit is set only once its maps are written, and cleared
+// before they are emptied; a failing feature stops no other.
+func TestFeatureBitsFollowTheirMapsAndFeaturesFailAlone(t *testing.T) {
+	ctx := context.Background()
+	tap := &stubFeature{name: "stage", bit: 1 << 8, inUse: true}
+	broken := &stubFeature{name: "broken", bit: 1 << 9, failing: errors.New("bad intent")}
+	a, dp, log := agentWithStubs(t, tap, broken)
 
 	_, err := a.ReconcileOnce(ctx)
 	if err == nil || !strings.Contains(err.Error(), "broken: bad intent") {
@@ -170,14 +189,54 @@ func TestFeatureBitsFollowTheirMapsAndFeaturesFailAlone(t *testing.T) {
 	if dp.applies != 1 {
 		t.Fatalf("the router synced %d times beside a broken feature, want 1", dp.applies)
 	}
-	if want := []string{"sync stage inUse=true", "bits 0x100"}; !reflect.DeepEqual(log, want) {
-		t.Fatalf("first pass did %v, want %v (the bit after the maps)", log, want)
+	if want := []string{"sync stage inUse=true", "bits 0x100"}; !reflect.DeepEqual(*log, want) {
+		t.Fatalf("first pass did %v, want %v (the bit after the maps)", *log, want)
 	}
-	log = nil
+	*log = nil
 	tap.inUse = false
 	a.ReconcileOnce(ctx)
-	if want := []string{"bits 0x0", "sync stage inUse=false"}; !reflect.DeepEqual(log, want) {
-		t.Fatalf("second pass did %v, want %v (the bit cleared before the maps)", log, want)
+	if want := []string{"bits 0x0", "sync stage inUse=false"}; !reflect.DeepEqual(*log, want) {
+		t.Fatalf("second pass did %v, want %v (the bit cleared before the maps)", *log, want)
+	}
+}
+
+// A pass that runs out of time starts no further sync: the features after
+// a slow one are left, failed, for the next pass, and their bits stay off.
+func TestAPassOutOfTimeLeavesTheRestForTheNextPass(t *testing.T) {
+	slow := &stubFeature{name: "slow", bit: 1 << 8, inUse: true}
+	after := &stubFeature{name: "after", bit: 1 << 9, inUse: true}
+	a, dp, log := agentWithStubs(t, slow, after)
+	if _, err := a.ReconcileOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	*log = nil
+	after.inUse = false
+	slow.delay = 100 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := a.pass(ctx, "resync", 0)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "after: not synced") {
+		t.Fatalf("pass error %v, want the features after the slow one not synced", err)
+	}
+	// The bit of a feature going out of use is cleared before any sync;
+	// nothing is synced after the deadline, the router's Apply included.
+	if want := []string{"bits 0x100", "sync slow inUse=true"}; !reflect.DeepEqual(*log, want) {
+		t.Fatalf("pass out of time did %v, want %v", *log, want)
+	}
+	if dp.applies != 1 {
+		t.Fatalf("the router synced %d times, want once (the first pass)", dp.applies)
+	}
+
+	*log = nil
+	slow.delay = 0
+	if _, err := a.pass(context.Background(), "resync", 0); err != nil {
+		t.Fatalf("the next pass: %v", err)
+	}
+	if want := []string{"sync slow inUse=true", "sync after inUse=false"}; !reflect.DeepEqual(*log, want) {
+		t.Fatalf("the next pass did %v, want %v", *log, want)
+	}
+	if dp.applies != 2 {
+		t.Fatalf("the router synced %d times, want twice", dp.applies)
 	}
 }
 

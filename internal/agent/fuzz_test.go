@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/dhcp"
 )
@@ -80,7 +81,7 @@ func checkDHCPReplyFrame(t *testing.T, request, reply []byte) {
 		t.Fatalf("reply frame header % x", reply[:min(len(reply), 14)])
 	}
 	ip := reply[14:34]
-	if ip[0] != 0x45 || ipChecksum(ip) != 0 || int(binary.BigEndian.Uint16(ip[2:4])) != len(reply)-14 || ip[9] != 17 ||
+	if ip[0] != 0x45 || csum.Checksum(ip) != 0 || int(binary.BigEndian.Uint16(ip[2:4])) != len(reply)-14 || ip[9] != 17 ||
 		netip.AddrFrom4([4]byte(ip[12:16])) != netip.MustParseAddr("10.1.1.1") || !bytes.Equal(ip[16:20], []byte{255, 255, 255, 255}) {
 		t.Fatalf("reply IPv4 header % x", ip)
 	}

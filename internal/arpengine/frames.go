@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"github.com/onehop/onehop/internal/csum"
 )
 
 const (
@@ -138,24 +140,5 @@ func FinishChecksum(f []byte) {
 		return
 	}
 	l4[field], l4[field+1] = 0, 0
-	var sum uint32
-	add := func(b []byte) {
-		for i := 0; i+1 < len(b); i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(b[i:]))
-		}
-		if len(b)%2 == 1 {
-			sum += uint32(b[len(b)-1]) << 8
-		}
-	}
-	add(ip[12:20]) // source and destination
-	sum += uint32(proto) + uint32(len(l4))
-	add(l4)
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	c := ^uint16(sum)
-	if c == 0 && proto == 17 {
-		c = 0xffff // 0 means "no checksum" in UDP
-	}
-	binary.BigEndian.PutUint16(l4[field:], c)
+	binary.BigEndian.PutUint16(l4[field:], csum.Transport(ip[12:16], ip[16:20], proto, l4))
 }

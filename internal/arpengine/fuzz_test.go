@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/onehop/onehop/internal/csum"
 )
 
 // The frames this package reads come from outside the host's trust: ARP
@@ -185,20 +187,7 @@ func checkReleased(t *testing.T, in, out []byte, mac net.HardwareAddr) {
 		return
 	}
 	l4 := ipOut[ihl:total]
-	sum := uint32(ip[9]) + uint32(len(l4))
-	for _, w := range [][]byte{ipOut[12:20], l4} {
-		for i := 0; i < len(w); i += 2 {
-			v := uint32(w[i]) << 8
-			if i+1 < len(w) {
-				v |= uint32(w[i+1])
-			}
-			sum += v
-		}
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	if sum != 0xffff {
+	if sum := csum.Sum(csum.Pseudo(ipOut[12:16], ipOut[16:20], ip[9], len(l4)), l4); sum != 0xffff {
 		t.Fatalf("released frame's checksum does not verify (sum %#x): % x", sum, out)
 	}
 }

@@ -50,7 +50,7 @@ func (c *Controller) AddFirewallRule(ctx context.Context, farm, subnet, name str
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
+	key := intent.VMKey(farm, subnet, name)
 	var v intent.VM
 	if err := store.GetJSON(ctx, c.store, key, &v); errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("vm", "vm %s/%s/%s", farm, subnet, name)

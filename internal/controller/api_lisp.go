@@ -16,10 +16,6 @@ import (
 	"github.com/onehop/onehop/internal/store"
 )
 
-// LISPMappingsPrefix is where the map-server's mappings live in etcd, one
-// key per EID prefix ("10.99.0.0_16").
-const LISPMappingsPrefix = intent.Root + "lisp/mappings/"
-
 // DefaultLISPTTLMinutes is the record TTL of a mapping added without one:
 // a day, the value RFC 9301's examples use.
 const DefaultLISPTTLMinutes = 1440
@@ -93,10 +89,6 @@ func mappingOfRecord(r lisp.Record, site string, now, expires time.Time) LISPMap
 			MPriority: l.MPriority, MWeight: l.MWeight, Reachable: l.Reachable})
 	}
 	return m
-}
-
-func lispKey(p netip.Prefix) string {
-	return LISPMappingsPrefix + strings.Replace(p.String(), "/", "_", 1)
 }
 
 // LISPLocatorBody is one locator of a POST body; fields left out take
@@ -229,7 +221,7 @@ func pathPrefix(r *http.Request) (netip.Prefix, error) {
 // ListLISPMappings returns the mappings the map-server answers with, by
 // EID; registrations past their expiry are left out.
 func (c *Controller) ListLISPMappings(ctx context.Context) ([]LISPMapping, error) {
-	all, _, err := store.ListJSON[LISPMapping](ctx, c.store, LISPMappingsPrefix)
+	all, _, err := store.ListJSON[LISPMapping](ctx, c.store, intent.LISPMappingsPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +250,7 @@ func sortMappings(ms []LISPMapping) {
 // GetLISPMapping returns the mapping for exactly p.
 func (c *Controller) GetLISPMapping(ctx context.Context, p netip.Prefix) (LISPMapping, error) {
 	var m LISPMapping
-	err := store.GetJSON(ctx, c.store, lispKey(p), &m)
+	err := store.GetJSON(ctx, c.store, intent.LISPMappingKey(p), &m)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && !m.live(time.Now())) {
 		return LISPMapping{}, notFound("eid", "mapping %s", p)
 	}
@@ -277,13 +269,13 @@ func (c *Controller) AddLISPMapping(ctx context.Context, b LISPMappingBody) (LIS
 	lispMu.Lock()
 	defer lispMu.Unlock()
 	var old LISPMapping
-	switch err := store.GetJSON(ctx, c.store, lispKey(p), &old); {
+	switch err := store.GetJSON(ctx, c.store, intent.LISPMappingKey(p), &old); {
 	case err == nil && old.Source == LISPSourceAPI:
 		return LISPMapping{}, conflict("eid", "mapping %s", p)
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return LISPMapping{}, err
 	}
-	if err := store.PutJSON(ctx, c.store, lispKey(p), m); err != nil {
+	if err := store.PutJSON(ctx, c.store, intent.LISPMappingKey(p), m); err != nil {
 		return LISPMapping{}, err
 	}
 	c.lispChanged(ctx)
@@ -296,12 +288,12 @@ func (c *Controller) AddLISPMapping(ctx context.Context, b LISPMappingBody) (LIS
 func (c *Controller) DeleteLISPMapping(ctx context.Context, p netip.Prefix) error {
 	lispMu.Lock()
 	defer lispMu.Unlock()
-	if _, err := c.store.Get(ctx, lispKey(p)); errors.Is(err, store.ErrNotFound) {
+	if _, err := c.store.Get(ctx, intent.LISPMappingKey(p)); errors.Is(err, store.ErrNotFound) {
 		return notFound("eid", "mapping %s", p)
 	} else if err != nil {
 		return err
 	}
-	if err := c.store.Delete(ctx, lispKey(p)); err != nil {
+	if err := c.store.Delete(ctx, intent.LISPMappingKey(p)); err != nil {
 		return err
 	}
 	c.lispChanged(ctx)

@@ -69,7 +69,7 @@ func (c *Controller) ListSlivers(ctx context.Context, host string) ([]SliverView
 		if err := c.checkHost(ctx, "host", host); err != nil {
 			return nil, err
 		}
-		prefix += host + "/"
+		prefix = intent.HostSliversPrefix(host)
 	}
 	all, _, err := store.ListJSON[intent.Sliver](ctx, c.store, prefix)
 	if err != nil {
@@ -102,18 +102,16 @@ func (c *Controller) checkHost(ctx context.Context, field, host string) error {
 	return nil
 }
 
-func sliverKey(host, name string) string { return intent.SliversPrefix + host + "/" + name }
-
 func (c *Controller) getSliver(ctx context.Context, host, name string) (intent.Sliver, []byte, error) {
 	var s intent.Sliver
-	b, err := c.store.Get(ctx, sliverKey(host, name))
+	b, err := c.store.Get(ctx, intent.SliverKey(host, name))
 	if errors.Is(err, store.ErrNotFound) {
 		return s, nil, notFound("sliver", "sliver %s/%s", host, name)
 	} else if err != nil {
 		return s, nil, err
 	}
 	if err := json.Unmarshal(b, &s); err != nil {
-		return s, nil, fmt.Errorf("decode %s: %w", sliverKey(host, name), err)
+		return s, nil, fmt.Errorf("decode %s: %w", intent.SliverKey(host, name), err)
 	}
 	return s, b, nil
 }
@@ -148,7 +146,7 @@ func (c *Controller) DeleteSliver(ctx context.Context, host, name string) error 
 	if _, _, err := c.getSliver(ctx, host, name); err != nil {
 		return err
 	}
-	return c.store.Delete(ctx, sliverKey(host, name))
+	return c.store.Delete(ctx, intent.SliverKey(host, name))
 }
 
 // writeSliver checks leases against host's other slivers and its own
@@ -170,7 +168,7 @@ func (c *Controller) writeSliver(ctx context.Context, host, name string, leases 
 		}
 		return intent.Sliver{}, err
 	}
-	return decideAndWrite(ctx, c, intent.SliversPrefix+host+"/", "sliver "+host+"/"+name, func(all []intent.Sliver) (string, intent.Sliver, error) {
+	return decideAndWrite(ctx, c, intent.HostSliversPrefix(host), "sliver "+host+"/"+name, func(all []intent.Sliver) (string, intent.Sliver, error) {
 		var others []intent.Sliver
 		var self *intent.Sliver
 		for i := range all {
@@ -203,7 +201,7 @@ func (c *Controller) writeSliver(ctx context.Context, host, name string, leases 
 		} else if s.Slot, err = freeSlot(host, others, c.maxSlivers); err != nil {
 			return "", intent.Sliver{}, err
 		}
-		return sliverKey(host, name), s, nil
+		return intent.SliverKey(host, name), s, nil
 	})
 }
 

@@ -35,7 +35,7 @@ func (c *Controller) CreateSubnet(ctx context.Context, farm, name string) (inten
 	if err != nil {
 		return intent.Subnet{}, err
 	}
-	key := intent.SubnetsPrefix + farm + "/" + name
+	key := intent.SubnetKey(farm, name)
 	if _, err := c.store.Get(ctx, key); err == nil {
 		return intent.Subnet{}, conflict("name", "subnet %s/%s", farm, name)
 	}

@@ -49,7 +49,7 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 	if err := topology.CheckVMName(name); err != nil {
 		return intent.VM{}, fieldErr("name", err)
 	}
-	if _, err := c.store.Get(ctx, intent.SubnetsPrefix+farm+"/"+subnet); errors.Is(err, store.ErrNotFound) {
+	if _, err := c.store.Get(ctx, intent.SubnetKey(farm, subnet)); errors.Is(err, store.ErrNotFound) {
 		return intent.VM{}, notFound("subnet", "subnet %s/%s", farm, subnet)
 	}
 	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
@@ -109,7 +109,7 @@ func (c *Controller) checkRoom(ctx context.Context, host string) error {
 func (c *Controller) DeleteVM(ctx context.Context, farm, subnet, name string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
+	key := intent.VMKey(farm, subnet, name)
 	if _, err := c.store.Get(ctx, key); errors.Is(err, store.ErrNotFound) {
 		return notFound("vm", "vm %s/%s/%s", farm, subnet, name)
 	}

@@ -28,7 +28,7 @@ import (
 func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSubnet string) (intent.VM, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	key := intent.VMsPrefix + farm + "/" + subnet + "/" + name
+	key := intent.VMKey(farm, subnet, name)
 	var v intent.VM
 	if err := store.GetJSON(ctx, c.store, key, &v); errors.Is(err, store.ErrNotFound) {
 		return v, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
@@ -45,7 +45,7 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	if err != nil {
 		return v, err
 	}
-	_, err = c.store.Get(ctx, intent.SubnetsPrefix+tf+"/"+ts)
+	_, err = c.store.Get(ctx, intent.SubnetKey(tf, ts))
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return v, err
 	}

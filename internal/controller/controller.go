@@ -97,7 +97,7 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			if err != nil {
 				return err
 			}
-			want[intent.SubnetsPrefix+f.Name+"/"+s.Name] = intent.Subnet{
+			want[intent.SubnetKey(f.Name, s.Name)] = intent.Subnet{
 				Farm: f.Name, Name: s.Name, ID: sid,
 				Prefix: ipam.SubnetPrefix(fid, sid).String(), Gateway: ipam.Gateway(fid, sid).String(),
 			}

@@ -98,8 +98,8 @@ func (c *Controller) allocIn(ctx context.Context, subnets ...string) (*ipam.Allo
 
 // saveAlloc writes what changed in a: the farm and subnet ids
 // (intent.AllocKey) and the VM ids of the subnets named, one key per
-// subnet (VMIDsPrefix); with no subnet named, a holds every VM's id and
-// every subnet's key is written where it changed.
+// subnet (intent.VMIDsPrefix); with no subnet named, a holds every VM's
+// id and every subnet's key is written where it changed.
 func (c *Controller) saveAlloc(ctx context.Context, a *ipam.Allocations, subnets ...string) error {
 	type write struct {
 		key string
@@ -144,9 +144,9 @@ func (c *Controller) saveAlloc(ctx context.Context, a *ipam.Allocations, subnets
 			switch {
 			case maps.Equal(w, m.vmids[sub]) && !m.legacyVMs:
 			case len(w) == 0:
-				writes = append(writes, write{key: VMIDsPrefix + sub})
+				writes = append(writes, write{key: intent.VMIDsPrefix + sub})
 			default:
-				writes = append(writes, write{key: VMIDsPrefix + sub, val: mustJSON(w)})
+				writes = append(writes, write{key: intent.VMIDsPrefix + sub, val: mustJSON(w)})
 			}
 		}
 		// Last, so that the VM ids of the layout of before leave

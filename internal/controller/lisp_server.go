@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
@@ -181,7 +182,7 @@ func (s *LISPServer) Done() <-chan struct{} { return s.finished }
 // Reloads run concurrently (the watch, the API, Map-Registers): a copy read
 // at an older revision than the one held is dropped, not put back.
 func (s *LISPServer) reload(ctx context.Context) (int64, error) {
-	all, rev, err := store.ListJSON[LISPMapping](ctx, s.c.store, LISPMappingsPrefix)
+	all, rev, err := store.ListJSON[LISPMapping](ctx, s.c.store, intent.LISPMappingsPrefix)
 	if err != nil {
 		return 0, fmt.Errorf("lisp map-server: read mappings: %w", err)
 	}
@@ -204,7 +205,7 @@ func (s *LISPServer) watch(ctx context.Context) {
 			s.limit.Warn("lisp-reload", "lisp map-server: reading mappings failed; answering from the last copy", "err", err)
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		ch := s.c.store.Watch(wctx, LISPMappingsPrefix, rev)
+		ch := s.c.store.Watch(wctx, intent.LISPMappingsPrefix, rev)
 		select {
 		case <-ctx.Done():
 		case <-ch:
@@ -220,7 +221,7 @@ func (s *LISPServer) watch(ctx context.Context) {
 func (s *LISPServer) sweep(ctx context.Context) {
 	lispMu.Lock()
 	defer lispMu.Unlock()
-	all, _, err := store.ListJSON[LISPMapping](ctx, s.c.store, LISPMappingsPrefix)
+	all, _, err := store.ListJSON[LISPMapping](ctx, s.c.store, intent.LISPMappingsPrefix)
 	if err != nil {
 		return
 	}
@@ -233,7 +234,7 @@ func (s *LISPServer) sweep(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		if err := s.c.store.Delete(ctx, lispKey(p)); err == nil {
+		if err := s.c.store.Delete(ctx, intent.LISPMappingKey(p)); err == nil {
 			s.mu.Lock()
 			s.stats.Expired++
 			s.mu.Unlock()
@@ -399,7 +400,7 @@ func (s *LISPServer) mapRegister(ctx context.Context, msg []byte, from netip.Add
 	now := s.cfg.Now()
 	for _, r := range m.Records {
 		var old LISPMapping
-		err := store.GetJSON(ctx, s.c.store, lispKey(r.EID), &old)
+		err := store.GetJSON(ctx, s.c.store, intent.LISPMappingKey(r.EID), &old)
 		if err == nil && old.Source == LISPSourceAPI {
 			lispMu.Unlock()
 			s.refuse(refusedOperatorMapped, from, fmt.Errorf("eid %s has an operator's mapping (onehop lisp map delete %s to let the site register it)", r.EID, r.EID))
@@ -416,7 +417,7 @@ func (s *LISPServer) mapRegister(ctx context.Context, msg []byte, from netip.Add
 		if m.UseTTL {
 			expires = now.Add(r.TTL)
 		}
-		if err := store.PutJSON(ctx, s.c.store, lispKey(r.EID), mappingOfRecord(r, site.Name, now, expires)); err != nil {
+		if err := store.PutJSON(ctx, s.c.store, intent.LISPMappingKey(r.EID), mappingOfRecord(r, site.Name, now, expires)); err != nil {
 			lispMu.Unlock()
 			s.refuse(refusedStore, from, err)
 			return

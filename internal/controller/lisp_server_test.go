@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -197,7 +198,7 @@ func TestLISPMapServerRefusesForgedRegistersAndChangesNothing(t *testing.T) {
 	}
 	sendRaw(t, srv.Addr(), goodBytes)
 	waitFor(t, "the good register", func() bool { return c.LISPServerStats().Registers == 1 })
-	before, _, err := s.List(t.Context(), LISPMappingsPrefix)
+	before, _, err := s.List(t.Context(), intent.LISPMappingsPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,11 +225,11 @@ func TestLISPMapServerRefusesForgedRegistersAndChangesNothing(t *testing.T) {
 		sendRaw(t, srv.Addr(), wrongKey)
 	}
 	waitFor(t, "the flood counted", func() bool { return c.LISPServerStats().RegistersRefused[refusedBadAuth] == 32 })
-	after, _, err := s.List(t.Context(), LISPMappingsPrefix)
+	after, _, err := s.List(t.Context(), intent.LISPMappingsPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(after) != len(before) || !bytes.Equal(after[LISPMappingsPrefix+"10.99.1.0_24"], before[LISPMappingsPrefix+"10.99.1.0_24"]) {
+	if len(after) != len(before) || !bytes.Equal(after[intent.LISPMappingsPrefix+"10.99.1.0_24"], before[intent.LISPMappingsPrefix+"10.99.1.0_24"]) {
 		t.Fatalf("refused registers changed the mappings:\nbefore %s\nafter  %s", before, after)
 	}
 	got, err := lisp.NewResolver(srv.Addr()).Resolve(t.Context(), netip.MustParseAddr("10.99.1.1"))
@@ -277,7 +278,7 @@ func TestLISPRegistrationsExpireUnlessRefreshedAndTByTheirTTL(t *testing.T) {
 		t.Fatal("a registration with T was dropped before its 10-minute TTL")
 	}
 	waitFor(t, "the expired registration deleted from etcd", func() bool {
-		_, err := s.Get(t.Context(), LISPMappingsPrefix+"10.99.1.0_24")
+		_, err := s.Get(t.Context(), intent.LISPMappingsPrefix+"10.99.1.0_24")
 		return errors.Is(err, store.ErrNotFound)
 	})
 	clock.Advance(5 * time.Minute)
@@ -379,7 +380,7 @@ func TestControllerDaemonServesLISPRegistrationsFromEtcd(t *testing.T) {
 	}
 	defer s.Close()
 	var m LISPMapping
-	if err := store.GetJSON(t.Context(), s, LISPMappingsPrefix+"10.99.1.0_24", &m); err != nil || m.Site != "dc" || m.Source != LISPSourceRegister {
+	if err := store.GetJSON(t.Context(), s, intent.LISPMappingsPrefix+"10.99.1.0_24", &m); err != nil || m.Site != "dc" || m.Source != LISPSourceRegister {
 		t.Fatalf("in etcd: %+v, %v", m, err)
 	}
 }

@@ -12,16 +12,8 @@ import (
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
-	"github.com/onehop/onehop/internal/policy"
 	"github.com/onehop/onehop/internal/store"
-	"github.com/onehop/onehop/internal/tappolicy"
 )
-
-// VMIDsPrefix holds, per subnet (FARM/SUBNET), the host ids its VMs hold:
-// the VM part of the allocations, one small key per subnet, so that creating
-// a VM rewrites at most 253 entries rather than every VM's (the farm and
-// subnet ids stay in intent.AllocKey).
-const VMIDsPrefix = intent.Root + "intent/vmids/"
 
 // model is the controller's copy of the intent and of the desired keys it
 // has written, kept so that a change costs what it touches and not what the
@@ -30,6 +22,9 @@ const VMIDsPrefix = intent.Root + "intent/vmids/"
 // it here and writes the desired keys it changes. It is loaded from the
 // store on first use and again by every full compile (CompileOnce), which
 // also catches anything written behind the controller's back.
+//
+// The model keeps the core's records itself; each part of the desired
+// state keeps its own and compiles its keys (records.go).
 type model struct {
 	mu     sync.Mutex
 	loaded bool
@@ -40,52 +35,49 @@ type model struct {
 	vms     map[string]intent.VM     // FARM/SUBNET/VM
 	byName  map[string]string        // VM name -> FARM/SUBNET/VM (names are unique)
 	onHost  map[string]map[string]bool
-	slivers map[string]intent.Sliver // HOST/NAME
-	taps    map[string]intent.TapPolicy
 
 	// Allocations: farm and subnet ids (intent.AllocKey) and, per subnet,
-	// its VMs' host ids (VMIDsPrefix). legacyVMs says the store still holds
-	// the VM ids in intent.AllocKey, as before VMIDsPrefix: the next save
-	// writes every subnet's key.
+	// its VMs' host ids (intent.VMIDsPrefix). legacyVMs says the store
+	// still holds the VM ids in intent.AllocKey, as before
+	// intent.VMIDsPrefix: the next save writes every subnet's key.
 	allocFarms, allocSubnets map[string]uint8
 	vmids                    map[string]map[string]uint8
 	legacyVMs                bool
 
 	// written is every desired and farm-state key as the store holds it;
-	// vmAt and sliverAt say under which host a VM's or sliver's key was
-	// written; tapRules are the TAP rules last compiled.
-	written  map[string][]byte
-	keysOf   map[string]map[string]bool // host -> its written desired keys
-	vmAt     map[string]string
-	sliverAt map[string]string
-	tapRules []intent.TapRule
-	tapKeys  int // desired TAP keys written, on all hosts
-}
+	// keysOf is each host's desired keys, and counts how many of each
+	// kind there are on all hosts.
+	written map[string][]byte
+	keysOf  map[string]map[string]bool
+	counts  map[string]int
 
-// dirty is what one change may have changed in the desired state.
-type dirty struct {
-	vms     map[string]bool // FARM/SUBNET/VM
-	slivers map[string]bool // HOST/NAME
-	hosts   map[string]bool // every key of these hosts
-	farms   bool            // the farm states
-	taps    bool            // the TAP rules (and so every host's TAP keys)
-	tapsOn  map[string]bool // the TAP keys of these hosts
-}
-
-func newDirty() *dirty {
-	return &dirty{vms: map[string]bool{}, slivers: map[string]bool{}, hosts: map[string]bool{}, tapsOn: map[string]bool{}}
+	// parts are the parts of the desired state (records.go), kinds every
+	// kind of record the model keeps, and byKind the part that writes
+	// each kind of desired key.
+	parts  []part
+	kinds  []recordKind
+	byKind map[string]part
 }
 
 func (m *model) reset() {
+	if m.parts == nil {
+		m.parts = parts()
+		m.kinds = recordKinds(m.parts)
+		m.byKind = map[string]part{}
+		for _, p := range m.parts {
+			if k := p.desiredKind(); k != "" {
+				m.byKind[k] = p
+			}
+		}
+	}
 	m.hosts, m.farms, m.subnets = map[string]intent.Host{}, map[string]intent.Farm{}, map[string]intent.Subnet{}
 	m.vms, m.byName, m.onHost = map[string]intent.VM{}, map[string]string{}, map[string]map[string]bool{}
-	m.slivers, m.taps = map[string]intent.Sliver{}, map[string]intent.TapPolicy{}
 	m.allocFarms, m.allocSubnets, m.vmids = map[string]uint8{}, map[string]uint8{}, map[string]map[string]uint8{}
 	m.legacyVMs = false
-	m.written, m.vmAt, m.sliverAt = map[string][]byte{}, map[string]string{}, map[string]string{}
-	m.keysOf = map[string]map[string]bool{}
-	m.tapRules = nil
-	m.tapKeys = 0
+	m.written, m.keysOf, m.counts = map[string][]byte{}, map[string]map[string]bool{}, map[string]int{}
+	for _, p := range m.parts {
+		p.reset()
+	}
 }
 
 // load reads the whole intent and every desired key from s, and returns
@@ -93,23 +85,22 @@ func (m *model) reset() {
 func (m *model) load(ctx context.Context, s store.Store) (int64, error) {
 	m.reset()
 	m.loaded = false
-	kvs, rev, err := s.List(ctx, intent.Root+"intent/")
+	kvs, rev, err := s.List(ctx, intent.Prefix)
 	if err != nil {
 		return 0, err
 	}
-	// The allocations first: a subnet's own VM-ids key wins over the
-	// layout of before, whatever order the keys come in.
-	if v, ok := kvs[intent.AllocKey]; ok {
-		if _, err := m.apply(intent.AllocKey, v, false); err != nil {
-			return 0, err
+	// Kind by kind, in the order recordKinds lists them.
+	byKind := make([][]string, len(m.kinds))
+	for k := range kvs {
+		if i, _, ok := m.kindOf(k); ok {
+			byKind[i] = append(byKind[i], k)
 		}
 	}
-	for k, v := range kvs {
-		if k == intent.AllocKey {
-			continue
-		}
-		if _, err := m.apply(k, v, false); err != nil {
-			return 0, err
+	for _, keys := range byKind {
+		for _, k := range keys {
+			if err := m.apply(k, kvs[k], false); err != nil {
+				return 0, err
+			}
 		}
 	}
 	for _, prefix := range []string{intent.DesiredPrefix, intent.FarmStatePrefix} {
@@ -127,21 +118,22 @@ func (m *model) load(ctx context.Context, s store.Store) (int64, error) {
 
 // noteWritten records that key holds v in the store (nil: no longer there).
 func (m *model) noteWritten(key string, v []byte) {
-	if strings.Contains(key, "/tap/") {
-		if _, had := m.written[key]; had != (v != nil) {
-			m.tapKeys += map[bool]int{true: 1, false: -1}[v != nil]
-		}
-	}
+	_, had := m.written[key]
 	if v == nil {
 		delete(m.written, key)
 	} else {
 		m.written[key] = v
 	}
-	rest, ok := strings.CutPrefix(key, intent.DesiredPrefix)
+	host, kind, name, ok := intent.ParseDesiredKey(key)
 	if !ok {
 		return
 	}
-	host, rest, _ := strings.Cut(rest, "/")
+	switch {
+	case v != nil && !had:
+		m.counts[kind]++
+	case v == nil && had:
+		m.counts[kind]--
+	}
 	if v == nil {
 		delete(m.keysOf[host], key)
 		if len(m.keysOf[host]) == 0 {
@@ -153,195 +145,160 @@ func (m *model) noteWritten(key string, v []byte) {
 		}
 		m.keysOf[host][key] = true
 	}
-	kind, name, _ := strings.Cut(rest, "/")
-	var at map[string]string
-	switch kind {
-	case "vm":
-		at = m.vmAt
-	case "sliver":
-		at, name = m.sliverAt, host+"/"+name
-	default:
-		return
+	if p := m.byKind[kind]; p != nil {
+		p.noted(host, name, v != nil)
 	}
-	if v == nil {
-		if at[name] == host {
-			delete(at, name)
+}
+
+// desiredNames lists the names of host's desired keys of kind that the
+// store holds.
+func (m *model) desiredNames(host, kind string) []string {
+	var out []string
+	for k := range m.keysOf[host] {
+		if _, kk, name, _ := intent.ParseDesiredKey(k); kk == kind {
+			out = append(out, name)
 		}
-	} else {
-		at[name] = host
 	}
+	return out
+}
+
+// kindOf returns the index in m.kinds of the kind of record key is, and
+// the record's name.
+func (m *model) kindOf(key string) (int, string, bool) {
+	for i, k := range m.kinds {
+		if name, ok := k.claims(key); ok {
+			return i, name, true
+		}
+	}
+	return 0, "", false
 }
 
 // apply takes one intent key's new value (or its deletion) into the model
-// and says what in the desired state it may change. m.mu is held.
-func (m *model) apply(key string, v []byte, deleted bool) (*dirty, error) {
-	d := newDirty()
-	decode := func(into any) error {
-		if err := json.Unmarshal(v, into); err != nil {
-			return fmt.Errorf("decode %s: %w", key, err)
-		}
+// and marks, in the parts, what in the desired state it may change. A key
+// of no kind the model keeps is ignored. m.mu is held.
+func (m *model) apply(key string, v []byte, deleted bool) error {
+	i, name, ok := m.kindOf(key)
+	if !ok {
 		return nil
 	}
-	switch {
-	case strings.HasPrefix(key, intent.HostsPrefix):
-		name := strings.TrimPrefix(key, intent.HostsPrefix)
-		if deleted {
-			delete(m.hosts, name)
-		} else {
-			var h intent.Host
-			if err := decode(&h); err != nil {
-				return d, err
-			}
-			m.hosts[name] = h
-		}
-		d.hosts[name] = true
-	case strings.HasPrefix(key, intent.FarmsPrefix), strings.HasPrefix(key, intent.SubnetsPrefix):
-		if strings.HasPrefix(key, intent.FarmsPrefix) {
-			name := strings.TrimPrefix(key, intent.FarmsPrefix)
-			var f intent.Farm
-			if deleted {
-				delete(m.farms, name)
-			} else if err := decode(&f); err != nil {
-				return d, err
-			} else {
-				m.farms[name] = f
-			}
-		} else {
-			name := strings.TrimPrefix(key, intent.SubnetsPrefix)
-			var s intent.Subnet
-			if deleted {
-				delete(m.subnets, name)
-			} else if err := decode(&s); err != nil {
-				return d, err
-			} else {
-				m.subnets[name] = s
-			}
-		}
-		d.farms, d.taps = true, true
-	case strings.HasPrefix(key, intent.VMsPrefix):
-		full := strings.TrimPrefix(key, intent.VMsPrefix)
-		if old, ok := m.vms[full]; ok {
-			delete(m.onHost[old.Host], full)
-			if m.byName[old.Name] == full {
-				delete(m.byName, old.Name)
-			}
-			d.tapsOn[old.Host] = true
-			d.taps = d.taps || m.tapNames(old)
-		}
-		if deleted {
-			delete(m.vms, full)
-		} else {
-			var vm intent.VM
-			if err := decode(&vm); err != nil {
-				delete(m.vms, full)
-				return d, err
-			}
-			m.vms[full] = vm
-			m.byName[vm.Name] = full
-			if m.onHost[vm.Host] == nil {
-				m.onHost[vm.Host] = map[string]bool{}
-			}
-			m.onHost[vm.Host][full] = true
-			d.tapsOn[vm.Host] = true
-			d.taps = d.taps || m.tapNames(vm)
-		}
-		d.vms[full] = true
-	case strings.HasPrefix(key, intent.SliversPrefix):
-		name := strings.TrimPrefix(key, intent.SliversPrefix)
-		if deleted {
-			delete(m.slivers, name)
-		} else {
-			var s intent.Sliver
-			if err := decode(&s); err != nil {
-				return d, err
-			}
-			m.slivers[name] = s
-		}
-		d.slivers[name] = true
-	case strings.HasPrefix(key, intent.TapsPrefix):
-		name := strings.TrimPrefix(key, intent.TapsPrefix)
-		if deleted {
-			delete(m.taps, name)
-		} else {
-			var p intent.TapPolicy
-			if err := decode(&p); err != nil {
-				return d, err
-			}
-			m.taps[name] = p
-		}
-		d.taps = true
-	case key == intent.AllocKey:
-		var a ipam.Allocations
-		if !deleted {
-			if err := decode(&a); err != nil {
-				return d, err
-			}
-		}
-		m.allocFarms, m.allocSubnets = orEmpty(a.Farms), orEmpty(a.Subnets)
-		if len(a.VMs) > 0 {
-			// The layout before VMIDsPrefix: take the VM ids from here
-			// for every subnet that has no key of its own yet.
-			m.legacyVMs = true
-			for full, id := range a.VMs {
-				i := strings.LastIndexByte(full, '/')
-				if i < 0 {
-					continue
-				}
-				sub := full[:i]
-				if m.vmids[sub] == nil {
-					m.vmids[sub] = map[string]uint8{}
-				}
-				if _, own := m.vmids[sub][full[i+1:]]; !own {
-					m.vmids[sub][full[i+1:]] = id
-				}
-			}
-		}
-	case strings.HasPrefix(key, VMIDsPrefix):
-		sub := strings.TrimPrefix(key, VMIDsPrefix)
-		ids := map[string]uint8{}
-		if !deleted {
-			if err := decode(&ids); err != nil {
-				return d, err
-			}
-		}
-		if len(ids) == 0 {
-			delete(m.vmids, sub)
-		} else {
-			m.vmids[sub] = ids
-		}
+	if err := m.kinds[i].apply(m, name, v, deleted); err != nil {
+		return fmt.Errorf("decode %s: %w", key, err)
 	}
-	return d, nil
+	return nil
 }
 
-// tapNames reports whether a TAP policy names vm (by name, address or MAC)
-// as its sender, receiver or monitor: only then can a change of vm change
-// the compiled rules. Which hosts play a part in a rule that names a
-// subnet or any VM follows from the VMs of each host alone (the tapsOn of
-// the hosts vm leaves and joins).
-func (m *model) tapNames(vm intent.VM) bool {
-	for _, p := range m.taps {
-		for _, end := range []string{p.Sender, p.Receiver, p.Monitor} {
-			r, err := tappolicy.ParseRef(end)
-			if err != nil {
-				return true // cannot tell: compile the rules again
+func (m *model) applyHost(name string, v []byte, deleted bool) error {
+	if err := applyRecord(m.hosts, name, v, deleted); err != nil {
+		return err
+	}
+	for _, p := range m.parts {
+		p.hostChanged(m, name)
+	}
+	return nil
+}
+
+func (m *model) applyFarm(name string, v []byte, deleted bool) error {
+	if err := applyRecord(m.farms, name, v, deleted); err != nil {
+		return err
+	}
+	m.farmsChanged()
+	return nil
+}
+
+func (m *model) applySubnet(name string, v []byte, deleted bool) error {
+	if err := applyRecord(m.subnets, name, v, deleted); err != nil {
+		return err
+	}
+	m.farmsChanged()
+	return nil
+}
+
+func (m *model) farmsChanged() {
+	for _, p := range m.parts {
+		if w, ok := p.(farmWatcher); ok {
+			w.farmsChanged(m)
+		}
+	}
+}
+
+func (m *model) applyVM(full string, v []byte, deleted bool) error {
+	var old *intent.VM
+	if vm, ok := m.vms[full]; ok {
+		old = &vm
+		delete(m.onHost[vm.Host], full)
+		if m.byName[vm.Name] == full {
+			delete(m.byName, vm.Name)
+		}
+	}
+	var now *intent.VM
+	if deleted {
+		delete(m.vms, full)
+	} else {
+		var vm intent.VM
+		if err := json.Unmarshal(v, &vm); err != nil {
+			delete(m.vms, full)
+			return err
+		}
+		m.vms[full] = vm
+		m.byName[vm.Name] = full
+		if m.onHost[vm.Host] == nil {
+			m.onHost[vm.Host] = map[string]bool{}
+		}
+		m.onHost[vm.Host][full] = true
+		now = &vm
+	}
+	for _, p := range m.parts {
+		if w, ok := p.(vmWatcher); ok {
+			w.vmChanged(m, full, old, now)
+		}
+	}
+	return nil
+}
+
+// applyAlloc takes intent.AllocKey: the farm and subnet ids.
+func (m *model) applyAlloc(_ string, v []byte, deleted bool) error {
+	var a ipam.Allocations
+	if !deleted {
+		if err := json.Unmarshal(v, &a); err != nil {
+			return err
+		}
+	}
+	m.allocFarms, m.allocSubnets = orEmpty(a.Farms), orEmpty(a.Subnets)
+	if len(a.VMs) > 0 {
+		// The layout before intent.VMIDsPrefix: take the VM ids from
+		// here for every subnet that has no key of its own yet.
+		m.legacyVMs = true
+		for full, id := range a.VMs {
+			i := strings.LastIndexByte(full, '/')
+			if i < 0 {
+				continue
 			}
-			switch r.Kind {
-			case tappolicy.KindVM:
-				if r.Named() == vm.FullName() {
-					return true
-				}
-			case tappolicy.KindIP:
-				if r.IP.String() == vm.IP {
-					return true
-				}
-			case tappolicy.KindMAC:
-				if strings.EqualFold(r.MAC, vm.MAC) {
-					return true
-				}
+			sub := full[:i]
+			if m.vmids[sub] == nil {
+				m.vmids[sub] = map[string]uint8{}
+			}
+			if _, own := m.vmids[sub][full[i+1:]]; !own {
+				m.vmids[sub][full[i+1:]] = id
 			}
 		}
 	}
-	return false
+	return nil
+}
+
+// applyVMIDs takes the VM ids of one subnet (FARM/SUBNET).
+func (m *model) applyVMIDs(sub string, v []byte, deleted bool) error {
+	ids := map[string]uint8{}
+	if !deleted {
+		if err := json.Unmarshal(v, &ids); err != nil {
+			return err
+		}
+	}
+	if len(ids) == 0 {
+		delete(m.vmids, sub)
+	} else {
+		m.vmids[sub] = ids
+	}
+	return nil
 }
 
 func orEmpty(m map[string]uint8) map[string]uint8 {
@@ -351,264 +308,50 @@ func orEmpty(m map[string]uint8) map[string]uint8 {
 	return m
 }
 
-// writer writes desired keys: the store beneath the controller's tracking.
-type writer interface {
-	Put(ctx context.Context, key string, value []byte) error
-	Delete(ctx context.Context, key string) error
-}
-
-// compile writes the desired keys d may have changed, where they differ
-// from what the store holds. m.mu is held. Its cost grows with what d
-// names (a VM, a host's keys, the farms' states), not with the cloud; the
+// compile writes the desired keys the changes applied since the last
+// compile may have changed, where they differ from what the store holds,
+// part by part. m.mu is held. Its cost grows with what the changes touch
+// (a VM, a host's keys, the farms' states), not with the cloud; the
 // exception is a change of a TAP policy, or of a VM one names, which
 // resolves the policies against every VM (docs/control-plane.md).
-func (m *model) compile(ctx context.Context, w writer, d *dirty) (writes int, err error) {
-	put := func(key string, v []byte) error {
-		if cur, ok := m.written[key]; ok && bytes.Equal(cur, v) {
-			return nil
-		}
-		if err := w.Put(ctx, key, v); err != nil {
-			return err
-		}
-		writes++
-		m.noteWritten(key, v)
-		return nil
-	}
-	del := func(key string) error {
-		if _, ok := m.written[key]; !ok {
-			return nil
-		}
-		if err := w.Delete(ctx, key); err != nil {
-			return err
-		}
-		writes++
-		m.noteWritten(key, nil)
-		return nil
-	}
-	if d.farms {
-		want := map[string][]byte{}
-		for id, f := range policy.FarmStates(m.farmList(), m.subnetList()) {
-			want[intent.FarmStateKey(id)] = mustJSON(f)
-		}
-		if err := m.sync(m.farmKeys(), intent.FarmStatePrefix, want, put, del); err != nil {
-			return writes, err
+func (m *model) compile(ctx context.Context, w writer) (writes int, err error) {
+	kw := &keyWriter{ctx: ctx, w: w, m: m}
+	for _, p := range m.parts {
+		if err := p.compile(m, kw); err != nil {
+			return kw.writes, err
 		}
 	}
-	if d.taps {
-		rules := []intent.TapRule(nil)
-		if len(m.taps) > 0 {
-			rules = policy.TapRules(policy.State{Farms: m.farmList(), Subnets: m.subnetList(), VMs: m.vmList(), Taps: m.tapList()})
-		}
-		if !equalJSON(rules, m.tapRules) {
-			m.tapRules = rules
-			for h := range m.hosts {
-				d.tapsOn[h] = true
-			}
-			for h := range m.keysOf {
-				d.tapsOn[h] = true
-			}
-		}
-	}
-	for h := range d.hosts {
-		for full := range m.onHost[h] {
-			d.vms[full] = true
-		}
-		for name, s := range m.slivers {
-			if s.Host == h {
-				d.slivers[name] = true // a host's slivers are few
-			}
-		}
-		for k := range m.keysOf[h] {
-			rest := strings.TrimPrefix(k, intent.DesiredHostPrefix(h))
-			kind, name, _ := strings.Cut(rest, "/")
-			switch kind {
-			case "vm":
-				d.vms[name] = true
-			case "sliver":
-				d.slivers[h+"/"+name] = true
-			}
-		}
-		d.tapsOn[h] = true
-	}
-	for _, full := range sortedKeys(d.vms) {
-		var want string
-		if vm, ok := m.vms[full]; ok {
-			if _, ok := m.hosts[vm.Host]; ok {
-				want = intent.DesiredVMKey(vm.Host, full)
-			}
-		}
-		if at, ok := m.vmAt[full]; ok && intent.DesiredVMKey(at, full) != want {
-			if err := del(intent.DesiredVMKey(at, full)); err != nil {
-				return writes, err
-			}
-		}
-		if want != "" {
-			if err := put(want, mustJSON(policy.LocalEndpoint(m.vms[full]))); err != nil {
-				return writes, err
-			}
-		}
-	}
-	for _, name := range sortedKeys(d.slivers) {
-		var want string
-		s, ok := m.slivers[name]
-		if ok {
-			if _, ok := m.hosts[s.Host]; ok {
-				want = intent.DesiredSliverKey(s.Host, s.Name)
-			}
-		}
-		if at, ok := m.sliverAt[name]; ok {
-			_, sname, _ := strings.Cut(name, "/")
-			if k := intent.DesiredSliverKey(at, sname); k != want {
-				if err := del(k); err != nil {
-					return writes, err
-				}
-			}
-		}
-		if want != "" {
-			if err := put(want, mustJSON(policy.LocalSliver(s))); err != nil {
-				return writes, err
-			}
-		}
-	}
-	if len(m.tapRules) == 0 && m.tapKeys == 0 {
-		d.tapsOn = nil // no TAP anywhere: nothing to look at
-	}
-	for _, h := range sortedKeys(d.tapsOn) {
-		want := map[string][]byte{}
-		if _, ok := m.hosts[h]; ok && len(m.tapRules) > 0 {
-			var local []intent.VM
-			for full := range m.onHost[h] {
-				local = append(local, m.vms[full])
-			}
-			for _, r := range policy.LocalTaps(m.tapRules, local, h) {
-				want[intent.DesiredTapKey(h, r.ID)] = mustJSON(r)
-			}
-		}
-		if len(want) == 0 && len(m.keysOf[h]) == 0 {
-			continue
-		}
-		if err := m.sync(m.keysOf[h], intent.DesiredHostPrefix(h)+"tap/", want, put, del); err != nil {
-			return writes, err
-		}
-	}
-	return writes, nil
-}
-
-// sync makes the written keys under prefix (of those in have) exactly want.
-func (m *model) sync(have map[string]bool, prefix string, want map[string][]byte, put func(string, []byte) error, del func(string) error) error {
-	var stale []string
-	for k := range have {
-		if _, ok := want[k]; !ok && strings.HasPrefix(k, prefix) {
-			stale = append(stale, k)
-		}
-	}
-	sort.Strings(stale)
-	for _, k := range stale {
-		if err := del(k); err != nil {
-			return err
-		}
-	}
-	for _, k := range sortedKeys(want) {
-		if err := put(k, want[k]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// farmKeys are the farm-state keys written: at most 255.
-func (m *model) farmKeys() map[string]bool {
-	out := map[string]bool{}
-	for id := range 256 {
-		if k := intent.FarmStateKey(uint8(id)); m.written[k] != nil {
-			out[k] = true
-		}
-	}
-	return out
+	return kw.writes, nil
 }
 
 // compileAll writes every desired key the intent makes and deletes every
 // other one: what a full compile does after a load.
 func (m *model) compileAll(ctx context.Context, w writer) (int, error) {
-	d := newDirty()
-	d.farms, d.taps = true, true
-	m.tapRules = nil
-	for full := range m.vms {
-		d.vms[full] = true
+	for _, p := range m.parts {
+		p.markAll(m)
 	}
-	for full := range m.vmAt {
-		d.vms[full] = true
-	}
-	for name := range m.slivers {
-		d.slivers[name] = true
-	}
-	for name := range m.sliverAt {
-		d.slivers[name] = true
-	}
-	for h := range m.hosts {
-		d.tapsOn[h] = true
-	}
-	for h := range m.keysOf {
-		d.tapsOn[h] = true
-	}
-	writes, err := m.compile(ctx, w, d)
+	writes, err := m.compile(ctx, w)
 	if err != nil {
 		return writes, err
 	}
 	// Whatever else is under the desired prefix (the one-value-per-host
-	// layout of before, a host's key of a kind no longer written) goes.
+	// layout of before, a host's key of a kind no part writes) goes.
 	var stale []string
 	for k := range m.written {
-		if rest, ok := strings.CutPrefix(k, intent.DesiredPrefix); ok {
-			h, kind, _ := strings.Cut(rest, "/")
-			kind, _, _ = strings.Cut(kind, "/")
-			_, host := m.hosts[h]
-			if !host || (kind != "vm" && kind != "sliver" && kind != "tap") {
+		if h, kind, _, ok := intent.ParseDesiredKey(k); ok {
+			if _, host := m.hosts[h]; !host || m.byKind[kind] == nil {
 				stale = append(stale, k)
 			}
 		}
 	}
 	sort.Strings(stale)
+	kw := &keyWriter{ctx: ctx, w: w, m: m, writes: writes}
 	for _, k := range stale {
-		if err := w.Delete(ctx, k); err != nil {
-			return writes, err
+		if err := kw.del(k); err != nil {
+			return kw.writes, err
 		}
-		writes++
-		m.noteWritten(k, nil)
 	}
-	return writes, nil
-}
-
-func (m *model) farmList() []intent.Farm {
-	out := make([]intent.Farm, 0, len(m.farms))
-	for _, k := range sortedKeys(m.farms) {
-		out = append(out, m.farms[k])
-	}
-	return out
-}
-
-func (m *model) subnetList() []intent.Subnet {
-	out := make([]intent.Subnet, 0, len(m.subnets))
-	for _, k := range sortedKeys(m.subnets) {
-		out = append(out, m.subnets[k])
-	}
-	return out
-}
-
-func (m *model) vmList() []intent.VM {
-	out := make([]intent.VM, 0, len(m.vms))
-	for _, k := range sortedKeys(m.vms) {
-		out = append(out, m.vms[k])
-	}
-	return out
-}
-
-func (m *model) tapList() []intent.TapPolicy {
-	out := make([]intent.TapPolicy, 0, len(m.taps))
-	for _, k := range sortedKeys(m.taps) {
-		out = append(out, m.taps[k])
-	}
-	return out
+	return kw.writes, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -618,6 +361,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// sortedValues lists m's values in the order of their keys.
+func sortedValues[V any](m map[string]V) []V {
+	out := make([]V, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		out = append(out, m[k])
+	}
+	return out
 }
 
 func mustJSON(v any) []byte {

@@ -196,7 +196,7 @@ func TestTheLayoutOfBeforeIsMigrated(t *testing.T) {
 	if err := store.PutJSON(ctx, s, intent.AllocKey, a); err != nil {
 		t.Fatal(err)
 	}
-	ids, _, _ := s.List(ctx, VMIDsPrefix)
+	ids, _, _ := s.List(ctx, intent.VMIDsPrefix)
 	for k := range ids {
 		s.Delete(ctx, k)
 	}
@@ -326,7 +326,7 @@ func TestTapRulesFollowTheVMsTheyConcern(t *testing.T) {
 		all, _, _ := s.List(ctx, intent.DesiredPrefix)
 		n := 0
 		for k := range all {
-			if strings.Contains(k, "/tap/") {
+			if _, kind, _, _ := intent.ParseDesiredKey(k); kind == intent.DesiredTapKind {
 				n++
 			}
 		}

@@ -49,7 +49,7 @@ func (c *Controller) applySlivers(ctx context.Context, path string, seeds []Sliv
 	}
 	for _, s := range have {
 		if !keep[s.FullName()] {
-			if err := c.store.Delete(ctx, sliverKey(s.Host, s.Name)); err != nil {
+			if err := c.store.Delete(ctx, intent.SliverKey(s.Host, s.Name)); err != nil {
 				return err
 			}
 		}

@@ -21,7 +21,7 @@ type tracked struct {
 	c *Controller
 }
 
-func isIntent(key string) bool { return strings.HasPrefix(key, intent.Root+"intent/") }
+func isIntent(key string) bool { return strings.HasPrefix(key, intent.Prefix) }
 
 // Put implements store.Store.
 func (t *tracked) Put(ctx context.Context, key string, value []byte) error {
@@ -113,10 +113,10 @@ func (c *Controller) changed(ctx context.Context, key string, value []byte, dele
 		return
 	}
 	start := time.Now()
-	d, err := m.apply(key, value, deleted)
+	err := m.apply(key, value, deleted)
 	if err == nil {
 		var writes int
-		writes, err = m.compile(ctx, c.raw, d)
+		writes, err = m.compile(ctx, c.raw)
 		if err == nil {
 			c.log.Debug("desired state compiled", "after", key, "keys_written", writes, "took", time.Since(start).Round(time.Microsecond))
 			return

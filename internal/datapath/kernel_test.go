@@ -18,6 +18,7 @@ import (
 	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/testenv"
@@ -186,24 +187,12 @@ func (f frame) bytes(t testing.TB) []byte {
 		hl := int(b[14]&0x0f) * 4
 		b = b[:14+hl+f.cutL4]
 		binary.BigEndian.PutUint16(b[16:18], uint16(hl+f.cutL4))
-		binary.BigEndian.PutUint16(b[24:26], 0)
-		binary.BigEndian.PutUint16(b[24:26], ipChecksum(b[14:14+hl]))
+		csum.SetIPv4(b[14:])
 	}
 	if f.truncate > 0 {
 		b = b[:f.truncate]
 	}
 	return b
-}
-
-func ipChecksum(h []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }
 
 type progCase struct {

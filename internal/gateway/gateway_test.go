@@ -447,8 +447,10 @@ func TestAdmitBoundsEachUsersConnections(t *testing.T) {
 	cfg.MaxPerClient = 2
 	e := NewEngine(&cfg, EngineDeps{})
 	a, b := netip.MustParseAddr("10.66.0.2"), netip.MustParseAddr("10.66.0.3")
-	if !e.admit(a) || !e.admit(a) {
-		t.Fatal("first two refused")
+	for i := range 2 {
+		if !e.admit(a) {
+			t.Fatalf("connection %d of 2 refused", i+1)
+		}
 	}
 	if e.admit(a) {
 		t.Fatal("third admitted")

@@ -11,25 +11,65 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/onehop/onehop/internal/ipam"
 )
 
-// Key prefixes in the store. Everything onehop keeps lives under Root.
+// Key prefixes in the store. Everything onehop keeps lives under Root, and
+// every key's layout is written here (the desired state's in layout.go):
+// no other package builds a key from pieces of its own.
 const (
-	Root          = "/onehop/"
-	HostsPrefix   = Root + "intent/hosts/"
-	FarmsPrefix   = Root + "intent/farms/"
-	SubnetsPrefix = Root + "intent/subnets/"
-	VMsPrefix     = Root + "intent/vms/"
-	SliversPrefix = Root + "intent/slivers/" // + HOST/NAME
-	TapsPrefix    = Root + "intent/taps/"    // + NAME
-	AllocKey      = Root + "intent/allocations"
+	Root = "/onehop/"
+	// Prefix holds every intent record. The controller loads all of it
+	// into its model and claims each kind of record under it
+	// (controller/records.go): a kind added here needs its line there.
+	Prefix        = Root + "intent/"
+	HostsPrefix   = Prefix + "hosts/"   // + NAME
+	FarmsPrefix   = Prefix + "farms/"   // + NAME
+	SubnetsPrefix = Prefix + "subnets/" // + FARM/SUBNET (SubnetKey)
+	VMsPrefix     = Prefix + "vms/"     // + FARM/SUBNET/VM (VMKey)
+	SliversPrefix = Prefix + "slivers/" // + HOST/NAME (SliverKey)
+	TapsPrefix    = Prefix + "taps/"    // + NAME
+	// AllocKey holds the farm and subnet ids (ipam.Allocations without
+	// its VMs); a store of before also holds every VM's id there.
+	AllocKey = Prefix + "allocations"
+	// VMIDsPrefix holds, per subnet (+ FARM/SUBNET), the host ids its VMs
+	// hold: the VM part of the allocations, one small key per subnet, so
+	// that creating a VM rewrites at most 253 entries rather than every
+	// VM's.
+	VMIDsPrefix   = Prefix + "vmids/"
 	NodesPrefix   = Root + "nodes/"
 	DesiredPrefix = Root + "desired/"
 	StatusPrefix  = Root + "status/"
+	// LISPMappingsPrefix holds the map-server's mappings, one key per EID
+	// prefix (LISPMappingKey). Not intent: a registration refreshes them
+	// often and recompiles nothing.
+	LISPMappingsPrefix = Root + "lisp/mappings/"
+	// VNATLocationsPrefix holds the VNAT location records
+	// (vnatloc.Prefix). Not intent either: a refresh is not an intent
+	// change.
+	VNATLocationsPrefix = Root + "vnat/locations/"
 )
+
+// SubnetKey is the key of subnet farm/subnet.
+func SubnetKey(farm, subnet string) string { return SubnetsPrefix + farm + "/" + subnet }
+
+// VMKey is the key of VM farm/subnet/vm.
+func VMKey(farm, subnet, vm string) string { return VMsPrefix + farm + "/" + subnet + "/" + vm }
+
+// HostSliversPrefix is the prefix of every sliver of host.
+func HostSliversPrefix(host string) string { return SliversPrefix + host + "/" }
+
+// SliverKey is the key of sliver name of host.
+func SliverKey(host, name string) string { return HostSliversPrefix(host) + name }
+
+// LISPMappingKey is the key of the mapping of EID prefix p: its text with
+// the "/" made "_" ("10.99.0.0_16"), so that a key is one path segment.
+func LISPMappingKey(p netip.Prefix) string {
+	return LISPMappingsPrefix + strings.Replace(p.String(), "/", "_", 1)
+}
 
 // Host is a physical server that may run an agent.
 type Host struct {

@@ -27,28 +27,47 @@ const (
 	FarmStatePrefix = Root + "farmstate/"
 )
 
-// Kinds of key under a host's desired prefix.
+// The kinds of key under a host's desired prefix:
+// DesiredKindPrefix(HOST, KIND) + NAME. Each is written by one part of the
+// controller (controller/records.go) and read by the agents (View).
 const (
-	desiredVM     = "vm/"
-	desiredSliver = "sliver/"
-	desiredTap    = "tap/"
+	DesiredVMKind     = "vm"
+	DesiredSliverKind = "sliver"
+	DesiredTapKind    = "tap"
 )
 
 // DesiredHostPrefix is the prefix of every desired key of host.
 func DesiredHostPrefix(host string) string { return DesiredPrefix + host + "/" }
 
+// DesiredKindPrefix is the prefix of host's desired keys of one kind.
+func DesiredKindPrefix(host, kind string) string { return DesiredHostPrefix(host) + kind + "/" }
+
+// ParseDesiredKey splits a key under DesiredPrefix into its host, kind and
+// name (the rest); each is "" where the key ends before it (the
+// one-value-per-host layout of before has a host alone). ok is false for a
+// key not under DesiredPrefix.
+func ParseDesiredKey(key string) (host, kind, name string, ok bool) {
+	rest, ok := strings.CutPrefix(key, DesiredPrefix)
+	if !ok {
+		return "", "", "", false
+	}
+	host, rest, _ = strings.Cut(rest, "/")
+	kind, name, _ = strings.Cut(rest, "/")
+	return host, kind, name, true
+}
+
 // DesiredVMKey is the key of a VM (farm/subnet/vm) in its host's desired state.
-func DesiredVMKey(host, vm string) string { return DesiredHostPrefix(host) + desiredVM + vm }
+func DesiredVMKey(host, vm string) string { return DesiredKindPrefix(host, DesiredVMKind) + vm }
 
 // DesiredSliverKey is the key of a sliver in its host's desired state.
 func DesiredSliverKey(host, sliver string) string {
-	return DesiredHostPrefix(host) + desiredSliver + sliver
+	return DesiredKindPrefix(host, DesiredSliverKind) + sliver
 }
 
 // DesiredTapKey is the key of a TAP rule in the desired state of a host that
 // plays a part in it.
 func DesiredTapKey(host string, id uint32) string {
-	return DesiredHostPrefix(host) + desiredTap + fmt.Sprintf("%010d", id)
+	return DesiredKindPrefix(host, DesiredTapKind) + fmt.Sprintf("%010d", id)
 }
 
 // FarmStateKey is the key of farm id's state.
@@ -155,19 +174,23 @@ func (v *View) Set(k string, b []byte) error {
 	if !ok {
 		return fmt.Errorf("desired key %s is not under %s", k, v.prefix)
 	}
+	kind, _, named := strings.Cut(rest, "/")
+	if !named {
+		kind = "" // a host's key of no kind: none this version writes
+	}
 	var err error
-	switch {
-	case strings.HasPrefix(rest, desiredVM):
+	switch kind {
+	case DesiredVMKind:
 		var l LocalEndpoint
 		if err = json.Unmarshal(b, &l); err == nil {
 			v.local[k] = l
 		}
-	case strings.HasPrefix(rest, desiredSliver):
+	case DesiredSliverKind:
 		var s LocalSliver
 		if err = json.Unmarshal(b, &s); err == nil {
 			v.slivers[k] = s
 		}
-	case strings.HasPrefix(rest, desiredTap):
+	case DesiredTapKind:
 		var r TapRule
 		if err = json.Unmarshal(b, &r); err == nil {
 			v.taps[k] = r

@@ -3,6 +3,7 @@ package intent
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"sort"
 	"testing"
@@ -82,5 +83,28 @@ func TestSortVisRulesKeepsTheOrderOfTheRulesText(t *testing.T) {
 		if !reflect.DeepEqual(rules, want) {
 			t.Fatalf("round %d: SortVisRules gave %v, want %v", round, rules, want)
 		}
+	}
+}
+
+// Every desired key parses back into the host, kind and name it was made
+// of, and a key of the layout of before into its host alone.
+func TestDesiredKeysParseBackIntoHostKindAndName(t *testing.T) {
+	for _, c := range []struct{ key, host, kind, name string }{
+		{DesiredVMKey("h1", "blue/web/a"), "h1", DesiredVMKind, "blue/web/a"},
+		{DesiredSliverKey("h2", "s1"), "h2", DesiredSliverKind, "s1"},
+		{DesiredTapKey("h3", 7), "h3", DesiredTapKind, "0000000007"},
+		{DesiredKindPrefix("h4", "vnat") + "x", "h4", "vnat", "x"},
+		{DesiredPrefix + "h5", "h5", "", ""},
+	} {
+		host, kind, name, ok := ParseDesiredKey(c.key)
+		if !ok || host != c.host || kind != c.kind || name != c.name {
+			t.Errorf("%s parses as %q %q %q %v, want %q %q %q", c.key, host, kind, name, ok, c.host, c.kind, c.name)
+		}
+	}
+	if _, _, _, ok := ParseDesiredKey(FarmStateKey(1)); ok {
+		t.Errorf("a farm state key parses as a desired key")
+	}
+	if got := LISPMappingKey(netip.MustParsePrefix("10.99.0.0/16")); got != LISPMappingsPrefix+"10.99.0.0_16" {
+		t.Errorf("mapping key of 10.99.0.0/16: %s", got)
 	}
 }

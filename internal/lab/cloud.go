@@ -215,12 +215,6 @@ func (b *builder) lispRegistered(ctx context.Context, prefix netip.Prefix) (bool
 	if err != nil {
 		return false, nil // not up yet: ask again
 	}
-	_, err = s.Get(ctx, lispMappingKey(prefix))
+	_, err = s.Get(ctx, intent.LISPMappingKey(prefix))
 	return err == nil, nil
-}
-
-// lispMappingKey is where the controller keeps a mapping
-// (controller.LISPMappingsPrefix, "10.88.0.0_24").
-func lispMappingKey(p netip.Prefix) string {
-	return intent.Root + "lisp/mappings/" + strings.Replace(p.String(), "/", "_", 1)
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"github.com/onehop/onehop/internal/csum"
 )
 
 // ECM is an Encapsulated Control Message (RFC 9301 §5.8): how an ITR sends
@@ -61,7 +63,7 @@ func (e *ECM) Encode() ([]byte, error) {
 		s4, d4 := src.As4(), dst.As4()
 		copy(ip[12:], s4[:])
 		copy(ip[16:], d4[:])
-		binary.BigEndian.PutUint16(ip[10:], ^onesSum(0, ip))
+		csum.SetIPv4(ip)
 		b = append(b, ip...)
 	} else {
 		ip := make([]byte, 40)
@@ -79,35 +81,13 @@ func (e *ECM) Encode() ([]byte, error) {
 	udp = append(udp, e.Message...)
 	if src.Is6() {
 		s16, d16 := src.As16(), dst.As16()
-		sum := onesSum(0, s16[:])
-		sum = onesSum(sum, d16[:])
-		sum = onesSum(sum, []byte{0, 0, byte(udpLen >> 8), byte(udpLen), 0, 0, 0, 17})
-		c := ^onesSum(sum, udp)
-		if c == 0 {
-			c = 0xffff
-		}
-		binary.BigEndian.PutUint16(udp[6:], c)
+		binary.BigEndian.PutUint16(udp[6:], csum.Transport(s16[:], d16[:], csum.ProtoUDP, udp))
 	}
 	b = append(b, udp...)
 	if len(b) > MaxMessageLen {
 		return nil, fmt.Errorf("ecm: %d bytes: over the %d-byte limit", len(b), MaxMessageLen)
 	}
 	return b, nil
-}
-
-// onesSum adds b to sum in ones' complement, 16 bits at a time.
-func onesSum(sum uint16, b []byte) uint16 {
-	s := uint32(sum)
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return uint16(s)
 }
 
 // DecodeECM reads an ECM: its flags, the inner IP and UDP headers (which

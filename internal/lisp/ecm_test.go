@@ -6,20 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-)
 
-// onesComplementOK reports whether b sums to 0xffff in ones' complement:
-// a header with a correct checksum does.
-func onesComplementOK(b []byte) bool {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return s == 0xffff
-}
+	"github.com/onehop/onehop/internal/csum"
+)
 
 func TestECMGoldenBytesAroundAMapRequest(t *testing.T) {
 	req := unhex(t, goldenRequest)
@@ -35,7 +24,7 @@ func TestECMGoldenBytesAroundAMapRequest(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatalf("encode:\n got %x\nwant %x", got, want)
 	}
-	if !onesComplementOK(got[4:24]) {
+	if csum.Checksum(got[4:24]) != 0 {
 		t.Fatalf("inner IPv4 header checksum %x is wrong", got[14:16])
 	}
 	back, err := DecodeECM(got)
@@ -52,7 +41,7 @@ func TestECMGoldenBytesAroundAMapRequest(t *testing.T) {
 	}
 	// UDP over IPv6: pseudo-header, UDP header and payload sum to 0xffff.
 	pseudo := append(append(append([]byte{}, b6[4+8:4+40]...), 0, 0, 0, byte(8+len(req)), 0, 0, 0, 17), b6[44:]...)
-	if !onesComplementOK(pseudo) {
+	if csum.Checksum(pseudo) != 0 {
 		t.Fatal("inner UDP checksum over IPv6 is wrong")
 	}
 	if back, err := DecodeECM(b6); err != nil || !reflect.DeepEqual(back, e6) {

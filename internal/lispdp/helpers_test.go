@@ -11,6 +11,7 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -98,19 +99,6 @@ func frame(dst, src net.HardwareAddr, ip []byte) []byte {
 	return append(f, ip...)
 }
 
-// ipChecksum is RFC 1071's sum over an IPv4 header, written here apart
-// from the C so the two can disagree.
-func ipChecksum(h []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		sum += uint32(h[i])<<8 | uint32(h[i+1])
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
-}
-
 // outer describes the LISP headers of an encapsulated packet.
 type outer struct {
 	src, dst string
@@ -141,7 +129,7 @@ func (o outer) encap(innerIP []byte) []byte {
 	s, d := addr(o.src).As4(), addr(o.dst).As4()
 	copy(h[12:], s[:])
 	copy(h[16:], d[:])
-	binary.BigEndian.PutUint16(h[10:], ipChecksum(h[:20]))
+	csum.SetIPv4(h)
 	binary.BigEndian.PutUint16(h[20:], o.sport)
 	binary.BigEndian.PutUint16(h[22:], DataPort)
 	binary.BigEndian.PutUint16(h[24:], uint16(total-20))

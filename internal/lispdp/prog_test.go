@@ -2,7 +2,6 @@ package lispdp
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/hex"
 	"net/netip"
 	"testing"
@@ -10,6 +9,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+
+	"github.com/onehop/onehop/internal/csum"
 )
 
 const (
@@ -297,8 +298,7 @@ func TestPrivilegedTooBigWithDFIsAnsweredWithFragmentationNeeded(t *testing.T) {
 		e := inner{src: "10.1.0.11", dst: "10.2.0.2", payload: 1465 - 28}.ip(t)
 		e[6] |= 0x40 // DF
 		e[20] = 3    // destination unreachable
-		binary.BigEndian.PutUint16(e[10:], 0)
-		binary.BigEndian.PutUint16(e[10:], ipChecksum(e[:20]))
+		csum.SetIPv4(e)
 		before := counters(t, d)
 		verdict, _ := run(t, progs.Encap, frame(macRtr, macGW, e))
 		if verdict != verdictShot {

@@ -185,7 +185,7 @@ func TestTokens(t *testing.T) {
 }
 
 // handshake runs a real TLS handshake over an in-memory pipe.
-func handshake(t *testing.T, server, client *tls.Config) (serverErr, clientErr error, peer *x509.Certificate) {
+func handshake(t *testing.T, server, client *tls.Config) (peer *x509.Certificate, serverErr, clientErr error) {
 	t.Helper()
 	sc, cc := net.Pipe()
 	s := tls.Server(sc, server)
@@ -211,7 +211,7 @@ func handshake(t *testing.T, server, client *tls.Config) (serverErr, clientErr e
 	if serverErr == nil && len(s.ConnectionState().PeerCertificates) > 0 {
 		peer = s.ConnectionState().PeerCertificates[0]
 	}
-	return serverErr, clientErr, peer
+	return peer, serverErr, clientErr
 }
 
 func TestHandshakeNeedsAClientCertificateFromTheCA(t *testing.T) {
@@ -231,24 +231,24 @@ func TestHandshakeNeedsAClientCertificateFromTheCA(t *testing.T) {
 		return c
 	}
 
-	if serr, cerr, peer := handshake(t, sconf, dial(agent)); serr != nil || cerr != nil || peer == nil || peer.Subject.CommonName != "h1" {
+	if peer, serr, cerr := handshake(t, sconf, dial(agent)); serr != nil || cerr != nil || peer == nil || peer.Subject.CommonName != "h1" {
 		t.Errorf("agent's certificate: server %v, client %v, peer %v", serr, cerr, peer)
 	}
 	// The controller dials etcd with its server certificate.
-	if serr, cerr, _ := handshake(t, sconf, dial(server)); serr != nil || cerr != nil {
+	if _, serr, cerr := handshake(t, sconf, dial(server)); serr != nil || cerr != nil {
 		t.Errorf("controller's certificate as a client: server %v, client %v", serr, cerr)
 	}
-	if serr, cerr, _ := handshake(t, sconf, dial(Files{CA: agent.CA})); serr == nil || cerr == nil {
+	if _, serr, cerr := handshake(t, sconf, dial(Files{CA: agent.CA})); serr == nil || cerr == nil {
 		t.Errorf("no client certificate: server %v, client %v; want both to fail", serr, cerr)
 	}
 	// A certificate from another CA, trusting our CA so only the client side is wrong.
 	wrong := dial(stranger)
 	wrong.RootCAs = dial(agent).RootCAs
-	if serr, cerr, _ := handshake(t, sconf, wrong); serr == nil || cerr == nil {
+	if _, serr, cerr := handshake(t, sconf, wrong); serr == nil || cerr == nil {
 		t.Errorf("another CA's certificate: server %v, client %v; want both to fail", serr, cerr)
 	}
 	// A client that does not trust the server's CA refuses it.
-	if _, cerr, _ := handshake(t, sconf, dial(stranger)); cerr == nil {
+	if _, _, cerr := handshake(t, sconf, dial(stranger)); cerr == nil {
 		t.Error("client accepted a server certificate from a CA it does not trust")
 	}
 	// An agent's certificate cannot serve.

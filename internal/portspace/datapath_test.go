@@ -13,6 +13,7 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/testenv"
@@ -407,7 +408,7 @@ func run(t *testing.T, k router, f *Feature, rows []row) {
 					t.Errorf("echo id %d, want %d", id, r.icmpID)
 				}
 				whole := out[14+hl : 14+int(binary.BigEndian.Uint16(out[16:18]))]
-				if sum := checksum(whole); sum != 0 {
+				if sum := csum.Checksum(whole); sum != 0 {
 					t.Errorf("ICMP checksum does not verify (%#04x)", sum)
 				}
 			}
@@ -450,18 +451,4 @@ func run(t *testing.T, k router, f *Feature, rows []row) {
 			}
 		})
 	}
-}
-
-func checksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/csum"
+
 	"github.com/google/gopacket/layers"
 )
 
@@ -182,7 +184,7 @@ func TestPrivilegedTwoSliversPingingOneRemoteEachGetTheirOwnReplies(t *testing.T
 		if id < s.lo || id > s.hi {
 			t.Fatalf("%s's ping left with id %d, outside its lease %d-%d", s.name, id, s.lo, s.hi)
 		}
-		if checksum(opts.DataOut[14+20:]) != 0 {
+		if csum.Checksum(opts.DataOut[14+20:]) != 0 {
 			t.Fatalf("%s's ping: ICMP checksum broken by the rewrite", s.name)
 		}
 		wire[s.name] = id

@@ -134,20 +134,6 @@ func (r *Recorder) stats() (applies, removed int) {
 	return r.applies, r.removed
 }
 
-// snapshot copies the applied endpoints and rules.
-func (r *Recorder) snapshot() View {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	v := View{Endpoints: map[uint32]bool{}, Vis: map[datapath.VisKey]bool{}}
-	for k := range r.endpoints {
-		v.Endpoints[k] = true
-	}
-	for k := range r.vis {
-		v.Vis[k] = true
-	}
-	return v
-}
-
 // hostInterfaces is a simulated host's interface table (agent.Interfaces):
 // its uplink, and a vif for every name asked about, as if each VM's vif
 // were already there.

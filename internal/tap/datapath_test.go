@@ -2,7 +2,6 @@ package tap
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
@@ -259,20 +259,8 @@ func marked(b []byte, from, to net.HardwareAddr) []byte {
 	copy(out[0:6], to)
 	copy(out[6:12], from)
 	out[20] |= 0x80
-	binary.BigEndian.PutUint16(out[24:26], 0)
-	binary.BigEndian.PutUint16(out[24:26], ipChecksum(out[14:34]))
+	csum.SetIPv4(out[14:])
 	return out
-}
-
-func ipChecksum(h []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }
 
 // host is one host's loaded datapath: the router's maps as its agent
@@ -636,7 +624,7 @@ func (h *host) runRows(t *testing.T, prog *ebpf.Program, rows []row) {
 				if !found {
 					t.Errorf("no copy on %s with the bytes wanted:\nwant %x\n got %x", c.link, c.bytes, arrived[c.link])
 				}
-				if sum := ipChecksum(c.bytes[14:34]); sum != 0 {
+				if sum := csum.Checksum(c.bytes[14:34]); sum != 0 {
 					t.Errorf("the wanted copy's IPv4 checksum does not verify (%#04x)", sum)
 				}
 			}
@@ -895,7 +883,7 @@ func TestPrivilegedACopyAcrossTheFabricArrivesAsTheOriginal(t *testing.T) {
 	if err != nil || wire == nil {
 		t.Fatalf("no copy left h1's uplink (%v)", err)
 	}
-	if wire[20]&0x80 == 0 || !bytes.Equal(wire[0:6], h2MAC) || !bytes.Equal(wire[6:12], h1MAC) || ipChecksum(wire[14:34]) != 0 {
+	if wire[20]&0x80 == 0 || !bytes.Equal(wire[0:6], h2MAC) || !bytes.Equal(wire[6:12], h1MAC) || csum.Checksum(wire[14:34]) != 0 {
 		t.Fatalf("the copy on the wire is not marked host to host with a valid checksum: %x", wire[:34])
 	}
 	// Production's frame, to db1 on h2, is what the receiver gets.

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -30,17 +31,20 @@ type LocationClient struct {
 	e       *Engine
 	servers []netip.Addr
 	sent    map[netip.Addr]map[vcmp.Tuple]pushed
-	// failedAt: a server that could not be reached is tried again
-	// RetryUnreachable later, not on every step.
-	failedAt map[netip.Addr]time.Time
+	// unreachable: a server that could not be reached is asked again
+	// when its serverRetry pause is over, not on every step.
+	unreachable map[netip.Addr]*retryAt
 }
 
-// RetryUnreachable is how long an unreachable location server is left alone.
-const RetryUnreachable = 5 * time.Second
+// retryAt is an unreachable server's schedule and when it is due again.
+type retryAt struct {
+	retry *backoff.Retry
+	at    time.Time
+}
 
 // NewLocationClient is the location client of e's endpoint.
 func NewLocationClient(e *Engine, servers []netip.Addr) *LocationClient {
-	return &LocationClient{e: e, servers: servers, sent: map[netip.Addr]map[vcmp.Tuple]pushed{}, failedAt: map[netip.Addr]time.Time{}}
+	return &LocationClient{e: e, servers: servers, sent: map[netip.Addr]map[vcmp.Tuple]pushed{}, unreachable: map[netip.Addr]*retryAt{}}
 }
 
 // needed are the records this endpoint must keep at the servers: every
@@ -67,7 +71,7 @@ func (l *LocationClient) Step(ctx context.Context) (int, error) {
 	stored := 0
 	var errs []error
 	for _, srv := range l.servers {
-		if at, ok := l.failedAt[srv]; ok && now.Sub(at) < RetryUnreachable {
+		if u, ok := l.unreachable[srv]; ok && now.Before(u.at) {
 			continue
 		}
 		sent := l.sent[srv]
@@ -95,11 +99,17 @@ func (l *LocationClient) Step(ctx context.Context) (int, error) {
 		}
 		ans, err := l.e.exchange(ctx, srv, msgs)
 		if err != nil {
-			l.failedAt[srv] = now
+			u := l.unreachable[srv]
+			if u == nil {
+				u = &retryAt{retry: serverRetry.Start(now)}
+				l.unreachable[srv] = u
+			}
+			pause, _ := u.retry.Next(now) // serverRetry is never spent
+			u.at = now.Add(pause)
 			errs = append(errs, fmt.Errorf("vnatd: location server %s: %w", srv, err))
 			continue
 		}
-		delete(l.failedAt, srv)
+		delete(l.unreachable, srv)
 		l.e.mu.Lock()
 		for i, t := range conns {
 			a, _ := ans[i].(*vcmp.LocAnswer)

@@ -122,3 +122,44 @@ func TestLocationClientKeepsMovedEndsAtTheServer(t *testing.T) {
 		t.Fatalf("a's counters %v, want locations_released 1", c)
 	}
 }
+
+// A location server that cannot be reached is left alone for
+// RetryUnreachable (serverRetry), each time: the client's steps before then
+// do not dial it.
+func TestLocationClientLeavesAnUnreachableServerAloneForRetryUnreachable(t *testing.T) {
+	clk := time.Unix(2_000_000, 0)
+	now := func() time.Time { return clk }
+	loc := netip.MustParseAddr("192.168.100.1") // no daemon there: every dial fails
+	n := newNetwork()
+	a := n.add(t, "a", "10.1.1.2", Config{Now: now})
+	b := n.add(t, "b", "10.1.2.2", Config{Now: now})
+	connect(a, b, 40000)
+	syncAll(t, a, b)
+	old, new := n.move(a, "10.1.3.2")
+	if err := a.e.Restore(t.Context(), old, new); err != nil {
+		t.Fatal(err)
+	}
+	l := NewLocationClient(a.e, []netip.Addr{loc})
+	for i, step := range []struct {
+		after time.Duration // since the step before
+		asked bool          // the step dials the server (and fails)
+	}{
+		{0, true},
+		{RetryUnreachable - time.Nanosecond, false},
+		{time.Nanosecond, true},
+		{RetryUnreachable / 2, false},
+		{RetryUnreachable / 2, true},
+	} {
+		clk = clk.Add(step.after)
+		n.mu.Lock()
+		before := n.dials[loc]
+		n.mu.Unlock()
+		_, err := l.Step(t.Context())
+		n.mu.Lock()
+		asked := n.dials[loc] > before
+		n.mu.Unlock()
+		if asked != step.asked || (err != nil) != step.asked {
+			t.Errorf("step %d (%v after the one before): dialled %v, err %v; want dialled %v", i+1, step.after, asked, err, step.asked)
+		}
+	}
+}

@@ -148,7 +148,7 @@ func keysAcrossRestart(t *testing.T, keep bool) {
 			t.Fatalf("after b's move: %v\n%s\n---\n%s", err, p.a.logs, p.b.logs)
 		}
 	}
-	es = waitKeyFile(t, keyFile, 5*time.Second, func(es []KeyEntry) bool { return len(es) == 1 && es[0].SendSeq == 1 && es[0].RecvTop == 1 })
+	waitKeyFile(t, keyFile, 5*time.Second, func(es []KeyEntry) bool { return len(es) == 1 && es[0].SendSeq == 1 && es[0].RecvTop == 1 })
 
 	// Again, and a moves: b opens a's update with the kept window and
 	// seals its reply with the next sequence number.

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/backoff"
 )
 
 // The restore report counts what one move did and times it from the moment
@@ -43,7 +45,7 @@ func TestRestoreReportCountsTheMoveAndTimesItFromTheAddressChange(t *testing.T) 
 	}
 	// A move whose peer is gone: the report says the connections aborted.
 	n2 := newNetwork()
-	c := n2.add(t, "c", "10.0.1.1", Config{RetryFor: time.Millisecond})
+	c := n2.add(t, "c", "10.0.1.1", Config{WalkRetry: backoff.Backoff{For: time.Millisecond}})
 	d := n2.add(t, "d", "10.0.2.2", Config{})
 	connect(c, d, 40000)
 	syncAll(t, c, d)

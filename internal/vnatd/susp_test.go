@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -16,7 +17,7 @@ func TestSuspendClaimIsRetransmittedUntilAnswered(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			n := newNetwork()
 			const retry = 20 * time.Millisecond
-			a := n.add(t, "a", "10.0.1.1", Config{SuspRetry: retry})
+			a := n.add(t, "a", "10.0.1.1", Config{ClaimRetry: backoff.Backoff{Initial: retry}})
 			b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
 			ta, tb := connect(a, b, 40000)
 			syncAll(t, a, b)
@@ -63,7 +64,7 @@ func TestSuspendClaimIsRetransmittedUntilAnswered(t *testing.T) {
 // error says so.
 func TestSuspendClaimNeverAnsweredFallsBackToPrimary(t *testing.T) {
 	n := newNetwork()
-	a := n.add(t, "a", "10.0.1.1", Config{SuspRetry: time.Millisecond})
+	a := n.add(t, "a", "10.0.1.1", Config{ClaimRetry: backoff.Backoff{Initial: time.Millisecond}})
 	b := n.add(t, "b", "10.0.2.2", Config{})
 	ta, tb := connect(a, b, 40000)
 	syncAll(t, a, b)

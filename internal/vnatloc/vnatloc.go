@@ -46,7 +46,7 @@ import (
 // Prefix + "PROTO/LOCAL/REMOTE" (virtual endpoints, ADDR:PORT), holding a
 // Stored as JSON. It is under the store's root but not under its intent/
 // prefix: a refresh is not an intent change and recompiles nothing.
-const Prefix = intent.Root + "vnat/locations/"
+const Prefix = intent.VNATLocationsPrefix
 
 // Limits of one server; zero fields of Config take these.
 const (

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/lispdp"
 )
@@ -255,20 +256,5 @@ func FixTCPChecksum(pkt []byte) {
 	}
 	seg := pkt[ihl:total]
 	seg[16], seg[17] = 0, 0
-	var sum uint32
-	add := func(b []byte) {
-		for i := 0; i+1 < len(b); i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(b[i:]))
-		}
-		if len(b)%2 == 1 {
-			sum += uint32(b[len(b)-1]) << 8
-		}
-	}
-	add(pkt[12:20]) // source and destination
-	sum += 6 + uint32(len(seg))
-	add(seg)
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(seg[16:], ^uint16(sum))
+	binary.BigEndian.PutUint16(seg[16:], csum.Transport(pkt[12:16], pkt[16:20], csum.ProtoTCP, seg))
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/csum"
 )
 
 // What an attack run found, tried again with real traffic: a hostile tenant
@@ -57,14 +59,7 @@ func ipv4UDP(ethSrc, ethDst string, vlan int, src, dst string, sport, dport int,
 	byteorder.BigEndian.PutUint16(ip[4:], id)
 	copy(ip[12:16], net.ParseIP(src).To4())
 	copy(ip[16:20], net.ParseIP(dst).To4())
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(byteorder.BigEndian.Uint16(ip[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	byteorder.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	csum.SetIPv4(ip)
 	udp := make([]byte, 8) // checksum 0: none, as IPv4 allows
 	byteorder.BigEndian.PutUint16(udp[0:], uint16(sport))
 	byteorder.BigEndian.PutUint16(udp[2:], uint16(dport))
