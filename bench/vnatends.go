@@ -86,7 +86,7 @@ func ip(steps ...[]string) error {
 }
 
 func vnatEnds(a, ia, b, ib string, move bool, in io.Reader, out io.Writer) (err error) {
-	var ds []*vnat.Datapath
+	var ds []*vnat.Kernel
 	defer func() {
 		for _, d := range ds {
 			err = errors.Join(err, d.Close())

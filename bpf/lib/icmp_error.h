@@ -32,7 +32,7 @@ struct icmp_quote {
 
 /* The one reading of an ICMP error's quote, shared by the router's
  * conntrack (policy.h), port space's steering (portspace.h) and its egress
- * check (sliver.c). icmp is the error's ICMP header, icmp_off its offset
+ * check (portspace.c). icmp is the error's ICMP header, icmp_off its offset
  * in the frame (for l4_off; 0 when the caller needs no offsets). Returns 1
  * with q set when the quoted IPv4 header (options allowed) and the 8 bytes
  * after it lie in the frame and are an L4 header: the quoted packet is

@@ -17,28 +17,28 @@
 #include "redirect.h"
 #include "portspace_maps.h"
 
-#define PS_DIR_OUT 0x80
-#define PS_ECHO_PROBES 8
+#define PORTSPACE_DIR_OUT 0x80
+#define PORTSPACE_ECHO_PROBES 8
 #define DROP_PS_FIRST DROP_PS_NO_SLIVER
 #define DROP_PS_LAST DROP_PS_OVER_SHARE
 
-static __always_inline struct ps_counters *ps_counters_of(__u32 slot)
+static __always_inline struct portspace_counters *portspace_counters_of(__u32 slot)
 {
-	return bpf_map_lookup_elem(&ps_stats, &slot);
+	return bpf_map_lookup_elem(&portspace_stats, &slot);
 }
 
-static __always_inline void ps_count_in(__u32 slot, __u32 len)
+static __always_inline void portspace_count_in(__u32 slot, __u32 len)
 {
-	struct ps_counters *c = ps_counters_of(slot);
+	struct portspace_counters *c = portspace_counters_of(slot);
 	if (c) {
 		c->packets_in += 1;
 		c->bytes_in += len;
 	}
 }
 
-static __always_inline void ps_count_out(__u32 slot, __u32 len)
+static __always_inline void portspace_count_out(__u32 slot, __u32 len)
 {
-	struct ps_counters *c = ps_counters_of(slot);
+	struct portspace_counters *c = portspace_counters_of(slot);
 	if (c) {
 		c->packets_out += 1;
 		c->bytes_out += len;
@@ -46,14 +46,14 @@ static __always_inline void ps_count_out(__u32 slot, __u32 len)
 }
 
 /* Drops a sliver's frame: counted for the node (drop.h) and for the sliver. */
-static __always_inline int ps_drop(struct __sk_buff *skb, struct packet *pkt, __u32 slot, __u32 reason)
+static __always_inline int portspace_drop(struct __sk_buff *skb, struct packet *pkt, __u32 slot, __u32 reason)
 {
-	struct ps_counters *c = ps_counters_of(slot);
+	struct portspace_counters *c = portspace_counters_of(slot);
 	if (c) {
 		__u32 i = 0;
 		if (reason >= DROP_PS_FIRST && reason <= DROP_PS_LAST)
 			i = 1 + reason - DROP_PS_FIRST;
-		if (i < PS_DROP_SLOTS)
+		if (i < PORTSPACE_DROP_SLOTS)
 			c->drops[i] += 1;
 	}
 	return drop_packet(skb, pkt, reason);
@@ -61,16 +61,16 @@ static __always_inline int ps_drop(struct __sk_buff *skb, struct packet *pkt, __
 
 /* One unit of slot's share of kind (a GCRA bucket, as share.h): 1 allowed,
  * 0 refused. Only a new record takes one; refreshing a record does not. */
-static __always_inline int ps_share_take(__u32 slot, const __u32 kind, __u64 now)
+static __always_inline int portspace_share_take(__u32 slot, const __u32 kind, __u64 now)
 {
 	__u32 zero = 0;
-	struct ps_limits *cfg = bpf_map_lookup_elem(&ps_config, &zero);
+	struct portspace_limits *cfg = bpf_map_lookup_elem(&portspace_config, &zero);
 	if (!cfg)
 		return 1;
 	__u64 interval = cfg->interval_ns[kind];
 	if (!interval)
 		return 1;
-	struct ps_share *s = bpf_map_lookup_elem(&ps_shares, &slot);
+	struct portspace_share *s = bpf_map_lookup_elem(&portspace_shares, &slot);
 	if (!s)
 		return 0;
 	if (!gcra_take(&s->next_ns[kind], interval, cfg->burst_ns[kind], now)) {
@@ -80,13 +80,13 @@ static __always_inline int ps_share_take(__u32 slot, const __u32 kind, __u64 now
 	return 1;
 }
 
-/* Port space's fragment records (ps_frags), one implementation for both
- * directions: a sliver's own datagrams (sliver.c) and datagrams steered to
- * a sliver (ps_steer). A later fragment follows a record younger than
+/* Port space's fragment records (portspace_frags), one implementation for both
+ * directions: a sliver's own datagrams (portspace.c) and datagrams steered to
+ * a sliver (portspace_steer). A later fragment follows a record younger than
  * FRAG_LIFETIME_NS, as the router's frag_flows (frag.h). */
-static __always_inline struct ps_frag *ps_frag_live(const struct ps_frag_key *k, __u64 now)
+static __always_inline struct portspace_frag *portspace_frag_live(const struct portspace_frag_key *k, __u64 now)
 {
-	struct ps_frag *f = bpf_map_lookup_elem(&ps_frags, k);
+	struct portspace_frag *f = bpf_map_lookup_elem(&portspace_frags, k);
 	if (f && now - f->when_ns < FRAG_LIFETIME_NS)
 		return f;
 	return 0;
@@ -96,23 +96,23 @@ static __always_inline struct ps_frag *ps_frag_live(const struct ps_frag_key *k,
  * refreshed; only a new one takes a unit of slot's share, so a datagram
  * sent again costs its sender nothing. 0, or DROP_PS_OVER_SHARE when a new
  * record was refused. */
-static __always_inline int ps_frag_record(const struct ps_frag_key *k, __u32 slot, __u64 now)
+static __always_inline int portspace_frag_record(const struct portspace_frag_key *k, __u32 slot, __u64 now)
 {
-	struct ps_frag *seen = bpf_map_lookup_elem(&ps_frags, k);
+	struct portspace_frag *seen = bpf_map_lookup_elem(&portspace_frags, k);
 	if (seen && seen->slot == slot) {
 		seen->when_ns = now;
 		return 0;
 	}
-	if (!ps_share_take(slot, PS_SHARE_FRAGS, now))
+	if (!portspace_share_take(slot, PORTSPACE_SHARE_FRAGS, now))
 		return DROP_PS_OVER_SHARE;
-	struct ps_frag f = {.when_ns = now, .slot = slot};
-	bpf_map_update_elem(&ps_frags, k, &f, BPF_ANY);
+	struct portspace_frag f = {.when_ns = now, .slot = slot};
+	bpf_map_update_elem(&portspace_frags, k, &f, BPF_ANY);
 	return 0;
 }
 
 /* Where a packet for a public address goes, and the echo id to put back
  * (at id_off, checksum at csum_off) when its sliver's id was rewritten. */
-struct ps_target {
+struct portspace_target {
 	__u32 slot;
 	__u32 id_off;
 	__u32 csum_off;
@@ -121,15 +121,15 @@ struct ps_target {
 };
 
 /* The sliver whose echo request to remote left with id: 0 for none. */
-static __always_inline __u32 ps_echo_owner(__be32 remote, __be16 id, __u32 u, struct ps_target *t, __u32 id_off, __u32 csum_off)
+static __always_inline __u32 portspace_echo_owner(__be32 remote, __be16 id, __u32 u, struct portspace_target *t, __u32 id_off, __u32 csum_off)
 {
-	struct ps_echo_key k = {.remote = remote, .id = id, .uplink = u};
-	struct ps_echo *e = bpf_map_lookup_elem(&ps_echo_ids, &k);
+	struct portspace_echo_key k = {.remote = remote, .id = id, .uplink = u};
+	struct portspace_echo *e = bpf_map_lookup_elem(&portspace_echo_ids, &k);
 	if (!e)
 		return 0;
 	/* Only an id of its lease left on the wire: a record of a sliver that
 	 * lost the lease since delivers nothing. */
-	if (ps_port_owner(u, bpf_ntohs(id)) != e->slot)
+	if (portspace_port_owner(u, bpf_ntohs(id)) != e->slot)
 		return 0;
 	if (e->orig_id != id) {
 		t->id_off = id_off;
@@ -143,15 +143,15 @@ static __always_inline __u32 ps_echo_owner(__be32 remote, __be16 id, __u32 u, st
 /* The owner of the flow an ICMP error quotes (icmp: its header, at
  * icmp_off in the frame): the quoted packet left from public (one of this
  * host's addresses on uplink u), so its source port or echo id says whose. */
-static __always_inline __u32 ps_error_owner(struct packet *pkt, __u8 *icmp, __u32 icmp_off, __be32 public, __u32 u, struct ps_target *t)
+static __always_inline __u32 portspace_error_owner(struct packet *pkt, __u8 *icmp, __u32 icmp_off, __be32 public, __u32 u, struct portspace_target *t)
 {
 	struct icmp_quote q;
 	if (!icmp_quote_of(icmp, icmp_off, pkt->data_end, &q) || q.ip->saddr != public)
 		return 0;
 	if (q.ip->protocol == IPPROTO_TCP_ || q.ip->protocol == IPPROTO_UDP_)
-		return ps_port_owner(u, bpf_ntohs(*(__be16 *)q.l4));
+		return portspace_port_owner(u, bpf_ntohs(*(__be16 *)q.l4));
 	if (q.ip->protocol == IPPROTO_ICMP_ && q.l4[0] == ICMP_ECHO_REQUEST)
-		return ps_echo_owner(q.ip->daddr, *(__be16 *)(q.l4 + 4), u, t, q.l4_off + 4, icmp_off + 2);
+		return portspace_echo_owner(q.ip->daddr, *(__be16 *)(q.l4 + 4), u, t, q.l4_off + 4, icmp_off + 2);
 	return 0;
 }
 
@@ -159,15 +159,15 @@ static __always_inline __u32 ps_error_owner(struct packet *pkt, __u8 *icmp, __u3
  * for the host's own stack. A later fragment goes where its first went,
  * if that was a sliver; a first fragment steered to a sliver is recorded
  * (on the sliver's share). */
-static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_target *t)
+static __always_inline void portspace_steer(struct packet *pkt, __u32 u, struct portspace_target *t)
 {
 	struct iphdr *ip = pkt->ip;
 	__u8 proto = ip->protocol;
 	t->slot = 0;
 	t->id_off = 0;
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
-		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
-		struct ps_frag *f = ps_frag_live(&k, packet_now(pkt));
+		struct portspace_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
+		struct portspace_frag *f = portspace_frag_live(&k, packet_now(pkt));
 		if (f)
 			t->slot = f->slot;
 		return;
@@ -178,25 +178,25 @@ static __always_inline void ps_steer(struct packet *pkt, __u32 u, struct ps_targ
 		return;
 	__u32 l4_off = ETH_HLEN + hl;
 	if (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_) {
-		t->slot = ps_port_owner(u, bpf_ntohs(((__be16 *)l4)[1]));
+		t->slot = portspace_port_owner(u, bpf_ntohs(((__be16 *)l4)[1]));
 	} else if (proto == IPPROTO_ICMP_) {
 		__u8 type = l4[0];
 		if (type == ICMP_ECHO_REPLY)
-			t->slot = ps_echo_owner(ip->saddr, *(__be16 *)(l4 + 4), u, t, l4_off + 4, l4_off + 2);
+			t->slot = portspace_echo_owner(ip->saddr, *(__be16 *)(l4 + 4), u, t, l4_off + 4, l4_off + 2);
 		else if (is_icmp_error(type))
-			t->slot = ps_error_owner(pkt, l4, l4_off, ip->daddr, u, t);
+			t->slot = portspace_error_owner(pkt, l4, l4_off, ip->daddr, u, t);
 	}
 	if (t->slot && (ip->frag_off & bpf_htons(IP_MF))) {
 		/* Over its share the first fragment is still delivered; its later
 		 * fragments then go to the host. */
-		struct ps_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
-		ps_frag_record(&k, t->slot, packet_now(pkt));
+		struct portspace_frag_key k = {.remote = ip->saddr, .id = ip->id, .proto = proto, .uplink_dir = u};
+		portspace_frag_record(&k, t->slot, packet_now(pkt));
 	}
 }
 
 /* Puts the sliver's own echo id back (the frame's pointers are stale
  * afterwards). */
-static __always_inline int ps_restore_id(struct __sk_buff *skb, struct ps_target *t)
+static __always_inline int portspace_restore_id(struct __sk_buff *skb, struct portspace_target *t)
 {
 	if (!t->id_off)
 		return 0;
@@ -206,16 +206,16 @@ static __always_inline int ps_restore_id(struct __sk_buff *skb, struct ps_target
 }
 
 /* What one walk over an uplink's sliver links needs (bpf_loop). */
-struct ps_fan_walk {
+struct portspace_fan_walk {
 	struct __sk_buff *skb;
 	__u32 uplink;
 };
 
-static long ps_fan_one(__u32 index, void *ctx)
+static long portspace_fan_one(__u32 index, void *ctx)
 {
-	struct ps_fan_walk *w = ctx;
-	struct ps_fanout_key k = {.uplink = w->uplink, .index = index};
-	__u32 *ifindex = bpf_map_lookup_elem(&ps_fanout, &k);
+	struct portspace_fan_walk *w = ctx;
+	struct portspace_fanout_key k = {.uplink = w->uplink, .index = index};
+	__u32 *ifindex = bpf_map_lookup_elem(&portspace_fanout, &k);
 	if (!ifindex || !*ifindex)
 		return 0;
 	if (clone_out(w->skb, *ifindex) == 0)
@@ -228,15 +228,15 @@ static long ps_fan_one(__u32 index, void *ctx)
 static __always_inline int portspace_from_fabric(struct __sk_buff *skb, struct packet *pkt)
 {
 	__u32 ifindex = skb->ifindex;
-	struct ps_uplink *up = bpf_map_lookup_elem(&ps_uplinks, &ifindex);
+	struct portspace_uplink *up = bpf_map_lookup_elem(&portspace_uplinks, &ifindex);
 	if (!up)
 		goto host;
 	if (pkt->arp) {
 		/* Only the host answers for the public address; a reply to it
 		 * answers whoever asked, host or sliver (they share the MAC). */
 		if (pkt->arp->op == bpf_htons(ARPOP_REPLY) && pkt->arp->tpa == up->addr && up->vifs) {
-			struct ps_fan_walk w = {.skb = skb, .uplink = up->index};
-			bpf_loop(up->vifs, ps_fan_one, &w, 0);
+			struct portspace_fan_walk w = {.skb = skb, .uplink = up->index};
+			bpf_loop(up->vifs, portspace_fan_one, &w, 0);
 		}
 		goto host;
 	}
@@ -244,18 +244,18 @@ static __always_inline int portspace_from_fabric(struct __sk_buff *skb, struct p
 	if (!ip || ip->daddr != up->addr || !mac_equal(pkt->eth->h_dest, up->mac))
 		goto host;
 	__u32 u = up->index;
-	struct ps_target t = {};
-	ps_steer(pkt, u, &t);
+	struct portspace_target t = {};
+	portspace_steer(pkt, u, &t);
 	if (!t.slot)
 		goto host;
 	__u32 slot = t.slot;
-	struct ps_sliver *s = bpf_map_lookup_elem(&ps_slivers, &slot);
-	if (!s || u >= PS_MAX_UPLINKS || !s->vif[u & (PS_MAX_UPLINKS - 1)])
+	struct portspace_sliver *s = bpf_map_lookup_elem(&portspace_slivers, &slot);
+	if (!s || u >= PORTSPACE_MAX_UPLINKS || !s->vif[u & (PORTSPACE_MAX_UPLINKS - 1)])
 		goto host;
-	__u32 vif = s->vif[u & (PS_MAX_UPLINKS - 1)];
-	if (ps_restore_id(skb, &t) < 0)
+	__u32 vif = s->vif[u & (PORTSPACE_MAX_UPLINKS - 1)];
+	if (portspace_restore_id(skb, &t) < 0)
 		return drop_quietly(DROP_MALFORMED);
-	ps_count_in(slot, skb->len);
+	portspace_count_in(slot, skb->len);
 	count_forward(FWD_TO_SLIVER);
 	return redirect_peer(vif);
 host:

@@ -11,78 +11,78 @@
 
 #include "common.h"
 
-/* internal/portspace/plan.go: MaxUplinks, MaxSlivers (a test compares). */
-#define PS_MAX_UPLINKS 4
-#define PS_MAX_SLIVERS 16384
-#define PS_PORTS (PS_MAX_UPLINKS * 65536)
-#define PS_FRAG_MAX 16384
-#define PS_ECHO_MAX 16384
+/* internal/limits: MaxUplinks, MaxSlivers (a test compares). */
+#define PORTSPACE_MAX_UPLINKS 4
+#define PORTSPACE_MAX_SLIVERS 16384
+#define PORTSPACE_PORTS (PORTSPACE_MAX_UPLINKS * 65536)
+#define PORTSPACE_FRAG_MAX 16384
+#define PORTSPACE_ECHO_MAX 16384
 
 /* One of the host's uplinks and the public address its slivers share. */
-struct ps_uplink {
+struct portspace_uplink {
 	__u32 ifindex;
 	__be32 addr;
 	__u8 mac[ETH_ALEN];
 	__u8 index;
 	__u8 _pad;
-	__u32 vifs; /* entries of ps_fanout for this uplink */
+	__u32 vifs; /* entries of portspace_fanout for this uplink */
 };
 
 /* A sliver, by slot: its host-side link per uplink (0: none) and, per
  * uplink, the range its rewritten ICMP echo ids are picked from (its
  * lowest lease there; lo > hi: none). */
-struct ps_sliver {
-	__u32 vif[PS_MAX_UPLINKS];
-	__u16 echo_lo[PS_MAX_UPLINKS];
-	__u16 echo_hi[PS_MAX_UPLINKS];
+struct portspace_sliver {
+	__u32 vif[PORTSPACE_MAX_UPLINKS];
+	__u16 echo_lo[PORTSPACE_MAX_UPLINKS];
+	__u16 echo_hi[PORTSPACE_MAX_UPLINKS];
 };
 
 /* A sliver's host-side link: whose it is, which uplink it stands for, and
  * its own MAC (a frame for the host is given it, so the host's stack takes
  * the frame as its own). */
-struct ps_vif {
+struct portspace_vif {
 	__u32 slot;
 	__u8 uplink;
 	__u8 mac[ETH_ALEN];
 	__u8 _pad;
 };
 
-enum ps_share_kind {
-	PS_SHARE_FRAGS = 0, /* fragment-steering records */
-	PS_SHARE_ECHO,      /* ICMP echo-id records */
-	PS_SHARE_KINDS,
+enum portspace_share_kind {
+	PORTSPACE_SHARE_FRAGS = 0, /* fragment-steering records */
+	PORTSPACE_SHARE_ECHO,      /* ICMP echo-id records */
+	PORTSPACE_SHARE_KINDS,
 };
 
 /* Written by the agent: per kind, the interval between a sliver's new
  * records and how far ahead of now its bucket may run (GCRA, as share.h). */
-struct ps_limits {
-	__u64 interval_ns[PS_SHARE_KINDS];
-	__u64 burst_ns[PS_SHARE_KINDS];
+struct portspace_limits {
+	__u64 interval_ns[PORTSPACE_SHARE_KINDS];
+	__u64 burst_ns[PORTSPACE_SHARE_KINDS];
 };
 
 /* A sliver's buckets and what it was refused (datapath-owned, by slot). */
-struct ps_share {
-	__u64 next_ns[PS_SHARE_KINDS];
-	__u64 refused[PS_SHARE_KINDS];
+struct portspace_share {
+	__u64 next_ns[PORTSPACE_SHARE_KINDS];
+	__u64 refused[PORTSPACE_SHARE_KINDS];
 };
 
 /* Per-sliver drop counters: [0] malformed, [1 + r - DROP_PS_FIRST] for
  * each port-space reason r. */
-#define PS_DROP_SLOTS 16
+#define PORTSPACE_DROP_SLOTS 16
 
 /* A sliver's traffic, per CPU, by slot (slot 0: the host's own, unused). */
-struct ps_counters {
+struct portspace_counters {
 	__u64 packets_in;
 	__u64 bytes_in;
 	__u64 packets_out;
 	__u64 bytes_out;
-	__u64 drops[PS_DROP_SLOTS];
+	__u64 drops[PORTSPACE_DROP_SLOTS];
 };
 
 /* A fragmented datagram: to a sliver (from the fabric or a hairpin; slot
  * 0 in the key, the steered-to slot in the value), or from one (dir 1,
  * its slot in the key). */
-struct ps_frag_key {
+struct portspace_frag_key {
 	__be32 remote;
 	__be16 id;
 	__u8 proto;
@@ -90,27 +90,27 @@ struct ps_frag_key {
 	__u32 slot;
 };
 
-struct ps_frag {
+struct portspace_frag {
 	__u64 when_ns;
 	__u32 slot;
 	__u32 _pad;
 };
 
 /* An echo request a sliver sent: to remote, with this id on the wire. */
-struct ps_echo_key {
+struct portspace_echo_key {
 	__be32 remote;
 	__be16 id;
 	__u8 uplink;
 	__u8 _pad;
 };
 
-struct ps_echo {
+struct portspace_echo {
 	__be16 orig_id; /* the id the sliver chose, restored in the reply */
 	__u16 _pad;
 	__u32 slot;
 };
 
-struct ps_fanout_key {
+struct portspace_fanout_key {
 	__u32 uplink;
 	__u32 index;
 };
@@ -118,120 +118,120 @@ struct ps_fanout_key {
 /* Uplinks by ifindex (the fabric side) and by index (the sliver side). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, PS_MAX_UPLINKS);
+	__uint(max_entries, PORTSPACE_MAX_UPLINKS);
 	__type(key, __u32);
-	__type(value, struct ps_uplink);
+	__type(value, struct portspace_uplink);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_uplinks SEC(".maps");
+} portspace_uplinks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PS_MAX_UPLINKS);
+	__uint(max_entries, PORTSPACE_MAX_UPLINKS);
 	__type(key, __u32);
-	__type(value, struct ps_uplink);
+	__type(value, struct portspace_uplink);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_uplink_index SEC(".maps");
+} portspace_uplink_index SEC(".maps");
 
 /* Public address -> uplink index (the hairpin, lo, the cgroup hooks). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, PS_MAX_UPLINKS);
+	__uint(max_entries, PORTSPACE_MAX_UPLINKS);
 	__type(key, __be32);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_addrs SEC(".maps");
+} portspace_addrs SEC(".maps");
 
 /* index*65536 + port -> slot (0: the host's own). One array lookup steers
  * a packet however many leases there are. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PS_PORTS);
+	__uint(max_entries, PORTSPACE_PORTS);
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_ports SEC(".maps");
+} portspace_ports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PS_MAX_SLIVERS + 1);
+	__uint(max_entries, PORTSPACE_MAX_SLIVERS + 1);
 	__type(key, __u32);
-	__type(value, struct ps_sliver);
+	__type(value, struct portspace_sliver);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_slivers SEC(".maps");
+} portspace_slivers SEC(".maps");
 
 /* Host-side sliver link ifindex -> whose. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, PS_MAX_SLIVERS * PS_MAX_UPLINKS);
+	__uint(max_entries, PORTSPACE_MAX_SLIVERS * PORTSPACE_MAX_UPLINKS);
 	__type(key, __u32);
-	__type(value, struct ps_vif);
+	__type(value, struct portspace_vif);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_vifs SEC(".maps");
+} portspace_vifs SEC(".maps");
 
 /* (uplink, i) -> the i-th sliver link of that uplink, for ARP replies. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, PS_MAX_SLIVERS * PS_MAX_UPLINKS);
-	__type(key, struct ps_fanout_key);
+	__uint(max_entries, PORTSPACE_MAX_SLIVERS * PORTSPACE_MAX_UPLINKS);
+	__type(key, struct portspace_fanout_key);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_fanout SEC(".maps");
+} portspace_fanout SEC(".maps");
 
-/* cgroup v2 id -> slot (sliver_sock.c). */
+/* cgroup v2 id -> slot (portspace_sock.c). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, PS_MAX_SLIVERS);
+	__uint(max_entries, PORTSPACE_MAX_SLIVERS);
 	__type(key, __u64);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_cgroups SEC(".maps");
+} portspace_cgroups SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct ps_limits);
+	__type(value, struct portspace_limits);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_config SEC(".maps");
+} portspace_config SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PS_MAX_SLIVERS + 1);
+	__uint(max_entries, PORTSPACE_MAX_SLIVERS + 1);
 	__type(key, __u32);
-	__type(value, struct ps_share);
+	__type(value, struct portspace_share);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_shares SEC(".maps");
+} portspace_shares SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, PS_FRAG_MAX);
-	__type(key, struct ps_frag_key);
-	__type(value, struct ps_frag);
+	__uint(max_entries, PORTSPACE_FRAG_MAX);
+	__type(key, struct portspace_frag_key);
+	__type(value, struct portspace_frag);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_frags SEC(".maps");
+} portspace_frags SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, PS_ECHO_MAX);
-	__type(key, struct ps_echo_key);
-	__type(value, struct ps_echo);
+	__uint(max_entries, PORTSPACE_ECHO_MAX);
+	__type(key, struct portspace_echo_key);
+	__type(value, struct portspace_echo);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_echo_ids SEC(".maps");
+} portspace_echo_ids SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, PS_MAX_SLIVERS + 1);
+	__uint(max_entries, PORTSPACE_MAX_SLIVERS + 1);
 	__type(key, __u32);
-	__type(value, struct ps_counters);
+	__type(value, struct portspace_counters);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ps_stats SEC(".maps");
+} portspace_stats SEC(".maps");
 
 /* Who leases port (host order) on uplink u: a slot, 0 for the host. The
  * steering, the sliver's checks and its socket programs all ask this. */
-static __always_inline __u32 ps_port_owner(__u32 u, __u16 port)
+static __always_inline __u32 portspace_port_owner(__u32 u, __u16 port)
 {
 	__u32 key = (u << 16) | port;
-	__u32 *slot = bpf_map_lookup_elem(&ps_ports, &key);
+	__u32 *slot = bpf_map_lookup_elem(&portspace_ports, &key);
 	return slot ? *slot : 0;
 }
 

@@ -12,11 +12,11 @@
 
 #include "common.h"
 
-/* internal/tap.MaxRules (a test compares): rules are slots
+/* internal/limits.MaxTapRules (a test compares): rules are slots
  * 0..TAP_MAX_RULES-1. */
 #define TAP_MAX_RULES 256
 #define TAP_WORDS (TAP_MAX_RULES / 64)
-/* internal/tap.MaxTargets: distinct monitors (local VMs, remote hosts) one
+/* internal/limits.MaxTapTargets: distinct monitors (local VMs, remote hosts) one
  * host's rules copy to. One 64-bit set per packet keeps the walk's stack
  * small (tap.h). */
 #define TAP_MAX_TARGETS 64

@@ -12,7 +12,7 @@ import (
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/lab"
-	"github.com/onehop/onehop/internal/portspace"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 func agentCmd() *cobra.Command {
@@ -110,8 +110,8 @@ func setUplinks(cfg *agent.Config, names []string) error {
 	if len(names) == 0 {
 		return fmt.Errorf("--uplink: at least one interface is required")
 	}
-	if len(names) > portspace.MaxUplinks {
-		return fmt.Errorf("--uplink: %d given, at most %d uplinks per host", len(names), portspace.MaxUplinks)
+	if len(names) > limits.MaxUplinks {
+		return fmt.Errorf("--uplink: %d given, at most %d uplinks per host", len(names), limits.MaxUplinks)
 	}
 	seen := map[string]bool{}
 	for _, n := range names {

@@ -189,6 +189,13 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	for _, f := range a.features {
+		if l, ok := f.(feature.Loader); ok {
+			if err := l.Load(); err != nil {
+				return nil, fmt.Errorf("agent: %w", err)
+			}
+		}
+	}
+	for _, f := range a.features {
 		a.subs[f.Name()] = &subController{}
 	}
 	return a, nil

@@ -16,9 +16,7 @@ import (
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/limits"
 	"github.com/onehop/onehop/internal/policy"
-	"github.com/onehop/onehop/internal/portspace"
 	"github.com/onehop/onehop/internal/store"
-	"github.com/onehop/onehop/internal/tap"
 	"github.com/onehop/onehop/internal/topology"
 )
 
@@ -39,10 +37,10 @@ type Controller struct {
 	// maxVMsPerHost is how many VMs a host's datapath holds; tests lower it.
 	maxVMsPerHost int
 	// maxSlivers is how many slivers a host's datapath holds
-	// (portspace.MaxSlivers); tests lower it.
+	// (limits.MaxSlivers); tests lower it.
 	maxSlivers int
 	// maxTaps is how many TAP policies there may be: half a host's TAP
-	// rules (tap.MaxRules), so each fits in both directions; tests lower it.
+	// rules (limits.MaxTapRules), so each fits in both directions; tests lower it.
 	maxTaps int
 	// loc is the location server's held-address index (location.go).
 	loc locationState
@@ -50,8 +48,8 @@ type Controller struct {
 
 // New returns a controller writing to s.
 func New(s store.Store, log *slog.Logger) *Controller {
-	c := &Controller{raw: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: portspace.MaxSlivers,
-		maxTaps: tap.MaxRules / 2, kick: make(chan struct{}, 1)}
+	c := &Controller{raw: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: limits.MaxSlivers,
+		maxTaps: limits.MaxTapRules / 2, kick: make(chan struct{}, 1)}
 	c.store = &tracked{Store: s, c: c}
 	return c
 }

@@ -1,18 +1,18 @@
-// Package datapath loads onehop's eBPF programs, attaches them with tcx, and
-// keeps their maps equal to a node's desired state.
+// Package datapath is the virtual router in the kernel: it loads the vif and
+// uplink programs, attaches them with tcx, and keeps their maps equal to a
+// node's desired state. The programs hold every stage's maps, pinned; a
+// feature with programs of its own loads them on those maps
+// (internal/portspace).
 package datapath
 
 // The C lives in bpf/ (a directory without Go files: Go refuses .c files in
 // a package without cgo). Generated .go and .o files are committed so a
 // plain `go build` needs no clang; CI checks they match the C.
-//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint -type vif_info -type node_config -type drop_reason -type forward_path -type drop_event -type vis_key -type slowpath_event -type slowpath_kind -type mapping -type farm_config -type fw_key -type fw_rule -type fw_policy -type fw_policy_key -type scope_key -type scope_info -type member_key -type scope_member -type feature_bit -type share_limits -type vm_share -type share_kind -type host_key -type tap_key -type tap_bits -type tap_rule -type tap_target -type tap_limits -type tap_counters -type tap_role -type tap_side -type tap_key_kind vif ../../bpf/vif.c
+//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint -type vif_info -type node_config -type drop_reason -type forward_path -type drop_event -type vis_key -type slowpath_event -type slowpath_kind -type mapping -type farm_config -type fw_key -type fw_rule -type fw_policy -type fw_policy_key -type scope_key -type scope_info -type member_key -type scope_member -type feature_bit -type share_limits -type vm_share -type share_kind -type host_key vif ../../bpf/vif.c
 //go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel uplink ../../bpf/uplink.c
-//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type ps_uplink -type ps_sliver -type ps_vif -type ps_limits -type ps_share -type ps_counters -type ps_frag_key -type ps_frag -type ps_echo_key -type ps_echo -type ps_fanout_key -type ps_share_kind sliver ../../bpf/sliver.c
-//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel sliverSock ../../bpf/sliver_sock.c
 
 // The same programs built with ONEHOP_TEST_HOOKS, for tests only: every
 // redirect and clone is also logged (bpf/lib/redirect.h), so a BPF_PROG_RUN
 // test can see where a frame would go. Production code never loads them.
 //go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -DONEHOP_TEST_HOOKS -I/usr/include/x86_64-linux-gnu" -target bpfel -type redirect_trace -type redirect_kind vifTest ../../bpf/vif.c
 //go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -DONEHOP_TEST_HOOKS -I/usr/include/x86_64-linux-gnu" -target bpfel uplinkTest ../../bpf/uplink.c
-//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -DONEHOP_TEST_HOOKS -I/usr/include/x86_64-linux-gnu" -target bpfel sliverTest ../../bpf/sliver.c

@@ -3,21 +3,22 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/onehop/onehop/internal/arpengine"
+	"github.com/onehop/onehop/internal/bpfobj"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 )
@@ -28,17 +29,17 @@ type Kernel struct {
 	pinDir string // "" when nothing is pinned (tests)
 	vif    vifObjects
 	uplink uplinkObjects
-	sliver sliverObjects
-	sock   sliverSockObjects
-	links  map[string]link.Link
-	// psLinks are port space's links (sliver links, lo, the slivers'
-	// cgroup), kept apart from the router's so its Apply leaves them be.
-	psLinks map[string]link.Link
-	maps    map[string]*ebpf.Map // every map of both programs, by its name in the C
+	links  *bpfobj.Links
+	maps   map[string]*ebpf.Map // every map of both programs, by its name in the C
+	// closeWith are objects loaded on these maps (port space's programs),
+	// closed with them.
+	closeWith []io.Closer
 	// barrier and barrierInner: waitForPrograms updates one in the other.
 	barrier, barrierInner *ebpf.Map
 	dropName              []string
 	fwdName               []string
+	// dropCounted is dropName without the reason that drops nothing.
+	dropCounted []string
 }
 
 // Options size what the operator may size.
@@ -61,9 +62,9 @@ const MinMappingTableSize = 64
 // pinDir/links, so traffic keeps flowing across an agent restart and a new
 // agent takes over the same maps.
 func Open(pinDir string, o Options) (*Kernel, error) {
-	vifSpec, uplinkSpec, sliverSpec := loadVif, loadUplink, loadSliver
+	vifSpec, uplinkSpec := loadVif, loadUplink
 	if o.testHooks {
-		vifSpec, uplinkSpec, sliverSpec = loadVifTest, loadUplinkTest, loadSliverTest
+		vifSpec, uplinkSpec = loadVifTest, loadUplinkTest
 	}
 	spec, err := vifSpec()
 	if err != nil {
@@ -79,12 +80,16 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 	if err := sizes.apply(spec); err != nil {
 		return nil, err
 	}
-	k := &Kernel{pinDir: pinDir, links: map[string]link.Link{}, psLinks: map[string]link.Link{}}
-	if k.dropName, err = enumNames(spec, "drop_reason", "DROP_"); err != nil {
+	k := &Kernel{pinDir: pinDir, links: bpfobj.NewLinks(pinPath(pinDir, "links"))}
+	if k.dropName, err = bpfobj.EnumNames(spec, "drop_reason", "DROP_"); err != nil {
 		return nil, err
 	}
-	if k.fwdName, err = enumNames(spec, "forward_path", "FWD_"); err != nil {
+	if k.fwdName, err = bpfobj.EnumNames(spec, "forward_path", "FWD_"); err != nil {
 		return nil, err
+	}
+	k.dropCounted = slices.Clone(k.dropName)
+	if i := slices.Index(k.dropCounted, "none"); i >= 0 {
+		k.dropCounted[i] = ""
 	}
 
 	opts := &ebpf.CollectionOptions{}
@@ -114,46 +119,22 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		restorePins(stale)
 		return nil, fmt.Errorf("load vif program: %w", err)
 	}
-	moveEntries(stale, mapsByName(&k.vif.vifMaps))
+	moveEntries(stale, bpfobj.MapsByName(&k.vif.vifMaps))
 
-	uspec, err := uplinkSpec()
-	if err != nil {
-		k.vif.Close()
-		return nil, err
-	}
 	// Every pinned map of the vif program is shared with the uplink program
-	// by name: a feature's new map needs no line here.
-	shared := mapsByName(&k.vif.vifMaps)
-	uopts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
-	for name, ms := range uspec.Maps {
-		if ms.Pinning == ebpf.PinNone {
-			continue // the uplink's own (.bss and the like)
-		}
-		shared, ok := shared[name]
-		if !ok {
-			k.vif.Close()
-			return nil, fmt.Errorf("uplink program uses map %s, which the vif program does not share", name)
-		}
-		uopts.MapReplacements[name] = shared
-		ms.MaxEntries = shared.MaxEntries() // sized at load (--mapping-table-size)
+	// (and any other loaded on them, Maps) by name: a feature's new map
+	// needs no line here.
+	shared := bpfobj.MapsByName(&k.vif.vifMaps)
+	uspec, err := uplinkSpec()
+	if err == nil {
+		err = bpfobj.LoadOn(uspec, &k.uplink, shared, "uplink", "vif")
 	}
-	if err := uspec.LoadAndAssign(&k.uplink, uopts); err != nil {
-		k.vif.Close()
-		return nil, fmt.Errorf("load uplink program: %w", err)
-	}
-	if err := loadSharing(sliverSpec, shared, &k.sliver, "sliver"); err != nil {
-		k.uplink.Close()
-		k.vif.Close()
-		return nil, err
-	}
-	if err := loadSharing(loadSliverSock, shared, &k.sock, "sliver socket"); err != nil {
-		k.sliver.Close()
-		k.uplink.Close()
-		k.vif.Close()
+	if err != nil {
+		k.Close()
 		return nil, err
 	}
 	k.maps = shared
-	for name, m := range mapsByName(&k.uplink.uplinkMaps) {
+	for name, m := range bpfobj.MapsByName(&k.uplink.uplinkMaps) {
 		if _, ok := k.maps[name]; !ok {
 			k.maps[name] = m
 		}
@@ -165,53 +146,29 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 	return k, nil
 }
 
-// mapsByName lists the *ebpf.Map fields of a bpf2go objects struct by their
-// `ebpf:"name"` tags, the names the C gives them.
-func mapsByName(objs any) map[string]*ebpf.Map {
-	out := map[string]*ebpf.Map{}
-	v := reflect.ValueOf(objs).Elem()
-	for i := 0; i < v.NumField(); i++ {
-		f := v.Type().Field(i)
-		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && f.Tag.Get("ebpf") != "" && m != nil {
-			out[f.Tag.Get("ebpf")] = m
-		}
-	}
-	return out
-}
-
-func enumNames(spec *ebpf.CollectionSpec, typ, prefix string) ([]string, error) {
-	var e *btf.Enum
-	if err := spec.Types.TypeByName(typ, &e); err != nil {
-		return nil, fmt.Errorf("btf enum %s: %w", typ, err)
-	}
-	names := make([]string, 0, len(e.Values))
-	for _, v := range e.Values {
-		for uint64(len(names)) < v.Value {
-			names = append(names, "")
-		}
-		if uint64(len(names)) == v.Value {
-			names = append(names, strings.ToLower(strings.TrimPrefix(v.Name, prefix)))
-		}
-	}
-	return names, nil
-}
-
 // VifProgram and UplinkProgram are exposed for BPF_PROG_RUN tests.
 func (k *Kernel) VifProgram() *ebpf.Program { return k.vif.VifIngress }
 
 // UplinkProgram is the program on the uplink's tcx ingress.
 func (k *Kernel) UplinkProgram() *ebpf.Program { return k.uplink.UplinkIngress }
 
+// PinDir is where the maps and links are pinned, "" when nothing is.
+func (k *Kernel) PinDir() string { return k.pinDir }
+
+// Maps are the programs' maps by their names in the C, for another object
+// to load on (bpfobj.LoadOn): port space's programs use the router's maps.
+func (k *Kernel) Maps() map[string]*ebpf.Map { return maps.Clone(k.maps) }
+
+// CloseWith has c closed when k is: an object loaded on k's maps lives no
+// longer than they do in this process.
+func (k *Kernel) CloseWith(c io.Closer) { k.closeWith = append(k.closeWith, c) }
+
 // Close releases this process's handles. Pinned maps and links stay.
 func (k *Kernel) Close() error {
-	for _, l := range k.links {
-		l.Close()
+	for _, c := range k.closeWith {
+		c.Close()
 	}
-	for _, l := range k.psLinks {
-		l.Close()
-	}
-	k.sock.Close()
-	k.sliver.Close()
+	k.links.Close()
 	k.uplink.Close()
 	if k.barrier != nil {
 		k.barrier.Close()
@@ -220,61 +177,19 @@ func (k *Kernel) Close() error {
 	return k.vif.Close()
 }
 
+// pinPath is pinDir/sub, or "" when nothing is pinned.
+func pinPath(pinDir, sub string) string {
+	if pinDir == "" {
+		return ""
+	}
+	return filepath.Join(pinDir, sub)
+}
+
 // attach makes sure prog is on ifname's tcx ingress. A pinned link for the
 // same ifindex is taken over and given the freshly loaded program; a pinned
 // link for an interface that was recreated (new ifindex) is replaced.
 func (k *Kernel) attach(ifname string, ifindex int, prog *ebpf.Program) error {
-	return k.attachTCX(k.links, "links", ifname, ifname, ifindex, prog, ebpf.AttachTCXIngress)
-}
-
-// attachTCX puts prog on ifindex's tcx hook at, as the link named name in
-// links (pinned under pinDir/pinSub/name).
-func (k *Kernel) attachTCX(links map[string]link.Link, pinSub, name, ifname string, ifindex int, prog *ebpf.Program, at ebpf.AttachType) error {
-	if l, ok := links[name]; ok {
-		if info, err := l.Info(); err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-			return nil
-		}
-		detachFrom(links, k.pinDir != "", name)
-	}
-	pin := ""
-	if k.pinDir != "" {
-		pin = filepath.Join(k.pinDir, pinSub, name)
-		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-			info, ierr := l.Info()
-			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex && l.Update(prog) == nil {
-				links[name] = l
-				return nil
-			}
-			l.Unpin()
-			l.Close()
-		}
-	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
-	if err != nil {
-		return fmt.Errorf("attach tcx %s to %s (ifindex %d): %w", at, ifname, ifindex, err)
-	}
-	if pin != "" {
-		if err := l.Pin(pin); err != nil {
-			l.Close()
-			return fmt.Errorf("pin link of %s: %w", ifname, err)
-		}
-	}
-	links[name] = l
-	return nil
-}
-
-func (k *Kernel) detach(ifname string) {
-	detachFrom(k.links, k.pinDir != "", ifname)
-}
-
-func detachFrom(links map[string]link.Link, pinned bool, name string) {
-	if l, ok := links[name]; ok {
-		if pinned {
-			l.Unpin()
-		}
-		l.Close()
-		delete(links, name)
-	}
+	return k.links.TCX(ifname, ifname, ifindex, prog, ebpf.AttachTCXIngress)
 }
 
 // isVifLink reports whether a link is a VM's vif (intent.VifName), the only
@@ -313,9 +228,9 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	}
 	// Only the router's own links (vifs) are Apply's to remove: the
 	// uplinks and the links other features attach are theirs.
-	for name := range k.links {
+	for _, name := range k.links.Held() {
 		if _, want := e.Attach[name]; !want && name != uplinkName && isVifLink(name) {
-			k.detach(name)
+			k.links.Detach(name)
 		}
 	}
 	if k.pinDir != "" {
@@ -411,6 +326,19 @@ func (k *Kernel) syncFarms(farms [256]FarmConfig) error {
 	}
 	return nil
 }
+
+// The features' bits in node_config.features (enum feature_bit), which
+// switch their stages of the router's programs on: listed here, with the
+// router's config, rather than in each feature.
+const (
+	// FeaturePortspace is port space's bit (internal/portspace).
+	FeaturePortspace = uint32(vifFeatureBitFEATURE_PORTSPACE)
+	// FeatureTap is the TAP's bit (internal/tap).
+	FeatureTap = uint32(vifFeatureBitFEATURE_TAP)
+	// FeatureVNATLocation lets VMs reach the VNAT location service through
+	// the host (bpf/lib/vnat_service.h; the agent's relay sets it).
+	FeatureVNATLocation = uint32(vifFeatureBitFEATURE_VNAT_LOCATION)
+)
 
 // SetFeatures sets the node's feature bits (node_config.features), which
 // switch the features' datapath stages on; the rest of the config stays.
@@ -537,28 +465,13 @@ type Counters struct {
 
 // Counters reads the per-CPU counter maps.
 func (k *Kernel) Counters() (Counters, error) {
-	c := Counters{Drops: map[string]uint64{}, Forwards: map[string]uint64{}, Refused: map[netip.Addr]map[string]uint64{}}
-	read := func(m *ebpf.Map, names []string, into map[string]uint64) error {
-		for i, name := range names {
-			if name == "" || name == "none" || strings.HasSuffix(name, "_max") {
-				continue
-			}
-			var per []uint64
-			if err := m.Lookup(uint32(i), &per); err != nil {
-				return fmt.Errorf("read counter %s: %w", name, err)
-			}
-			var sum uint64
-			for _, v := range per {
-				sum += v
-			}
-			into[name] = sum
-		}
-		return nil
-	}
-	if err := read(k.vif.Drops, k.dropName, c.Drops); err != nil {
+	c := Counters{Refused: map[netip.Addr]map[string]uint64{}}
+	var err error
+	// DROP_NONE counts nothing.
+	if c.Drops, err = bpfobj.Counters(k.vif.Drops, k.dropCounted); err != nil {
 		return c, err
 	}
-	if err := read(k.vif.Forwards, k.fwdName, c.Forwards); err != nil {
+	if c.Forwards, err = bpfobj.Counters(k.vif.Forwards, k.fwdName); err != nil {
 		return c, err
 	}
 	var key uint32
@@ -698,4 +611,33 @@ func MapNames() ([]string, error) {
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// OpenTestObjects loads the objects built with ONEHOP_TEST_HOOKS (every
+// redirect logged in each program's redirect_log), unpinned: for other
+// packages' BPF_PROG_RUN tests (port space's, TAP's). The agent never
+// calls it.
+func OpenTestObjects() (*Kernel, error) { return Open("", Options{testHooks: true}) }
+
+// MapSpecs is every map as compiled (the vif program defines them all), by
+// its name in the C: for a feature's test to hold its own records to them.
+func MapSpecs() (map[string]*ebpf.MapSpec, error) {
+	spec, err := loadVif()
+	if err != nil {
+		return nil, err
+	}
+	return spec.Maps, nil
+}
+
+// MapSizes is every map's size as compiled, by its name in the C.
+func MapSizes() (map[string]int, error) {
+	specs, err := MapSpecs()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for name, m := range specs {
+		out[name] = int(m.MaxEntries)
+	}
+	return out, nil
 }

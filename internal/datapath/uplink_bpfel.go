@@ -126,7 +126,7 @@ type uplinkNodeConfig struct {
 	Features      uint32
 }
 
-type uplinkPsCounters struct {
+type uplinkPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
 	BytesIn    uint64
@@ -135,14 +135,14 @@ type uplinkPsCounters struct {
 	Drops      [16]uint64
 }
 
-type uplinkPsEcho struct {
+type uplinkPortspaceEcho struct {
 	_      structs.HostLayout
 	OrigId uint16
 	Pad    uint16
 	Slot   uint32
 }
 
-type uplinkPsEchoKey struct {
+type uplinkPortspaceEchoKey struct {
 	_      structs.HostLayout
 	Remote uint32
 	Id     uint16
@@ -150,20 +150,20 @@ type uplinkPsEchoKey struct {
 	Pad    uint8
 }
 
-type uplinkPsFanoutKey struct {
+type uplinkPortspaceFanoutKey struct {
 	_      structs.HostLayout
 	Uplink uint32
 	Index  uint32
 }
 
-type uplinkPsFrag struct {
+type uplinkPortspaceFrag struct {
 	_      structs.HostLayout
 	WhenNs uint64
 	Slot   uint32
 	Pad    uint32
 }
 
-type uplinkPsFragKey struct {
+type uplinkPortspaceFragKey struct {
 	_         structs.HostLayout
 	Remote    uint32
 	Id        uint16
@@ -172,26 +172,26 @@ type uplinkPsFragKey struct {
 	Slot      uint32
 }
 
-type uplinkPsLimits struct {
+type uplinkPortspaceLimits struct {
 	_          structs.HostLayout
 	IntervalNs [2]uint64
 	BurstNs    [2]uint64
 }
 
-type uplinkPsShare struct {
+type uplinkPortspaceShare struct {
 	_       structs.HostLayout
 	NextNs  [2]uint64
 	Refused [2]uint64
 }
 
-type uplinkPsSliver struct {
+type uplinkPortspaceSliver struct {
 	_      structs.HostLayout
 	Vif    [4]uint32
 	EchoLo [4]uint16
 	EchoHi [4]uint16
 }
 
-type uplinkPsUplink struct {
+type uplinkPortspaceUplink struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Addr    uint32
@@ -201,7 +201,7 @@ type uplinkPsUplink struct {
 	Vifs    uint32
 }
 
-type uplinkPsVif struct {
+type uplinkPortspaceVif struct {
 	_      structs.HostLayout
 	Slot   uint32
 	Uplink uint8
@@ -312,49 +312,49 @@ type uplinkVmShare struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	uplinkMapConfig         = "config"
-	uplinkMapConntrack      = "conntrack"
-	uplinkMapDropEvents     = "drop_events"
-	uplinkMapDrops          = "drops"
-	uplinkMapEndpoints      = "endpoints"
-	uplinkMapFarms          = "farms"
-	uplinkMapFirewallRules  = "firewall_rules"
-	uplinkMapFirewalls      = "firewalls"
-	uplinkMapForwards       = "forwards"
-	uplinkMapFragFlows      = "frag_flows"
-	uplinkMapHosts          = "hosts"
-	uplinkMapMappingClaims  = "mapping_claims"
-	uplinkMapMappings       = "mappings"
-	uplinkMapPsAddrs        = "ps_addrs"
-	uplinkMapPsCgroups      = "ps_cgroups"
-	uplinkMapPsConfig       = "ps_config"
-	uplinkMapPsEchoIds      = "ps_echo_ids"
-	uplinkMapPsFanout       = "ps_fanout"
-	uplinkMapPsFrags        = "ps_frags"
-	uplinkMapPsPorts        = "ps_ports"
-	uplinkMapPsShares       = "ps_shares"
-	uplinkMapPsSlivers      = "ps_slivers"
-	uplinkMapPsStats        = "ps_stats"
-	uplinkMapPsUplinkIndex  = "ps_uplink_index"
-	uplinkMapPsUplinks      = "ps_uplinks"
-	uplinkMapPsVifs         = "ps_vifs"
-	uplinkMapScopeMembers   = "scope_members"
-	uplinkMapScopes         = "scopes"
-	uplinkMapShareConfig    = "share_config"
-	uplinkMapSlowpath       = "slowpath"
-	uplinkMapTapBuckets     = "tap_buckets"
-	uplinkMapTapConfig      = "tap_config"
-	uplinkMapTapIndex       = "tap_index"
-	uplinkMapTapRules       = "tap_rules"
-	uplinkMapTapStats       = "tap_stats"
-	uplinkMapTapTargets     = "tap_targets"
-	uplinkMapVifs           = "vifs"
-	uplinkMapVisibility     = "visibility"
-	uplinkMapVmShares       = "vm_shares"
-	uplinkProgUplinkIngress = "uplink_ingress"
-	uplinkVarTapKeyKindType = "_tap_key_kind_type"
-	uplinkVarTapRoleType    = "_tap_role_type"
-	uplinkVarTapSideType    = "_tap_side_type"
+	uplinkMapConfig               = "config"
+	uplinkMapConntrack            = "conntrack"
+	uplinkMapDropEvents           = "drop_events"
+	uplinkMapDrops                = "drops"
+	uplinkMapEndpoints            = "endpoints"
+	uplinkMapFarms                = "farms"
+	uplinkMapFirewallRules        = "firewall_rules"
+	uplinkMapFirewalls            = "firewalls"
+	uplinkMapForwards             = "forwards"
+	uplinkMapFragFlows            = "frag_flows"
+	uplinkMapHosts                = "hosts"
+	uplinkMapMappingClaims        = "mapping_claims"
+	uplinkMapMappings             = "mappings"
+	uplinkMapPortspaceAddrs       = "portspace_addrs"
+	uplinkMapPortspaceCgroups     = "portspace_cgroups"
+	uplinkMapPortspaceConfig      = "portspace_config"
+	uplinkMapPortspaceEchoIds     = "portspace_echo_ids"
+	uplinkMapPortspaceFanout      = "portspace_fanout"
+	uplinkMapPortspaceFrags       = "portspace_frags"
+	uplinkMapPortspacePorts       = "portspace_ports"
+	uplinkMapPortspaceShares      = "portspace_shares"
+	uplinkMapPortspaceSlivers     = "portspace_slivers"
+	uplinkMapPortspaceStats       = "portspace_stats"
+	uplinkMapPortspaceUplinkIndex = "portspace_uplink_index"
+	uplinkMapPortspaceUplinks     = "portspace_uplinks"
+	uplinkMapPortspaceVifs        = "portspace_vifs"
+	uplinkMapScopeMembers         = "scope_members"
+	uplinkMapScopes               = "scopes"
+	uplinkMapShareConfig          = "share_config"
+	uplinkMapSlowpath             = "slowpath"
+	uplinkMapTapBuckets           = "tap_buckets"
+	uplinkMapTapConfig            = "tap_config"
+	uplinkMapTapIndex             = "tap_index"
+	uplinkMapTapRules             = "tap_rules"
+	uplinkMapTapStats             = "tap_stats"
+	uplinkMapTapTargets           = "tap_targets"
+	uplinkMapVifs                 = "vifs"
+	uplinkMapVisibility           = "visibility"
+	uplinkMapVmShares             = "vm_shares"
+	uplinkProgUplinkIngress       = "uplink_ingress"
+	uplinkVarTapKeyKindType       = "_tap_key_kind_type"
+	uplinkVarTapRoleType          = "_tap_role_type"
+	uplinkVarTapSideType          = "_tap_side_type"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -406,45 +406,45 @@ type uplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops         *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
-	Farms         *ebpf.MapSpec `ebpf:"farms"`
-	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
-	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
-	FragFlows     *ebpf.MapSpec `ebpf:"frag_flows"`
-	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
-	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
-	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
-	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
-	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
-	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
-	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
-	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
-	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
-	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
-	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
-	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
-	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
-	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
-	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
-	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
-	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
-	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
+	Config               *ebpf.MapSpec `ebpf:"config"`
+	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms                *ebpf.MapSpec `ebpf:"farms"`
+	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
+	FragFlows            *ebpf.MapSpec `ebpf:"frag_flows"`
+	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
+	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
+	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.MapSpec `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.MapSpec `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.MapSpec `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.MapSpec `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.MapSpec `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.MapSpec `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.MapSpec `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.MapSpec `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.MapSpec `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.MapSpec `ebpf:"portspace_vifs"`
+	ScopeMembers         *ebpf.MapSpec `ebpf:"scope_members"`
+	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
+	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets           *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -476,45 +476,45 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	DropEvents    *ebpf.Map `ebpf:"drop_events"`
-	Drops         *ebpf.Map `ebpf:"drops"`
-	Endpoints     *ebpf.Map `ebpf:"endpoints"`
-	Farms         *ebpf.Map `ebpf:"farms"`
-	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.Map `ebpf:"firewalls"`
-	Forwards      *ebpf.Map `ebpf:"forwards"`
-	FragFlows     *ebpf.Map `ebpf:"frag_flows"`
-	Hosts         *ebpf.Map `ebpf:"hosts"`
-	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
-	Mappings      *ebpf.Map `ebpf:"mappings"`
-	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.Map `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
-	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
-	PsShares      *ebpf.Map `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
-	PsStats       *ebpf.Map `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
-	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
-	Scopes        *ebpf.Map `ebpf:"scopes"`
-	ShareConfig   *ebpf.Map `ebpf:"share_config"`
-	Slowpath      *ebpf.Map `ebpf:"slowpath"`
-	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.Map `ebpf:"tap_config"`
-	TapIndex      *ebpf.Map `ebpf:"tap_index"`
-	TapRules      *ebpf.Map `ebpf:"tap_rules"`
-	TapStats      *ebpf.Map `ebpf:"tap_stats"`
-	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
-	Vifs          *ebpf.Map `ebpf:"vifs"`
-	Visibility    *ebpf.Map `ebpf:"visibility"`
-	VmShares      *ebpf.Map `ebpf:"vm_shares"`
+	Config               *ebpf.Map `ebpf:"config"`
+	Conntrack            *ebpf.Map `ebpf:"conntrack"`
+	DropEvents           *ebpf.Map `ebpf:"drop_events"`
+	Drops                *ebpf.Map `ebpf:"drops"`
+	Endpoints            *ebpf.Map `ebpf:"endpoints"`
+	Farms                *ebpf.Map `ebpf:"farms"`
+	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	Forwards             *ebpf.Map `ebpf:"forwards"`
+	FragFlows            *ebpf.Map `ebpf:"frag_flows"`
+	Hosts                *ebpf.Map `ebpf:"hosts"`
+	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
+	Mappings             *ebpf.Map `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.Map `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.Map `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.Map `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.Map `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.Map `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.Map `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.Map `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.Map `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.Map `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.Map `ebpf:"portspace_vifs"`
+	ScopeMembers         *ebpf.Map `ebpf:"scope_members"`
+	Scopes               *ebpf.Map `ebpf:"scopes"`
+	ShareConfig          *ebpf.Map `ebpf:"share_config"`
+	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets           *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.Map `ebpf:"tap_config"`
+	TapIndex             *ebpf.Map `ebpf:"tap_index"`
+	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapStats             *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	Vifs                 *ebpf.Map `ebpf:"vifs"`
+	Visibility           *ebpf.Map `ebpf:"visibility"`
+	VmShares             *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -532,19 +532,19 @@ func (m *uplinkMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
-		m.PsAddrs,
-		m.PsCgroups,
-		m.PsConfig,
-		m.PsEchoIds,
-		m.PsFanout,
-		m.PsFrags,
-		m.PsPorts,
-		m.PsShares,
-		m.PsSlivers,
-		m.PsStats,
-		m.PsUplinkIndex,
-		m.PsUplinks,
-		m.PsVifs,
+		m.PortspaceAddrs,
+		m.PortspaceCgroups,
+		m.PortspaceConfig,
+		m.PortspaceEchoIds,
+		m.PortspaceFanout,
+		m.PortspaceFrags,
+		m.PortspacePorts,
+		m.PortspaceShares,
+		m.PortspaceSlivers,
+		m.PortspaceStats,
+		m.PortspaceUplinkIndex,
+		m.PortspaceUplinks,
+		m.PortspaceVifs,
 		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,

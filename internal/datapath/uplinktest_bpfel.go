@@ -126,7 +126,7 @@ type uplinkTestNodeConfig struct {
 	Features      uint32
 }
 
-type uplinkTestPsCounters struct {
+type uplinkTestPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
 	BytesIn    uint64
@@ -135,14 +135,14 @@ type uplinkTestPsCounters struct {
 	Drops      [16]uint64
 }
 
-type uplinkTestPsEcho struct {
+type uplinkTestPortspaceEcho struct {
 	_      structs.HostLayout
 	OrigId uint16
 	Pad    uint16
 	Slot   uint32
 }
 
-type uplinkTestPsEchoKey struct {
+type uplinkTestPortspaceEchoKey struct {
 	_      structs.HostLayout
 	Remote uint32
 	Id     uint16
@@ -150,20 +150,20 @@ type uplinkTestPsEchoKey struct {
 	Pad    uint8
 }
 
-type uplinkTestPsFanoutKey struct {
+type uplinkTestPortspaceFanoutKey struct {
 	_      structs.HostLayout
 	Uplink uint32
 	Index  uint32
 }
 
-type uplinkTestPsFrag struct {
+type uplinkTestPortspaceFrag struct {
 	_      structs.HostLayout
 	WhenNs uint64
 	Slot   uint32
 	Pad    uint32
 }
 
-type uplinkTestPsFragKey struct {
+type uplinkTestPortspaceFragKey struct {
 	_         structs.HostLayout
 	Remote    uint32
 	Id        uint16
@@ -172,26 +172,26 @@ type uplinkTestPsFragKey struct {
 	Slot      uint32
 }
 
-type uplinkTestPsLimits struct {
+type uplinkTestPortspaceLimits struct {
 	_          structs.HostLayout
 	IntervalNs [2]uint64
 	BurstNs    [2]uint64
 }
 
-type uplinkTestPsShare struct {
+type uplinkTestPortspaceShare struct {
 	_       structs.HostLayout
 	NextNs  [2]uint64
 	Refused [2]uint64
 }
 
-type uplinkTestPsSliver struct {
+type uplinkTestPortspaceSliver struct {
 	_      structs.HostLayout
 	Vif    [4]uint32
 	EchoLo [4]uint16
 	EchoHi [4]uint16
 }
 
-type uplinkTestPsUplink struct {
+type uplinkTestPortspaceUplink struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Addr    uint32
@@ -201,7 +201,7 @@ type uplinkTestPsUplink struct {
 	Vifs    uint32
 }
 
-type uplinkTestPsVif struct {
+type uplinkTestPortspaceVif struct {
 	_      structs.HostLayout
 	Slot   uint32
 	Uplink uint8
@@ -319,52 +319,52 @@ type uplinkTestVmShare struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	uplinkTestMapConfig            = "config"
-	uplinkTestMapConntrack         = "conntrack"
-	uplinkTestMapDropEvents        = "drop_events"
-	uplinkTestMapDrops             = "drops"
-	uplinkTestMapEndpoints         = "endpoints"
-	uplinkTestMapFarms             = "farms"
-	uplinkTestMapFirewallRules     = "firewall_rules"
-	uplinkTestMapFirewalls         = "firewalls"
-	uplinkTestMapForwards          = "forwards"
-	uplinkTestMapFragFlows         = "frag_flows"
-	uplinkTestMapHosts             = "hosts"
-	uplinkTestMapMappingClaims     = "mapping_claims"
-	uplinkTestMapMappings          = "mappings"
-	uplinkTestMapPsAddrs           = "ps_addrs"
-	uplinkTestMapPsCgroups         = "ps_cgroups"
-	uplinkTestMapPsConfig          = "ps_config"
-	uplinkTestMapPsEchoIds         = "ps_echo_ids"
-	uplinkTestMapPsFanout          = "ps_fanout"
-	uplinkTestMapPsFrags           = "ps_frags"
-	uplinkTestMapPsPorts           = "ps_ports"
-	uplinkTestMapPsShares          = "ps_shares"
-	uplinkTestMapPsSlivers         = "ps_slivers"
-	uplinkTestMapPsStats           = "ps_stats"
-	uplinkTestMapPsUplinkIndex     = "ps_uplink_index"
-	uplinkTestMapPsUplinks         = "ps_uplinks"
-	uplinkTestMapPsVifs            = "ps_vifs"
-	uplinkTestMapRedirectLog       = "redirect_log"
-	uplinkTestMapScopeMembers      = "scope_members"
-	uplinkTestMapScopes            = "scopes"
-	uplinkTestMapShareConfig       = "share_config"
-	uplinkTestMapSlowpath          = "slowpath"
-	uplinkTestMapTapBuckets        = "tap_buckets"
-	uplinkTestMapTapConfig         = "tap_config"
-	uplinkTestMapTapIndex          = "tap_index"
-	uplinkTestMapTapRules          = "tap_rules"
-	uplinkTestMapTapStats          = "tap_stats"
-	uplinkTestMapTapTargets        = "tap_targets"
-	uplinkTestMapVifs              = "vifs"
-	uplinkTestMapVisibility        = "visibility"
-	uplinkTestMapVmShares          = "vm_shares"
-	uplinkTestProgUplinkIngress    = "uplink_ingress"
-	uplinkTestVarRedirectKindType  = "_redirect_kind_type"
-	uplinkTestVarRedirectTraceType = "_redirect_trace_type"
-	uplinkTestVarTapKeyKindType    = "_tap_key_kind_type"
-	uplinkTestVarTapRoleType       = "_tap_role_type"
-	uplinkTestVarTapSideType       = "_tap_side_type"
+	uplinkTestMapConfig               = "config"
+	uplinkTestMapConntrack            = "conntrack"
+	uplinkTestMapDropEvents           = "drop_events"
+	uplinkTestMapDrops                = "drops"
+	uplinkTestMapEndpoints            = "endpoints"
+	uplinkTestMapFarms                = "farms"
+	uplinkTestMapFirewallRules        = "firewall_rules"
+	uplinkTestMapFirewalls            = "firewalls"
+	uplinkTestMapForwards             = "forwards"
+	uplinkTestMapFragFlows            = "frag_flows"
+	uplinkTestMapHosts                = "hosts"
+	uplinkTestMapMappingClaims        = "mapping_claims"
+	uplinkTestMapMappings             = "mappings"
+	uplinkTestMapPortspaceAddrs       = "portspace_addrs"
+	uplinkTestMapPortspaceCgroups     = "portspace_cgroups"
+	uplinkTestMapPortspaceConfig      = "portspace_config"
+	uplinkTestMapPortspaceEchoIds     = "portspace_echo_ids"
+	uplinkTestMapPortspaceFanout      = "portspace_fanout"
+	uplinkTestMapPortspaceFrags       = "portspace_frags"
+	uplinkTestMapPortspacePorts       = "portspace_ports"
+	uplinkTestMapPortspaceShares      = "portspace_shares"
+	uplinkTestMapPortspaceSlivers     = "portspace_slivers"
+	uplinkTestMapPortspaceStats       = "portspace_stats"
+	uplinkTestMapPortspaceUplinkIndex = "portspace_uplink_index"
+	uplinkTestMapPortspaceUplinks     = "portspace_uplinks"
+	uplinkTestMapPortspaceVifs        = "portspace_vifs"
+	uplinkTestMapRedirectLog          = "redirect_log"
+	uplinkTestMapScopeMembers         = "scope_members"
+	uplinkTestMapScopes               = "scopes"
+	uplinkTestMapShareConfig          = "share_config"
+	uplinkTestMapSlowpath             = "slowpath"
+	uplinkTestMapTapBuckets           = "tap_buckets"
+	uplinkTestMapTapConfig            = "tap_config"
+	uplinkTestMapTapIndex             = "tap_index"
+	uplinkTestMapTapRules             = "tap_rules"
+	uplinkTestMapTapStats             = "tap_stats"
+	uplinkTestMapTapTargets           = "tap_targets"
+	uplinkTestMapVifs                 = "vifs"
+	uplinkTestMapVisibility           = "visibility"
+	uplinkTestMapVmShares             = "vm_shares"
+	uplinkTestProgUplinkIngress       = "uplink_ingress"
+	uplinkTestVarRedirectKindType     = "_redirect_kind_type"
+	uplinkTestVarRedirectTraceType    = "_redirect_trace_type"
+	uplinkTestVarTapKeyKindType       = "_tap_key_kind_type"
+	uplinkTestVarTapRoleType          = "_tap_role_type"
+	uplinkTestVarTapSideType          = "_tap_side_type"
 )
 
 // loadUplinkTest returns the embedded CollectionSpec for uplinkTest.
@@ -416,46 +416,46 @@ type uplinkTestProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkTestMapSpecs struct {
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops         *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
-	Farms         *ebpf.MapSpec `ebpf:"farms"`
-	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
-	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
-	FragFlows     *ebpf.MapSpec `ebpf:"frag_flows"`
-	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
-	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
-	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
-	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
-	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
-	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
-	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
-	RedirectLog   *ebpf.MapSpec `ebpf:"redirect_log"`
-	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
-	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
-	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
-	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
-	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
-	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
-	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
-	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
-	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
-	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
-	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
+	Config               *ebpf.MapSpec `ebpf:"config"`
+	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms                *ebpf.MapSpec `ebpf:"farms"`
+	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
+	FragFlows            *ebpf.MapSpec `ebpf:"frag_flows"`
+	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
+	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
+	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.MapSpec `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.MapSpec `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.MapSpec `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.MapSpec `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.MapSpec `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.MapSpec `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.MapSpec `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.MapSpec `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.MapSpec `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.MapSpec `ebpf:"portspace_vifs"`
+	RedirectLog          *ebpf.MapSpec `ebpf:"redirect_log"`
+	ScopeMembers         *ebpf.MapSpec `ebpf:"scope_members"`
+	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
+	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets           *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // uplinkTestVariableSpecs contains global variables before they are loaded into the kernel.
@@ -489,46 +489,46 @@ func (o *uplinkTestObjects) Close() error {
 //
 // It can be passed to loadUplinkTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkTestMaps struct {
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	DropEvents    *ebpf.Map `ebpf:"drop_events"`
-	Drops         *ebpf.Map `ebpf:"drops"`
-	Endpoints     *ebpf.Map `ebpf:"endpoints"`
-	Farms         *ebpf.Map `ebpf:"farms"`
-	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.Map `ebpf:"firewalls"`
-	Forwards      *ebpf.Map `ebpf:"forwards"`
-	FragFlows     *ebpf.Map `ebpf:"frag_flows"`
-	Hosts         *ebpf.Map `ebpf:"hosts"`
-	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
-	Mappings      *ebpf.Map `ebpf:"mappings"`
-	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.Map `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
-	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
-	PsShares      *ebpf.Map `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
-	PsStats       *ebpf.Map `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
-	RedirectLog   *ebpf.Map `ebpf:"redirect_log"`
-	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
-	Scopes        *ebpf.Map `ebpf:"scopes"`
-	ShareConfig   *ebpf.Map `ebpf:"share_config"`
-	Slowpath      *ebpf.Map `ebpf:"slowpath"`
-	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.Map `ebpf:"tap_config"`
-	TapIndex      *ebpf.Map `ebpf:"tap_index"`
-	TapRules      *ebpf.Map `ebpf:"tap_rules"`
-	TapStats      *ebpf.Map `ebpf:"tap_stats"`
-	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
-	Vifs          *ebpf.Map `ebpf:"vifs"`
-	Visibility    *ebpf.Map `ebpf:"visibility"`
-	VmShares      *ebpf.Map `ebpf:"vm_shares"`
+	Config               *ebpf.Map `ebpf:"config"`
+	Conntrack            *ebpf.Map `ebpf:"conntrack"`
+	DropEvents           *ebpf.Map `ebpf:"drop_events"`
+	Drops                *ebpf.Map `ebpf:"drops"`
+	Endpoints            *ebpf.Map `ebpf:"endpoints"`
+	Farms                *ebpf.Map `ebpf:"farms"`
+	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	Forwards             *ebpf.Map `ebpf:"forwards"`
+	FragFlows            *ebpf.Map `ebpf:"frag_flows"`
+	Hosts                *ebpf.Map `ebpf:"hosts"`
+	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
+	Mappings             *ebpf.Map `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.Map `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.Map `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.Map `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.Map `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.Map `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.Map `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.Map `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.Map `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.Map `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.Map `ebpf:"portspace_vifs"`
+	RedirectLog          *ebpf.Map `ebpf:"redirect_log"`
+	ScopeMembers         *ebpf.Map `ebpf:"scope_members"`
+	Scopes               *ebpf.Map `ebpf:"scopes"`
+	ShareConfig          *ebpf.Map `ebpf:"share_config"`
+	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets           *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.Map `ebpf:"tap_config"`
+	TapIndex             *ebpf.Map `ebpf:"tap_index"`
+	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapStats             *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	Vifs                 *ebpf.Map `ebpf:"vifs"`
+	Visibility           *ebpf.Map `ebpf:"visibility"`
+	VmShares             *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *uplinkTestMaps) Close() error {
@@ -546,19 +546,19 @@ func (m *uplinkTestMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
-		m.PsAddrs,
-		m.PsCgroups,
-		m.PsConfig,
-		m.PsEchoIds,
-		m.PsFanout,
-		m.PsFrags,
-		m.PsPorts,
-		m.PsShares,
-		m.PsSlivers,
-		m.PsStats,
-		m.PsUplinkIndex,
-		m.PsUplinks,
-		m.PsVifs,
+		m.PortspaceAddrs,
+		m.PortspaceCgroups,
+		m.PortspaceConfig,
+		m.PortspaceEchoIds,
+		m.PortspaceFanout,
+		m.PortspaceFrags,
+		m.PortspacePorts,
+		m.PortspaceShares,
+		m.PortspaceSlivers,
+		m.PortspaceStats,
+		m.PortspaceUplinkIndex,
+		m.PortspaceUplinks,
+		m.PortspaceVifs,
 		m.RedirectLog,
 		m.ScopeMembers,
 		m.Scopes,

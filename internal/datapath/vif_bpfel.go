@@ -222,7 +222,7 @@ type vifNodeConfig struct {
 	Features      uint32
 }
 
-type vifPsCounters struct {
+type vifPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
 	BytesIn    uint64
@@ -231,14 +231,14 @@ type vifPsCounters struct {
 	Drops      [16]uint64
 }
 
-type vifPsEcho struct {
+type vifPortspaceEcho struct {
 	_      structs.HostLayout
 	OrigId uint16
 	Pad    uint16
 	Slot   uint32
 }
 
-type vifPsEchoKey struct {
+type vifPortspaceEchoKey struct {
 	_      structs.HostLayout
 	Remote uint32
 	Id     uint16
@@ -246,20 +246,20 @@ type vifPsEchoKey struct {
 	Pad    uint8
 }
 
-type vifPsFanoutKey struct {
+type vifPortspaceFanoutKey struct {
 	_      structs.HostLayout
 	Uplink uint32
 	Index  uint32
 }
 
-type vifPsFrag struct {
+type vifPortspaceFrag struct {
 	_      structs.HostLayout
 	WhenNs uint64
 	Slot   uint32
 	Pad    uint32
 }
 
-type vifPsFragKey struct {
+type vifPortspaceFragKey struct {
 	_         structs.HostLayout
 	Remote    uint32
 	Id        uint16
@@ -268,26 +268,26 @@ type vifPsFragKey struct {
 	Slot      uint32
 }
 
-type vifPsLimits struct {
+type vifPortspaceLimits struct {
 	_          structs.HostLayout
 	IntervalNs [2]uint64
 	BurstNs    [2]uint64
 }
 
-type vifPsShare struct {
+type vifPortspaceShare struct {
 	_       structs.HostLayout
 	NextNs  [2]uint64
 	Refused [2]uint64
 }
 
-type vifPsSliver struct {
+type vifPortspaceSliver struct {
 	_      structs.HostLayout
 	Vif    [4]uint32
 	EchoLo [4]uint16
 	EchoHi [4]uint16
 }
 
-type vifPsUplink struct {
+type vifPortspaceUplink struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Addr    uint32
@@ -297,7 +297,7 @@ type vifPsUplink struct {
 	Vifs    uint32
 }
 
-type vifPsVif struct {
+type vifPortspaceVif struct {
 	_      structs.HostLayout
 	Slot   uint32
 	Uplink uint8
@@ -379,26 +379,11 @@ type vifTapKey struct {
 	Pad  uint8
 }
 
-type vifTapKeyKind uint32
-
-const (
-	vifTapKeyKindTAP_KEY_IP      vifTapKeyKind = 0
-	vifTapKeyKindTAP_KEY_SEGMENT vifTapKeyKind = 1
-	vifTapKeyKindTAP_KEY_ANY     vifTapKeyKind = 2
-)
-
 type vifTapLimits struct {
 	_          structs.HostLayout
 	IntervalNs uint64
 	BurstNs    uint64
 }
-
-type vifTapRole uint32
-
-const (
-	vifTapRoleTAP_ROLE_COPY    vifTapRole = 0
-	vifTapRoleTAP_ROLE_RECOVER vifTapRole = 1
-)
 
 type vifTapRule struct {
 	_       structs.HostLayout
@@ -412,13 +397,6 @@ type vifTapRule struct {
 	DportHi uint16
 	Pad     uint16
 }
-
-type vifTapSide uint32
-
-const (
-	vifTapSideTAP_SIDE_SENDER   vifTapSide = 0
-	vifTapSideTAP_SIDE_RECEIVER vifTapSide = 1
-)
 
 type vifTapTarget struct {
 	_       structs.HostLayout
@@ -457,56 +435,56 @@ type vifVmShare struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	vifMapConfig            = "config"
-	vifMapConntrack         = "conntrack"
-	vifMapDropEvents        = "drop_events"
-	vifMapDrops             = "drops"
-	vifMapEndpoints         = "endpoints"
-	vifMapFarms             = "farms"
-	vifMapFirewallRules     = "firewall_rules"
-	vifMapFirewalls         = "firewalls"
-	vifMapForwards          = "forwards"
-	vifMapFragFlows         = "frag_flows"
-	vifMapHosts             = "hosts"
-	vifMapMappingClaims     = "mapping_claims"
-	vifMapMappings          = "mappings"
-	vifMapPsAddrs           = "ps_addrs"
-	vifMapPsCgroups         = "ps_cgroups"
-	vifMapPsConfig          = "ps_config"
-	vifMapPsEchoIds         = "ps_echo_ids"
-	vifMapPsFanout          = "ps_fanout"
-	vifMapPsFrags           = "ps_frags"
-	vifMapPsPorts           = "ps_ports"
-	vifMapPsShares          = "ps_shares"
-	vifMapPsSlivers         = "ps_slivers"
-	vifMapPsStats           = "ps_stats"
-	vifMapPsUplinkIndex     = "ps_uplink_index"
-	vifMapPsUplinks         = "ps_uplinks"
-	vifMapPsVifs            = "ps_vifs"
-	vifMapScopeMembers      = "scope_members"
-	vifMapScopes            = "scopes"
-	vifMapShareConfig       = "share_config"
-	vifMapSlowpath          = "slowpath"
-	vifMapTapBuckets        = "tap_buckets"
-	vifMapTapConfig         = "tap_config"
-	vifMapTapIndex          = "tap_index"
-	vifMapTapRules          = "tap_rules"
-	vifMapTapStats          = "tap_stats"
-	vifMapTapTargets        = "tap_targets"
-	vifMapVifs              = "vifs"
-	vifMapVisibility        = "visibility"
-	vifMapVmShares          = "vm_shares"
-	vifProgVifIngress       = "vif_ingress"
-	vifVarDropEventType     = "_drop_event_type"
-	vifVarDropReasonType    = "_drop_reason_type"
-	vifVarFeatureBitType    = "_feature_bit_type"
-	vifVarForwardPathType   = "_forward_path_type"
-	vifVarShareKindType     = "_share_kind_type"
-	vifVarSlowpathEventType = "_slowpath_event_type"
-	vifVarSlowpathKindType  = "_slowpath_kind_type"
-	vifVarTapKeyKindType    = "_tap_key_kind_type"
-	vifVarTapRoleType       = "_tap_role_type"
-	vifVarTapSideType       = "_tap_side_type"
+	vifMapConfig               = "config"
+	vifMapConntrack            = "conntrack"
+	vifMapDropEvents           = "drop_events"
+	vifMapDrops                = "drops"
+	vifMapEndpoints            = "endpoints"
+	vifMapFarms                = "farms"
+	vifMapFirewallRules        = "firewall_rules"
+	vifMapFirewalls            = "firewalls"
+	vifMapForwards             = "forwards"
+	vifMapFragFlows            = "frag_flows"
+	vifMapHosts                = "hosts"
+	vifMapMappingClaims        = "mapping_claims"
+	vifMapMappings             = "mappings"
+	vifMapPortspaceAddrs       = "portspace_addrs"
+	vifMapPortspaceCgroups     = "portspace_cgroups"
+	vifMapPortspaceConfig      = "portspace_config"
+	vifMapPortspaceEchoIds     = "portspace_echo_ids"
+	vifMapPortspaceFanout      = "portspace_fanout"
+	vifMapPortspaceFrags       = "portspace_frags"
+	vifMapPortspacePorts       = "portspace_ports"
+	vifMapPortspaceShares      = "portspace_shares"
+	vifMapPortspaceSlivers     = "portspace_slivers"
+	vifMapPortspaceStats       = "portspace_stats"
+	vifMapPortspaceUplinkIndex = "portspace_uplink_index"
+	vifMapPortspaceUplinks     = "portspace_uplinks"
+	vifMapPortspaceVifs        = "portspace_vifs"
+	vifMapScopeMembers         = "scope_members"
+	vifMapScopes               = "scopes"
+	vifMapShareConfig          = "share_config"
+	vifMapSlowpath             = "slowpath"
+	vifMapTapBuckets           = "tap_buckets"
+	vifMapTapConfig            = "tap_config"
+	vifMapTapIndex             = "tap_index"
+	vifMapTapRules             = "tap_rules"
+	vifMapTapStats             = "tap_stats"
+	vifMapTapTargets           = "tap_targets"
+	vifMapVifs                 = "vifs"
+	vifMapVisibility           = "visibility"
+	vifMapVmShares             = "vm_shares"
+	vifProgVifIngress          = "vif_ingress"
+	vifVarDropEventType        = "_drop_event_type"
+	vifVarDropReasonType       = "_drop_reason_type"
+	vifVarFeatureBitType       = "_feature_bit_type"
+	vifVarForwardPathType      = "_forward_path_type"
+	vifVarShareKindType        = "_share_kind_type"
+	vifVarSlowpathEventType    = "_slowpath_event_type"
+	vifVarSlowpathKindType     = "_slowpath_kind_type"
+	vifVarTapKeyKindType       = "_tap_key_kind_type"
+	vifVarTapRoleType          = "_tap_role_type"
+	vifVarTapSideType          = "_tap_side_type"
 )
 
 // loadVif returns the embedded CollectionSpec for vif.
@@ -558,45 +536,45 @@ type vifProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifMapSpecs struct {
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops         *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
-	Farms         *ebpf.MapSpec `ebpf:"farms"`
-	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
-	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
-	FragFlows     *ebpf.MapSpec `ebpf:"frag_flows"`
-	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
-	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
-	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
-	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
-	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
-	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
-	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
-	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
-	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
-	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
-	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
-	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
-	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
-	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
-	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
-	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
-	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
-	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
+	Config               *ebpf.MapSpec `ebpf:"config"`
+	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms                *ebpf.MapSpec `ebpf:"farms"`
+	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
+	FragFlows            *ebpf.MapSpec `ebpf:"frag_flows"`
+	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
+	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
+	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.MapSpec `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.MapSpec `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.MapSpec `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.MapSpec `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.MapSpec `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.MapSpec `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.MapSpec `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.MapSpec `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.MapSpec `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.MapSpec `ebpf:"portspace_vifs"`
+	ScopeMembers         *ebpf.MapSpec `ebpf:"scope_members"`
+	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
+	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets           *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // vifVariableSpecs contains global variables before they are loaded into the kernel.
@@ -635,45 +613,45 @@ func (o *vifObjects) Close() error {
 //
 // It can be passed to loadVifObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifMaps struct {
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	DropEvents    *ebpf.Map `ebpf:"drop_events"`
-	Drops         *ebpf.Map `ebpf:"drops"`
-	Endpoints     *ebpf.Map `ebpf:"endpoints"`
-	Farms         *ebpf.Map `ebpf:"farms"`
-	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.Map `ebpf:"firewalls"`
-	Forwards      *ebpf.Map `ebpf:"forwards"`
-	FragFlows     *ebpf.Map `ebpf:"frag_flows"`
-	Hosts         *ebpf.Map `ebpf:"hosts"`
-	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
-	Mappings      *ebpf.Map `ebpf:"mappings"`
-	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.Map `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
-	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
-	PsShares      *ebpf.Map `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
-	PsStats       *ebpf.Map `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
-	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
-	Scopes        *ebpf.Map `ebpf:"scopes"`
-	ShareConfig   *ebpf.Map `ebpf:"share_config"`
-	Slowpath      *ebpf.Map `ebpf:"slowpath"`
-	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.Map `ebpf:"tap_config"`
-	TapIndex      *ebpf.Map `ebpf:"tap_index"`
-	TapRules      *ebpf.Map `ebpf:"tap_rules"`
-	TapStats      *ebpf.Map `ebpf:"tap_stats"`
-	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
-	Vifs          *ebpf.Map `ebpf:"vifs"`
-	Visibility    *ebpf.Map `ebpf:"visibility"`
-	VmShares      *ebpf.Map `ebpf:"vm_shares"`
+	Config               *ebpf.Map `ebpf:"config"`
+	Conntrack            *ebpf.Map `ebpf:"conntrack"`
+	DropEvents           *ebpf.Map `ebpf:"drop_events"`
+	Drops                *ebpf.Map `ebpf:"drops"`
+	Endpoints            *ebpf.Map `ebpf:"endpoints"`
+	Farms                *ebpf.Map `ebpf:"farms"`
+	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	Forwards             *ebpf.Map `ebpf:"forwards"`
+	FragFlows            *ebpf.Map `ebpf:"frag_flows"`
+	Hosts                *ebpf.Map `ebpf:"hosts"`
+	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
+	Mappings             *ebpf.Map `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.Map `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.Map `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.Map `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.Map `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.Map `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.Map `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.Map `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.Map `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.Map `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.Map `ebpf:"portspace_vifs"`
+	ScopeMembers         *ebpf.Map `ebpf:"scope_members"`
+	Scopes               *ebpf.Map `ebpf:"scopes"`
+	ShareConfig          *ebpf.Map `ebpf:"share_config"`
+	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets           *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.Map `ebpf:"tap_config"`
+	TapIndex             *ebpf.Map `ebpf:"tap_index"`
+	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapStats             *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	Vifs                 *ebpf.Map `ebpf:"vifs"`
+	Visibility           *ebpf.Map `ebpf:"visibility"`
+	VmShares             *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *vifMaps) Close() error {
@@ -691,19 +669,19 @@ func (m *vifMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
-		m.PsAddrs,
-		m.PsCgroups,
-		m.PsConfig,
-		m.PsEchoIds,
-		m.PsFanout,
-		m.PsFrags,
-		m.PsPorts,
-		m.PsShares,
-		m.PsSlivers,
-		m.PsStats,
-		m.PsUplinkIndex,
-		m.PsUplinks,
-		m.PsVifs,
+		m.PortspaceAddrs,
+		m.PortspaceCgroups,
+		m.PortspaceConfig,
+		m.PortspaceEchoIds,
+		m.PortspaceFanout,
+		m.PortspaceFrags,
+		m.PortspacePorts,
+		m.PortspaceShares,
+		m.PortspaceSlivers,
+		m.PortspaceStats,
+		m.PortspaceUplinkIndex,
+		m.PortspaceUplinks,
+		m.PortspaceVifs,
 		m.ScopeMembers,
 		m.Scopes,
 		m.ShareConfig,

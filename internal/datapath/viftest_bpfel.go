@@ -126,7 +126,7 @@ type vifTestNodeConfig struct {
 	Features      uint32
 }
 
-type vifTestPsCounters struct {
+type vifTestPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
 	BytesIn    uint64
@@ -135,14 +135,14 @@ type vifTestPsCounters struct {
 	Drops      [16]uint64
 }
 
-type vifTestPsEcho struct {
+type vifTestPortspaceEcho struct {
 	_      structs.HostLayout
 	OrigId uint16
 	Pad    uint16
 	Slot   uint32
 }
 
-type vifTestPsEchoKey struct {
+type vifTestPortspaceEchoKey struct {
 	_      structs.HostLayout
 	Remote uint32
 	Id     uint16
@@ -150,20 +150,20 @@ type vifTestPsEchoKey struct {
 	Pad    uint8
 }
 
-type vifTestPsFanoutKey struct {
+type vifTestPortspaceFanoutKey struct {
 	_      structs.HostLayout
 	Uplink uint32
 	Index  uint32
 }
 
-type vifTestPsFrag struct {
+type vifTestPortspaceFrag struct {
 	_      structs.HostLayout
 	WhenNs uint64
 	Slot   uint32
 	Pad    uint32
 }
 
-type vifTestPsFragKey struct {
+type vifTestPortspaceFragKey struct {
 	_         structs.HostLayout
 	Remote    uint32
 	Id        uint16
@@ -172,26 +172,26 @@ type vifTestPsFragKey struct {
 	Slot      uint32
 }
 
-type vifTestPsLimits struct {
+type vifTestPortspaceLimits struct {
 	_          structs.HostLayout
 	IntervalNs [2]uint64
 	BurstNs    [2]uint64
 }
 
-type vifTestPsShare struct {
+type vifTestPortspaceShare struct {
 	_       structs.HostLayout
 	NextNs  [2]uint64
 	Refused [2]uint64
 }
 
-type vifTestPsSliver struct {
+type vifTestPortspaceSliver struct {
 	_      structs.HostLayout
 	Vif    [4]uint32
 	EchoLo [4]uint16
 	EchoHi [4]uint16
 }
 
-type vifTestPsUplink struct {
+type vifTestPortspaceUplink struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Addr    uint32
@@ -201,7 +201,7 @@ type vifTestPsUplink struct {
 	Vifs    uint32
 }
 
-type vifTestPsVif struct {
+type vifTestPortspaceVif struct {
 	_      structs.HostLayout
 	Slot   uint32
 	Uplink uint8
@@ -329,59 +329,59 @@ type vifTestVmShare struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	vifTestMapConfig            = "config"
-	vifTestMapConntrack         = "conntrack"
-	vifTestMapDropEvents        = "drop_events"
-	vifTestMapDrops             = "drops"
-	vifTestMapEndpoints         = "endpoints"
-	vifTestMapFarms             = "farms"
-	vifTestMapFirewallRules     = "firewall_rules"
-	vifTestMapFirewalls         = "firewalls"
-	vifTestMapForwards          = "forwards"
-	vifTestMapFragFlows         = "frag_flows"
-	vifTestMapHosts             = "hosts"
-	vifTestMapMappingClaims     = "mapping_claims"
-	vifTestMapMappings          = "mappings"
-	vifTestMapPsAddrs           = "ps_addrs"
-	vifTestMapPsCgroups         = "ps_cgroups"
-	vifTestMapPsConfig          = "ps_config"
-	vifTestMapPsEchoIds         = "ps_echo_ids"
-	vifTestMapPsFanout          = "ps_fanout"
-	vifTestMapPsFrags           = "ps_frags"
-	vifTestMapPsPorts           = "ps_ports"
-	vifTestMapPsShares          = "ps_shares"
-	vifTestMapPsSlivers         = "ps_slivers"
-	vifTestMapPsStats           = "ps_stats"
-	vifTestMapPsUplinkIndex     = "ps_uplink_index"
-	vifTestMapPsUplinks         = "ps_uplinks"
-	vifTestMapPsVifs            = "ps_vifs"
-	vifTestMapRedirectLog       = "redirect_log"
-	vifTestMapScopeMembers      = "scope_members"
-	vifTestMapScopes            = "scopes"
-	vifTestMapShareConfig       = "share_config"
-	vifTestMapSlowpath          = "slowpath"
-	vifTestMapTapBuckets        = "tap_buckets"
-	vifTestMapTapConfig         = "tap_config"
-	vifTestMapTapIndex          = "tap_index"
-	vifTestMapTapRules          = "tap_rules"
-	vifTestMapTapStats          = "tap_stats"
-	vifTestMapTapTargets        = "tap_targets"
-	vifTestMapVifs              = "vifs"
-	vifTestMapVisibility        = "visibility"
-	vifTestMapVmShares          = "vm_shares"
-	vifTestProgVifIngress       = "vif_ingress"
-	vifTestVarDropEventType     = "_drop_event_type"
-	vifTestVarDropReasonType    = "_drop_reason_type"
-	vifTestVarFeatureBitType    = "_feature_bit_type"
-	vifTestVarForwardPathType   = "_forward_path_type"
-	vifTestVarRedirectKindType  = "_redirect_kind_type"
-	vifTestVarRedirectTraceType = "_redirect_trace_type"
-	vifTestVarShareKindType     = "_share_kind_type"
-	vifTestVarSlowpathEventType = "_slowpath_event_type"
-	vifTestVarSlowpathKindType  = "_slowpath_kind_type"
-	vifTestVarTapKeyKindType    = "_tap_key_kind_type"
-	vifTestVarTapRoleType       = "_tap_role_type"
-	vifTestVarTapSideType       = "_tap_side_type"
+	vifTestMapConfig               = "config"
+	vifTestMapConntrack            = "conntrack"
+	vifTestMapDropEvents           = "drop_events"
+	vifTestMapDrops                = "drops"
+	vifTestMapEndpoints            = "endpoints"
+	vifTestMapFarms                = "farms"
+	vifTestMapFirewallRules        = "firewall_rules"
+	vifTestMapFirewalls            = "firewalls"
+	vifTestMapForwards             = "forwards"
+	vifTestMapFragFlows            = "frag_flows"
+	vifTestMapHosts                = "hosts"
+	vifTestMapMappingClaims        = "mapping_claims"
+	vifTestMapMappings             = "mappings"
+	vifTestMapPortspaceAddrs       = "portspace_addrs"
+	vifTestMapPortspaceCgroups     = "portspace_cgroups"
+	vifTestMapPortspaceConfig      = "portspace_config"
+	vifTestMapPortspaceEchoIds     = "portspace_echo_ids"
+	vifTestMapPortspaceFanout      = "portspace_fanout"
+	vifTestMapPortspaceFrags       = "portspace_frags"
+	vifTestMapPortspacePorts       = "portspace_ports"
+	vifTestMapPortspaceShares      = "portspace_shares"
+	vifTestMapPortspaceSlivers     = "portspace_slivers"
+	vifTestMapPortspaceStats       = "portspace_stats"
+	vifTestMapPortspaceUplinkIndex = "portspace_uplink_index"
+	vifTestMapPortspaceUplinks     = "portspace_uplinks"
+	vifTestMapPortspaceVifs        = "portspace_vifs"
+	vifTestMapRedirectLog          = "redirect_log"
+	vifTestMapScopeMembers         = "scope_members"
+	vifTestMapScopes               = "scopes"
+	vifTestMapShareConfig          = "share_config"
+	vifTestMapSlowpath             = "slowpath"
+	vifTestMapTapBuckets           = "tap_buckets"
+	vifTestMapTapConfig            = "tap_config"
+	vifTestMapTapIndex             = "tap_index"
+	vifTestMapTapRules             = "tap_rules"
+	vifTestMapTapStats             = "tap_stats"
+	vifTestMapTapTargets           = "tap_targets"
+	vifTestMapVifs                 = "vifs"
+	vifTestMapVisibility           = "visibility"
+	vifTestMapVmShares             = "vm_shares"
+	vifTestProgVifIngress          = "vif_ingress"
+	vifTestVarDropEventType        = "_drop_event_type"
+	vifTestVarDropReasonType       = "_drop_reason_type"
+	vifTestVarFeatureBitType       = "_feature_bit_type"
+	vifTestVarForwardPathType      = "_forward_path_type"
+	vifTestVarRedirectKindType     = "_redirect_kind_type"
+	vifTestVarRedirectTraceType    = "_redirect_trace_type"
+	vifTestVarShareKindType        = "_share_kind_type"
+	vifTestVarSlowpathEventType    = "_slowpath_event_type"
+	vifTestVarSlowpathKindType     = "_slowpath_kind_type"
+	vifTestVarTapKeyKindType       = "_tap_key_kind_type"
+	vifTestVarTapRoleType          = "_tap_role_type"
+	vifTestVarTapSideType          = "_tap_side_type"
 )
 
 // loadVifTest returns the embedded CollectionSpec for vifTest.
@@ -433,46 +433,46 @@ type vifTestProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifTestMapSpecs struct {
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
-	Drops         *ebpf.MapSpec `ebpf:"drops"`
-	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
-	Farms         *ebpf.MapSpec `ebpf:"farms"`
-	FirewallRules *ebpf.MapSpec `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.MapSpec `ebpf:"firewalls"`
-	Forwards      *ebpf.MapSpec `ebpf:"forwards"`
-	FragFlows     *ebpf.MapSpec `ebpf:"frag_flows"`
-	Hosts         *ebpf.MapSpec `ebpf:"hosts"`
-	MappingClaims *ebpf.MapSpec `ebpf:"mapping_claims"`
-	Mappings      *ebpf.MapSpec `ebpf:"mappings"`
-	PsAddrs       *ebpf.MapSpec `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.MapSpec `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.MapSpec `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.MapSpec `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.MapSpec `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.MapSpec `ebpf:"ps_frags"`
-	PsPorts       *ebpf.MapSpec `ebpf:"ps_ports"`
-	PsShares      *ebpf.MapSpec `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.MapSpec `ebpf:"ps_slivers"`
-	PsStats       *ebpf.MapSpec `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.MapSpec `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.MapSpec `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.MapSpec `ebpf:"ps_vifs"`
-	RedirectLog   *ebpf.MapSpec `ebpf:"redirect_log"`
-	ScopeMembers  *ebpf.MapSpec `ebpf:"scope_members"`
-	Scopes        *ebpf.MapSpec `ebpf:"scopes"`
-	ShareConfig   *ebpf.MapSpec `ebpf:"share_config"`
-	Slowpath      *ebpf.MapSpec `ebpf:"slowpath"`
-	TapBuckets    *ebpf.MapSpec `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.MapSpec `ebpf:"tap_config"`
-	TapIndex      *ebpf.MapSpec `ebpf:"tap_index"`
-	TapRules      *ebpf.MapSpec `ebpf:"tap_rules"`
-	TapStats      *ebpf.MapSpec `ebpf:"tap_stats"`
-	TapTargets    *ebpf.MapSpec `ebpf:"tap_targets"`
-	Vifs          *ebpf.MapSpec `ebpf:"vifs"`
-	Visibility    *ebpf.MapSpec `ebpf:"visibility"`
-	VmShares      *ebpf.MapSpec `ebpf:"vm_shares"`
+	Config               *ebpf.MapSpec `ebpf:"config"`
+	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
+	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
+	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
+	Farms                *ebpf.MapSpec `ebpf:"farms"`
+	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
+	FragFlows            *ebpf.MapSpec `ebpf:"frag_flows"`
+	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
+	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
+	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.MapSpec `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.MapSpec `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.MapSpec `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.MapSpec `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.MapSpec `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.MapSpec `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.MapSpec `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.MapSpec `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.MapSpec `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.MapSpec `ebpf:"portspace_vifs"`
+	RedirectLog          *ebpf.MapSpec `ebpf:"redirect_log"`
+	ScopeMembers         *ebpf.MapSpec `ebpf:"scope_members"`
+	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
+	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
+	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	TapBuckets           *ebpf.MapSpec `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
+	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
+	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
+	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
+	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
+	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
 }
 
 // vifTestVariableSpecs contains global variables before they are loaded into the kernel.
@@ -513,46 +513,46 @@ func (o *vifTestObjects) Close() error {
 //
 // It can be passed to loadVifTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifTestMaps struct {
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	DropEvents    *ebpf.Map `ebpf:"drop_events"`
-	Drops         *ebpf.Map `ebpf:"drops"`
-	Endpoints     *ebpf.Map `ebpf:"endpoints"`
-	Farms         *ebpf.Map `ebpf:"farms"`
-	FirewallRules *ebpf.Map `ebpf:"firewall_rules"`
-	Firewalls     *ebpf.Map `ebpf:"firewalls"`
-	Forwards      *ebpf.Map `ebpf:"forwards"`
-	FragFlows     *ebpf.Map `ebpf:"frag_flows"`
-	Hosts         *ebpf.Map `ebpf:"hosts"`
-	MappingClaims *ebpf.Map `ebpf:"mapping_claims"`
-	Mappings      *ebpf.Map `ebpf:"mappings"`
-	PsAddrs       *ebpf.Map `ebpf:"ps_addrs"`
-	PsCgroups     *ebpf.Map `ebpf:"ps_cgroups"`
-	PsConfig      *ebpf.Map `ebpf:"ps_config"`
-	PsEchoIds     *ebpf.Map `ebpf:"ps_echo_ids"`
-	PsFanout      *ebpf.Map `ebpf:"ps_fanout"`
-	PsFrags       *ebpf.Map `ebpf:"ps_frags"`
-	PsPorts       *ebpf.Map `ebpf:"ps_ports"`
-	PsShares      *ebpf.Map `ebpf:"ps_shares"`
-	PsSlivers     *ebpf.Map `ebpf:"ps_slivers"`
-	PsStats       *ebpf.Map `ebpf:"ps_stats"`
-	PsUplinkIndex *ebpf.Map `ebpf:"ps_uplink_index"`
-	PsUplinks     *ebpf.Map `ebpf:"ps_uplinks"`
-	PsVifs        *ebpf.Map `ebpf:"ps_vifs"`
-	RedirectLog   *ebpf.Map `ebpf:"redirect_log"`
-	ScopeMembers  *ebpf.Map `ebpf:"scope_members"`
-	Scopes        *ebpf.Map `ebpf:"scopes"`
-	ShareConfig   *ebpf.Map `ebpf:"share_config"`
-	Slowpath      *ebpf.Map `ebpf:"slowpath"`
-	TapBuckets    *ebpf.Map `ebpf:"tap_buckets"`
-	TapConfig     *ebpf.Map `ebpf:"tap_config"`
-	TapIndex      *ebpf.Map `ebpf:"tap_index"`
-	TapRules      *ebpf.Map `ebpf:"tap_rules"`
-	TapStats      *ebpf.Map `ebpf:"tap_stats"`
-	TapTargets    *ebpf.Map `ebpf:"tap_targets"`
-	Vifs          *ebpf.Map `ebpf:"vifs"`
-	Visibility    *ebpf.Map `ebpf:"visibility"`
-	VmShares      *ebpf.Map `ebpf:"vm_shares"`
+	Config               *ebpf.Map `ebpf:"config"`
+	Conntrack            *ebpf.Map `ebpf:"conntrack"`
+	DropEvents           *ebpf.Map `ebpf:"drop_events"`
+	Drops                *ebpf.Map `ebpf:"drops"`
+	Endpoints            *ebpf.Map `ebpf:"endpoints"`
+	Farms                *ebpf.Map `ebpf:"farms"`
+	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
+	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	Forwards             *ebpf.Map `ebpf:"forwards"`
+	FragFlows            *ebpf.Map `ebpf:"frag_flows"`
+	Hosts                *ebpf.Map `ebpf:"hosts"`
+	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
+	Mappings             *ebpf.Map `ebpf:"mappings"`
+	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
+	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
+	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
+	PortspaceEchoIds     *ebpf.Map `ebpf:"portspace_echo_ids"`
+	PortspaceFanout      *ebpf.Map `ebpf:"portspace_fanout"`
+	PortspaceFrags       *ebpf.Map `ebpf:"portspace_frags"`
+	PortspacePorts       *ebpf.Map `ebpf:"portspace_ports"`
+	PortspaceShares      *ebpf.Map `ebpf:"portspace_shares"`
+	PortspaceSlivers     *ebpf.Map `ebpf:"portspace_slivers"`
+	PortspaceStats       *ebpf.Map `ebpf:"portspace_stats"`
+	PortspaceUplinkIndex *ebpf.Map `ebpf:"portspace_uplink_index"`
+	PortspaceUplinks     *ebpf.Map `ebpf:"portspace_uplinks"`
+	PortspaceVifs        *ebpf.Map `ebpf:"portspace_vifs"`
+	RedirectLog          *ebpf.Map `ebpf:"redirect_log"`
+	ScopeMembers         *ebpf.Map `ebpf:"scope_members"`
+	Scopes               *ebpf.Map `ebpf:"scopes"`
+	ShareConfig          *ebpf.Map `ebpf:"share_config"`
+	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	TapBuckets           *ebpf.Map `ebpf:"tap_buckets"`
+	TapConfig            *ebpf.Map `ebpf:"tap_config"`
+	TapIndex             *ebpf.Map `ebpf:"tap_index"`
+	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapStats             *ebpf.Map `ebpf:"tap_stats"`
+	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	Vifs                 *ebpf.Map `ebpf:"vifs"`
+	Visibility           *ebpf.Map `ebpf:"visibility"`
+	VmShares             *ebpf.Map `ebpf:"vm_shares"`
 }
 
 func (m *vifTestMaps) Close() error {
@@ -570,19 +570,19 @@ func (m *vifTestMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
-		m.PsAddrs,
-		m.PsCgroups,
-		m.PsConfig,
-		m.PsEchoIds,
-		m.PsFanout,
-		m.PsFrags,
-		m.PsPorts,
-		m.PsShares,
-		m.PsSlivers,
-		m.PsStats,
-		m.PsUplinkIndex,
-		m.PsUplinks,
-		m.PsVifs,
+		m.PortspaceAddrs,
+		m.PortspaceCgroups,
+		m.PortspaceConfig,
+		m.PortspaceEchoIds,
+		m.PortspaceFanout,
+		m.PortspaceFrags,
+		m.PortspacePorts,
+		m.PortspaceShares,
+		m.PortspaceSlivers,
+		m.PortspaceStats,
+		m.PortspaceUplinkIndex,
+		m.PortspaceUplinks,
+		m.PortspaceVifs,
 		m.RedirectLog,
 		m.ScopeMembers,
 		m.Scopes,

@@ -102,6 +102,13 @@ type Reporter interface {
 	Report(st *intent.AgentStatus)
 }
 
+// Loader is a feature with kernel objects of its own beside the router's
+// (port space's programs): Load loads them once, when the agent is made,
+// and an error stops the agent as a failed load of the router's does.
+type Loader interface {
+	Load() error
+}
+
 // Owner says who writes a map.
 type Owner int
 

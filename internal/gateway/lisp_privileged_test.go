@@ -16,7 +16,7 @@ import (
 // (what the gateway's Map-Register tells a map-server) and has no native
 // route back to the gateway's EIDs: a reply reaches the gateway only
 // encapsulated.
-func newLISPLab(t testing.TB, rate string) (*lab, *lispdp.Datapath) {
+func newLISPLab(t testing.TB, rate string) (*lab, *lispdp.Kernel) {
 	t.Helper()
 	l := newLab(t, "")
 	xtr := l.srv

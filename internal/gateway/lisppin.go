@@ -15,7 +15,7 @@ import (
 const lispOverhead = lispdp.Overhead
 
 // LISPDatapath is the part of the in-kernel LISP datapath
-// (*lispdp.Datapath) the gateway drives.
+// (*lispdp.Kernel) the gateway drives.
 type LISPDatapath interface {
 	SetPath(id uint8, p lispdp.Path) error
 	SetEID(prefix netip.Prefix, paths []lispdp.PathChoice) error
@@ -136,7 +136,7 @@ func (l *LISPPinner) PathBytes() (map[int]PathBytes, error) {
 }
 
 // openLISP loads the datapath and attaches it to every path's interface.
-func openLISP(cfg *Config) (*lispdp.Datapath, error) {
+func openLISP(cfg *Config) (*lispdp.Kernel, error) {
 	dp, err := lispdp.Open(lispdp.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("--lisp: %w", err)

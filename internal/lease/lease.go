@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // The host's own ephemeral range when its agent has not reported one:
@@ -23,8 +24,8 @@ const (
 )
 
 // MaxUplinks is how many uplinks one host may lease ports on (the
-// datapath's limit, portspace.MaxUplinks).
-const MaxUplinks = 4
+// datapath's limit).
+const MaxUplinks = limits.MaxUplinks
 
 // MaxLeases is how many ranges one sliver may lease: enough for a few
 // services per uplink, small enough that a list stays readable.

@@ -1,8 +1,10 @@
 // Package limits holds the datapath's fixed capacities as plain numbers, so
 // the controller can refuse what a host cannot hold when it is asked (a VM
-// create, a rule) rather than an agent finding out later. It imports
-// nothing: the numbers are the C's (bpf/lib/*_maps.h), and a test in
-// internal/datapath compares them with the compiled programs' maps.
+// create, a rule, a sliver) rather than an agent finding out later, without
+// importing a package that loads BPF. It imports nothing: the numbers are
+// the C's (bpf/lib/*_maps.h), each written here once, and a test of the
+// package that loads the maps (internal/datapath, internal/portspace,
+// internal/tap) compares them with the compiled programs' maps.
 package limits
 
 const (
@@ -33,4 +35,19 @@ const (
 	// MAX_SCOPE_MEMBERS), so neither is a limit of its own.
 	MaxScopes       = 2 * MaxVMsPerHost
 	MaxScopeMembers = 2 * MaxVMsPerHost
+
+	// MaxSlivers is how many slivers one host holds (PORTSPACE_MAX_SLIVERS):
+	// their slots run 1..MaxSlivers.
+	MaxSlivers = 16384
+	// MaxUplinks is how many uplinks one host may lease ports on
+	// (PORTSPACE_MAX_UPLINKS).
+	MaxUplinks = 4
+
+	// MaxTapRules is how many TAP rules (policy directions) one host holds
+	// (TAP_MAX_RULES).
+	MaxTapRules = 256
+	// MaxTapTargets is how many distinct monitors (local VMs and remote
+	// hosts) one host's TAP rules copy to (TAP_MAX_TARGETS: one 64-bit set
+	// per packet keeps the datapath's walk within the BPF stack).
+	MaxTapTargets = 64
 )

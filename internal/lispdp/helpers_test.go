@@ -177,7 +177,7 @@ func runGSO(t testing.TB, prog *ebpf.Program, frame []byte, size, segs uint32) (
 	return int32(ret), opts.DataOut, ctxOut.GSOSize
 }
 
-func open(t testing.TB, o Options) *Datapath {
+func open(t testing.TB, o Options) *Kernel {
 	t.Helper()
 	testenv.RequireRoot(t, "BPF programs")
 	d, err := Open(o)
@@ -203,7 +203,7 @@ func counterDelta(before, after map[string]uint64) map[string]uint64 {
 	return out
 }
 
-func counters(t testing.TB, d *Datapath) map[string]uint64 {
+func counters(t testing.TB, d *Kernel) map[string]uint64 {
 	t.Helper()
 	c, err := d.Counters()
 	if err != nil {

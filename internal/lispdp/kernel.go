@@ -3,24 +3,24 @@ package lispdp
 import (
 	"errors"
 	"fmt"
-	onehopns "github.com/onehop/onehop/internal/netns"
 	"net/netip"
 	"os/exec"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/onehop/onehop/internal/bpfobj"
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
-// Datapath is the LISP data plane loaded into the kernel: the programs, their
+// Kernel is the LISP data plane loaded into the kernel: the programs, their
 // maps and the links attaching them.
-type Datapath struct {
+type Kernel struct {
 	opts  Options
 	objs  lispObjects
-	links map[string]link.Link
+	links *bpfobj.Links // never pinned
 
 	mu    sync.Mutex
 	paths map[uint8]lispLispPath // configured paths, for the tunnel maps
@@ -31,16 +31,17 @@ type Datapath struct {
 }
 
 // Open loads the programs and maps; nothing is attached yet.
-func Open(o Options) (*Datapath, error) {
+func Open(o Options) (*Kernel, error) {
 	spec, err := loadLisp()
 	if err != nil {
 		return nil, fmt.Errorf("lispdp: load spec: %w", err)
 	}
-	names, err := counterNames(spec)
+	// "encapsulated", ..., "drop_malformed", ... (enum lisp_counter)
+	names, err := bpfobj.EnumNames(spec, "lisp_counter", "LISP_")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("lispdp: %w", err)
 	}
-	d := &Datapath{opts: o, links: map[string]link.Link{}, paths: map[uint8]lispLispPath{},
+	d := &Kernel{opts: o, links: bpfobj.NewLinks(""), paths: map[uint8]lispLispPath{},
 		counterNames: names}
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		return nil, fmt.Errorf("lispdp: load programs: %+v", err)
@@ -70,23 +71,7 @@ func probeGSODecap(prog *ebpf.Program) (bool, error) {
 // superpacket in place. Where it cannot, AttachRLOC makes the interface
 // segment tunnel superpackets before they leave (tx-udp_tnl-segmentation
 // off), so this node never sends any; the far end must do the same.
-func (d *Datapath) DecapsGSO() bool { return d.gsoDecap }
-
-// counterNames reads enum lisp_counter from BTF, so Go never repeats the
-// C's list: "encapsulated", ..., "drop_malformed", ...
-func counterNames(spec *ebpf.CollectionSpec) ([]string, error) {
-	var e *btf.Enum
-	if err := spec.Types.TypeByName("lisp_counter", &e); err != nil {
-		return nil, fmt.Errorf("lispdp: btf enum lisp_counter: %w", err)
-	}
-	names := make([]string, lispLispCounterLISP_COUNTER_MAX)
-	for _, v := range e.Values {
-		if v.Value < uint64(len(names)) {
-			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "LISP_"))
-		}
-	}
-	return names, nil
-}
+func (d *Kernel) DecapsGSO() bool { return d.gsoDecap }
 
 // Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
 type Programs struct {
@@ -96,32 +81,20 @@ type Programs struct {
 }
 
 // Programs returns the loaded programs, for BPF_PROG_RUN tests and benchmarks.
-func (d *Datapath) Programs() Programs {
+func (d *Kernel) Programs() Programs {
 	return Programs{Encap: d.objs.LispEncap, EncapIn: d.objs.LispEncapIn, Decap: d.objs.LispDecap}
 }
 
 // Close detaches every link and unloads the programs.
-func (d *Datapath) Close() error {
+func (d *Kernel) Close() error {
 	var errs []error
-	for name, l := range d.links {
-		if err := l.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("lispdp: detach %s: %w", name, err))
-		}
-		delete(d.links, name)
+	if err := d.links.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("lispdp: %w", err))
 	}
 	if err := d.objs.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("lispdp: unload: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// inNS runs fn in the datapath's namespace: on a locked thread that is
-// thrown away afterwards, so no other goroutine ever runs there.
-func (d *Datapath) inNS(fn func() error) error {
-	if d.opts.Netns == "" {
-		return fn()
-	}
-	return onehopns.DoPath(d.opts.Netns, fn)
 }
 
 type attachment struct {
@@ -130,8 +103,8 @@ type attachment struct {
 	at   ebpf.AttachType
 }
 
-func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) error {
-	return d.inNS(func() error {
+func (d *Kernel) attach(ifname string, as []attachment, noTunnelGSO bool) error {
+	return onehopns.DoPath(d.opts.Netns, func() error {
 		ifc, err := netlink.LinkByName(ifname)
 		if err != nil {
 			return fmt.Errorf("lispdp: interface %s: %w", ifname, err)
@@ -145,14 +118,9 @@ func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) erro
 			}
 		}
 		for _, a := range as {
-			if _, ok := d.links[a.name]; ok {
-				continue
+			if err := d.links.TCX(a.name, ifname, ifc.Attrs().Index, a.prog, a.at); err != nil {
+				return fmt.Errorf("lispdp: %w", err)
 			}
-			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Attrs().Index, Program: a.prog, Attach: a.at})
-			if err != nil {
-				return fmt.Errorf("lispdp: attach %s to %s: %w", a.at, ifname, err)
-			}
-			d.links[a.name] = l
 		}
 		return nil
 	})
@@ -165,7 +133,7 @@ func (d *Datapath) attach(ifname string, as []attachment, noTunnelGSO bool) erro
 // UDP tunnel superpackets itself before they leave (ethtool), since the
 // far end, a kernel like this one, could not take them whole
 // (docs/lisp-datapath.md, GSO).
-func (d *Datapath) AttachRLOC(ifname string) error {
+func (d *Kernel) AttachRLOC(ifname string) error {
 	return d.AttachRLOCWith(ifname, RLOCOptions{})
 }
 
@@ -174,7 +142,7 @@ func (d *Datapath) AttachRLOC(ifname string) error {
 // an interface whose far end delivers what it decapsulates to its own
 // sockets (an access gateway's subflows), which this datapath's lisp_decap
 // takes whole even on a kernel without DecapsGSO.
-func (d *Datapath) AttachRLOCWith(ifname string, o RLOCOptions) error {
+func (d *Kernel) AttachRLOCWith(ifname string, o RLOCOptions) error {
 	return d.attach(ifname, []attachment{
 		{"decap/ingress/" + ifname, d.objs.LispDecap, ebpf.AttachTCXIngress},
 		{"encap/egress/" + ifname, d.objs.LispEncap, ebpf.AttachTCXEgress},
@@ -183,14 +151,14 @@ func (d *Datapath) AttachRLOCWith(ifname string, o RLOCOptions) error {
 
 // AttachEID attaches encapsulation to the tcx ingress of an EID-facing
 // interface: an xTR's packets from its site's EIDs arrive there.
-func (d *Datapath) AttachEID(ifname string) error {
+func (d *Kernel) AttachEID(ifname string) error {
 	return d.attach(ifname, []attachment{
 		{"encap/ingress/" + ifname, d.objs.LispEncapIn, ebpf.AttachTCXIngress},
 	}, false)
 }
 
 // SetPath configures (or replaces) path id.
-func (d *Datapath) SetPath(id uint8, p Path) error {
+func (d *Kernel) SetPath(id uint8, p Path) error {
 	e, err := pathEntry(p)
 	if err != nil {
 		return fmt.Errorf("lispdp: path %d: %w", id, err)
@@ -223,7 +191,7 @@ func (d *Datapath) SetPath(id uint8, p Path) error {
 
 // forgetTunnel removes what decapsulation knows of path id (old), keeping
 // its local RLOC while another path still uses it.
-func (d *Datapath) forgetTunnel(id uint8, old lispLispPath) error {
+func (d *Kernel) forgetTunnel(id uint8, old lispLispPath) error {
 	tk := lispLispTunnelKey{LocalRloc: old.LocalRloc, RemoteRloc: old.RemoteRloc}
 	if err := d.objs.LispTunnels.Delete(tk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("lispdp: delete tunnel of path %d: %w", id, err)
@@ -241,7 +209,7 @@ func (d *Datapath) forgetTunnel(id uint8, old lispLispPath) error {
 
 // DeletePath removes path id: encapsulation onto it stops (no_path) and its
 // remote RLOC is no longer accepted.
-func (d *Datapath) DeletePath(id uint8) error {
+func (d *Kernel) DeletePath(id uint8) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old, ok := d.paths[id]
@@ -260,7 +228,7 @@ func (d *Datapath) DeletePath(id uint8) error {
 
 // SetEID maps an EID prefix to its RLOCs (as paths). An empty paths is a
 // negative mapping: packets to the prefix go on natively, untouched.
-func (d *Datapath) SetEID(prefix netip.Prefix, paths []PathChoice) error {
+func (d *Kernel) SetEID(prefix netip.Prefix, paths []PathChoice) error {
 	k, err := eidKey(prefix)
 	if err != nil {
 		return fmt.Errorf("lispdp: %w", err)
@@ -276,7 +244,7 @@ func (d *Datapath) SetEID(prefix netip.Prefix, paths []PathChoice) error {
 }
 
 // DeleteEID forgets an EID prefix's mapping.
-func (d *Datapath) DeleteEID(prefix netip.Prefix) error {
+func (d *Kernel) DeleteEID(prefix netip.Prefix) error {
 	k, err := eidKey(prefix)
 	if err != nil {
 		return fmt.Errorf("lispdp: %w", err)
@@ -289,7 +257,7 @@ func (d *Datapath) DeleteEID(prefix netip.Prefix) error {
 
 // PinSource makes packets from innerSrc take path id whenever their
 // destination's mapping lists it as usable (one subflow, one path).
-func (d *Datapath) PinSource(innerSrc netip.Addr, id uint8) error {
+func (d *Kernel) PinSource(innerSrc netip.Addr, id uint8) error {
 	if !innerSrc.Is4() {
 		return fmt.Errorf("lispdp: pin %v: not IPv4", innerSrc)
 	}
@@ -300,7 +268,7 @@ func (d *Datapath) PinSource(innerSrc netip.Addr, id uint8) error {
 }
 
 // Unpin removes innerSrc's pin.
-func (d *Datapath) Unpin(innerSrc netip.Addr) error {
+func (d *Kernel) Unpin(innerSrc netip.Addr) error {
 	if !innerSrc.Is4() {
 		return fmt.Errorf("lispdp: unpin %v: not IPv4", innerSrc)
 	}
@@ -311,7 +279,7 @@ func (d *Datapath) Unpin(innerSrc netip.Addr) error {
 }
 
 // PathStats returns the counts of every configured path.
-func (d *Datapath) PathStats() (map[uint8]Stats, error) {
+func (d *Kernel) PathStats() (map[uint8]Stats, error) {
 	d.mu.Lock()
 	ids := make([]uint8, 0, len(d.paths))
 	for id := range d.paths {
@@ -338,25 +306,17 @@ func (d *Datapath) PathStats() (map[uint8]Stats, error) {
 
 // Counters returns every datapath counter by name (encapsulated, pinned,
 // decapsulated, native, drop_*), summed over CPUs.
-func (d *Datapath) Counters() (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for i, name := range d.counterNames {
-		var per []uint64
-		if err := d.objs.LispCounters.Lookup(uint32(i), &per); err != nil {
-			return nil, fmt.Errorf("lispdp: read counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+func (d *Kernel) Counters() (map[string]uint64, error) {
+	out, err := bpfobj.Counters(d.objs.LispCounters, d.counterNames)
+	if err != nil {
+		return nil, fmt.Errorf("lispdp: %w", err)
 	}
 	return out, nil
 }
 
 // Drops returns the drop counters by reason (malformed, unknown_rloc,
 // wrong_iid, no_path, too_big, ...), summed over CPUs.
-func (d *Datapath) Drops() (map[string]uint64, error) {
+func (d *Kernel) Drops() (map[string]uint64, error) {
 	all, err := d.Counters()
 	if err != nil {
 		return nil, err

@@ -403,7 +403,7 @@ func TestPrivilegedSubflowsStayOnTheirPaths(t *testing.T) {
 			if c["pinned"] != c["encapsulated"] {
 				t.Errorf("%d of %d encapsulated packets pinned", c["pinned"], c["encapsulated"])
 			}
-			for _, d := range []*Datapath{gw, xtr} {
+			for _, d := range []*Kernel{gw, xtr} {
 				drops, err := d.Drops()
 				if err != nil {
 					t.Fatal(err)
@@ -513,7 +513,7 @@ func TestPrivilegedSubflowsStayOnTheirPaths(t *testing.T) {
 	})
 }
 
-func pathStats(t *testing.T, d *Datapath) map[uint8]Stats {
+func pathStats(t *testing.T, d *Kernel) map[uint8]Stats {
 	t.Helper()
 	s, err := d.PathStats()
 	if err != nil {
@@ -584,7 +584,7 @@ func TestPrivilegedSuperpacketsForLocalSocketsAreDecapsulatedWhole(t *testing.T)
 	if !gw.DecapsGSO() && (c["decap_local_gso"] == 0 || c["decapsulated"] >= s.RxPackets) {
 		t.Errorf("no superpacket decapsulated whole: decap_local_gso %d, %d decapsulations for %d segments", c["decap_local_gso"], c["decapsulated"], s.RxPackets)
 	}
-	for _, d := range []*Datapath{gw, xtr} {
+	for _, d := range []*Kernel{gw, xtr} {
 		drops, err := d.Drops()
 		if err != nil {
 			t.Fatal(err)

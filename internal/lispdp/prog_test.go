@@ -31,7 +31,7 @@ var (
 // gateway is a datapath set up as the access gateway of the issue: two
 // paths (the second with instance id 7), the server prefix over both, a
 // negative hole in it, broken mappings, and two pinned subflow sources.
-func gateway(t testing.TB) *Datapath {
+func gateway(t testing.TB) *Kernel {
 	t.Helper()
 	d := open(t, Options{})
 	for id, p := range map[uint8]Path{1: path1, 2: path2, 4: path4} {

@@ -147,8 +147,12 @@ func Fd(name string) (netns.NsHandle, error) {
 func Do(name string, fn func() error) error { return DoPath(Path(name), fn) }
 
 // DoPath is Do for a namespace given by its file (/proc/PID/ns/net, a
-// bind mount anywhere).
+// bind mount anywhere). "" is the caller's own namespace: fn runs on the
+// calling goroutine (a loader whose interfaces are where it runs).
 func DoPath(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread is discarded afterwards

@@ -8,18 +8,26 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lease"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // The feature's maps, by their names in bpf/lib/portspace_maps.h: what
 // Sizes counts and the agent checks against their capacities.
 const (
-	MapUplinks = "ps_uplinks" // uplink index -> the uplink (ifindex, MAC)
-	MapAddrs   = "ps_addrs"   // public IPv4 -> uplink index
-	MapPorts   = "ps_ports"   // (uplink, port) -> slot: one entry per leased port
-	MapSlivers = "ps_slivers" // slot -> the sliver (its leases, per-sliver state)
-	MapVifs    = "ps_vifs"    // host-side vif ifindex -> slot
-	MapFanout  = "ps_fanout"  // (uplink, i) -> vif: who gets a copy of what all slivers share (ARP replies)
-	MapCgroups = "ps_cgroups" // cgroup id -> slot (the sock_addr programs' confinement)
+	MapUplinks = "portspace_uplinks" // uplink index -> the uplink (ifindex, MAC)
+	MapAddrs   = "portspace_addrs"   // public IPv4 -> uplink index
+	MapPorts   = "portspace_ports"   // (uplink, port) -> slot: one entry per leased port
+	MapSlivers = "portspace_slivers" // slot -> the sliver (its leases, per-sliver state)
+	MapVifs    = "portspace_vifs"    // host-side vif ifindex -> slot
+	MapFanout  = "portspace_fanout"  // (uplink, i) -> vif: who gets a copy of what all slivers share (ARP replies)
+	MapCgroups = "portspace_cgroups" // cgroup id -> slot (the sock_addr programs' confinement)
+)
+
+// The reconciled maps Sizes does not count: one entry per uplink (as
+// MapUplinks), one for the whole host.
+const (
+	mapUplinkIndex = "portspace_uplink_index" // uplink index -> the uplink, for the sliver side
+	mapConfig      = "portspace_config"       // the per-sliver share limits
 )
 
 // MissingVif is a sliver left out of a plan because the host-side end of
@@ -47,8 +55,8 @@ func Compile(n feature.Node) (Plan, error) {
 		if !u.Addr.Is4() {
 			continue
 		}
-		if u.Index < 0 || u.Index >= MaxUplinks {
-			return Plan{}, fmt.Errorf("node %s: uplink %s has index %d: want 0..%d", n.Name, u.Name, u.Index, MaxUplinks-1)
+		if u.Index < 0 || u.Index >= limits.MaxUplinks {
+			return Plan{}, fmt.Errorf("node %s: uplink %s has index %d: want 0..%d", n.Name, u.Name, u.Index, limits.MaxUplinks-1)
 		}
 		if have[u.Index] {
 			return Plan{}, fmt.Errorf("node %s: two uplinks with index %d", n.Name, u.Index)
@@ -75,8 +83,8 @@ func Compile(n feature.Node) (Plan, error) {
 		if err := lease.CheckSliverName(s.Name); err != nil {
 			return Plan{}, fmt.Errorf("node %s: %w", n.Name, err)
 		}
-		if s.Slot < 1 || s.Slot > MaxSlivers {
-			return Plan{}, fmt.Errorf("node %s: sliver %s has slot %d: want 1..%d", n.Name, s.Name, s.Slot, MaxSlivers)
+		if s.Slot < 1 || s.Slot > limits.MaxSlivers {
+			return Plan{}, fmt.Errorf("node %s: sliver %s has slot %d: want 1..%d", n.Name, s.Name, s.Slot, limits.MaxSlivers)
 		}
 		if other, dup := slots[s.Slot]; dup {
 			return Plan{}, fmt.Errorf("node %s: slivers %s and %s share slot %d", n.Name, other, s.Name, s.Slot)
@@ -177,8 +185,8 @@ func uplinkList(us []Uplink) string {
 }
 
 // Sizes is how many entries the plan puts in each map the feature
-// reconciles. ps_ports holds one entry per leased port (steering is one
-// lookup whatever the number of leases); ps_fanout one per sliver link.
+// reconciles. portspace_ports holds one entry per leased port (steering is one
+// lookup whatever the number of leases); portspace_fanout one per sliver link.
 func (p Plan) Sizes() feature.Sizes {
 	ports, vifs := 0, 0
 	for _, s := range p.Slivers {

@@ -12,6 +12,7 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lease"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 var (
@@ -70,7 +71,7 @@ func TestCompileGivesEverySliverItsVifsAndLeasesBySlot(t *testing.T) {
 	if !reflect.DeepEqual(p, want) {
 		t.Fatalf("plan\n%+v\nwant\n%+v", p, want)
 	}
-	wantSizes := feature.Sizes{"ps_uplinks": 2, "ps_addrs": 2, "ps_ports": 300, "ps_slivers": 2, "ps_vifs": 3, "ps_fanout": 3, "ps_cgroups": 2}
+	wantSizes := feature.Sizes{"portspace_uplinks": 2, "portspace_addrs": 2, "portspace_ports": 300, "portspace_slivers": 2, "portspace_vifs": 3, "portspace_fanout": 3, "portspace_cgroups": 2}
 	if got := p.Sizes(); !reflect.DeepEqual(got, wantSizes) {
 		t.Fatalf("sizes %v, want %v", got, wantSizes)
 	}
@@ -102,8 +103,8 @@ func TestCompileLeavesOutASliverWhoseLinkIsMissing(t *testing.T) {
 	if !reflect.DeepEqual(p.Missing, want) {
 		t.Fatalf("missing %+v, want %+v", p.Missing, want)
 	}
-	if got := p.Sizes()["ps_ports"]; got != 100 {
-		t.Fatalf("ps_ports %d, want 100 (only s2's)", got)
+	if got := p.Sizes()["portspace_ports"]; got != 100 {
+		t.Fatalf("portspace_ports %d, want 100 (only s2's)", got)
 	}
 }
 
@@ -116,7 +117,7 @@ func TestCompileWithoutSliversIsNotInUse(t *testing.T) {
 		t.Fatalf("plan %+v: want 2 uplinks and not in use", p)
 	}
 	for m, v := range p.Sizes() {
-		if v != 0 && m != "ps_uplinks" && m != "ps_addrs" {
+		if v != 0 && m != "portspace_uplinks" && m != "portspace_addrs" {
 			t.Errorf("%s: %d entries, want 0", m, v)
 		}
 	}
@@ -147,7 +148,7 @@ func TestCompileRefusesWhatTheControllerNeverWrites(t *testing.T) {
 			"sliver s1 leases 2:10000-10099 on uplink 2, which the node does not have (it has uplinks 0 (uplink0), 1 (uplink1))"},
 		{"shared slot", []intent.LocalSliver{local("s1", 1, "10000"), local("s2", 1, "10001")}, "slivers s1 and s2 share slot 1"},
 		{"slot 0", []intent.LocalSliver{local("s1", 0, "10000")}, "slot 0: want 1..16384"},
-		{"slot too high", []intent.LocalSliver{local("s1", MaxSlivers+1, "10000")}, "slot 16385"},
+		{"slot too high", []intent.LocalSliver{local("s1", limits.MaxSlivers+1, "10000")}, "slot 16385"},
 		{"name twice", []intent.LocalSliver{local("s1", 1, "10000"), local("s1", 2, "10001")}, "sliver s1 listed twice"},
 		{"bad name", []intent.LocalSliver{local("S1", 1, "10000")}, `sliver name "S1"`},
 		{"overlap", []intent.LocalSliver{local("s1", 1, "10000-10099"), local("s2", 2, "10099")}, "sliver s2: ports 10099 on uplink 0 overlap h1/s1's lease 10000-10099"},

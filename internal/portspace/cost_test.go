@@ -19,11 +19,16 @@ import (
 func BenchmarkPrivilegedPortspaceCost(b *testing.B) {
 	testenv.RequireRoot(b, "BPF_PROG_RUN")
 	for _, leases := range []int{1, 100, 10000} {
-		k, err := datapath.Open("", datapath.Options{})
+		r, err := datapath.Open("", datapath.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		f := New(k)
+		ps, err := Open(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		k := testKernel{r, ps}
+		f := New(r)
 		f.links = &fakeLinks{slivers: map[string]int{}}
 		f.vifMAC = func(int) (net.HardwareAddr, error) { return vifMAC, nil }
 		cfg, _ := k.Map("config")
@@ -79,6 +84,6 @@ func BenchmarkPrivilegedPortspaceCost(b *testing.B) {
 				b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/packet")
 			})
 		}
-		k.Close()
+		r.Close() // port space's with it
 	}
 }

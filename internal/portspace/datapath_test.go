@@ -113,18 +113,56 @@ func (l *fakeLinks) DetachLoopback() error                { l.lo = false; return
 func (l *fakeLinks) AttachSliverCgroups(dir string) error { l.cgroups = dir; return nil }
 func (l *fakeLinks) DetachSliverCgroups() error           { l.cgroups = ""; return nil }
 
-func loadFeature(t testing.TB) (*datapath.Kernel, *Feature, *fakeLinks) {
+// router is what the tests read of the router's programs: the maps port
+// space's share, its counters.
+type router interface {
+	Map(name string) (*ebpf.Map, error)
+	Counters() (datapath.Counters, error)
+}
+
+// testKernel is the router's programs and port space's, loaded on the
+// router's maps: its UplinkProgram, SliverProgram and LoopbackProgram are
+// every program a frame of port space meets.
+type testKernel struct {
+	*datapath.Kernel
+	ps *Kernel
+}
+
+func (k testKernel) SliverProgram() *ebpf.Program   { return k.ps.SliverProgram() }
+func (k testKernel) LoopbackProgram() *ebpf.Program { return k.ps.LoopbackProgram() }
+
+// loadKernels loads the router's and port space's programs, unpinned
+// (testHooks: the builds that log every redirect).
+func loadKernels(t testing.TB, testHooks bool) testKernel {
 	t.Helper()
 	testenv.RequireRoot(t, "BPF_PROG_RUN (unprivileged BPF is disabled on this machine)")
-	k, err := datapath.OpenTestObjects()
-	if err != nil {
+	fail := func(err error) {
+		t.Helper()
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			t.Fatalf("load datapath: %v\nverifier log:\n%+v", err, ve)
 		}
 		t.Fatalf("load datapath: %v", err)
 	}
-	t.Cleanup(func() { k.Close() })
+	openRouter := func() (*datapath.Kernel, error) { return datapath.Open("", datapath.Options{}) }
+	if testHooks {
+		openRouter = datapath.OpenTestObjects
+	}
+	r, err := openRouter()
+	if err != nil {
+		fail(err)
+	}
+	t.Cleanup(func() { r.Close() }) // port space's with it
+	ps, err := open(r, testHooks)
+	if err != nil {
+		fail(err)
+	}
+	return testKernel{r, ps}
+}
+
+func loadFeature(t testing.TB) (testKernel, *Feature, *fakeLinks) {
+	t.Helper()
+	k := loadKernels(t, true)
 	// The router's node config: tenant space 10/8, port space on.
 	cfg, err := k.Map("config")
 	if err != nil {
@@ -139,7 +177,7 @@ func loadFeature(t testing.TB) (*datapath.Kernel, *Feature, *fakeLinks) {
 	if err := cfg.Put(uint32(0), nc); err != nil {
 		t.Fatal(err)
 	}
-	f := New(k)
+	f := New(k.Kernel)
 	links := &fakeLinks{slivers: map[string]int{}}
 	f.links = links
 	f.vifMAC = func(int) (net.HardwareAddr, error) { return vifMAC, nil }
@@ -308,7 +346,7 @@ func statsBySliver(t testing.TB, f *Feature) map[string]intent.SliverStats {
 	return out
 }
 
-func run(t *testing.T, k *datapath.Kernel, f *Feature, rows []row) {
+func run(t *testing.T, k router, f *Feature, rows []row) {
 	t.Helper()
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {

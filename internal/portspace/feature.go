@@ -16,7 +16,7 @@ import (
 // Sync writing the plan into the datapath's maps and putting the sliver
 // program on the slivers' links, Stats reading the per-sliver counters.
 type Feature struct {
-	k *datapath.Kernel
+	k *datapath.Kernel // the router, whose maps port space's are
 	// cgroupDir is the parent of the slivers' cgroups ("": no socket
 	// confinement): the socket programs sit there, and DIR/NAME is
 	// sliver NAME's cgroup.
@@ -25,8 +25,8 @@ type Feature struct {
 	// vifMAC reads a sliver link's own MAC (a frame for the host is
 	// given it); tests set it. nil: the host's links, read once a pass.
 	vifMAC func(ifindex int) (net.HardwareAddr, error)
-	// links attaches the programs: the kernel; a recording fake in the
-	// BPF_PROG_RUN tests, whose links are made up.
+	// links attaches the programs: the Kernel (Load); a recording fake in
+	// the BPF_PROG_RUN tests, whose links are made up.
 	links linker
 
 	// confiner keeps each sliver's namespace to its lease (confine.go);
@@ -42,16 +42,32 @@ type Feature struct {
 	mu    sync.Mutex
 	cur   *state            // what the maps hold; nil until read (at start, after a failed write)
 	names map[uint32]string // slot -> sliver name, as last synced
-	// portsFrom are the leases ps_ports was last made to hold exactly,
+	// portsFrom are the leases portspace_ports was last made to hold exactly,
 	// when portsKnown (not at start or after a failed write).
 	portsFrom  []portLease
 	portsKnown bool
-	scratch    []uint32 // a pass's ps_ports when its leases changed
+	scratch    []uint32 // a pass's portspace_ports when its leases changed
 }
 
-// New is the feature on the loaded datapath k.
+// New is the feature on the router's loaded programs k (nil: an agent on a
+// fake datapath, where only an empty plan syncs). Its own programs load
+// on k's maps with Load.
 func New(k *datapath.Kernel) *Feature {
-	return &Feature{k: k, links: k, names: map[uint32]string{}}
+	return &Feature{k: k, names: map[uint32]string{}}
+}
+
+// Load implements feature.Loader: port space's programs on the router's
+// maps (Open), which Sync attaches. Nothing to load on a fake datapath.
+func (f *Feature) Load() error {
+	if f.k == nil || f.links != nil {
+		return nil
+	}
+	k, err := Open(f.k)
+	if err != nil {
+		return fmt.Errorf("portspace: %w", err)
+	}
+	f.links = k
+	return nil
 }
 
 // linker is what Sync needs of the kernel to attach the programs.
@@ -118,12 +134,12 @@ func (f *Feature) Maps() []feature.Map {
 		return feature.Map{Name: name, Owner: feature.Datapath, Lifetime: lifetime}
 	}
 	return []feature.Map{
-		rec(MapUplinks), rec("ps_uplink_index"), rec(MapAddrs), rec(MapPorts), rec(MapSlivers),
-		rec(MapVifs), rec(MapFanout), rec(MapCgroups), rec("ps_config"),
-		own("ps_frags", "LRU of 16384 datagrams; a record steers later fragments for 2 s; each sliver's new records are limited by its share"),
-		own("ps_echo_ids", "LRU of 16384 echo requests; each sliver's new records are limited by its share; a record delivers only while its id is in the sliver's lease"),
-		own("ps_shares", "one entry per slot, zeroed when a sliver takes the slot"),
-		own("ps_stats", "per-CPU counters per slot, zeroed when a sliver takes the slot"),
+		rec(MapUplinks), rec(mapUplinkIndex), rec(MapAddrs), rec(MapPorts), rec(MapSlivers),
+		rec(MapVifs), rec(MapFanout), rec(MapCgroups), rec(mapConfig),
+		own("portspace_frags", "LRU of 16384 datagrams; a record steers later fragments for 2 s; each sliver's new records are limited by its share"),
+		own("portspace_echo_ids", "LRU of 16384 echo requests; each sliver's new records are limited by its share; a record delivers only while its id is in the sliver's lease"),
+		own("portspace_shares", "one entry per slot, zeroed when a sliver takes the slot"),
+		own("portspace_stats", "per-CPU counters per slot, zeroed when a sliver takes the slot"),
 	}
 }
 

@@ -7,17 +7,18 @@ import (
 
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // fullNode is a host with four uplinks whose every port (1..65535) is
 // leased: 64 slivers of 4096 ports each (port 0 left out), 16 per uplink,
-// each with its one link, so ps_ports holds 262,140 entries of its
+// each with its one link, so portspace_ports holds 262,140 entries of its
 // 262,144. shrink takes one port off the first sliver's lease (a lease
 // change); dropLast leaves the last sliver (4096 ports) out.
 func fullNode(shrink, dropLast bool) feature.Node {
 	n := feature.Node{Name: "h1", Desired: intent.Desired{Node: "h1"}}
 	links := map[string]int{}
-	for u := 0; u < MaxUplinks; u++ {
+	for u := 0; u < limits.MaxUplinks; u++ {
 		n.Uplinks = append(n.Uplinks, feature.Uplink{Index: u, Name: fmt.Sprintf("uplink%d", u), Ifindex: 2 + u,
 			MAC: upMAC, Addr: netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + u)}), Bits: 24})
 	}
@@ -25,8 +26,8 @@ func fullNode(shrink, dropLast bool) feature.Node {
 		if dropLast && i == 63 {
 			break
 		}
-		u := i % MaxUplinks
-		lo, hi := uint16(i/MaxUplinks*4096), uint16(i/MaxUplinks*4096+4095)
+		u := i % limits.MaxUplinks
+		lo, hi := uint16(i/limits.MaxUplinks*4096), uint16(i/limits.MaxUplinks*4096+4095)
 		if lo == 0 {
 			lo = 1
 		}
@@ -59,7 +60,7 @@ func pass(tb testing.TB, f *Feature, n feature.Node) {
 }
 
 // The feature's share of an agent pass when every port of four uplinks is
-// leased (262,140 entries in ps_ports): a pass that changes nothing (every
+// leased (262,140 entries in portspace_ports): a pass that changes nothing (every
 // resync, every change elsewhere), the first pass of a restarted agent,
 // and a pass in which one lease lost (or got back) a port.
 // The real maps, written as root.
@@ -78,7 +79,7 @@ func BenchmarkPrivilegedPortspacePass(b *testing.B) {
 		// A new agent on the maps its predecessor wrote: it reads them
 		// and writes what differs (nothing here).
 		for i := 0; i < b.N; i++ {
-			fresh := New(k)
+			fresh := New(k.Kernel)
 			fresh.links, fresh.vifMAC = f.links, f.vifMAC
 			pass(b, fresh, full)
 		}

@@ -6,18 +6,8 @@
 package portspace
 
 import (
-	"github.com/onehop/onehop/internal/lease"
 	"net"
 	"net/netip"
-)
-
-// Limits of one host, matched by bpf/lib/portspace_maps.h (a test compares
-// them with the compiled programs).
-const (
-	// MaxUplinks is how many uplinks one host may lease ports on.
-	MaxUplinks = lease.MaxUplinks
-	// MaxSlivers is the highest slot: slots run 1..MaxSlivers.
-	MaxSlivers = 16384
 )
 
 // Plan is one node's port-space entries: what Compile makes and Sync writes.

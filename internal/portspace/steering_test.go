@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/csum"
-	"github.com/onehop/onehop/internal/datapath"
 
 	"github.com/google/gopacket/layers"
 )
@@ -208,37 +207,37 @@ func TestPrivilegedTwoSliversPingingOneRemoteEachGetTheirOwnReplies(t *testing.T
 }
 
 // A fragment record is made the same way for datagrams to a sliver and from
-// one (bpf/lib/portspace.h, ps_frag_record): only a new record takes a unit
+// one (bpf/lib/portspace.h, portspace_frag_record): only a new record takes a unit
 // of the sliver's share; the same first fragment again refreshes its record
 // for nothing. With a share of one record, a first fragment seen twice is
 // refused nothing, in either direction, and a second datagram is refused.
 func TestPrivilegedAFirstFragmentSeenAgainTakesNoShareEitherWay(t *testing.T) {
 	k, f, _ := loadFeature(t)
 	syncPlan(t, f, testPlan(1)) // s1 (slot 1) sends from ifindex 1
-	cfg, err := k.Map("ps_config")
+	cfg, err := k.Map("portspace_config")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var one datapath.PsLimits
-	one.IntervalNs[datapath.PsShareFrags] = uint64(time.Hour) // one record an hour, no burst
+	var one limitsRecord
+	one.IntervalNs[shareFrags] = uint64(time.Hour) // one record an hour, no burst
 	if err := cfg.Put(uint32(0), one); err != nil {
 		t.Fatal(err)
 	}
-	shares, err := k.Map("ps_shares")
+	shares, err := k.Map("portspace_shares")
 	if err != nil {
 		t.Fatal(err)
 	}
 	refused := func() uint64 {
 		t.Helper()
-		var s datapath.PsShare
+		var s shareRecord
 		if err := shares.Lookup(uint32(1), &s); err != nil {
 			t.Fatalf("s1's share: %v", err)
 		}
-		return s.Refused[datapath.PsShareFrags]
+		return s.Refused[shareFrags]
 	}
 	reset := func() {
 		t.Helper()
-		if err := shares.Put(uint32(1), datapath.PsShare{}); err != nil {
+		if err := shares.Put(uint32(1), shareRecord{}); err != nil {
 			t.Fatal(err)
 		}
 	}

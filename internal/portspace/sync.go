@@ -14,42 +14,43 @@ import (
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // state is what the reconciled maps hold (arrays: only their non-zero
 // entries). Sync keeps the last one it wrote, so a pass writes only what
 // changed: rewriting 4×65536 port slots every pass would be too slow.
 //
-// ps_ports is kept as the array it is (portKeys slots, 1 MiB), not as a
+// portspace_ports is kept as the array it is (portKeys slots, 1 MiB), not as a
 // Go map: with every port leased that map had 262,140 entries, and
 // building and comparing it again took a pass ~35 ms although nothing
 // had changed.
 type state struct {
-	uplinks map[uint32]datapath.PsUplink // by ifindex
-	index   map[uint32]datapath.PsUplink // by uplink index
+	uplinks map[uint32]uplinkRecord // by ifindex
+	index   map[uint32]uplinkRecord // by uplink index
 	addrs   map[uint32]uint32
 	ports   []uint32 // by portKey: the slot leasing the port, 0 for none
-	slivers map[uint32]datapath.PsSliver
-	vifs    map[uint32]datapath.PsVif
-	fanout  map[datapath.PsFanoutKey]uint32
+	slivers map[uint32]sliverRecord
+	vifs    map[uint32]vifRecord
+	fanout  map[fanoutKey]uint32
 	cgroups map[uint64]uint32
-	limits  map[uint32]datapath.PsLimits
+	limits  map[uint32]limitsRecord
 }
 
-// portKeys is how many slots ps_ports has: every port of every uplink.
-const portKeys = MaxUplinks * 65536
+// portKeys is how many slots portspace_ports has: every port of every uplink.
+const portKeys = limits.MaxUplinks * 65536
 
-// portKey is a port's slot in ps_ports (bpf/lib/portspace.h's key).
+// portKey is a port's slot in portspace_ports (bpf/lib/portspace.h's key).
 func portKey(uplink int, port uint16) uint32 { return uint32(uplink)<<16 | uint32(port) }
 
 // newState is an empty state; the ports array is made only for what
 // the maps hold (cur), never for a pass's want.
 func newState(withPorts bool) *state {
 	s := &state{
-		uplinks: map[uint32]datapath.PsUplink{}, index: map[uint32]datapath.PsUplink{},
-		addrs: map[uint32]uint32{}, slivers: map[uint32]datapath.PsSliver{},
-		vifs: map[uint32]datapath.PsVif{}, fanout: map[datapath.PsFanoutKey]uint32{},
-		cgroups: map[uint64]uint32{}, limits: map[uint32]datapath.PsLimits{},
+		uplinks: map[uint32]uplinkRecord{}, index: map[uint32]uplinkRecord{},
+		addrs: map[uint32]uint32{}, slivers: map[uint32]sliverRecord{},
+		vifs: map[uint32]vifRecord{}, fanout: map[fanoutKey]uint32{},
+		cgroups: map[uint64]uint32{}, limits: map[uint32]limitsRecord{},
 	}
 	if withPorts {
 		s.ports = make([]uint32, portKeys)
@@ -57,7 +58,7 @@ func newState(withPorts bool) *state {
 	return s
 }
 
-// portLease is one lease as ps_ports holds it: whose ports are which.
+// portLease is one lease as portspace_ports holds it: whose ports are which.
 type portLease struct {
 	sliver string
 	slot   uint32
@@ -65,7 +66,7 @@ type portLease struct {
 	lo, hi uint16
 }
 
-// leasesOf lists p's leases in plan order: the whole of what ps_ports is
+// leasesOf lists p's leases in plan order: the whole of what portspace_ports is
 // made from, so two plans with the same list need the same ports.
 func leasesOf(p Plan) []portLease {
 	var out []portLease
@@ -104,8 +105,8 @@ const (
 // limitsFor sizes each sliver's share of the two LRUs: together the slivers
 // cannot add more records in a lifetime than the table holds, so no sliver
 // evicts another's records while its own are fresh.
-func limitsFor(slivers int, fragCap, echoCap int) datapath.PsLimits {
-	var l datapath.PsLimits
+func limitsFor(slivers int, fragCap, echoCap int) limitsRecord {
+	var l limitsRecord
 	if slivers < 1 {
 		slivers = 1
 	}
@@ -118,12 +119,12 @@ func limitsFor(slivers int, fragCap, echoCap int) datapath.PsLimits {
 		l.IntervalNs[kind] = uint64(interval)
 		l.BurstNs[kind] = uint64(interval) * uint64(per/2) // half its part at once
 	}
-	set(datapath.PsShareFrags, fragCap, fragLifetime)
-	set(datapath.PsShareEcho, echoCap, echoWindow)
+	set(shareFrags, fragCap, fragLifetime)
+	set(shareEcho, echoCap, echoWindow)
 	return l
 }
 
-// want is the maps' content for p, ps_ports apart (portsOf).
+// want is the maps' content for p, portspace_ports apart (portsOf).
 func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 	s := newState(false)
 	attach := map[string]int{}
@@ -138,16 +139,16 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 		}
 	}
 	for _, sl := range bySlot {
-		if sl.Slot < 1 || sl.Slot > MaxSlivers {
-			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, MaxSlivers)
+		if sl.Slot < 1 || sl.Slot > limits.MaxSlivers {
+			return nil, nil, fmt.Errorf("sliver %s: slot %d outside 1..%d", sl.Name, sl.Slot, limits.MaxSlivers)
 		}
-		var rec datapath.PsSliver
+		var rec sliverRecord
 		for u := range rec.EchoLo {
 			rec.EchoLo[u], rec.EchoHi[u] = 1, 0 // none
 		}
 		for _, l := range sl.Leases {
-			if l.Uplink < 0 || l.Uplink >= MaxUplinks || l.Lo > l.Hi {
-				return nil, nil, fmt.Errorf("sliver %s: lease %d-%d on uplink %d is not a range on an uplink 0..%d", sl.Name, l.Lo, l.Hi, l.Uplink, MaxUplinks-1)
+			if l.Uplink < 0 || l.Uplink >= limits.MaxUplinks || l.Lo > l.Hi {
+				return nil, nil, fmt.Errorf("sliver %s: lease %d-%d on uplink %d is not a range on an uplink 0..%d", sl.Name, l.Lo, l.Hi, l.Uplink, limits.MaxUplinks-1)
 			}
 			// Rewritten echo ids come from its lowest lease on the uplink.
 			if rec.EchoLo[l.Uplink] > rec.EchoHi[l.Uplink] || l.Lo < rec.EchoLo[l.Uplink] {
@@ -155,7 +156,7 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 			}
 		}
 		for _, v := range sl.Vifs {
-			if v.Uplink < 0 || v.Uplink >= MaxUplinks || v.Ifindex <= 0 {
+			if v.Uplink < 0 || v.Uplink >= limits.MaxUplinks || v.Ifindex <= 0 {
 				return nil, nil, fmt.Errorf("sliver %s: link %s (ifindex %d) on uplink %d", sl.Name, v.Name, v.Ifindex, v.Uplink)
 			}
 			mac, err := macOf(v.Ifindex)
@@ -163,27 +164,27 @@ func (f *Feature) want(p Plan) (*state, map[string]int, error) {
 				return nil, nil, fmt.Errorf("sliver %s: %w", sl.Name, err)
 			}
 			rec.Vif[v.Uplink] = uint32(v.Ifindex)
-			pv := datapath.PsVif{Slot: sl.Slot, Uplink: uint8(v.Uplink)}
+			pv := vifRecord{Slot: sl.Slot, Uplink: uint8(v.Uplink)}
 			copy(pv.Mac[:], mac)
 			s.vifs[uint32(v.Ifindex)] = pv
-			s.fanout[datapath.PsFanoutKey{Uplink: uint32(v.Uplink), Index: fan[v.Uplink]}] = uint32(v.Ifindex)
+			s.fanout[fanoutKey{Uplink: uint32(v.Uplink), Index: fan[v.Uplink]}] = uint32(v.Ifindex)
 			fan[v.Uplink]++
 			attach[v.Name] = v.Ifindex
 		}
 		s.slivers[sl.Slot] = rec
 	}
 	for _, u := range p.Uplinks {
-		if u.Index < 0 || u.Index >= MaxUplinks || !u.Addr.Is4() || len(u.MAC) != 6 {
-			return nil, nil, fmt.Errorf("uplink %s: index %d, address %s, MAC %s: not an IPv4 uplink 0..%d", u.Name, u.Index, u.Addr, u.MAC, MaxUplinks-1)
+		if u.Index < 0 || u.Index >= limits.MaxUplinks || !u.Addr.Is4() || len(u.MAC) != 6 {
+			return nil, nil, fmt.Errorf("uplink %s: index %d, address %s, MAC %s: not an IPv4 uplink 0..%d", u.Name, u.Index, u.Addr, u.MAC, limits.MaxUplinks-1)
 		}
-		rec := datapath.PsUplink{Ifindex: uint32(u.Ifindex), Addr: datapath.IPKey(u.Addr), Index: uint8(u.Index), Vifs: fan[u.Index]}
+		rec := uplinkRecord{Ifindex: uint32(u.Ifindex), Addr: datapath.IPKey(u.Addr), Index: uint8(u.Index), Vifs: fan[u.Index]}
 		copy(rec.Mac[:], u.MAC)
 		s.uplinks[uint32(u.Ifindex)] = rec
 		s.index[uint32(u.Index)] = rec
 		s.addrs[rec.Addr] = uint32(u.Index)
 	}
 	if len(p.Slivers) > 0 {
-		s.limits[0] = limitsFor(len(p.Slivers), f.capacity("ps_frags"), f.capacity("ps_echo_ids"))
+		s.limits[0] = limitsFor(len(p.Slivers), f.capacity("portspace_frags"), f.capacity("portspace_echo_ids"))
 	}
 	return s, attach, nil
 }
@@ -212,6 +213,9 @@ func (f *Feature) Sync(fp feature.Plan) error {
 		}
 		return errors.New("portspace: no datapath loaded")
 	}
+	if f.links == nil {
+		return errors.New("portspace: its programs are not loaded (Load)")
+	}
 	// The namespaces first: the host's end of a sliver's link takes the
 	// shared MAC there, which the maps record.
 	// A sliver whose namespace cannot be set up (not there yet, gone)
@@ -236,7 +240,7 @@ func (f *Feature) sync(p Plan) error {
 	if want.cgroups, err = f.cgroupIDs(p); err != nil {
 		return fmt.Errorf("portspace: %w", err)
 	}
-	// ps_ports is made from the leases alone: when they are those the
+	// portspace_ports is made from the leases alone: when they are those the
 	// map was last made to hold, it holds them, and nothing of its
 	// 262,144 slots is looked at. Otherwise the whole of it is made
 	// again (a few hundred µs) and compared with what it holds.
@@ -277,31 +281,31 @@ func (f *Feature) sync(p Plan) error {
 		return mm
 	}
 	maps := struct{ uplinks, index, addrs, ports, slivers, vifs, fanout, cgroups, limits datapath.Table }{
-		m(MapUplinks), m("ps_uplink_index"), m(MapAddrs), m(MapPorts), m(MapSlivers), m(MapVifs), m(MapFanout), m(MapCgroups), m("ps_config"),
+		m(MapUplinks), m(mapUplinkIndex), m(MapAddrs), m(MapPorts), m(MapSlivers), m(MapVifs), m(MapFanout), m(MapCgroups), m(mapConfig),
 	}
 	if err != nil {
 		return fmt.Errorf("portspace: %w", err)
 	}
 	steps := []func() error{
 		// What the ports will point at, first.
-		func() error { return datapath.PutChanged(maps.slivers, cur.slivers, want.slivers, "ps_slivers") },
-		func() error { return datapath.PutChanged(maps.vifs, cur.vifs, want.vifs, "ps_vifs") },
-		func() error { return datapath.PutChanged(maps.fanout, cur.fanout, want.fanout, "ps_fanout") },
-		func() error { return datapath.PutChanged(maps.index, cur.index, want.index, "ps_uplink_index") },
-		func() error { return datapath.PutChanged(maps.uplinks, cur.uplinks, want.uplinks, "ps_uplinks") },
-		func() error { return datapath.PutChanged(maps.addrs, cur.addrs, want.addrs, "ps_addrs") },
-		func() error { return datapath.PutChanged(maps.limits, cur.limits, want.limits, "ps_config") },
-		func() error { return datapath.PutChanged(maps.cgroups, cur.cgroups, want.cgroups, "ps_cgroups") },
+		func() error { return datapath.PutChanged(maps.slivers, cur.slivers, want.slivers, MapSlivers) },
+		func() error { return datapath.PutChanged(maps.vifs, cur.vifs, want.vifs, MapVifs) },
+		func() error { return datapath.PutChanged(maps.fanout, cur.fanout, want.fanout, MapFanout) },
+		func() error { return datapath.PutChanged(maps.index, cur.index, want.index, mapUplinkIndex) },
+		func() error { return datapath.PutChanged(maps.uplinks, cur.uplinks, want.uplinks, MapUplinks) },
+		func() error { return datapath.PutChanged(maps.addrs, cur.addrs, want.addrs, MapAddrs) },
+		func() error { return datapath.PutChanged(maps.limits, cur.limits, want.limits, mapConfig) },
+		func() error { return datapath.PutChanged(maps.cgroups, cur.cgroups, want.cgroups, MapCgroups) },
 		func() error { return putPorts(maps.ports, cur.ports, wantPorts) },
 		func() error { return removePorts(maps.ports, cur.ports, wantPorts) },
-		func() error { return datapath.RemoveGone(maps.cgroups, cur.cgroups, want.cgroups, false, "ps_cgroups") },
-		func() error { return datapath.RemoveGone(maps.addrs, cur.addrs, want.addrs, false, "ps_addrs") },
-		func() error { return datapath.RemoveGone(maps.uplinks, cur.uplinks, want.uplinks, false, "ps_uplinks") },
-		func() error { return datapath.RemoveGone(maps.index, cur.index, want.index, true, "ps_uplink_index") },
-		func() error { return datapath.RemoveGone(maps.fanout, cur.fanout, want.fanout, false, "ps_fanout") },
-		func() error { return datapath.RemoveGone(maps.vifs, cur.vifs, want.vifs, false, "ps_vifs") },
-		func() error { return datapath.RemoveGone(maps.slivers, cur.slivers, want.slivers, true, "ps_slivers") },
-		func() error { return datapath.RemoveGone(maps.limits, cur.limits, want.limits, true, "ps_config") },
+		func() error { return datapath.RemoveGone(maps.cgroups, cur.cgroups, want.cgroups, false, MapCgroups) },
+		func() error { return datapath.RemoveGone(maps.addrs, cur.addrs, want.addrs, false, MapAddrs) },
+		func() error { return datapath.RemoveGone(maps.uplinks, cur.uplinks, want.uplinks, false, MapUplinks) },
+		func() error { return datapath.RemoveGone(maps.index, cur.index, want.index, true, mapUplinkIndex) },
+		func() error { return datapath.RemoveGone(maps.fanout, cur.fanout, want.fanout, false, MapFanout) },
+		func() error { return datapath.RemoveGone(maps.vifs, cur.vifs, want.vifs, false, MapVifs) },
+		func() error { return datapath.RemoveGone(maps.slivers, cur.slivers, want.slivers, true, MapSlivers) },
+		func() error { return datapath.RemoveGone(maps.limits, cur.limits, want.limits, true, mapConfig) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -329,7 +333,7 @@ func putPorts(m datapath.Table, cur, want []uint32) error {
 			continue
 		}
 		if err := m.Put(uint32(key), slot); err != nil {
-			return fmt.Errorf("write ps_ports: %w", err)
+			return fmt.Errorf("write portspace_ports: %w", err)
 		}
 		cur[key] = slot
 	}
@@ -347,7 +351,7 @@ func removePorts(m datapath.Table, cur, want []uint32) error {
 			continue
 		}
 		if err := m.Put(uint32(key), uint32(0)); err != nil {
-			return fmt.Errorf("remove from ps_ports: %w", err)
+			return fmt.Errorf("remove from portspace_ports: %w", err)
 		}
 		cur[key] = 0
 	}
@@ -401,7 +405,7 @@ func (f *Feature) cgroupIDs(p Plan) (map[uint64]uint32, error) {
 		return out, nil
 	}
 	for _, sl := range p.Slivers {
-		id, err := datapath.CgroupID(filepath.Join(f.cgroupDir, sl.Name))
+		id, err := cgroupID(filepath.Join(f.cgroupDir, sl.Name))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -415,11 +419,11 @@ func (f *Feature) cgroupIDs(p Plan) (map[uint64]uint32, error) {
 
 // resetSlot zeroes a slot's counters and shares.
 func (f *Feature) resetSlot(slot uint32) error {
-	stats, err := f.table("ps_stats")
+	stats, err := f.table("portspace_stats")
 	if err != nil {
 		return err
 	}
-	shares, err := f.table("ps_shares")
+	shares, err := f.table("portspace_shares")
 	if err != nil {
 		return err
 	}
@@ -427,10 +431,10 @@ func (f *Feature) resetSlot(slot uint32) error {
 	if err != nil {
 		return fmt.Errorf("possible cpus: %w", err)
 	}
-	if err := stats.Put(slot, make([]datapath.PsCounters, cpus)); err != nil {
+	if err := stats.Put(slot, make([]countersRecord, cpus)); err != nil {
 		return fmt.Errorf("reset counters of slot %d: %w", slot, err)
 	}
-	if err := shares.Put(slot, datapath.PsShare{}); err != nil {
+	if err := shares.Put(slot, shareRecord{}); err != nil {
 		return fmt.Errorf("reset shares of slot %d: %w", slot, err)
 	}
 	return nil
@@ -442,14 +446,14 @@ func (f *Feature) read() (*state, error) {
 	s := newState(true)
 	for _, r := range []func() error{
 		func() error { return datapath.ReadMap(f.k, MapUplinks, s.uplinks) },
-		func() error { return datapath.ReadMap(f.k, "ps_uplink_index", s.index) },
+		func() error { return datapath.ReadMap(f.k, mapUplinkIndex, s.index) },
 		func() error { return datapath.ReadMap(f.k, MapAddrs, s.addrs) },
 		func() error { return f.readPorts(s.ports) },
 		func() error { return datapath.ReadMap(f.k, MapSlivers, s.slivers) },
 		func() error { return datapath.ReadMap(f.k, MapVifs, s.vifs) },
 		func() error { return datapath.ReadMap(f.k, MapFanout, s.fanout) },
 		func() error { return datapath.ReadMap(f.k, MapCgroups, s.cgroups) },
-		func() error { return datapath.ReadMap(f.k, "ps_config", s.limits) },
+		func() error { return datapath.ReadMap(f.k, mapConfig, s.limits) },
 	} {
 		if err := r(); err != nil {
 			return nil, err
@@ -458,12 +462,12 @@ func (f *Feature) read() (*state, error) {
 	return s, nil
 }
 
-// portsBatch is how many ps_ports slots one read takes: 64 KiB of keys
+// portsBatch is how many portspace_ports slots one read takes: 64 KiB of keys
 // and as much of values, 4 system calls for the whole map (one lookup
 // per slot took half a second).
 const portsBatch = 16384
 
-// readPorts reads ps_ports into into (portKeys long), in batches.
+// readPorts reads portspace_ports into into (portKeys long), in batches.
 func (f *Feature) readPorts(into []uint32) error {
 	m, err := f.k.Map(MapPorts)
 	if err != nil {
@@ -497,7 +501,7 @@ func (f *Feature) Stats() ([]intent.SliverStats, error) {
 		names[slot] = n
 	}
 	f.mu.Unlock()
-	m, err := f.k.Map("ps_stats")
+	m, err := f.k.Map("portspace_stats")
 	if err != nil {
 		return nil, err
 	}
@@ -508,7 +512,7 @@ func (f *Feature) Stats() ([]intent.SliverStats, error) {
 	sort.Slice(slots, func(i, j int) bool { return slots[i] < slots[j] })
 	out := make([]intent.SliverStats, 0, len(slots))
 	for _, slot := range slots {
-		var per []datapath.PsCounters
+		var per []countersRecord
 		if err := m.Lookup(slot, &per); err != nil {
 			return nil, fmt.Errorf("read counters of %s: %w", names[slot], err)
 		}
@@ -522,7 +526,7 @@ func (f *Feature) Stats() ([]intent.SliverStats, error) {
 				if n == 0 {
 					continue
 				}
-				name := f.k.PsDropName(i)
+				name := dropName(f.k, i)
 				if name == "" {
 					name = fmt.Sprintf("ps_drop_%d", i)
 				}

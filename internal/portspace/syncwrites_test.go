@@ -54,7 +54,7 @@ func (c countedTable) Delete(key any) error {
 }
 
 // countWrites has f write k's maps through a counter.
-func countWrites(f *Feature, k *datapath.Kernel) *writes {
+func countWrites(f *Feature, k router) *writes {
 	w := &writes{n: map[string]int{}, failAt: map[string]int{}}
 	f.tables = func(name string) (datapath.Table, error) {
 		m, err := k.Map(name)
@@ -79,9 +79,9 @@ func (w *writes) take() map[string]int {
 	return out
 }
 
-// kernelPorts reads ps_ports as the kernel holds it, slot by slot (not
+// kernelPorts reads portspace_ports as the kernel holds it, slot by slot (not
 // with the feature's own reader).
-func kernelPorts(t *testing.T, k *datapath.Kernel) []uint32 {
+func kernelPorts(t *testing.T, k router) []uint32 {
 	t.Helper()
 	m, err := k.Map(MapPorts)
 	if err != nil {
@@ -94,12 +94,12 @@ func kernelPorts(t *testing.T, k *datapath.Kernel) []uint32 {
 		out[key] = slot
 	}
 	if err := it.Err(); err != nil {
-		t.Fatalf("read ps_ports: %v", err)
+		t.Fatalf("read portspace_ports: %v", err)
 	}
 	return out
 }
 
-// wantPorts is ps_ports as p needs it.
+// wantPorts is portspace_ports as p needs it.
 func wantPorts(t *testing.T, p Plan) []uint32 {
 	t.Helper()
 	out := make([]uint32, portKeys)
@@ -109,8 +109,8 @@ func wantPorts(t *testing.T, p Plan) []uint32 {
 	return out
 }
 
-// samePorts fails t unless the kernel's ps_ports is exactly p's.
-func samePorts(t *testing.T, k *datapath.Kernel, p Plan, when string) {
+// samePorts fails t unless the kernel's portspace_ports is exactly p's.
+func samePorts(t *testing.T, k router, p Plan, when string) {
 	t.Helper()
 	got, want := kernelPorts(t, k), wantPorts(t, p)
 	diff := 0
@@ -124,7 +124,7 @@ func samePorts(t *testing.T, k *datapath.Kernel, p Plan, when string) {
 		}
 	}
 	if diff > 0 {
-		t.Errorf("%s: ps_ports differs from the plan in %d slots (first: uplink %d port %d holds slot %d, want %d)",
+		t.Errorf("%s: portspace_ports differs from the plan in %d slots (first: uplink %d port %d holds slot %d, want %d)",
 			when, diff, first>>16, first&0xffff, got[first], want[first])
 	}
 }
@@ -175,7 +175,7 @@ func TestPrivilegedSyncWritesOnlyWhatChangedAndNothingWhenThePlanIsTheSame(t *te
 	dropped := compiled(t, true, true)
 	syncPlan(t, f, dropped)
 	if got, want := w.take(), map[string]int{MapPorts: 4096, MapSlivers: 1, MapVifs: 1, MapFanout: 1,
-		MapUplinks: 1, "ps_uplink_index": 1, "ps_config": 1}; !reflect.DeepEqual(got, want) {
+		MapUplinks: 1, "portspace_uplink_index": 1, "portspace_config": 1}; !reflect.DeepEqual(got, want) {
 		t.Errorf("a sliver leaving wrote %v, want %v", got, want)
 	}
 	samePorts(t, k, dropped, "after a sliver left")
@@ -272,7 +272,7 @@ func TestPrivilegedARestartedAgentConvergesThePinnedMapsOnItsFirstPass(t *testin
 	}
 }
 
-// The feature's reader takes ps_ports in batches: it must see what a
+// The feature's reader takes portspace_ports in batches: it must see what a
 // slot-by-slot read sees.
 func TestPrivilegedPortsAreReadBackAsTheKernelHoldsThem(t *testing.T) {
 	k, f, _ := loadFeature(t)
@@ -283,9 +283,9 @@ func TestPrivilegedPortsAreReadBackAsTheKernelHoldsThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := kernelPorts(t, k); !reflect.DeepEqual(got, want) {
-		t.Error("the batched read of ps_ports differs from the slot-by-slot one")
+		t.Error("the batched read of portspace_ports differs from the slot-by-slot one")
 	}
 	if err := f.readPorts(make([]uint32, 10)); err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Errorf("reading ps_ports into 10 slots: %v, want an error naming the size", err)
+		t.Errorf("reading portspace_ports into 10 slots: %v, want an error naming the size", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // The feature's maps, by their names in bpf/lib/tap_maps.h: what Sizes
@@ -21,11 +22,6 @@ const (
 	MapBuckets = "tap_buckets" // datapath: each target's rate bucket
 	MapStats   = "tap_stats"   // datapath: per-rule, per-CPU counters
 )
-
-// MaxTargets is how many distinct monitors (local VMs and remote hosts)
-// one host's rules may copy to (TAP_MAX_TARGETS: one 64-bit set per packet
-// keeps the datapath's walk within the BPF stack).
-const MaxTargets = 64
 
 // MissingMonitor is a rule left out of a plan because where its copies go
 // is not known yet: the monitor's vif is not there, or its host has not
@@ -239,7 +235,7 @@ func (p Plan) Sizes() feature.Sizes {
 	if err != nil {
 		// Compile's plans lay out; another plan is refused by Sync. A
 		// size no map has makes CheckFit refuse it first.
-		return feature.Sizes{MapRules: MaxRules + 1}
+		return feature.Sizes{MapRules: limits.MaxTapRules + 1}
 	}
 	s := feature.Sizes{MapRules: len(l.rules), MapTargets: len(l.targets), MapIndex: len(l.index), MapConfig: 0}
 	if p.InUse() {
@@ -274,15 +270,15 @@ type indexKey struct {
 }
 
 // Roles, sides and kinds (enum tap_role, tap_side, tap_key_kind in
-// bpf/lib/tap_maps.h; a test compares).
+// bpf/lib/tap_maps.h).
 const (
-	roleCopy    = 0
-	roleRecover = 1
-	sideSender  = 0
-	sideRecv    = 1
-	kindIP      = 0
-	kindSegment = 1
-	kindAny     = 2
+	roleCopy    = uint8(tapTapRoleTAP_ROLE_COPY)
+	roleRecover = uint8(tapTapRoleTAP_ROLE_RECOVER)
+	sideSender  = uint8(tapTapSideTAP_SIDE_SENDER)
+	sideRecv    = uint8(tapTapSideTAP_SIDE_RECEIVER)
+	kindIP      = uint8(tapTapKeyKindTAP_KEY_IP)
+	kindSegment = uint8(tapTapKeyKindTAP_KEY_SEGMENT)
+	kindAny     = uint8(tapTapKeyKindTAP_KEY_ANY)
 )
 
 // layout is what the plan puts in the maps, with rules by ID and targets

@@ -10,6 +10,7 @@ import (
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
 )
 
 // The node h1 of these tests: web1 (10.1.1.2) and mon1 (10.1.1.9) live
@@ -197,21 +198,14 @@ func TestLayoutIndexesSendersExactlyAndFoldsTheVLANIn(t *testing.T) {
 }
 
 func TestLimitsMatchTheDatapath(t *testing.T) {
-	if MaxRules != datapath.TapMaxRules || MaxTargets != datapath.TapMaxTargets {
-		t.Fatalf("MaxRules %d, MaxTargets %d; the C has %d, %d", MaxRules, MaxTargets, datapath.TapMaxRules, datapath.TapMaxTargets)
-	}
 	sizes, err := datapath.MapSizes()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]int{MapRules: MaxRules, MapStats: MaxRules, MapTargets: MaxTargets, MapBuckets: MaxTargets, MapConfig: 1} {
+	for name, want := range map[string]int{MapRules: limits.MaxTapRules, MapStats: limits.MaxTapRules, MapTargets: limits.MaxTapTargets, MapBuckets: limits.MaxTapTargets, MapConfig: 1} {
 		if sizes[name] != want {
 			t.Errorf("map %s has %d entries, want %d", name, sizes[name], want)
 		}
-	}
-	if roleCopy != datapath.TapRoleCopy || roleRecover != datapath.TapRoleRecover || sideSender != datapath.TapSideSender ||
-		sideRecv != datapath.TapSideReceiver || kindIP != datapath.TapKeyIP || kindSegment != datapath.TapKeySegment || kindAny != datapath.TapKeyAny {
-		t.Fatal("role, side or kind numbers differ from the C's enums")
 	}
 }
 

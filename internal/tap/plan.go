@@ -11,9 +11,6 @@ import (
 	"github.com/onehop/onehop/internal/intent"
 )
 
-// MaxRules is how many TAP rules (policy directions) one host holds.
-const MaxRules = 256
-
 // Plan is one node's TAP entries: what Compile makes and Sync writes.
 type Plan struct {
 	// Copy are the rules whose sender may be a local VM: the sender's

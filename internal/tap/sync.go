@@ -13,20 +13,32 @@ import (
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/limits"
+)
+
+// TAP's map records (bpf/lib/tap_maps.h), generated from the C (gen.go).
+// Only Sync and Stats read and write them.
+type (
+	keyRecord      = tapTapKey      // a key of tap_index: an address (or segment, or any) on one side of one role's rules
+	bitsRecord     = tapTapBits     // a set of rule slots
+	ruleRecord     = tapTapRule     // a rule by slot: its filters and its monitor's target
+	targetRecord   = tapTapTarget   // where one monitor's copies go
+	limitsRecord   = tapTapLimits   // the copy rate each target may take
+	countersRecord = tapTapCounters // one rule's copies on one CPU
 )
 
 // state is what the reconciled maps hold (arrays: only their non-zero
 // entries). Sync keeps the last one it wrote and writes only what changed.
 type state struct {
-	rules   map[uint32]datapath.TapRule
-	targets map[uint32]datapath.TapTarget
-	index   map[datapath.TapKey]datapath.TapBits
-	config  map[uint32]datapath.TapLimits
+	rules   map[uint32]ruleRecord
+	targets map[uint32]targetRecord
+	index   map[keyRecord]bitsRecord
+	config  map[uint32]limitsRecord
 }
 
 func newState() *state {
-	return &state{rules: map[uint32]datapath.TapRule{}, targets: map[uint32]datapath.TapTarget{},
-		index: map[datapath.TapKey]datapath.TapBits{}, config: map[uint32]datapath.TapLimits{}}
+	return &state{rules: map[uint32]ruleRecord{}, targets: map[uint32]targetRecord{},
+		index: map[keyRecord]bitsRecord{}, config: map[uint32]limitsRecord{}}
 }
 
 // Sync implements feature.Feature: the reconciled maps are made to hold
@@ -176,21 +188,21 @@ func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error)
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	slotOf, taken, freed, ok := allocate(ids, f.slotOf, MaxRules)
+	slotOf, taken, freed, ok := allocate(ids, f.slotOf, limits.MaxTapRules)
 	if !ok {
-		return nil, ch, fmt.Errorf("%d rules: more than %d", len(ids), MaxRules)
+		return nil, ch, fmt.Errorf("%d rules: more than %d", len(ids), limits.MaxTapRules)
 	}
 	ch.rules, ch.freedRules = taken, freed
 	// Targets likewise.
-	targetOf, taken, freed, ok := allocate(l.targets, f.targetOf, MaxTargets)
+	targetOf, taken, freed, ok := allocate(l.targets, f.targetOf, limits.MaxTapTargets)
 	if !ok {
-		return nil, ch, fmt.Errorf("%d monitors to copy to: more than %d", len(l.targets), MaxTargets)
+		return nil, ch, fmt.Errorf("%d monitors to copy to: more than %d", len(l.targets), limits.MaxTapTargets)
 	}
 	ch.targets, ch.freedTargets = taken, freed
 
 	s := newState()
 	for t, slot := range targetOf {
-		tt := datapath.TapTarget{Ifindex: uint32(t.ifindex)}
+		tt := targetRecord{Ifindex: uint32(t.ifindex)}
 		if t.hostMAC != "" {
 			mac, err := net.ParseMAC(t.hostMAC)
 			if err != nil {
@@ -205,7 +217,7 @@ func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error)
 	names := map[uint32]string{}
 	for id, r := range l.rules {
 		slot := slotOf[id]
-		e := datapath.TapRule{Id: id, Target: targetOf[r.target], Proto: r.Proto}
+		e := ruleRecord{Id: id, Target: targetOf[r.target], Proto: r.Proto}
 		if r.hasPorts() {
 			e.Ports = 1
 			e.SportLo, e.SportHi, e.DportLo, e.DportHi = r.SportLo, r.SportHi, r.DportLo, r.DportHi
@@ -220,15 +232,15 @@ func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error)
 		names[slot] = r.Policy
 	}
 	for k, ids := range l.index {
-		var b datapath.TapBits
+		var b bitsRecord
 		for _, id := range ids {
 			slot := slotOf[id]
 			b.W[slot/64] |= 1 << (slot % 64)
 		}
-		s.index[datapath.TapKey{Addr: datapath.IPKey(k.addr), Role: k.role, Side: k.side, Kind: k.kind}] = b
+		s.index[keyRecord{Addr: datapath.IPKey(k.addr), Role: k.role, Side: k.side, Kind: k.kind}] = b
 	}
 	if len(l.rules) > 0 {
-		var lim datapath.TapLimits
+		var lim limitsRecord
 		if f.rate > 0 {
 			interval := time.Second / time.Duration(f.rate)
 			lim.IntervalNs = uint64(interval)
@@ -256,7 +268,7 @@ func zeroStats(m *ebpf.Map, slot uint32) error {
 	if err != nil {
 		return fmt.Errorf("possible cpus: %w", err)
 	}
-	if err := m.Put(slot, make([]datapath.TapCounters, cpus)); err != nil {
+	if err := m.Put(slot, make([]countersRecord, cpus)); err != nil {
 		return fmt.Errorf("reset counters of rule slot %d: %w", slot, err)
 	}
 	return nil
@@ -319,7 +331,7 @@ func (f *Feature) Stats() ([]intent.TapStats, error) {
 	}
 	out := make([]intent.TapStats, 0, len(rules))
 	for _, r := range rules {
-		var per []datapath.TapCounters
+		var per []countersRecord
 		if err := m.Lookup(r.slot, &per); err != nil {
 			return nil, fmt.Errorf("read counters of tap rule %d: %w", r.id, err)
 		}

@@ -18,7 +18,7 @@ import (
 // reaching the peer before its translation would be reset there.
 // Translate/TranslateBatch later take the entry over; Unaccept withdraws
 // it. All or nothing.
-func (d *Datapath) Accept(ms []Migration) error {
+func (d *Kernel) Accept(ms []Migration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.accepting == nil {
@@ -57,7 +57,7 @@ func (d *Datapath) Accept(ms []Migration) error {
 
 // Unaccept withdraws what Accept wrote for these connections (the peer
 // refused them): an entry a translation took over meanwhile stays.
-func (d *Datapath) Unaccept(vs []Virtual) error {
+func (d *Kernel) Unaccept(vs []Virtual) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
@@ -69,7 +69,7 @@ func (d *Datapath) Unaccept(vs []Virtual) error {
 
 // settle ends v's accepted ingress entry: deleted unless v's translation
 // now owns that key. Called with d.mu held.
-func (d *Datapath) settle(v Virtual) error {
+func (d *Kernel) settle(v Virtual) error {
 	k, ok := d.accepting[v]
 	if !ok {
 		return nil

@@ -7,7 +7,7 @@ import (
 )
 
 // xlateDump lists vnat_xlate as "dir: key -> value" lines, sorted.
-func xlateDump(t *testing.T, d *Datapath) []string {
+func xlateDump(t *testing.T, d *Kernel) []string {
 	t.Helper()
 	var k XlateKey
 	var v Rewrite

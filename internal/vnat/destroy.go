@@ -9,6 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // ErrDestroyUnsupported is DestroySocket's error when the kernel cannot
@@ -32,7 +34,7 @@ var ErrDestroyUnsupported = errors.New("the kernel cannot close sockets through 
 // with a packet's lookup, which falls back to a TCP listener or an
 // unconnected UDP socket on the port when the connection itself is gone,
 // and without the cookie would destroy that instead.
-func (d *Datapath) DestroySocket(t Tuple) error {
+func (d *Kernel) DestroySocket(t Tuple) error {
 	if err := validate(t); err != nil {
 		return fmt.Errorf("vnat: destroy socket: %w", err)
 	}
@@ -50,7 +52,7 @@ func (d *Datapath) DestroySocket(t Tuple) error {
 // UDP: it asks the kernel to destroy a socket no one has (cookie 0, which
 // the kernel never gives out, so nothing can be hit). nil: it can; else
 // why not (ErrDestroyUnsupported, or no CAP_NET_ADMIN).
-func (d *Datapath) CanDestroySockets() error {
+func (d *Kernel) CanDestroySockets() error {
 	var errs []error
 	for _, p := range []Proto{TCP, UDP} {
 		lo := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 1)
@@ -72,8 +74,8 @@ func (d *Datapath) CanDestroySockets() error {
 }
 
 // destroy sends one SOCK_DESTROY request in the endpoint's namespace.
-func (d *Datapath) destroy(r destroyRequest) error {
-	err := d.inNS(func() error {
+func (d *Kernel) destroy(r destroyRequest) error {
+	err := onehopns.DoPath(d.opts.Netns, func() error {
 		req := nl.NewNetlinkRequest(nl.SOCK_DESTROY, unix.NLM_F_ACK)
 		req.AddData(r)
 		_, err := req.Execute(unix.NETLINK_INET_DIAG, 0)
@@ -95,7 +97,7 @@ func (d *Datapath) destroy(r destroyRequest) error {
 
 // cookieOf is the cookie of the socket whose tuple is exactly t (not a
 // listener, not closing), from a sock_diag dump.
-func (d *Datapath) cookieOf(t Tuple) ([2]uint32, error) {
+func (d *Kernel) cookieOf(t Tuple) ([2]uint32, error) {
 	h, err := d.handle()
 	if err != nil {
 		return [2]uint32{}, err

@@ -27,7 +27,7 @@ const (
 // UDP sockets are found this way only: call PickUp again before a move
 // (a cgroup connect4 hook runs before the kernel picks the local port, so
 // it cannot know the tuple).
-func (d *Datapath) PickUp() (int, error) {
+func (d *Kernel) PickUp() (int, error) {
 	h, err := d.handle()
 	if err != nil {
 		return 0, err

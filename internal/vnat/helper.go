@@ -23,7 +23,7 @@ func connKey(v Virtual) vnatVnatConnKey {
 // socket does not reset the connection while the peer is suspended
 // (bpf/lib/vnat_helper.h). Marking a connection marked already keeps its
 // count of answered probes.
-func (d *Datapath) StartKeepalive(v Virtual) error {
+func (d *Kernel) StartKeepalive(v Virtual) error {
 	if err := validate(Tuple(v)); err != nil {
 		return fmt.Errorf("vnat: keepalive helper: %w", err)
 	}
@@ -50,7 +50,7 @@ func (d *Datapath) StartKeepalive(v Virtual) error {
 // StopKeepalive unmarks v (its peer is back, or gone for good): its
 // probes leave as usual again. It returns how many probes the helper
 // answered for v.
-func (d *Datapath) StopKeepalive(v Virtual) (uint64, error) {
+func (d *Kernel) StopKeepalive(v Virtual) (uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var h vnatVnatHelper
@@ -67,7 +67,7 @@ func (d *Datapath) StopKeepalive(v Virtual) (uint64, error) {
 
 // KeepaliveAnswered is how many probes the helper answered for v since it
 // was marked (false when v is not marked).
-func (d *Datapath) KeepaliveAnswered(v Virtual) (uint64, bool, error) {
+func (d *Kernel) KeepaliveAnswered(v Virtual) (uint64, bool, error) {
 	var h vnatVnatHelper
 	if err := d.objs.VnatAway.Lookup(connKey(v), &h); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {

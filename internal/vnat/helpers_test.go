@@ -181,7 +181,7 @@ func (n *testNS) sh(t testing.TB, args ...string) string {
 	return string(out)
 }
 
-func openIn(t testing.TB, n *testNS, o Options) *Datapath {
+func openIn(t testing.TB, n *testNS, o Options) *Kernel {
 	t.Helper()
 	o.Netns = n.path
 	d, err := Open(o)

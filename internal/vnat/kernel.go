@@ -3,7 +3,6 @@ package vnat
 import (
 	"errors"
 	"fmt"
-	onehopns "github.com/onehop/onehop/internal/netns"
 	"net"
 	"net/netip"
 	"os"
@@ -13,11 +12,13 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/onehop/onehop/internal/bpfobj"
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // Options say where the endpoint is.
@@ -30,18 +31,18 @@ type Options struct {
 	// 0 keeps the C default.
 	XlateEntries uint32
 	// PinDir, on a bpffs, holds the maps (maps/) and links (links/) so
-	// that translations outlive the process: a Datapath opened on a
+	// that translations outlive the process: a Kernel opened on a
 	// PinDir where an earlier one pinned its maps takes them over, with
 	// every migrated connection in them. "" pins nothing.
 	PinDir string
 }
 
-// Datapath is VNAT loaded into the kernel for one endpoint: the programs,
+// Kernel is VNAT loaded into the kernel for one endpoint: the programs,
 // their maps, the links attaching them, and the migrated connections.
-type Datapath struct {
+type Kernel struct {
 	opts  Options
 	objs  vnatObjects
-	links map[string]link.Link
+	links *bpfobj.Links // pinned under PinDir/links when pinning
 
 	mu     sync.Mutex
 	table  *Table
@@ -61,7 +62,7 @@ type Datapath struct {
 }
 
 // Open loads the programs and maps (nothing attached yet).
-func Open(o Options) (*Datapath, error) {
+func Open(o Options) (*Kernel, error) {
 	spec, err := loadVnat()
 	if err != nil {
 		return nil, fmt.Errorf("vnat: load spec: %w", err)
@@ -69,11 +70,16 @@ func Open(o Options) (*Datapath, error) {
 	if o.XlateEntries > 0 {
 		spec.Maps["vnat_xlate"].MaxEntries = o.XlateEntries
 	}
-	names, err := counterNames(spec)
+	// "egress_translated", ... (enum vnat_counter, VNAT_COUNTER_MAX left out)
+	names, err := bpfobj.EnumNames(spec, "vnat_counter", "VNAT_")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("vnat: %w", err)
 	}
-	d := &Datapath{opts: o, links: map[string]link.Link{}, table: NewTable(),
+	links := bpfobj.NewLinks("")
+	if o.PinDir != "" {
+		links = bpfobj.NewLinks(filepath.Join(o.PinDir, "links"))
+	}
+	d := &Kernel{opts: o, links: links, table: NewTable(),
 		routes: map[netip.Addr]netip.Addr{}, kept: map[netip.Addr]bool{}, diag: map[Tuple]Conn{}, away: map[Virtual]bool{},
 		counterNames: names}
 	opts := &ebpf.CollectionOptions{}
@@ -134,7 +140,7 @@ func IsBPFFS(dir string) bool { return checkBPFFS(dir) == nil }
 // migrated connections (vnat_xlate's egress entries name both tuples) and
 // their routes. Helper marks belong to the daemon that made them: they
 // are cleared (a new daemon starts no helper it does not know about).
-func (d *Datapath) adopt() error {
+func (d *Kernel) adopt() error {
 	var k XlateKey
 	var v Rewrite
 	it := d.objs.VnatXlate.Iterate()
@@ -177,24 +183,8 @@ func (d *Datapath) adopt() error {
 	return d.syncRoutes(nil)
 }
 
-// counterNames reads enum vnat_counter from BTF, so Go never repeats the
-// C's list: "egress_translated", ... (VNAT_COUNTER_MAX left out).
-func counterNames(spec *ebpf.CollectionSpec) ([]string, error) {
-	var e *btf.Enum
-	if err := spec.Types.TypeByName("vnat_counter", &e); err != nil {
-		return nil, fmt.Errorf("vnat: btf enum vnat_counter: %w", err)
-	}
-	names := make([]string, vnatVnatCounterVNAT_COUNTER_MAX)
-	for _, v := range e.Values {
-		if v.Value < uint64(len(names)) {
-			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "VNAT_"))
-		}
-	}
-	return names, nil
-}
-
 // Programs are the loaded programs, for BPF_PROG_RUN tests and benchmarks.
-func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
+func (d *Kernel) Programs() (egress, ingress, sockops *ebpf.Program) {
 	return d.objs.VnatEgress, d.objs.VnatIngress, d.objs.VnatSockops
 }
 
@@ -203,14 +193,11 @@ func (d *Datapath) Programs() (egress, ingress, sockops *ebpf.Program) {
 // (Options.PinDir), the pinned links keep the programs attached and the
 // pinned maps keep every translation, and the routes stay: the next Open
 // on the same PinDir takes them over. Remove takes pinned ones away.
-func (d *Datapath) Close() error {
+func (d *Kernel) Close() error {
 	if d.opts.PinDir != "" {
 		var errs []error
-		for name, l := range d.links {
-			if err := l.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("close link %s: %w", name, err))
-			}
-			delete(d.links, name)
+		if err := d.links.Close(); err != nil {
+			errs = append(errs, err)
 		}
 		if err := d.objs.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close vnat: %w", err))
@@ -223,20 +210,16 @@ func (d *Datapath) Close() error {
 // Remove detaches everything, unpins the links and maps (removing
 // PinDir), removes the routes it added and unloads the programs: every
 // translation stops.
-func (d *Datapath) Remove() error { return d.remove() }
+func (d *Kernel) Remove() error { return d.remove() }
 
-func (d *Datapath) remove() error {
+func (d *Kernel) remove() error {
 	var errs []error
-	for name, l := range d.links {
-		if d.opts.PinDir != "" {
-			if err := l.Unpin(); err != nil {
-				errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
-			}
-		}
-		if err := l.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("detach %s: %w", name, err))
-		}
-		delete(d.links, name)
+	// Links of an earlier run this one never took over (another
+	// interface) go too.
+	names, err := d.links.Names()
+	errs = append(errs, err)
+	for _, name := range names {
+		errs = append(errs, d.links.Detach(name))
 	}
 	d.mu.Lock()
 	for va := range d.routes {
@@ -251,17 +234,6 @@ func (d *Datapath) remove() error {
 				errs = append(errs, fmt.Errorf("unpin map: %w", err))
 			}
 		}
-		// Links of an earlier run this one never took over (another
-		// interface) go too; then the directory.
-		if ents, err := os.ReadDir(filepath.Join(d.opts.PinDir, "links")); err == nil {
-			for _, e := range ents {
-				p := filepath.Join(d.opts.PinDir, "links", e.Name())
-				if l, err := link.LoadPinnedLink(p, nil); err == nil {
-					l.Unpin() //nolint:errcheck // removed below if it stays
-					l.Close()
-				}
-			}
-		}
 		if err := os.RemoveAll(d.opts.PinDir); err != nil {
 			errs = append(errs, fmt.Errorf("remove pin dir: %w", err))
 		}
@@ -272,52 +244,9 @@ func (d *Datapath) remove() error {
 	return errors.Join(errs...)
 }
 
-// attach attaches via a link named name (pinned under PinDir/links when
-// pinning): a pinned link of an earlier run still on the same hook gets
-// the new program, atomically (the hook is never empty).
-func (d *Datapath) attach(name string, prog *ebpf.Program, same func(*link.Info) bool, make func() (link.Link, error)) error {
-	if _, ok := d.links[name]; ok {
-		return nil
-	}
-	pin := ""
-	if d.opts.PinDir != "" {
-		pin = filepath.Join(d.opts.PinDir, "links", strings.ReplaceAll(name, "/", "_"))
-		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-			info, ierr := l.Info()
-			if ierr == nil && same(info) && l.Update(prog) == nil {
-				d.links[name] = l
-				return nil
-			}
-			l.Unpin() //nolint:errcheck // replaced below
-			l.Close()
-		}
-	}
-	l, err := make()
-	if err != nil {
-		return err
-	}
-	if pin != "" {
-		if err := l.Pin(pin); err != nil {
-			l.Close()
-			return fmt.Errorf("vnat: pin link %s: %w", name, err)
-		}
-	}
-	d.links[name] = l
-	return nil
-}
-
-// inNS runs fn in the endpoint's namespace: on a locked thread that is
-// thrown away afterwards, so no other goroutine ever runs there.
-func (d *Datapath) inNS(fn func() error) error {
-	if d.opts.Netns == "" {
-		return fn()
-	}
-	return onehopns.DoPath(d.opts.Netns, fn)
-}
-
 // handle is a netlink handle in the endpoint's namespace, for routes,
 // addresses and sock_diag.
-func (d *Datapath) handle() (*netlink.Handle, error) {
+func (d *Kernel) handle() (*netlink.Handle, error) {
 	fams := []int{unix.NETLINK_ROUTE, unix.NETLINK_INET_DIAG}
 	if d.opts.Netns == "" {
 		return netlink.NewHandle(fams...)
@@ -335,8 +264,8 @@ func (d *Datapath) handle() (*netlink.Handle, error) {
 }
 
 // AttachInterface attaches the translation to ifname's tcx ingress and egress.
-func (d *Datapath) AttachInterface(ifname string) error {
-	return d.inNS(func() error {
+func (d *Kernel) AttachInterface(ifname string) error {
+	return onehopns.DoPath(d.opts.Netns, func() error {
 		ifc, err := netlink.LinkByName(ifname)
 		if err != nil {
 			return fmt.Errorf("vnat: interface %s: %w", ifname, err)
@@ -349,18 +278,8 @@ func (d *Datapath) AttachInterface(ifname string) error {
 			{"ingress/" + ifname, d.objs.VnatIngress, ebpf.AttachTCXIngress},
 			{"egress/" + ifname, d.objs.VnatEgress, ebpf.AttachTCXEgress},
 		} {
-			ifindex := ifc.Attrs().Index
-			err := d.attach(a.name, a.prog, func(info *link.Info) bool {
-				return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
-			}, func() (link.Link, error) {
-				l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: a.prog, Attach: a.at})
-				if err != nil {
-					return nil, fmt.Errorf("vnat: attach %s to %s: %w", a.at, ifname, err)
-				}
-				return l, nil
-			})
-			if err != nil {
-				return err
+			if err := d.links.TCX(a.name, ifname, ifc.Attrs().Index, a.prog, a.at); err != nil {
+				return fmt.Errorf("vnat: %w", err)
 			}
 		}
 		return nil
@@ -370,21 +289,25 @@ func (d *Datapath) AttachInterface(ifname string) error {
 // AttachCgroup attaches the connection recorder (sockops) to a cgroup v2
 // directory: TCP connections its processes establish from now on are
 // recorded, and forgotten when they close.
-func (d *Datapath) AttachCgroup(path string) error {
+func (d *Kernel) AttachCgroup(path string) error {
 	name := "sockops" + path
-	return d.attach(name, d.objs.VnatSockops, func(info *link.Info) bool { return info.Type == link.CgroupType }, func() (link.Link, error) {
+	err := d.links.Attach(name, d.objs.VnatSockops, func(info *link.Info) bool { return info.Type == link.CgroupType }, func() (link.Link, error) {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.VnatSockops})
 		if err != nil {
-			return nil, fmt.Errorf("vnat: attach sockops to cgroup %s: %w", path, err)
+			return nil, fmt.Errorf("attach sockops to cgroup %s: %w", path, err)
 		}
 		return l, nil
 	})
+	if err != nil {
+		return fmt.Errorf("vnat: %w", err)
+	}
+	return nil
 }
 
 // Translate makes connection v travel as p from now on, both ways, on
 // this end; v already migrated moves to p. A moved remote end gets a /32
 // route under its virtual address via its physical address's next hop.
-func (d *Datapath) Translate(v Virtual, p Physical) error {
+func (d *Kernel) Translate(v Virtual, p Physical) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	write, stale, err := d.table.Set(v, p)
@@ -422,7 +345,7 @@ func (d *Datapath) Translate(v Virtual, p Physical) error {
 // all or nothing: when any connection cannot be translated (a physical
 // tuple another one has, a full map), every connection of the batch is
 // left as it was before the call, in the table and in the map.
-func (d *Datapath) TranslateBatch(ms []Migration) error {
+func (d *Kernel) TranslateBatch(ms []Migration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	keys := make([]XlateKey, 0, 2*len(ms))
@@ -536,7 +459,7 @@ func keysOf(m map[netip.Addr]bool) []netip.Addr {
 // Resync writes the routes for moved peers again. Call it after the
 // endpoint's addresses change: removing an interface's last address
 // flushes every route through that interface.
-func (d *Datapath) Resync() error {
+func (d *Kernel) Resync() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.resyncing = true
@@ -545,7 +468,7 @@ func (d *Datapath) Resync() error {
 }
 
 // Forget stops translating v (its packets go out as the socket wrote them).
-func (d *Datapath) Forget(v Virtual) error {
+func (d *Kernel) Forget(v Virtual) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, e := range d.table.Forget(v) {
@@ -564,7 +487,7 @@ func (d *Datapath) Forget(v Virtual) error {
 
 // syncActive writes the "anything migrated? any peer away?" words the
 // programs read first.
-func (d *Datapath) syncActive() error {
+func (d *Kernel) syncActive() error {
 	cfg := vnatVnatConfig{Migrated: uint32(d.table.Len() + len(d.accepting)), Helpers: uint32(len(d.away))}
 	if err := d.objs.VnatState.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("vnat: write state: %w", err)
@@ -579,7 +502,7 @@ func (d *Datapath) syncActive() error {
 // A wanted route is replaced even if installed when resyncing: removing an
 // interface's last address flushes every route through it (the kernel's
 // fib_disable_ip).
-func (d *Datapath) syncRoutes(vas []netip.Addr) error {
+func (d *Kernel) syncRoutes(vas []netip.Addr) error {
 	if vas == nil {
 		for va := range d.table.RemoteRoutes() {
 			vas = append(vas, va)
@@ -610,7 +533,7 @@ func (d *Datapath) syncRoutes(vas []netip.Addr) error {
 	return nil
 }
 
-func (d *Datapath) addRoute(virt, phys netip.Addr) error {
+func (d *Kernel) addRoute(virt, phys netip.Addr) error {
 	h, err := d.handle()
 	if err != nil {
 		return err
@@ -636,7 +559,7 @@ func (d *Datapath) addRoute(virt, phys netip.Addr) error {
 	return nil
 }
 
-func (d *Datapath) delRoute(virt netip.Addr) error {
+func (d *Kernel) delRoute(virt netip.Addr) error {
 	h, err := d.handle()
 	if err != nil {
 		return err
@@ -662,24 +585,16 @@ func netipPrefix(a netip.Addr) *net.IPNet {
 
 // Counters are the datapath's counters, summed over CPUs, by name
 // (enum vnat_counter in lower case without VNAT_).
-func (d *Datapath) Counters() (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for i, name := range d.counterNames {
-		var per []uint64
-		if err := d.objs.VnatCounters.Lookup(uint32(i), &per); err != nil {
-			return nil, fmt.Errorf("vnat: read counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+func (d *Kernel) Counters() (map[string]uint64, error) {
+	out, err := bpfobj.Counters(d.objs.VnatCounters, d.counterNames)
+	if err != nil {
+		return nil, fmt.Errorf("vnat: %w", err)
 	}
 	return out, nil
 }
 
 // Migrations lists the migrated connections.
-func (d *Datapath) Migrations() []Migration {
+func (d *Kernel) Migrations() []Migration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.table.Migrations()
@@ -706,7 +621,7 @@ type Conn struct {
 
 // Connections lists recorded connections (sockops and sock_diag) and the
 // migrated ones, each once, sorted by virtual tuple.
-func (d *Datapath) Connections() ([]Conn, error) {
+func (d *Kernel) Connections() ([]Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	all := map[Tuple]Conn{}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // KeepLocal keeps addr a local address of this endpoint after its
@@ -26,11 +28,11 @@ import (
 //     to addr would otherwise put it in the sender field).
 //
 // ifname is the endpoint's interface (the one the programs are attached to).
-func (d *Datapath) KeepLocal(addr netip.Addr, ifname string) error {
+func (d *Kernel) KeepLocal(addr netip.Addr, ifname string) error {
 	if !addr.Is4() || addr.IsUnspecified() || addr.IsMulticast() || addr.IsLoopback() {
 		return fmt.Errorf("vnat: keep local %s: not an IPv4 unicast address", addr)
 	}
-	return d.inNS(func() error {
+	return onehopns.DoPath(d.opts.Netns, func() error {
 		for _, dev := range []string{"all", ifname} {
 			for key, val := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
 				p := filepath.Join("/proc/sys/net/ipv4/conf", dev, key)
@@ -56,8 +58,8 @@ func (d *Datapath) KeepLocal(addr netip.Addr, ifname string) error {
 
 // ReleaseLocal undoes KeepLocal's address (the sysctls stay: they are
 // harmless and another kept address may need them).
-func (d *Datapath) ReleaseLocal(addr netip.Addr) error {
-	return d.inNS(func() error {
+func (d *Kernel) ReleaseLocal(addr netip.Addr) error {
+	return onehopns.DoPath(d.opts.Netns, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return fmt.Errorf("vnat: release %s: lo: %w", addr, err)

@@ -229,7 +229,7 @@ func TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation(t *testing.T
 		t.Fatal(err)
 	}
 	udpBothWays("after both moved")
-	for _, d := range []*Datapath{da, db} {
+	for _, d := range []*Kernel{da, db} {
 		c, err := d.Counters()
 		if err != nil {
 			t.Fatal(err)

@@ -51,9 +51,9 @@ func tcxPrograms(t *testing.T, n *testNS, ifname string, at ebpf.AttachType) int
 	return k
 }
 
-// Pinned, the translation outlives the Datapath that made it: after Close
+// Pinned, the translation outlives the Kernel that made it: after Close
 // the programs stay on the interface and the maps keep the translation; a
-// new Datapath on the same pin directory takes the migrated connection
+// new Kernel on the same pin directory takes the migrated connection
 // over (and translates with it), clears the helper marks, and replaces the
 // programs on the hook rather than adding some. Remove then takes it all
 // away. Unpinned (the control), Close leaves nothing.

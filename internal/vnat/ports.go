@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	onehopns "github.com/onehop/onehop/internal/netns"
 )
 
 // Socket is a TCP or UDP socket of the endpoint as sock_diag reports it.
@@ -22,7 +24,7 @@ type Socket struct {
 // SocketsAt lists the TCP and UDP sockets whose local address is addr or
 // the wildcard: the ones a physical tuple at addr could share packets
 // with (a port taken at a moved end's new address, paper §3.2).
-func (d *Datapath) SocketsAt(addr netip.Addr) ([]Socket, error) {
+func (d *Kernel) SocketsAt(addr netip.Addr) ([]Socket, error) {
 	h, err := d.handle()
 	if err != nil {
 		return nil, err
@@ -63,14 +65,14 @@ func (d *Datapath) SocketsAt(addr netip.Addr) ([]Socket, error) {
 // pass it over when it picks an ephemeral port. Port 0 has the kernel
 // choose a free one. It is a moved connection's physical port when its
 // own was taken at the new address.
-func (d *Datapath) ReservePort(p Proto, at netip.AddrPort) (uint16, io.Closer, error) {
+func (d *Kernel) ReservePort(p Proto, at netip.AddrPort) (uint16, io.Closer, error) {
 	addr := at.Addr()
 	typ := unix.SOCK_STREAM
 	if p == UDP {
 		typ = unix.SOCK_DGRAM
 	}
 	var fd, port int
-	err := d.inNS(func() error {
+	err := onehopns.DoPath(d.opts.Netns, func() error {
 		var err error
 		fd, err = unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, 0)
 		if err != nil {

@@ -12,7 +12,7 @@ import (
 // kernel is the Translator over internal/vnat: the thin adapter between the
 // engine's tuples and the datapath's.
 type kernel struct {
-	d     *vnat.Datapath
+	d     *vnat.Kernel
 	iface string
 	held  *held
 }
@@ -24,7 +24,7 @@ type held struct {
 	ports map[vcmp.Tuple]io.Closer
 }
 
-func newKernel(d *vnat.Datapath, iface string) kernel {
+func newKernel(d *vnat.Kernel, iface string) kernel {
 	return kernel{d: d, iface: iface, held: &held{ports: map[vcmp.Tuple]io.Closer{}}}
 }
 
@@ -86,7 +86,7 @@ func (k kernel) CloseSocket(v vcmp.Tuple) error { return k.d.DestroySocket(vnat.
 // keepalive is the keepalive helper over the datapath (vnat_away): while a
 // TCP connection's peer is away, this end's egress answers the
 // connection's keepalive probes. UDP has no keepalives.
-type keepalive struct{ d *vnat.Datapath }
+type keepalive struct{ d *vnat.Kernel }
 
 func (keepalive) Name() string { return "keepalive" }
 

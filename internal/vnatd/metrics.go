@@ -51,7 +51,7 @@ type Metrics struct {
 }
 
 // NewMetrics is the daemon's collector; datapath reads the datapath's
-// counters (vnat.Datapath.Counters). Pass its ObserveRestore as the
+// counters (vnat.Kernel.Counters). Pass its ObserveRestore as the
 // engine's Config.OnRestore.
 func NewMetrics(datapath func() (map[string]uint64, error)) *Metrics {
 	return &Metrics{

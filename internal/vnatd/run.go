@@ -365,7 +365,7 @@ func primary(ifindex int) (netip.Addr, error) {
 
 // watch follows the interface's addresses (netlink subscription): when its
 // address changes from one to another, the connections are restored.
-func watch(ctx context.Context, e *Engine, d *vnat.Datapath, ifindex int, cur netip.Addr, log *slog.Logger) error {
+func watch(ctx context.Context, e *Engine, d *vnat.Kernel, ifindex int, cur netip.Addr, log *slog.Logger) error {
 	ch := make(chan netlink.AddrUpdate, 64)
 	done := make(chan struct{})
 	defer close(done)

@@ -109,7 +109,7 @@ type xtr struct {
 	cfg      *Config
 	log      *slog.Logger
 	warn     *ratelog.Logger
-	dp       *lispdp.Datapath
+	dp       *lispdp.Kernel
 	links    []netlink.Link
 	addrs    []netip.Addr
 	res      *lisp.Resolver

@@ -20,22 +20,24 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define PACKET_HOST_ 0 /* linux/if_packet.h: to us */
 
-const struct ps_uplink *_ps_uplink_type __attribute__((unused));
-const struct ps_sliver *_ps_sliver_type __attribute__((unused));
-const struct ps_vif *_ps_vif_type __attribute__((unused));
-const struct ps_limits *_ps_limits_type __attribute__((unused));
-const struct ps_share *_ps_share_type __attribute__((unused));
-const struct ps_counters *_ps_counters_type __attribute__((unused));
-const struct ps_frag_key *_ps_frag_key_type __attribute__((unused));
-const struct ps_frag *_ps_frag_type __attribute__((unused));
-const struct ps_echo_key *_ps_echo_key_type __attribute__((unused));
-const struct ps_echo *_ps_echo_type __attribute__((unused));
-const struct ps_fanout_key *_ps_fanout_key_type __attribute__((unused));
-const enum ps_share_kind *_ps_share_kind_type __attribute__((unused));
+const struct portspace_uplink *_portspace_uplink_type __attribute__((unused));
+const struct portspace_sliver *_portspace_sliver_type __attribute__((unused));
+const struct portspace_vif *_portspace_vif_type __attribute__((unused));
+const struct portspace_limits *_portspace_limits_type __attribute__((unused));
+const struct portspace_share *_portspace_share_type __attribute__((unused));
+const struct portspace_counters *_portspace_counters_type __attribute__((unused));
+const struct portspace_frag_key *_portspace_frag_key_type __attribute__((unused));
+const struct portspace_frag *_portspace_frag_type __attribute__((unused));
+const struct portspace_echo_key *_portspace_echo_key_type __attribute__((unused));
+const struct portspace_echo *_portspace_echo_type __attribute__((unused));
+const struct portspace_fanout_key *_portspace_fanout_key_type __attribute__((unused));
+const enum portspace_share_kind *_portspace_share_kind_type __attribute__((unused));
+/* For Go to name the per-sliver drop counters (DROP_PS_FIRST..). */
+const enum drop_reason *_drop_reason_type __attribute__((unused));
 
 /* A cheap mix of the sliver's id and the remote: the same request always
  * gets the same id on the wire, so each reply of one ping finds it. */
-static __always_inline __u32 ps_echo_hash(__be16 id, __be32 remote)
+static __always_inline __u32 portspace_echo_hash(__be16 id, __be32 remote)
 {
 	__u32 h = ((__u32)id << 16) ^ remote;
 	h ^= h >> 15;
@@ -47,48 +49,48 @@ static __always_inline __u32 ps_echo_hash(__be16 id, __be32 remote)
 /* An echo request from slot to remote on uplink u with id: which id it
  * leaves with (in the sliver's lease) and the record that brings the reply
  * back to it. Returns a drop reason, or 0 with *wire set. */
-static __always_inline int ps_echo_out(__u32 slot, __u32 u, __be32 remote, __be16 id, __be16 *wire, __u64 now)
+static __always_inline int portspace_echo_out(__u32 slot, __u32 u, __be32 remote, __be16 id, __be16 *wire, __u64 now)
 {
-	struct ps_echo_key k = {.remote = remote, .id = id, .uplink = u};
-	struct ps_echo rec = {.orig_id = id, .slot = slot};
-	if (ps_port_owner(u, bpf_ntohs(id)) == slot) {
+	struct portspace_echo_key k = {.remote = remote, .id = id, .uplink = u};
+	struct portspace_echo rec = {.orig_id = id, .slot = slot};
+	if (portspace_port_owner(u, bpf_ntohs(id)) == slot) {
 		/* Its own id: kept. A record of its own (this request seen
 		 * again, or rewritten to this id) stays as it is. */
-		struct ps_echo *e = bpf_map_lookup_elem(&ps_echo_ids, &k);
+		struct portspace_echo *e = bpf_map_lookup_elem(&portspace_echo_ids, &k);
 		if (!e || e->slot != slot) {
-			if (!ps_share_take(slot, PS_SHARE_ECHO, now))
+			if (!portspace_share_take(slot, PORTSPACE_SHARE_ECHO, now))
 				return DROP_PS_OVER_SHARE;
-			bpf_map_update_elem(&ps_echo_ids, &k, &rec, BPF_ANY);
+			bpf_map_update_elem(&portspace_echo_ids, &k, &rec, BPF_ANY);
 		}
 		*wire = id;
 		return 0;
 	}
-	struct ps_sliver *s = bpf_map_lookup_elem(&ps_slivers, &slot);
+	struct portspace_sliver *s = bpf_map_lookup_elem(&portspace_slivers, &slot);
 	if (!s)
 		return DROP_PS_FOREIGN_ECHO_ID;
-	__u32 lo = s->echo_lo[u & (PS_MAX_UPLINKS - 1)], hi = s->echo_hi[u & (PS_MAX_UPLINKS - 1)];
+	__u32 lo = s->echo_lo[u & (PORTSPACE_MAX_UPLINKS - 1)], hi = s->echo_hi[u & (PORTSPACE_MAX_UPLINKS - 1)];
 	if (lo > hi)
 		return DROP_PS_FOREIGN_ECHO_ID;
 	__u32 size = hi - lo + 1;
-	__u32 h = ps_echo_hash(id, remote);
+	__u32 h = portspace_echo_hash(id, remote);
 	/* A few probes from a deterministic start: a candidate whose record
 	 * is another request's is taken by that request. */
 #pragma unroll
-	for (int i = 0; i < PS_ECHO_PROBES; i++) {
+	for (int i = 0; i < PORTSPACE_ECHO_PROBES; i++) {
 		__u16 cand = lo + (h + i) % size;
-		if (ps_port_owner(u, cand) != slot)
+		if (portspace_port_owner(u, cand) != slot)
 			continue;
 		k.id = bpf_htons(cand);
-		struct ps_echo *e = bpf_map_lookup_elem(&ps_echo_ids, &k);
+		struct portspace_echo *e = bpf_map_lookup_elem(&portspace_echo_ids, &k);
 		if (e && e->slot == slot && e->orig_id == id) {
 			*wire = k.id;
 			return 0;
 		}
 		if (e && e->slot == slot)
 			continue;
-		if (!ps_share_take(slot, PS_SHARE_ECHO, now))
+		if (!portspace_share_take(slot, PORTSPACE_SHARE_ECHO, now))
 			return DROP_PS_OVER_SHARE;
-		bpf_map_update_elem(&ps_echo_ids, &k, &rec, BPF_ANY);
+		bpf_map_update_elem(&portspace_echo_ids, &k, &rec, BPF_ANY);
 		*wire = k.id;
 		return 0;
 	}
@@ -100,8 +102,8 @@ static __always_inline int ps_echo_out(__u32 slot, __u32 u, __be32 remote, __be1
  * about its own ports; a later fragment only of a datagram whose first
  * fragment it sent. Returns a drop reason, or 0 (with *rewrite set when
  * the echo id at *id_off must become *wire). */
-static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_uplink *up, __u32 slot, __u32 u,
-					 __be16 *wire, __be16 *old, __u32 *id_off)
+static __always_inline int portspace_check_ipv4(struct packet *pkt, const struct portspace_uplink *up, __u32 slot, __u32 u,
+						__be16 *wire, __be16 *old, __u32 *id_off)
 {
 	struct iphdr *ip = pkt->ip;
 	if (ip->saddr != up->addr)
@@ -109,22 +111,22 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 	__u8 proto = ip->protocol;
 	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_ && proto != IPPROTO_ICMP_)
 		return DROP_PS_PROTO;
-	struct ps_frag_key fk = {.remote = ip->daddr, .id = ip->id, .proto = proto, .uplink_dir = u | PS_DIR_OUT, .slot = slot};
+	struct portspace_frag_key fk = {.remote = ip->daddr, .id = ip->id, .proto = proto, .uplink_dir = u | PORTSPACE_DIR_OUT, .slot = slot};
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK))
-		return ps_frag_live(&fk, packet_now(pkt)) ? 0 : DROP_PS_FRAG_UNKNOWN;
+		return portspace_frag_live(&fk, packet_now(pkt)) ? 0 : DROP_PS_FRAG_UNKNOWN;
 	__u32 hl = (ip->ihl & 0xf) * 4;
 	__u8 *l4 = (void *)ip + hl;
 	/* A first fragment too short for its ports (RFC 1858) is malformed. */
 	if ((void *)(l4 + 8) > pkt->data_end)
 		return DROP_MALFORMED;
 	if (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_) {
-		if (ps_port_owner(u, bpf_ntohs(*(__be16 *)l4)) != slot)
+		if (portspace_port_owner(u, bpf_ntohs(*(__be16 *)l4)) != slot)
 			return DROP_PS_FOREIGN_PORT;
 	} else {
 		__u8 type = l4[0];
 		if (type == ICMP_ECHO_REQUEST) {
 			__be16 id = *(__be16 *)(l4 + 4);
-			int reason = ps_echo_out(slot, u, ip->daddr, id, wire, packet_now(pkt));
+			int reason = portspace_echo_out(slot, u, ip->daddr, id, wire, packet_now(pkt));
 			if (reason)
 				return reason;
 			if (*wire != id) {
@@ -139,14 +141,14 @@ static __always_inline int ps_check_ipv4(struct packet *pkt, const struct ps_upl
 				return DROP_MALFORMED;
 			if (q.ip->protocol != IPPROTO_TCP_ && q.ip->protocol != IPPROTO_UDP_)
 				return DROP_PS_ICMP_REFUSED;
-			if (q.ip->daddr != up->addr || ps_port_owner(u, bpf_ntohs(((__be16 *)q.l4)[1])) != slot)
+			if (q.ip->daddr != up->addr || portspace_port_owner(u, bpf_ntohs(((__be16 *)q.l4)[1])) != slot)
 				return DROP_PS_FOREIGN_PORT;
 		} else {
 			return DROP_PS_ICMP_REFUSED;
 		}
 	}
 	if (ip->frag_off & bpf_htons(IP_MF))
-		return ps_frag_record(&fk, slot, packet_now(pkt));
+		return portspace_frag_record(&fk, slot, packet_now(pkt));
 	return 0;
 }
 
@@ -156,39 +158,39 @@ int sliver_ingress(struct __sk_buff *skb)
 	struct packet pkt = {};
 	int reason = parse_packet(skb, &pkt);
 	__u32 ifindex = skb->ifindex;
-	struct ps_vif *vif = bpf_map_lookup_elem(&ps_vifs, &ifindex);
+	struct portspace_vif *vif = bpf_map_lookup_elem(&portspace_vifs, &ifindex);
 	if (!vif)
 		return drop_packet(skb, &pkt, DROP_PS_NO_SLIVER);
 	__u32 slot = vif->slot;
 	__u32 u = vif->uplink;
 	if (skb->vlan_present || reason == DROP_VLAN_TAGGED || reason == DROP_UNSUPPORTED)
-		return ps_drop(skb, &pkt, slot, DROP_PS_NOT_IPV4);
+		return portspace_drop(skb, &pkt, slot, DROP_PS_NOT_IPV4);
 	if (reason)
-		return ps_drop(skb, &pkt, slot, reason);
-	struct ps_uplink *up = bpf_map_lookup_elem(&ps_uplink_index, &u);
+		return portspace_drop(skb, &pkt, slot, reason);
+	struct portspace_uplink *up = bpf_map_lookup_elem(&portspace_uplink_index, &u);
 	if (!up || !up->ifindex)
-		return ps_drop(skb, &pkt, slot, DROP_PS_NO_UPLINK);
+		return portspace_drop(skb, &pkt, slot, DROP_PS_NO_UPLINK);
 	if (!mac_equal(pkt.eth->h_source, up->mac))
-		return ps_drop(skb, &pkt, slot, DROP_PS_FOREIGN_MAC);
+		return portspace_drop(skb, &pkt, slot, DROP_PS_FOREIGN_MAC);
 
 	if (pkt.arp) {
 		/* Asking, as the host: the host answers for the address and
 		 * the replies reach every sliver (portspace_from_fabric). */
 		struct arp_ipv4 *arp = pkt.arp;
 		if (arp->op != bpf_htons(ARPOP_REQUEST) || !mac_equal(arp->sha, up->mac) || arp->spa != up->addr)
-			return ps_drop(skb, &pkt, slot, DROP_PS_ARP_FORGED);
-		ps_count_out(slot, skb->len);
+			return portspace_drop(skb, &pkt, slot, DROP_PS_ARP_FORGED);
+		portspace_count_out(slot, skb->len);
 		count_forward(FWD_FROM_SLIVER);
 		return redirect_out(up->ifindex);
 	}
 	if (!pkt.ip) /* parse_packet guarantees it; the verifier cannot know */
-		return ps_drop(skb, &pkt, slot, DROP_MALFORMED);
+		return portspace_drop(skb, &pkt, slot, DROP_MALFORMED);
 
 	__be16 wire = 0, old = 0;
 	__u32 id_off = 0;
-	reason = ps_check_ipv4(&pkt, up, slot, u, &wire, &old, &id_off);
+	reason = portspace_check_ipv4(&pkt, up, slot, u, &wire, &old, &id_off);
 	if (reason)
-		return ps_drop(skb, &pkt, slot, reason);
+		return portspace_drop(skb, &pkt, slot, reason);
 	__be32 daddr = pkt.ip->daddr;
 	__u32 uplink_ifindex = up->ifindex;
 	__u8 mac[ETH_ALEN];
@@ -198,36 +200,36 @@ int sliver_ingress(struct __sk_buff *skb)
 		if (bpf_l4_csum_replace(skb, id_off - 2, old, wire, 2) < 0 ||
 		    bpf_skb_store_bytes(skb, id_off, &wire, 2, 0) < 0) {
 			struct packet none = {};
-			return ps_drop(skb, &none, slot, DROP_MALFORMED);
+			return portspace_drop(skb, &none, slot, DROP_MALFORMED);
 		}
 		if (parse_packet(skb, &pkt) || !pkt.ip)
-			return ps_drop(skb, &pkt, slot, DROP_MALFORMED);
+			return portspace_drop(skb, &pkt, slot, DROP_MALFORMED);
 	}
 
-	__u32 *hairpin = bpf_map_lookup_elem(&ps_addrs, &daddr);
+	__u32 *hairpin = bpf_map_lookup_elem(&portspace_addrs, &daddr);
 	if (!hairpin) {
-		ps_count_out(slot, skb->len);
+		portspace_count_out(slot, skb->len);
 		count_forward(FWD_FROM_SLIVER);
 		return redirect_out(uplink_ifindex);
 	}
 	/* To the shared address: whoever holds the port, as from the fabric. */
 	__u32 h = *hairpin;
-	struct ps_target t = {};
-	ps_steer(&pkt, h, &t);
+	struct portspace_target t = {};
+	portspace_steer(&pkt, h, &t);
 	__u32 to = t.slot;
-	struct ps_sliver *s = to ? bpf_map_lookup_elem(&ps_slivers, &to) : 0;
-	__u32 peer = (s && h < PS_MAX_UPLINKS) ? s->vif[h & (PS_MAX_UPLINKS - 1)] : 0;
+	struct portspace_sliver *s = to ? bpf_map_lookup_elem(&portspace_slivers, &to) : 0;
+	__u32 peer = (s && h < PORTSPACE_MAX_UPLINKS) ? s->vif[h & (PORTSPACE_MAX_UPLINKS - 1)] : 0;
 	if (peer) {
-		struct ps_uplink *hup = bpf_map_lookup_elem(&ps_uplink_index, &h);
+		struct portspace_uplink *hup = bpf_map_lookup_elem(&portspace_uplink_index, &h);
 		if (!hup)
-			return ps_drop(skb, &pkt, slot, DROP_PS_NO_UPLINK);
+			return portspace_drop(skb, &pkt, slot, DROP_PS_NO_UPLINK);
 		mac_copy(mac, hup->mac);
-		if (ps_restore_id(skb, &t) < 0 || bpf_skb_store_bytes(skb, 0, mac, ETH_ALEN, 0) < 0) {
+		if (portspace_restore_id(skb, &t) < 0 || bpf_skb_store_bytes(skb, 0, mac, ETH_ALEN, 0) < 0) {
 			struct packet none = {};
-			return ps_drop(skb, &none, slot, DROP_MALFORMED);
+			return portspace_drop(skb, &none, slot, DROP_MALFORMED);
 		}
-		ps_count_out(slot, skb->len);
-		ps_count_in(to, skb->len);
+		portspace_count_out(slot, skb->len);
+		portspace_count_in(to, skb->len);
 		count_forward(FWD_TO_SLIVER);
 		return redirect_peer(peer);
 	}
@@ -243,10 +245,10 @@ int sliver_ingress(struct __sk_buff *skb)
 		mac_copy(mac, vif->mac);
 		if (bpf_skb_store_bytes(skb, 0, mac, ETH_ALEN, 0) < 0 || bpf_skb_change_type(skb, PACKET_HOST_) < 0) {
 			struct packet none = {};
-			return ps_drop(skb, &none, slot, DROP_MALFORMED);
+			return portspace_drop(skb, &none, slot, DROP_MALFORMED);
 		}
 	}
-	ps_count_out(slot, skb->len);
+	portspace_count_out(slot, skb->len);
 	count_forward(FWD_HOST_STACK);
 	return TC_ACT_OK;
 }
@@ -259,29 +261,29 @@ int loopback_egress(struct __sk_buff *skb)
 	if (parse_packet(skb, &pkt) || !pkt.ip)
 		return TC_ACT_OK;
 	__be32 daddr = pkt.ip->daddr;
-	__u32 *idx = bpf_map_lookup_elem(&ps_addrs, &daddr);
+	__u32 *idx = bpf_map_lookup_elem(&portspace_addrs, &daddr);
 	if (!idx)
 		return TC_ACT_OK;
 	__u32 u = *idx;
-	struct ps_target t = {};
-	ps_steer(&pkt, u, &t);
+	struct portspace_target t = {};
+	portspace_steer(&pkt, u, &t);
 	__u32 slot = t.slot;
 	if (!slot)
 		return TC_ACT_OK;
-	struct ps_sliver *s = bpf_map_lookup_elem(&ps_slivers, &slot);
-	struct ps_uplink *up = bpf_map_lookup_elem(&ps_uplink_index, &u);
-	if (!s || !up || u >= PS_MAX_UPLINKS)
+	struct portspace_sliver *s = bpf_map_lookup_elem(&portspace_slivers, &slot);
+	struct portspace_uplink *up = bpf_map_lookup_elem(&portspace_uplink_index, &u);
+	if (!s || !up || u >= PORTSPACE_MAX_UPLINKS)
 		return TC_ACT_OK;
-	__u32 vif = s->vif[u & (PS_MAX_UPLINKS - 1)];
+	__u32 vif = s->vif[u & (PORTSPACE_MAX_UPLINKS - 1)];
 	if (!vif)
 		return TC_ACT_OK;
 	/* The sliver's link takes frames for the uplink's MAC, its own. */
 	__u8 macs[2 * ETH_ALEN];
 	mac_copy(macs, up->mac);
 	mac_copy(macs + ETH_ALEN, up->mac);
-	if (ps_restore_id(skb, &t) < 0 || bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0) < 0)
+	if (portspace_restore_id(skb, &t) < 0 || bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0) < 0)
 		return drop_quietly(DROP_MALFORMED);
-	ps_count_in(slot, skb->len);
+	portspace_count_in(slot, skb->len);
 	count_forward(FWD_TO_SLIVER);
 	return redirect_out(vif);
 }
