@@ -401,41 +401,12 @@ func (l *testLab) ping(from, to string, count int, extra ...string) error {
 	return nil
 }
 
-// waitFor polls ok every 100 ms until it holds, failing the test after
-// timeout with what was awaited.
-func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
-	t.Helper()
-	eventually(t, what, timeout, func() error {
-		if !ok() {
-			return errors.New("not yet")
-		}
-		return nil
-	})
-}
-
-// eventually polls check every 100 ms until it returns nil, failing the test
-// after timeout with what was awaited and the last error check gave.
-func eventually(t *testing.T, what string, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(100 * time.Millisecond) // the poll interval
-	}
-}
-
 // waitListening waits until a server in vm listens on proto ("tcp" or
 // "udp") port.
 func (l *testLab) waitListening(vm, proto string, port int) {
 	l.t.Helper()
 	flag := map[string]string{"tcp": "-Hltn", "udp": "-Hlun"}[proto]
-	eventually(l.t, fmt.Sprintf("a %s server on %s:%d", proto, vm, port), 5*time.Second, func() error {
+	testenv.Eventually(l.t, fmt.Sprintf("a %s server on %s:%d", proto, vm, port), 5*time.Second, func() error {
 		out, err := l.in(vm, "ss", flag, fmt.Sprintf("sport = :%d", port))
 		if err != nil {
 			return fmt.Errorf("ss: %v: %s", err, out)
