@@ -17,7 +17,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,7 +28,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -196,23 +194,12 @@ func (l *testLab) mustIn(node string, cmd ...string) string {
 // background is a command running inside a lab node.
 type background struct {
 	cmd  *exec.Cmd
-	mu   sync.Mutex
-	buf  bytes.Buffer
+	out  testenv.Buffer
 	done chan struct{}
 }
 
-func (b *background) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
 // Output returns what the command has printed so far.
-func (b *background) Output() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+func (b *background) Output() string { return b.out.String() }
 
 // Stop interrupts the command (SIGINT, then SIGKILL) and returns its output.
 func (b *background) Stop() string {
@@ -248,7 +235,7 @@ func (l *testLab) start(node string, cmd ...string) *background {
 	l.t.Helper()
 	args := append([]string{"lab", "exec", "--root", testRoot, "--lab", l.name, node, "--"}, cmd...)
 	b := &background{cmd: exec.Command(binary, args...), done: make(chan struct{})}
-	b.cmd.Stdout, b.cmd.Stderr = b, b
+	b.cmd.Stdout, b.cmd.Stderr = &b.out, &b.out
 	if err := b.cmd.Start(); err != nil {
 		l.t.Fatal(err)
 	}
