@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -14,15 +13,6 @@ import (
 )
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
-
-func mustMAC(t testing.TB, s string) net.HardwareAddr {
-	t.Helper()
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
 
 // waitUntil polls ok until it holds, failing the test after 5 s; what says
 // what was awaited.
