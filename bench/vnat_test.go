@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // A scenario that names its tests runs those (and only those) in every
@@ -89,17 +91,13 @@ func TestRRPerfOnLoopback(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	go rrServe(addr, -1) //nolint:errcheck // ends with the test binary
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	testenv.Eventually(t, "the server to listen on "+addr, 5*time.Second, func() error {
 		c, err := net.Dial("tcp4", addr)
 		if err == nil {
 			c.Close()
-			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err
+	})
 	for _, mode := range []string{"rr", "crr"} {
 		r := rrClient(mode, addr, 200*time.Millisecond)
 		if r.Errors != 0 || r.Count == 0 {

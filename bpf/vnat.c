@@ -93,7 +93,7 @@ int vnat_sockops(struct bpf_sock_ops *skops)
 		bpf_map_update_elem(&vnat_conns, &k, &c, BPF_ANY);
 		/* Ask for state changes so a closed connection is forgotten. */
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags |
-						 BPF_SOCK_OPS_STATE_CB_FLAG);
+							 BPF_SOCK_OPS_STATE_CB_FLAG);
 		vnat_count(VNAT_CONNS_RECORDED);
 		break;
 	}

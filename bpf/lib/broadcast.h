@@ -85,7 +85,7 @@ struct copy_walk {
 	__u16 port;
 	__u8 proto;
 	__u8 gen;
-	__u8 routed_pass; /* 0: the sender's subnet; 1: other subnets, TTL already lowered */
+	__u8 routed_pass;   /* 0: the sender's subnet; 1: other subnets, TTL already lowered */
 	__u8 other_subnets; /* set by pass 0: a member of another subnet was seen */
 };
 
@@ -143,8 +143,15 @@ static __always_inline void copy_to_members(struct __sk_buff *skb, const struct 
 	__u32 n = info->count;
 	if (n > MAX_SCOPE_MEMBERS)
 		n = MAX_SCOPE_MEMBERS;
-	struct copy_walk w = {.skb = skb, .key = {.farm = k->farm, .subnet = k->subnet}, .skip_ifindex = skip_ifindex,
-			      .saddr = saddr, .port = port, .proto = proto, .gen = gen};
+	struct copy_walk w = {
+		.skb = skb,
+		.key = {.farm = k->farm, .subnet = k->subnet},
+		.skip_ifindex = skip_ifindex,
+		.saddr = saddr,
+		.port = port,
+		.proto = proto,
+		.gen = gen,
+	};
 	bpf_loop(n, copy_member, &w, 0);
 	if (!w.other_subnets || ttl <= 1)
 		return;

@@ -39,8 +39,8 @@ struct node_config {
  * and has none. */
 enum feature_bit {
 	FEATURE_NONE = 0,
-	FEATURE_PORTSPACE = 1 << 0, /* slivers share the host's address (portspace.h) */
-	FEATURE_TAP = 1 << 1,       /* copies of tapped traffic to monitor VMs (tap.h) */
+	FEATURE_PORTSPACE = 1 << 0,     /* slivers share the host's address (portspace.h) */
+	FEATURE_TAP = 1 << 1,           /* copies of tapped traffic to monitor VMs (tap.h) */
 	FEATURE_VNAT_LOCATION = 1 << 2, /* VMs' VNAT daemons reach the location server through the host (vnat_service.h) */
 };
 
@@ -53,37 +53,37 @@ static __always_inline int feature_on(const struct node_config *cfg, __u32 bit)
  * names them from this enum, so a new reason needs no hand-written mapping. */
 enum drop_reason {
 	DROP_NONE = 0,
-	DROP_MALFORMED,          /* truncated or inconsistent headers */
-	DROP_UNSUPPORTED,        /* EtherType we do not carry: IPv6, ... (VLAN tags: DROP_VLAN_TAGGED) */
-	DROP_UNKNOWN_VIF,        /* frame from a vif the agent has not configured */
-	DROP_SPOOFED_MAC,        /* VM sent with a source MAC not its own */
-	DROP_SPOOFED_IP,         /* VM sent with a source IPv4 not its own */
-	DROP_NO_ROUTE,           /* destination is no VM in the mapping table */
-	DROP_NO_UPLINK,          /* remote destination but uplink not configured */
-	DROP_ARP_SPOOFED,        /* ARP sender MAC/IP not the VM's own */
-	DROP_ARP_NOT_REQUEST,    /* VM sent an ARP reply or other op: never leaves */
-	DROP_ARP_UNKNOWN_TARGET, /* ARP for an address no VM holds */
-	DROP_ARP_OTHER_SUBNET,   /* ARP for an address outside the asker's subnet */
-	DROP_FABRIC_UNKNOWN_SRC, /* from the fabric, source VM mapped to another host, or local here */
-	DROP_FABRIC_NOT_LOCAL,   /* from the fabric, destination VM not on this host */
-	DROP_NOT_VISIBLE,        /* between subnets or farms without a rule allowing it */
-	DROP_TTL_EXCEEDED,       /* routed between subnets with TTL 1: cannot take the gateway hop */
-	DROP_AGENT_BUSY,         /* for the agent (DHCP), but its ring buffer was full */
-	DROP_FIREWALL_IN,        /* the receiving VM's firewall refused it */
-	DROP_FIREWALL_OUT,       /* the sending VM's firewall refused it */
-	DROP_NO_MEMBERS,         /* a farm/subnet broadcast for which this host has no VM */
-	DROP_ROGUE_DHCP,         /* a VM acting as DHCP server: only the host answers DHCP */
-	DROP_ARP_NOT_HERE,       /* fabric ARP for a VM this host does not hold: multicast reaches every host */
-	DROP_FABRIC_ARP_CONFLICT, /* a host claims, by ARP, a VM that lives on this host */
-	DROP_UNRESOLVED,         /* for an address being resolved, beyond what the agent holds per second */
-	DROP_VLAN_TAGGED,        /* a VM sent an 802.1Q/802.1ad tagged frame: no VM picks VLANs or priorities on the underlay */
-	DROP_FABRIC_UNKNOWN_HOST, /* from the fabric, into tenant space, from a MAC that is no known host's uplink */
-	DROP_FABRIC_NOT_TENANT,  /* from the fabric, a source no VM can hold: outside the tenant space, or a subnet's .0, .1 or .255 */
+	DROP_MALFORMED,            /* truncated or inconsistent headers */
+	DROP_UNSUPPORTED,          /* EtherType we do not carry: IPv6, ... (VLAN tags: DROP_VLAN_TAGGED) */
+	DROP_UNKNOWN_VIF,          /* frame from a vif the agent has not configured */
+	DROP_SPOOFED_MAC,          /* VM sent with a source MAC not its own */
+	DROP_SPOOFED_IP,           /* VM sent with a source IPv4 not its own */
+	DROP_NO_ROUTE,             /* destination is no VM in the mapping table */
+	DROP_NO_UPLINK,            /* remote destination but uplink not configured */
+	DROP_ARP_SPOOFED,          /* ARP sender MAC/IP not the VM's own */
+	DROP_ARP_NOT_REQUEST,      /* VM sent an ARP reply or other op: never leaves */
+	DROP_ARP_UNKNOWN_TARGET,   /* ARP for an address no VM holds */
+	DROP_ARP_OTHER_SUBNET,     /* ARP for an address outside the asker's subnet */
+	DROP_FABRIC_UNKNOWN_SRC,   /* from the fabric, source VM mapped to another host, or local here */
+	DROP_FABRIC_NOT_LOCAL,     /* from the fabric, destination VM not on this host */
+	DROP_NOT_VISIBLE,          /* between subnets or farms without a rule allowing it */
+	DROP_TTL_EXCEEDED,         /* routed between subnets with TTL 1: cannot take the gateway hop */
+	DROP_AGENT_BUSY,           /* for the agent (DHCP), but its ring buffer was full */
+	DROP_FIREWALL_IN,          /* the receiving VM's firewall refused it */
+	DROP_FIREWALL_OUT,         /* the sending VM's firewall refused it */
+	DROP_NO_MEMBERS,           /* a farm/subnet broadcast for which this host has no VM */
+	DROP_ROGUE_DHCP,           /* a VM acting as DHCP server: only the host answers DHCP */
+	DROP_ARP_NOT_HERE,         /* fabric ARP for a VM this host does not hold: multicast reaches every host */
+	DROP_FABRIC_ARP_CONFLICT,  /* a host claims, by ARP, a VM that lives on this host */
+	DROP_UNRESOLVED,           /* for an address being resolved, beyond what the agent holds per second */
+	DROP_VLAN_TAGGED,          /* a VM sent an 802.1Q/802.1ad tagged frame: no VM picks VLANs or priorities on the underlay */
+	DROP_FABRIC_UNKNOWN_HOST,  /* from the fabric, into tenant space, from a MAC that is no known host's uplink */
+	DROP_FABRIC_NOT_TENANT,    /* from the fabric, a source no VM can hold: outside the tenant space, or a subnet's .0, .1 or .255 */
 	DROP_FABRIC_NOT_BROADCAST, /* to a scope's fabric multicast MAC, but not a broadcast or multicast of that scope */
-	DROP_ARP_UNSOLICITED,    /* a fabric ARP reply to this host for an address it did not ask about */
-	DROP_CLAIM_LIMITED,      /* a host claims a VM mapped elsewhere again within a second: the agent is already checking */
-	DROP_FRAG_NO_FIRST,      /* a later fragment whose first fragment this host did not admit (or admitted too long ago) */
-	DROP_OVER_SHARE,         /* the VM is over its share of a table or the slow path every tenant shares */
+	DROP_ARP_UNSOLICITED,      /* a fabric ARP reply to this host for an address it did not ask about */
+	DROP_CLAIM_LIMITED,        /* a host claims a VM mapped elsewhere again within a second: the agent is already checking */
+	DROP_FRAG_NO_FIRST,        /* a later fragment whose first fragment this host did not admit (or admitted too long ago) */
+	DROP_OVER_SHARE,           /* the VM is over its share of a table or the slow path every tenant shares */
 	/* Port space (portspace.h); DROP_PS_FIRST..DROP_PS_LAST are also counted per sliver. */
 	DROP_PS_NO_SLIVER,       /* from a sliver link the agent has not configured */
 	DROP_PS_FOREIGN_MAC,     /* a sliver sent with a source MAC not its uplink's */
@@ -98,28 +98,28 @@ enum drop_reason {
 	DROP_PS_NO_UPLINK,       /* the sliver's uplink is not configured */
 	DROP_PS_OVER_SHARE,      /* the sliver is over its share of fragment or echo-id records */
 	/* Virtual TAP (tap.h). */
-	DROP_RESERVED_FLAG,      /* a VM sent IPv4 with the reserved flag set: the fabric's copy marker, which no VM may forge */
-	DROP_TAP_COPY_UNKNOWN,   /* a copy from the fabric that no rule with a monitor on this host wants (or flooded past us) */
+	DROP_RESERVED_FLAG,    /* a VM sent IPv4 with the reserved flag set: the fabric's copy marker, which no VM may forge */
+	DROP_TAP_COPY_UNKNOWN, /* a copy from the fabric that no rule with a monitor on this host wants (or flooded past us) */
 	DROP_REASON_MAX,
 };
 
 /* What happened to packets that were not dropped. */
 enum forward_path {
-	FWD_LOCAL = 0,     /* VM to VM on this host */
-	FWD_TO_FABRIC,     /* VM to a VM on another host, out the uplink */
-	FWD_FROM_FABRIC,   /* from another host into a local VM */
-	FWD_ARP_REPLY,     /* ARP answered in the datapath */
-	FWD_HOST_STACK,    /* management traffic handed to the host's own stack */
-	FWD_GATEWAY_REPLY, /* echo request to the virtual gateway, answered in the datapath */
-	FWD_ROUTED,        /* crossed the virtual gateway to another subnet or farm (also counted by path) */
-	FWD_TO_AGENT,      /* handed to the agent to answer (DHCP) */
-	FWD_BROADCAST,     /* a broadcast/multicast copy delivered to a VM of its scope */
-	FWD_ARP_TO_FABRIC, /* a VM's ARP the mapping table could not answer, sent to its scope's multicast address */
-	FWD_ARP_ANSWERED,  /* a fabric ARP for one of this host's VMs, answered in the datapath */
-	FWD_ARP_LEARNED,   /* a fabric ARP reply or announcement taken into the mapping table */
-	FWD_HELD,          /* a packet for an address not yet mapped, held by the agent while it resolves */
-	FWD_TO_SLIVER,     /* port space: delivered to a sliver by its port or echo id (or an ARP reply's copy) */
-	FWD_FROM_SLIVER,   /* port space: a sliver's frame, checked, out of its uplink */
+	FWD_LOCAL = 0,          /* VM to VM on this host */
+	FWD_TO_FABRIC,          /* VM to a VM on another host, out the uplink */
+	FWD_FROM_FABRIC,        /* from another host into a local VM */
+	FWD_ARP_REPLY,          /* ARP answered in the datapath */
+	FWD_HOST_STACK,         /* management traffic handed to the host's own stack */
+	FWD_GATEWAY_REPLY,      /* echo request to the virtual gateway, answered in the datapath */
+	FWD_ROUTED,             /* crossed the virtual gateway to another subnet or farm (also counted by path) */
+	FWD_TO_AGENT,           /* handed to the agent to answer (DHCP) */
+	FWD_BROADCAST,          /* a broadcast/multicast copy delivered to a VM of its scope */
+	FWD_ARP_TO_FABRIC,      /* a VM's ARP the mapping table could not answer, sent to its scope's multicast address */
+	FWD_ARP_ANSWERED,       /* a fabric ARP for one of this host's VMs, answered in the datapath */
+	FWD_ARP_LEARNED,        /* a fabric ARP reply or announcement taken into the mapping table */
+	FWD_HELD,               /* a packet for an address not yet mapped, held by the agent while it resolves */
+	FWD_TO_SLIVER,          /* port space: delivered to a sliver by its port or echo id (or an ARP reply's copy) */
+	FWD_FROM_SLIVER,        /* port space: a sliver's frame, checked, out of its uplink */
 	FWD_TAP_COPY_LOCAL,     /* TAP: a copy into a monitor on this host, at the sender's edge */
 	FWD_TAP_COPY_REMOTE,    /* TAP: a marked copy to a monitor's host, out of the uplink */
 	FWD_TAP_COPY_RECOVERED, /* TAP: a copy from the fabric, restored, into a monitor on this host */
@@ -131,10 +131,10 @@ enum forward_path {
  * into the slowpath ring (slowpath_maps.h). */
 #define SLOWPATH_MAX 1536
 enum slowpath_kind {
-	SLOW_DHCP = 0,  /* a VM's DHCP request: the agent answers it */
-	SLOW_HOLD,      /* a routed, admitted frame whose destination host is unknown:
+	SLOW_DHCP = 0,      /* a VM's DHCP request: the agent answers it */
+	SLOW_HOLD,          /* a routed, admitted frame whose destination host is unknown:
 			 * the agent resolves it and sends the frame on */
-	SLOW_ARP_REPLY, /* a fabric ARP reply to the agent's own question */
+	SLOW_ARP_REPLY,     /* a fabric ARP reply to the agent's own question */
 	SLOW_MAPPING_CLAIM, /* a known host says it holds a VM this host maps elsewhere: the
 			     * agent checks the store before the entry follows */
 };

@@ -22,7 +22,8 @@ static __always_inline int drop_packet(struct __sk_buff *skb, struct packet *pkt
 
 	/* clang may keep &skb->ifindex in a register across calls, a moved ctx
 	 * pointer the verifier refuses to dereference: make it read skb anew. */
-	asm volatile("" : "+r"(skb));
+	asm volatile(""
+		     : "+r"(skb));
 	/* Best effort: when the ring is full the counter above still tells. */
 	struct drop_event *ev = bpf_ringbuf_reserve(&drop_events, sizeof(*ev), 0);
 	if (ev) {

@@ -18,7 +18,6 @@
 #include "policy.h"
 #include "frag_maps.h"
 
-
 /* admit (policy.h), for fragments too. An unfragmented packet costs one
  * test more than admit itself. */
 static __always_inline int admit_fragments(struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)

@@ -41,8 +41,8 @@
 
 struct lisp_hdr {
 	__u8 flags;
-	__u8 nonce[3];   /* or source and destination map-version with V */
-	__be32 iid_lsb;  /* with I: instance id (24) | LSBs (8); else LSBs (32) */
+	__u8 nonce[3];  /* or source and destination map-version with V */
+	__be32 iid_lsb; /* with I: instance id (24) | LSBs (8); else LSBs (32) */
 };
 
 struct lisp_outer {
@@ -232,7 +232,7 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb, int from_ingr
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 || ip->ihl < 5)
 		return LISP_TCX_NEXT;
 
-	struct lisp_eid_key key = { .prefixlen = 32, .addr = ip->daddr };
+	struct lisp_eid_key key = {.prefixlen = 32, .addr = ip->daddr};
 	struct lisp_eid *m = bpf_map_lookup_elem(&lisp_eids, &key);
 
 	if (!m)
@@ -412,7 +412,7 @@ static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 	if (udp->dest != bpf_htons(LISP_DATA_PORT))
 		return LISP_TCX_NEXT;
 
-	struct lisp_tunnel_key tk = { .local_rloc = ip->daddr, .remote_rloc = ip->saddr };
+	struct lisp_tunnel_key tk = {.local_rloc = ip->daddr, .remote_rloc = ip->saddr};
 	__u32 *idp = bpf_map_lookup_elem(&lisp_tunnels, &tk);
 	if (!idp) {
 		if (bpf_map_lookup_elem(&lisp_locals, &ip->daddr))

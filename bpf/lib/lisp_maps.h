@@ -22,8 +22,8 @@
 #define LISP_SLOTS 32
 
 enum lisp_path_flag {
-	LISP_PATH_UP = 1 << 0,  /* configured: an array slot is never missing */
-	LISP_PATH_IID = 1 << 1, /* send the I bit and instance id; require it back */
+	LISP_PATH_UP = 1 << 0,    /* configured: an array slot is never missing */
+	LISP_PATH_IID = 1 << 1,   /* send the I bit and instance id; require it back */
 	LISP_PATH_NEIGH = 1 << 2, /* no MACs given: the kernel's FIB and neighbour table fill them (bpf_redirect_neigh) */
 };
 
@@ -34,7 +34,7 @@ struct lisp_path {
 	__u32 iid; /* host order, low 24 bits */
 	__u8 src_mac[ETH_ALEN];
 	__u8 dst_mac[ETH_ALEN];
-	__u16 mtu; /* largest outer IPv4 packet */
+	__u16 mtu;  /* largest outer IPv4 packet */
 	__u8 flags; /* enum lisp_path_flag */
 	__u8 _pad;
 };
@@ -52,7 +52,7 @@ struct lisp_eid {
 	__u8 flags;  /* enum lisp_eid_flag */
 	__u8 nslots; /* 0: no usable RLOC */
 	__u8 _pad[6];
-	__u8 slots[LISP_SLOTS]; /* path ids, by weight, among the best priority */
+	__u8 slots[LISP_SLOTS];            /* path ids, by weight, among the best priority */
 	__u64 usable[LISP_MAX_PATHS / 64]; /* bit per path with priority < 255 */
 };
 
@@ -71,22 +71,22 @@ struct lisp_stats {
 /* Per-CPU counters, indexed by this enum (Go reads the names from BTF:
  * LISP_DROP_X is "drop_x"). */
 enum lisp_counter {
-	LISP_ENCAPSULATED = 0, /* encapsulated and sent on a path */
-	LISP_PINNED,           /* ... of which the path came from a pin */
-	LISP_DECAPSULATED,     /* decapsulated and handed on */
-	LISP_NATIVE,           /* negative mapping: forwarded natively */
-	LISP_ICMP_TOO_BIG,     /* a DF packet too big for its path, answered with ICMP fragmentation needed */
-	LISP_DROP_MALFORMED,   /* LISP to us that does not parse: short, N and V both set, inner not IPv4 or lengths disagree, outer IP options */
+	LISP_ENCAPSULATED = 0,  /* encapsulated and sent on a path */
+	LISP_PINNED,            /* ... of which the path came from a pin */
+	LISP_DECAPSULATED,      /* decapsulated and handed on */
+	LISP_NATIVE,            /* negative mapping: forwarded natively */
+	LISP_ICMP_TOO_BIG,      /* a DF packet too big for its path, answered with ICMP fragmentation needed */
+	LISP_DROP_MALFORMED,    /* LISP to us that does not parse: short, N and V both set, inner not IPv4 or lengths disagree, outer IP options */
 	LISP_DROP_UNKNOWN_RLOC, /* LISP to a local RLOC from a remote RLOC no path names */
-	LISP_DROP_WRONG_IID,   /* instance id other than the path's (or one the path does not use) */
-	LISP_DROP_NO_PATH,     /* mapped EID but no usable RLOC, or a slot naming an unconfigured path */
-	LISP_DROP_TOO_BIG,     /* would exceed the path MTU once encapsulated (never fragmented); without DF, or the ICMP answer could not be made */
-	LISP_DROP_FRAGMENT,    /* an outer IPv4 fragment of LISP: nothing here reassembles */
+	LISP_DROP_WRONG_IID,    /* instance id other than the path's (or one the path does not use) */
+	LISP_DROP_NO_PATH,      /* mapped EID but no usable RLOC, or a slot naming an unconfigured path */
+	LISP_DROP_TOO_BIG,      /* would exceed the path MTU once encapsulated (never fragmented); without DF, or the ICMP answer could not be made */
+	LISP_DROP_FRAGMENT,     /* an outer IPv4 fragment of LISP: nothing here reassembles */
 	LISP_DROP_ENCAP_FAILED, /* bpf_skb_adjust_room refused to open room */
 	LISP_DROP_DECAP_FAILED, /* bpf_skb_adjust_room refused to close it */
-	LISP_DROP_GSO_DECAP,   /* a GSO superpacket the kernel cannot decapsulate in place (no BPF_F_ADJ_ROOM_DECAP_L4_UDP) */
-	LISP_DROP_ECN,         /* outer CE over a not-ECT inner packet (RFC 6040 §4.2) */
-	LISP_DECAP_LOCAL_GSO,  /* decapsulated, of which: a TCP superpacket for a local socket, stripped whole though the kernel keeps its tunnel GSO state */
+	LISP_DROP_GSO_DECAP,    /* a GSO superpacket the kernel cannot decapsulate in place (no BPF_F_ADJ_ROOM_DECAP_L4_UDP) */
+	LISP_DROP_ECN,          /* outer CE over a not-ECT inner packet (RFC 6040 §4.2) */
+	LISP_DECAP_LOCAL_GSO,   /* decapsulated, of which: a TCP superpacket for a local socket, stripped whole though the kernel keeps its tunnel GSO state */
 	LISP_COUNTER_MAX,
 };
 

@@ -89,8 +89,15 @@ static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, 
 __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port, __u8 gen)
 {
 	const __u8 *s = (const __u8 *)&saddr, *d = (const __u8 *)&daddr;
-	struct vis_key k = {.src_farm = s[1], .src_subnet = s[2], .dst_farm = d[1], .dst_subnet = d[2],
-			    .proto = proto, .gen = gen & 1, .port = port};
+	struct vis_key k = {
+		.src_farm = s[1],
+		.src_subnet = s[2],
+		.dst_farm = d[1],
+		.dst_subnet = d[2],
+		.proto = proto,
+		.gen = gen & 1,
+		.port = port,
+	};
 	if (port && bpf_map_lookup_elem(&visibility, &k))
 		return 1;
 	k.port = 0;
@@ -105,7 +112,7 @@ __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto
  * up to 32 members, each with its own firewall). */
 /* A BPF call takes five arguments: the direction and the rule generation
  * travel in one byte. */
-#define FW_SIDE(dir, gen) ((__u8)(((dir) & 1) | (((gen) & 1) << 1)))
+#define FW_SIDE(dir, gen) ((__u8)(((dir)&1) | (((gen)&1) << 1)))
 
 __attribute__((noinline)) int firewall_allows(__be32 vm, __u8 side, __be32 remote, __u8 proto, __u16 port)
 {
@@ -183,8 +190,13 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 	int is_icmp = ip->protocol == IPPROTO_ICMP_;
 	int opens = l4.known && !(is_icmp && l4.icmp_type != ICMP_ECHO_REQUEST);
 	int answers = l4.known && !(is_icmp && l4.icmp_type != ICMP_ECHO_REPLY);
-	struct flow f = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4.sport, .dport = l4.dport,
-			 .proto = ip->protocol};
+	struct flow f = {
+		.saddr = ip->saddr,
+		.daddr = ip->daddr,
+		.sport = l4.sport,
+		.dport = l4.dport,
+		.proto = ip->protocol,
+	};
 	struct flow quoted;
 	if (l4.known && is_icmp && icmp_error_flow(pkt, l4.icmp_type, &quoted)) {
 		/* The quoted packet went from this packet's destination to its
@@ -202,7 +214,11 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 	struct ct_entry *e = (opens || answers) ? bpf_map_lookup_elem(&conntrack, &k) : 0;
 	if (e && ct_live(e, now)) {
 		/* Going the way the flow was opened, or answering it. */
-		__u8 way = (opens && (e->opened & dir)) ? dir : (answers && (e->opened & back)) ? back : 0;
+		__u8 way = 0;
+		if (opens && (e->opened & dir))
+			way = dir;
+		else if (answers && (e->opened & back))
+			way = back;
 		if (way && e->epoch != epoch) {
 			/* The rules changed: check the flow again the way it was
 			 * opened, from the opener's source to its destination. */

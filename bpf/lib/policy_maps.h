@@ -46,7 +46,7 @@ struct fw_policy_key {
 };
 
 struct fw_policy {
-	__u8 count[2];         /* rules per direction (FW_IN, FW_OUT) */
+	__u8 count[2]; /* rules per direction (FW_IN, FW_OUT) */
 	__u8 default_allow[2];
 };
 
@@ -59,11 +59,11 @@ struct fw_key {
 };
 
 struct fw_rule {
-	__be32 net;     /* remote address ... */
-	__be32 mask;    /* ... and prefix mask */
-	__u16 port_lo;  /* VM-side port for in, remote port for out; 0: any */
+	__be32 net;    /* remote address ... */
+	__be32 mask;   /* ... and prefix mask */
+	__u16 port_lo; /* VM-side port for in, remote port for out; 0: any */
 	__u16 port_hi;
-	__u8 proto;     /* 0: any */
+	__u8 proto; /* 0: any */
 	__u8 allow;
 	__u16 _pad;
 };

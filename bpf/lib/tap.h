@@ -47,8 +47,8 @@
 
 #define IP_RESERVED_FLAG 0x8000
 /* Offsets in the frame (a VLAN tag never gets this far). */
-#define TAP_ETH_SAVE 12                 /* destination and source MAC */
-#define TAP_IP_SAVE_OFF (ETH_HLEN + 6)  /* frag_off, ttl, protocol, check */
+#define TAP_ETH_SAVE 12                /* destination and source MAC */
+#define TAP_IP_SAVE_OFF (ETH_HLEN + 6) /* frag_off, ttl, protocol, check */
 #define TAP_IP_SAVE 6
 
 static __always_inline int is_tap_copy(const struct iphdr *ip)
@@ -309,7 +309,7 @@ static __always_inline void tap_walk_init(struct tap_walk *w, struct __sk_buff *
  * receiver. Without it the frame is left exactly as it came for the
  * caller's verdict. The caller's packet pointers are stale afterwards. */
 static __always_inline int tap_copy_body(struct __sk_buff *skb, const struct node_config *cfg, __u64 now,
-					  const int production_first)
+					 const int production_first)
 {
 	/* The entry program checked the headers; only the pointers are
 	 * needed again (no struct packet: stack). */
@@ -410,7 +410,7 @@ static __always_inline int tap_from_fabric(struct __sk_buff *skb, struct packet 
 	bpf_loop(TAP_MAX_RULES, tap_rule_one, &w, 0);
 	if (!w.served)
 		return drop_quietly(DROP_TAP_COPY_UNKNOWN); /* matched no rule's filters */
-	return TC_ACT_SHOT; /* consumed: each monitor got its copy */
+	return TC_ACT_SHOT;                                 /* consumed: each monitor got its copy */
 }
 
 #endif

@@ -40,7 +40,7 @@ enum tap_side {
 };
 
 enum tap_key_kind {
-	TAP_KEY_IP = 0, /* addr is one VM's */
+	TAP_KEY_IP = 0,  /* addr is one VM's */
 	TAP_KEY_SEGMENT, /* addr is 0.f.s.0: a whole subnet */
 	TAP_KEY_ANY,     /* addr is 0.f.0.0: any VM of farm f */
 };

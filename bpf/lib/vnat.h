@@ -125,8 +125,7 @@ static __always_inline void vnat_translate(struct __sk_buff *skb, __u8 dir)
 		vnat_count(VNAT_TRANSLATE_ERRORS);
 		return;
 	}
-	vnat_count(dir == VNAT_EGRESS ? VNAT_EGRESS_TRANSLATED :
-					VNAT_INGRESS_TRANSLATED);
+	vnat_count(dir == VNAT_EGRESS ? VNAT_EGRESS_TRANSLATED : VNAT_INGRESS_TRANSLATED);
 }
 
 #endif

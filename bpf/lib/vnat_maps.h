@@ -86,8 +86,8 @@ struct vnat_conn {
 enum vnat_counter {
 	VNAT_EGRESS_TRANSLATED = 0,
 	VNAT_INGRESS_TRANSLATED,
-	VNAT_TRANSLATE_ERRORS,   /* a helper failed; the packet went on as it was */
-	VNAT_FRAGMENTS_SKIPPED,  /* IPv4 fragments seen while something is migrated */
+	VNAT_TRANSLATE_ERRORS,  /* a helper failed; the packet went on as it was */
+	VNAT_FRAGMENTS_SKIPPED, /* IPv4 fragments seen while something is migrated */
 	VNAT_CONNS_RECORDED,
 	VNAT_CONNS_CLOSED,
 	VNAT_KEEPALIVES_ANSWERED,   /* probes of a marked connection answered here */

@@ -10,10 +10,12 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // fakeDatapath records what the agent asked the kernel for.
@@ -219,16 +221,16 @@ func TestRunRegistersNodeAndFollowsDesiredChanges(t *testing.T) {
 	a := newAgent(t, s, dp, fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6})
 	done := make(chan error)
 	go func() { done <- a.Run(ctx) }()
-	waitUntil(t, func() bool {
+	testenv.Eventually(t, "the agent to register h1 with its uplink's MAC", 5*time.Second, func() bool {
 		var n intent.Node
 		return store.GetJSON(ctx, s, intent.NodesPrefix+"h1", &n) == nil && n.UplinkMAC == "aa:00:00:00:00:02"
-	}, "the agent to register h1 with its uplink's MAC")
+	})
 	putDesired(t, s, "h1", desired())
-	waitUntil(t, func() bool {
+	testenv.Eventually(t, "the agent to write the desired state's 2 endpoints", 5*time.Second, func() bool {
 		dp.mu.Lock()
 		defer dp.mu.Unlock()
 		return len(dp.entries.Endpoints) == 2
-	}, "the agent to write the desired state's 2 endpoints")
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

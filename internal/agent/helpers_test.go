@@ -3,9 +3,7 @@ package agent
 import (
 	"context"
 	"net/netip"
-	"strings"
 	"testing"
-	"time"
 
 	desiredstore "github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
@@ -13,19 +11,6 @@ import (
 )
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
-
-// waitUntil polls ok until it holds, failing the test after 5 s; what says
-// what was awaited.
-func waitUntil(t *testing.T, ok func() bool, what ...string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5s: %s", strings.Join(what, " "))
-		}
-		time.Sleep(10 * time.Millisecond) // the poll interval
-	}
-}
 
 // putDesired stores the node's desired state as the controller would.
 func putDesired(t *testing.T, s store.Store, node string, d intent.Desired) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // statusStore counts the status writes that reach the store and can refuse
@@ -61,18 +62,18 @@ func TestAStatusIsWrittenAtMostOncePerIntervalDuringABurst(t *testing.T) {
 	}
 	putJSON(t, s, intent.DesiredVMKey("h1", localVM(0).Name), localVM(0))
 	runAgent(t, a)
-	waitUntil(t, func() bool { w, _ := s.counts(); return w == 1 }, "the status of the first list written")
+	testenv.Eventually(t, "the status of the first list written", 5*time.Second, func() bool { w, _ := s.counts(); return w == 1 })
 	start := time.Now()
 	var last int64
 	for k := range 60 {
 		rule := intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: uint16(1000 + k)}
 		putJSON(t, s, intent.FarmStateKey(1), intent.FarmState{ID: 1, Visibility: []intent.VisRule{rule}})
 		_, last, _ = s.Store.List(context.Background(), intent.FarmStateKey(1))
-		waitUntil(t, func() bool { st, _, _ := a.Status(); return st.AppliedRevision >= last }, "change applied")
+		testenv.Eventually(t, "change applied", 5*time.Second, func() bool { st, _, _ := a.Status(); return st.AppliedRevision >= last })
 		time.Sleep(5 * time.Millisecond)
 	}
 	burst := time.Since(start)
-	waitUntil(t, func() bool { return publishedStatus(t, s, "h1").AppliedRevision == last }, "the last change's revision published")
+	testenv.Eventually(t, "the last change's revision published", 5*time.Second, func() bool { return publishedStatus(t, s, "h1").AppliedRevision == last })
 	writes, _ := s.counts()
 	// The first list's write, then at most one per interval begun during
 	// the burst, and the trailing one that carries the last change.
@@ -83,7 +84,7 @@ func TestAStatusIsWrittenAtMostOncePerIntervalDuringABurst(t *testing.T) {
 		t.Fatalf("%d status writes: the changes were never reported", writes)
 	}
 	// The store has a write before the agent has counted it.
-	waitUntil(t, func() bool { w, _ := a.StatusWrites(); return w == uint64(writes) }, "the agent to count the writes the store saw")
+	testenv.Eventually(t, "the agent to count the writes the store saw", 5*time.Second, func() bool { w, _ := a.StatusWrites(); return w == uint64(writes) })
 	t.Logf("60 changes over %v: %d status writes", burst.Round(time.Millisecond), writes)
 }
 
@@ -100,20 +101,20 @@ func TestARefusedStatusWriteIsRetriedAndNeverFailsThePass(t *testing.T) {
 	}
 	putJSON(t, s, intent.DesiredVMKey("h1", localVM(0).Name), localVM(0))
 	runAgent(t, a)
-	waitUntil(t, func() bool { w, _ := s.counts(); return w == 1 }, "the first status written")
+	testenv.Eventually(t, "the first status written", 5*time.Second, func() bool { w, _ := s.counts(); return w == 1 })
 	s.setRefuse(true)
 	putJSON(t, s, intent.DesiredVMKey("h1", localVM(1).Name), localVM(1))
-	waitUntil(t, func() bool { st, _, _ := a.Status(); return st.Endpoints == 2 }, "the second VM applied")
-	waitUntil(t, func() bool { _, r := s.counts(); return r >= 2 }, "the refused write retried")
+	testenv.Eventually(t, "the second VM applied", 5*time.Second, func() bool { st, _, _ := a.Status(); return st.Endpoints == 2 })
+	testenv.Eventually(t, "the refused write retried", 5*time.Second, func() bool { _, r := s.counts(); return r >= 2 })
 	if _, _, failures := a.Status(); failures != 0 {
 		t.Fatalf("%d reconcile failures: a refused status write must not fail the pass", failures)
 	}
-	waitUntil(t, func() bool { _, f := a.StatusWrites(); return f >= 2 }, "the refusals counted as failed writes")
+	testenv.Eventually(t, "the refusals counted as failed writes", 5*time.Second, func() bool { _, f := a.StatusWrites(); return f >= 2 })
 	if got := publishedStatus(t, s, "h1"); got.Endpoints != 1 {
 		t.Fatalf("published endpoints %d while the store refused, want the old 1", got.Endpoints)
 	}
 	s.setRefuse(false)
-	waitUntil(t, func() bool { return publishedStatus(t, s, "h1").Endpoints == 2 }, "the status written once the store takes writes")
+	testenv.Eventually(t, "the status written once the store takes writes", 5*time.Second, func() bool { return publishedStatus(t, s, "h1").Endpoints == 2 })
 }
 
 // A self-sized pace keeps the cloud's status writes near
@@ -170,8 +171,8 @@ func TestAQuietHostWritesItsNextChangeAtOnce(t *testing.T) {
 	if _, err := a.relist(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool { return publishedStatus(t, s, "h1").Endpoints == 2 }, "the quiet host's change written without waiting for its interval")
-	waitUntil(t, func() bool { w, _ := a.StatusWrites(); return w == 2 }, "the write counted")
+	testenv.Eventually(t, "the quiet host's change written without waiting for its interval", 5*time.Second, func() bool { return publishedStatus(t, s, "h1").Endpoints == 2 })
+	testenv.Eventually(t, "the write counted", 5*time.Second, func() bool { w, _ := a.StatusWrites(); return w == 2 })
 	if err := s.Delete(ctx, intent.DesiredVMKey("h1", localVM(0).Name)); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // watchedStore records what an agent lists and watches, and can break its
@@ -146,21 +148,21 @@ func TestAgentAppliesChangesFromItsWatchWithoutRelisting(t *testing.T) {
 	for i := range 30 {
 		putJSON(t, s, intent.DesiredVMKey("h1", localVM(i).Name), localVM(i))
 	}
-	waitUntil(t, endpoints(30), "the agent to apply 30 VMs")
+	testenv.Eventually(t, "the agent to apply 30 VMs", 5*time.Second, endpoints(30))
 	putJSON(t, s, intent.DesiredVMKey("h2", "blue/s1/elsewhere"), intent.LocalEndpoint{Name: "blue/s1/elsewhere", IP: "10.1.1.250"})
 	putJSON(t, s, intent.FarmStateKey(7), intent.FarmState{ID: 7, Visibility: []intent.VisRule{{SrcFarm: 7, SrcSubnet: 1, DstFarm: 7, DstSubnet: 2}}})
 	rule := intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 80}
 	putJSON(t, s, intent.FarmStateKey(1), intent.FarmState{ID: 1, Visibility: []intent.VisRule{rule}})
 	_, ruleRev, _ := s.Store.List(context.Background(), intent.FarmStateKey(1))
-	waitUntil(t, func() bool {
+	testenv.Eventually(t, "the agent to apply farm 1's rule", 5*time.Second, func() bool {
 		dp.mu.Lock()
 		defer dp.mu.Unlock()
 		return len(dp.entries.Visibility) == 1
-	}, "the agent to apply farm 1's rule")
-	waitUntil(t, func() bool {
+	})
+	testenv.Eventually(t, "the status to report the rule's revision as applied", 5*time.Second, func() bool {
 		st, _, _ := a.Status()
 		return st.AppliedRevision >= ruleRev
-	}, "the status to report the rule's revision as applied")
+	})
 	if lists, relists := a.Lists(); lists != 1 || relists != 0 {
 		t.Fatalf("the agent listed its desired state %d times (%d after a lost watch), want once", lists, relists)
 	}
@@ -194,11 +196,20 @@ func TestAgentRelistsOnlyWhenItsWatchIsLost(t *testing.T) {
 	}
 	putJSON(t, s, intent.DesiredVMKey("h1", localVM(0).Name), localVM(0))
 	runAgent(t, a)
-	waitUntil(t, func() bool { st, _, _ := a.Status(); return st.Endpoints == 1 }, "the first VM applied")
+	testenv.Eventually(t, "the first VM applied", 5*time.Second, func() bool { st, _, _ := a.Status(); return st.Endpoints == 1 })
+	// The agent opens its watches after it applied its list: break them
+	// once they are open (the nodes' is opened after the host's).
+	testenv.Eventually(t, "the agent watching", 5*time.Second, func() bool { return slices.Contains(s.watched(), intent.NodesPrefix) })
 	s.breakWatches()
 	putJSON(t, s, intent.DesiredVMKey("h1", localVM(1).Name), localVM(1))
 	putJSON(t, s, intent.DesiredVMKey("h1", localVM(2).Name), localVM(2))
-	waitUntil(t, func() bool { st, _, _ := a.Status(); return st.Endpoints == 3 }, "the VMs written around the break applied")
+	// The watch may bring the writes before it reports its end: wait for
+	// the list that follows it too.
+	testenv.Eventually(t, "the VMs written around the break applied and listed again", 5*time.Second, func() bool {
+		st, _, _ := a.Status()
+		lists, _ := a.Lists()
+		return st.Endpoints == 3 && lists >= 2
+	})
 	if lists, relists := a.Lists(); lists != 2 || relists != 1 {
 		t.Fatalf("lists %d, relists %d: want 2 and 1", lists, relists)
 	}

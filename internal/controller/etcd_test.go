@@ -75,8 +75,7 @@ func waitVMs(t *testing.T, exited <-chan error, readFrom []string, tc *tls.Confi
 		t.Fatal(err)
 	}
 	defer s.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, "the 3 VMs in etcd", 20*time.Second, func() error {
 		select {
 		case err := <-exited:
 			t.Fatalf("controller exited: %v", err)
@@ -85,14 +84,11 @@ func waitVMs(t *testing.T, exited <-chan error, readFrom []string, tc *tls.Confi
 		cctx, ccancel := context.WithTimeout(ctx, time.Second)
 		vms, _, err := store.ListJSON[intent.VM](cctx, s, intent.VMsPrefix)
 		ccancel()
-		if err == nil && len(vms) == 3 {
-			return
+		if err == nil && len(vms) != 3 {
+			err = fmt.Errorf("%d VMs", len(vms))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("VMs not in etcd after 20s (last: %d, %v)", len(vms), err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 func TestEmbeddedEtcdServesAgentsOverTCPAndToolsOverUnixSocket(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,27 +17,10 @@ import (
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 var dcSite = lisp.Site{Name: "dc", KeyID: 1, Key: []byte("dc-site-secret"), EIDs: []netip.Prefix{netip.MustParsePrefix("10.99.0.0/16")}}
-
-// syncBuffer is a log sink tests read while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // fakeClock is a time the test moves.
 type fakeClock struct{ ns atomic.Int64 }
@@ -56,10 +38,10 @@ func rec(eid string, rlocs ...string) lisp.Record {
 
 // lispServer starts a map-server on loopback for a controller on a memory
 // store.
-func lispServer(t *testing.T, clock *fakeClock, sites ...lisp.Site) (*Controller, *store.Memory, *LISPServer, *syncBuffer) {
+func lispServer(t *testing.T, clock *fakeClock, sites ...lisp.Site) (*Controller, *store.Memory, *LISPServer, *testenv.Buffer) {
 	t.Helper()
 	s := store.NewMemory()
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	c := New(s, slog.New(slog.NewTextHandler(logs, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := LISPServerConfig{Listen: "127.0.0.1:0", Sites: sites, Sweep: 20 * time.Millisecond}
@@ -72,18 +54,6 @@ func lispServer(t *testing.T, clock *fakeClock, sites ...lisp.Site) (*Controller
 	}
 	t.Cleanup(func() { cancel(); <-srv.Done() })
 	return c, s, srv, logs
-}
-
-// waitFor polls cond (the server works on its own goroutine) for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func sendRaw(t *testing.T, to netip.AddrPort, b []byte) {
@@ -138,7 +108,7 @@ func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testin
 	}
 	// The server counts a reply once it has sent it, so the client can hold
 	// the last reply before the count moves: await it.
-	waitFor(t, "4 requests answered, 2 negatively", func() bool {
+	testenv.Eventually(t, "4 requests answered, 2 negatively", 5*time.Second, func() bool {
 		st := c.LISPServerStats()
 		return st.Requests == 4 && st.NegativeReplies == 2
 	})
@@ -154,7 +124,7 @@ func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testin
 	}
 	sendRaw(t, srv.Addr(), wrapped)
 	sendRaw(t, srv.Addr(), []byte{0x70, 0, 0, 0})
-	waitFor(t, "2 refused datagrams", func() bool { return c.LISPServerStats().RequestsRefused == 2 })
+	testenv.Eventually(t, "2 refused datagrams", 5*time.Second, func() bool { return c.LISPServerStats().RequestsRefused == 2 })
 }
 
 func ptr(v int) *int { return &v }
@@ -179,7 +149,7 @@ func TestLISPMapServerStoresAnAuthenticatedRegistrationAndSendsMapNotify(t *test
 		t.Fatalf("resolve: %+v, %v", got, err)
 	}
 	// Map-Notifies are counted once sent: the registrar may hold it first.
-	waitFor(t, "the Map-Notify counted", func() bool { return c.LISPServerStats().Notifies == 1 })
+	testenv.Eventually(t, "the Map-Notify counted", 5*time.Second, func() bool { return c.LISPServerStats().Notifies == 1 })
 	if st := c.LISPServerStats(); st.Registers != 1 || st.Notifies != 1 || len(st.RegistersRefused) != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -197,7 +167,7 @@ func TestLISPMapServerRefusesForgedRegistersAndChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	sendRaw(t, srv.Addr(), goodBytes)
-	waitFor(t, "the good register", func() bool { return c.LISPServerStats().Registers == 1 })
+	testenv.Eventually(t, "the good register", 5*time.Second, func() bool { return c.LISPServerStats().Registers == 1 })
 	before, _, err := s.List(t.Context(), intent.LISPMappingsPrefix)
 	if err != nil {
 		t.Fatal(err)
@@ -218,13 +188,13 @@ func TestLISPMapServerRefusesForgedRegistersAndChangesNothing(t *testing.T) {
 	} {
 		n := c.LISPServerStats().RegistersRefused[tc.reason]
 		sendRaw(t, srv.Addr(), tc.b)
-		waitFor(t, tc.reason+" counted", func() bool { return c.LISPServerStats().RegistersRefused[tc.reason] == n+1 })
+		testenv.Eventually(t, tc.reason+" counted", 5*time.Second, func() bool { return c.LISPServerStats().RegistersRefused[tc.reason] == n+1 })
 	}
 	// A flood from one source: counted in full, logged at most 5 times.
 	for range 30 {
 		sendRaw(t, srv.Addr(), wrongKey)
 	}
-	waitFor(t, "the flood counted", func() bool { return c.LISPServerStats().RegistersRefused[refusedBadAuth] == 32 })
+	testenv.Eventually(t, "the flood counted", 5*time.Second, func() bool { return c.LISPServerStats().RegistersRefused[refusedBadAuth] == 32 })
 	after, _, err := s.List(t.Context(), intent.LISPMappingsPrefix)
 	if err != nil {
 		t.Fatal(err)
@@ -277,7 +247,7 @@ func TestLISPRegistrationsExpireUnlessRefreshedAndTByTheirTTL(t *testing.T) {
 	if resolve("10.99.2.1").Negative() {
 		t.Fatal("a registration with T was dropped before its 10-minute TTL")
 	}
-	waitFor(t, "the expired registration deleted from etcd", func() bool {
+	testenv.Eventually(t, "the expired registration deleted from etcd", 5*time.Second, func() bool {
 		_, err := s.Get(t.Context(), intent.LISPMappingsPrefix+"10.99.1.0_24")
 		return errors.Is(err, store.ErrNotFound)
 	})
@@ -285,7 +255,7 @@ func TestLISPRegistrationsExpireUnlessRefreshedAndTByTheirTTL(t *testing.T) {
 	if !resolve("10.99.2.1").Negative() {
 		t.Fatal("a registration with T outlived its TTL")
 	}
-	waitFor(t, "both expired", func() bool { return c.LISPServerStats().Expired == 2 })
+	testenv.Eventually(t, "both expired", 5*time.Second, func() bool { return c.LISPServerStats().Expired == 2 })
 }
 
 func TestLISPRegisterForAnOperatorsEIDIsRefused(t *testing.T) {
@@ -300,7 +270,7 @@ func TestLISPRegisterForAnOperatorsEIDIsRefused(t *testing.T) {
 	}
 	// The registrar gives up after 50 ms whether or not the server has got
 	// to the datagram yet: await the refusal rather than assume it is done.
-	waitFor(t, "the refusal counted", func() bool {
+	testenv.Eventually(t, "the refusal counted", 5*time.Second, func() bool {
 		return c.LISPServerStats().RegistersRefused[refusedOperatorMapped] == 1
 	})
 	m, err := c.GetLISPMapping(t.Context(), netip.MustParsePrefix("10.99.1.0/24"))
@@ -355,21 +325,17 @@ func TestControllerDaemonServesLISPRegistrationsFromEtcd(t *testing.T) {
 	exited := startController(t, cfg)
 	g := &lisp.Registrar{Server: lispAddr, KeyID: 1, Key: []byte("dc-site-secret"), WantMapNotify: true,
 		Records: []lisp.Record{rec("10.99.1.0/24", "192.168.100.21")}, Timeout: 200 * time.Millisecond, Attempts: 1}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, "a Map-Notify from the daemon's map-server", 30*time.Second, func() error {
 		err := g.Register(t.Context())
-		if err == nil {
-			break
+		if err != nil {
+			select {
+			case err := <-exited:
+				t.Fatalf("controller exited: %v", err)
+			default:
+			}
 		}
-		select {
-		case err := <-exited:
-			t.Fatalf("controller exited: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Map-Notify from the daemon's map-server: %v", err)
-		}
-	}
+		return err
+	})
 	got, err := lisp.NewResolver(lispAddr).Resolve(t.Context(), netip.MustParseAddr("10.99.1.9"))
 	if err != nil || len(got.Locators) != 1 || got.Locators[0].Addr.String() != "192.168.100.21" {
 		t.Fatalf("resolve: %+v, %v", got, err)

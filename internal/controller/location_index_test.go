@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/vcmp"
 	"github.com/onehop/onehop/internal/vnatloc"
 )
@@ -151,19 +152,15 @@ func TestLocationBatchOverEtcdIsHeldAtOnceAndByAnotherController(t *testing.T) {
 			t.Fatalf("%s: the server's index at once: %v %v, want %v and %v held: %v", step.name, vnatloc.HeldList(h), err, virt, phys, step.held)
 		}
 		want := h
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testenv.Eventually(t, step.name+" in the other controller's index", 10*time.Second, func() error {
 			h, err := other.HeldAt(ctx, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
 			if h[virt] == step.held && h[phys] == step.held && len(h) == len(want) {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the other controller's index holds %v 10 s later", step.name, vnatloc.HeldList(h))
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return fmt.Errorf("it holds %v", vnatloc.HeldList(h))
+		})
 	}
 }

@@ -17,6 +17,8 @@ import (
 
 	"github.com/onehop/onehop/internal/lispdp"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // streamServer serves each connection n bytes (download) on down and
@@ -41,36 +43,17 @@ func (l *lab) streamServers(t testing.TB, down, up string, n int64) {
 		t.Cleanup(func() { ln.Close() })
 		return ln
 	}
-	dl, ul := listen(down), listen(up)
-	go func() {
-		for {
-			c, err := dl.Accept()
-			if err != nil {
+	go netnstest.Serve(listen(down), func(c net.Conn) {
+		for left := n; left > 0; left -= int64(len(chunk)) {
+			if _, err := c.Write(chunk[:min(left, int64(len(chunk)))]); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				for left := n; left > 0; left -= int64(len(chunk)) {
-					if _, err := c.Write(chunk[:min(left, int64(len(chunk)))]); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	go func() {
-		for {
-			c, err := ul.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				got, _ := io.Copy(io.Discard, c)
-				binary.Write(c, binary.BigEndian, got) //nolint:errcheck // the client sees a short answer
-			}()
-		}
-	}()
+	})
+	go netnstest.Serve(listen(up), func(c net.Conn) {
+		got, _ := io.Copy(io.Discard, c)
+		binary.Write(c, binary.BigEndian, got) //nolint:errcheck // the client sees a short answer
+	})
 }
 
 // transfer times one download (n bytes from addr) or upload (n bytes to
@@ -164,8 +147,8 @@ func BenchmarkPrivilegedGatewaySplice(b *testing.B) {
 	l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
 	l.start(b)
 	for _, dir := range []string{"download", "upload"} {
-		st := exec.Command("strace", "-f", "-c", "-e", "trace=splice,read,write,readv,writev,recvfrom,sendto,recvmsg,sendmsg", "-p", fmt.Sprint(l.daemon.Process.Pid))
-		var out syncBuf
+		st := exec.Command("strace", "-f", "-c", "-e", "trace=splice,read,write,readv,writev,recvfrom,sendto,recvmsg,sendmsg", "-p", fmt.Sprint(l.daemon.Cmd.Process.Pid))
+		var out testenv.Buffer
 		st.Stdout, st.Stderr = &out, &out
 		if err := st.Start(); err != nil {
 			b.Fatal(err)
@@ -210,10 +193,10 @@ func BenchmarkPrivilegedGatewayTwoPathsVsOne(b *testing.B) {
 			var two, one []float64
 			for round := 0; round < 5; round++ {
 				two = append(two, l.transfer(b, srvEID+":5401", n, false))
-				ipIn(b, l.gw, "link", "set", "p1", "down")
+				netnstest.IP(b, l.gw, "link", "set", "p1", "down")
 				l.waitPath(b, "wan1", false)
 				one = append(one, l.transfer(b, srvEID+":5401", n, false))
-				ipIn(b, l.gw, "link", "set", "p1", "up")
+				netnstest.IP(b, l.gw, "link", "set", "p1", "up")
 				l.waitPath(b, "wan1", true)
 			}
 			b.Logf("%s: 24 MiB download, paths shaped to 100mbit: two paths median %.0f Mbit/s (%s), one path %.0f (%s): %.2fx",
@@ -284,15 +267,15 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 		}
 	}
 	plain := newLab(b, "")
-	ipIn(b, plain.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	netnstest.IP(b, plain.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
 	measure(plain, map[string][]string{
 		"intercept":      {"--map", "10.88.0.0/24=negative"},
 		"mptcp (native)": {"--map", "10.88.0.0/24=192.168.71.2"},
 	}, nil, []string{"nat", "nat, user mptcp", "intercept", "mptcp (native)"})
 
 	withXTR, dp := newLISPLab(b, "")
-	ipIn(b, withXTR.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
-	xtr := xtrOf(withXTR)
+	netnstest.IP(b, withXTR.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	xtr := withXTR.xtr
 	// wan sets the xTR's tunnel segmentation on s1 (on: superpackets
 	// leave whole) and the MTU of the WAN path and the data center's link
 	// (gw p1, xtr s1 and x0, dc e0; the user's link stays at 1500): 9000
@@ -310,10 +293,10 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 		return func() {
 			run(b, "ip", "netns", "exec", xtr, "ethtool", "-K", "s1", "tx-udp_tnl-segmentation", tnl)
 			m := fmt.Sprint(mtu)
-			ipIn(b, withXTR.gw, "link", "set", "p1", "mtu", m)
-			ipIn(b, xtr, "link", "set", "s1", "mtu", m)
-			ipIn(b, xtr, "link", "set", "x0", "mtu", m)
-			ipIn(b, withXTR.srv, "link", "set", "e0", "mtu", m)
+			netnstest.IP(b, withXTR.gw, "link", "set", "p1", "mtu", m)
+			netnstest.IP(b, xtr, "link", "set", "s1", "mtu", m)
+			netnstest.IP(b, xtr, "link", "set", "x0", "mtu", m)
+			netnstest.IP(b, withXTR.srv, "link", "set", "e0", "mtu", m)
 			if err := dp.SetPath(1, lispdp.Path{Ifindex: s1.Attrs().Index, LocalRLOC: netip.MustParseAddr("192.168.71.2"),
 				RemoteRLOC: netip.MustParseAddr("192.168.71.1"), MTU: mtu}); err != nil {
 				b.Fatal(err)
@@ -344,7 +327,7 @@ func BenchmarkPrivilegedGatewayOverheadVsNAT(b *testing.B) {
 func BenchmarkPrivilegedGatewayOverheadVsNATShaped(b *testing.B) {
 	const n = 128 << 20
 	l, _ := newLISPLab(b, "1gbit")
-	ipIn(b, l.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
+	netnstest.IP(b, l.gw, "route", "add", "10.88.0.0/24", "via", "192.168.71.2")
 	l.streamServers(b, srvEID+":5401", srvEID+":5402", n)
 	if err := netns.WriteSysctl(l.gw, "net/ipv4/ip_forward", "1"); err != nil {
 		b.Fatal(err)

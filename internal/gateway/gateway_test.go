@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/lisp"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 func validConfig() Config {
@@ -300,6 +302,24 @@ func (f *fakePM) Destroy(token uint32, local, remote netip.AddrPort) error {
 	return nil
 }
 
+// waitOneCreated waits until f created one subflow, from eid, and done
+// holds; it fails at once when f created more (when, a step of the test).
+func (f *fakePM) waitOneCreated(t *testing.T, when, eid string, done func() bool) {
+	t.Helper()
+	testenv.Eventually(t, when+": one subflow from "+eid, 5*time.Second, func() error {
+		f.mu.Lock()
+		created := append([]string(nil), f.created...)
+		f.mu.Unlock()
+		if len(created) > 1 {
+			t.Fatalf("%s: created %v, want one subflow from %s", when, created, eid)
+		}
+		if len(created) == 1 && created[0] == eid && done() {
+			return nil
+		}
+		return fmt.Errorf("created %v", created)
+	})
+}
+
 type fakePin struct{ repinned []int }
 
 func (f *fakePin) Pin(int, Record, netip.Addr) error { return nil }
@@ -351,19 +371,7 @@ func TestPathDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 	if len(pin.repinned) != 1 || pin.repinned[0] != 0 {
 		t.Fatalf("path 0 up: repinned %v, want [0]", pin.repinned)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		pm.mu.Lock()
-		created := append([]string(nil), pm.created...)
-		pm.mu.Unlock()
-		if len(created) == 1 && created[0] == "10.77.0.1" && e.Counters()["subflows_created"] == 1 {
-			break
-		}
-		if len(created) > 1 || time.Now().After(deadline) {
-			t.Fatalf("path 0 up: created %v, want one subflow from 10.77.0.1", created)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pm.waitOneCreated(t, "path 0 up", "10.77.0.1", func() bool { return e.Counters()["subflows_created"] == 1 })
 	if got := e.Counters(); got["path_down"] != 1 || got["path_up"] != 1 || got["subflows_closed_path_down"] != 1 || got["subflows_created"] != 1 {
 		t.Fatalf("counters %v", got)
 	}

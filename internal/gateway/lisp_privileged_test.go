@@ -7,6 +7,7 @@ import (
 
 	"github.com/onehop/onehop/internal/lispdp"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 )
 
 // newLISPLab is newLab with the data center behind a tunnel router: user --
@@ -19,30 +20,20 @@ import (
 func newLISPLab(t testing.TB, rate string) (*lab, *lispdp.Kernel) {
 	t.Helper()
 	l := newLab(t, "")
-	xtr := l.srv
 	/* the lab's srv becomes the xTR: the EIDs move to a server behind it */
-	l.srv = l.srv[:len(l.srv)-len("srv")] + "dc"
-	if err := netns.Create(l.srv); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Delete(l.srv); err != nil {
-			t.Error(err)
-		}
-	})
-	ipIn(t, xtr, "addr", "del", srvEID+"/32", "dev", "lo")
-	ipIn(t, xtr, "addr", "del", srvUnmapped+"/32", "dev", "lo")
-	ipIn(t, xtr, "route", "del", gwEID1)
-	ipIn(t, xtr, "route", "del", gwEID2)
-	run(t, "ip", "link", "add", "x0", "netns", xtr, "type", "veth", "peer", "name", "e0", "netns", l.srv)
-	ipIn(t, xtr, "link", "set", "x0", "up")
-	ipIn(t, l.srv, "link", "set", "e0", "up")
-	ipIn(t, xtr, "addr", "add", "10.88.0.1/24", "dev", "x0")
-	ipIn(t, xtr, "route", "add", srvUnmapped, "via", srvEID)
-	ipIn(t, l.srv, "addr", "add", srvEID+"/24", "dev", "e0")
-	ipIn(t, l.srv, "addr", "add", srvUnmapped+"/32", "dev", "lo")
-	ipIn(t, l.srv, "route", "add", "default", "via", "10.88.0.1")
-	ipIn(t, l.srv, "mptcp", "limits", "set", "subflows", "8", "add_addr_accepted", "0")
+	xtr := l.srv
+	l.xtr, l.srv = xtr, netnstest.New(t, "gw-dc")
+	netnstest.IP(t, xtr, "addr", "del", srvEID+"/32", "dev", "lo")
+	netnstest.IP(t, xtr, "addr", "del", srvUnmapped+"/32", "dev", "lo")
+	netnstest.IP(t, xtr, "route", "del", gwEID1)
+	netnstest.IP(t, xtr, "route", "del", gwEID2)
+	netnstest.Veth(t, "x0", xtr, "e0", l.srv)
+	netnstest.IP(t, xtr, "addr", "add", "10.88.0.1/24", "dev", "x0")
+	netnstest.IP(t, xtr, "route", "add", srvUnmapped, "via", srvEID)
+	netnstest.IP(t, l.srv, "addr", "add", srvEID+"/24", "dev", "e0")
+	netnstest.IP(t, l.srv, "addr", "add", srvUnmapped+"/32", "dev", "lo")
+	netnstest.IP(t, l.srv, "route", "add", "default", "via", "10.88.0.1")
+	netnstest.IP(t, l.srv, "mptcp", "limits", "set", "subflows", "8", "add_addr_accepted", "0")
 	for k, v := range map[string]string{
 		"net/ipv4/ip_forward": "1", "net/ipv4/conf/all/rp_filter": "0", "net/ipv4/conf/default/rp_filter": "0",
 	} {
@@ -96,10 +87,6 @@ func newLISPLab(t testing.TB, rate string) (*lab, *lispdp.Kernel) {
 	return l, dp
 }
 
-// xtrOf names the xTR's namespace of a lab from newLISPLab (the lab's
-// first srv, renamed "dc" for the server behind it).
-func xtrOf(l *lab) string { return l.srv[:len(l.srv)-len("dc")] + "srv" }
-
 func lispBytes(t testing.TB, l *lab) (rx1, rx2 uint64) {
 	t.Helper()
 	r, err := Ask(l.sock, Request{Op: "status"})
@@ -140,7 +127,7 @@ func TestPrivilegedGatewayWithLISPEncapsulatesEachSubflowOnItsPath(t *testing.T)
 		t.Fatalf("10 MiB downloaded but the gateway decapsulated %d and %d bytes on wan1 and wan2", b1-a1, b2-a2)
 	}
 
-	ipIn(t, l.gw, "link", "set", "p1", "down")
+	netnstest.IP(t, l.gw, "link", "set", "p1", "down")
 	l.conn(t, dest, func(c ConnStatus) bool { return !liveOn(c, "wan1") && liveOn(c, "wan2") })
 	a1, a2 = lispBytes(t, l)
 	got := d.got.Load()
@@ -149,7 +136,7 @@ func TestPrivilegedGatewayWithLISPEncapsulatesEachSubflowOnItsPath(t *testing.T)
 	if b1 != a1 || b2-a2 < 4<<20 {
 		t.Fatalf("wan1 down: 8 MiB more with %d bytes decapsulated on wan1 and %d on wan2; want 0 and all", b1-a1, b2-a2)
 	}
-	ipIn(t, l.gw, "link", "set", "p1", "up")
+	netnstest.IP(t, l.gw, "link", "set", "p1", "up")
 	l.conn(t, dest, func(c ConnStatus) bool { return liveOn(c, "wan1") && liveOn(c, "wan2") })
 	a1, _ = lispBytes(t, l)
 	d.wait(t, blob, l.logs)

@@ -3,6 +3,7 @@ package gateway
 import (
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -36,50 +38,22 @@ func TestPrivilegedGatewayWithTheControllersMapServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := filepath.Join(dir, "api.sock")
-	ctlLog := &syncBuf{}
-	ctl := exec.Command(l.bin, "netns-exec", l.gw, "--", l.bin, "controller",
+	ctlLog := &testenv.Buffer{}
+	ctl := netnstest.Start(t, "the controller", ctlLog, exec.Command(l.bin, "netns-exec", l.gw, "--", l.bin, "controller",
 		"--data-dir", filepath.Join(dir, "etcd"), "--client-url", "http://127.0.0.1:23790",
 		"--api-socket", api, "--lisp-listen", "127.0.0.1:4342", "--lisp-site-keys", keys,
-		"--insecure") /* loopback of a test namespace: no TLS needed */
-	ctl.Stdout, ctl.Stderr = ctlLog, ctlLog
-	if err := ctl.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		ctl.Wait() //nolint:errcheck // the test reads its log
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			if err := ctl.Process.Kill(); err != nil {
-				t.Error(err)
-			}
-			<-exited
-		}
-	})
+		"--insecure")) /* loopback of a test namespace: no TLS needed */
 	onehop := func(args ...string) (string, error) {
 		out, err := exec.Command(l.bin, append([]string{"--api", api}, args...)...).CombinedOutput()
 		return string(out), err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	ctl.Ready(t, 60*time.Second, func() error {
 		out, err := onehop("lisp", "map", "add", "10.88.0.0/24", "--rloc", "192.168.71.2,1,50", "--rloc", "192.168.72.2,1,50")
-		if err == nil {
-			break
+		if err != nil {
+			return fmt.Errorf("lisp map add: %v: %s", err, out)
 		}
-		select {
-		case <-exited:
-			t.Fatalf("the controller exited:\n%s", ctlLog)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lisp map add: %v: %s\ncontroller:\n%s", err, out, ctlLog)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 
 	blob := make([]byte, 32<<20)
 	if _, err := rand.Read(blob); err != nil {
@@ -99,10 +73,8 @@ func TestPrivilegedGatewayWithTheControllersMapServer(t *testing.T) {
 		} `json:"locators"`
 	}
 	want := map[string]string{gwEID1 + "/32": "192.168.71.1", gwEID2 + "/32": "192.168.72.1"}
-	var last string
-	for deadline = time.Now().Add(20 * time.Second); ; {
+	testenv.Eventually(t, "the map-server to hold the gateway's registrations", 20*time.Second, func() error {
 		out, err := onehop("lisp", "map", "list", "-o", "json")
-		last = out
 		if err == nil {
 			var ms []mapping
 			if jerr := json.Unmarshal([]byte(out), &ms); jerr != nil {
@@ -118,14 +90,11 @@ func TestPrivilegedGatewayWithTheControllersMapServer(t *testing.T) {
 				}
 			}
 			if found == len(want) {
-				break
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the map-server never held the gateway's registrations %v; last list:\n%s\ngateway:\n%s\ncontroller:\n%s", want, last, l.logs, ctlLog)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return testenv.WithLogs(fmt.Errorf("want %v; last list (%v):\n%s\nthe gateway's log, then the controller's:", want, err, out), l.logs, ctlLog)
+	})
 
 	d := l.download(t, srvEID+":5201")
 	d.waitBytes(t, 1, l.logs)

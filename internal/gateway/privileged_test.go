@@ -1,11 +1,9 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -13,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -21,26 +18,9 @@ import (
 
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
-
-// syncBuf is a daemon's log, written by its process and read by the test.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
@@ -51,17 +31,13 @@ func run(t testing.TB, name string, args ...string) string {
 	return string(out)
 }
 
-func ipIn(t testing.TB, ns string, args ...string) {
-	t.Helper()
-	run(t, "ip", append([]string{"-n", ns}, args...)...)
-}
-
 // lab is the test topology: user -- gw -- two shaped veth paths -- srv.
 type lab struct {
 	user, gw, srv string
+	xtr           string // between the paths and srv (newLISPLab), or ""
 	sock          string
-	logs          *syncBuf
-	daemon        *exec.Cmd
+	logs          *testenv.Buffer
+	daemon        *netnstest.Daemon
 	bin           string
 }
 
@@ -72,68 +48,44 @@ const (
 	gwEID2      = "10.77.0.2"
 )
 
-// newLab builds the namespaces (named gw-<random>-*) and shapes both paths
+// newLab builds the namespaces (named gw-*-<random>) and shapes both paths
 // with tbf at rate; everything goes with the namespaces in Cleanup.
 func newLab(t testing.TB, rate string) *lab {
 	t.Helper()
 	return newLabPrefix(t, "gw", rate)
 }
 
-// newLabPrefix is newLab with the namespaces named prefix-<random>-*.
+// newLabPrefix is newLab with the namespaces named prefix-*-<random>.
 func newLabPrefix(t testing.TB, prefix, rate string) *lab {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, nftables, MPTCP path manager")
 	testenv.RequireTool(t, "ip", "tc", "nft", "ss", "go")
-	sfx := make([]byte, 3)
-	if _, err := rand.Read(sfx); err != nil {
-		t.Fatal(err)
-	}
-	id := hex.EncodeToString(sfx)
-	l := &lab{user: prefix + "-" + id + "-user", gw: prefix + "-" + id + "-gw", srv: prefix + "-" + id + "-srv"}
-	for _, n := range []string{l.user, l.gw, l.srv} {
-		if err := netns.Create(n); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := netns.Delete(n); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	veth := func(a, nsA, b, nsB string) {
-		run(t, "ip", "link", "add", a, "netns", nsA, "type", "veth", "peer", "name", b, "netns", nsB)
-		ipIn(t, nsA, "link", "set", a, "up")
-		ipIn(t, nsB, "link", "set", b, "up")
-	}
-	veth("u0", l.user, "g0", l.gw)
-	veth("p1", l.gw, "s1", l.srv)
-	veth("p2", l.gw, "s2", l.srv)
-	ipIn(t, l.user, "addr", "add", "10.66.0.2/24", "dev", "u0")
-	ipIn(t, l.user, "route", "add", "default", "via", "10.66.0.1")
-	ipIn(t, l.gw, "addr", "add", "10.66.0.1/24", "dev", "g0")
-	ipIn(t, l.gw, "addr", "add", "192.168.71.1/30", "dev", "p1")
-	ipIn(t, l.gw, "addr", "add", "192.168.72.1/30", "dev", "p2")
+	l := &lab{user: netnstest.New(t, prefix+"-user"), gw: netnstest.New(t, prefix+"-gw"), srv: netnstest.New(t, prefix+"-srv")}
+	netnstest.Veth(t, "u0", l.user, "g0", l.gw)
+	netnstest.Veth(t, "p1", l.gw, "s1", l.srv)
+	netnstest.Veth(t, "p2", l.gw, "s2", l.srv)
+	netnstest.IP(t, l.user, "addr", "add", "10.66.0.2/24", "dev", "u0")
+	netnstest.IP(t, l.user, "route", "add", "default", "via", "10.66.0.1")
+	netnstest.IP(t, l.gw, "addr", "add", "10.66.0.1/24", "dev", "g0")
+	netnstest.IP(t, l.gw, "addr", "add", "192.168.71.1/30", "dev", "p1")
+	netnstest.IP(t, l.gw, "addr", "add", "192.168.72.1/30", "dev", "p2")
 	/* the unmapped prefix is reached by the gateway's ordinary routes */
-	ipIn(t, l.gw, "route", "add", "10.99.0.0/24", "via", "192.168.72.2")
-	ipIn(t, l.srv, "addr", "add", "192.168.71.2/30", "dev", "s1")
-	ipIn(t, l.srv, "addr", "add", "192.168.72.2/30", "dev", "s2")
-	ipIn(t, l.srv, "addr", "add", srvEID+"/32", "dev", "lo")
-	ipIn(t, l.srv, "addr", "add", srvUnmapped+"/32", "dev", "lo")
-	ipIn(t, l.srv, "route", "add", gwEID1, "via", "192.168.71.1")
-	ipIn(t, l.srv, "route", "add", gwEID2, "via", "192.168.72.1")
+	netnstest.IP(t, l.gw, "route", "add", "10.99.0.0/24", "via", "192.168.72.2")
+	netnstest.IP(t, l.srv, "addr", "add", "192.168.71.2/30", "dev", "s1")
+	netnstest.IP(t, l.srv, "addr", "add", "192.168.72.2/30", "dev", "s2")
+	netnstest.IP(t, l.srv, "addr", "add", srvEID+"/32", "dev", "lo")
+	netnstest.IP(t, l.srv, "addr", "add", srvUnmapped+"/32", "dev", "lo")
+	netnstest.IP(t, l.srv, "route", "add", gwEID1, "via", "192.168.71.1")
+	netnstest.IP(t, l.srv, "route", "add", gwEID2, "via", "192.168.72.1")
 	/* the server accepts joins (up to 8 subflows) and announces nothing */
-	ipIn(t, l.srv, "mptcp", "limits", "set", "subflows", "8", "add_addr_accepted", "0")
+	netnstest.IP(t, l.srv, "mptcp", "limits", "set", "subflows", "8", "add_addr_accepted", "0")
 	if rate != "" {
 		for _, x := range [][2]string{{l.gw, "p1"}, {l.gw, "p2"}, {l.srv, "s1"}, {l.srv, "s2"}} {
 			run(t, "tc", "-n", x[0], "qdisc", "add", "dev", x[1], "root", "tbf", "rate", rate, "burst", "64kb", "latency", "20ms")
 		}
 	}
-	dir := t.TempDir()
-	l.bin = filepath.Join(dir, "onehop")
-	if out, err := exec.Command("go", "build", "-o", l.bin, "../../cmd/onehop").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
-	}
-	l.sock = filepath.Join(dir, "gw.sock")
+	l.bin = netnstest.Onehop(t)
+	l.sock = filepath.Join(t.TempDir(), "gw.sock")
 	return l
 }
 
@@ -151,49 +103,30 @@ func (l *lab) start(t testing.TB, extra ...string) {
 // startOnly runs the gateway with the paths and mappings in args.
 func (l *lab) startOnly(t testing.TB, args ...string) {
 	t.Helper()
-	l.logs = &syncBuf{}
 	base := []string{"netns-exec", l.gw, "--", l.bin, "gateway", "run", "--control", l.sock,
 		"--intercept", "g0", "--eid-prefix", "10.77.0.0/24"}
-	l.daemon = exec.Command(l.bin, append(base, args...)...)
-	l.daemon.Stdout, l.daemon.Stderr = l.logs, l.logs
-	if err := l.daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	daemon := l.daemon
-	t.Cleanup(func() {
-		if daemon.ProcessState == nil {
-			if err := daemon.Process.Kill(); err != nil {
-				t.Error(err)
-			}
-			daemon.Wait() //nolint:errcheck // killed: its exit status says so
-		}
+	l.launch(t, exec.Command(l.bin, append(base, args...)...))
+}
+
+// launch starts cmd, a gateway daemon in gw, and waits until it answers.
+func (l *lab) launch(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	l.logs = &testenv.Buffer{}
+	l.daemon = netnstest.Start(t, "the gateway", l.logs, cmd)
+	l.daemon.Ready(t, 30*time.Second, func() error {
+		_, err := Ask(l.sock, Request{Op: "status"})
+		return err
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := Ask(l.sock, Request{Op: "status"}); err == nil {
-			return
-		} else if time.Now().After(deadline) || l.daemon.ProcessState != nil {
-			t.Fatalf("gateway never answered: %v\n%s", err, l.logs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // stop sends SIGTERM and waits for the daemon to take its setup down.
 func (l *lab) stop(t testing.TB) {
 	t.Helper()
-	if err := l.daemon.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := l.daemon.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- l.daemon.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("gateway exited with %v\n%s", err, l.logs)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("gateway did not exit on SIGTERM\n%s", l.logs)
+	if err := l.daemon.Wait(t, 20*time.Second); err != nil {
+		t.Fatalf("gateway exited with %v\n%s", err, l.logs)
 	}
 }
 
@@ -210,18 +143,9 @@ func (l *lab) serve(t testing.TB, addr string, mptcp bool, blob []byte) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.Write(blob) //nolint:errcheck // the test reads what arrived and hashes it
-			}()
-		}
-	}()
+	go netnstest.Serve(ln, func(c net.Conn) {
+		c.Write(blob) //nolint:errcheck // the test reads what arrived and hashes it
+	})
 }
 
 // download is one plain-TCP transfer from user; got counts bytes as they come.
@@ -272,7 +196,7 @@ func (l *lab) download(t testing.TB, addr string) *download {
 	return d
 }
 
-func (d *download) wait(t testing.TB, want []byte, logs *syncBuf) time.Duration {
+func (d *download) wait(t testing.TB, want []byte, logs *testenv.Buffer) time.Duration {
 	t.Helper()
 	start := time.Now()
 	select {
@@ -290,20 +214,19 @@ func (d *download) wait(t testing.TB, want []byte, logs *syncBuf) time.Duration 
 }
 
 // waitBytes waits until d has at least n bytes.
-func (d *download) waitBytes(t testing.TB, n int64, logs *syncBuf) {
+func (d *download) waitBytes(t testing.TB, n int64, logs *testenv.Buffer) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for d.got.Load() < n {
-		select {
-		case <-d.done:
-			t.Fatalf("download ended at %d bytes, before %d (err %v)", d.n, n, d.err)
-		default:
+	testenv.Eventually(t, fmt.Sprintf("%d bytes of the download", n), 60*time.Second, func() error {
+		if got := d.got.Load(); got < n {
+			select {
+			case <-d.done:
+				t.Fatalf("download ended at %d bytes, before %d (err %v)", d.n, n, d.err)
+			default:
+			}
+			return testenv.WithLogs(fmt.Errorf("stuck at %d bytes", got), logs)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("download stuck at %d bytes, waiting for %d\n%s", d.got.Load(), n, logs)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // rx returns the bytes received on gw's path links p1 and p2.
@@ -353,38 +276,38 @@ func (l *lab) srvSubflows(t testing.TB, port string) map[string]int {
 // satisfy cond.
 func (l *lab) conn(t testing.TB, dest string, cond func(ConnStatus) bool) ConnStatus {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var last Reply
-	var err error
-	for time.Now().Before(deadline) {
-		if last, err = Ask(l.sock, Request{Op: "status"}); err == nil {
+	var found ConnStatus
+	testenv.Eventually(t, "a connection to "+dest+" in the state wanted", 30*time.Second, func() error {
+		last, err := Ask(l.sock, Request{Op: "status"})
+		if err == nil {
 			for i := len(last.Conns) - 1; i >= 0; i-- {
 				if c := last.Conns[i]; c.Dest == dest && cond(c) {
-					return c
+					found = c
+					return nil
 				}
 			}
+			err = fmt.Errorf("last status %+v", last)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("no connection to %s in the state wanted; last status %+v, %v\n%s", dest, last, err, l.logs)
-	return ConnStatus{}
+		return testenv.WithLogs(err, l.logs)
+	})
+	return found
 }
 
 // waitPath waits until status shows the path up or down.
 func (l *lab) waitPath(t testing.TB, name string, up bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if r, err := Ask(l.sock, Request{Op: "status"}); err == nil {
+	testenv.Eventually(t, fmt.Sprintf("path %s up=%v", name, up), 10*time.Second, func() error {
+		r, err := Ask(l.sock, Request{Op: "status"})
+		if err == nil {
 			for _, p := range r.Paths {
 				if p.Name == name && p.Up == up {
-					return
+					return nil
 				}
 			}
+			err = fmt.Errorf("paths %+v", r.Paths)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("path %s never went up=%v\n%s", name, up, l.logs)
+		return testenv.WithLogs(err, l.logs)
+	})
 }
 
 func liveOn(c ConnStatus, path string) bool {
@@ -465,7 +388,7 @@ func TestPrivilegedGatewayTwoPathsSurviveAPathCut(t *testing.T) {
 	}
 
 	/* cut wan1 on the gateway's side */
-	ipIn(t, l.gw, "link", "set", "p1", "down")
+	netnstest.IP(t, l.gw, "link", "set", "p1", "down")
 	c = l.conn(t, dest, func(c ConnStatus) bool { return !liveOn(c, "wan1") && liveOn(c, "wan2") })
 	a1, a2 = l.rx(t)
 	got := d.got.Load()
@@ -476,7 +399,7 @@ func TestPrivilegedGatewayTwoPathsSurviveAPathCut(t *testing.T) {
 	}
 
 	/* wan1 back: the same connection gets its subflow again */
-	ipIn(t, l.gw, "link", "set", "p1", "up")
+	netnstest.IP(t, l.gw, "link", "set", "p1", "up")
 	c = l.conn(t, dest, func(c ConnStatus) bool { return liveOn(c, "wan1") && liveOn(c, "wan2") })
 	a1, _ = l.rx(t)
 	d.wait(t, blob, l.logs)
@@ -505,13 +428,13 @@ func TestPrivilegedGatewayTwoPathsSurviveAPathCut(t *testing.T) {
 	}
 
 	/* one path for comparison: the same transfer with wan1 down */
-	ipIn(t, l.gw, "link", "set", "p1", "down")
+	netnstest.IP(t, l.gw, "link", "set", "p1", "down")
 	l.waitPath(t, "wan1", false)
 	start = time.Now()
 	d3 := l.download(t, srvEID+":5203")
 	d3.wait(t, small, l.logs)
 	one := time.Since(start)
-	ipIn(t, l.gw, "link", "set", "p1", "up")
+	netnstest.IP(t, l.gw, "link", "set", "p1", "up")
 	t.Logf("24 MiB: two paths %v (%.0f Mbit/s), one path %v (%.0f Mbit/s): %.2fx",
 		both, float64(len(small))*8/both.Seconds()/1e6, one, float64(len(small))*8/one.Seconds()/1e6, one.Seconds()/both.Seconds())
 

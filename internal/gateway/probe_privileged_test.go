@@ -3,6 +3,7 @@ package gateway
 import (
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/netns"
 	"github.com/onehop/onehop/internal/ratelog"
+	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/xtr"
 )
 
@@ -42,31 +44,9 @@ func (l *lab) startSelf(t testing.TB, cfg Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.logs = &syncBuf{}
-	l.daemon = exec.Command(l.bin, "netns-exec", l.gw, "--", self, "-test.run=^$")
-	l.daemon.Env = append(os.Environ(), daemonEnv+"="+string(js))
-	l.daemon.Stdout, l.daemon.Stderr = l.logs, l.logs
-	if err := l.daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	daemon := l.daemon
-	t.Cleanup(func() {
-		if daemon.ProcessState == nil {
-			if err := daemon.Process.Kill(); err != nil {
-				t.Error(err)
-			}
-			daemon.Wait() //nolint:errcheck // killed: its exit status says so
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := Ask(l.sock, Request{Op: "status"}); err == nil {
-			return
-		} else if time.Now().After(deadline) || l.daemon.ProcessState != nil {
-			t.Fatalf("gateway never answered: %v\n%s", err, l.logs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	cmd := exec.Command(l.bin, "netns-exec", l.gw, "--", self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), daemonEnv+"="+string(js))
+	l.launch(t, cmd)
 }
 
 // answerProbes makes srv answer RLOC probes on both its locators with the
@@ -151,15 +131,13 @@ func (l *lab) pathStatus(t testing.TB, name string) (PathStatus, Reply) {
 func (l *lab) waitPathFor(t testing.TB, name string, within time.Duration, what string, cond func(PathStatus) bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	var last PathStatus
-	for time.Since(start) < within {
-		if last, _ = l.pathStatus(t, name); cond(last) {
-			return time.Since(start)
+	testenv.Eventually(t, "path "+name+" "+what, within, func() error {
+		if p, _ := l.pathStatus(t, name); !cond(p) {
+			return testenv.WithLogs(fmt.Errorf("%+v", p), l.logs)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("path %s not %s within %v: %+v\n%s", name, what, within, last, l.logs)
-	return 0
+		return nil
+	})
+	return time.Since(start)
 }
 
 func nftIn(t testing.TB, ns, script string) {
@@ -251,17 +229,12 @@ func TestPrivilegedGatewayRLOCProbeNoticesAFarSideFailure(t *testing.T) {
 	if _, err := other.WriteToUDPAddrPort(forgedReply(t, 1), gwSock); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, r := l.pathStatus(t, "wan1")
-		if r.Counters["probe_bad_nonce"] >= forged && r.Counters["probe_bad_source"] == 1 {
-			break
+	testenv.Eventually(t, "the forged answers counted", 5*time.Second, func() error {
+		if _, r := l.pathStatus(t, "wan1"); r.Counters["probe_bad_nonce"] < forged || r.Counters["probe_bad_source"] != 1 {
+			return fmt.Errorf("counters %v", r.Counters)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("forged answers not counted: %v", r.Counters)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	/* a new connection while wan1 is down is planned without its dead
 	   locator: it connects over wan2 at once, not after the initial
 	   attempt on wan1 that a path dead beyond the link costs without

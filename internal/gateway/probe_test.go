@@ -212,19 +212,7 @@ func TestRLOCDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 	live[0].State = 7
 	mu.Unlock()
 	e.SetRLOCUp(0, rlocA, true)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		pm.mu.Lock()
-		created := append([]string(nil), pm.created...)
-		pm.mu.Unlock()
-		if len(created) == 1 && created[0] == "10.77.0.1" {
-			break
-		}
-		if len(created) > 1 || time.Now().After(deadline) {
-			t.Fatalf("rloc up: created %v, want one subflow from 10.77.0.1", created)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pm.waitOneCreated(t, "rloc up", "10.77.0.1", func() bool { return true })
 	got := e.Counters()
 	if got["rloc_down"] != 2 || got["rloc_up"] != 1 || got["subflows_closed_rloc_down"] != 2 || got["probe_sent"] != 12 {
 		t.Fatalf("counters %v", got)

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // fakeServer is a UDP map-server on loopback whose answer to each datagram
@@ -263,7 +265,7 @@ func TestResolverSendsOneRequestForConcurrentLookupsOfOneEID(t *testing.T) {
 			errs <- err
 		}()
 	}
-	waitUntil(t, func() bool {
+	testenv.Eventually(t, "every caller waiting on one Map-Request", 5*time.Second, func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return len(r.inflight) == 1 && s.requests.Load() == 1
@@ -278,16 +280,5 @@ func TestResolverSendsOneRequestForConcurrentLookupsOfOneEID(t *testing.T) {
 	}
 	if n := s.requests.Load(); n != 1 {
 		t.Fatalf("%d Map-Requests for %d concurrent lookups of one EID, want 1", n, callers)
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

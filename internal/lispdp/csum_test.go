@@ -29,17 +29,6 @@ func snmp(t testing.TB, ns, proto, field string) uint64 {
 	return v
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // receiver is a namespace whose veth "dst" (checksum offload off, so the
 // stack verifies every checksum itself) receives frames written to "inj".
 type receiver struct {
@@ -140,7 +129,7 @@ func TestPrivilegedEncapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 		bad := bytes.Clone(out)
 		bad[14+10] ^= 0x5a
 		r.inject(t, bad)
-		waitFor(t, "the spoiled copy counted as a header error", func() bool { return snmp(t, r.ns, "Ip", "InHdrErrors") > hdrErrs })
+		testenv.Eventually(t, "the spoiled copy counted as a header error", 3*time.Second, func() bool { return snmp(t, r.ns, "Ip", "InHdrErrors") > hdrErrs })
 	}
 }
 
@@ -194,7 +183,7 @@ func TestPrivilegedDecapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 					t.Errorf("delivered %q, want %q", got, tc.in.body)
 				}
 			} else {
-				waitFor(t, "a reset for the decapsulated segment", func() bool { return snmp(t, r.ns, "Tcp", "OutRsts") > rsts })
+				testenv.Eventually(t, "a reset for the decapsulated segment", 3*time.Second, func() bool { return snmp(t, r.ns, "Tcp", "OutRsts") > rsts })
 			}
 			if snmp(t, r.ns, proto, "InCsumErrors") != csumErrs || snmp(t, r.ns, "Ip", "InHdrErrors") != hdrErrs {
 				t.Error("checksum or header errors counted")

@@ -1,6 +1,8 @@
 // Package testenv says what a test needs from the machine. Outside CI a
 // missing privilege, tool or kernel feature skips the test with the reason;
 // under CI=true it fails it, so a CI run can never go green by skipping.
+// It also holds what every test that waits on something asynchronous uses:
+// Eventually, and a Buffer for the logs it shows when the wait fails.
 package testenv
 
 import (

@@ -151,7 +151,7 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 					t.Errorf("translated datagram not delivered: %v", err)
 				}
 			} else {
-				waitFor(t, "a reset for the translated segment", func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
+				testenv.Eventually(t, "a reset for the translated segment", 3*time.Second, func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
 			}
 			if got := snmp(t, rx.name, protoName(f.proto), "InCsumErrors"); got != csumErrs {
 				t.Errorf("InCsumErrors moved %d -> %d", csumErrs, got)
@@ -165,7 +165,7 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 			}
 			bad[off] ^= 0x5a
 			inject(bad)
-			waitFor(t, "the spoiled copy counted as a checksum error", func() bool {
+			testenv.Eventually(t, "the spoiled copy counted as a checksum error", 3*time.Second, func() bool {
 				return snmp(t, rx.name, protoName(f.proto), "InCsumErrors") > csumErrs
 			})
 		})
@@ -177,16 +177,4 @@ func protoName(p Proto) string {
 		return "Tcp"
 	}
 	return "Udp"
-}
-
-// waitFor polls cond until it holds or 3 s pass.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -266,14 +266,14 @@ func kernelAcceptsTCP(t *testing.T, frames [][]byte, dst string) {
 		csumErrs := snmp(t, rx.name, "Tcp", "InCsumErrors")
 		rsts := snmp(t, rx.name, "Tcp", "OutRsts")
 		inject(f)
-		waitFor(t, "a reset for the answer", func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
+		testenv.Eventually(t, "a reset for the answer", 3*time.Second, func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
 		if got := snmp(t, rx.name, "Tcp", "InCsumErrors"); got != csumErrs {
 			t.Errorf("answer %d: InCsumErrors moved %d -> %d", i, csumErrs, got)
 		}
 		bad := bytes.Clone(f)
 		bad[14+20+16] ^= 0x5a
 		inject(bad)
-		waitFor(t, "the spoiled copy counted as a checksum error", func() bool {
+		testenv.Eventually(t, "the spoiled copy counted as a checksum error", 3*time.Second, func() bool {
 			return snmp(t, rx.name, "Tcp", "InCsumErrors") > csumErrs
 		})
 		// The IP header checksum too: a spoiled one is dropped before TCP.
@@ -281,7 +281,7 @@ func kernelAcceptsTCP(t *testing.T, frames [][]byte, dst string) {
 		ipBad[14+10] ^= 0x5a
 		hdrErrs := snmp(t, rx.name, "Ip", "InHdrErrors")
 		inject(ipBad)
-		waitFor(t, "the spoiled IP header counted", func() bool { return snmp(t, rx.name, "Ip", "InHdrErrors") > hdrErrs })
+		testenv.Eventually(t, "the spoiled IP header counted", 3*time.Second, func() bool { return snmp(t, rx.name, "Ip", "InHdrErrors") > hdrErrs })
 	}
 }
 

@@ -7,10 +7,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // testCgroup mounts cgroup2 privately, makes a child cgroup and moves the
@@ -119,7 +121,7 @@ func TestPrivilegedSockopsRecordsEstablishedTCPAndForgetsClosed(t *testing.T) {
 	client, server := dialPair(t, n, 6001)
 	ct, st := tupleOf(TCP, client), tupleOf(TCP, server)
 	var cs []Conn
-	waitFor(t, "both ends recorded", func() bool {
+	testenv.Eventually(t, "both ends recorded", 3*time.Second, func() bool {
 		var err error
 		if cs, err = d.Connections(); err != nil {
 			t.Fatal(err)
@@ -136,7 +138,7 @@ func TestPrivilegedSockopsRecordsEstablishedTCPAndForgetsClosed(t *testing.T) {
 	}
 	client.Close()
 	server.Close()
-	waitFor(t, "both ends forgotten after close", func() bool {
+	testenv.Eventually(t, "both ends forgotten after close", 3*time.Second, func() bool {
 		cs, err := d.Connections()
 		if err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@ package vnatd
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,18 +56,7 @@ func testCgroup(t *testing.T) (dir string, pid int) {
 		}
 		cmd.Wait() //nolint:errcheck // killed
 		// rmdir fails while the cgroup still holds the dying process.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := os.Remove(dir)
-			if err == nil {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("remove cgroup %s: %v", dir, err)
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Eventually(t, "the cgroup removed", 5*time.Second, func() error { return os.Remove(dir) })
 	})
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
@@ -92,13 +82,7 @@ func frozen(t *testing.T, dir string) bool {
 
 func waitFrozen(t *testing.T, dir string, want bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for frozen(t, dir) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("cgroup %s: frozen stayed %v, want %v", dir, !want, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, fmt.Sprintf("cgroup %s frozen %v", dir, want), 5*time.Second, func() bool { return frozen(t, dir) == want })
 }
 
 // The freezer helper freezes a real cgroup (with a process in it) for the

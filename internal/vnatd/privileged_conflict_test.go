@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 )
 
 // A virtual-identification conflict (paper §3.4.2) resolved by preempting,
@@ -26,33 +23,13 @@ import (
 // the daemon closed preempted sockets, that read only hit its deadline.
 func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t *testing.T) {
 	p := newPair(t, nil, []string{"--conflict", "preempt"})
-	nsA, nsB, sockA, sockB, logA, logB := p.nsA, p.nsB, p.a.sock, p.b.sock, p.a.logs, p.b.logs
-	nsC := "vnatd-c-" + strings.TrimPrefix(nsA, "vnatd-a-")
-	if err := netns.Create(nsC); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Delete(nsC); err != nil {
-			t.Error(err)
-		}
-	})
-	if out, err := exec.Command("ip", "link", "add", "c0", "netns", nsC, "type", "veth", "peer", "name", "b1", "netns", nsB).CombinedOutput(); err != nil {
-		t.Fatalf("veth c0-b1: %v: %s", err, out)
-	}
-	ipIn(t, nsC, "addr", "add", "10.8.5.2/24", "dev", "c0")
-	ipIn(t, nsB, "addr", "add", "10.8.5.1/24", "dev", "b1")
-	ipIn(t, nsC, "link", "set", "c0", "up")
-	ipIn(t, nsB, "link", "set", "b1", "up")
-	ipIn(t, nsC, "route", "add", "10.8.0.0/24", "via", "10.8.5.1")
+	nsC := netnstest.New(t, "vnatd-c")
+	netnstest.Veth(t, "c0", nsC, "b1", p.nsB)
+	netnstest.IP(t, nsC, "addr", "add", "10.8.5.2/24", "dev", "c0")
+	netnstest.IP(t, p.nsB, "addr", "add", "10.8.5.1/24", "dev", "b1")
+	netnstest.IP(t, nsC, "route", "add", "10.8.0.0/24", "via", "10.8.5.1")
 
-	var ln net.Listener
-	if err := netns.Do(nsB, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listenIn(t, p.nsB, "10.8.0.2:5001")
 	accept := func() net.Conn {
 		t.Helper()
 		if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
@@ -67,39 +44,18 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	}
 
 	// X: a to b, echoed by b.
-	var x net.Conn
-	if err := netns.Do(nsA, func() (err error) {
-		x, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	x := dialIn(t, p.nsA, nil, "10.8.0.2:5001", 2*time.Second)
 	xb := accept()
 	go echoConn(xb)
 	rx := bufio.NewReader(x)
 	if err := echoOnce(x, rx, "x before"); err != nil {
 		t.Fatal(err)
 	}
-	aV := x.LocalAddr().String()
-	port, err := strconv.Atoi(aV[strings.LastIndexByte(aV, ':')+1:])
-	if err != nil {
-		t.Fatal(err)
-	}
-	virtA, virtB := aV+"->10.8.0.2:5001", "10.8.0.2:5001->"+aV
-	waitStatus(t, sockA, virtA, 10*time.Second, func(c ConnStatus) bool { return c.Keyed }, logA, logB)
-	waitStatus(t, sockB, virtB, 10*time.Second, func(c ConnStatus) bool { return c.Keyed }, logA, logB)
+	port := x.LocalAddr().(*net.TCPAddr).Port
+	virtA, virtB := p.waitKeyed(t, x)
 
 	// Y: c, from 10.8.5.2 on X's port, to b; b's application holds it.
-	var y net.Conn
-	if err := netns.Do(nsC, func() (err error) {
-		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(10, 8, 5, 2), Port: port}}
-		y, err = d.Dial("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer y.Close()
+	y := dialIn(t, nsC, &net.TCPAddr{IP: net.IPv4(10, 8, 5, 2), Port: port}, "10.8.0.2:5001", 2*time.Second)
 	yb := accept()
 	virtY := fmt.Sprintf("10.8.0.2:5001->10.8.5.2:%d", port)
 	if yb.RemoteAddr().String() != fmt.Sprintf("10.8.5.2:%d", port) {
@@ -111,7 +67,7 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	if line, err := bufio.NewReader(yb).ReadString('\n'); err != nil || line != "y\n" {
 		t.Fatalf("Y at b read %q, %v", line, err)
 	}
-	waitStatus(t, sockB, virtY, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" }, logA, logB)
+	waitStatus(t, p.b.sock, virtY, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" }, p.a.logs, p.b.logs)
 	// b's application waits on Y.
 	type result struct {
 		err error
@@ -127,27 +83,27 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	}()
 
 	// c leaves; a moves to c's address.
-	ipIn(t, nsC, "link", "del", "c0")
-	ipIn(t, nsB, "route", "add", "10.8.5.0/24", "dev", "b0")
-	ipIn(t, nsA, "addr", "del", "10.8.0.1/24", "dev", "a0")
-	ipIn(t, nsA, "addr", "add", "10.8.5.2/24", "dev", "a0")
-	ipIn(t, nsA, "route", "add", "10.8.0.0/24", "dev", "a0")
+	netnstest.IP(t, nsC, "link", "del", "c0")
+	netnstest.IP(t, p.nsB, "route", "add", "10.8.5.0/24", "dev", "b0")
+	netnstest.IP(t, p.nsA, "addr", "del", "10.8.0.1/24", "dev", "a0")
+	netnstest.IP(t, p.nsA, "addr", "add", "10.8.5.2/24", "dev", "a0")
+	netnstest.IP(t, p.nsA, "route", "add", "10.8.0.0/24", "dev", "a0")
 	moved := time.Now()
 	physB := fmt.Sprintf("10.8.0.2:5001->10.8.5.2:%d", port)
-	waitStatus(t, sockB, virtB, 15*time.Second, func(c ConnStatus) bool { return c.State == "migrated" && c.Physical == physB }, logA, logB)
-	waitStatus(t, sockA, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" }, logA, logB)
+	waitStatus(t, p.b.sock, virtB, 15*time.Second, func(c ConnStatus) bool { return c.State == "migrated" && c.Physical == physB }, p.a.logs, p.b.logs)
+	waitStatus(t, p.a.sock, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" }, p.a.logs, p.b.logs)
 
 	// Y's socket at b was closed for real.
 	select {
 	case r := <-yRead:
 		if !errors.Is(r.err, syscall.ECONNABORTED) {
-			t.Fatalf("b's read on the preempted Y ended with %v after %v, want ECONNABORTED\n%s", r.err, r.at.Sub(moved), logB)
+			t.Fatalf("b's read on the preempted Y ended with %v after %v, want ECONNABORTED\n%s", r.err, r.at.Sub(moved), p.b.logs)
 		}
 		t.Logf("b's read on the preempted Y ended with %v %v after the move", r.err, r.at.Sub(moved).Round(time.Millisecond))
 	case <-time.After(10 * time.Second):
-		t.Fatalf("b's read on the preempted Y still blocked %v after the move: its socket lingers\n%s", time.Since(moved), logB)
+		t.Fatalf("b's read on the preempted Y still blocked %v after the move: its socket lingers\n%s", time.Since(moved), p.b.logs)
 	}
-	st, err := Ask(sockB, Request{Op: "status"})
+	st, err := Ask(p.b.sock, Request{Op: "status"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +113,7 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	// The winner carries on.
 	for i := range 10 {
 		if err := echoOnce(x, rx, fmt.Sprintf("x after %d", i)); err != nil {
-			t.Fatalf("X after the move: %v\n%s\n---\n%s", err, logA, logB)
+			t.Fatalf("X after the move: %v\n%s\n---\n%s", err, p.a.logs, p.b.logs)
 		}
 	}
 }

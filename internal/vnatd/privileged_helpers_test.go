@@ -11,7 +11,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 )
 
 // The real daemons, a TCP connection from a to b, b's socket with
@@ -38,23 +38,8 @@ func daemonHelpers(t *testing.T, helper bool) {
 		argsB = append(argsB, "--keepalive-helper=false")
 	}
 	p := newPair(t, nil, argsB)
-	nsA, nsB, sockA, sockB, logA, logB := p.nsA, p.nsB, p.a.sock, p.b.sock, p.a.logs, p.b.logs
-	var ln net.Listener
-	if err := netns.Do(nsB, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var ca net.Conn
-	if err := netns.Do(nsA, func() (err error) {
-		ca, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
+	ln := listenIn(t, p.nsB, "10.8.0.2:5001")
+	ca := dialIn(t, p.nsA, nil, "10.8.0.2:5001", 2*time.Second)
 	cb, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
@@ -85,21 +70,21 @@ func daemonHelpers(t *testing.T, helper bool) {
 	}
 	virtB := cb.LocalAddr().String() + "->" + cb.RemoteAddr().String()
 	virtA := ca.LocalAddr().String() + "->" + ca.RemoteAddr().String()
-	waitStatus(t, sockB, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" }, logA, logB)
+	waitStatus(t, p.b.sock, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" }, p.a.logs, p.b.logs)
 	if frozen(t, cg) {
 		t.Fatal("the application is frozen before any suspend")
 	}
 
-	r, err := Ask(sockA, Request{Op: "suspend", All: true})
+	r, err := Ask(p.a.sock, Request{Op: "suspend", All: true})
 	if err != nil || r.Count != 1 {
-		t.Fatalf("suspend: %+v, %v\n%s\n---\n%s", r, err, logA, logB)
+		t.Fatalf("suspend: %+v, %v\n%s\n---\n%s", r, err, p.a.logs, p.b.logs)
 	}
-	waitStatus(t, sockB, virtB, 5*time.Second, func(c ConnStatus) bool {
+	waitStatus(t, p.b.sock, virtB, 5*time.Second, func(c ConnStatus) bool {
 		return c.State == "suspended" && c.Role == "secondary" && c.Helper
-	}, logA, logB)
+	}, p.a.logs, p.b.logs)
 	waitFrozen(t, cg, true)
 
-	ipIn(t, nsA, "route", "add", "blackhole", "10.8.0.2/32")
+	netnstest.IP(t, p.nsA, "route", "add", "blackhole", "10.8.0.2/32")
 	away := time.Now()
 	if err := cb.SetReadDeadline(away.Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
@@ -112,22 +97,22 @@ func daemonHelpers(t *testing.T, helper bool) {
 		return
 	}
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("helpers on: b's read ended with %v after %v; want the 10 s deadline\n%s", err, time.Since(away), logB)
+		t.Fatalf("helpers on: b's read ended with %v after %v; want the 10 s deadline\n%s", err, time.Since(away), p.b.logs)
 	}
 	// b's metrics say what its helper did.
-	fams := scrapeIn(t, nsB, "127.0.0.1:9431")
+	fams := scrapeIn(t, p.nsB, "127.0.0.1:9431")
 	if v := value(t, fams, "onehop_vnat_keepalives_answered_total", dto.MetricType_COUNTER, nil); v < 5 {
 		t.Errorf("b's metrics: %v keepalives answered in 10 s, want at least 5", v)
 	}
 	if v := value(t, fams, "onehop_vnat_connections", dto.MetricType_GAUGE, map[string]string{"state": "suspended"}); v != 1 {
 		t.Errorf("b's metrics: %v connections suspended, want 1", v)
 	}
-	ipIn(t, nsA, "route", "del", "blackhole", "10.8.0.2/32")
-	if r, err := Ask(sockA, Request{Op: "resume"}); err != nil || r.Count != 1 {
-		t.Fatalf("resume: %+v, %v\n%s\n---\n%s", r, err, logA, logB)
+	netnstest.IP(t, p.nsA, "route", "del", "blackhole", "10.8.0.2/32")
+	if r, err := Ask(p.a.sock, Request{Op: "resume"}); err != nil || r.Count != 1 {
+		t.Fatalf("resume: %+v, %v\n%s\n---\n%s", r, err, p.a.logs, p.b.logs)
 	}
-	waitStatus(t, sockB, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" && !c.Helper }, logA, logB)
-	waitStatus(t, sockA, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" }, logA, logB)
+	waitStatus(t, p.b.sock, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" && !c.Helper }, p.a.logs, p.b.logs)
+	waitStatus(t, p.a.sock, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" }, p.a.logs, p.b.logs)
 	waitFrozen(t, cg, false)
 	if err := line(ca, cb, "after"); err != nil {
 		t.Fatalf("a to b after the outage: %v", err)
@@ -135,7 +120,7 @@ func daemonHelpers(t *testing.T, helper bool) {
 	if err := line(cb, ca, "after, back"); err != nil {
 		t.Fatalf("b to a after the outage: %v", err)
 	}
-	st, err := Ask(sockB, Request{Op: "status"})
+	st, err := Ask(p.b.sock, Request{Op: "status"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,15 +129,12 @@ func daemonHelpers(t *testing.T, helper bool) {
 	}
 
 	// Away again, and b's daemon ends: it thaws the application first.
-	if r, err := Ask(sockA, Request{Op: "suspend", All: true}); err != nil || r.Count != 1 {
+	if r, err := Ask(p.a.sock, Request{Op: "suspend", All: true}); err != nil || r.Count != 1 {
 		t.Fatalf("second suspend: %+v, %v", r, err)
 	}
 	waitFrozen(t, cg, true)
-	if err := p.b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	p.b.wait(t, 10*time.Second)
+	p.b.term(t)
 	if frozen(t, cg) {
-		t.Errorf("b's daemon ended and left the application frozen:\n%s", logB)
+		t.Errorf("b's daemon ended and left the application frozen:\n%s", p.b.logs)
 	}
 }

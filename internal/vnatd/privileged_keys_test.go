@@ -1,21 +1,17 @@
 package vnatd
 
 import (
-	"bufio"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // Keys agreed before a daemon restart still authenticate a move after it,
@@ -37,16 +33,7 @@ func TestPrivilegedKeysSurviveADaemonRestart(t *testing.T) {
 }
 
 func keysAcrossRestart(t *testing.T, keep bool) {
-	mnt := t.TempDir()
-	if err := unix.Mount("bpf", mnt, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			t.Error(err)
-		}
-	})
-	pinDir := filepath.Join(mnt, "vnat-b")
+	pinDir := filepath.Join(netnstest.BPFFS(t), "vnat-b")
 	keyFile := KeyFile{Path: KeyFilePath(pinDir), PinDir: pinDir}
 	t.Cleanup(func() {
 		if err := keyFile.Remove(); err != nil {
@@ -54,37 +41,10 @@ func keysAcrossRestart(t *testing.T, keep bool) {
 		}
 	})
 	p := newPair(t, nil, []string{"--pin-dir", pinDir})
-	var ln net.Listener
-	if err := netns.Do(p.nsB, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go echoLines(ln)
-	var c net.Conn
-	if err := netns.Do(p.nsA, func() (err error) {
-		c, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := bufio.NewReader(c)
-	k := 0
-	echo := func(what string) error {
-		k++
-		return echoOnce(c, r, fmt.Sprintf("%s %d", what, k))
-	}
-	if err := echo("before"); err != nil {
-		t.Fatal(err)
-	}
+	c, echo := p.keyedEcho(t)
 	aV := c.LocalAddr().String()
-	virtA, virtB := aV+"->10.8.0.2:5001", "10.8.0.2:5001->"+aV
-	logs := []*syncBuf{p.a.logs, p.b.logs}
-	waitStatus(t, p.a.sock, virtA, 10*time.Second, func(c ConnStatus) bool { return c.Keyed }, logs...)
-	waitStatus(t, p.b.sock, virtB, 10*time.Second, func(c ConnStatus) bool { return c.Keyed }, logs...)
+	virtA, virtB := p.virtual(c)
+	logs := []*testenv.Buffer{p.a.logs, p.b.logs}
 
 	// b's key file: 0600, the connection's keys, none of them in the log.
 	es := waitKeyFile(t, keyFile, 5*time.Second, func(es []KeyEntry) bool { return len(es) == 1 })
@@ -98,10 +58,7 @@ func keysAcrossRestart(t *testing.T, keep bool) {
 
 	restartB := func() {
 		t.Helper()
-		if err := p.b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		p.b.wait(t, 10*time.Second)
+		p.b.term(t)
 		if _, err := os.Stat(keyFile.Path); keep && err != nil {
 			t.Fatalf("key file after SIGTERM: %v, want it kept", err)
 		}
@@ -118,11 +75,7 @@ func keysAcrossRestart(t *testing.T, keep bool) {
 	}
 
 	// b moves.
-	ipIn(t, p.nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")
-	ipIn(t, p.nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
-	ipIn(t, p.nsB, "route", "add", "10.8.0.0/24", "dev", "b0")
-	ipIn(t, p.nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
-	ipIn(t, p.nsA, "neigh", "flush", "dev", "a0")
+	p.moveB(t)
 	if !keep {
 		// a refuses b's unauthenticated update; b gives the migration up.
 		waitStatus(t, p.b.sock, virtB, 20*time.Second, func(c ConnStatus) bool { return c.State == "aborted" }, logs...)
@@ -154,11 +107,11 @@ func keysAcrossRestart(t *testing.T, keep bool) {
 	// seals its reply with the next sequence number.
 	restartB()
 	waitStatus(t, p.b.sock, virtB, 5*time.Second, func(c ConnStatus) bool { return c.Keyed && c.State == "migrated" }, logs...)
-	ipIn(t, p.nsA, "addr", "del", "10.8.0.1/24", "dev", "a0")
-	ipIn(t, p.nsA, "addr", "add", "10.8.2.5/24", "dev", "a0")
-	ipIn(t, p.nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
-	ipIn(t, p.nsB, "route", "add", "10.8.2.0/24", "dev", "b0")
-	ipIn(t, p.nsB, "neigh", "flush", "dev", "b0")
+	netnstest.IP(t, p.nsA, "addr", "del", "10.8.0.1/24", "dev", "a0")
+	netnstest.IP(t, p.nsA, "addr", "add", "10.8.2.5/24", "dev", "a0")
+	netnstest.IP(t, p.nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
+	netnstest.IP(t, p.nsB, "route", "add", "10.8.2.0/24", "dev", "b0")
+	netnstest.IP(t, p.nsB, "neigh", "flush", "dev", "b0")
 	aP := aV[strings.LastIndexByte(aV, ':')+1:]
 	waitStatus(t, p.b.sock, virtB, 15*time.Second, func(c ConnStatus) bool {
 		return c.State == "migrated" && c.Physical == "10.8.1.3:5001->10.8.2.5:"+aP
@@ -206,15 +159,13 @@ func keysAcrossRestart(t *testing.T, keep bool) {
 // waitKeyFile reads the key file until cond holds for its entries.
 func waitKeyFile(t *testing.T, f KeyFile, timeout time.Duration, cond func([]KeyEntry) bool) []KeyEntry {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		es, err := f.Load()
-		if err == nil && cond(es) {
-			return es
+	var es []KeyEntry
+	testenv.Eventually(t, "key file "+f.Path+" as the test waits for it", timeout, func() error {
+		var err error
+		if es, err = f.Load(); err == nil && !cond(es) {
+			err = fmt.Errorf("entries %v", es)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("key file %s: %v, %v: never what the test waits for", f.Path, es, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
+	return es
 }

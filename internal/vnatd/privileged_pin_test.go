@@ -1,21 +1,18 @@
 package vnatd
 
 import (
-	"bufio"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 )
 
 // A migrated connection outlives its daemon: b's daemon ends on SIGTERM
@@ -36,58 +33,18 @@ func restartDaemon(t *testing.T, pinned bool) {
 	var argsB []string
 	pinDir := ""
 	if pinned {
-		mnt := t.TempDir()
-		if err := unix.Mount("bpf", mnt, "bpf", 0, ""); err != nil {
-			t.Fatalf("mount bpffs: %v", err)
-		}
-		t.Cleanup(func() {
-			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-				t.Error(err)
-			}
-		})
-		pinDir = filepath.Join(mnt, "vnat-b")
+		pinDir = filepath.Join(netnstest.BPFFS(t), "vnat-b")
 		argsB = []string{"--pin-dir", pinDir}
 	} else {
 		argsB = []string{"--no-pin"}
 	}
 	p := newPair(t, nil, argsB)
-	var ln net.Listener
-	if err := netns.Do(p.nsB, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go echoLines(ln)
-	var c net.Conn
-	if err := netns.Do(p.nsA, func() (err error) {
-		c, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := bufio.NewReader(c)
-	k := 0
-	echo := func(what string) error {
-		k++
-		return echoOnce(c, r, fmt.Sprintf("%s %d", what, k))
-	}
-	if err := echo("before"); err != nil {
-		t.Fatal(err)
-	}
+	c, echo := p.keyedEcho(t)
 	aV := c.LocalAddr().String()
-	virtA, virtB := aV+"->10.8.0.2:5001", "10.8.0.2:5001->"+aV
-	waitStatus(t, p.a.sock, virtA, 10*time.Second, func(c ConnStatus) bool { return c.Keyed }, p.a.logs, p.b.logs)
-	waitStatus(t, p.b.sock, virtB, 10*time.Second, func(c ConnStatus) bool { return c.Keyed }, p.a.logs, p.b.logs)
+	virtA, virtB := p.virtual(c)
 
 	// b moves; both daemons translate.
-	ipIn(t, p.nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")
-	ipIn(t, p.nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
-	ipIn(t, p.nsB, "route", "add", "10.8.0.0/24", "dev", "b0")
-	ipIn(t, p.nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
-	ipIn(t, p.nsA, "neigh", "flush", "dev", "a0")
+	p.moveB(t)
 	physB := "10.8.1.3:5001->" + aV
 	waitStatus(t, p.b.sock, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" && c.Physical == physB }, p.a.logs, p.b.logs)
 	waitStatus(t, p.a.sock, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "migrated" }, p.a.logs, p.b.logs)
@@ -96,10 +53,7 @@ func restartDaemon(t *testing.T, pinned bool) {
 	}
 
 	// b's daemon ends on a signal.
-	if err := p.b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	p.b.wait(t, 10*time.Second)
+	p.b.term(t)
 	if !pinned {
 		if err := echo("daemon gone, unpinned"); err == nil {
 			t.Fatalf("the connection still echoes with b's unpinned daemon gone: the control proves nothing\n%s", p.b.logs)

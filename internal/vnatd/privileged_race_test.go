@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/onehop/onehop/internal/netns"
 )
 
 // The restore race, with real daemons: 2,000 TCP connections whose
@@ -23,36 +21,7 @@ import (
 func TestPrivilegedRestoreLosesNoConnectionToAPeerSendingDuringIt(t *testing.T) {
 	const conns = 2000
 	p := newPair(t, nil, nil)
-	nsA, nsB, sockA, sockB, logA, logB := p.nsA, p.nsB, p.a.sock, p.b.sock, p.a.logs, p.b.logs
-	var ln net.Listener
-	if err := netns.Do(nsB, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5002")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { // echo
-				defer c.Close()
-				buf := make([]byte, 4096)
-				for {
-					k, err := c.Read(buf)
-					if err != nil {
-						return
-					}
-					if _, err := c.Write(buf[:k]); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go echoBytes(listenIn(t, p.nsB, "10.8.0.2:5002"))
 	type client struct {
 		c        net.Conn
 		written  atomic.Int64
@@ -62,23 +31,9 @@ func TestPrivilegedRestoreLosesNoConnectionToAPeerSendingDuringIt(t *testing.T) 
 		readDone chan struct{}
 	}
 	cs := make([]*client, conns)
-	if err := netns.Do(nsA, func() error {
-		for i := range cs {
-			c, err := net.DialTimeout("tcp4", "10.8.0.2:5002", 5*time.Second)
-			if err != nil {
-				return err
-			}
-			cs[i] = &client{c: c, readDone: make(chan struct{})}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	for i, c := range p.dialMany(t, conns, "10.8.0.2:5002", 5*time.Second) {
+		cs[i] = &client{c: c, readDone: make(chan struct{})}
 	}
-	defer func() {
-		for _, c := range cs {
-			c.c.Close()
-		}
-	}()
 	for _, c := range cs {
 		go func() {
 			defer close(c.readDone)
@@ -103,32 +58,8 @@ func TestPrivilegedRestoreLosesNoConnectionToAPeerSendingDuringIt(t *testing.T) 
 		c.written.Add(int64(k))
 		return err
 	}
-	count := func(sock, state string) int {
-		r, err := Ask(sock, Request{Op: "status"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, c := range r.Conns {
-			// The echo server's connections (port 5002 at either end).
-			if c.State == state && c.Keyed && strings.Contains(c.Virtual, ":5002") {
-				n++
-			}
-		}
-		return n
-	}
-	waitCount := func(what, sock, state string, timeout time.Duration) {
-		t.Helper()
-		deadline := time.Now().Add(timeout)
-		for count(sock, state) < conns {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d of %d connections %s and keyed\n%s\n---\n%s", what, count(sock, state), conns, state, logA, logB)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	waitCount("a keyed", sockA, "active", 60*time.Second)
-	waitCount("b keyed", sockB, "active", 60*time.Second)
+	p.waitConns(t, "a keyed", p.a.sock, "active", "5002", conns, 60*time.Second)
+	p.waitConns(t, "b keyed", p.b.sock, "active", "5002", conns, 60*time.Second)
 
 	// a writes to every connection, round after round, until b restored.
 	stop := make(chan struct{})
@@ -156,14 +87,9 @@ func TestPrivilegedRestoreLosesNoConnectionToAPeerSendingDuringIt(t *testing.T) 
 			rounds++
 		}
 	}()
-	ipIn(t, nsB, "route", "add", "10.8.0.1/32", "dev", "b0")
-	ipIn(t, nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
-	ipIn(t, nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")
-	ipIn(t, nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
-	ipIn(t, nsB, "route", "replace", "10.8.0.0/24", "dev", "b0")
-	ipIn(t, nsA, "neigh", "flush", "dev", "a0")
-	waitCount("b migrated", sockB, "migrated", 60*time.Second)
-	waitCount("a migrated", sockA, "migrated", 60*time.Second)
+	p.moveBRoutesFirst(t)
+	p.waitConns(t, "b migrated", p.b.sock, "migrated", "5002", conns, 60*time.Second)
+	p.waitConns(t, "a migrated", p.a.sock, "migrated", "5002", conns, 60*time.Second)
 	// Half a second more of writes at the new place, then stop.
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
@@ -203,7 +129,7 @@ func TestPrivilegedRestoreLosesNoConnectionToAPeerSendingDuringIt(t *testing.T) 
 		c.mu.Unlock()
 	}
 	t.Logf("a wrote %d rounds over %d connections during the restore; %d write errors, %d connections reset, %d lost echoes", rounds, conns, writeErrs.Load(), reset, len(lost))
-	for _, line := range strings.Split(logB.String(), "\n") {
+	for _, line := range strings.Split(p.b.logs.String(), "\n") {
 		if strings.Contains(line, `msg="vnat: restored"`) {
 			t.Log(line)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -58,21 +59,15 @@ func startIndex(t testing.TB, ctx context.Context, s store.Store) *HeldIndex {
 // awaitSeen waits until the index's watch brought revision rev.
 func awaitSeen(t testing.TB, x *HeldIndex, rev int64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(100 * time.Microsecond)
-	defer tick.Stop()
-	for {
+	testenv.Eventually(t, fmt.Sprintf("the index watch at revision %d", rev), 10*time.Second, func() error {
 		x.mu.Lock()
 		seen := x.seen
 		x.mu.Unlock()
-		if seen >= rev {
-			return
+		if seen < rev {
+			return fmt.Errorf("at revision %d", seen)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("index watch at revision %d after 10 s, want %d", seen, rev)
-		}
-		<-tick.C
-	}
+		return nil
+	})
 }
 
 // sameHeld fails unless the index holds every address Held, read from
@@ -275,13 +270,7 @@ func TestHeldIndexAnswersWithoutListing(t *testing.T) {
 		t.Fatalf("index not started: %v %v (lists %d), want %v read from the store", h, err, st.lists.Load()-before, want)
 	}
 	cancel()
-	deadline := time.Now().Add(10 * time.Second)
-	for x.Synced() {
-		if time.Now().After(deadline) {
-			t.Fatal("index still follows the store 10 s after its context ended")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, "the index to stop following the store once its context ended", 10*time.Second, func() bool { return !x.Synced() })
 	before = st.lists.Load()
 	if h, err := x.HeldAt(context.Background(), c.t); err != nil || HeldList(h) != HeldList(want) || st.lists.Load() != before+1 {
 		t.Fatalf("index stopped: %v %v, want %v read from the store", h, err, want)

@@ -15,6 +15,7 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/vcmp"
 )
@@ -102,17 +103,7 @@ func ask(vmNS string) (vcmp.Message, error) {
 // served vif); once its VM leaves the plan, the served vif is closed too.
 func TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif(t *testing.T) {
 	testenv.RequireRoot(t, "namespaces, veths, neighbour entries")
-	const hostNS, vmNS, otherNS = "locsrv-relay-h", "locsrv-relay-v", "locsrv-relay-o"
-	for _, ns := range []string{hostNS, vmNS, otherNS} {
-		if err := netns.Create(ns); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := netns.Delete(ns); err != nil {
-				t.Errorf("delete %s: %v", ns, err)
-			}
-		})
-	}
+	hostNS, vmNS, otherNS := netnstest.New(t, "locsrv-relay-h"), netnstest.New(t, "locsrv-relay-v"), netnstest.New(t, "locsrv-relay-o")
 	vmMAC, _ := net.ParseMAC("02:00:0a:01:01:02")
 	otherMAC, _ := net.ParseMAC("02:00:0a:01:01:03")
 	veth(t, hostNS, vmNS, "locsrv-vif1", "10.1.1.2", vmMAC)
@@ -142,30 +133,21 @@ func TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif(t *testing.T) {
 	}
 	defer srv.Close()
 	relayed := make(chan netip.Addr, 4)
-	go func() {
-		for {
-			c, err := srv.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				m, err := vcmp.ReadMessage(c)
-				if err != nil {
-					return
-				}
-				r, ok := m.(*vcmp.Relay)
-				if !ok {
-					return
-				}
-				relayed <- r.Source
-				vcmp.ServeBatches(c, func(m vcmp.Message) vcmp.Message { //nolint:errcheck // the client checks the answer
-					q := m.(*vcmp.LocQuery)
-					return &vcmp.LocAnswer{Record: q.Record, Status: vcmp.LocStored}
-				})
-			}()
+	go netnstest.Serve(srv, func(c net.Conn) {
+		m, err := vcmp.ReadMessage(c)
+		if err != nil {
+			return
 		}
-	}()
+		r, ok := m.(*vcmp.Relay)
+		if !ok {
+			return
+		}
+		relayed <- r.Source
+		vcmp.ServeBatches(c, func(m vcmp.Message) vcmp.Message { //nolint:errcheck // the client checks the answer
+			q := m.(*vcmp.LocQuery)
+			return &vcmp.LocAnswer{Record: q.Record, Status: vcmp.LocStored}
+		})
+	})
 
 	r := New(netip.MustParseAddr("192.0.2.1"), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r.dial = func(ctx context.Context) (net.Conn, error) {

@@ -3,7 +3,6 @@ package xtr
 import (
 	"errors"
 	"net/netip"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -21,24 +21,8 @@ import (
 func TestPrivilegedSynSocketReceivesOnlyEncapsulatedSYNs(t *testing.T) {
 	testenv.RequireRoot(t, "creates a network namespace and a packet socket")
 	testenv.RequireTool(t, "ip")
-	ns := "cl-xtr-syn"
-	if err := netns.Create(ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Delete(ns); err != nil {
-			t.Error(err)
-		}
-	})
-	for _, args := range [][]string{
-		{"-n", ns, "link", "add", "a0", "type", "veth", "peer", "name", "b0"},
-		{"-n", ns, "link", "set", "a0", "up"},
-		{"-n", ns, "link", "set", "b0", "up"},
-	} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
+	ns := netnstest.New(t, "cl-xtr-syn")
+	netnstest.Veth(t, "a0", ns, "b0", ns)
 	frames := [][]byte{
 		lispSYN(t, false, true, 4341, false), // an ACK
 		lispSYN(t, true, false, 4342, false), // control port

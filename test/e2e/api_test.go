@@ -57,7 +57,7 @@ func TestPrivilegedOperatorVerbsChangeTheDatapathThroughTheAPI(t *testing.T) {
 		t.Fatalf("allow: %v\n%s", err, out)
 	}
 	// API -> etcd -> controller -> agents -> BPF maps.
-	waitFor(t, "the rule to reach the datapath", 10*time.Second, connects)
+	testenv.Eventually(t, "the rule to reach the datapath", 10*time.Second, connects)
 	if out, err := l.cli("get", "rules"); err != nil || !strings.Contains(out, "blue/web") || !strings.Contains(out, "true") {
 		t.Errorf("get rules does not show the rule in force (%v):\n%s", err, out)
 	}
@@ -66,8 +66,8 @@ func TestPrivilegedOperatorVerbsChangeTheDatapathThroughTheAPI(t *testing.T) {
 	if out, err := l.cli("firewall", "add", "blue/db/db1", "--in", "--proto", "tcp", "--port", "5432", "--deny"); err != nil {
 		t.Fatalf("firewall add: %v\n%s", err, out)
 	}
-	waitFor(t, "the firewall to reach the datapath", 10*time.Second, func() bool { return !connects() })
-	eventually(t, "stats to show the firewall drop", 15*time.Second, func() error {
+	testenv.Eventually(t, "the firewall to reach the datapath", 10*time.Second, func() bool { return !connects() })
+	testenv.Eventually(t, "stats to show the firewall drop", 15*time.Second, func() error {
 		out, err := l.cli("stats", "--node", "h2")
 		if err != nil {
 			return fmt.Errorf("onehop stats: %v: %s", err, out)

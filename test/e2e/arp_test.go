@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // Three hosts; blue routes web -> db, green has proxy ARP on and lets a
@@ -96,7 +98,7 @@ s.settimeout(5)
 print("got", s.recv(100).decode(), flush=True)`)
 	l.waitListening("db1", "udp", 9999)
 	l.sendUDP("web1", db1, 64, "first-datagram")
-	waitFor(t, "db1 to receive web1's first datagram (held, then released)", 5*time.Second, func() bool {
+	testenv.Eventually(t, "db1 to receive web1's first datagram (held, then released)", 5*time.Second, func() bool {
 		return strings.Contains(sink.Output(), "got first-datagram")
 	})
 	out, err := l.in("web1", "ping", "-c", "1", "-W", "3", db1)
@@ -121,7 +123,7 @@ print("got", s.recv(100).decode(), flush=True)`)
 	if out, err := l.in("web1", "ping", "-c", "1", "-W", "2", ghost); err == nil {
 		t.Fatalf("ping to an address no VM holds was answered:\n%s", out)
 	}
-	waitFor(t, "h1's engine to give up on "+ghost, 5*time.Second, func() bool {
+	testenv.Eventually(t, "h1's engine to give up on "+ghost, 5*time.Second, func() bool {
 		m := l.metrics("h1")
 		return m.at(arpEvent("unresolved")) >= 1 && m.at(arpEvent("discarded")) >= 1
 	})

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/csum"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // What an attack run found, tried again with real traffic: a hostile tenant
@@ -159,11 +160,11 @@ s.bind(("",5353))
 print("listening",flush=True)
 d,a=s.recvfrom(65535)
 print("got",len(d),flush=True)`)
-	waitFor(t, "the receiver on db1", 5*time.Second, func() bool { return strings.Contains(recv.Output(), "listening") })
+	testenv.Eventually(t, "the receiver on db1", 5*time.Second, func() bool { return strings.Contains(recv.Output(), "listening") })
 	payload := strings.Repeat("f", 3000)
 	// The first datagram may be held while h1 learns where db1 lives; send
 	// until one arrives.
-	waitFor(t, "a 3000-byte datagram web1 -> db1:5353 (udp/5353 allowed web -> db)", 10*time.Second, func() bool {
+	testenv.Eventually(t, "a 3000-byte datagram web1 -> db1:5353 (udp/5353 allowed web -> db)", 10*time.Second, func() bool {
 		l.sendUDPFrom("web1", db1, 0, 5353, 64, payload)
 		time.Sleep(200 * time.Millisecond)
 		return strings.Contains(recv.Output(), "got")
@@ -265,7 +266,7 @@ func TestAttackTheFabricIsNotTrusted(t *testing.T) {
 	web2 := l.watchVM("web2", "web4")
 	proveLive(t, "after", web2)
 	l.sendUDPFrom("web1", web2IP, 0, 9999, 64, "after-the-lies")
-	waitFor(t, "web1's datagram to reach web2 after the lies", 5*time.Second, func() bool { return web2.saw("after-the-lies") })
+	testenv.Eventually(t, "web1's datagram to reach web2 after the lies", 5*time.Second, func() bool { return web2.saw("after-the-lies") })
 	stopWatches(t, web1, web3, web2)
 	for _, w := range []*watch{web1, web3} {
 		for _, f := range marked(w, "rogue-") {

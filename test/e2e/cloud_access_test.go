@@ -194,7 +194,7 @@ func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 	srvBig := l.start("srv", "python3", server, "5202", strconv.Itoa(big))
 	sumOf := func(b *background) string {
 		var sum string
-		waitFor(t, "the server's hash", 20*time.Second, func() bool {
+		testenv.Eventually(t, "the server's hash", 20*time.Second, func() bool {
 			m := regexp.MustCompile(`sha256 ([0-9a-f]{64})`).FindStringSubmatch(b.Output())
 			if m != nil {
 				sum = m[1]
@@ -252,7 +252,7 @@ func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 	// 2. A long download; its subflows on the server (ss); wan1 cut
 	// half-way and restored; the content intact.
 	dl := l.start("user", "python3", client, srvEID, "5202")
-	eventually(t, "two subflows of the download on srv, one per gateway EID", 10*time.Second, func() error {
+	testenv.Eventually(t, "two subflows of the download on srv, one per gateway EID", 10*time.Second, func() error {
 		peers, socks := l.srvSubflows(5202)
 		if peers["10.77.0.1"] != 1 || peers["10.77.0.2"] != 1 || socks != 1 {
 			return fmt.Errorf("srv's subflows by peer %v, MPTCP sockets %d", peers, socks)
@@ -260,19 +260,19 @@ func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 		return nil
 	})
 	start := l.wanBytes()
-	waitFor(t, "a fifth of the download", 30*time.Second, func() bool {
+	testenv.Eventually(t, "a fifth of the download", 30*time.Second, func() bool {
 		now := l.wanBytes()
 		return now["wan1"]+now["wan2"]-start["wan1"]-start["wan2"] > big/5
 	})
 	l.onehop("lab", "link", "wan1", "down")
-	eventually(t, "the gateway sees wan1 down", 10*time.Second, func() error {
+	testenv.Eventually(t, "the gateway sees wan1 down", 10*time.Second, func() error {
 		if l.gateway().pathUp("wan1") {
 			return errors.New("wan1 still up")
 		}
 		return nil
 	})
 	cut := l.wanBytes()
-	waitFor(t, "the download to end", 60*time.Second, func() bool {
+	testenv.Eventually(t, "the download to end", 60*time.Second, func() bool {
 		return strings.Contains(dl.Output(), "got ")
 	})
 	end := l.wanBytes()
@@ -285,7 +285,7 @@ func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 		t.Fatalf("after the cut wan1 carried %d bytes and wan2 %d: want nothing and the rest", end["wan1"]-cut["wan1"], end["wan2"]-cut["wan2"])
 	}
 	l.onehop("lab", "link", "wan1", "up")
-	eventually(t, "the gateway sees wan1 up", 10*time.Second, func() error {
+	testenv.Eventually(t, "the gateway sees wan1 up", 10*time.Second, func() error {
 		if !l.gateway().pathUp("wan1") {
 			return errors.New("wan1 still down")
 		}

@@ -51,7 +51,7 @@ func TestPrivilegedADHCPFloodFromOneVMNeitherDeniesDHCPToAnotherTenantNorFillsTh
 
 	flood := l.start("web1", "python3", "-c", dhcpFlood, "12")
 	// Let the flood fill whatever it can fill before red1 asks.
-	waitFor(t, "the flood to reach h1's slow path", 10*time.Second, func() bool {
+	testenv.Eventually(t, "the flood to reach h1's slow path", 10*time.Second, func() bool {
 		return rise(before, l.metrics("h1"), forwards("to_agent")) > 50
 	})
 

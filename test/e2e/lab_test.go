@@ -17,7 +17,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,7 +28,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -196,23 +194,12 @@ func (l *testLab) mustIn(node string, cmd ...string) string {
 // background is a command running inside a lab node.
 type background struct {
 	cmd  *exec.Cmd
-	mu   sync.Mutex
-	buf  bytes.Buffer
+	out  testenv.Buffer
 	done chan struct{}
 }
 
-func (b *background) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
 // Output returns what the command has printed so far.
-func (b *background) Output() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+func (b *background) Output() string { return b.out.String() }
 
 // Stop interrupts the command (SIGINT, then SIGKILL) and returns its output.
 func (b *background) Stop() string {
@@ -248,7 +235,7 @@ func (l *testLab) start(node string, cmd ...string) *background {
 	l.t.Helper()
 	args := append([]string{"lab", "exec", "--root", testRoot, "--lab", l.name, node, "--"}, cmd...)
 	b := &background{cmd: exec.Command(binary, args...), done: make(chan struct{})}
-	b.cmd.Stdout, b.cmd.Stderr = b, b
+	b.cmd.Stdout, b.cmd.Stderr = &b.out, &b.out
 	if err := b.cmd.Start(); err != nil {
 		l.t.Fatal(err)
 	}
@@ -401,41 +388,12 @@ func (l *testLab) ping(from, to string, count int, extra ...string) error {
 	return nil
 }
 
-// waitFor polls ok every 100 ms until it holds, failing the test after
-// timeout with what was awaited.
-func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
-	t.Helper()
-	eventually(t, what, timeout, func() error {
-		if !ok() {
-			return errors.New("not yet")
-		}
-		return nil
-	})
-}
-
-// eventually polls check every 100 ms until it returns nil, failing the test
-// after timeout with what was awaited and the last error check gave.
-func eventually(t *testing.T, what string, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(100 * time.Millisecond) // the poll interval
-	}
-}
-
 // waitListening waits until a server in vm listens on proto ("tcp" or
 // "udp") port.
 func (l *testLab) waitListening(vm, proto string, port int) {
 	l.t.Helper()
 	flag := map[string]string{"tcp": "-Hltn", "udp": "-Hlun"}[proto]
-	eventually(l.t, fmt.Sprintf("a %s server on %s:%d", proto, vm, port), 5*time.Second, func() error {
+	testenv.Eventually(l.t, fmt.Sprintf("a %s server on %s:%d", proto, vm, port), 5*time.Second, func() error {
 		out, err := l.in(vm, "ss", flag, fmt.Sprintf("sport = :%d", port))
 		if err != nil {
 			return fmt.Errorf("ss: %v: %s", err, out)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // A leak test sends what must be blocked and then proves nothing arrived.
@@ -230,7 +232,7 @@ func (l *testLab) captureFile(node, ifname string, fields ...string) (func() []s
 	l.t.Helper()
 	pcap := filepath.Join(l.t.TempDir(), node+".pcap")
 	dump := l.start(node, "tcpdump", "-i", ifname, "-n", "-U", "--immediate-mode", "-w", pcap)
-	waitFor(l.t, "tcpdump on "+node, 5*time.Second, func() bool {
+	testenv.Eventually(l.t, "tcpdump on "+node, 5*time.Second, func() bool {
 		return strings.Contains(dump.Output(), "listening on")
 	})
 	return func() []string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onehop/onehop/internal/lab"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/topology"
 )
 
@@ -31,15 +32,15 @@ func TestPrivilegedAgentRestartKeepsTrafficFlowingAndMaps(t *testing.T) {
 
 	// A steady ping across hosts while h1's agent is killed outright.
 	pinger := l.start("web1", "ping", "-i", "0.05", "-W", "1", web2)
-	waitFor(t, "web1's steady ping to be answered", 5*time.Second, func() bool { return pingReplies(pinger.Output()) >= 3 })
+	testenv.Eventually(t, "web1's steady ping to be answered", 5*time.Second, func() bool { return pingReplies(pinger.Output()) >= 3 })
 	if err := syscall.Kill(agent.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "h1's agent to be gone", 5*time.Second, func() error { return processGone(agent.PID) })
+	testenv.Eventually(t, "h1's agent to be gone", 5*time.Second, func() error { return processGone(agent.PID) })
 	// No agent at all on h1: the pinned datapath must carry on by itself.
 	// Measured in answered pings (30 at 50 ms: 1.5 s), not in time.
 	atKill := pingReplies(pinger.Output())
-	waitFor(t, "30 more ping replies with no agent on h1", 10*time.Second, func() bool {
+	testenv.Eventually(t, "30 more ping replies with no agent on h1", 10*time.Second, func() bool {
 		return pingReplies(pinger.Output()) >= atKill+30
 	})
 	if err := l.ping("web3", web2, 3); err != nil {
@@ -48,13 +49,13 @@ func TestPrivilegedAgentRestartKeepsTrafficFlowingAndMaps(t *testing.T) {
 	l.onehop("lab", "restart", "h1")
 	l.refresh()
 	newPID := l.node("h1").Process.PID
-	waitFor(t, "restarted agent to serve metrics", 10*time.Second, func() bool {
+	testenv.Eventually(t, "restarted agent to serve metrics", 10*time.Second, func() bool {
 		_, err := l.in("h1", "curl", "-sf", "http://127.0.0.1:9100/metrics")
 		return err == nil
 	})
 	// And through the new agent's own reconcile.
 	atRestart := pingReplies(pinger.Output())
-	waitFor(t, "10 more ping replies after the restart", 5*time.Second, func() bool {
+	testenv.Eventually(t, "10 more ping replies after the restart", 5*time.Second, func() bool {
 		return pingReplies(pinger.Output()) >= atRestart+10
 	})
 	out := pinger.Stop()

@@ -82,14 +82,14 @@ func TestPrivilegedMovedVMNeverReachesItsNewHostsStack(t *testing.T) {
 
 	flood := l.start("web1", "python3", "-c", floodScript, vmMAC, vmIP, vifMAC, ctlIP,
 		hostIP["h1"], hostIP["h2"], hostIP["h3"])
-	waitFor(t, "the flood to start", 10*time.Second, func() bool { return strings.Contains(flood.Output(), "flooding") })
+	testenv.Eventually(t, "the flood to start", 10*time.Second, func() bool { return strings.Contains(flood.Output(), "flooding") })
 	// Never onto web2's host: a host that held the VM and then sees it
 	// leave can keep a stale mapping for it (a known agent problem, not
 	// this test's), and web2's pings must get through.
 	for _, to := range []string{"h3", "h1", "h3"} {
 		moved := time.Now()
 		l.onehop("lab", "move", "web1", "--to", to)
-		waitFor(t, "web2 to reach web1 on "+to, 10*time.Second, func() bool { return l.ping("web2", vmIP, 1) == nil })
+		testenv.Eventually(t, "web2 to reach web1 on "+to, 10*time.Second, func() bool { return l.ping("web2", vmIP, 1) == nil })
 		t.Logf("web1 reachable on %s %.2fs after the move began", to, time.Since(moved).Seconds())
 		// The vif leaves with its neighbours: look before the next move.
 		if neigh := l.mustIn(to, "ip", "-4", "neigh", "show", "dev", "vif-web1"); strings.TrimSpace(neigh) != "" {

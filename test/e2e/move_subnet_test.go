@@ -79,7 +79,7 @@ func TestPrivilegedVMMovedToAnotherSubnetTakesItsNewAddressAndKeepsItsProcesses(
 		t.Errorf("web2 (no vnat) answered onehop vnat status: %v\n%s", err, out)
 	}
 	server := l.start("web1", "python3", "-c", pidServer)
-	waitFor(t, "web1's server to listen", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening pid ") })
+	testenv.Eventually(t, "web1's server to listen", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening pid ") })
 	pid := strings.TrimSpace(strings.TrimPrefix(server.Output(), "listening "))
 	if out := l.mustIn("web2", "python3", "-c", askPid, oldIP); strings.TrimSpace(out) != pid {
 		t.Fatalf("web2 asked web1's server before the move: %q, want %q", out, pid)

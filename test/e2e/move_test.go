@@ -29,7 +29,7 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 	l.waitListening("web1", "tcp", 5201)
 	// A 6-second TCP stream from web2, with web1 moved to h3 while it runs.
 	client := l.start("web2", "iperf3", "-c", web1, "-t", "6", "-C", "cubic", "-J")
-	eventually(t, "web2's TCP stream to web1 to carry data", 10*time.Second, func() error {
+	testenv.Eventually(t, "web2's TCP stream to web1 to carry data", 10*time.Second, func() error {
 		acked, err := l.bytesAcked("web2", web1+":5201")
 		if err == nil && acked < 1<<20 {
 			err = fmt.Errorf("%d bytes acked so far", acked)
@@ -39,7 +39,7 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 	streaming := time.Now()
 	h2Before := l.metrics("h2")
 	l.onehop("lab", "move", "web1", "--to", "h3")
-	waitFor(t, "web2 to reach web1 on h3", 10*time.Second, func() bool {
+	testenv.Eventually(t, "web2 to reach web1 on h3", 10*time.Second, func() bool {
 		return l.ping("web2", web1, 1) == nil
 	})
 	movedAfter := time.Since(streaming)
@@ -53,7 +53,7 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 		t.Errorf("h2 learned nothing from the fabric after the move (arp_learned +%v)", d)
 	}
 
-	waitFor(t, "the TCP stream to finish", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the TCP stream to finish", 20*time.Second, func() bool {
 		return strings.Contains(client.Output(), `"sum_received"`)
 	})
 	var res struct {

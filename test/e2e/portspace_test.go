@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // Port-space isolation (issue 8): slivers share their host's public IPv4
@@ -151,7 +153,7 @@ s=socket.create_connection((sys.argv[1],7000)); print(s.getsockname()[1])`, l.ad
 			}
 		}
 	}
-	eventually(t, "h1's status to count both slivers' traffic", 15*time.Second, func() error {
+	testenv.Eventually(t, "h1's status to count both slivers' traffic", 15*time.Second, func() error {
 		l.refresh()
 		st := l.node("h1").Agent
 		if st == nil {
@@ -398,11 +400,11 @@ s=socket.create_connection((sys.argv[1],10071)); print("open", flush=True)
 try:
     d=s.recv(1); print("ended", d, flush=True)
 except OSError as e: print("ended", e, flush=True)`, pub)
-	waitFor(t, "inet's connection to s1:10071", 5*time.Second, func() bool { return strings.Contains(held.Output(), "open") })
+	testenv.Eventually(t, "inet's connection to s1:10071", 5*time.Second, func() bool { return strings.Contains(held.Output(), "open") })
 	if out, err := l.cli("sliver", "set", "h1/s1", "--ports", "10000-10049"); err != nil {
 		t.Fatalf("sliver set: %v\n%s", err, out)
 	}
-	eventually(t, "10070 to reach the host once s1 lost it", 10*time.Second, func() error {
+	testenv.Eventually(t, "10070 to reach the host once s1 lost it", 10*time.Second, func() error {
 		if got, err := l.whoIs("inet", "tcp", pub, 10070, 0); got != "h1" {
 			return fmt.Errorf("answered by %q (%v)", got, err)
 		}
@@ -411,10 +413,10 @@ except OSError as e: print("ended", e, flush=True)`, pub)
 	if got, err := l.whoIs("inet", "tcp", pub, 10022, 0); got != "s1" {
 		t.Errorf("after the change inet -> 10022 answered by %q (%v), want s1 (still its lease)", got, err)
 	}
-	waitFor(t, "s1's connection on lost port 10071 to be cut", 10*time.Second, func() bool {
+	testenv.Eventually(t, "s1's connection on lost port 10071 to be cut", 10*time.Second, func() bool {
 		return strings.Contains(held.Output(), "ended")
 	})
-	eventually(t, "h1's status to count the cut connection", 15*time.Second, func() error {
+	testenv.Eventually(t, "h1's status to count the cut connection", 15*time.Second, func() error {
 		l.refresh()
 		if st := l.node("h1").Agent; st != nil {
 			for _, s := range st.Slivers {
@@ -426,7 +428,7 @@ except OSError as e: print("ended", e, flush=True)`, pub)
 		}
 		return fmt.Errorf("no agent status")
 	})
-	waitFor(t, "the connection into s2 to finish", 15*time.Second, func() bool {
+	testenv.Eventually(t, "the connection into s2 to finish", 15*time.Second, func() bool {
 		return strings.Contains(echo.Output(), "done")
 	})
 	if n := strings.Count(echo.Output(), "x"); n != 40 {

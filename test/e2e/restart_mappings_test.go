@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // Issue 12: an agent restart with 200,000 learned mappings does not
@@ -56,7 +57,7 @@ func TestPrivilegedAgentRestartWith200000MappingsLosesNoPacket(t *testing.T) {
 		t.Fatal(err)
 	}
 	pinger := l.start("web1", "ping", "-i", "0.005", "-W", "1", web2)
-	waitFor(t, "web1's 5 ms ping to be answered", 5*time.Second, func() bool { return pingReplies(pinger.Output()) >= 50 })
+	testenv.Eventually(t, "web1's 5 ms ping to be answered", 5*time.Second, func() bool { return pingReplies(pinger.Output()) >= 50 })
 
 	t0 := time.Now()
 	l.onehop("lab", "restart", "h1")
@@ -66,7 +67,7 @@ func TestPrivilegedAgentRestartWith200000MappingsLosesNoPacket(t *testing.T) {
 		t.Fatalf("agent pid unchanged (%d): restart did not happen", agent.PID)
 	}
 	var ready time.Duration
-	waitFor(t, "the restarted agent's first reconcile", 60*time.Second, func() bool {
+	testenv.Eventually(t, "the restarted agent's first reconcile", 60*time.Second, func() bool {
 		b, err := os.ReadFile(logPath)
 		if err != nil || len(b) < len(logBefore) {
 			return false
@@ -78,13 +79,13 @@ func TestPrivilegedAgentRestartWith200000MappingsLosesNoPacket(t *testing.T) {
 		return false
 	})
 	atRestart := pingReplies(pinger.Output())
-	waitFor(t, "400 more ping replies after the restart (2 s)", 20*time.Second, func() bool {
+	testenv.Eventually(t, "400 more ping replies after the restart (2 s)", 20*time.Second, func() bool {
 		return pingReplies(pinger.Output()) >= atRestart+400
 	})
 	// The new agent at work with the full table (its ARP engine reads it
 	// every second): its CPU over the next 400 replies, about 2 s.
 	cpu0, wall0 := processCPU(t, newAgent.PID), time.Now()
-	waitFor(t, "400 more ping replies (2 s)", 20*time.Second, func() bool {
+	testenv.Eventually(t, "400 more ping replies (2 s)", 20*time.Second, func() bool {
 		return pingReplies(pinger.Output()) >= atRestart+800
 	})
 	cpu, wall := processCPU(t, newAgent.PID)-cpu0, time.Since(wall0)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // scaleVMs VMs of blue/web on h1, more than the 32 one subnet could have on
@@ -49,18 +51,18 @@ func TestPrivilegedThirtyFourVMsOfOneSubnetOnOneHostAllWork(t *testing.T) {
 		// Each capture must record its VM's own broadcast before the test
 		// goes on: an empty capture then proves something.
 		l.sendUDP(vm, "255.255.255.255", 1, "alive-"+vm)
-		waitFor(t, "capture on "+vm+" to record its own packet", 5*time.Second, func() bool { return pcapHas(t, pcap, "alive-"+vm) })
+		testenv.Eventually(t, "capture on "+vm+" to record its own packet", 5*time.Second, func() bool { return pcapHas(t, pcap, "alive-"+vm) })
 	}
 	l.sendUDP("w01", "10.1.1.255", 1, "scale-bcast")
 	// The copies are made as w01 sends: each member's capture has it once
 	// tcpdump has read it from its ring (up to a second later).
 	for _, vm := range []string{"w33", last, "far1"} {
-		waitFor(t, vm+" to receive w01's subnet broadcast", 5*time.Second, func() bool { return pcapHas(t, pcaps[vm], "scale-bcast") })
+		testenv.Eventually(t, vm+" to receive w01's subnet broadcast", 5*time.Second, func() bool { return pcapHas(t, pcaps[vm], "scale-bcast") })
 	}
 	// red1's capture is live after the broadcast: red2's broadcast, sent
 	// later, lands in it; w01's never does.
 	l.sendUDP("red2", "255.255.255.255", 1, "after-bcast")
-	waitFor(t, "red1 to receive red2's broadcast", 5*time.Second, func() bool { return pcapHas(t, pcaps["red1"], "after-bcast") })
+	testenv.Eventually(t, "red1 to receive red2's broadcast", 5*time.Second, func() bool { return pcapHas(t, pcaps["red1"], "after-bcast") })
 	for _, vm := range receivers {
 		got := strings.Join(stops[vm](), " ")
 		if has := strings.Contains(got, hexOf("scale-bcast")); has != (vm != "red1") {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 // Virtual TAP (issue 9): copies of what a policy names reach its monitor VM,
@@ -49,7 +51,7 @@ func (l *testLab) tap(args ...string) {
 func (l *testLab) awaitCopies(from, to string, port int, ws ...*watch) {
 	l.t.Helper()
 	n := 0
-	eventually(l.t, "the TAP policy to reach the monitors' hosts", 5*time.Second, func() error {
+	testenv.Eventually(l.t, "the TAP policy to reach the monitors' hosts", 5*time.Second, func() error {
 		n++
 		probe := fmt.Sprintf("probe-%d", n)
 		l.sendUDPFrom(from, l.ip(to), 0, port, 64, probe)
@@ -165,7 +167,7 @@ func TestPrivilegedTapCopiesATCPTransferAndPingsByteForByte(t *testing.T) {
 	stopRecv, _ := l.captureFile("web2", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type", "tcp.seq_raw")
 	stopMon2, _ := l.captureFile("mon2", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type", "tcp.seq_raw")
 	stopMon1, _ := l.captureFile("mon1", "eth0", "ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.payload", "icmp.type", "tcp.seq_raw")
-	eventually(t, "the policies on h1", 5*time.Second, func() error {
+	testenv.Eventually(t, "the policies on h1", 5*time.Second, func() error {
 		l.refresh()
 		if st := l.node("h1").Agent; st != nil && len(st.Taps) >= 2 {
 			return nil
@@ -295,7 +297,7 @@ func TestPrivilegedTapDeleteStopsCopiesAndMovesKeepPolicies(t *testing.T) {
 	l.awaitCopies("web1", "web2", 7000, mon2)
 
 	l.tap("delete", "t1")
-	eventually(t, "no TAP rule left on any host", 5*time.Second, func() error {
+	testenv.Eventually(t, "no TAP rule left on any host", 5*time.Second, func() error {
 		l.refresh()
 		for _, h := range []string{"h1", "h2"} {
 			if st := l.node(h).Agent; st == nil || len(st.Taps) != 0 {

@@ -70,7 +70,7 @@ func TestPrivilegedFabricGetsNeitherEtcdNorTheAPIWithoutCredentials(t *testing.T
 	got, pcap := l.captureFile("fabric", "p-controller", "tcp.srcport", "tcp.dstport", "tcp.len")
 	l.onehop("lab", "restart", "h1")
 	restarted := time.Now()
-	waitFor(t, "the restarted agent to report over TLS", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the restarted agent to report over TLS", 20*time.Second, func() bool {
 		var r lab.Report
 		if json.Unmarshal([]byte(l.onehop("lab", "status", "-o", "json")), &r) != nil {
 			return false
@@ -84,7 +84,7 @@ func TestPrivilegedFabricGetsNeitherEtcdNorTheAPIWithoutCredentials(t *testing.T
 	})
 	// tcpdump gets packets from the kernel in blocks, up to a second late:
 	// wait until the file holds the new session, or the check proves nothing.
-	waitFor(t, "the capture to hold the agent's etcd traffic", 10*time.Second, func() bool {
+	testenv.Eventually(t, "the capture to hold the agent's etcd traffic", 10*time.Second, func() bool {
 		fi, err := os.Stat(pcap)
 		return err == nil && fi.Size() > 4000
 	})

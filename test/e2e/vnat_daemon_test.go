@@ -98,10 +98,10 @@ func TestPrivilegedVNATConnectionSurvivesASubnetMove(t *testing.T) {
 	l := upLab(t, vnatPair)
 	server := l.start("db1", "python3", "-c", echoServer)
 	defer server.Stop()
-	waitFor(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
+	testenv.Eventually(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	client := l.start("web1", "python3", "-c", echoClient, l.ip("db1"))
 	defer client.Stop()
-	waitFor(t, "echoes before the move", 10*time.Second, func() bool {
+	testenv.Eventually(t, "echoes before the move", 10*time.Second, func() bool {
 		if strings.Contains(client.Output(), "error") {
 			t.Fatalf("client: %s\nserver: %s", client.Output(), server.Output())
 		}
@@ -126,7 +126,7 @@ func TestPrivilegedVNATConnectionSurvivesASubnetMove(t *testing.T) {
 		}
 		return vnatd.ConnStatus{}, false
 	}
-	waitFor(t, "the connection keyed at first contact", 15*time.Second, func() bool {
+	testenv.Eventually(t, "the connection keyed at first contact", 15*time.Second, func() bool {
 		c, ok := find("web1", virt)
 		return ok && c.Keyed && c.State == "active"
 	})
@@ -135,7 +135,7 @@ func TestPrivilegedVNATConnectionSurvivesASubnetMove(t *testing.T) {
 	l.refresh()
 	newIP := l.node("web1").VM.IP
 	before := lastEcho(client.Output())
-	waitFor(t, "20 more echoes after the move", 30*time.Second, func() bool {
+	testenv.Eventually(t, "20 more echoes after the move", 30*time.Second, func() bool {
 		return lastEcho(client.Output()) >= before+20 || strings.Contains(client.Output(), "error")
 	})
 	if strings.Contains(client.Output(), "error") {
@@ -159,7 +159,7 @@ func TestPrivilegedVNATConnectionSurvivesASubnetMove(t *testing.T) {
 	l.refresh()
 	dbNew := l.node("db1").VM.IP
 	before = lastEcho(client.Output())
-	waitFor(t, "20 more echoes after the second move", 30*time.Second, func() bool {
+	testenv.Eventually(t, "20 more echoes after the second move", 30*time.Second, func() bool {
 		return lastEcho(client.Output()) >= before+20 || strings.Contains(client.Output(), "error")
 	})
 	if strings.Contains(client.Output(), "error") {

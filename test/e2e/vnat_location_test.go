@@ -47,9 +47,9 @@ var echoClientPatient = strings.Replace(echoClient, "timeout=30", "timeout=90", 
 func vnatEcho(t *testing.T, l *testLab) (*background, string) {
 	t.Helper()
 	server := l.start("db1", "python3", "-c", echoServer)
-	waitFor(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
+	testenv.Eventually(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	client := l.start("web1", "python3", "-c", echoClientPatient, l.ip("db1"))
-	waitFor(t, "echoes before any move", 10*time.Second, func() bool {
+	testenv.Eventually(t, "echoes before any move", 10*time.Second, func() bool {
 		if strings.Contains(client.Output(), "error") {
 			t.Fatalf("client: %s\nserver: %s", client.Output(), server.Output())
 		}
@@ -85,7 +85,7 @@ func vnatConn(t *testing.T, l *testLab, node, virtual string) (vnatd.ConnStatus,
 func moreEchoes(t *testing.T, l *testLab, client *background, n int, what string) {
 	t.Helper()
 	before := lastEcho(client.Output())
-	waitFor(t, what, 90*time.Second, func() bool {
+	testenv.Eventually(t, what, 90*time.Second, func() bool {
 		return lastEcho(client.Output()) >= before+n || strings.Contains(client.Output(), "error")
 	})
 	if strings.Contains(client.Output(), "error") {
@@ -113,7 +113,7 @@ func TestPrivilegedVNATAddressStillUsedVirtuallyIsNotHandedOut(t *testing.T) {
 	webNew := l.ip("web1")
 	moreEchoes(t, l, client, 10, "10 echoes after web1 moved")
 	// The record reached the controller through h2's relay.
-	waitFor(t, "web1's daemon to store its location at the controller", 20*time.Second, func() bool {
+	testenv.Eventually(t, "web1's daemon to store its location at the controller", 20*time.Second, func() bool {
 		return vnatReply(t, l, "web1").Counters["locations_stored"] >= 1
 	})
 
@@ -143,7 +143,7 @@ func TestPrivilegedVNATBothEndsMoveAtOnceAndMeetAtTheLocationServer(t *testing.T
 	client, virt := vnatEcho(t, l)
 	dbOld := l.ip("db1")
 	rv := dbOld + ":7100->" + virt[:strings.Index(virt, "->")]
-	waitFor(t, "both daemons to know the connection", 15*time.Second, func() bool {
+	testenv.Eventually(t, "both daemons to know the connection", 15*time.Second, func() bool {
 		_, a := vnatConn(t, l, "web1", virt)
 		_, b := vnatConn(t, l, "db1", rv)
 		return a && b
@@ -170,7 +170,7 @@ func TestPrivilegedVNATBothEndsMoveAtOnceAndMeetAtTheLocationServer(t *testing.T
 	l.onehop("lab", "move", "db1", "--to", "h1", "--subnet", "blue/ops")
 	l.refresh()
 	webNew, dbNew := l.ip("web1"), l.ip("db1")
-	waitFor(t, "db1 to leave its location and wait (suspended)", 30*time.Second, func() bool {
+	testenv.Eventually(t, "db1 to leave its location and wait (suspended)", 30*time.Second, func() bool {
 		c, ok := vnatConn(t, l, "db1", rv)
 		return ok && c.State == "suspended"
 	})

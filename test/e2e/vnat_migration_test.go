@@ -41,17 +41,23 @@ func (l *testLab) vnatConn(node, proto, virtual string) (vnatd.ConnStatus, bool)
 	return vnatd.ConnStatus{}, false
 }
 
-// waitOrSay is waitFor that says more when it gives up: what diag returns
-// (the programs' output, the daemons' logs).
+// waitOrSay is testenv.Eventually on ok that says more when it gives up:
+// what diag returns (the programs' output, the daemons' logs), read then.
 func waitOrSay(t *testing.T, what string, timeout time.Duration, ok func() bool, diag func() string) {
 	t.Helper()
-	for deadline := time.Now().Add(timeout); !ok(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s\n%s", timeout, what, diag())
+	testenv.Eventually(t, what, timeout, func() error {
+		if ok() {
+			return nil
 		}
-		time.Sleep(100 * time.Millisecond) // the poll interval
-	}
+		return diagnosis(diag)
+	})
 }
+
+// diagnosis is an error whose message is what diag returns when it is
+// printed, not each time a check fails.
+type diagnosis func() string
+
+func (d diagnosis) Error() string { return "\n" + d() }
 
 // udpEchoServer answers every datagram on UDP 7200 from a socket connected
 // to its first client: a connected UDP socket at each end. An error (an
@@ -105,12 +111,12 @@ func TestPrivilegedVNATConnectedUDPFlowSurvivesASubnetMove(t *testing.T) {
 	testenv.RequireTool(t, "udhcpc", "python3")
 	l := upLab(t, vnatPair)
 	server := l.start("db1", "python3", "-c", udpEchoServer)
-	waitFor(t, "db1's UDP echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
+	testenv.Eventually(t, "db1's UDP echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	client := l.start("web1", "python3", "-c", udpEchoClient, l.ip("db1"))
-	waitFor(t, "UDP echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
+	testenv.Eventually(t, "UDP echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
 	local := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(client.Output(), "\n", 2)[0], "local "))
 	virt := local + "->" + l.ip("db1") + ":7200"
-	waitFor(t, "the UDP flow keyed at first contact on both ends", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the UDP flow keyed at first contact on both ends", 20*time.Second, func() bool {
 		a, okA := l.vnatConn("web1", "udp", virt)
 		b, okB := l.vnatConn("db1", "udp", l.ip("db1")+":7200->"+local)
 		return okA && okB && a.Keyed && b.Keyed
@@ -163,13 +169,13 @@ func TestPrivilegedVNATExternalKeepsItsConnectionAcrossReaddress(t *testing.T) {
 	testenv.RequireTool(t, "python3")
 	l := upLab(t, vnatExternals)
 	server := l.start("x2", "python3", "-c", echoServer)
-	waitFor(t, "x2's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
+	testenv.Eventually(t, "x2's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	x2 := l.extIP("x2")
 	client := l.start("x1", "python3", "-c", echoClient, x2)
-	waitFor(t, "echoes before the readdress", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
+	testenv.Eventually(t, "echoes before the readdress", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
 	local := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(client.Output(), "\n", 2)[0], "local "))
 	virt := local + "->" + x2 + ":7100"
-	waitFor(t, "the connection keyed at first contact", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the connection keyed at first contact", 20*time.Second, func() bool {
 		c, ok := l.vnatConn("x1", "tcp", virt)
 		return ok && c.Keyed
 	})
@@ -181,7 +187,7 @@ func TestPrivilegedVNATExternalKeepsItsConnectionAcrossReaddress(t *testing.T) {
 		t.Fatalf("readdress left x1 at %s", old)
 	}
 	before := lastEcho(client.Output())
-	waitFor(t, "20 more echoes after the readdress", 40*time.Second, func() bool {
+	testenv.Eventually(t, "20 more echoes after the readdress", 40*time.Second, func() bool {
 		return lastEcho(client.Output()) >= before+20 || strings.Contains(client.Output(), "error")
 	})
 	if strings.Contains(client.Output(), "error") {
@@ -217,12 +223,12 @@ func TestPrivilegedVNATPeerWithoutDaemonCannotBeRestoredAndTheDaemonSaysWhy(t *t
 	testenv.RequireTool(t, "udhcpc", "python3")
 	l := upLab(t, vnatOneSided)
 	server := l.start("db1", "python3", "-c", echoServer)
-	waitFor(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
+	testenv.Eventually(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	client := l.start("web1", "python3", "-c", echoClient, l.ip("db1"))
-	waitFor(t, "echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
+	testenv.Eventually(t, "echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
 	local := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(client.Output(), "\n", 2)[0], "local "))
 	virt := local + "->" + l.ip("db1") + ":7100"
-	waitFor(t, "web1's daemon sees the connection", 10*time.Second, func() bool {
+	testenv.Eventually(t, "web1's daemon sees the connection", 10*time.Second, func() bool {
 		c, ok := l.vnatConn("web1", "tcp", virt)
 		return ok && c.State == "active" && !c.Keyed // no daemon at db1 to key it with
 	})
@@ -233,7 +239,7 @@ func TestPrivilegedVNATPeerWithoutDaemonCannotBeRestoredAndTheDaemonSaysWhy(t *t
 	l.onehop("lab", "move", "web1", "--to", "h2", "--subnet", "blue/app")
 	l.refresh()
 	// The walk is retried for 15 s before the migration is aborted.
-	waitFor(t, "web1's daemon to abort the connection's migration", 40*time.Second, func() bool {
+	testenv.Eventually(t, "web1's daemon to abort the connection's migration", 40*time.Second, func() bool {
 		c, ok := l.vnatConn("web1", "tcp", virt)
 		return ok && c.State == "aborted"
 	})
@@ -273,13 +279,13 @@ func TestPrivilegedVNATForgedUpdateFromAThirdVMIsRefusedAndTheConnectionCarriesO
 	testenv.RequireTool(t, "udhcpc", "python3", "tcpdump", "tshark")
 	l := upLab(t, vnatWithRogue)
 	server := l.start("db1", "python3", "-c", echoServer)
-	waitFor(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
+	testenv.Eventually(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	db := l.ip("db1")
 	client := l.start("web1", "python3", "-c", echoClient, db)
-	waitFor(t, "echoes before the attack", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
+	testenv.Eventually(t, "echoes before the attack", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
 	local := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(client.Output(), "\n", 2)[0], "local "))
 	virtDB := db + ":7100->" + local
-	waitFor(t, "the connection keyed at first contact", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the connection keyed at first contact", 20*time.Second, func() bool {
 		c, ok := l.vnatConn("db1", "tcp", virtDB)
 		return ok && c.Keyed && c.State == "active"
 	})
@@ -356,7 +362,7 @@ print(out.hex())
 	}
 	// The connection is where it was, and carries on.
 	n := lastEcho(client.Output())
-	waitFor(t, "10 more echoes after the attack", 20*time.Second, func() bool {
+	testenv.Eventually(t, "10 more echoes after the attack", 20*time.Second, func() bool {
 		return lastEcho(client.Output()) >= n+10 || strings.Contains(client.Output(), "error")
 	})
 	if strings.Contains(client.Output(), "error") {
@@ -410,13 +416,13 @@ func TestPrivilegedVNATInteractiveSocatSessionSurvivesAMove(t *testing.T) {
 	testenv.RequireTool(t, "udhcpc", "socat", "python3")
 	l := upLab(t, vnatPair)
 	server := l.start("db1", "python3", "-c", echoServer)
-	waitFor(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
+	testenv.Eventually(t, "db1's echo server", 10*time.Second, func() bool { return strings.Contains(server.Output(), "listening") })
 	db := l.ip("db1")
 	const typist = `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); echo echo $i; read r || exit 1; echo $r >&2; sleep 0.1; done`
 	client := l.start("web1", "socat", "SYSTEM:"+typist, "TCP:"+db+":7100")
-	waitFor(t, "echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
+	testenv.Eventually(t, "echoes before the move", 15*time.Second, func() bool { return lastEcho(client.Output()) >= 5 })
 	var virt string
-	waitFor(t, "the session keyed at first contact", 20*time.Second, func() bool {
+	testenv.Eventually(t, "the session keyed at first contact", 20*time.Second, func() bool {
 		for _, c := range l.vnatStatus("web1").Conns {
 			if c.Proto == "tcp" && strings.HasSuffix(c.Virtual, "->"+db+":7100") && c.Keyed {
 				virt = c.Virtual
