@@ -13,11 +13,8 @@ import (
 	"github.com/onehop/onehop/internal/csum"
 )
 
-var (
-	a   = netip.MustParseAddr("10.1.1.2")
-	b   = netip.MustParseAddr("10.1.1.3")
-	mac = bpftest.MustMAC("aa:00:00:00:00:01")
-)
+// a and b are the addresses of every IPv4 frame built here.
+var a, b = netip.MustParseAddr("10.1.1.2"), netip.MustParseAddr("10.1.1.3")
 
 // decode parses a built frame with gopacket, failing on anything it
 // cannot read.
@@ -47,6 +44,7 @@ func TestAZeroFrameIsIPv4FromZeroMACsWithTTL64And32BytesOfPayload(t *testing.T) 
 
 func TestFrameOptionsReachTheBytes(t *testing.T) {
 	t.Run("an ARP op makes an ARP frame, the sender's MAC its source's", func(t *testing.T) {
+		mac := bpftest.MustMAC("aa:00:00:00:00:01")
 		arp := decode(t, bpftest.Frame{Src: mac, Saddr: a, Daddr: b, ARPOp: 1}).Layer(layers.LayerTypeARP).(*layers.ARP)
 		if arp.Operation != 1 || !bytes.Equal(arp.SourceHwAddress, mac) || !bytes.Equal(arp.DstHwAddress, make([]byte, 6)) ||
 			!bytes.Equal(arp.SourceProtAddress, a.AsSlice()) || !bytes.Equal(arp.DstProtAddress, b.AsSlice()) {
