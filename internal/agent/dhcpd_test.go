@@ -32,8 +32,7 @@ func server() *DHCPServer {
 }
 
 func TestDHCPDiscoverIsOfferedTheVMsAddressFromItsGateway(t *testing.T) {
-	mac := mustMAC(t, web1.MAC)
-	reply, err := server().Handle(5, discover(mac))
+	reply, err := server().Handle(5, discover(web1MAC))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +58,7 @@ func TestDHCPForAnotherHardwareAddressOrUnknownVifIsRefused(t *testing.T) {
 	if _, err := server().Handle(5, discover(net.HardwareAddr{2, 0, 10, 1, 1, 9})); err == nil || !strings.Contains(err.Error(), "not its own") {
 		t.Fatalf("err = %v", err)
 	}
-	mac := mustMAC(t, web1.MAC)
-	if _, err := server().Handle(6, discover(mac)); err == nil {
+	if _, err := server().Handle(6, discover(web1MAC)); err == nil {
 		t.Fatal("answered on a vif with no VM")
 	}
 	if _, err := server().Handle(5, []byte{1, 2, 3}); err == nil {

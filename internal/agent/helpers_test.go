@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"testing"
 
@@ -12,15 +11,6 @@ import (
 )
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
-
-func mustMAC(t testing.TB, s string) net.HardwareAddr {
-	t.Helper()
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
 
 // putDesired stores the node's desired state as the controller would.
 func putDesired(t *testing.T, s store.Store, node string, d intent.Desired) {

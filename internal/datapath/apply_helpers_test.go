@@ -22,17 +22,17 @@ func intentVis(srcFarm, srcSubnet, dstFarm, dstSubnet, proto uint8, port uint16)
 // routedOut is what h1 sends to h2 for a frame a local VM routed to a VM on
 // h2: host MACs, one hop less.
 func routedOut(f frame) *frame {
-	f.src, f.dst, f.ttl = h1MAC, h2MAC, orDefault(f.ttl, 64)-1
+	f.Src, f.Dst, f.TTL = h1MAC, h2MAC, orDefault(f.TTL, 64)-1
 	return &f
 }
 
 // delivered is what a local VM receives of a frame from h2: its own MAC as
 // destination, from the sender's (same subnet) or its gateway's MAC.
 func delivered(f frame) *frame {
-	f.dst = vmac(f.daddr)
-	f.src = vmac(f.saddr)
-	if !sameSubnet(f.saddr, f.daddr) {
-		f.src = vmac(netip.AddrFrom4([4]byte{f.daddr.As4()[0], f.daddr.As4()[1], f.daddr.As4()[2], 1}))
+	f.Dst = vmac(f.Daddr)
+	f.Src = vmac(f.Saddr)
+	if !sameSubnet(f.Saddr, f.Daddr) {
+		f.Src = vmac(netip.AddrFrom4([4]byte{f.Daddr.As4()[0], f.Daddr.As4()[1], f.Daddr.As4()[2], 1}))
 	}
 	return &f
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/gopacket/layers"
+
+	"github.com/onehop/onehop/internal/bpftest"
 )
 
 // ctKeyOf is ct_key_of in bpf/lib/conntrack.h: the flow's key, the same
@@ -48,9 +50,9 @@ func conntrackEntries(t *testing.T, k *Kernel) map[CtKey]CtEntry {
 func TestPrivilegedAReplyFindsItsFlowsOneEntry(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp := layers.IPProtocolTCP
-	open := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}
+	open := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens tcp/5432 to db1",
-		in: open, wantVerdict: actRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
+		in: open, wantVerdict: bpftest.ActRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
 	entries := conntrackEntries(t, k)
 	replyKey, replyDir := ctKeyOf(db1, 5432, web1, 40000, 6)
 	openKey, openDir := ctKeyOf(web1, 40000, db1, 5432, 6)
@@ -65,9 +67,9 @@ func TestPrivilegedAReplyFindsItsFlowsOneEntry(t *testing.T) {
 		t.Fatalf("entry opened %#x, want %#x (the way web1 opened it)", e.Opened, openDir)
 	}
 	// The reply's one lookup is that key: it passes, and adds nothing.
-	reply := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000}
+	reply := frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000}
 	runTable(t, k, k.UplinkProgram(), []progCase{{name: "db1's reply passes on the flow's entry",
-		in: reply, wantVerdict: actRedirect, want: delivered(reply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"}})
+		in: reply, wantVerdict: bpftest.ActRedirect, want: delivered(reply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"}})
 	after := conntrackEntries(t, k)
 	if len(after) != 1 || after[replyKey].Opened != openDir {
 		t.Fatalf("after the reply conntrack holds %v, want the one entry, still opened %#x", after, openDir)
@@ -79,22 +81,22 @@ func TestPrivilegedAReplyFindsItsFlowsOneEntry(t *testing.T) {
 func TestPrivilegedAOneWayRuleStillRefusesNewFlowsTheOtherWay(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
-	open := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}
+	open := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens tcp/5432 to db1 (web -> db tcp/5432)",
-		in: open, wantVerdict: actRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
-	reply := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000}
+		in: open, wantVerdict: bpftest.ActRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
+	reply := frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1 opening tcp/5432 towards web1 is refused",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 40000, dport: 5432},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 40000, Dport: 5432},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "db1 opening from port 5432 to another port of web1 is refused",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40001},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40001},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "udp on the flow's ports is another flow, and refused",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: udp, sport: 5432, dport: 40000},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: udp, Sport: 5432, Dport: 40000},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "the flow's reply passes",
-			in: reply, wantVerdict: actRedirect, want: delivered(reply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
+			in: reply, wantVerdict: bpftest.ActRedirect, want: delivered(reply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 	if n := len(conntrackEntries(t, k)); n != 1 {
 		t.Fatalf("refused packets left entries: %d in conntrack, want 1", n)
@@ -106,15 +108,15 @@ func TestPrivilegedAOneWayRuleStillRefusesNewFlowsTheOtherWay(t *testing.T) {
 func TestPrivilegedAWithdrawnFlowsRepliesAreRefused(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp := layers.IPProtocolTCP
-	open := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}
+	open := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens tcp/5432 to db1",
-		in: open, wantVerdict: actRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
+		in: open, wantVerdict: bpftest.ActRedirect, want: routedOut(open), wantTo: 7, wantForward: "to_fabric,routed"}})
 	d := testDesired()
 	d.Visibility = d.Visibility[1:] // web -> db withdrawn
 	applyDesired(t, k, d)
 	runTable(t, k, k.UplinkProgram(), []progCase{{name: "db1's reply no longer passes",
-		in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-		wantVerdict: actShot, wantDrop: "not_visible"}})
+		in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000},
+		wantVerdict: bpftest.ActShot, wantDrop: "not_visible"}})
 	if n := len(conntrackEntries(t, k)); n != 0 {
 		t.Fatalf("the withdrawn flow is still in conntrack (%d entries)", n)
 	}
@@ -127,20 +129,20 @@ func TestPrivilegedPingsBothWaysShareOneEntry(t *testing.T) {
 	d.Visibility = append(d.Visibility, intentVis(1, 1, 1, 2, 1, 0)) // web -> db icmp too
 	k := loadTestKernelWith(t, d)
 	icmp := layers.IPProtocolICMPv4
-	ping := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpID: 9}
+	ping := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPID: 9}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 pings db1 with id 9",
-		in: ping, wantVerdict: actRedirect, want: routedOut(ping), wantTo: 7, wantForward: "to_fabric,routed"}})
-	theirs := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: 9, ttl: 63}
-	theirReply := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpType: 100, icmpID: 9, ttl: 63}
+		in: ping, wantVerdict: bpftest.ActRedirect, want: routedOut(ping), wantTo: 7, wantForward: "to_fabric,routed"}})
+	theirs := frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: icmp, ICMPID: 9, TTL: 63}
+	theirReply := frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: icmp, ICMPType: 100, ICMPID: 9, TTL: 63}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1 pings web1 with the same id",
-			in: theirs, wantVerdict: actRedirect, want: delivered(theirs), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
+			in: theirs, wantVerdict: bpftest.ActRedirect, want: delivered(theirs), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "db1's echo reply to web1's ping passes",
-			in: theirReply, wantVerdict: actRedirect, want: delivered(theirReply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
+			in: theirReply, wantVerdict: bpftest.ActRedirect, want: delivered(theirReply), wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
-	mine := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 9}
+	mine := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 100, ICMPID: 9}
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1's echo reply to db1's ping passes",
-		in: mine, wantVerdict: actRedirect, want: routedOut(mine), wantTo: 7, wantForward: "to_fabric,routed"}})
+		in: mine, wantVerdict: bpftest.ActRedirect, want: routedOut(mine), wantTo: 7, wantForward: "to_fabric,routed"}})
 	key, _ := ctKeyOf(web1, 9, db1, 9, 1)
 	entries := conntrackEntries(t, k)
 	if len(entries) != 1 || entries[key].Opened != ctOpenedAB|ctOpenedBA {

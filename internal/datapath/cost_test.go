@@ -2,10 +2,11 @@ package datapath
 
 import (
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
+
+	"github.com/onehop/onehop/internal/bpftest"
 )
 
 // The datapath's own per-packet cost, without the kernel around it: each
@@ -23,11 +24,11 @@ func BenchmarkPrivilegedPacketCost(b *testing.B) {
 		prog *ebpf.Program
 		in   frame
 	}{
-		{"vif/intra-subnet", k.VifProgram(), frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp}},
+		{"vif/intra-subnet", k.VifProgram(), frame{Src: vmac(web1), Dst: vmac(web2), Saddr: web1, Daddr: web2, Proto: udp}},
 		// web may reach db on tcp/5432 only (testDesired's rules).
-		{"vif/routed", k.VifProgram(), frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}},
-		{"uplink/intra-subnet", k.UplinkProgram(), frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: udp}},
-		{"uplink/routed-reply", k.UplinkProgram(), frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000, ttl: 63}},
+		{"vif/routed", k.VifProgram(), frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432}},
+		{"uplink/intra-subnet", k.UplinkProgram(), frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: udp}},
+		{"uplink/routed-reply", k.UplinkProgram(), frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000, TTL: 63}},
 	}
 	// The routed flow is admitted once, as its first packet would be.
 	if _, err := k.VifProgram().Run(&ebpf.RunOptions{Data: cases[1].in.bytes(b)}); err != nil {
@@ -35,23 +36,7 @@ func BenchmarkPrivilegedPacketCost(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			in := c.in.bytes(b)
-			// One run per call, each on a fresh copy of the frame: a
-			// repeated run would see the frame its last run rewrote (and
-			// time a drop). The kernel times each run on its own, so the
-			// syscall around it is not counted.
-			var total time.Duration
-			for i := 0; i < b.N; i++ {
-				ret, d, err := c.prog.Benchmark(in, 1, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if ret != actRedirect {
-					b.Fatalf("verdict %d: the frame is not forwarded, so this would time a drop", ret)
-				}
-				total += d
-			}
-			b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/packet")
+			b.ReportMetric(bpftest.PacketCost(b, c.prog, c.in.bytes(b), b.N, bpftest.ActRedirect, nil), "ns/packet")
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/intent"
 )
 
@@ -94,7 +95,7 @@ func TestCompileHostsLeavesOutItselfAndNamesBrokenRecords(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "node h3") {
 		t.Errorf("error %v, want one naming node h3", err)
 	}
-	want := map[HostKey]uint8{hostKey(mustMAC("aa:00:00:00:00:02")): 1}
+	want := map[HostKey]uint8{hostKey(bpftest.MustMAC("aa:00:00:00:00:02")): 1}
 	if !reflect.DeepEqual(hosts, want) {
 		t.Errorf("hosts %v, want only h2", hosts)
 	}

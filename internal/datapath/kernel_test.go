@@ -18,24 +18,17 @@ import (
 	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
 
-	"github.com/onehop/onehop/internal/csum"
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
-// Verdicts a tc program returns (linux/pkt_cls.h).
-const (
-	actOK       = 0
-	actShot     = 2
-	actRedirect = 7
-)
-
 var (
-	h1MAC    = mustMAC("aa:00:00:00:00:01")
-	h2MAC    = mustMAC("aa:00:00:00:00:02")
-	h3MAC    = mustMAC("aa:00:00:00:00:03")
-	rogueMAC = mustMAC("aa:00:00:00:00:99") // on the fabric, but no host the store knows
+	h1MAC    = bpftest.MustMAC("aa:00:00:00:00:01")
+	h2MAC    = bpftest.MustMAC("aa:00:00:00:00:02")
+	h3MAC    = bpftest.MustMAC("aa:00:00:00:00:03")
+	rogueMAC = bpftest.MustMAC("aa:00:00:00:00:99") // on the fabric, but no host the store knows
 
 	web1 = netip.MustParseAddr("10.1.1.2") // local, on the vif the tests send from (ifindex 1)
 	web2 = netip.MustParseAddr("10.1.1.3") // remote, on h2
@@ -45,14 +38,6 @@ var (
 
 	h1Uplink = Uplink{Ifindex: 7, MAC: h1MAC}
 )
-
-func mustMAC(s string) net.HardwareAddr {
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		panic(err)
-	}
-	return m
-}
 
 func vmac(a netip.Addr) net.HardwareAddr { return ipam.VirtualMAC(a) }
 
@@ -86,28 +71,23 @@ func testIfindex(name string) (int, error) {
 	return 0, os.ErrNotExist
 }
 
-type frame struct {
-	src, dst   net.HardwareAddr
-	ethType    layers.EthernetType
-	saddr      netip.Addr
-	daddr      netip.Addr
-	proto      layers.IPProtocol
-	ihl        uint8  // 0: 5; 6 adds one word of options
-	fragOffset uint16 // in 8-byte units
-	moreFrags  bool   // the MF flag: a fragment with more to come
-	ipID       uint16
-	cutL4      int // >0: keep only this many bytes after the IPv4 header (tot_len follows)
-	arpOp      uint16
-	arpSHA     net.HardwareAddr
-	arpTHA     net.HardwareAddr
-	vlan       bool
-	truncate   int    // cut the frame to this many bytes
-	ttl        uint8  // 0: 64
-	sport      uint16 // 0: 40000
-	dport      uint16 // 0: 5201
-	icmpType   uint8  // 0: echo request (8); set 100 for an echo reply (0)
-	icmpID     uint16 // 0: 1
-	payload    []byte // nil: 32 bytes of 0xab
+// frame is a test frame as this package's rows write it: where a row says
+// nothing, TCP and UDP go from port 40000 to 5201 and ICMP is an echo
+// request with id 1 (ICMPType 100 asks for an echo reply, the type 0
+// cannot say here).
+type frame bpftest.Frame
+
+func (f frame) bytes(t testing.TB) []byte {
+	t.Helper()
+	g := bpftest.Frame(f)
+	g.Sport, g.Dport, g.ICMPID = orDefault(g.Sport, 40000), orDefault(g.Dport, 5201), orDefault(g.ICMPID, 1)
+	switch g.ICMPType {
+	case 0:
+		g.ICMPType = 8
+	case 100:
+		g.ICMPType = 0
+	}
+	return g.Bytes(t)
 }
 
 func orDefault[T comparable](v, def T) T {
@@ -116,83 +96,6 @@ func orDefault[T comparable](v, def T) T {
 		return def
 	}
 	return v
-}
-
-func (f frame) bytes(t testing.TB) []byte {
-	t.Helper()
-	eth := &layers.Ethernet{SrcMAC: f.src, DstMAC: f.dst, EthernetType: f.ethType}
-	if f.ethType == 0 {
-		eth.EthernetType = layers.EthernetTypeIPv4
-	}
-	var ls []gopacket.SerializableLayer
-	if f.vlan {
-		eth.EthernetType = layers.EthernetTypeDot1Q
-		ls = append(ls, eth, &layers.Dot1Q{VLANIdentifier: 10, Type: layers.EthernetTypeIPv4})
-	} else {
-		ls = append(ls, eth)
-	}
-	payload := gopacket.Payload(bytes.Repeat([]byte{0xab}, 32))
-	if f.payload != nil {
-		payload = f.payload
-	}
-	switch eth.EthernetType {
-	case layers.EthernetTypeARP:
-		sha := f.arpSHA
-		if sha == nil {
-			sha = f.src
-		}
-		ls = append(ls, &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4,
-			HwAddressSize: 6, ProtAddressSize: 4, Operation: f.arpOp,
-			SourceHwAddress: sha, SourceProtAddress: f.saddr.AsSlice(),
-			DstHwAddress: orZeroMAC(f.arpTHA), DstProtAddress: f.daddr.AsSlice()})
-	case layers.EthernetTypeIPv6:
-		ls = append(ls, &layers.IPv6{Version: 6, NextHeader: layers.IPProtocolUDP, HopLimit: 64,
-			SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}, payload)
-	default:
-		ip := &layers.IPv4{Version: 4, TTL: orDefault(f.ttl, 64), Protocol: f.proto, SrcIP: f.saddr.AsSlice(), DstIP: f.daddr.AsSlice(),
-			FragOffset: f.fragOffset, Id: f.ipID}
-		if f.moreFrags {
-			ip.Flags = layers.IPv4MoreFragments
-		}
-		if f.ihl == 6 {
-			ip.Options = []layers.IPv4Option{{OptionType: 1}, {OptionType: 1}, {OptionType: 1}, {OptionType: 0}}
-		}
-		ls = append(ls, ip)
-		switch f.proto {
-		case layers.IPProtocolTCP:
-			tcp := &layers.TCP{SrcPort: layers.TCPPort(orDefault(f.sport, 40000)), DstPort: layers.TCPPort(orDefault(f.dport, 5201)), SYN: true, Window: 1000}
-			tcp.SetNetworkLayerForChecksum(ip)
-			ls = append(ls, tcp, payload)
-		case layers.IPProtocolUDP:
-			udp := &layers.UDP{SrcPort: layers.UDPPort(orDefault(f.sport, 40000)), DstPort: layers.UDPPort(orDefault(f.dport, 5201))}
-			udp.SetNetworkLayerForChecksum(ip)
-			ls = append(ls, udp, payload)
-		default:
-			typ := orDefault(f.icmpType, 8)
-			if typ == 100 {
-				typ = 0
-			}
-			ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, 0), Id: orDefault(f.icmpID, 1), Seq: 1}, payload)
-		}
-	}
-	buf := gopacket.NewSerializeBuffer()
-	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
-		t.Fatalf("build frame: %v", err)
-	}
-	b := buf.Bytes()
-	if f.ihl != 0 && f.ihl != 6 {
-		b[14] = 0x40 | f.ihl
-	}
-	if f.cutL4 > 0 {
-		hl := int(b[14]&0x0f) * 4
-		b = b[:14+hl+f.cutL4]
-		binary.BigEndian.PutUint16(b[16:18], uint16(hl+f.cutL4))
-		csum.SetIPv4(b[14:])
-	}
-	if f.truncate > 0 {
-		b = b[:f.truncate]
-	}
-	return b
 }
 
 type progCase struct {
@@ -307,170 +210,136 @@ func mappingOf(k *Kernel, ip netip.Addr) string {
 	return ""
 }
 
+// runTable runs the rows on prog, each row's counters being the node's
+// drop and forward counters.
 func runTable(t *testing.T, k *Kernel, prog *ebpf.Program, cases []progCase) {
 	t.Helper()
-	trace := redirectLog(t, prog)
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			before, err := k.Counters()
-			if err != nil {
-				t.Fatal(err)
+	rows := make([]bpftest.Row, len(cases))
+	for i, c := range cases {
+		r := bpftest.Row{Name: c.name, Prog: prog, In: c.in.bytes(t), Verdict: c.wantVerdict, Out: c.wantBytes,
+			To: c.wantTo, Kind: bpftest.RedirectOut, Clones: c.wantClones, Counters: bpftest.Counters{}}
+		if c.wantPeer {
+			r.Kind = bpftest.RedirectPeer
+		}
+		if c.want != nil {
+			r.Out = c.want.bytes(t)
+		}
+		if c.wantVerdict == bpftest.ActRedirect && r.Out == nil {
+			t.Fatalf("%s: a redirect row must give the whole output frame (want or wantBytes)", c.name)
+		}
+		if c.wantDrop != "" {
+			r.Counters["drop "+c.wantDrop] = 1
+		}
+		for _, f := range strings.Split(c.wantForward, ",") {
+			if f != "" {
+				r.Counters["forward "+f] = 1
 			}
-			if err := trace.Put(uint32(0), RedirectTrace{}); err != nil {
-				t.Fatalf("reset redirect log: %v", err)
-			}
-			in := c.in.bytes(t)
-			opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+256)}
-			ret, err := prog.Run(opts)
-			if err != nil {
-				t.Fatalf("BPF_PROG_RUN: %v", err)
-			}
-			if ret != c.wantVerdict {
-				t.Fatalf("verdict %d, want %d", ret, c.wantVerdict)
-			}
-			checkRedirects(t, trace, c)
-			want := c.wantBytes
-			if c.want != nil {
-				want = c.want.bytes(t)
-			}
-			if c.wantVerdict == actRedirect && want == nil {
-				t.Fatal("a redirect row must give the whole output frame (want or wantBytes)")
-			}
-			if want != nil {
-				if !bytes.Equal(opts.DataOut, want) {
-					t.Fatalf("output frame\n got %x\nwant %x", opts.DataOut, want)
-				}
-			}
-			after, err := k.Counters()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for name, n := range after.Drops {
-				delta := n - before.Drops[name]
-				if name == c.wantDrop && delta != 1 {
-					t.Errorf("drop counter %s rose by %d, want 1", name, delta)
-				}
-				if name != c.wantDrop && delta != 0 {
-					t.Errorf("drop counter %s rose by %d, want 0", name, delta)
-				}
-			}
-			if c.wantDrop != "" {
-				if _, ok := after.Drops[c.wantDrop]; !ok {
-					t.Errorf("no drop counter named %s", c.wantDrop)
-				}
-			}
-			wantFwd := map[string]bool{}
-			for _, f := range strings.Split(c.wantForward, ",") {
-				wantFwd[f] = f != ""
-			}
-			for name, n := range after.Forwards {
-				delta := n - before.Forwards[name]
-				if wantFwd[name] != (delta == 1) || delta > 1 {
-					t.Errorf("forward counter %s rose by %d", name, delta)
-				}
-			}
-			for name := range wantFwd {
-				if _, ok := after.Forwards[name]; name != "" && !ok {
-					t.Errorf("no forward counter named %s", name)
-				}
-			}
-		})
+		}
+		rows[i] = r
 	}
+	bpftest.RunTable(t, func(t testing.TB) bpftest.Counters {
+		t.Helper()
+		c, err := k.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bpftest.Counters{}.Add("drop", c.Drops).Add("forward", c.Forwards)
+	}, rows)
 }
 
 func TestPrivilegedVifProgram(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp, udp, icmp := layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4
 	arpReq := func(target netip.Addr) frame {
-		return frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: target, arpOp: 1}
+		return frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: web1, Daddr: target, ARPOp: 1}
 	}
 	arpReply := func(target netip.Addr, targetMAC net.HardwareAddr) *frame {
 		// Built as the reply from target to web1 (the frame builder puts
 		// zeros in tha, so the expected bytes are patched in the run below).
-		return &frame{src: targetMAC, dst: vmac(web1), ethType: layers.EthernetTypeARP, saddr: target, daddr: web1, arpOp: 2}
+		return &frame{Src: targetMAC, Dst: vmac(web1), EtherType: layers.EthernetTypeARP, Saddr: target, Daddr: web1, ARPOp: 2}
 	}
-	expired := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 1}
+	expired := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432, TTL: 1}
 	cases := []progCase{
 		{name: "tcp to a VM on the same host goes to its vif with MACs of the VMs",
-			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
+			in:          frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: tcp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: tcp},
 			wantTo: 42, wantPeer: true, wantForward: "local"},
 		{name: "udp to a VM on another host leaves host-MAC to host-MAC",
-			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web2, proto: udp},
+			in:          frame{Src: vmac(web1), Dst: vmac(web2), Saddr: web1, Daddr: web2, Proto: udp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: web2, Proto: udp},
 			wantTo: 7, wantForward: "to_fabric"},
 		{name: "ip options are carried",
-			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: icmp, ihl: 6},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: icmp, ihl: 6},
+			in:          frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: icmp, IHL: 6},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: icmp, IHL: 6},
 			wantTo: 42, wantPeer: true, wantForward: "local"},
 		{name: "fragments are carried",
-			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp, fragOffset: 100},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web2, proto: udp, fragOffset: 100},
+			in:          frame{Src: vmac(web1), Dst: vmac(web2), Saddr: web1, Daddr: web2, Proto: udp, FragOffset: 100},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: web2, Proto: udp, FragOffset: 100},
 			wantTo: 7, wantForward: "to_fabric"},
 		{name: "spoofed source ip is dropped",
-			in:          frame{src: vmac(web1), dst: vmac(web2), saddr: web3, daddr: web2, proto: udp},
-			wantVerdict: actShot, wantDrop: "spoofed_ip"},
+			in:          frame{Src: vmac(web1), Dst: vmac(web2), Saddr: web3, Daddr: web2, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "spoofed_ip"},
 		{name: "spoofed source mac is dropped",
-			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web1, daddr: web2, proto: tcp},
-			wantVerdict: actShot, wantDrop: "spoofed_mac"},
+			in:          frame{Src: vmac(web3), Dst: vmac(web2), Saddr: web1, Daddr: web2, Proto: tcp},
+			wantVerdict: bpftest.ActShot, wantDrop: "spoofed_mac"},
 		{name: "tcp to an allowed port of another subnet crosses the gateway: TTL down, host MACs",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432, TTL: 63},
 			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "ttl 1 at the gateway hop comes back as the gateway's time-exceeded",
 			in:          expired,
-			wantVerdict: actRedirect, wantBytes: timeExceeded(t, expired), wantTo: 1, wantForward: "gateway_reply"},
+			wantVerdict: bpftest.ActRedirect, wantBytes: timeExceeded(t, expired), wantTo: 1, wantForward: "gateway_reply"},
 		{name: "ping to the subnet's gateway is answered in the datapath",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: gw, proto: icmp},
-			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: gw, daddr: web1, proto: icmp, icmpType: 100},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: gw, Proto: icmp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(gw), Dst: vmac(web1), Saddr: gw, Daddr: web1, Proto: icmp, ICMPType: 100},
 			wantTo: 1, wantForward: "gateway_reply"},
 		{name: "another subnet without a rule is dropped before the wire",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "destination outside the tenant space is dropped",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: netip.MustParseAddr("192.0.2.1"), proto: icmp},
-			wantVerdict: actShot, wantDrop: "no_route"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: netip.MustParseAddr("192.0.2.1"), Proto: icmp},
+			wantVerdict: bpftest.ActShot, wantDrop: "no_route"},
 		{name: "arp for a VM of the subnet is answered locally",
-			in: arpReq(web2), wantVerdict: actRedirect, want: arpReply(web2, vmac(web2)), wantTo: 1, wantForward: "arp_reply"},
+			in: arpReq(web2), wantVerdict: bpftest.ActRedirect, want: arpReply(web2, vmac(web2)), wantTo: 1, wantForward: "arp_reply"},
 		{name: "arp for the gateway is answered with its derived MAC",
-			in: arpReq(gw), wantVerdict: actRedirect, want: arpReply(gw, vmac(gw)), wantTo: 1, wantForward: "arp_reply"},
+			in: arpReq(gw), wantVerdict: bpftest.ActRedirect, want: arpReply(gw, vmac(gw)), wantTo: 1, wantForward: "arp_reply"},
 		{name: "arp the mapping table cannot answer goes to the subnet's multicast address from the host",
 			in:          arpReq(netip.MustParseAddr("10.1.1.77")),
-			wantVerdict: actRedirect,
-			want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:01:00"), ethType: layers.EthernetTypeARP, saddr: web1,
-				daddr: netip.MustParseAddr("10.1.1.77"), arpOp: 1, arpSHA: vmac(web1)},
+			wantVerdict: bpftest.ActRedirect,
+			want: &frame{Src: h1MAC, Dst: bpftest.MustMAC("03:00:0a:01:01:00"), EtherType: layers.EthernetTypeARP, Saddr: web1,
+				Daddr: netip.MustParseAddr("10.1.1.77"), ARPOp: 1, ARPSHA: vmac(web1)},
 			wantTo: 7, wantForward: "arp_to_fabric"},
 		{name: "asked again within a second, it is not repeated on the fabric",
-			in: arpReq(netip.MustParseAddr("10.1.1.77")), wantVerdict: actShot, wantDrop: "arp_unknown_target"},
+			in: arpReq(netip.MustParseAddr("10.1.1.77")), wantVerdict: bpftest.ActShot, wantDrop: "arp_unknown_target"},
 		{name: "arp for another subnet is dropped",
-			in: arpReq(db1), wantVerdict: actShot, wantDrop: "arp_other_subnet"},
+			in: arpReq(db1), wantVerdict: bpftest.ActShot, wantDrop: "arp_other_subnet"},
 		{name: "arp reply from a VM never leaves",
-			in:          frame{src: vmac(web1), dst: vmac(web3), ethType: layers.EthernetTypeARP, saddr: web1, daddr: web3, arpOp: 2},
-			wantVerdict: actShot, wantDrop: "arp_not_request"},
+			in:          frame{Src: vmac(web1), Dst: vmac(web3), EtherType: layers.EthernetTypeARP, Saddr: web1, Daddr: web3, ARPOp: 2},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_not_request"},
 		{name: "arp claiming another VM's address is dropped",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web3, daddr: web2, arpOp: 1},
-			wantVerdict: actShot, wantDrop: "arp_spoofed"},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: web3, Daddr: web2, ARPOp: 1},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_spoofed"},
 		{name: "arp with a forged sender hardware address is dropped",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: web2, arpOp: 1, arpSHA: vmac(web3)},
-			wantVerdict: actShot, wantDrop: "arp_spoofed"},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: web1, Daddr: web2, ARPOp: 1, ARPSHA: vmac(web3)},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_spoofed"},
 		{name: "ipv6 is dropped as unsupported",
-			in: frame{src: vmac(web1), dst: vmac(web3), ethType: layers.EthernetTypeIPv6}, wantVerdict: actShot, wantDrop: "unsupported"},
+			in: frame{Src: vmac(web1), Dst: vmac(web3), EtherType: layers.EthernetTypeIPv6}, wantVerdict: bpftest.ActShot, wantDrop: "unsupported"},
 		{name: "a vlan tag in the frame is dropped and counted as such",
-			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, vlan: true}, wantVerdict: actShot, wantDrop: "vlan_tagged"},
+			in: frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, VLAN: 10}, wantVerdict: bpftest.ActShot, wantDrop: "vlan_tagged"},
 		// BPF_PROG_RUN itself refuses IPv4 frames shorter than 20 bytes of
 		// header, so the truncation tested is a header longer than the frame.
 		{name: "ipv4 header longer than the frame is dropped as malformed",
-			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, ihl: 15, truncate: 34}, wantVerdict: actShot, wantDrop: "malformed"},
+			in: frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, IHL: 15, Truncate: 34}, wantVerdict: bpftest.ActShot, wantDrop: "malformed"},
 		{name: "ipv4 total length beyond the frame is dropped as malformed, not delivered",
-			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, truncate: 14 + 20 + 8 + 10}, wantVerdict: actShot, wantDrop: "malformed"},
+			in: frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, Truncate: 14 + 20 + 8 + 10}, wantVerdict: bpftest.ActShot, wantDrop: "malformed"},
 		{name: "ipv4 header length below 20 is dropped as malformed",
-			in: frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, ihl: 4}, wantVerdict: actShot, wantDrop: "malformed"},
+			in: frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, IHL: 4}, wantVerdict: bpftest.ActShot, wantDrop: "malformed"},
 		{name: "truncated arp is dropped as malformed",
-			in: frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: web2, arpOp: 1, truncate: 30}, wantVerdict: actShot, wantDrop: "malformed"},
+			in: frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: web1, Daddr: web2, ARPOp: 1, Truncate: 30}, wantVerdict: bpftest.ActShot, wantDrop: "malformed"},
 	}
 	// The ARP reply's target hardware address is the asker's MAC.
 	for i := range cases {
-		if cases[i].want != nil && cases[i].want.ethType == layers.EthernetTypeARP && cases[i].want.arpOp == 2 {
+		if cases[i].want != nil && cases[i].want.EtherType == layers.EthernetTypeARP && cases[i].want.ARPOp == 2 {
 			cases[i].want = withARPTargetMAC(cases[i].want, vmac(web1))
 		}
 	}
@@ -480,7 +349,7 @@ func TestPrivilegedVifProgram(t *testing.T) {
 // withARPTargetMAC marks an expected ARP frame so its tha is mac.
 func withARPTargetMAC(f *frame, mac net.HardwareAddr) *frame {
 	g := *f
-	g.arpTHA = mac
+	g.ARPTHA = mac
 	return &g
 }
 
@@ -490,41 +359,41 @@ func TestPrivilegedUplinkProgram(t *testing.T) {
 	mgmt := netip.MustParseAddr("192.168.100.10")
 	cases := []progCase{
 		{name: "from the holding host into the local VM with virtual MACs restored",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web1), saddr: web2, daddr: web1, proto: tcp},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web2), Dst: vmac(web1), Saddr: web2, Daddr: web1, Proto: tcp},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "from another subnet without a rule is dropped on the receiving host too",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, dport: 22},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Dport: 22},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "from another subnet with a rule arrives from the gateway's MAC",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, ttl: 63},
-			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: icmp, ttl: 63},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: icmp, TTL: 63},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(gw), Dst: vmac(web1), Saddr: db1, Daddr: web1, Proto: icmp, TTL: 63},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "a reply of a flow never started is not let in",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "source VM claimed by a host that does not hold it is dropped",
-			in:          frame{src: h3MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+			in:          frame{Src: h3MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_src"},
 		{name: "a host claiming one of this host's VMs as source is dropped",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web3, daddr: web1, proto: tcp},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web3, Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_src"},
 		{name: "source in a farm without a rule towards this VM is dropped",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("10.9.9.9"), daddr: web1, proto: tcp},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: netip.MustParseAddr("10.9.9.9"), Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "destination VM not on this host is dropped",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: db1, proto: tcp},
-			wantVerdict: actShot, wantDrop: "fabric_not_local"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: db1, Proto: tcp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_local"},
 		{name: "management traffic goes to the host stack untouched",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("192.168.100.11"), daddr: mgmt, proto: tcp},
-			wantVerdict: actOK, want: &frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("192.168.100.11"), daddr: mgmt, proto: tcp},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: netip.MustParseAddr("192.168.100.11"), Daddr: mgmt, Proto: tcp},
+			wantVerdict: bpftest.ActOK, want: &frame{Src: h2MAC, Dst: h1MAC, Saddr: netip.MustParseAddr("192.168.100.11"), Daddr: mgmt, Proto: tcp},
 			wantForward: "host_stack"},
 		{name: "arp between hosts goes to the host stack",
-			in:          frame{src: h2MAC, dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: netip.MustParseAddr("192.168.100.11"), daddr: mgmt, arpOp: 1},
-			wantVerdict: actOK, wantForward: "host_stack"},
+			in:          frame{Src: h2MAC, Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: netip.MustParseAddr("192.168.100.11"), Daddr: mgmt, ARPOp: 1},
+			wantVerdict: bpftest.ActOK, wantForward: "host_stack"},
 		{name: "tenant frame flooded towards another host is left to the stack",
-			in:          frame{src: h2MAC, dst: mustMAC("aa:00:00:00:00:03"), saddr: web2, daddr: web1, proto: tcp},
-			wantVerdict: actOK},
+			in:          frame{Src: h2MAC, Dst: bpftest.MustMAC("aa:00:00:00:00:03"), Saddr: web2, Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActOK},
 	}
 	runTable(t, k, k.UplinkProgram(), cases)
 	if got := mappingOf(k, netip.MustParseAddr("10.9.9.9")); got != "" {
@@ -538,8 +407,8 @@ func TestPrivilegedMappingTableLearnsFromTheFabric(t *testing.T) {
 	web5 := netip.MustParseAddr("10.1.1.6")
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "a packet from a VM not in the table is admitted and its host learned",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web5, daddr: web1, proto: tcp},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web5), dst: vmac(web1), saddr: web5, daddr: web1, proto: tcp},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web5, Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web5), Dst: vmac(web1), Saddr: web5, Daddr: web1, Proto: tcp},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 	if got := mappingOf(k, web5); got != h2MAC.String() {
@@ -547,15 +416,15 @@ func TestPrivilegedMappingTableLearnsFromTheFabric(t *testing.T) {
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "so the reply goes straight to h2 without a question",
-			in:          frame{src: vmac(web1), dst: vmac(web5), saddr: web1, daddr: web5, proto: tcp},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: web5, proto: tcp},
+			in:          frame{Src: vmac(web1), Dst: vmac(web5), Saddr: web1, Daddr: web5, Proto: tcp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: web5, Proto: tcp},
 			wantTo: 7, wantForward: "to_fabric"},
 	})
 }
 
 // arpFrame builds an ARP frame as it appears on the fabric.
 func arpFrame(src, dst net.HardwareAddr, op uint16, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) frame {
-	return frame{src: src, dst: dst, ethType: layers.EthernetTypeARP, arpOp: op, arpSHA: sha, saddr: spa, arpTHA: tha, daddr: tpa}
+	return frame{Src: src, Dst: dst, EtherType: layers.EthernetTypeARP, ARPOp: op, ARPSHA: sha, Saddr: spa, ARPTHA: tha, Daddr: tpa}
 }
 
 // seedAsking puts an entry "being asked for" (no host yet) into the table,
@@ -575,36 +444,36 @@ func TestPrivilegedARPEngineOnTheFabric(t *testing.T) {
 	far := netip.MustParseAddr("10.1.1.60")   // a VM on h2 that web1 asked for
 	db9 := netip.MustParseAddr("10.1.2.9")    // a VM on h2 the agent asked for
 	arp := arpFrame
-	subnetMAC := mustMAC("03:00:0a:01:01:00")
+	subnetMAC := bpftest.MustMAC("03:00:0a:01:01:00")
 	seedAsking(t, k, far)
 	seedAsking(t, k, db9)
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "a question for a VM of this host is answered from this host's uplink",
 			in:          arp(h2MAC, subnetMAC, 1, vmac(asker), asker, nil, web1),
-			wantVerdict: actRedirect, want: ptr(arp(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(asker), asker)),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arp(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(asker), asker)),
 			wantTo: 7, wantForward: "arp_answered"},
 		{name: "a question for a VM not here is dropped quietly",
 			in:          arp(h2MAC, subnetMAC, 1, vmac(asker), asker, nil, netip.MustParseAddr("10.1.1.61")),
-			wantVerdict: actShot, wantDrop: "arp_not_here"},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_not_here"},
 		{name: "the answer to a VM's question is learned and handed to that VM",
 			in:          arp(h2MAC, h1MAC, 2, vmac(far), far, vmac(web1), web1),
-			wantVerdict: actRedirect, want: ptr(arp(vmac(far), vmac(web1), 2, vmac(far), far, vmac(web1), web1)),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arp(vmac(far), vmac(web1), 2, vmac(far), far, vmac(web1), web1)),
 			wantTo: 1, wantPeer: true, wantForward: "arp_learned,arp_reply"},
 		{name: "the answer to the agent's own question goes to the agent",
 			in:          arp(h2MAC, h1MAC, 2, vmac(db9), db9, h1MAC, hostIP),
-			wantVerdict: actShot, wantForward: "arp_learned,to_agent"},
+			wantVerdict: bpftest.ActShot, wantForward: "arp_learned,to_agent"},
 		{name: "an announcement from the host an entry names confirms it",
 			in:          arp(h2MAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2),
-			wantVerdict: actShot, wantForward: "arp_learned"},
+			wantVerdict: bpftest.ActShot, wantForward: "arp_learned"},
 		{name: "an announcement of a VM nobody here talks to adds nothing",
 			in:          arp(h3MAC, layers.EthernetBroadcast, 2, vmac(far), netip.MustParseAddr("10.1.1.62"), layers.EthernetBroadcast, netip.MustParseAddr("10.1.1.62")),
-			wantVerdict: actShot, wantDrop: "arp_not_here"},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_not_here"},
 		{name: "a host claiming one of this host's VMs by ARP is refused",
 			in:          arp(h3MAC, h1MAC, 2, vmac(web3), web3, vmac(web1), web1),
-			wantVerdict: actShot, wantDrop: "fabric_arp_conflict"},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_arp_conflict"},
 		{name: "a VM-space reply addressed to another host is left alone",
 			in:          arp(h2MAC, h3MAC, 2, vmac(far), far, vmac(web1), web1),
-			wantVerdict: actOK},
+			wantVerdict: bpftest.ActOK},
 	})
 	for ip, want := range map[netip.Addr]string{asker: h2MAC.String(), far: h2MAC.String(), db9: h2MAC.String(),
 		web2: h2MAC.String(), netip.MustParseAddr("10.1.1.62"): "", web3: "", netip.MustParseAddr("10.1.1.61"): ""} {
@@ -624,31 +493,31 @@ func TestPrivilegedUnmappedDestinationIsHeldForTheAgent(t *testing.T) {
 	}
 	defer r.Close()
 	db9 := netip.MustParseAddr("10.1.2.9")
-	in := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 5432}
+	in := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db9, Proto: layers.IPProtocolTCP, Dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "an admitted packet for an unmapped VM goes to the agent, gateway hop taken",
-			in: in, wantVerdict: actShot, wantForward: "routed,held"},
+			in: in, wantVerdict: bpftest.ActShot, wantForward: "routed,held"},
 		{name: "an unmapped VM the rules hide is refused before anyone is asked",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 22},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db9, Proto: layers.IPProtocolTCP, Dport: 22},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 	})
 	// The agent holds a bounded number per address and second; beyond, the
 	// kernel drops them itself. The first one above was the first held.
 	for i := 2; i <= 16; i++ {
-		runTable(t, k, k.VifProgram(), []progCase{{name: fmt.Sprintf("held %d of 16", i), in: in, wantVerdict: actShot, wantForward: "routed,held"}})
+		runTable(t, k, k.VifProgram(), []progCase{{name: fmt.Sprintf("held %d of 16", i), in: in, wantVerdict: bpftest.ActShot, wantForward: "routed,held"}})
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
-		{name: "the 17th within a second is dropped in the kernel", in: in, wantVerdict: actShot, wantForward: "routed", wantDrop: "unresolved"},
+		{name: "the 17th within a second is dropped in the kernel", in: in, wantVerdict: bpftest.ActShot, wantForward: "routed", wantDrop: "unresolved"},
 		{name: "udp to the gateway is no VM's",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: gw, proto: layers.IPProtocolUDP},
-			wantVerdict: actShot, wantDrop: "no_route"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: gw, Proto: layers.IPProtocolUDP},
+			wantVerdict: bpftest.ActShot, wantDrop: "no_route"},
 		{name: "nor is a subnet's network address",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: netip.MustParseAddr("10.1.2.0"), proto: layers.IPProtocolUDP},
-			wantVerdict: actShot, wantDrop: "no_route"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: netip.MustParseAddr("10.1.2.0"), Proto: layers.IPProtocolUDP},
+			wantVerdict: bpftest.ActShot, wantDrop: "no_route"},
 	})
 	rec := readSlowPath(t, r)
 	// Complete but for the destination host: the engine fills in its MAC.
-	want := frame{src: h1MAC, dst: vmac(gw), saddr: web1, daddr: db9, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63}.bytes(t)
+	want := frame{Src: h1MAC, Dst: vmac(gw), Saddr: web1, Daddr: db9, Proto: layers.IPProtocolTCP, Dport: 5432, TTL: 63}.bytes(t)
 	if rec.kind != 1 || len(rec.data) != rec.origLen || !bytes.Equal(rec.data, want) {
 		t.Fatalf("record kind %d len %d/%d\n got %x\nwant %x", rec.kind, len(rec.data), rec.origLen, rec.data, want)
 	}
@@ -681,25 +550,18 @@ func TestPrivilegedProxyARPAnswersForOtherSubnetsWithTheGateway(t *testing.T) {
 	d := testDesired()
 	d.ProxyARPFarms = []uint8{1}
 	k := loadTestKernelWith(t, d)
-	req := frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: db1, arpOp: 1}
+	req := frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: web1, Daddr: db1, ARPOp: 1}
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "arp for another subnet gets the asker's gateway MAC",
 			in:          req,
-			wantVerdict: actRedirect,
-			want: &frame{src: vmac(gw), dst: vmac(web1), ethType: layers.EthernetTypeARP, saddr: db1, daddr: web1, arpOp: 2,
-				arpSHA: vmac(gw), arpTHA: vmac(web1)},
+			wantVerdict: bpftest.ActRedirect,
+			want: &frame{Src: vmac(gw), Dst: vmac(web1), EtherType: layers.EthernetTypeARP, Saddr: db1, Daddr: web1, ARPOp: 2,
+				ARPSHA: vmac(gw), ARPTHA: vmac(web1)},
 			wantTo: 1, wantForward: "arp_reply"},
 		{name: "but not for an address outside the tenant space",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, ethType: layers.EthernetTypeARP, saddr: web1, daddr: netip.MustParseAddr("192.0.2.1"), arpOp: 1},
-			wantVerdict: actShot, wantDrop: "arp_other_subnet"},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: web1, Daddr: netip.MustParseAddr("192.0.2.1"), ARPOp: 1},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_other_subnet"},
 	})
-}
-
-func orZeroMAC(m net.HardwareAddr) net.HardwareAddr {
-	if m == nil {
-		return make(net.HardwareAddr, 6)
-	}
-	return m
 }
 
 func TestPrivilegedRepliesOfAnAllowedFlowPassBothWays(t *testing.T) {
@@ -707,17 +569,17 @@ func TestPrivilegedRepliesOfAnAllowedFlowPassBothWays(t *testing.T) {
 	tcp := layers.IPProtocolTCP
 	// web1 opens tcp/5432 to db1: allowed, and remembered.
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 connects to db1:5432",
-		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-		wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
+		in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432},
+		wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432, TTL: 63},
 		wantTo: 7, wantForward: "to_fabric,routed"}})
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1's reply comes in",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(gw), Dst: vmac(web1), Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "but not to another port of web1",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40001},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40001},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 	})
 }
 
@@ -727,59 +589,59 @@ func TestPrivilegedICMPPassesOnlyAsAnAnswer(t *testing.T) {
 	// The rules: db may ping web; web may reach db on tcp/5432 only.
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1 pings web1 (allowed)",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: 7, ttl: 63},
-			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: icmp, icmpID: 7, ttl: 63},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: icmp, ICMPID: 7, TTL: 63},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(gw), Dst: vmac(web1), Saddr: db1, Daddr: web1, Proto: icmp, ICMPID: 7, TTL: 63},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 	// What web1 sends back about db1's ping: the quoted header went db1 -> web1.
 	quote := func(id uint16) []byte {
-		inner := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: id}.bytes(t)
+		inner := frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: icmp, ICMPID: id}.bytes(t)
 		return inner[14 : 14+28]
 	}
 	// quoteWith: the same, with ihl words of header (0: 5) and the quoted
 	// packet a fragment at fragOffset (its first 8 bytes still read as
 	// an echo with id: payload that looks like the flow).
 	quoteWith := func(id uint16, ihl uint8, fragOffset uint16) []byte {
-		inner := frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, icmpID: id, ihl: ihl, fragOffset: fragOffset}.bytes(t)
+		inner := frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: icmp, ICMPID: id, IHL: ihl, FragOffset: fragOffset}.bytes(t)
 		hl := int(inner[14]&0x0f) * 4
 		return inner[14 : 14+hl+8]
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web1's echo reply answers it",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 7},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: icmp, icmpType: 100, icmpID: 7, ttl: 63},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 100, ICMPID: 7},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 100, ICMPID: 7, TTL: 63},
 			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "but web1's echo request with the same id opens nothing web may not",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpID: 7},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPID: 7},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "an ICMP error about db1's flow is related and passes",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(7)},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(7), ttl: 63},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 3, Payload: quote(7)},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 3, Payload: quote(7), TTL: 63},
 			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "an ICMP error about a flow that never was does not",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quote(8)},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 3, Payload: quote(8)},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		// The quote is read one way for the router and port space
 		// (bpf/lib/icmp_error.h): IP options in the quoted header are
 		// allowed, and a quoted later fragment has no ports to read.
 		{name: "an ICMP error quoting db1's ping with IP options is related and passes",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quoteWith(7, 6, 0)},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quoteWith(7, 6, 0), ttl: 63},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 3, Payload: quoteWith(7, 6, 0)},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 3, Payload: quoteWith(7, 6, 0), TTL: 63},
 			wantTo: 7, wantForward: "to_fabric,routed"},
 		{name: "an ICMP error quoting a later fragment is no answer, whatever its payload looks like",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: icmp, icmpType: 3, payload: quoteWith(7, 0, 5)},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: icmp, ICMPType: 3, Payload: quoteWith(7, 0, 5)},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 		{name: "web1 opens tcp/5432 to db1 (allowed)",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Dport: 5432},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Dport: 5432, TTL: 63},
 			wantTo: 7, wantForward: "to_fabric,routed"},
 	})
-	flow := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432}.bytes(t)[14 : 14+28]
+	flow := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Dport: 5432}.bytes(t)[14 : 14+28]
 	stranger := netip.MustParseAddr("10.9.9.9")
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "a third party quoting web1's flow in an ICMP error gets nothing through",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: stranger, daddr: web1, proto: icmp, icmpType: 3, payload: flow},
-			wantVerdict: actShot, wantDrop: "not_visible"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: stranger, Daddr: web1, Proto: icmp, ICMPType: 3, Payload: flow},
+			wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 	})
 }
 
@@ -793,17 +655,17 @@ func TestPrivilegedDHCPRequestIsHandedToTheAgentWhole(t *testing.T) {
 	udp := layers.IPProtocolUDP
 	zero := netip.IPv4Unspecified()
 	bcast := netip.MustParseAddr("255.255.255.255")
-	discover := frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67,
-		payload: bootp(1, netip.IPv4Unspecified())}
+	discover := frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: zero, Daddr: bcast, Proto: udp, Sport: 68, Dport: 67,
+		Payload: bootp(1, netip.IPv4Unspecified())}
 	runTable(t, k, k.VifProgram(), []progCase{
-		{name: "dhcp from the VM's own MAC goes to the agent, not the wire", in: discover, wantVerdict: actShot, wantForward: "to_agent"},
+		{name: "dhcp from the VM's own MAC goes to the agent, not the wire", in: discover, wantVerdict: bpftest.ActShot, wantForward: "to_agent"},
 		{name: "dhcp from another MAC is dropped as spoofed",
-			in: frame{src: vmac(web3), dst: layers.EthernetBroadcast, saddr: zero, daddr: bcast, proto: udp, sport: 68, dport: 67,
-				payload: bootp(1, netip.IPv4Unspecified())},
-			wantVerdict: actShot, wantDrop: "spoofed_mac"},
+			in: frame{Src: vmac(web3), Dst: layers.EthernetBroadcast, Saddr: zero, Daddr: bcast, Proto: udp, Sport: 68, Dport: 67,
+				Payload: bootp(1, netip.IPv4Unspecified())},
+			wantVerdict: bpftest.ActShot, wantDrop: "spoofed_mac"},
 		{name: "a rogue dhcp server in a VM reaches nobody",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 67, dport: 68},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: web1, Daddr: bcast, Proto: udp, Sport: 67, Dport: 68},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 	})
 	rec := readSlowPath(t, r)
 	want := discover.bytes(t)
@@ -834,30 +696,30 @@ func TestPrivilegedAVMNeverSendsDHCPServerOrRelayMessages(t *testing.T) {
 	reply := bootp(2, zero)
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "a reply from port 68 to port 68 of a VM of its subnet",
-			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 68, dport: 68, payload: reply},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in:          frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, Sport: 68, Dport: 68, Payload: reply},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 		{name: "a reply from port 68 to port 68, broadcast",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 68, payload: reply},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: web1, Daddr: bcast, Proto: udp, Sport: 68, Dport: 68, Payload: reply},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 		{name: "a reply from an ephemeral port to port 68",
-			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 40000, dport: 68, payload: reply},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in:          frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, Sport: 40000, Dport: 68, Payload: reply},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 		{name: "a BOOTREPLY sent as if by a client (68 to 67)",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 67, payload: reply},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: web1, Daddr: bcast, Proto: udp, Sport: 68, Dport: 67, Payload: reply},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 		{name: "a relayed request (giaddr set)",
-			in: frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 67,
-				payload: bootp(1, web1)},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in: frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: web1, Daddr: bcast, Proto: udp, Sport: 68, Dport: 67,
+				Payload: bootp(1, web1)},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 		{name: "a relay's forward (67 to 67)",
-			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 67, dport: 67, payload: bootp(1, web1)},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in:          frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, Sport: 67, Dport: 67, Payload: bootp(1, web1)},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 		{name: "a request cut before giaddr",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: bcast, proto: udp, sport: 68, dport: 67, payload: []byte{1, 1, 6, 0}},
-			wantVerdict: actShot, wantDrop: "rogue_dhcp"},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: web1, Daddr: bcast, Proto: udp, Sport: 68, Dport: 67, Payload: []byte{1, 1, 6, 0}},
+			wantVerdict: bpftest.ActShot, wantDrop: "rogue_dhcp"},
 		{name: "but udp from port 68 to another port is no DHCP and passes",
-			in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 68, dport: 5000},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: udp, sport: 68, dport: 5000},
+			in:          frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, Sport: 68, Dport: 5000},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: udp, Sport: 68, Dport: 5000},
 			wantTo: 42, wantPeer: true, wantForward: "local"},
 	})
 }
@@ -886,33 +748,33 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "ssh from web4 is allowed in",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web4, daddr: web3, proto: tcp, dport: 22},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web4), dst: vmac(web3), saddr: web4, daddr: web3, proto: tcp, dport: 22},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web4, Daddr: web3, Proto: tcp, Dport: 22},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web4), Dst: vmac(web3), Saddr: web4, Daddr: web3, Proto: tcp, Dport: 22},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "ssh from web2 matches the earlier deny first",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, dport: 22},
-			wantVerdict: actShot, wantDrop: "firewall_in"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: tcp, Dport: 22},
+			wantVerdict: bpftest.ActShot, wantDrop: "firewall_in"},
 		{name: "http from web4 hits the default deny",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web4, daddr: web3, proto: tcp, dport: 80},
-			wantVerdict: actShot, wantDrop: "firewall_in"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web4, Daddr: web3, Proto: tcp, Dport: 80},
+			wantVerdict: bpftest.ActShot, wantDrop: "firewall_in"},
 	})
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web3 opens tcp to web2 (outbound allowed)",
-			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web3, daddr: web2, proto: tcp, sport: 41000, dport: 8080},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web3, daddr: web2, proto: tcp, sport: 41000, dport: 8080},
+			in:          frame{Src: vmac(web3), Dst: vmac(web2), Saddr: web3, Daddr: web2, Proto: tcp, Sport: 41000, Dport: 8080},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web3, Daddr: web2, Proto: tcp, Sport: 41000, Dport: 8080},
 			wantTo: 7, wantForward: "to_fabric"},
 		{name: "web3 may not send udp out",
-			in:          frame{src: vmac(web3), dst: vmac(web2), saddr: web3, daddr: web2, proto: udp},
-			wantVerdict: actShot, wantDrop: "firewall_out"},
+			in:          frame{Src: vmac(web3), Dst: vmac(web2), Saddr: web3, Daddr: web2, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "firewall_out"},
 	})
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "web2's reply passes the default deny: the firewall is stateful",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 8080, dport: 41000},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web3), saddr: web2, daddr: web3, proto: tcp, sport: 8080, dport: 41000},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: tcp, Sport: 8080, Dport: 41000},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web2), Dst: vmac(web3), Saddr: web2, Daddr: web3, Proto: tcp, Sport: 8080, Dport: 41000},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "but web2 cannot open its own connection to that port",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 8081, dport: 41000},
-			wantVerdict: actShot, wantDrop: "firewall_in"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: tcp, Sport: 8081, Dport: 41000},
+			wantVerdict: bpftest.ActShot, wantDrop: "firewall_in"},
 	})
 }
 
@@ -922,10 +784,10 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 func timeExceeded(t testing.TB, in frame) []byte {
 	t.Helper()
 	b := in.bytes(t)
-	ip := &layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: gw.AsSlice(), DstIP: in.saddr.AsSlice()}
+	ip := &layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: gw.AsSlice(), DstIP: in.Saddr.AsSlice()}
 	buf := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
-		&layers.Ethernet{SrcMAC: vmac(gw), DstMAC: in.src, EthernetType: layers.EthernetTypeIPv4}, ip,
+		&layers.Ethernet{SrcMAC: vmac(gw), DstMAC: in.Src, EthernetType: layers.EthernetTypeIPv4}, ip,
 		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(11, 0)}, gopacket.Payload(b[14:14+20+8])); err != nil {
 		t.Fatalf("build time exceeded: %v", err)
 	}
@@ -941,17 +803,17 @@ func TestPrivilegedBroadcastReachesItsScopeOnly(t *testing.T) {
 	// but each copy is counted).
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "web2's subnet broadcast is copied to web1 and web3",
-			in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web2, daddr: subnetBcast, proto: udp},
-			wantVerdict: actShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
+			in:          frame{Src: h2MAC, Dst: bpftest.MustMAC("03:00:0a:01:01:00"), Saddr: web2, Daddr: subnetBcast, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
 		{name: "a broadcast sent to another subnet's scope is refused",
-			in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:01:02:00"), saddr: web2, daddr: subnetBcast, proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
+			in:          frame{Src: h2MAC, Dst: bpftest.MustMAC("03:00:0a:01:02:00"), Saddr: web2, Daddr: subnetBcast, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_broadcast"},
 		{name: "a farm broadcast for a farm this host has no VM of is dropped quietly",
-			in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:07:00:00"), saddr: netip.MustParseAddr("10.7.1.2"), daddr: group, proto: udp, ttl: 8},
-			wantVerdict: actShot, wantDrop: "no_members"},
+			in:          frame{Src: h2MAC, Dst: bpftest.MustMAC("03:00:0a:07:00:00"), Saddr: netip.MustParseAddr("10.7.1.2"), Daddr: group, Proto: udp, TTL: 8},
+			wantVerdict: bpftest.ActShot, wantDrop: "no_members"},
 	})
 	before, _ := k.Counters()
-	in := frame{src: h2MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web2, daddr: subnetBcast, proto: udp}.bytes(t)
+	in := frame{Src: h2MAC, Dst: bpftest.MustMAC("03:00:0a:01:01:00"), Saddr: web2, Daddr: subnetBcast, Proto: udp}.bytes(t)
 	k.UplinkProgram().Run(&ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+64)})
 	after, _ := k.Counters()
 	// web1's vif is loopback here and takes its copy; web3's ifindex (42)
@@ -963,12 +825,12 @@ func TestPrivilegedBroadcastReachesItsScopeOnly(t *testing.T) {
 	// From a VM: out to the fabric with the scope's multicast MAC.
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web1's subnet broadcast leaves with the subnet's multicast MAC",
-			in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: subnetBcast, proto: udp},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web1, daddr: subnetBcast, proto: udp},
+			in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: web1, Daddr: subnetBcast, Proto: udp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: bpftest.MustMAC("03:00:0a:01:01:00"), Saddr: web1, Daddr: subnetBcast, Proto: udp},
 			wantTo: 7, wantClones: []uint32{42}, wantForward: "to_fabric"},
 		{name: "multicast with ttl > 1 is farm-scoped",
-			in:          frame{src: vmac(web1), dst: mustMAC("01:00:5e:01:02:03"), saddr: web1, daddr: group, proto: udp, ttl: 4},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:00:00"), saddr: web1, daddr: group, proto: udp, ttl: 4},
+			in:          frame{Src: vmac(web1), Dst: bpftest.MustMAC("01:00:5e:01:02:03"), Saddr: web1, Daddr: group, Proto: udp, TTL: 4},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: bpftest.MustMAC("03:00:0a:01:00:00"), Saddr: web1, Daddr: group, Proto: udp, TTL: 4},
 			wantTo: 7, wantClones: []uint32{42}, wantForward: "to_fabric"},
 	})
 }
@@ -997,8 +859,8 @@ func TestPrivilegedMappingTableIsFixedSizeAndKeepsWhatIsInUse(t *testing.T) {
 		if i >= 200 {
 			src = netip.AddrFrom4([4]byte{10, 1, 3, byte(i - 190)})
 		}
-		send(k.UplinkProgram(), frame{src: h2MAC, dst: h1MAC, saddr: src, daddr: web1, proto: layers.IPProtocolICMPv4})
-		send(k.VifProgram(), frame{src: vmac(web1), dst: vmac(busy), saddr: web1, daddr: busy, proto: layers.IPProtocolICMPv4})
+		send(k.UplinkProgram(), frame{Src: h2MAC, Dst: h1MAC, Saddr: src, Daddr: web1, Proto: layers.IPProtocolICMPv4})
+		send(k.VifProgram(), frame{Src: vmac(web1), Dst: vmac(busy), Saddr: web1, Daddr: busy, Proto: layers.IPProtocolICMPv4})
 	}
 	entries, err := k.Mappings()
 	if err != nil {
@@ -1014,10 +876,10 @@ func TestPrivilegedMappingTableIsFixedSizeAndKeepsWhatIsInUse(t *testing.T) {
 
 func TestPrivilegedChangedRulesMakeEveryFlowEarnItsAdmissionAgain(t *testing.T) {
 	k := loadTestKernel(t)
-	syn := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432}
+	syn := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Dport: 5432}
 	runTable(t, k, k.VifProgram(), []progCase{
-		{name: "web1 -> db1:5432 is admitted", in: syn, wantVerdict: actRedirect,
-			want:   &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63},
+		{name: "web1 -> db1:5432 is admitted", in: syn, wantVerdict: bpftest.ActRedirect,
+			want:   &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Dport: 5432, TTL: 63},
 			wantTo: 7, wantForward: "to_fabric,routed"},
 	})
 	// The farm owner withdraws web -> db.
@@ -1027,7 +889,7 @@ func TestPrivilegedChangedRulesMakeEveryFlowEarnItsAdmissionAgain(t *testing.T) 
 		t.Fatal(err)
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
-		{name: "the same flow's next packet is refused", in: syn, wantVerdict: actShot, wantDrop: "not_visible"},
+		{name: "the same flow's next packet is refused", in: syn, wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 	})
 }
 
@@ -1036,8 +898,8 @@ func TestPrivilegedAnUnrelatedRuleChangeKeepsAllowedFlowsAndTheirReplies(t *test
 	tcp := layers.IPProtocolTCP
 	runTable(t, k, k.VifProgram(), []progCase{
 		{name: "web1 -> db1:5432 is admitted",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432},
-			wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, dport: 5432, ttl: 63},
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432, TTL: 63},
 			wantTo: 7, wantForward: "to_fabric,routed"},
 	})
 	// Another rule appears (say another tenant's): the epoch moves on.
@@ -1048,8 +910,8 @@ func TestPrivilegedAnUnrelatedRuleChangeKeepsAllowedFlowsAndTheirReplies(t *test
 	}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "db1's reply still comes in: the flow it answers is still allowed",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
-			wantVerdict: actRedirect, want: &frame{src: vmac(gw), dst: vmac(web1), saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(gw), Dst: vmac(web1), Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 }

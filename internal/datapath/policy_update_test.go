@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/intent"
 )
 
@@ -33,11 +34,11 @@ type probe struct {
 func ruleProbes() []probe {
 	tcp, udp, icmp := layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4
 	return []probe{
-		{"web1 -> db1 tcp/5432 (rule withdrawn)", false, frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, dport: 5432}},
-		{"web1 -> db1 udp/53 (rule added)", false, frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: udp, dport: 53}},
-		{"web2 -> web3 tcp/80 (web3's firewall added)", true, frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, dport: 80}},
-		{"web2 -> web1 udp/99 (web1's firewall removed)", true, frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: udp, dport: 99}},
-		{"db1 -> web1 ping (allowed by both)", true, frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: icmp, ttl: 63}},
+		{"web1 -> db1 tcp/5432 (rule withdrawn)", false, frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 5432}},
+		{"web1 -> db1 udp/53 (rule added)", false, frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: udp, Dport: 53}},
+		{"web2 -> web3 tcp/80 (web3's firewall added)", true, frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: tcp, Dport: 80}},
+		{"web2 -> web1 udp/99 (web1's firewall removed)", true, frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: udp, Dport: 99}},
+		{"db1 -> web1 ping (allowed by both)", true, frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: icmp, TTL: 63}},
 	}
 }
 
@@ -58,9 +59,9 @@ func verdicts(t *testing.T, k *Kernel) string {
 			t.Fatalf("%s: BPF_PROG_RUN: %v", p.name, err)
 		}
 		switch ret {
-		case actRedirect:
+		case bpftest.ActRedirect:
 			out += "P"
-		case actShot:
+		case bpftest.ActShot:
 			out += "-"
 		default:
 			t.Fatalf("%s: verdict %d", p.name, ret)

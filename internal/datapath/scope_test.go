@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/limits"
 )
@@ -95,15 +96,15 @@ func TestPrivilegedBroadcastReachesEveryMemberOfALargeSubnet(t *testing.T) {
 		return after.Forwards["broadcast"] - before.Forwards["broadcast"]
 	}
 	remote := netip.MustParseAddr("10.1.1.200") // a VM of blue/web on h2
-	if got := copies(k.UplinkProgram(), frame{src: h2MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: remote, daddr: bcast, proto: udp}); got != n {
+	if got := copies(k.UplinkProgram(), frame{Src: h2MAC, Dst: bpftest.MustMAC("03:00:0a:01:01:00"), Saddr: remote, Daddr: bcast, Proto: udp}); got != n {
 		t.Fatalf("a subnet broadcast from the fabric made %d copies, want one for each of the %d local members", got, n)
 	}
 	redRemote := netip.MustParseAddr("10.2.1.9")
-	if got := copies(k.UplinkProgram(), frame{src: h2MAC, dst: mustMAC("03:00:0a:02:01:00"), saddr: redRemote, daddr: netip.MustParseAddr("10.2.1.255"), proto: udp}); got != 1 {
+	if got := copies(k.UplinkProgram(), frame{Src: h2MAC, Dst: bpftest.MustMAC("03:00:0a:02:01:00"), Saddr: redRemote, Daddr: netip.MustParseAddr("10.2.1.255"), Proto: udp}); got != 1 {
 		t.Fatalf("red/web's broadcast made %d copies, want 1: the other tenant's one VM only", got)
 	}
 	// And the large subnet's unicast still goes: the fabric to one member.
-	unicast := frame{src: h2MAC, dst: h1MAC, saddr: remote, daddr: netip.AddrFrom4([4]byte{10, 1, 1, 2 + n - 1}), proto: udp}
+	unicast := frame{Src: h2MAC, Dst: h1MAC, Saddr: remote, Daddr: netip.AddrFrom4([4]byte{10, 1, 1, 2 + n - 1}), Proto: udp}
 	runTable(t, k, k.UplinkProgram(), []progCase{{name: "unicast to the 40th member",
-		in: unicast, wantVerdict: actRedirect, want: delivered(unicast), wantTo: 1, wantPeer: true, wantForward: "from_fabric"}})
+		in: unicast, wantVerdict: bpftest.ActRedirect, want: delivered(unicast), wantTo: 1, wantPeer: true, wantForward: "from_fabric"}})
 }

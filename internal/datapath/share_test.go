@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/gopacket/layers"
+
+	"github.com/onehop/onehop/internal/bpftest"
 )
 
 func TestSharesAreCutFromTheTablesForTheLocalVMs(t *testing.T) {
@@ -46,25 +48,25 @@ func TestPrivilegedAVMOpeningFlowsAsFastAsItCanIsRefusedAloneAndCounted(t *testi
 	for i := 0; i < 6; i++ {
 		sport := uint16(40000 + i)
 		c := progCase{name: fmt.Sprintf("web1's new flow %d to db1:5432", i),
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, sport: sport, dport: 5432},
-			want:        &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, sport: sport, dport: 5432, ttl: 63},
-			wantVerdict: actRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"}
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Sport: sport, Dport: 5432},
+			want:        &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: tcp, Sport: sport, Dport: 5432, TTL: 63},
+			wantVerdict: bpftest.ActRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"}
 		if i > 4 { // the bucket allows burst+1 at the first instant
-			c.wantVerdict, c.wantDrop, c.wantForward, c.want, c.wantTo = actShot, "over_share", "", nil, 0
+			c.wantVerdict, c.wantDrop, c.wantForward, c.want, c.wantTo = bpftest.ActShot, "over_share", "", nil, 0
 		}
 		cases = append(cases, c)
 	}
 	cases = append(cases,
 		progCase{name: "an admitted flow of web1 carries on over its share",
-			in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, sport: 40000, dport: 5432},
-			want:        &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: tcp, sport: 40000, dport: 5432, ttl: 63},
-			wantVerdict: actRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"})
+			in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Sport: 40000, Dport: 5432},
+			want:        &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: tcp, Sport: 40000, Dport: 5432, TTL: 63},
+			wantVerdict: bpftest.ActRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"})
 	runTable(t, k, k.VifProgram(), cases)
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "meanwhile db1 still opens a new flow to web3, charged to web3's share",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web3, proto: layers.IPProtocolICMPv4, ttl: 63},
-			want:        &frame{src: vmac(gw), dst: vmac(web3), saddr: db1, daddr: web3, proto: layers.IPProtocolICMPv4, ttl: 63},
-			wantVerdict: actRedirect, wantTo: 42, wantPeer: true, wantForward: "from_fabric"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web3, Proto: layers.IPProtocolICMPv4, TTL: 63},
+			want:        &frame{Src: vmac(gw), Dst: vmac(web3), Saddr: db1, Daddr: web3, Proto: layers.IPProtocolICMPv4, TTL: 63},
+			wantVerdict: bpftest.ActRedirect, wantTo: 42, wantPeer: true, wantForward: "from_fabric"},
 	})
 	c, err := k.Counters()
 	if err != nil {
@@ -86,12 +88,12 @@ func TestPrivilegedADHCPFloodIsRefusedInTheKernelPastTheVMsShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	discover := frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: netip.IPv4Unspecified(),
-		daddr: netip.MustParseAddr("255.255.255.255"), proto: layers.IPProtocolUDP, sport: 68, dport: 67,
-		payload: bootp(1, netip.IPv4Unspecified())}
+	discover := frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: netip.IPv4Unspecified(),
+		Daddr: netip.MustParseAddr("255.255.255.255"), Proto: layers.IPProtocolUDP, Sport: 68, Dport: 67,
+		Payload: bootp(1, netip.IPv4Unspecified())}
 	var cases []progCase
 	for i := 0; i < 5; i++ {
-		c := progCase{name: fmt.Sprintf("discover %d", i), in: discover, wantVerdict: actShot, wantForward: "to_agent"}
+		c := progCase{name: fmt.Sprintf("discover %d", i), in: discover, wantVerdict: bpftest.ActShot, wantForward: "to_agent"}
 		if i > 2 {
 			c.wantDrop, c.wantForward = "over_share", ""
 		}
@@ -116,9 +118,9 @@ func TestPrivilegedASharePassesWithTheVMThatLeft(t *testing.T) {
 	k := loadTestKernel(t)
 	tightShares(t, k, 0)
 	runTable(t, k, k.VifProgram(), []progCase{{name: "web1 opens a flow",
-		in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432},
-		want:        &frame{src: h1MAC, dst: h2MAC, saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, dport: 5432, ttl: 63},
-		wantVerdict: actRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"}})
+		in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Dport: 5432},
+		want:        &frame{Src: h1MAC, Dst: h2MAC, Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Dport: 5432, TTL: 63},
+		wantVerdict: bpftest.ActRedirect, wantTo: uint32(h1Uplink.Ifindex), wantForward: "to_fabric,routed"}})
 	var s VMShare
 	if err := k.vif.VmShares.Lookup(IPKey(web1), &s); err != nil {
 		t.Fatalf("web1 has no share entry after opening a flow: %v", err)

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/gopacket/layers"
+
+	"github.com/onehop/onehop/internal/bpftest"
 )
 
 // The fabric is not trusted (bpf/lib/fabric_trust.h): every test here sends
@@ -24,22 +26,22 @@ func confirmedOf(t *testing.T, k *Kernel, ip netip.Addr) (uint64, bool) {
 
 func TestPrivilegedFabricARPRequestNeverMovesAMapping(t *testing.T) {
 	k := loadTestKernel(t)
-	subnetMAC := mustMAC("03:00:0a:01:01:00")
+	subnetMAC := bpftest.MustMAC("03:00:0a:01:01:00")
 	newVM := netip.MustParseAddr("10.1.1.70")
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "h3 asks for web1 as web2 (mapped to h2): answered, but web2 stays on h2",
 			in:          arpFrame(h3MAC, subnetMAC, 1, vmac(web2), web2, nil, web1),
-			wantVerdict: actRedirect, want: ptr(arpFrame(h1MAC, h3MAC, 2, vmac(web1), web1, vmac(web2), web2)),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arpFrame(h1MAC, h3MAC, 2, vmac(web1), web1, vmac(web2), web2)),
 			wantTo: 7, wantForward: "arp_answered"},
 		{name: "a node that is no host asks for web1 as web2: refused, nothing learned",
 			in:          arpFrame(rogueMAC, subnetMAC, 1, vmac(web2), web2, nil, web1),
-			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_host"},
 		{name: "a node that is no host asks for web1 as a new VM: refused",
 			in:          arpFrame(rogueMAC, h1MAC, 1, vmac(newVM), newVM, nil, web1),
-			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_host"},
 		{name: "a host asks for web1 as the subnet's gateway: answered, nothing learned",
 			in:          arpFrame(h2MAC, subnetMAC, 1, vmac(gw), gw, nil, web1),
-			wantVerdict: actRedirect, want: ptr(arpFrame(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(gw), gw)),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arpFrame(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(gw), gw)),
 			wantTo: 7, wantForward: "arp_answered"},
 	})
 	if got := mappingOf(k, gw); got != "" {
@@ -70,18 +72,18 @@ func TestPrivilegedOnlyTheStoreMovesAMappingAHostClaims(t *testing.T) {
 	announce := arpFrame(h3MAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2)
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "h3 announces web2, mapped to h2: the agent is asked, the entry stays",
-			in: announce, wantVerdict: actShot, wantForward: "to_agent"},
+			in: announce, wantVerdict: bpftest.ActShot, wantForward: "to_agent"},
 		{name: "the same claim within a second costs the agent nothing",
-			in: announce, wantVerdict: actShot, wantDrop: "claim_limited"},
+			in: announce, wantVerdict: bpftest.ActShot, wantDrop: "claim_limited"},
 		{name: "h3 answers this host about db1, mapped to h2: the agent is asked",
 			in:          arpFrame(h3MAC, h1MAC, 2, vmac(db1), db1, h1MAC, netip.MustParseAddr("192.168.100.10")),
-			wantVerdict: actShot, wantForward: "to_agent"},
+			wantVerdict: bpftest.ActShot, wantForward: "to_agent"},
 		{name: "an answer nobody here asked for is refused and adds nothing",
 			in:          arpFrame(h3MAC, h1MAC, 2, vmac(stranger), stranger, vmac(web1), web1),
-			wantVerdict: actShot, wantDrop: "arp_unsolicited"},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_unsolicited"},
 		{name: "a node that is no host announcing web2 is refused",
 			in:          arpFrame(rogueMAC, layers.EthernetBroadcast, 2, vmac(web2), web2, layers.EthernetBroadcast, web2),
-			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_host"},
 	})
 	for _, ip := range []netip.Addr{web2, db1} {
 		if got := mappingOf(k, ip); got != h2MAC.String() {
@@ -105,12 +107,12 @@ func TestPrivilegedOnlyTheStoreMovesAMappingAHostClaims(t *testing.T) {
 	}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "then web2's traffic comes from h3",
-			in:          frame{src: h3MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
-			wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web1), saddr: web2, daddr: web1, proto: tcp},
+			in:          frame{Src: h3MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web2), Dst: vmac(web1), Saddr: web2, Daddr: web1, Proto: tcp},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 		{name: "and no longer from h2",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: tcp},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_src"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: tcp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_src"},
 	})
 }
 
@@ -123,23 +125,23 @@ func TestPrivilegedTenantSpaceFromTheFabricOnlyFromKnownHostsWithTenantSources(t
 	outside := netip.MustParseAddr("192.1.2.7")
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "a node that is no host sends as a VM new to the table",
-			in:          frame{src: rogueMAC, dst: h1MAC, saddr: newVM, daddr: web1, proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+			in:          frame{Src: rogueMAC, Dst: h1MAC, Saddr: newVM, Daddr: web1, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_host"},
 		{name: "a node that is no host sends as web2",
-			in:          frame{src: rogueMAC, dst: h1MAC, saddr: web2, daddr: web1, proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+			in:          frame{Src: rogueMAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_host"},
 		{name: "a host sends from outside the tenant space",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: outside, daddr: web1, proto: icmp},
-			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: outside, Daddr: web1, Proto: icmp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_tenant"},
 		{name: "a host sends as the subnet's gateway",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: gw, daddr: web1, proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: gw, Daddr: web1, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_tenant"},
 		{name: "a host sends as the subnet's broadcast address",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: netip.MustParseAddr("10.1.1.255"), daddr: web1, proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: netip.MustParseAddr("10.1.1.255"), Daddr: web1, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_tenant"},
 		{name: "a known host with a VM new to the table is heard, and learned",
-			in:          frame{src: h3MAC, dst: h1MAC, saddr: newVM, daddr: web1, proto: udp},
-			wantVerdict: actRedirect, want: &frame{src: vmac(newVM), dst: vmac(web1), saddr: newVM, daddr: web1, proto: udp},
+			in:          frame{Src: h3MAC, Dst: h1MAC, Saddr: newVM, Daddr: web1, Proto: udp},
+			wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(newVM), Dst: vmac(web1), Saddr: newVM, Daddr: web1, Proto: udp},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 	if got := mappingOf(k, newVM); got != h3MAC.String() {
@@ -150,27 +152,27 @@ func TestPrivilegedTenantSpaceFromTheFabricOnlyFromKnownHostsWithTenantSources(t
 func TestPrivilegedFabricBroadcastIsOnlyABroadcastOfItsScopeFromAKnownHost(t *testing.T) {
 	k := loadTestKernel(t)
 	udp := layers.IPProtocolUDP
-	subnetMAC, farmMAC := mustMAC("03:00:0a:01:01:00"), mustMAC("03:00:0a:01:00:00")
+	subnetMAC, farmMAC := bpftest.MustMAC("03:00:0a:01:01:00"), bpftest.MustMAC("03:00:0a:01:00:00")
 	newVM := netip.MustParseAddr("10.1.1.70")
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "unicast to web1 sent to the subnet's multicast MAC",
-			in:          frame{src: h2MAC, dst: subnetMAC, saddr: web2, daddr: web1, proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
+			in:          frame{Src: h2MAC, Dst: subnetMAC, Saddr: web2, Daddr: web1, Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_broadcast"},
 		{name: "another subnet's broadcast sent to this subnet's multicast MAC",
-			in:          frame{src: h2MAC, dst: subnetMAC, saddr: web2, daddr: netip.MustParseAddr("10.1.2.255"), proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
+			in:          frame{Src: h2MAC, Dst: subnetMAC, Saddr: web2, Daddr: netip.MustParseAddr("10.1.2.255"), Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_broadcast"},
 		{name: "subnet-scoped multicast (ttl 1) sent to the farm's multicast MAC",
-			in:          frame{src: h2MAC, dst: farmMAC, saddr: web2, daddr: netip.MustParseAddr("239.1.2.3"), proto: udp, ttl: 1},
-			wantVerdict: actShot, wantDrop: "fabric_not_broadcast"},
+			in:          frame{Src: h2MAC, Dst: farmMAC, Saddr: web2, Daddr: netip.MustParseAddr("239.1.2.3"), Proto: udp, TTL: 1},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_broadcast"},
 		{name: "a node that is no host broadcasts as a new VM of the subnet",
-			in:          frame{src: rogueMAC, dst: subnetMAC, saddr: newVM, daddr: netip.MustParseAddr("10.1.1.255"), proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+			in:          frame{Src: rogueMAC, Dst: subnetMAC, Saddr: newVM, Daddr: netip.MustParseAddr("10.1.1.255"), Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_host"},
 		{name: "a host broadcasts from outside the tenant space",
-			in:          frame{src: h2MAC, dst: subnetMAC, saddr: netip.MustParseAddr("192.1.1.9"), daddr: netip.MustParseAddr("255.255.255.255"), proto: udp},
-			wantVerdict: actShot, wantDrop: "fabric_not_tenant"},
+			in:          frame{Src: h2MAC, Dst: subnetMAC, Saddr: netip.MustParseAddr("192.1.1.9"), Daddr: netip.MustParseAddr("255.255.255.255"), Proto: udp},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_not_tenant"},
 		{name: "web2's real subnet broadcast still reaches web1 and web3",
-			in:          frame{src: h2MAC, dst: subnetMAC, saddr: web2, daddr: netip.MustParseAddr("10.1.1.255"), proto: udp},
-			wantVerdict: actShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
+			in:          frame{Src: h2MAC, Dst: subnetMAC, Saddr: web2, Daddr: netip.MustParseAddr("10.1.1.255"), Proto: udp},
+			wantVerdict: bpftest.ActShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
 	})
 	if got := mappingOf(k, newVM); got != "" {
 		t.Errorf("a broadcast from a node that is no host was learned: %s -> %s", newVM, got)
@@ -184,7 +186,7 @@ func TestPrivilegedFabricARPReplyReachesAVMOnlyForItsSubnet(t *testing.T) {
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "an answer about another subnet's VM addressed to web1",
 			in:          arpFrame(h2MAC, h1MAC, 2, vmac(db20), db20, vmac(web1), web1),
-			wantVerdict: actShot, wantDrop: "arp_other_subnet"},
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_other_subnet"},
 	})
 	if got := mappingOf(k, db20); got != "" {
 		t.Errorf("the refused answer was learned: %s -> %s", db20, got)
@@ -209,7 +211,7 @@ func TestPrivilegedAHostThatLeavesTheStoreTakesItsMappingsAlong(t *testing.T) {
 	}
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "h2, gone from the store, is not heard",
-			in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: layers.IPProtocolUDP},
-			wantVerdict: actShot, wantDrop: "fabric_unknown_host"},
+			in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: layers.IPProtocolUDP},
+			wantVerdict: bpftest.ActShot, wantDrop: "fabric_unknown_host"},
 	})
 }

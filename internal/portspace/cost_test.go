@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"net"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/testenv"
 )
@@ -58,30 +58,18 @@ func BenchmarkPrivilegedPortspaceCost(b *testing.B) {
 		for _, c := range []struct {
 			name string
 			prog *ebpf.Program
-			in   frame
+			in   bpftest.Frame
 		}{
 			{"uplink/to-sliver", k.UplinkProgram(), fromInet(udp, last)},
 			{"sliver/to-fabric", k.SliverProgram(), fromS1(udp, 10000)},
-			{"loopback/to-sliver", k.SliverProgram(), frame{src: upMAC, dst: upMAC, saddr: public, daddr: public, proto: udp, sport: 10000, dport: last}},
+			{"loopback/to-sliver", k.SliverProgram(), bpftest.Frame{Src: upMAC, Dst: upMAC, Saddr: public, Daddr: public, Proto: udp, Sport: 10000, Dport: last}},
 		} {
 			if c.name == "loopback/to-sliver" {
 				c.prog = k.LoopbackProgram()
-				c.in = frame{lo: true, saddr: public, daddr: public, proto: udp, sport: 40000, dport: last}
+				c.in = bpftest.Frame{Saddr: public, Daddr: public, Proto: udp, Sport: 40000, Dport: last}
 			}
 			b.Run(fmt.Sprintf("%s/leases=%d", c.name, leases), func(b *testing.B) {
-				in := c.in.bytes(b)
-				var total time.Duration
-				for i := 0; i < b.N; i++ {
-					ret, d, err := c.prog.Benchmark(in, 1, nil)
-					if err != nil {
-						b.Fatal(err)
-					}
-					if ret != actRedirect {
-						b.Fatalf("verdict %d: not steered, this would time something else", ret)
-					}
-					total += d
-				}
-				b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/packet")
+				b.ReportMetric(bpftest.PacketCost(b, c.prog, c.in.Bytes(b), b.N, bpftest.ActRedirect, nil), "ns/packet")
 			})
 		}
 		r.Close() // port space's with it

@@ -4,53 +4,28 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/datapath"
-	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
-const (
-	actOK       = 0
-	actShot     = 2
-	actRedirect = 7
-)
-
-// Redirect kinds (enum redirect_kind, bpf/lib/redirect.h).
-const (
-	kindOut   = 1
-	kindPeer  = 2
-	kindClone = 3
-	kindIn    = 4
-)
-
 var (
-	upMAC   = mustMAC("aa:00:00:00:00:01") // h1's uplink: the slivers' MAC too
-	peerMAC = mustMAC("aa:00:00:00:00:02") // the fabric's next hop
-	evilMAC = mustMAC("aa:00:00:00:00:66")
-	vifMAC  = mustMAC("02:00:00:00:00:01") // every host-side sliver link's own MAC (made up)
+	upMAC   = bpftest.MustMAC("aa:00:00:00:00:01") // h1's uplink: the slivers' MAC too
+	peerMAC = bpftest.MustMAC("aa:00:00:00:00:02") // the fabric's next hop
+	evilMAC = bpftest.MustMAC("aa:00:00:00:00:66")
+	vifMAC  = bpftest.MustMAC("02:00:00:00:00:01") // every host-side sliver link's own MAC (made up)
 	public  = netip.MustParseAddr("192.0.2.10")
 	public1 = netip.MustParseAddr("198.51.100.10") // h1's second uplink
 	inet    = netip.MustParseAddr("192.0.2.99")
 	other   = netip.MustParseAddr("192.0.2.11")
 )
-
-func mustMAC(s string) net.HardwareAddr {
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		panic(err)
-	}
-	return m
-}
 
 // BPF_PROG_RUN runs every program as if on lo (ifindex 1): the uplink is
 // given ifindex 1, and the sliver a row sends from has its link on 1.
@@ -191,109 +166,15 @@ func syncPlan(t testing.TB, f *Feature, p Plan) {
 	}
 }
 
-// frame is one test frame.
-type frame struct {
-	src, dst     net.HardwareAddr
-	saddr, daddr netip.Addr
-	proto        layers.IPProtocol
-	sport, dport uint16
-	icmpType     uint8 // with proto ICMP
-	icmpCode     uint8
-	icmpID       uint16
-	quote        *frame // an ICMP error's quoted packet
-	ipID         uint16
-	fragOffset   uint16
-	moreFrags    bool
-	arpOp        uint16
-	arpSHA       net.HardwareAddr
-	ipv6         bool
-	lo           bool // lo's header: zero MACs
-}
-
-func (f frame) ipBytes(t testing.TB) []byte {
-	t.Helper()
-	b := f.bytes(t)
-	return b[14:]
-}
-
-func (f frame) bytes(t testing.TB) []byte {
-	t.Helper()
-	src, dst := f.src, f.dst
-	if src == nil {
-		src = upMAC
-	}
-	if dst == nil {
-		dst = upMAC
-	}
-	if f.lo {
-		src, dst = make(net.HardwareAddr, 6), make(net.HardwareAddr, 6)
-	}
-	eth := &layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv4}
-	ls := []gopacket.SerializableLayer{eth}
-	payload := gopacket.Payload(bytes.Repeat([]byte{0xab}, 32))
-	switch {
-	case f.ipv6:
-		eth.EthernetType = layers.EthernetTypeIPv6
-		ls = append(ls, &layers.IPv6{Version: 6, NextHeader: layers.IPProtocolUDP, HopLimit: 64,
-			SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}, payload)
-	case f.arpOp != 0:
-		eth.EthernetType = layers.EthernetTypeARP
-		sha := f.arpSHA
-		if sha == nil {
-			sha = src
-		}
-		ls = append(ls, &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4,
-			HwAddressSize: 6, ProtAddressSize: 4, Operation: f.arpOp, SourceHwAddress: sha,
-			SourceProtAddress: f.saddr.AsSlice(), DstHwAddress: make([]byte, 6), DstProtAddress: f.daddr.AsSlice()})
-	default:
-		ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: f.proto, SrcIP: f.saddr.AsSlice(), DstIP: f.daddr.AsSlice(),
-			Id: f.ipID, FragOffset: f.fragOffset}
-		if f.moreFrags {
-			ip.Flags = layers.IPv4MoreFragments
-		}
-		ls = append(ls, ip)
-		switch f.proto {
-		case layers.IPProtocolTCP:
-			tcp := &layers.TCP{SrcPort: layers.TCPPort(f.sport), DstPort: layers.TCPPort(f.dport), SYN: true, Window: 1000}
-			tcp.SetNetworkLayerForChecksum(ip)
-			ls = append(ls, tcp, payload)
-		case layers.IPProtocolUDP:
-			udp := &layers.UDP{SrcPort: layers.UDPPort(f.sport), DstPort: layers.UDPPort(f.dport)}
-			udp.SetNetworkLayerForChecksum(ip)
-			ls = append(ls, udp, payload)
-		case layers.IPProtocolICMPv4:
-			icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(f.icmpType, f.icmpCode), Id: f.icmpID, Seq: 1}
-			if f.quote != nil {
-				q := f.quote.ipBytes(t)
-				hl := int(q[0]&0x0f) * 4
-				ls = append(ls, icmp, gopacket.Payload(q[:hl+8]))
-			} else {
-				ls = append(ls, icmp, payload)
-			}
-		default:
-			ls = append(ls, payload)
-		}
-	}
-	buf := gopacket.NewSerializeBuffer()
-	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
-		t.Fatalf("build frame: %v", err)
-	}
-	b := append([]byte(nil), buf.Bytes()...)
-	if f.fragOffset != 0 {
-		// A later fragment: what follows the IPv4 header is payload,
-		// not an L4 header (gopacket wrote one; its bytes stand in).
-		return b
-	}
-	return b
-}
-
+// row is one table row of port space: the frame in, what becomes of it,
+// and the counters that move: the node's drop counters and every sliver's.
 type row struct {
 	name    string
 	prog    *ebpf.Program
-	in      frame
+	in      bpftest.Frame
 	verdict uint32
-	to      uint32 // where the frame went (redirect rows)
-	kind    uint32 // kindOut, kindPeer, kindIn
+	to      uint32               // where the frame went (redirect rows)
+	kind    bpftest.RedirectKind // how: out, into the peer, in
 	clones  []uint32
 	drop    string // node drop counter that rises by one ("" none)
 	// The slivers whose counters move, and how: "in", "out" or a drop
@@ -305,150 +186,62 @@ type row struct {
 	wantDst net.HardwareAddr
 }
 
-type trace struct {
-	Count   uint32
-	Ifindex [8]uint32
-	Kind    [8]uint32
-}
-
-func redirectLog(t testing.TB, prog *ebpf.Program) *ebpf.Map {
+func run(t *testing.T, k router, f *Feature, rows []row) {
 	t.Helper()
-	info, err := prog.Info()
-	if err != nil {
-		t.Fatal(err)
+	table := make([]bpftest.Row, len(rows))
+	for i, r := range rows {
+		want := bpftest.Counters{}
+		if r.drop != "" {
+			want["drop "+r.drop] = 1
+		}
+		for sliver, what := range r.counts {
+			if what != "in" && what != "out" {
+				what = "drop " + what
+			}
+			want[sliver+" "+what] = 1
+		}
+		table[i] = bpftest.Row{Name: r.name, Prog: r.prog, In: r.in.Bytes(t), Verdict: r.verdict, To: r.to, Kind: r.kind,
+			Clones: r.clones, Counters: want, Check: r.checkOut}
 	}
-	ids, _ := info.MapIDs()
-	for _, id := range ids {
-		m, err := ebpf.NewMapFromID(id)
+	bpftest.RunTable(t, func(t testing.TB) bpftest.Counters {
+		t.Helper()
+		c, err := k.Counters()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if mi, err := m.Info(); err == nil && mi.Name == "redirect_log" {
-			t.Cleanup(func() { m.Close() })
-			return m
+		st, err := f.Stats()
+		if err != nil {
+			t.Fatal(err)
 		}
-		m.Close()
-	}
-	t.Fatal("no redirect_log: not a test object")
-	return nil
+		out := bpftest.Counters{}.Add("drop", c.Drops)
+		for _, s := range st {
+			out[s.Name+" in"], out[s.Name+" out"] = s.PacketsIn, s.PacketsOut
+			out.Add(s.Name+" drop", s.Drops)
+		}
+		return out
+	}, table)
 }
 
-func statsBySliver(t testing.TB, f *Feature) map[string]intent.SliverStats {
+// checkOut checks what the row says of the frame out: its destination MAC,
+// and the echo id it carries with an ICMP checksum that verifies.
+func (r row) checkOut(t *testing.T, out []byte) {
 	t.Helper()
-	st, err := f.Stats()
-	if err != nil {
-		t.Fatal(err)
+	if r.wantDst != nil && !bytes.Equal(out[:6], r.wantDst) {
+		t.Errorf("destination MAC %s, want %s", net.HardwareAddr(out[:6]), r.wantDst)
 	}
-	out := map[string]intent.SliverStats{}
-	for _, s := range st {
-		out[s.Name] = s
-	}
-	return out
-}
-
-func run(t *testing.T, k router, f *Feature, rows []row) {
-	t.Helper()
-	for _, r := range rows {
-		t.Run(r.name, func(t *testing.T) {
-			logm := redirectLog(t, r.prog)
-			if err := logm.Put(uint32(0), trace{}); err != nil {
-				t.Fatal(err)
-			}
-			before, err := k.Counters()
-			if err != nil {
-				t.Fatal(err)
-			}
-			sb := statsBySliver(t, f)
-			in := r.in.bytes(t)
-			opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+64)}
-			ret, err := r.prog.Run(opts)
-			if err != nil {
-				t.Fatalf("BPF_PROG_RUN: %v", err)
-			}
-			if ret != r.verdict {
-				t.Fatalf("verdict %d, want %d", ret, r.verdict)
-			}
-			var tr trace
-			if err := logm.Lookup(uint32(0), &tr); err != nil {
-				t.Fatal(err)
-			}
-			var clones []uint32
-			var to, kind uint32
-			n := 0
-			for i := 0; i < int(tr.Count) && i < 8; i++ {
-				if tr.Kind[i] == kindClone {
-					clones = append(clones, tr.Ifindex[i])
-					continue
-				}
-				to, kind = tr.Ifindex[i], tr.Kind[i]
-				n++
-			}
-			if fmt.Sprint(clones) != fmt.Sprint(r.clones) {
-				t.Errorf("copies to %v, want %v", clones, r.clones)
-			}
-			if r.verdict == actRedirect {
-				if n != 1 || to != r.to || kind != r.kind {
-					t.Errorf("redirected %d times, last to %d (kind %d), want once to %d (kind %d)", n, to, kind, r.to, r.kind)
-				}
-			} else if n != 0 {
-				t.Errorf("verdict %d but redirected to %d", ret, to)
-			}
-			out := opts.DataOut
-			if r.wantDst != nil && !bytes.Equal(out[:6], r.wantDst) {
-				t.Errorf("destination MAC %s, want %s", net.HardwareAddr(out[:6]), r.wantDst)
-			}
-			if r.icmpID != 0 {
-				hl := int(out[14]&0x0f) * 4
-				icmp := out[14+hl:]
-				if r.in.quote != nil {
-					qhl := int(icmp[8]&0x0f) * 4
-					icmp = icmp[8+qhl:]
-				}
-				if id := binary.BigEndian.Uint16(icmp[4:6]); id != r.icmpID {
-					t.Errorf("echo id %d, want %d", id, r.icmpID)
-				}
-				whole := out[14+hl : 14+int(binary.BigEndian.Uint16(out[16:18]))]
-				if sum := csum.Checksum(whole); sum != 0 {
-					t.Errorf("ICMP checksum does not verify (%#04x)", sum)
-				}
-			}
-			after, err := k.Counters()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for name, v := range after.Drops {
-				d := v - before.Drops[name]
-				if (name == r.drop && d != 1) || (name != r.drop && d != 0) {
-					t.Errorf("drop counter %s rose by %d", name, d)
-				}
-			}
-			if _, ok := after.Drops[r.drop]; r.drop != "" && !ok {
-				t.Errorf("no drop counter %s", r.drop)
-			}
-			sa := statsBySliver(t, f)
-			for name, a := range sa {
-				b := sb[name]
-				want := func(what string) uint64 {
-					if r.counts[name] == what {
-						return 1
-					}
-					return 0
-				}
-				if d := a.PacketsIn - b.PacketsIn; d != want("in") {
-					t.Errorf("%s: packets in rose by %d", name, d)
-				}
-				if d := a.PacketsOut - b.PacketsOut; d != want("out") {
-					t.Errorf("%s: packets out rose by %d", name, d)
-				}
-				for reason, v := range a.Drops {
-					if d := v - b.Drops[reason]; d != want(reason) {
-						t.Errorf("%s: drop %s rose by %d", name, reason, d)
-					}
-				}
-				if c := r.counts[name]; c != "" && c != "in" && c != "out" && a.Drops[c] == b.Drops[c] {
-					t.Errorf("%s: drop %s not counted", name, c)
-				}
-			}
-		})
+	if r.icmpID != 0 {
+		hl := int(out[14]&0x0f) * 4
+		icmp := out[14+hl:]
+		if r.in.Quote != nil {
+			qhl := int(icmp[8]&0x0f) * 4
+			icmp = icmp[8+qhl:]
+		}
+		if id := binary.BigEndian.Uint16(icmp[4:6]); id != r.icmpID {
+			t.Errorf("echo id %d, want %d", id, r.icmpID)
+		}
+		whole := out[14+hl : 14+int(binary.BigEndian.Uint16(out[16:18]))]
+		if sum := csum.Checksum(whole); sum != 0 {
+			t.Errorf("ICMP checksum does not verify (%#04x)", sum)
+		}
 	}
 }

@@ -8,11 +8,11 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/netns"
@@ -20,29 +20,11 @@ import (
 
 func openProduction() (*datapath.Kernel, error) { return datapath.Open("", datapath.Options{}) }
 
-// costRun times prog on in, n runs of one packet each (a repeated run
-// would see the frame its last run rewrote), in the lab's namespace where
-// the copies' devices are: ns per packet.
+// costRun times prog on in, n runs of one packet each, in the lab's
+// namespace where the copies' devices are: ns per packet.
 func costRun(tb testing.TB, l *lab, prog *ebpf.Program, in []byte, n int, want uint32) float64 {
 	tb.Helper()
-	var total time.Duration
-	err := netns.Do(l.ns, func() error {
-		for i := 0; i < n; i++ {
-			ret, d, err := prog.Benchmark(in, 1, nil)
-			if err != nil {
-				return err
-			}
-			if ret != want {
-				return fmt.Errorf("verdict %d, want %d: this would time something else", ret, want)
-			}
-			total += d
-		}
-		return nil
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return float64(total.Nanoseconds()) / float64(n)
+	return bpftest.PacketCost(tb, prog, in, n, want, func(run func() error) error { return netns.Do(l.ns, run) })
 }
 
 // The sender's edge per packet, with 0, 1 and 100 rules on the host: the
@@ -51,7 +33,7 @@ func costRun(tb testing.TB, l *lab, prog *ebpf.Program, in []byte, n int, want u
 //	go test -run '^$' -bench TapCost -benchtime 100000x ./internal/tap/
 func BenchmarkPrivilegedTapCost(b *testing.B) {
 	const udp = 17
-	in := frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: layers.IPProtocolUDP, sport: 40000, dport: 100}
+	in := frame{Src: vmac(web1), Dst: vmac(web2), Saddr: web1, Daddr: web2, Proto: layers.IPProtocolUDP, Sport: 40000, Dport: 100}
 	none := [2]uint16{}
 	port := func(p uint16) [2]uint16 { return [2]uint16{p, p} }
 	// A copied packet bound for the uplink is sent first and its copies
@@ -61,10 +43,10 @@ func BenchmarkPrivilegedTapCost(b *testing.B) {
 		taps []intent.TapRule
 		want uint32
 	}{
-		{"rules=0", nil, actRedirect},
-		{"rules=1/other-receiver", []intent.TapRule{rule(1, vm(web1), vm(db1), mon1, "h1")}, actRedirect},
-		{"rules=1/copied-local", []intent.TapRule{rule(1, vm(web1), vm(web2), mon1, "h1")}, actStolen},
-		{"rules=1/copied-remote", []intent.TapRule{rule(1, vm(web1), vm(web2), mon2, "h2")}, actStolen},
+		{"rules=0", nil, bpftest.ActRedirect},
+		{"rules=1/other-receiver", []intent.TapRule{rule(1, vm(web1), vm(db1), mon1, "h1")}, bpftest.ActRedirect},
+		{"rules=1/copied-local", []intent.TapRule{rule(1, vm(web1), vm(web2), mon1, "h1")}, bpftest.ActStolen},
+		{"rules=1/copied-remote", []intent.TapRule{rule(1, vm(web1), vm(web2), mon2, "h2")}, bpftest.ActStolen},
 	}
 	// 100 rules of one sender, to 100 receivers: the index leaves one.
 	var byReceiver, byPort []intent.TapRule
@@ -81,11 +63,11 @@ func BenchmarkPrivilegedTapCost(b *testing.B) {
 		name string
 		taps []intent.TapRule
 		want uint32
-	}{"rules=100/one-receiver-matches", byReceiver, actStolen}, struct {
+	}{"rules=100/one-receiver-matches", byReceiver, bpftest.ActStolen}, struct {
 		name string
 		taps []intent.TapRule
 		want uint32
-	}{"rules=100/all-candidates-one-port-matches", byPort, actStolen})
+	}{"rules=100/all-candidates-one-port-matches", byPort, bpftest.ActStolen})
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			l := newLab(b, "up0", "vif-web3", "vif-mon1", "vif-mon4")
@@ -113,13 +95,13 @@ func BenchmarkPrivilegedPacketCostBesideBaseline(b *testing.B) {
 		uplink bool
 		in     frame
 	}{
-		{"vif/intra-subnet", false, frame{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: udp, sport: 40000, dport: 5201}},
-		{"vif/routed", false, frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: tcp, sport: 40000, dport: 5432}},
-		{"uplink/intra-subnet", true, frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web1, proto: udp, sport: 40000, dport: 5201}},
-		{"uplink/routed-reply", true, frame{src: h2MAC, dst: h1MAC, saddr: db1, daddr: web1, proto: tcp, sport: 5432, dport: 40000, ttl: 63}},
+		{"vif/intra-subnet", false, frame{Src: vmac(web1), Dst: vmac(web2), Saddr: web1, Daddr: web2, Proto: udp, Sport: 40000, Dport: 5201}},
+		{"vif/routed", false, frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Sport: 40000, Dport: 5432}},
+		{"uplink/intra-subnet", true, frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: udp, Sport: 40000, Dport: 5201}},
+		{"uplink/routed-reply", true, frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000, TTL: 63}},
 	}
 	// The routed flow is admitted once, as its first packet would be.
-	costRun(b, l, h.k.VifProgram(), paths[1].in.bytes(b), 1, actRedirect)
+	costRun(b, l, h.k.VifProgram(), paths[1].in.bytes(b), 1, bpftest.ActRedirect)
 	progs := map[string][2]*ebpf.Program{"new": {h.k.VifProgram(), h.k.UplinkProgram()}}
 	if dir == "" {
 		b.Log("ONEHOP_BASELINE_DIR unset: the new build alone")
@@ -174,7 +156,7 @@ func BenchmarkPrivilegedPacketCostBesideBaseline(b *testing.B) {
 				if !ok {
 					continue
 				}
-				got[build] = costRun(b, l, pr[i], in, n, actRedirect)
+				got[build] = costRun(b, l, pr[i], in, n, bpftest.ActRedirect)
 				results[p.name+" "+build] = append(results[p.name+" "+build], got[build])
 			}
 			if _, ok := got["main"]; ok {

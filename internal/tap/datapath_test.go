@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
@@ -30,21 +30,11 @@ import (
 // copy at once, so each copy is read, whole, by a packet socket on the far
 // end, as the monitor VM (or the fabric) would receive it.
 
-const (
-	actOK       = 0
-	actShot     = 2
-	actRedirect = 7
-	actStolen   = 4
-	kindOut     = 1
-	kindPeer    = 2
-	kindClone   = 3
-)
-
 var (
-	h1MAC    = mustMAC("aa:00:00:00:00:01")
-	h2MAC    = mustMAC("aa:00:00:00:00:02")
-	h3MAC    = mustMAC("aa:00:00:00:00:03")
-	rogueMAC = mustMAC("aa:00:00:00:00:99")
+	h1MAC    = bpftest.MustMAC("aa:00:00:00:00:01")
+	h2MAC    = bpftest.MustMAC("aa:00:00:00:00:02")
+	h3MAC    = bpftest.MustMAC("aa:00:00:00:00:03")
+	rogueMAC = bpftest.MustMAC("aa:00:00:00:00:99")
 
 	web3 = netip.MustParseAddr("10.1.1.4")  // local on h1, a receiver
 	mon4 = netip.MustParseAddr("10.1.1.12") // local on h1, a second monitor
@@ -52,14 +42,6 @@ var (
 	mon6 = netip.MustParseAddr("10.1.1.14") // on h2, beside mon2
 	far  = netip.MustParseAddr("10.1.1.77") // remote, not mapped yet
 )
-
-func mustMAC(s string) net.HardwareAddr {
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		panic(err)
-	}
-	return m
-}
 
 func vmac(a netip.Addr) net.HardwareAddr { return ipam.VirtualMAC(a) }
 
@@ -191,50 +173,24 @@ func (p *packetSock) drain(t testing.TB) {
 	}
 }
 
-// frame is one test frame.
-type frame struct {
-	src, dst     net.HardwareAddr
-	saddr, daddr netip.Addr
-	proto        layers.IPProtocol
-	sport, dport uint16
-	ttl          uint8
-	marked       bool // the reserved flag set (checksum computed with it)
-	payload      string
-}
+// frame is a test frame as this package's rows write it: IP id 7, ICMP an
+// echo request with id 3, and a payload of 32 bytes of text where a row
+// says nothing.
+type frame bpftest.Frame
 
 func (f frame) bytes(t testing.TB) []byte {
 	t.Helper()
-	ttl := f.ttl
-	if ttl == 0 {
-		ttl = 64
+	g := bpftest.Frame(f)
+	if g.IPID == 0 {
+		g.IPID = 7
 	}
-	ip := &layers.IPv4{Version: 4, TTL: ttl, Protocol: f.proto, SrcIP: f.saddr.AsSlice(), DstIP: f.daddr.AsSlice(), Id: 7}
-	if f.marked {
-		ip.Flags = layers.IPv4EvilBit // RFC 3514's name for the reserved bit
+	if g.ICMPType == 0 && g.ICMPID == 0 {
+		g.ICMPType, g.ICMPID = 8, 3
 	}
-	payload := gopacket.Payload(f.payload)
-	if f.payload == "" {
-		payload = gopacket.Payload("the tapped payload, 32 bytes....")
+	if g.Payload == nil {
+		g.Payload = []byte("the tapped payload, 32 bytes....")
 	}
-	ls := []gopacket.SerializableLayer{&layers.Ethernet{SrcMAC: f.src, DstMAC: f.dst, EthernetType: layers.EthernetTypeIPv4}, ip}
-	switch f.proto {
-	case layers.IPProtocolTCP:
-		tcp := &layers.TCP{SrcPort: layers.TCPPort(f.sport), DstPort: layers.TCPPort(f.dport), SYN: true, Window: 1000}
-		tcp.SetNetworkLayerForChecksum(ip)
-		ls = append(ls, tcp)
-	case layers.IPProtocolUDP:
-		udp := &layers.UDP{SrcPort: layers.UDPPort(f.sport), DstPort: layers.UDPPort(f.dport)}
-		udp.SetNetworkLayerForChecksum(ip)
-		ls = append(ls, udp)
-	case layers.IPProtocolICMPv4:
-		ls = append(ls, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0), Id: 3, Seq: 1})
-	}
-	ls = append(ls, payload)
-	buf := gopacket.NewSerializeBuffer()
-	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return g.Bytes(t)
 }
 
 // asSeen is b (an IPv4 frame) as the receiver of its packet sees it: its
@@ -399,82 +355,11 @@ func (h *host) setBit(t testing.TB, on bool) {
 	}
 }
 
-type trace struct {
-	Count   uint32
-	Ifindex [8]uint32
-	Kind    [8]uint32
-}
-
-func redirectLog(t testing.TB, prog *ebpf.Program) *ebpf.Map {
-	t.Helper()
-	info, err := prog.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, _ := info.MapIDs()
-	for _, id := range ids {
-		m, err := ebpf.NewMapFromID(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if mi, err := m.Info(); err == nil && mi.Name == "redirect_log" {
-			t.Cleanup(func() { m.Close() })
-			return m
-		}
-		m.Close()
-	}
-	t.Fatal("no redirect_log: not a test object")
-	return nil
-}
-
-// result is what one run of a program did.
-type result struct {
-	verdict uint32
-	out     []byte
-	to      uint32 // the production redirect (0: none)
-	kind    uint32
-	clones  []uint32
-}
-
 // run runs prog on in inside the lab's namespace (where the copies'
 // devices are).
-func (h *host) run(t testing.TB, prog *ebpf.Program, in []byte) result {
+func (h *host) run(t testing.TB, prog *ebpf.Program, in []byte) bpftest.Result {
 	t.Helper()
-	logm := redirectLog(t, prog)
-	if err := logm.Put(uint32(0), trace{}); err != nil {
-		t.Fatal(err)
-	}
-	var r result
-	err := netns.Do(h.lab.ns, func() error {
-		opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+256)}
-		ret, err := prog.Run(opts)
-		if err != nil {
-			return fmt.Errorf("BPF_PROG_RUN: %w", err)
-		}
-		r.verdict, r.out = ret, opts.DataOut
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tr trace
-	if err := logm.Lookup(uint32(0), &tr); err != nil {
-		t.Fatal(err)
-	}
-	if tr.Count > 8 {
-		t.Fatalf("%d redirects: more than the log holds", tr.Count)
-	}
-	for i := 0; i < int(tr.Count); i++ {
-		if tr.Kind[i] == kindClone {
-			r.clones = append(r.clones, tr.Ifindex[i])
-			continue
-		}
-		if r.to != 0 {
-			t.Fatalf("redirected twice: to %d and %d", r.to, tr.Ifindex[i])
-		}
-		r.to, r.kind = tr.Ifindex[i], tr.Kind[i]
-	}
-	return r
+	return bpftest.RunWith(t, prog, in, func(run func() error) error { return netns.Do(h.lab.ns, run) })
 }
 
 // statsByID reads each rule's counters.
@@ -542,21 +427,21 @@ func (h *host) runRows(t *testing.T, prog *ebpf.Program, rows []row) {
 			for _, c := range h.lab.capture {
 				c.drain(t)
 			}
-			before, sb := h.counters(t), h.statsByID(t)
+			before := h.rowCounters(t)
 			got := h.run(t, prog, in)
-			after, sa := h.counters(t), h.statsByID(t)
+			after := h.rowCounters(t)
 			// Bound for the uplink with copies due, production leaves
 			// first as a clone (so it queues ahead of its copies) and the
 			// frame is consumed: that first clone is production, and it
 			// must reach its link before any copy, as it was.
-			if got.verdict == actStolen {
-				if len(got.clones) == 0 {
+			if got.Verdict == bpftest.ActStolen {
+				if len(got.Clones) == 0 {
 					t.Fatalf("frame consumed, but nothing sent")
 				}
-				got.to, got.kind, got.verdict, got.clones = got.clones[0], kindOut, actRedirect, got.clones[1:]
-				c, ok := h.lab.captureOf(got.to)
+				got.To, got.Kind, got.Verdict, got.Clones = got.Clones[0], bpftest.RedirectOut, bpftest.ActRedirect, got.Clones[1:]
+				c, ok := h.lab.captureOf(got.To)
 				if !ok {
-					t.Fatalf("production left by link %d, which has no capture to check it on", got.to)
+					t.Fatalf("production left by link %d, which has no capture to check it on", got.To)
 				}
 				{
 					b, err := c.next(2 * time.Second)
@@ -564,39 +449,39 @@ func (h *host) runRows(t *testing.T, prog *ebpf.Program, rows []row) {
 						t.Fatal(err)
 					}
 					if b == nil {
-						t.Fatalf("production never arrived on link %d", got.to)
+						t.Fatalf("production never arrived on link %d", got.To)
 					}
-					if len(b) > len(base.out) || !bytes.Equal(b, base.out[:len(b)]) {
-						t.Errorf("the first frame out of %d is not production as it was:\n got %x\nwant %x", got.to, b, base.out[:len(b)])
+					if len(b) > len(base.Out) || !bytes.Equal(b, base.Out[:len(b)]) {
+						t.Errorf("the first frame out of %d is not production as it was:\n got %x\nwant %x", got.To, b, base.Out[:len(b)])
 					}
 				}
 				// The consumed frame's own bytes went nowhere; what left
 				// was just checked.
-				got.out = base.out
+				got.Out = base.Out
 			}
 
 			// Production: as without the TAP, and as the row says.
-			sameBytes := base.verdict == actShot || bytes.Equal(got.out, base.out) // a dropped frame's bytes go nowhere
-			if got.verdict != base.verdict || got.to != base.to || got.kind != base.kind || !sameBytes {
+			sameBytes := base.Verdict == bpftest.ActShot || bytes.Equal(got.Out, base.Out) // a dropped frame's bytes go nowhere
+			if got.Verdict != base.Verdict || got.To != base.To || got.Kind != base.Kind || !sameBytes {
 				t.Errorf("production changed by the TAP: verdict %d to %d (kind %d), want %d to %d (kind %d); bytes equal: %v",
-					got.verdict, got.to, got.kind, base.verdict, base.to, base.kind, bytes.Equal(got.out, base.out))
+					got.Verdict, got.To, got.Kind, base.Verdict, base.To, base.Kind, bytes.Equal(got.Out, base.Out))
 			}
-			if len(base.clones) != 0 {
-				t.Errorf("copies with the TAP off: %v", base.clones)
+			if len(base.Clones) != 0 {
+				t.Errorf("copies with the TAP off: %v", base.Clones)
 			}
-			if got.verdict != r.verdict {
-				t.Fatalf("verdict %d, want %d", got.verdict, r.verdict)
+			if got.Verdict != r.verdict {
+				t.Fatalf("verdict %d, want %d", got.Verdict, r.verdict)
 			}
-			if r.to != "" && got.to != h.linkIndex(r.to) {
-				t.Errorf("production went to %d, want %s (%d)", got.to, r.to, h.linkIndex(r.to))
+			if r.to != "" && got.To != h.linkIndex(r.to) {
+				t.Errorf("production went to %d, want %s (%d)", got.To, r.to, h.linkIndex(r.to))
 			}
 			// The copies: where (the redirect log), and what arrived.
 			var wantClones []uint32
 			for _, c := range r.copies {
 				wantClones = append(wantClones, h.linkIndex(c.link))
 			}
-			if fmt.Sprint(got.clones) != fmt.Sprint(wantClones) {
-				t.Errorf("copies to %v, want %v", got.clones, wantClones)
+			if fmt.Sprint(got.Clones) != fmt.Sprint(wantClones) {
+				t.Errorf("copies to %v, want %v", got.Clones, wantClones)
 			}
 			arrived := map[string][][]byte{}
 			for _, c := range r.copies {
@@ -629,43 +514,47 @@ func (h *host) runRows(t *testing.T, prog *ebpf.Program, rows []row) {
 				}
 			}
 			// Counters.
-			for name, n := range after.Drops {
-				d := n - before.Drops[name]
-				if (name == r.drop) != (d == 1) || d > 1 {
-					t.Errorf("drop counter %s rose by %d", name, d)
-				}
+			want := bpftest.Counters{}
+			if r.drop != "" {
+				want["drop "+r.drop] = 1
 			}
-			if _, ok := after.Drops[r.drop]; r.drop != "" && !ok {
-				t.Errorf("no drop counter %s", r.drop)
+			for _, name := range tapForwards {
+				want["forward "+name] = r.forward[name]
 			}
-			for _, name := range []string{"tap_copy_local", "tap_copy_remote", "tap_copy_recovered"} {
-				if _, ok := after.Forwards[name]; !ok {
-					t.Errorf("no forward counter %s", name)
-				}
-				if d := after.Forwards[name] - before.Forwards[name]; d != r.forward[name] {
-					t.Errorf("forward counter %s rose by %d, want %d", name, d, r.forward[name])
-				}
+			for _, id := range r.copied {
+				want[fmt.Sprintf("rule %d packets", id)] = 1
+				want[fmt.Sprintf("rule %d bytes", id)] = uint64(len(in))
 			}
-			for id, a := range sa {
-				b := sb[id]
-				wantP, wantD := uint64(0), uint64(0)
-				for _, c := range r.copied {
-					if c == id {
-						wantP = 1
-					}
-				}
-				for _, c := range r.dropped {
-					if c == id {
-						wantD = 1
-					}
-				}
-				if a.Packets-b.Packets != wantP || a.Bytes-b.Bytes != wantP*uint64(len(in)) || a.Dropped-b.Dropped != wantD {
-					t.Errorf("rule %d: packets +%d, bytes +%d, dropped +%d; want +%d, +%d, +%d", id,
-						a.Packets-b.Packets, a.Bytes-b.Bytes, a.Dropped-b.Dropped, wantP, wantP*uint64(len(in)), wantD)
-				}
+			for _, id := range r.dropped {
+				want[fmt.Sprintf("rule %d dropped", id)] = 1
 			}
+			bpftest.CheckDelta(t, before, after, want)
 		})
 	}
+}
+
+// tapForwards are the node's forward counters a row speaks of: every other
+// moves the same with the TAP off.
+var tapForwards = []string{"tap_copy_local", "tap_copy_remote", "tap_copy_recovered"}
+
+// rowCounters is every counter a row speaks of: the node's drop counters,
+// the TAP's forward counters, and each rule's packets, bytes and dropped
+// copies.
+func (h *host) rowCounters(t *testing.T) bpftest.Counters {
+	t.Helper()
+	c := h.counters(t)
+	out := bpftest.Counters{}.Add("drop", c.Drops)
+	for _, name := range tapForwards {
+		if n, ok := c.Forwards[name]; ok {
+			out["forward "+name] = n
+		}
+	}
+	for id, st := range h.statsByID(t) {
+		out[fmt.Sprintf("rule %d packets", id)] = st.Packets
+		out[fmt.Sprintf("rule %d bytes", id)] = st.Bytes
+		out[fmt.Sprintf("rule %d dropped", id)] = st.Dropped
+	}
+	return out
 }
 
 func countLink(cs []copyWant, link string) []struct{} {
@@ -715,17 +604,17 @@ func TestPrivilegedSenderEdgeCopiesMatchingPacketsAndLeavesProductionAlone(t *te
 	h := newH1(t)
 	tcp, udp, icmp := layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4
 	from := func(dst netip.Addr, proto layers.IPProtocol, sport, dport uint16) frame {
-		return frame{src: vmac(web1), dst: vmac(dst), saddr: web1, daddr: dst, proto: proto, sport: sport, dport: dport}
+		return frame{Src: vmac(web1), Dst: vmac(dst), Saddr: web1, Daddr: dst, Proto: proto, Sport: sport, Dport: dport}
 	}
 	routed := from(db1, tcp, 40000, 5432)
-	routed.dst = vmac(gw)
+	routed.Dst = vmac(gw)
 	local := func(f frame) []byte { return asSeen(f.bytes(t)) } // what web3 (or the monitor) gets
 	// What production sends to h2, with TTL one less when routed.
 	toFabric := func(f frame, hop bool) frame {
 		if hop {
-			f.ttl = 63
+			f.TTL = 63
 		}
-		f.src, f.dst = h1MAC, h2MAC
+		f.Src, f.Dst = h1MAC, h2MAC
 		return f
 	}
 	remoteCopy := func(f frame, hostMAC net.HardwareAddr) []byte {
@@ -736,44 +625,44 @@ func TestPrivilegedSenderEdgeCopiesMatchingPacketsAndLeavesProductionAlone(t *te
 
 	h.runRows(t, h.k.VifProgram(), []row{
 		{name: "vm to local vm, any protocol: one copy into the local monitor, as the receiver sees it",
-			in: from(web3, tcp, 40000, 80), verdict: actRedirect, to: "vif-web3",
+			in: from(web3, tcp, 40000, 80), verdict: bpftest.ActRedirect, to: "vif-web3",
 			copies: []copyWant{{"vif-mon1", local(from(web3, tcp, 40000, 80))}}, forward: one("tap_copy_local"), copied: []uint32{1}},
 		{name: "two rules, one monitor: one copy, both rules count it",
-			in: from(web3, udp, 5000, 53), verdict: actRedirect, to: "vif-web3",
+			in: from(web3, udp, 5000, 53), verdict: bpftest.ActRedirect, to: "vif-web3",
 			copies: []copyWant{{"vif-mon1", local(from(web3, udp, 5000, 53))}}, forward: one("tap_copy_local"), copied: []uint32{1, 3}},
 		{name: "source port range: its upper end matches",
-			in: from(web2, udp, 5001, 53), verdict: actRedirect, to: "up0",
+			in: from(web2, udp, 5001, 53), verdict: bpftest.ActRedirect, to: "up0",
 			copies: []copyWant{{"vif-mon1", fabricLocal(toFabric(from(web2, udp, 5001, 53), false))}}, forward: one("tap_copy_local"), copied: []uint32{3}},
 		{name: "source port range: one past it does not",
-			in: from(web2, udp, 5002, 53), verdict: actRedirect, to: "up0"},
+			in: from(web2, udp, 5002, 53), verdict: bpftest.ActRedirect, to: "up0"},
 		{name: "remote receiver, remote monitor: one marked copy to its host, host MAC to host MAC",
-			in: from(web2, tcp, 40000, 80), verdict: actRedirect, to: "up0",
+			in: from(web2, tcp, 40000, 80), verdict: bpftest.ActRedirect, to: "up0",
 			copies: []copyWant{{"up0", remoteCopy(toFabric(from(web2, tcp, 40000, 80), false), h2MAC)}}, forward: one("tap_copy_remote"), copied: []uint32{2}},
 		{name: "destination port filter: another port is not copied",
-			in: from(web2, tcp, 40000, 81), verdict: actRedirect, to: "up0"},
+			in: from(web2, tcp, 40000, 81), verdict: bpftest.ActRedirect, to: "up0"},
 		{name: "protocol filter: udp to the tcp rule's port is not copied",
-			in: from(web2, udp, 40000, 80), verdict: actRedirect, to: "up0"},
+			in: from(web2, udp, 40000, 80), verdict: bpftest.ActRedirect, to: "up0"},
 		{name: "two monitors on this host: two copies",
-			in: from(web2, udp, 5000, 9000), verdict: actRedirect, to: "up0",
+			in: from(web2, udp, 5000, 9000), verdict: bpftest.ActRedirect, to: "up0",
 			copies: []copyWant{
 				{"vif-mon1", fabricLocal(toFabric(from(web2, udp, 5000, 9000), false))},
 				{"vif-mon4", fabricLocal(toFabric(from(web2, udp, 5000, 9000), false))}},
 			forward: map[string]uint64{"tap_copy_local": 2}, copied: []uint32{3, 4}},
 		{name: "routed: the copy has the hop the receiver sees, to h3's monitor",
-			in: routed, verdict: actRedirect, to: "up0",
+			in: routed, verdict: bpftest.ActRedirect, to: "up0",
 			copies:  []copyWant{{"up0", remoteCopy(toFabric(routed, true), h3MAC)}},
 			forward: one("tap_copy_remote"), copied: []uint32{5}},
 		{name: "three rules, two monitor hosts: one copy per host",
-			in: from(web2, icmp, 0, 0), verdict: actRedirect, to: "up0",
+			in: from(web2, icmp, 0, 0), verdict: bpftest.ActRedirect, to: "up0",
 			copies: []copyWant{
 				{"up0", remoteCopy(toFabric(from(web2, icmp, 0, 0), false), h2MAC)},
 				{"up0", remoteCopy(toFabric(from(web2, icmp, 0, 0), false), h3MAC)}},
 			forward: map[string]uint64{"tap_copy_remote": 2}, copied: []uint32{6, 8, 9}},
 		{name: "not admitted: nothing copied",
-			in: from(db1, tcp, 40000, 80), verdict: actShot, drop: "not_visible"},
+			in: from(db1, tcp, 40000, 80), verdict: bpftest.ActShot, drop: "not_visible"},
 		{name: "a VM's frame carrying the copy marker is dropped, never copied",
-			in:      frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp, sport: 1, dport: 80, marked: true},
-			verdict: actShot, drop: "reserved_flag"},
+			in:      frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: tcp, Sport: 1, Dport: 80, Reserved: true},
+			verdict: bpftest.ActShot, drop: "reserved_flag"},
 	})
 }
 
@@ -782,11 +671,11 @@ var gw = netip.MustParseAddr("10.1.1.1")
 
 func TestPrivilegedHeldPacketsAreCopiedToo(t *testing.T) {
 	h := newH1(t)
-	in := frame{src: vmac(web1), dst: vmac(far), saddr: web1, daddr: far, proto: layers.IPProtocolICMPv4}
+	in := frame{Src: vmac(web1), Dst: vmac(far), Saddr: web1, Daddr: far, Proto: layers.IPProtocolICMPv4}
 	// Held for the agent while it resolves far; its copy is made now.
 	out := in
-	out.src, out.dst = h1MAC, h2MAC
-	h.runRows(t, h.k.VifProgram(), []row{{name: "held", in: in, verdict: actShot,
+	out.Src, out.Dst = h1MAC, h2MAC
+	h.runRows(t, h.k.VifProgram(), []row{{name: "held", in: in, verdict: bpftest.ActShot,
 		copies:  []copyWant{{"up0", remoteCopy(t, out, h2MAC)}},
 		forward: map[string]uint64{"tap_copy_remote": 1}, copied: []uint32{6, 8}}})
 }
@@ -800,48 +689,48 @@ func TestPrivilegedMonitorEdgeRecoversTheOriginalForLocalMonitorsOnly(t *testing
 	udp, tcp := layers.IPProtocolUDP, layers.IPProtocolTCP
 	// orig is what the receiver sees; the copy on the fabric is it marked.
 	orig := func(src, dst netip.Addr, proto layers.IPProtocol) frame {
-		return frame{src: vmac(src), dst: vmac(dst), saddr: src, daddr: dst, proto: proto, sport: 40000, dport: 53}
+		return frame{Src: vmac(src), Dst: vmac(dst), Saddr: src, Daddr: dst, Proto: proto, Sport: 40000, Dport: 53}
 	}
 	seen := func(f frame) []byte { return asSeen(f.bytes(t)) }
 	copyOf := func(f frame, from, to net.HardwareAddr) frame {
-		f.marked, f.src, f.dst = true, from, to
+		f.Reserved, f.Src, f.Dst = true, from, to
 		return f
 	}
 	one := func(n string) map[string]uint64 { return map[string]uint64{n: 1} }
 	h.runRows(t, h.k.UplinkProgram(), []row{
 		{name: "a copy for a local monitor: restored, to it alone, never to its local receiver",
-			in: copyOf(orig(web2, web3, tcp), h2MAC, h1MAC), verdict: actShot,
+			in: copyOf(orig(web2, web3, tcp), h2MAC, h1MAC), verdict: bpftest.ActShot,
 			copies: []copyWant{{"vif-mon1", seen(orig(web2, web3, tcp))}}, forward: one("tap_copy_recovered"), copied: []uint32{10}},
 		{name: "the same packet unmarked is production: delivered, not copied here",
-			in: frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp, sport: 40000, dport: 53}, verdict: actRedirect, to: "vif-web3"},
+			in: frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: tcp, Sport: 40000, Dport: 53}, verdict: bpftest.ActRedirect, to: "vif-web3"},
 		{name: "a VLAN rule: a sender of its segment",
-			in: copyOf(orig(db1, web1, udp), h2MAC, h1MAC), verdict: actShot,
+			in: copyOf(orig(db1, web1, udp), h2MAC, h1MAC), verdict: bpftest.ActShot,
 			copies: []copyWant{{"vif-mon1", seen(orig(db1, web1, udp))}}, forward: one("tap_copy_recovered"), copied: []uint32{7}},
 		{name: "a VLAN rule: a sender of another segment is no copy anyone here wants",
-			in: copyOf(orig(web2, web1, udp), h2MAC, h1MAC), verdict: actShot, drop: "tap_copy_unknown"},
+			in: copyOf(orig(web2, web1, udp), h2MAC, h1MAC), verdict: bpftest.ActShot, drop: "tap_copy_unknown"},
 		{name: "a copy a local rule's filters refuse",
-			in: copyOf(orig(db1, web1, tcp), h2MAC, h1MAC), verdict: actShot, drop: "tap_copy_unknown"},
+			in: copyOf(orig(db1, web1, tcp), h2MAC, h1MAC), verdict: bpftest.ActShot, drop: "tap_copy_unknown"},
 		{name: "a copy from a MAC that is no host's",
-			in: copyOf(orig(web2, web3, tcp), rogueMAC, h1MAC), verdict: actShot, drop: "fabric_unknown_host"},
+			in: copyOf(orig(web2, web3, tcp), rogueMAC, h1MAC), verdict: bpftest.ActShot, drop: "fabric_unknown_host"},
 		{name: "a copy from the wrong host for its sender",
-			in: copyOf(orig(web2, web3, tcp), h3MAC, h1MAC), verdict: actShot, drop: "fabric_unknown_src"},
+			in: copyOf(orig(web2, web3, tcp), h3MAC, h1MAC), verdict: bpftest.ActShot, drop: "fabric_unknown_src"},
 		{name: "a copy flooded towards another host",
-			in: copyOf(orig(web2, web3, tcp), h2MAC, h3MAC), verdict: actShot, drop: "tap_copy_unknown"},
+			in: copyOf(orig(web2, web3, tcp), h2MAC, h3MAC), verdict: bpftest.ActShot, drop: "tap_copy_unknown"},
 	})
 }
 
 func TestPrivilegedACopyIsDroppedWhereNoRuleIsInUse(t *testing.T) {
 	h := newH1(t)
 	h.sync(t, h1Desired(nil), testNodes, func(string) (int, error) { return 0, os.ErrNotExist })
-	in := frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: layers.IPProtocolTCP, sport: 1, dport: 2, marked: true}
+	in := frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: layers.IPProtocolTCP, Sport: 1, Dport: 2, Reserved: true}
 	r := h.run(t, h.k.UplinkProgram(), in.bytes(t))
-	if r.verdict != actShot || r.to != 0 || len(r.clones) != 0 {
-		t.Fatalf("a copy on a node without TAP: verdict %d, to %d, copies %v; want dropped", r.verdict, r.to, r.clones)
+	if r.Verdict != bpftest.ActShot || r.To != 0 || len(r.Clones) != 0 {
+		t.Fatalf("a copy on a node without TAP: verdict %d, to %d, copies %v; want dropped", r.Verdict, r.To, r.Clones)
 	}
-	vm := frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: layers.IPProtocolTCP, sport: 1, dport: 2, marked: true}
+	vm := frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: layers.IPProtocolTCP, Sport: 1, Dport: 2, Reserved: true}
 	before := h.counters(t)
-	if r := h.run(t, h.k.VifProgram(), vm.bytes(t)); r.verdict != actShot || r.to != 0 {
-		t.Fatalf("a VM's marked frame on a node without TAP: verdict %d, to %d", r.verdict, r.to)
+	if r := h.run(t, h.k.VifProgram(), vm.bytes(t)); r.Verdict != bpftest.ActShot || r.To != 0 {
+		t.Fatalf("a VM's marked frame on a node without TAP: verdict %d, to %d", r.Verdict, r.To)
 	}
 	if d := h.counters(t).Drops["reserved_flag"] - before.Drops["reserved_flag"]; d != 1 {
 		t.Fatalf("reserved_flag rose by %d", d)
@@ -862,14 +751,14 @@ func TestPrivilegedACopyAcrossTheFabricArrivesAsTheOriginal(t *testing.T) {
 		Visibility: []intent.VisRule{{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432}}, Taps: taps}
 	h2 := newHost(t, l2, "h2", h2MAC, d2, map[netip.Addr]net.HardwareAddr{web1: h1MAC})
 
-	in := frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db1, proto: layers.IPProtocolTCP, sport: 40000, dport: 5432}
+	in := frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: layers.IPProtocolTCP, Sport: 40000, Dport: 5432}
 	h1.lab.capture["up0"].drain(t)
 	r := h1.run(t, h1.k.VifProgram(), in.bytes(t))
 	up0 := uint32(h1.lab.ifindex["up0"])
 	// Production leaves first (a clone), then the copy; the frame is
 	// consumed.
-	if r.verdict != actStolen || r.to != 0 || fmt.Sprint(r.clones) != fmt.Sprint([]uint32{up0, up0}) {
-		t.Fatalf("h1: verdict %d to %d, clones %v; want production then one copy out of up0 (%d), frame consumed", r.verdict, r.to, r.clones, up0)
+	if r.Verdict != bpftest.ActStolen || r.To != 0 || fmt.Sprint(r.Clones) != fmt.Sprint([]uint32{up0, up0}) {
+		t.Fatalf("h1: verdict %d to %d, clones %v; want production then one copy out of up0 (%d), frame consumed", r.Verdict, r.To, r.Clones, up0)
 	}
 	production, err := h1.lab.capture["up0"].next(2 * time.Second)
 	if err != nil || production == nil {
@@ -878,7 +767,7 @@ func TestPrivilegedACopyAcrossTheFabricArrivesAsTheOriginal(t *testing.T) {
 	if production[20]&0x80 != 0 {
 		t.Fatalf("the first frame out of h1's uplink is marked: production must leave first, unmarked: %x", production[:34])
 	}
-	r.out = production
+	r.Out = production
 	wire, err := h1.lab.capture["up0"].next(2 * time.Second)
 	if err != nil || wire == nil {
 		t.Fatalf("no copy left h1's uplink (%v)", err)
@@ -887,21 +776,21 @@ func TestPrivilegedACopyAcrossTheFabricArrivesAsTheOriginal(t *testing.T) {
 		t.Fatalf("the copy on the wire is not marked host to host with a valid checksum: %x", wire[:34])
 	}
 	// Production's frame, to db1 on h2, is what the receiver gets.
-	prod := h2.run(t, h2.k.UplinkProgram(), r.out)
-	if prod.verdict != actRedirect || prod.to != uint32(l2.ifindex["vif-db1"]) || prod.kind != kindPeer {
-		t.Fatalf("h2: production verdict %d to %d", prod.verdict, prod.to)
+	prod := h2.run(t, h2.k.UplinkProgram(), r.Out)
+	if prod.Verdict != bpftest.ActRedirect || prod.To != uint32(l2.ifindex["vif-db1"]) || prod.Kind != bpftest.RedirectPeer {
+		t.Fatalf("h2: production verdict %d to %d", prod.Verdict, prod.To)
 	}
 	l2.capture["vif-mon2"].drain(t)
 	got := h2.run(t, h2.k.UplinkProgram(), wire)
-	if got.verdict != actShot || got.to != 0 || fmt.Sprint(got.clones) != fmt.Sprint([]uint32{uint32(l2.ifindex["vif-mon2"])}) {
-		t.Fatalf("h2: copy verdict %d, to %d, copies %v", got.verdict, got.to, got.clones)
+	if got.Verdict != bpftest.ActShot || got.To != 0 || fmt.Sprint(got.Clones) != fmt.Sprint([]uint32{uint32(l2.ifindex["vif-mon2"])}) {
+		t.Fatalf("h2: copy verdict %d, to %d, copies %v", got.Verdict, got.To, got.Clones)
 	}
 	b, err := l2.capture["vif-mon2"].next(2 * time.Second)
 	if err != nil || b == nil {
 		t.Fatalf("mon2 received nothing (%v)", err)
 	}
-	if !bytes.Equal(b, prod.out) {
-		t.Fatalf("mon2 received\n%x\nwhat db1 receives is\n%x", b, prod.out)
+	if !bytes.Equal(b, prod.Out) {
+		t.Fatalf("mon2 received\n%x\nwhat db1 receives is\n%x", b, prod.Out)
 	}
 	for name, h := range map[string]*host{"h1": h1, "h2": h2} {
 		st := h.statsByID(t)[20]
@@ -923,15 +812,15 @@ func TestPrivilegedAMonitorThatCannotKeepUpLosesCopiesNotProduction(t *testing.T
 		}
 		return 0, os.ErrNotExist
 	})
-	in := frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: layers.IPProtocolTCP, sport: 1, dport: 80}
+	in := frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: layers.IPProtocolTCP, Sport: 1, Dport: 80}
 	before := h.statsByID(t)[1]
 	copies := 0
 	for i := 0; i < 5; i++ {
 		r := h.run(t, h.k.VifProgram(), in.bytes(t))
-		if r.verdict != actRedirect || r.to != uint32(h.lab.ifindex["vif-web3"]) || r.kind != kindPeer {
-			t.Fatalf("run %d: production verdict %d to %d", i, r.verdict, r.to)
+		if r.Verdict != bpftest.ActRedirect || r.To != uint32(h.lab.ifindex["vif-web3"]) || r.Kind != bpftest.RedirectPeer {
+			t.Fatalf("run %d: production verdict %d to %d", i, r.Verdict, r.To)
 		}
-		copies += len(r.clones)
+		copies += len(r.Clones)
 	}
 	after := h.statsByID(t)[1]
 	if copies != 2 || after.Packets-before.Packets != 2 || after.Dropped-before.Dropped != 3 {
@@ -989,8 +878,8 @@ func TestPrivilegedAfterADeleteNothingIsLeftInAnyMap(t *testing.T) {
 	}
 	// Traffic first, so counters and buckets hold something.
 	for _, f := range []frame{
-		{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: layers.IPProtocolTCP, sport: 1, dport: 80},
-		{src: vmac(web1), dst: vmac(web2), saddr: web1, daddr: web2, proto: layers.IPProtocolICMPv4},
+		{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: layers.IPProtocolTCP, Sport: 1, Dport: 80},
+		{Src: vmac(web1), Dst: vmac(web2), Saddr: web1, Daddr: web2, Proto: layers.IPProtocolICMPv4},
 	} {
 		h.run(t, h.k.VifProgram(), f.bytes(t))
 	}
