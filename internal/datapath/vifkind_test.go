@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/gopacket/layers"
 
+	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/intent"
 )
 
@@ -67,30 +68,30 @@ func TestPrivilegedEveryDeliveryToAGuestFollowsItsVifKind(t *testing.T) {
 			seedAsking(t, k, far)
 			runTable(t, k, k.VifProgram(), []progCase{
 				{name: "intra-subnet to a local VM",
-					in:          frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
-					wantVerdict: actRedirect, want: &frame{src: vmac(web1), dst: vmac(web3), saddr: web1, daddr: web3, proto: tcp},
+					in:          frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: tcp},
+					wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: tcp},
 					wantTo: 42, wantPeer: peer, wantForward: "local"},
 				{name: "routed to a local VM of another subnet, from its gateway",
-					in:          frame{src: vmac(web1), dst: vmac(gw), saddr: web1, daddr: db3, proto: tcp, dport: 5432},
-					wantVerdict: actRedirect, want: &frame{src: dbGW, dst: vmac(db3), saddr: web1, daddr: db3, proto: tcp, dport: 5432, ttl: 63},
+					in:          frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db3, Proto: tcp, Dport: 5432},
+					wantVerdict: bpftest.ActRedirect, want: &frame{Src: dbGW, Dst: vmac(db3), Saddr: web1, Daddr: db3, Proto: tcp, Dport: 5432, TTL: 63},
 					wantTo: 43, wantPeer: peer, wantForward: "local,routed"},
 				{name: "a subnet broadcast is copied to the local member out of its vif",
-					in:          frame{src: vmac(web1), dst: layers.EthernetBroadcast, saddr: web1, daddr: netip.MustParseAddr("10.1.1.255"), proto: udp},
-					wantVerdict: actRedirect, want: &frame{src: h1MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web1, daddr: netip.MustParseAddr("10.1.1.255"), proto: udp},
+					in:          frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, Saddr: web1, Daddr: netip.MustParseAddr("10.1.1.255"), Proto: udp},
+					wantVerdict: bpftest.ActRedirect, want: &frame{Src: h1MAC, Dst: bpftest.MustMAC("03:00:0a:01:01:00"), Saddr: web1, Daddr: netip.MustParseAddr("10.1.1.255"), Proto: udp},
 					wantTo: 7, wantClones: []uint32{42}, wantForward: "to_fabric"},
 			})
 			runTable(t, k, k.UplinkProgram(), []progCase{
 				{name: "from the fabric to a local VM",
-					in:          frame{src: h2MAC, dst: h1MAC, saddr: web2, daddr: web3, proto: tcp},
-					wantVerdict: actRedirect, want: &frame{src: vmac(web2), dst: vmac(web3), saddr: web2, daddr: web3, proto: tcp},
+					in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: tcp},
+					wantVerdict: bpftest.ActRedirect, want: &frame{Src: vmac(web2), Dst: vmac(web3), Saddr: web2, Daddr: web3, Proto: tcp},
 					wantTo: 42, wantPeer: peer, wantForward: "from_fabric"},
 				{name: "the ARP answer a local VM waited for",
 					in:          arpFrame(h2MAC, h1MAC, 2, vmac(far), far, vmac(web3), web3),
-					wantVerdict: actRedirect, want: ptr(arpFrame(vmac(far), vmac(web3), 2, vmac(far), far, vmac(web3), web3)),
+					wantVerdict: bpftest.ActRedirect, want: ptr(arpFrame(vmac(far), vmac(web3), 2, vmac(far), far, vmac(web3), web3)),
 					wantTo: 42, wantPeer: peer, wantForward: "arp_learned,arp_reply"},
 				{name: "a subnet broadcast from the fabric is copied to every local member",
-					in:          frame{src: h2MAC, dst: mustMAC("03:00:0a:01:01:00"), saddr: web2, daddr: netip.MustParseAddr("10.1.1.255"), proto: udp},
-					wantVerdict: actShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
+					in:          frame{Src: h2MAC, Dst: bpftest.MustMAC("03:00:0a:01:01:00"), Saddr: web2, Daddr: netip.MustParseAddr("10.1.1.255"), Proto: udp},
+					wantVerdict: bpftest.ActShot, wantClones: []uint32{1, 42}, wantForward: "broadcast"},
 			})
 		})
 	}
