@@ -34,6 +34,7 @@ const struct slowpath_event *_slowpath_event_type __attribute__((unused));
 const enum slowpath_kind *_slowpath_kind_type __attribute__((unused));
 const enum share_kind *_share_kind_type __attribute__((unused));
 const enum feature_bit *_feature_bit_type __attribute__((unused));
+const enum vif_kind *_vif_kind_type __attribute__((unused));
 
 SEC("tc")
 int vif_ingress(struct __sk_buff *skb)
@@ -160,8 +161,9 @@ int vif_ingress(struct __sk_buff *skb)
 		 * redirect_peer, past every backlog, so it waits for none. */
 		if (feature_on(cfg, FEATURE_TAP))
 			tap_copy(skb, cfg, packet_now(&pkt));
-		/* Straight into the receiving VM's namespace: skips a backlog pass. */
-		return redirect_peer(local->ifindex);
+		/* Straight into the receiving VM (its namespace, for a veth: skips a
+		 * backlog pass). */
+		return deliver_to_vif(local->ifindex, local->kind);
 	}
 
 	if (!cfg->uplink_ifindex)

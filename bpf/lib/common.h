@@ -127,6 +127,14 @@ enum forward_path {
 	FWD_PATH_MAX,
 };
 
+/* What a guest's vif is, found by the agent from netlink (internal/datapath,
+ * vifkind.go) and kept in its endpoint and vif_info entries: how a frame
+ * reaches the guest depends on it (deliver_to_vif, redirect.h). */
+enum vif_kind {
+	VIF_VETH = 0, /* the host end of a veth pair: delivered into its peer */
+	VIF_TAP,      /* a tap (QEMU, libvirt): delivered out of the device, to its reader */
+};
+
 /* A frame the agent must handle, copied whole (up to SLOWPATH_MAX bytes)
  * into the slowpath ring (slowpath_maps.h). */
 #define SLOWPATH_MAX 1536

@@ -17,7 +17,7 @@ struct endpoint {
 	__u32 ifindex;      /* its vif in this host's namespace */
 	__u8 mac[ETH_ALEN]; /* the VM's virtual MAC, never seen on the wire */
 	__u8 firewall;      /* 1: the VM may have its own firewall (in `firewalls`) */
-	__u8 _pad;
+	__u8 kind;          /* enum vif_kind of its vif: how a frame is delivered to it */
 };
 
 /* What a VM behind a vif is allowed to send as (anti-spoofing, step 1). */
@@ -25,7 +25,7 @@ struct vif_info {
 	__be32 ip;
 	__u8 mac[ETH_ALEN];
 	__u8 firewall; /* 1: the VM may have its own firewall: saves a lookup per packet otherwise */
-	__u8 _pad;
+	__u8 kind;     /* enum vif_kind: the same as the VM's endpoint's, for `onehop stats` */
 };
 
 /* Per-farm switches set by the farm's owner; an array slot per farm id. */

@@ -74,6 +74,17 @@ static __always_inline int redirect_peer(__u32 ifindex)
 	return bpf_redirect_peer(ifindex, 0);
 }
 
+/* To the guest behind the vif with this ifindex, the way its kind (enum
+ * vif_kind) takes a frame: into a veth's peer, out of a tap (to the
+ * process reading it: QEMU). Every delivery to a guest but a reply on the
+ * vif it came in by (redirect_out, right for both) goes through here. */
+static __always_inline int deliver_to_vif(__u32 ifindex, __u8 kind)
+{
+	if (kind == VIF_TAP)
+		return redirect_out(ifindex);
+	return redirect_peer(ifindex);
+}
+
 /* Into the device with this ifindex, as if it had arrived there: the
  * kernel takes the frame through eth_type_trans again (its packet type is
  * judged anew from its destination MAC). */

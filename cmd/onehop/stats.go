@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -82,6 +83,18 @@ func printAgentStatus(w io.Writer, st intent.AgentStatus) {
 	fmt.Fprintf(w, "%s: %d local VMs, vifs %v, applied %s at %s\n", st.Node, st.Endpoints, st.AttachedVifs, st.AppliedDigest, st.Time.Format("15:04:05"))
 	if st.Error != "" {
 		fmt.Fprintf(w, "  error: %s\n", st.Error)
+	}
+	// The vifs by kind (how the datapath delivers to each guest).
+	byKind := map[string][]string{}
+	for name, kind := range st.VifKinds {
+		byKind[kind] = append(byKind[kind], name)
+	}
+	for _, kind := range slices.Sorted(maps.Keys(byKind)) {
+		slices.Sort(byKind[kind])
+		fmt.Fprintf(w, "  %s vifs: %s\n", kind, strings.Join(byKind[kind], " "))
+	}
+	for _, name := range slices.Sorted(maps.Keys(st.RefusedVifs)) {
+		fmt.Fprintf(w, "  vif %s refused: %s\n", name, st.RefusedVifs[name])
 	}
 	if a := st.ARP; a != nil {
 		fmt.Fprintf(w, "  mapping table: %d remote VMs mapped, %d being asked, of %d entries\n", a.Mapped, a.Asking, a.Capacity)

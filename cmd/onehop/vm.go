@@ -17,10 +17,15 @@ func vmCmd() *cobra.Command {
 }
 
 func vmCreateCmd() *cobra.Command {
-	var host string
+	var host, iface string
 	vmCreate := &cobra.Command{
-		Use: "create FARM/SUBNET/VM --host HOST", Short: "Create a VM and allocate its 10.f.s.h and virtual MAC", Args: cobra.ExactArgs(1),
-		Example: "  onehop vm create blue/web/web4 --host h2",
+		Use: "create FARM/SUBNET/VM --host HOST [--interface IFNAME]", Short: "Create a VM and allocate its 10.f.s.h and virtual MAC", Args: cobra.ExactArgs(1),
+		Long: `Records the VM on HOST and allocates its address and virtual MAC. --interface
+names the host interface that carries the guest: the tap QEMU or libvirt opens,
+or the host end of a veth (default vif-VM). The agent attaches to it whatever
+its kind (veth or tap) and delivers to it as that kind takes frames
+(docs/guests.md).`,
+		Example: "  onehop vm create blue/web/web4 --host h2\n  onehop vm create blue/web/qemu1 --host h2 --interface tap-qemu1",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
 			if err != nil {
@@ -29,12 +34,17 @@ func vmCreateCmd() *cobra.Command {
 			if host == "" {
 				return fmt.Errorf("--host is required: the host the VM runs on")
 			}
+			if cmd.Flags().Changed("interface") {
+				if err := intent.CheckInterface("--interface", iface); err != nil {
+					return err
+				}
+			}
 			c, err := api()
 			if err != nil {
 				return err
 			}
 			var v intent.VM
-			if err := c.Do("POST", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms", map[string]string{"name": p[2], "host": host}, &v); err != nil {
+			if err := c.Do("POST", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms", map[string]string{"name": p[2], "host": host, "interface": iface}, &v); err != nil {
 				return err
 			}
 			fmt.Printf("vm %s on %s: %s, MAC %s, gateway %s, vif %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface)
@@ -42,6 +52,7 @@ func vmCreateCmd() *cobra.Command {
 		},
 	}
 	vmCreate.Flags().StringVar(&host, "host", "", "host the VM runs on")
+	vmCreate.Flags().StringVar(&iface, "interface", "", "host interface that carries the guest: a tap or a veth's host end (default vif-VM)")
 	return vmCreate
 }
 

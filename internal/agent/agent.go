@@ -48,6 +48,15 @@ type Interfaces interface {
 	ByName(name string) (ifindex int, mac net.HardwareAddr, ipv4 string, err error)
 }
 
+// LinkKinds is what Interfaces that can tell a link's kind also have: the
+// router delivers to a guest as its interface's kind takes frames.
+// Interfaces without it (tests, simulated hosts) have only veths.
+type LinkKinds interface {
+	// LinkKind is the netlink kind of the interface ("veth", "tap" for a
+	// tun device in tap mode, "tun", "macvtap", "bridge", ...).
+	LinkKind(name string) (string, error)
+}
+
 // Config is the agent's configuration.
 type Config struct {
 	Node   string        // host name, as in the intent
@@ -647,6 +656,9 @@ func (a *Agent) apply(ctx context.Context, d intent.Desired, nodes []intent.Node
 		idx, _, _, err := a.ifs.ByName(name)
 		return idx, err
 	}}
+	if k, ok := a.ifs.(LinkKinds); ok {
+		node.LinkKind = k.LinkKind
+	}
 	for i, name := range a.cfg.uplinks() {
 		idx, mac, ip, err := a.ifs.ByName(name)
 		if err != nil {

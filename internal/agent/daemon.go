@@ -255,6 +255,22 @@ func ifname(ifindex int) string {
 // LinkTable looks interfaces up in the agent's own namespace.
 type LinkTable struct{}
 
+// LinkKind implements LinkKinds: a tun device is "tap" in tap mode
+// (IFLA_TUN_TYPE), "tun" otherwise.
+func (LinkTable) LinkKind(name string) (string, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return "", fmt.Errorf("interface %s: %w", name, err)
+	}
+	if t, ok := l.(*netlink.Tuntap); ok {
+		if t.Mode == netlink.TUNTAP_MODE_TAP {
+			return "tap", nil
+		}
+		return "tun", nil
+	}
+	return l.Type(), nil
+}
+
 // ByName implements Interfaces.
 func (LinkTable) ByName(name string) (int, net.HardwareAddr, string, error) {
 	l, err := netlink.LinkByName(name)

@@ -18,6 +18,7 @@ type Collector struct {
 	refused                                                *prometheus.Desc
 	mapEntries, mapCapacity, mapOverflow                   *prometheus.Desc
 	statusWrites, statusWriteFailures                      *prometheus.Desc
+	refusedVifs                                            *prometheus.Desc
 }
 
 // NewCollector returns a collector for a's node.
@@ -49,6 +50,8 @@ func NewCollector(a *Agent) *Collector {
 			"Entries that did not fit a full map: nothing of that feature was written (0: all fit).", []string{"feature", "map"}, l),
 		vifs: prometheus.NewDesc("onehop_attached_vifs",
 			"Guest vifs with the datapath attached.", nil, l),
+		refusedVifs: prometheus.NewDesc("onehop_refused_vifs",
+			"Guests' interfaces left unattached because no guest can be on their kind of link (the agent log says why).", nil, l),
 		reconciles: prometheus.NewDesc("onehop_reconciles_total",
 			"Reconcile passes of desired state into the datapath.", nil, l),
 		failures: prometheus.NewDesc("onehop_reconcile_failures_total",
@@ -64,7 +67,7 @@ func NewCollector(a *Agent) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.drops, c.forwards, c.endpoints, c.vifs, c.reconciles, c.failures,
 		c.mapped, c.asking, c.capacity, c.arpEvents, c.refused, c.mapEntries, c.mapCapacity, c.mapOverflow,
-		c.statusWrites, c.statusWriteFailures} {
+		c.statusWrites, c.statusWriteFailures, c.refusedVifs} {
 		ch <- d
 	}
 	for _, f := range c.agent.features {
@@ -90,6 +93,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st, rec, fail := c.agent.Status()
 	ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(st.Endpoints))
 	ch <- prometheus.MustNewConstMetric(c.vifs, prometheus.GaugeValue, float64(len(st.AttachedVifs)))
+	ch <- prometheus.MustNewConstMetric(c.refusedVifs, prometheus.GaugeValue, float64(len(st.RefusedVifs)))
 	ch <- prometheus.MustNewConstMetric(c.reconciles, prometheus.CounterValue, float64(rec))
 	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(fail))
 	writes, wfail := c.agent.StatusWrites()

@@ -36,6 +36,8 @@ type Router struct {
 	locals    map[int]intent.LocalEndpoint // by vif ifindex, as last synced
 	attached  []string
 	missing   []string
+	kinds     map[string]string // attached vif -> its kind
+	refused   map[string]string // interface -> why no guest can be on it
 	endpoints int
 
 	// The known hosts as last compiled, and the node list they were
@@ -68,6 +70,7 @@ func newRouter(dp Datapath, uplink string, log *slog.Logger) *Router {
 type routerPlan struct {
 	entries  datapath.Entries
 	missing  []string
+	refused  map[string]string // interfaces no guest can be on, with why
 	local    []intent.LocalEndpoint
 	uplink   int
 	hostsErr error // a node record that could not be read: that host is not heard
@@ -110,14 +113,34 @@ func (r *Router) Maps() []feature.Map {
 // entries (datapath.Compile). A VM whose vif does not exist yet is left out
 // until it appears.
 func (r *Router) Compile(n feature.Node) (feature.Plan, error) {
-	e, missing, err := datapath.Compile(n.Desired, datapath.Uplink{Ifindex: n.UplinkIfindex, MAC: n.UplinkMAC}, n.Ifindex)
+	e, missing, refused, err := datapath.CompileVifs(n.Desired, datapath.Uplink{Ifindex: n.UplinkIfindex, MAC: n.UplinkMAC}, vifResolver(n))
 	if err != nil {
 		return nil, err
 	}
 	// A broken node record leaves only that host unheard.
 	hosts, herr := r.compileHosts(n.Nodes, n.Name)
 	e.Hosts = hosts
-	return &routerPlan{entries: e, missing: missing, local: n.Desired.Local, uplink: n.UplinkIfindex, hostsErr: herr}, nil
+	return &routerPlan{entries: e, missing: missing, refused: refused, local: n.Desired.Local, uplink: n.UplinkIfindex, hostsErr: herr}, nil
+}
+
+// vifResolver finds a guest's interface on n's host with its kind: a
+// veth unless n can tell (feature.Node.LinkKind).
+func vifResolver(n feature.Node) func(name string) (datapath.Vif, error) {
+	return func(name string) (datapath.Vif, error) {
+		ifindex, err := n.Ifindex(name)
+		if err != nil || n.LinkKind == nil {
+			return datapath.Vif{Ifindex: ifindex, Kind: datapath.VifVeth}, err
+		}
+		linkKind, err := n.LinkKind(name)
+		if err != nil {
+			return datapath.Vif{}, err // gone meanwhile: missing
+		}
+		kind, err := datapath.VifKindOf(linkKind)
+		if err != nil {
+			return datapath.Vif{}, fmt.Errorf("interface %s: %w", name, err)
+		}
+		return datapath.Vif{Ifindex: ifindex, Kind: kind}, nil
+	}
 }
 
 // compileHosts is datapath.CompileHosts, again only when nodes is another
@@ -162,8 +185,10 @@ func (r *Router) Sync(p feature.Plan) error {
 		return err
 	}
 	attached := make([]string, 0, len(plan.entries.Attach))
-	for name := range plan.entries.Attach {
+	kinds := make(map[string]string, len(plan.entries.Attach))
+	for name, ifindex := range plan.entries.Attach {
 		attached = append(attached, name)
+		kinds[name] = datapath.VifKindName(datapath.VifKind(plan.entries.Vifs[uint32(ifindex)].Kind))
 	}
 	sort.Strings(attached)
 	locals := map[int]intent.LocalEndpoint{}
@@ -197,8 +222,15 @@ func (r *Router) Sync(p feature.Plan) error {
 	}
 	r.locals = locals
 	prevMissing := r.missing
+	prevRefused := r.refused
 	r.attached, r.missing, r.endpoints = attached, plan.missing, len(plan.entries.Endpoints)
+	r.kinds, r.refused = kinds, plan.refused
 	r.mu.Unlock()
+	for name, why := range plan.refused {
+		if prevRefused[name] != why {
+			r.log.Warn("guest interface refused: not attached, its VM unreachable", "interface", name, "reason", why)
+		}
+	}
 	if len(plan.missing) > 0 && !reflect.DeepEqual(plan.missing, prevMissing) {
 		// A count and a few names: the line must not grow with the VMs.
 		shown, more := sample(plan.missing)
@@ -233,6 +265,8 @@ func (r *Router) Report(st *intent.AgentStatus) {
 		st.AttachedVifs = []string{}
 	}
 	st.MissingVifs = r.missing
+	st.VifKinds = r.kinds
+	st.RefusedVifs = r.refused
 	st.Endpoints = r.endpoints
 }
 

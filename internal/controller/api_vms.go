@@ -18,9 +18,12 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 		var in struct {
 			Name string `json:"name"`
 			Host string `json:"host"`
+			// Interface is the host interface that carries the guest
+			// (a veth's host end, a tap); "": intent.VifName.
+			Interface string `json:"interface"`
 		}
 		if decode(w, r, &in) {
-			v, err := c.CreateVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), in.Name, in.Host)
+			v, err := c.CreateVMWithInterface(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), in.Name, in.Host, in.Interface)
 			reply(w, http.StatusCreated, v, err)
 		}
 	})
@@ -42,12 +45,26 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 	})
 }
 
-// CreateVM places farm/subnet/name on host and allocates its address.
+// CreateVM places farm/subnet/name on host, on its default interface
+// (intent.VifName), and allocates its address.
 func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host string) (intent.VM, error) {
+	return c.CreateVMWithInterface(ctx, farm, subnet, name, host, "")
+}
+
+// CreateVMWithInterface is CreateVM with the host interface that carries
+// the guest named (a tap QEMU opens, a veth a runtime makes); "" is the
+// default, intent.VifName(name). No two VMs on one host share one.
+func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, name, host, iface string) (intent.VM, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := topology.CheckVMName(name); err != nil {
 		return intent.VM{}, fieldErr("name", err)
+	}
+	if iface == "" {
+		iface = intent.VifName(name)
+	}
+	if err := intent.CheckInterface("interface", iface); err != nil {
+		return intent.VM{}, fieldErr("interface", err)
 	}
 	if _, err := c.store.Get(ctx, intent.SubnetKey(farm, subnet)); errors.Is(err, store.ErrNotFound) {
 		return intent.VM{}, notFound("subnet", "subnet %s/%s", farm, subnet)
@@ -71,6 +88,9 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 	if err := c.checkRoom(ctx, host); err != nil {
 		return intent.VM{}, err
 	}
+	if err := c.checkInterfaceFree(ctx, host, iface, ""); err != nil {
+		return intent.VM{}, err
+	}
 	a, err := c.allocIn(ctx, farm+"/"+subnet)
 	if err != nil {
 		return intent.VM{}, err
@@ -84,6 +104,7 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 		return intent.VM{}, allocErr("subnet", err)
 	}
 	v := intent.NewVM(farm, subnet, name, host, ip)
+	v.Interface = iface
 	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
 		return v, err
 	}
@@ -103,6 +124,20 @@ func (c *Controller) checkRoom(ctx context.Context, host string) error {
 		return full("host", fmt.Errorf("host %q holds %d VMs, as many as its datapath holds (%d), 0 left: place the VM on another host", host, n, c.maxVMsPerHost))
 	}
 	return nil
+}
+
+// checkInterfaceFree refuses iface on host when another VM than except
+// (FARM/SUBNET/VM) is on it there: the agent could attach the interface to
+// only one of them.
+func (c *Controller) checkInterfaceFree(ctx context.Context, host, iface, except string) error {
+	return c.view(ctx, func(m *model) error {
+		for full := range m.onHost[host] {
+			if full != except && m.vms[full].Interface == iface {
+				return conflict("interface", "interface %s of host %s, vm %s's,", iface, host, full)
+			}
+		}
+		return nil
+	})
 }
 
 // DeleteVM removes a VM and frees its address.

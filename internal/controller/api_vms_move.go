@@ -61,6 +61,9 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 		if err := c.checkRoom(ctx, host); err != nil {
 			return v, err
 		}
+		if err := c.checkInterfaceFree(ctx, host, v.Interface, v.FullName()); err != nil {
+			return v, err
+		}
 	}
 	a, err := c.allocIn(ctx, v.Farm+"/"+v.Subnet, tf+"/"+ts)
 	if err != nil {
@@ -77,6 +80,7 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	}
 	moved := intent.NewVM(tf, ts, name, host, ip)
 	moved.Firewall = v.Firewall
+	moved.Interface = v.Interface // the guest keeps its interface's name
 	if err := c.saveAlloc(ctx, a, v.Farm+"/"+v.Subnet, tf+"/"+ts); err != nil {
 		return v, err
 	}
@@ -100,6 +104,9 @@ func (c *Controller) moveHost(ctx context.Context, key string, v intent.VM, host
 		return v, nil
 	}
 	if err := c.checkRoom(ctx, host); err != nil {
+		return v, err
+	}
+	if err := c.checkInterfaceFree(ctx, host, v.Interface, v.FullName()); err != nil {
 		return v, err
 	}
 	v.Host = host

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -161,17 +162,29 @@ func KeyIP(k uint32) netip.Addr {
 	return netip.AddrFrom4(b)
 }
 
-// Compile turns a node's desired state into map entries. ifindexOf resolves a
-// vif name in the node's namespace; a vif that does not exist yet is returned
-// in missing and its VM is left out of the tables until it appears, so no
-// entry ever points at a stale ifindex.
+// Compile is CompileVifs with every vif taken for a veth: ifindexOf
+// resolves a vif name in the node's namespace.
 func Compile(d intent.Desired, up Uplink, ifindexOf func(name string) (int, error)) (e Entries, missing []string, err error) {
+	e, missing, _, err = CompileVifs(d, up, func(name string) (Vif, error) {
+		ifindex, err := ifindexOf(name)
+		return Vif{Ifindex: ifindex, Kind: VifVeth}, err
+	})
+	return e, missing, err
+}
+
+// CompileVifs turns a node's desired state into map entries. vifOf finds a
+// vif by name in the node's namespace, with its kind; a vif that does not
+// exist yet is returned in missing and its VM is left out of the tables
+// until it appears, so no entry ever points at a stale ifindex. A link no
+// guest can be on (vifOf's error wraps ErrNotGuestLink) is left out the
+// same way and returned in refused, by name, with the reason.
+func CompileVifs(d intent.Desired, up Uplink, vifOf func(name string) (Vif, error)) (e Entries, missing []string, refused map[string]string, err error) {
 	vmNet, err := netip.ParsePrefix(d.VMNet)
 	if err != nil || !vmNet.Addr().Is4() {
-		return e, nil, fmt.Errorf("desired state of %s: vm network %q is not an IPv4 prefix", d.Node, d.VMNet)
+		return e, nil, nil, fmt.Errorf("desired state of %s: vm network %q is not an IPv4 prefix", d.Node, d.VMNet)
 	}
 	if len(up.MAC) != 6 {
-		return e, nil, fmt.Errorf("uplink MAC %q is not an Ethernet address", up.MAC)
+		return e, nil, nil, fmt.Errorf("uplink MAC %q is not an Ethernet address", up.MAC)
 	}
 	e = Entries{Endpoints: map[uint32]Endpoint{}, Vifs: map[uint32]VifInfo{}, Attach: map[string]int{},
 		Visibility: map[VisKey]uint8{}, Firewalls: map[uint32]FwPolicy{}, FirewallRules: map[FwKey]FwRule{},
@@ -189,23 +202,31 @@ func Compile(d intent.Desired, up Uplink, ifindexOf func(name string) (int, erro
 	for _, l := range d.Local {
 		ip, mac, err := parseEndpoint(l.Name, l.IP, l.MAC)
 		if err != nil {
-			return Entries{}, nil, err
+			return Entries{}, nil, nil, err
 		}
-		ifindex, err := ifindexOf(l.Interface)
+		vif, err := vifOf(l.Interface)
+		if errors.Is(err, ErrNotGuestLink) {
+			if refused == nil {
+				refused = map[string]string{}
+			}
+			refused[l.Interface] = err.Error()
+			continue
+		}
+		ifindex := vif.Ifindex
 		if err != nil || ifindex <= 0 {
 			missing = append(missing, l.Interface)
 			continue
 		}
 		hasFirewall := boolByte(l.Firewall != nil)
-		ep := Endpoint{Ifindex: uint32(ifindex), Firewall: hasFirewall}
+		ep := Endpoint{Ifindex: uint32(ifindex), Firewall: hasFirewall, Kind: uint8(vif.Kind)}
 		copy(ep.Mac[:], mac)
 		e.Endpoints[IPKey(ip)] = ep
-		vi := VifInfo{Ip: IPKey(ip), Firewall: hasFirewall}
+		vi := VifInfo{Ip: IPKey(ip), Firewall: hasFirewall, Kind: uint8(vif.Kind)}
 		copy(vi.Mac[:], mac)
 		e.Vifs[uint32(ifindex)] = vi
 		e.Attach[l.Interface] = ifindex
 		if err := compileFirewall(&e, l.Name, IPKey(ip), l.Firewall); err != nil {
-			return Entries{}, nil, err
+			return Entries{}, nil, nil, err
 		}
 		// Its subnet's scope and its farm's: as many members as the host
 		// has VMs (the endpoint capacity is the only limit).
@@ -221,7 +242,7 @@ func Compile(d intent.Desired, up Uplink, ifindexOf func(name string) (int, erro
 		e.Farms[id].Flags |= farmProxyARP
 	}
 	sort.Strings(missing)
-	return e, missing, nil
+	return e, missing, refused, nil
 }
 
 func parseEndpoint(name, ipStr, macStr string) (netip.Addr, net.HardwareAddr, error) {

@@ -192,9 +192,22 @@ func (k *Kernel) attach(ifname string, ifindex int, prog *ebpf.Program) error {
 	return k.links.TCX(ifname, ifname, ifindex, prog, ebpf.AttachTCXIngress)
 }
 
-// isVifLink reports whether a link is a VM's vif (intent.VifName), the only
-// links Apply attaches and removes.
-func isVifLink(ifname string) bool { return strings.HasPrefix(ifname, intent.VifName("")) }
+// isVifLink reports whether a link (by its name in k.links) is a VM's vif,
+// the only links Apply attaches and removes: every such name starts with
+// intent.VifPrefix (vifLinkName).
+func isVifLink(name string) bool { return strings.HasPrefix(name, intent.VifPrefix) }
+
+// vifLinkName is the name of the link (and its pin) that holds the vif
+// program on interface ifname: the interface's own name when it is a
+// default vif name, else the prefix, "@" and the name ("vif-@tap0"), so a
+// guest's interface of any name is known for a vif link after a restart
+// too, and is never taken for another feature's.
+func vifLinkName(ifname string) string {
+	if isVifLink(ifname) {
+		return ifname
+	}
+	return intent.VifPrefix + "@" + ifname
+}
 
 // AttachUplink puts the uplink program on the node's uplink.
 func (k *Kernel) AttachUplink(ifname string, ifindex int) error {
@@ -223,13 +236,15 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 			break
 		}
 	}
-	for name, ifindex := range e.Attach {
-		errs = append(errs, k.attach(name, ifindex, k.vif.VifIngress))
+	want := make(map[string]bool, len(e.Attach))
+	for ifname, ifindex := range e.Attach {
+		want[vifLinkName(ifname)] = true
+		errs = append(errs, k.links.TCX(vifLinkName(ifname), ifname, ifindex, k.vif.VifIngress, ebpf.AttachTCXIngress))
 	}
 	// Only the router's own links (vifs) are Apply's to remove: the
 	// uplinks and the links other features attach are theirs.
 	for _, name := range k.links.Held() {
-		if _, want := e.Attach[name]; !want && name != uplinkName && isVifLink(name) {
+		if !want[name] && name != uplinkName && isVifLink(name) {
 			k.links.Detach(name)
 		}
 	}
@@ -238,7 +253,7 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 		// agent ran) are stale too.
 		entries, _ := os.ReadDir(filepath.Join(k.pinDir, "links"))
 		for _, de := range entries {
-			if _, want := e.Attach[de.Name()]; !want && de.Name() != uplinkName && isVifLink(de.Name()) {
+			if !want[de.Name()] && de.Name() != uplinkName && isVifLink(de.Name()) {
 				os.Remove(filepath.Join(k.pinDir, "links", de.Name()))
 			}
 		}

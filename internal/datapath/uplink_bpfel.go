@@ -43,7 +43,7 @@ type uplinkEndpoint struct {
 	Ifindex  uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type uplinkFarmConfig struct {
@@ -288,7 +288,7 @@ type uplinkVifInfo struct {
 	Ip       uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type uplinkVisKey struct {

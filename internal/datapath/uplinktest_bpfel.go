@@ -43,7 +43,7 @@ type uplinkTestEndpoint struct {
 	Ifindex  uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type uplinkTestFarmConfig struct {
@@ -295,7 +295,7 @@ type uplinkTestVifInfo struct {
 	Ip       uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type uplinkTestVisKey struct {

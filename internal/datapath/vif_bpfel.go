@@ -105,7 +105,7 @@ type vifEndpoint struct {
 	Ifindex  uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type vifFarmConfig struct {
@@ -411,8 +411,15 @@ type vifVifInfo struct {
 	Ip       uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
+
+type vifVifKind uint32
+
+const (
+	vifVifKindVIF_VETH vifVifKind = 0
+	vifVifKindVIF_TAP  vifVifKind = 1
+)
 
 type vifVisKey struct {
 	_         structs.HostLayout
@@ -485,6 +492,7 @@ const (
 	vifVarTapKeyKindType       = "_tap_key_kind_type"
 	vifVarTapRoleType          = "_tap_role_type"
 	vifVarTapSideType          = "_tap_side_type"
+	vifVarVifKindType          = "_vif_kind_type"
 )
 
 // loadVif returns the embedded CollectionSpec for vif.
@@ -591,6 +599,7 @@ type vifVariableSpecs struct {
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
 }
 
 // vifObjects contains all objects after they have been loaded into the kernel.
@@ -712,6 +721,7 @@ type vifVariables struct {
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
+	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
 }
 
 // vifPrograms contains all programs after they have been loaded into the kernel.

@@ -43,7 +43,7 @@ type vifTestEndpoint struct {
 	Ifindex  uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type vifTestFarmConfig struct {
@@ -305,7 +305,7 @@ type vifTestVifInfo struct {
 	Ip       uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type vifTestVisKey struct {
@@ -382,6 +382,7 @@ const (
 	vifTestVarTapKeyKindType       = "_tap_key_kind_type"
 	vifTestVarTapRoleType          = "_tap_role_type"
 	vifTestVarTapSideType          = "_tap_side_type"
+	vifTestVarVifKindType          = "_vif_kind_type"
 )
 
 // loadVifTest returns the embedded CollectionSpec for vifTest.
@@ -491,6 +492,7 @@ type vifTestVariableSpecs struct {
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
 }
 
 // vifTestObjects contains all objects after they have been loaded into the kernel.
@@ -616,6 +618,7 @@ type vifTestVariables struct {
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
+	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
 }
 
 // vifTestPrograms contains all programs after they have been loaded into the kernel.

@@ -44,6 +44,10 @@ type Node struct {
 	Uplinks []Uplink
 	// Ifindex resolves an interface name in the node's namespace.
 	Ifindex func(name string) (int, error)
+	// LinkKind is the netlink kind of an interface ("veth", "tap" for a tun
+	// device in tap mode, "tun", "macvtap", ...); nil: every guest's
+	// interface is taken for a veth (tests and simulated hosts).
+	LinkKind func(name string) (string, error)
 }
 
 // Uplink is one of the node's links to the fabric.

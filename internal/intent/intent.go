@@ -8,11 +8,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/onehop/onehop/internal/ipam"
 )
@@ -149,8 +151,44 @@ type FirewallRule struct {
 	Action string `json:"action"`           // allow or deny
 }
 
-// VifName is the host-side interface of a VM.
-func VifName(vm string) string { return "vif-" + vm }
+// VifPrefix starts the name of every VM's default interface (VifName).
+const VifPrefix = "vif-"
+
+// MaxIfname is the longest interface name Linux takes (IFNAMSIZ less its
+// terminating NUL).
+const MaxIfname = 15
+
+// VifName is the default host-side interface of a VM: vif-VM. A name too
+// long for an interface keeps the prefix, the name's first characters and
+// five hex digits of a hash of the whole name, so it stays within
+// MaxIfname and two long names sharing a beginning still differ.
+func VifName(vm string) string {
+	name := VifPrefix + vm
+	if len(name) <= MaxIfname {
+		return name
+	}
+	sum := sha256.Sum256([]byte(vm))
+	suffix := "-" + hex.EncodeToString(sum[:3])[:5]
+	return name[:MaxIfname-len(suffix)] + suffix
+}
+
+// CheckInterface checks a guest's host interface name as Linux would
+// (dev_valid_name): 1 to MaxIfname bytes, no '/', ':' or whitespace, not
+// "." or "..". The error names the field, for the CLI's flag and the API's
+// field alike.
+func CheckInterface(field, name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%s: an interface name must not be empty", field)
+	case len(name) > MaxIfname:
+		return fmt.Errorf("%s %q: an interface name has at most %d bytes, this one %d", field, name, MaxIfname, len(name))
+	case name == "." || name == "..":
+		return fmt.Errorf("%s %q: not an interface name", field, name)
+	case strings.ContainsAny(name, "/:") || strings.IndexFunc(name, unicode.IsSpace) >= 0 || strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return fmt.Errorf("%s %q: an interface name has no '/', ':', whitespace or control characters", field, name)
+	}
+	return nil
+}
 
 // NewVM is the one way a VM record is made from its allocated address: the
 // virtual MAC, gateway and vif all follow from it.
@@ -368,6 +406,13 @@ type AgentStatus struct {
 	Endpoints       int      `json:"endpoints"`
 	AttachedVifs    []string `json:"attachedVifs"`
 	MissingVifs     []string `json:"missingVifs,omitempty"`
+	// VifKinds is each attached vif's kind (veth, tap): how the datapath
+	// delivers to its guest.
+	VifKinds map[string]string `json:"vifKinds,omitempty"`
+	// RefusedVifs are guests' interfaces that exist but that no guest can
+	// be on (a bridge, a tun without tap mode, ...), by name, with why:
+	// left unattached, their VMs unreachable.
+	RefusedVifs map[string]string `json:"refusedVifs,omitempty"`
 	// Drops and Forwards are the datapath counters, refreshed every few
 	// seconds (Prometheus on the agent has them live).
 	Drops    map[string]uint64 `json:"drops,omitempty"`

@@ -88,7 +88,7 @@ type portspaceEndpoint struct {
 	Ifindex  uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type portspaceFarmConfig struct {
@@ -276,7 +276,7 @@ type portspaceVifInfo struct {
 	Ip       uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type portspaceVisKey struct {

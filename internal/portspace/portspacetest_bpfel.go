@@ -36,7 +36,7 @@ type portspaceTestEndpoint struct {
 	Ifindex  uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type portspaceTestFarmConfig struct {
@@ -223,7 +223,7 @@ type portspaceTestVifInfo struct {
 	Ip       uint32
 	Mac      [6]uint8
 	Firewall uint8
-	Pad      uint8
+	Kind     uint8
 }
 
 type portspaceTestVisKey struct {

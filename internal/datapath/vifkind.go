@@ -1,0 +1,64 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+)
+
+// VifKind is what a guest's vif is (enum vif_kind in bpf/lib/common.h): it
+// decides how the datapath delivers a frame to the guest (deliver_to_vif in
+// bpf/lib/redirect.h).
+type VifKind = vifVifKind
+
+// The kinds of link a guest can be on.
+const (
+	// VifVeth is the host end of a veth pair (the lab's VMs, containers):
+	// frames go straight into its peer (bpf_redirect_peer).
+	VifVeth = vifVifKindVIF_VETH
+	// VifTap is a tap device (QEMU, libvirt; with or without vnet_hdr):
+	// frames go out of the device (bpf_redirect), to the process reading it.
+	VifTap = vifVifKindVIF_TAP
+)
+
+// vifKindNames are the kinds' names in status, `onehop stats` and logs:
+// the netlink kind of the link (IFLA_INFO_KIND, "tap" for a tun device in
+// tap mode).
+var vifKindNames = map[VifKind]string{VifVeth: "veth", VifTap: "tap"}
+
+// VifKindName is kind's name ("veth", "tap").
+func VifKindName(kind VifKind) string {
+	if n, ok := vifKindNames[kind]; ok {
+		return n
+	}
+	return fmt.Sprintf("kind %d", kind)
+}
+
+// ErrNotGuestLink is the error of a link no guest can be on here: the
+// agent leaves it unattached and reports it refused, with the reason.
+var ErrNotGuestLink = errors.New("not a kind of link onehop delivers to")
+
+// VifKindOf is the vif kind of a link of netlink kind linkKind ("veth",
+// "tap", "tun", "macvtap", ...): an error wrapping ErrNotGuestLink says why
+// any other is refused.
+func VifKindOf(linkKind string) (VifKind, error) {
+	switch linkKind {
+	case "veth":
+		return VifVeth, nil
+	case "tap":
+		return VifTap, nil
+	case "tun":
+		return 0, fmt.Errorf("a tun device carries IP packets, not Ethernet frames (open it with IFF_TAP): %w", ErrNotGuestLink)
+	case "macvtap":
+		// Frames a macvtap guest sends leave by the device's egress and
+		// frames for it must enter the device's ingress: a hook and a
+		// delivery the router does not have yet.
+		return 0, fmt.Errorf("macvtap is not supported yet (use a tap, as QEMU's -netdev tap does): %w", ErrNotGuestLink)
+	}
+	return 0, fmt.Errorf("a %s link is no guest's interface (a veth or a tap is): %w", linkKind, ErrNotGuestLink)
+}
+
+// Vif is a guest's vif as found on the host.
+type Vif struct {
+	Ifindex int
+	Kind    VifKind
+}
