@@ -191,6 +191,39 @@ func (d *Daemon) Wait(t testing.TB, timeout time.Duration) error {
 	}
 }
 
+// Listen listens on TCP addr in namespace ns until t ends.
+func Listen(t testing.TB, ns, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := netns.Do(ns, func() (err error) {
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, ns, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Dial connects to TCP addr from namespace ns (from local, when not nil)
+// and closes the connection when t ends.
+func Dial(t testing.TB, ns string, local *net.TCPAddr, addr string, timeout time.Duration) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := netns.Do(ns, func() (err error) {
+		d := net.Dialer{Timeout: timeout}
+		if local != nil {
+			d.LocalAddr = local
+		}
+		c, err = d.Dial("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("dial %s from %s in %s: %v", addr, local, ns, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // Serve accepts connections on ln until it is closed and runs handle on
 // each in a goroutine of its own, closing the connection after: the
 // server a test runs in a namespace.
