@@ -8,18 +8,9 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
-
-// snmp reads one counter of /proc/net/snmp inside a namespace.
-func snmp(t testing.TB, ns, proto, field string) uint64 {
-	t.Helper()
-	v, err := netns.SNMP(ns, proto, field)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
 
 // TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel sends every
 // frame the programs translate through a real veth, whose receiving end
@@ -112,17 +103,17 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 	for _, f := range frames {
 		t.Run(f.name, func(t *testing.T) {
 			own(f.dst)
-			csumErrs := snmp(t, rx.name, protoName(f.proto), "InCsumErrors")
-			rsts := snmp(t, rx.name, "Tcp", "OutRsts")
+			csumErrs := netnstest.SNMP(t, rx.name, protoName(f.proto), "InCsumErrors")
+			rsts := netnstest.SNMP(t, rx.name, "Tcp", "OutRsts")
 			rx.inject(t, f.frame)
 			if f.proto == UDP {
 				if err := recv(f.dport, f.body); err != nil {
 					t.Errorf("translated datagram not delivered: %v", err)
 				}
 			} else {
-				testenv.Eventually(t, "a reset for the translated segment", 3*time.Second, func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
+				testenv.Eventually(t, "a reset for the translated segment", 3*time.Second, func() bool { return netnstest.SNMP(t, rx.name, "Tcp", "OutRsts") > rsts })
 			}
-			if got := snmp(t, rx.name, protoName(f.proto), "InCsumErrors"); got != csumErrs {
+			if got := netnstest.SNMP(t, rx.name, protoName(f.proto), "InCsumErrors"); got != csumErrs {
 				t.Errorf("InCsumErrors moved %d -> %d", csumErrs, got)
 			}
 
@@ -135,7 +126,7 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 			bad[off] ^= 0x5a
 			rx.inject(t, bad)
 			testenv.Eventually(t, "the spoiled copy counted as a checksum error", 3*time.Second, func() bool {
-				return snmp(t, rx.name, protoName(f.proto), "InCsumErrors") > csumErrs
+				return netnstest.SNMP(t, rx.name, protoName(f.proto), "InCsumErrors") > csumErrs
 			})
 		})
 	}

@@ -234,25 +234,25 @@ func kernelAcceptsTCP(t *testing.T, frames [][]byte, dst string) {
 	rx.sh(t, "ip", "addr", "add", dst+"/32", "dev", "dst")
 	rx.sh(t, "ip", "route", "replace", "default", "dev", "dst")
 	for i, f := range frames {
-		csumErrs := snmp(t, rx.name, "Tcp", "InCsumErrors")
-		rsts := snmp(t, rx.name, "Tcp", "OutRsts")
+		csumErrs := netnstest.SNMP(t, rx.name, "Tcp", "InCsumErrors")
+		rsts := netnstest.SNMP(t, rx.name, "Tcp", "OutRsts")
 		rx.inject(t, f)
-		testenv.Eventually(t, "a reset for the answer", 3*time.Second, func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
-		if got := snmp(t, rx.name, "Tcp", "InCsumErrors"); got != csumErrs {
+		testenv.Eventually(t, "a reset for the answer", 3*time.Second, func() bool { return netnstest.SNMP(t, rx.name, "Tcp", "OutRsts") > rsts })
+		if got := netnstest.SNMP(t, rx.name, "Tcp", "InCsumErrors"); got != csumErrs {
 			t.Errorf("answer %d: InCsumErrors moved %d -> %d", i, csumErrs, got)
 		}
 		bad := bytes.Clone(f)
 		bad[14+20+16] ^= 0x5a
 		rx.inject(t, bad)
 		testenv.Eventually(t, "the spoiled copy counted as a checksum error", 3*time.Second, func() bool {
-			return snmp(t, rx.name, "Tcp", "InCsumErrors") > csumErrs
+			return netnstest.SNMP(t, rx.name, "Tcp", "InCsumErrors") > csumErrs
 		})
 		// The IP header checksum too: a spoiled one is dropped before TCP.
 		ipBad := bytes.Clone(f)
 		ipBad[14+10] ^= 0x5a
-		hdrErrs := snmp(t, rx.name, "Ip", "InHdrErrors")
+		hdrErrs := netnstest.SNMP(t, rx.name, "Ip", "InHdrErrors")
 		rx.inject(t, ipBad)
-		testenv.Eventually(t, "the spoiled IP header counted", 3*time.Second, func() bool { return snmp(t, rx.name, "Ip", "InHdrErrors") > hdrErrs })
+		testenv.Eventually(t, "the spoiled IP header counted", 3*time.Second, func() bool { return netnstest.SNMP(t, rx.name, "Ip", "InHdrErrors") > hdrErrs })
 	}
 }
 
@@ -321,7 +321,7 @@ func keepaliveThroughOutage(t *testing.T, helper bool) {
 
 	// a is away for 10 s: b's segments reach it, nothing comes back.
 	a.sh(t, "ip", "route", "add", "blackhole", "10.8.0.2/32")
-	inSegs := snmp(t, a.name, "Tcp", "InSegs")
+	inSegs := netnstest.SNMP(t, a.name, "Tcp", "InSegs")
 	away := time.Now()
 	if err := cb.SetReadDeadline(away.Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
@@ -329,7 +329,7 @@ func keepaliveThroughOutage(t *testing.T, helper bool) {
 	_, err = cb.Read(make([]byte, 64))
 	// What reached a meanwhile: b's probes without the helper (which
 	// shows the count sees them), nothing with it (answered at b).
-	arrived := snmp(t, a.name, "Tcp", "InSegs") - inSegs
+	arrived := netnstest.SNMP(t, a.name, "Tcp", "InSegs") - inSegs
 	if !helper {
 		if !errors.Is(err, syscall.ETIMEDOUT) {
 			t.Fatalf("without the helper, b's read ended with %v after %v; want ETIMEDOUT (keepalive gave up)", err, time.Since(away))

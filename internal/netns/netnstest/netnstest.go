@@ -90,6 +90,17 @@ func IP(t testing.TB, ns string, args ...string) {
 	}
 }
 
+// SNMP reads one counter of /proc/net/snmp in namespace ns (Tcp
+// InCsumErrors, say), failing t if it cannot.
+func SNMP(t testing.TB, ns, proto, field string) uint64 {
+	t.Helper()
+	v, err := netns.SNMP(ns, proto, field)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // BPFFS mounts a bpffs of t's own and returns where; it is unmounted when
 // t ends. A daemon started through `onehop netns-exec` sees a /sys of its
 // namespace, so pins it must keep across a restart live here, not under
