@@ -16,18 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
-
-// snmp reads one counter of /proc/net/snmp inside a namespace.
-func snmp(t testing.TB, ns, proto, field string) uint64 {
-	t.Helper()
-	v, err := netns.SNMP(ns, proto, field)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
 
 // receiver is a namespace whose veth "dst" (checksum offload off, so the
 // stack verifies every checksum itself) receives frames written to "inj".
@@ -59,10 +50,7 @@ func newReceiver(t *testing.T) *receiver {
 
 func (r *receiver) own(t *testing.T, cidr string) {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", r.ns, "ip", "addr", "add", cidr, "dev", "lo").CombinedOutput()
-	if err != nil {
-		t.Fatalf("own %s: %v: %s", cidr, err, out)
-	}
+	netnstest.IP(t, r.ns, "addr", "add", cidr, "dev", "lo")
 }
 
 func (r *receiver) inject(t *testing.T, f []byte) {
@@ -125,11 +113,11 @@ func TestPrivilegedEncapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 		if len(got) < 8 || !bytes.Equal(got[8:], ip) {
 			t.Errorf("%s: payload after the LISP header differs from the inner packet", in.body)
 		}
-		hdrErrs := snmp(t, r.ns, "Ip", "InHdrErrors")
+		hdrErrs := netnstest.SNMP(t, r.ns, "Ip", "InHdrErrors")
 		bad := bytes.Clone(out)
 		bad[14+10] ^= 0x5a
 		r.inject(t, bad)
-		testenv.Eventually(t, "the spoiled copy counted as a header error", 3*time.Second, func() bool { return snmp(t, r.ns, "Ip", "InHdrErrors") > hdrErrs })
+		testenv.Eventually(t, "the spoiled copy counted as a header error", 3*time.Second, func() bool { return netnstest.SNMP(t, r.ns, "Ip", "InHdrErrors") > hdrErrs })
 	}
 }
 
@@ -147,9 +135,7 @@ func TestPrivilegedDecapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 	// The server side of these packets is 10.9.0.2 (the pair's B already
 	// owns 10.2.0.2, which would make it a martian here); resets go back
 	// towards it.
-	if out, err := exec.Command("ip", "netns", "exec", r.ns, "ip", "route", "add", "10.9.0.0/16", "via", "192.0.2.1").CombinedOutput(); err != nil {
-		t.Fatalf("route: %v: %s", err, out)
-	}
+	netnstest.IP(t, r.ns, "route", "add", "10.9.0.0/16", "via", "192.0.2.1")
 	sock := r.listenUDP(t, 5353)
 	o1 := outer{src: "198.51.100.1", dst: "192.0.2.1", sport: 50000, ttl: 64, flags: 0x80}
 	o2 := outer{src: "198.51.100.5", dst: "192.0.2.5", sport: 50001, ttl: 64, flags: 0x88, iidLSB: 7 << 8}
@@ -175,17 +161,17 @@ func TestPrivilegedDecapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 			if tc.in.proto == layers.IPProtocolTCP {
 				proto = "Tcp"
 			}
-			csumErrs, hdrErrs := snmp(t, r.ns, proto, "InCsumErrors"), snmp(t, r.ns, "Ip", "InHdrErrors")
-			rsts := snmp(t, r.ns, "Tcp", "OutRsts")
+			csumErrs, hdrErrs := netnstest.SNMP(t, r.ns, proto, "InCsumErrors"), netnstest.SNMP(t, r.ns, "Ip", "InHdrErrors")
+			rsts := netnstest.SNMP(t, r.ns, "Tcp", "OutRsts")
 			r.inject(t, out)
 			if tc.in.proto == layers.IPProtocolUDP {
 				if got := readUDP(t, sock); string(got) != tc.in.body {
 					t.Errorf("delivered %q, want %q", got, tc.in.body)
 				}
 			} else {
-				testenv.Eventually(t, "a reset for the decapsulated segment", 3*time.Second, func() bool { return snmp(t, r.ns, "Tcp", "OutRsts") > rsts })
+				testenv.Eventually(t, "a reset for the decapsulated segment", 3*time.Second, func() bool { return netnstest.SNMP(t, r.ns, "Tcp", "OutRsts") > rsts })
 			}
-			if snmp(t, r.ns, proto, "InCsumErrors") != csumErrs || snmp(t, r.ns, "Ip", "InHdrErrors") != hdrErrs {
+			if netnstest.SNMP(t, r.ns, proto, "InCsumErrors") != csumErrs || netnstest.SNMP(t, r.ns, "Ip", "InHdrErrors") != hdrErrs {
 				t.Error("checksum or header errors counted")
 			}
 		})

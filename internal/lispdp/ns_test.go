@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -34,20 +34,8 @@ func newPair(t *testing.T) *pair {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces and BPF")
 	testenv.RequireTool(t, "ip", "ethtool")
-	sfx := make([]byte, 3)
-	if _, err := rand.Read(sfx); err != nil {
-		t.Fatal(err)
-	}
-	p := &pair{a: "lispdp-a-" + hex.EncodeToString(sfx), b: "lispdp-b-" + hex.EncodeToString(sfx)}
+	p := &pair{a: netnstest.New(t, "lispdp-a"), b: netnstest.New(t, "lispdp-b")}
 	for _, n := range []string{p.a, p.b} {
-		if err := netns.Create(n); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := netns.Delete(n); err != nil {
-				t.Error(err)
-			}
-		})
 		// Quiet links (no IPv6 chatter) and no reverse-path filter: path 2's
 		// packets arrive on b2 while B's route to their source is via b1.
 		for k, v := range map[string]string{
@@ -68,19 +56,11 @@ func newPair(t *testing.T) *pair {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.hb.Close)
-	nsB, err := netns.Fd(p.b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsB.Close()
 	for _, l := range []struct{ a, b, aAddr, bAddr string }{
 		{"a1", "b1", "192.0.2.1/30", "192.0.2.2/30"},
 		{"a2", "b2", "192.0.2.5/30", "192.0.2.6/30"},
 	} {
-		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: l.a}, PeerName: l.b, PeerNamespace: netlink.NsFd(int(nsB))}
-		if err := p.ha.LinkAdd(v); err != nil {
-			t.Fatalf("veth %s-%s: %v", l.a, l.b, err)
-		}
+		netnstest.Veth(t, l.a, p.a, l.b, p.b)
 		p.addr(t, p.ha, l.a, l.aAddr)
 		p.addr(t, p.hb, l.b, l.bAddr)
 	}
@@ -167,14 +147,7 @@ func (p *pair) lispPath(t *testing.T, h, peerH *netlink.Handle, ifname, peer, lo
 // the content by hash.
 func exchange(t *testing.T, ns, bns string, src, dst netip.AddrPort, n int) {
 	t.Helper()
-	var ln net.Listener
-	if err := netns.Do(bns, func() (err error) {
-		ln, err = net.Listen("tcp4", dst.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := netnstest.Listen(t, bns, dst.String())
 	served := make(chan error, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -195,15 +168,7 @@ func exchange(t *testing.T, ns, bns string, src, dst netip.AddrPort, n int) {
 	if _, err := rand.Read(data); err != nil {
 		t.Fatal(err)
 	}
-	var c net.Conn
-	if err := netns.Do(ns, func() (err error) {
-		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src), Timeout: 5 * time.Second}
-		c, err = d.Dial("tcp4", dst.String())
-		return err
-	}); err != nil {
-		t.Fatalf("dial %s from %s: %v", dst, src, err)
-	}
-	defer c.Close()
+	c := netnstest.Dial(t, ns, net.TCPAddrFromAddrPort(src), dst.String(), 5*time.Second)
 	if err := c.SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -227,24 +192,9 @@ func exchange(t *testing.T, ns, bns string, src, dst netip.AddrPort, n int) {
 // have it all.
 func lone(t *testing.T, ns, bns string, src, dst netip.AddrPort) {
 	t.Helper()
-	var ln net.Listener
-	if err := netns.Do(bns, func() (err error) {
-		ln, err = net.Listen("tcp4", dst.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := netnstest.Listen(t, bns, dst.String())
 	got := make(chan error, 1)
-	var c net.Conn
-	if err := netns.Do(ns, func() (err error) {
-		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src), Timeout: 5 * time.Second}
-		c, err = d.Dial("tcp4", dst.String())
-		return err
-	}); err != nil {
-		t.Fatalf("dial %s from %s: %v", dst, src, err)
-	}
-	defer c.Close()
+	c := netnstest.Dial(t, ns, net.TCPAddrFromAddrPort(src), dst.String(), 5*time.Second)
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)

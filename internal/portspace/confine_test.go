@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -61,20 +62,8 @@ type confineLab struct {
 func newConfineLab(t *testing.T) *confineLab {
 	testenv.RequireRoot(t, "namespaces and sysctls")
 	testenv.RequireTool(t, "nsenter", "ss")
-	suffix := fmt.Sprintf("%d", os.Getpid()%100000)
-	l := &confineLab{host: "pst-h" + suffix, sliver: "pst-s" + suffix,
+	l := &confineLab{host: netnstest.New(t, "pst-h"), sliver: netnstest.New(t, "pst-s"),
 		addr: netip.MustParseAddr("192.0.2.10"), mac: net.HardwareAddr{0x02, 0xaa, 0, 0, 0, 0x10}}
-	for _, ns := range []string{l.host, l.sliver} {
-		if err := netns.Create(ns); err != nil {
-			t.Fatal(err)
-		}
-		ns := ns
-		t.Cleanup(func() {
-			if err := netns.Delete(ns); err != nil {
-				t.Errorf("delete namespace %s: %v", ns, err)
-			}
-		})
-	}
 	hh, err := netns.Handle(l.host)
 	if err != nil {
 		t.Fatal(err)

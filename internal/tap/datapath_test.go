@@ -12,7 +12,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/bpftest"
@@ -22,6 +21,7 @@ import (
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -53,39 +53,22 @@ type lab struct {
 	capture map[string]*packetSock // by host-side link name
 }
 
-var labs int
-
 // newLab makes the namespace with a veth pair per name (NAME on the host's
 // side, NAME-p on the far side, both up) and a capture on each far end.
 func newLab(t testing.TB, names ...string) *lab {
 	t.Helper()
 	testenv.RequireRoot(t, "BPF_PROG_RUN and namespaces")
-	labs++
-	l := &lab{ns: fmt.Sprintf("taptest-%d-%d", os.Getpid(), labs), ifindex: map[string]int{}, capture: map[string]*packetSock{}}
-	if err := netns.Create(l.ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Delete(l.ns); err != nil {
-			t.Error(err)
-		}
-	})
+	l := &lab{ns: netnstest.New(t, "taptest"), ifindex: map[string]int{}, capture: map[string]*packetSock{}}
 	h, err := netns.Handle(l.ns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
 	for _, n := range names {
-		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n}, PeerName: n + "-p"}
-		if err := h.LinkAdd(v); err != nil {
-			t.Fatalf("veth %s: %v", n, err)
-		}
+		netnstest.Veth(t, n, l.ns, n+"-p", l.ns)
 		for _, end := range []string{n, n + "-p"} {
 			link, err := h.LinkByName(end)
 			if err != nil {
-				t.Fatal(err)
-			}
-			if err := h.LinkSetUp(link); err != nil {
 				t.Fatal(err)
 			}
 			if end == n {

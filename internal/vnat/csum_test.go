@@ -7,21 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
-
-// snmp reads one counter of /proc/net/snmp inside a namespace.
-func snmp(t testing.TB, ns, proto, field string) uint64 {
-	t.Helper()
-	v, err := netns.SNMP(ns, proto, field)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
 
 // TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel sends every
 // frame the programs translate through a real veth, whose receiving end
@@ -37,11 +26,7 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 	d := openIn(t, n, Options{})
 	egress, ingress, _ := d.Programs()
 
-	rx := newTestNS(t)
-	rx.veth(t, "inj", "", "dst", "")
-	// Frames go in at inj and arrive at dst, checksum offload off on both.
-	rx.sh(t, "ethtool", "-K", "dst", "rx", "off", "tx", "off")
-	rx.sh(t, "ethtool", "-K", "inj", "rx", "off", "tx", "off")
+	rx := newInjector(t)
 	// The namespace owns only the destination of the frame under test (a
 	// source it owned would be a martian).
 	own := func(a string) {
@@ -49,15 +34,6 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 		rx.sh(t, "ip", "addr", "add", a+"/32", "dev", "dst")
 		rx.sh(t, "ip", "route", "replace", "default", "dev", "dst")
 	}
-	dstLink, err := rx.h.LinkByName("dst")
-	if err != nil {
-		t.Fatal(err)
-	}
-	injLink, err := rx.h.LinkByName("inj")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dstMAC := dstLink.Attrs().HardwareAddr
 
 	// UDP sockets on every destination port a translated frame carries.
 	socks := map[uint16]*net.UDPConn{}
@@ -71,22 +47,6 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer socks[port].Close()
-	}
-	var fd int
-	if err := netns.Do(rx.name, func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	inject := func(f []byte) {
-		t.Helper()
-		f = bytes.Clone(f)
-		copy(f[0:6], dstMAC)
-		if err := unix.Sendto(fd, f, 0, &unix.SockaddrLinklayer{Ifindex: injLink.Attrs().Index}); err != nil {
-			t.Fatal(err)
-		}
 	}
 	recv := func(port uint16, want string) error {
 		c := socks[port]
@@ -143,17 +103,17 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 	for _, f := range frames {
 		t.Run(f.name, func(t *testing.T) {
 			own(f.dst)
-			csumErrs := snmp(t, rx.name, protoName(f.proto), "InCsumErrors")
-			rsts := snmp(t, rx.name, "Tcp", "OutRsts")
-			inject(f.frame)
+			csumErrs := netnstest.SNMP(t, rx.name, protoName(f.proto), "InCsumErrors")
+			rsts := netnstest.SNMP(t, rx.name, "Tcp", "OutRsts")
+			rx.inject(t, f.frame)
 			if f.proto == UDP {
 				if err := recv(f.dport, f.body); err != nil {
 					t.Errorf("translated datagram not delivered: %v", err)
 				}
 			} else {
-				testenv.Eventually(t, "a reset for the translated segment", 3*time.Second, func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
+				testenv.Eventually(t, "a reset for the translated segment", 3*time.Second, func() bool { return netnstest.SNMP(t, rx.name, "Tcp", "OutRsts") > rsts })
 			}
-			if got := snmp(t, rx.name, protoName(f.proto), "InCsumErrors"); got != csumErrs {
+			if got := netnstest.SNMP(t, rx.name, protoName(f.proto), "InCsumErrors"); got != csumErrs {
 				t.Errorf("InCsumErrors moved %d -> %d", csumErrs, got)
 			}
 
@@ -164,9 +124,9 @@ func TestPrivilegedTranslatedChecksumsAreAcceptedByTheKernel(t *testing.T) {
 				off = 14 + 20 + 6
 			}
 			bad[off] ^= 0x5a
-			inject(bad)
+			rx.inject(t, bad)
 			testenv.Eventually(t, "the spoiled copy counted as a checksum error", 3*time.Second, func() bool {
-				return snmp(t, rx.name, protoName(f.proto), "InCsumErrors") > csumErrs
+				return netnstest.SNMP(t, rx.name, protoName(f.proto), "InCsumErrors") > csumErrs
 			})
 		})
 	}

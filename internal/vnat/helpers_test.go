@@ -1,8 +1,7 @@
 package vnat
 
 import (
-	"crypto/rand"
-	"encoding/hex"
+	"bytes"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -13,8 +12,10 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -122,19 +123,7 @@ type testNS struct {
 func newTestNS(t testing.TB) *testNS {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces and BPF")
-	b := make([]byte, 3)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	name := "vnat-t-" + hex.EncodeToString(b)
-	if err := netns.Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Delete(name); err != nil {
-			t.Error(err)
-		}
-	})
+	name := netnstest.New(t, "vnat-t")
 	h, err := netns.Handle(name)
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +132,61 @@ func newTestNS(t testing.TB) *testNS {
 	n := &testNS{name: name, path: netns.Path(name), h: h}
 	n.veth(t, "vn0", "10.9.0.1/16", "vn1", "10.9.0.254/16")
 	return n
+}
+
+// linkedNS is two test namespaces (their own vn0/vn1 unused) joined by a
+// veth: a0 with aAddr in a, b0 with bAddr in b.
+func linkedNS(t testing.TB, aAddr, bAddr string) (a, b *testNS) {
+	t.Helper()
+	a, b = newTestNS(t), newTestNS(t)
+	netnstest.Veth(t, "a0", a.name, "b0", b.name)
+	netnstest.IP(t, a.name, "addr", "add", aAddr, "dev", "a0")
+	netnstest.IP(t, b.name, "addr", "add", bAddr, "dev", "b0")
+	return a, b
+}
+
+// injector is a test namespace with a veth whose frames go in at inj and
+// arrive at dst, checksum offload off on both (so the stack verifies
+// every checksum itself), and a packet socket to send on inj.
+type injector struct {
+	*testNS
+	fd  int
+	dst netlink.Link // where the frames arrive
+	inj netlink.Link
+}
+
+func newInjector(t testing.TB) *injector {
+	t.Helper()
+	testenv.RequireTool(t, "ethtool", "ip")
+	rx := &injector{testNS: newTestNS(t)}
+	rx.veth(t, "inj", "", "dst", "")
+	rx.sh(t, "ethtool", "-K", "dst", "rx", "off", "tx", "off")
+	rx.sh(t, "ethtool", "-K", "inj", "rx", "off", "tx", "off")
+	var err error
+	if rx.dst, err = rx.h.LinkByName("dst"); err != nil {
+		t.Fatal(err)
+	}
+	if rx.inj, err = rx.h.LinkByName("inj"); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Do(rx.name, func() (err error) {
+		rx.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(rx.fd) })
+	return rx
+}
+
+// inject sends a copy of f, addressed to dst's MAC, in at inj.
+func (rx *injector) inject(t testing.TB, f []byte) {
+	t.Helper()
+	f = bytes.Clone(f)
+	copy(f[0:6], rx.dst.Attrs().HardwareAddr)
+	if err := unix.Sendto(rx.fd, f, 0, &unix.SockaddrLinklayer{Ifindex: rx.inj.Attrs().Index}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (n *testNS) veth(t testing.TB, a, aAddr, b, bAddr string) {

@@ -14,9 +14,8 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
-	"golang.org/x/sys/unix"
 
-	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -231,57 +230,29 @@ func TestPrivilegedKeepaliveHelperAnswersProbesOfMarkedConnections(t *testing.T)
 // has no socket for it), checksum offload off: a valid segment is answered
 // with a reset, and no checksum error is counted; a spoiled copy is.
 func kernelAcceptsTCP(t *testing.T, frames [][]byte, dst string) {
-	testenv.RequireTool(t, "ethtool", "ip")
-	rx := newTestNS(t)
-	rx.veth(t, "inj", "", "dst", "")
-	rx.sh(t, "ethtool", "-K", "dst", "rx", "off", "tx", "off")
-	rx.sh(t, "ethtool", "-K", "inj", "rx", "off", "tx", "off")
+	rx := newInjector(t)
 	rx.sh(t, "ip", "addr", "add", dst+"/32", "dev", "dst")
 	rx.sh(t, "ip", "route", "replace", "default", "dev", "dst")
-	dstLink, err := rx.h.LinkByName("dst")
-	if err != nil {
-		t.Fatal(err)
-	}
-	injLink, err := rx.h.LinkByName("inj")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fd int
-	if err := netns.Do(rx.name, func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	inject := func(f []byte) {
-		t.Helper()
-		f = bytes.Clone(f)
-		copy(f[0:6], dstLink.Attrs().HardwareAddr)
-		if err := unix.Sendto(fd, f, 0, &unix.SockaddrLinklayer{Ifindex: injLink.Attrs().Index}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for i, f := range frames {
-		csumErrs := snmp(t, rx.name, "Tcp", "InCsumErrors")
-		rsts := snmp(t, rx.name, "Tcp", "OutRsts")
-		inject(f)
-		testenv.Eventually(t, "a reset for the answer", 3*time.Second, func() bool { return snmp(t, rx.name, "Tcp", "OutRsts") > rsts })
-		if got := snmp(t, rx.name, "Tcp", "InCsumErrors"); got != csumErrs {
+		csumErrs := netnstest.SNMP(t, rx.name, "Tcp", "InCsumErrors")
+		rsts := netnstest.SNMP(t, rx.name, "Tcp", "OutRsts")
+		rx.inject(t, f)
+		testenv.Eventually(t, "a reset for the answer", 3*time.Second, func() bool { return netnstest.SNMP(t, rx.name, "Tcp", "OutRsts") > rsts })
+		if got := netnstest.SNMP(t, rx.name, "Tcp", "InCsumErrors"); got != csumErrs {
 			t.Errorf("answer %d: InCsumErrors moved %d -> %d", i, csumErrs, got)
 		}
 		bad := bytes.Clone(f)
 		bad[14+20+16] ^= 0x5a
-		inject(bad)
+		rx.inject(t, bad)
 		testenv.Eventually(t, "the spoiled copy counted as a checksum error", 3*time.Second, func() bool {
-			return snmp(t, rx.name, "Tcp", "InCsumErrors") > csumErrs
+			return netnstest.SNMP(t, rx.name, "Tcp", "InCsumErrors") > csumErrs
 		})
 		// The IP header checksum too: a spoiled one is dropped before TCP.
 		ipBad := bytes.Clone(f)
 		ipBad[14+10] ^= 0x5a
-		hdrErrs := snmp(t, rx.name, "Ip", "InHdrErrors")
-		inject(ipBad)
-		testenv.Eventually(t, "the spoiled IP header counted", 3*time.Second, func() bool { return snmp(t, rx.name, "Ip", "InHdrErrors") > hdrErrs })
+		hdrErrs := netnstest.SNMP(t, rx.name, "Ip", "InHdrErrors")
+		rx.inject(t, ipBad)
+		testenv.Eventually(t, "the spoiled IP header counted", 3*time.Second, func() bool { return netnstest.SNMP(t, rx.name, "Ip", "InHdrErrors") > hdrErrs })
 	}
 }
 
@@ -302,44 +273,14 @@ func TestPrivilegedKeepaliveHelperKeepsAConnectionWhosePeerIsAway(t *testing.T) 
 }
 
 func keepaliveThroughOutage(t *testing.T, helper bool) {
-	a := newTestNS(t)
-	b := newTestNS(t)
-	a.veth(t, "a0", "10.8.0.1/24", "b0", "")
-	link, err := a.h.LinkByName("b0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bfd, err := netns.Fd(b.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bfd.Close()
-	if err := a.h.LinkSetNsFd(link, int(bfd)); err != nil {
-		t.Fatal(err)
-	}
-	b.sh(t, "ip", "addr", "add", "10.8.0.2/24", "dev", "b0")
-	b.sh(t, "ip", "link", "set", "b0", "up")
+	a, b := linkedNS(t, "10.8.0.1/24", "10.8.0.2/24")
 	db := openIn(t, b, Options{})
 	if err := db.AttachInterface("b0"); err != nil {
 		t.Fatal(err)
 	}
 
-	var ln net.Listener
-	if err := netns.Do(b.name, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var ca net.Conn
-	if err := netns.Do(a.name, func() (err error) {
-		ca, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
+	ln := netnstest.Listen(t, b.name, "10.8.0.2:5001")
+	ca := netnstest.Dial(t, a.name, nil, "10.8.0.2:5001", 2*time.Second)
 	cb, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
@@ -380,7 +321,7 @@ func keepaliveThroughOutage(t *testing.T, helper bool) {
 
 	// a is away for 10 s: b's segments reach it, nothing comes back.
 	a.sh(t, "ip", "route", "add", "blackhole", "10.8.0.2/32")
-	inSegs := snmp(t, a.name, "Tcp", "InSegs")
+	inSegs := netnstest.SNMP(t, a.name, "Tcp", "InSegs")
 	away := time.Now()
 	if err := cb.SetReadDeadline(away.Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
@@ -388,7 +329,7 @@ func keepaliveThroughOutage(t *testing.T, helper bool) {
 	_, err = cb.Read(make([]byte, 64))
 	// What reached a meanwhile: b's probes without the helper (which
 	// shows the count sees them), nothing with it (answered at b).
-	arrived := snmp(t, a.name, "Tcp", "InSegs") - inSegs
+	arrived := netnstest.SNMP(t, a.name, "Tcp", "InSegs") - inSegs
 	if !helper {
 		if !errors.Is(err, syscall.ETIMEDOUT) {
 			t.Fatalf("without the helper, b's read ended with %v after %v; want ETIMEDOUT (keepalive gave up)", err, time.Since(away))

@@ -21,23 +21,7 @@ import (
 // does (the capture is live); with arp_ignore back at 0 the kernel would
 // answer it (the test can fail).
 func TestPrivilegedKeptLocalAddressIsUsableButNotAnsweredByARP(t *testing.T) {
-	a := newTestNS(t)
-	b := newTestNS(t)
-	a.veth(t, "a0", "10.7.0.1/24", "b0", "")
-	link, err := a.h.LinkByName("b0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bfd, err := netns.Fd(b.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bfd.Close()
-	if err := a.h.LinkSetNsFd(link, int(bfd)); err != nil {
-		t.Fatal(err)
-	}
-	b.sh(t, "ip", "addr", "add", "10.7.0.3/24", "dev", "b0")
-	b.sh(t, "ip", "link", "set", "b0", "up")
+	a, b := linkedNS(t, "10.7.0.1/24", "10.7.0.3/24")
 	db := openIn(t, b, Options{})
 	kept := netip.MustParseAddr("10.7.0.2")
 	if err := db.KeepLocal(kept, "b0"); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/netns/netnstest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -21,23 +22,7 @@ import (
 // wrong CHECKSUM_PARTIAL fix-up would stall the connection.
 func TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation(t *testing.T) {
 	testenv.RequireTool(t, "ethtool", "ip")
-	a := newTestNS(t) // the namespaces' own vn0/vn1 stay unused
-	b := newTestNS(t)
-	a.veth(t, "a0", "10.8.0.1/24", "b0", "")
-	link, err := a.h.LinkByName("b0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bfd, err := netns.Fd(b.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bfd.Close()
-	if err := a.h.LinkSetNsFd(link, int(bfd)); err != nil {
-		t.Fatal(err)
-	}
-	b.sh(t, "ip", "addr", "add", "10.8.0.2/24", "dev", "b0")
-	b.sh(t, "ip", "link", "set", "b0", "up")
+	a, b := linkedNS(t, "10.8.0.1/24", "10.8.0.2/24")
 	a.sh(t, "ethtool", "-K", "a0", "rx", "off", "tx", "off")
 	b.sh(t, "ethtool", "-K", "b0", "rx", "off", "tx", "off")
 
@@ -51,14 +36,7 @@ func TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation(t *testing.T
 	}
 
 	// Echo server in b, client in a.
-	var ln net.Listener
-	if err := netns.Do(b.name, func() (err error) {
-		ln, err = net.Listen("tcp4", "10.8.0.2:5001")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := netnstest.Listen(t, b.name, "10.8.0.2:5001")
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -76,14 +54,7 @@ func TestPrivilegedTCPConnectionSurvivesReaddressingWithTranslation(t *testing.T
 			}
 		}
 	}()
-	var conn net.Conn
-	if err := netns.Do(a.name, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", "10.8.0.2:5001", 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := netnstest.Dial(t, a.name, nil, "10.8.0.2:5001", 2*time.Second)
 	r := bufio.NewReader(conn)
 	seq := 0
 	echo := func(timeout time.Duration) error {

@@ -189,39 +189,6 @@ func (p *pair) moveBRoutesFirst(t *testing.T) {
 	netnstest.IP(t, p.nsA, "neigh", "flush", "dev", "a0")
 }
 
-// listenIn listens on TCP addr in namespace ns until t ends.
-func listenIn(t *testing.T, ns, addr string) net.Listener {
-	t.Helper()
-	var ln net.Listener
-	if err := netns.Do(ns, func() (err error) {
-		ln, err = net.Listen("tcp4", addr)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
-}
-
-// dialIn connects to TCP addr from namespace ns (from local, when not nil)
-// and closes the connection when t ends.
-func dialIn(t *testing.T, ns string, local *net.TCPAddr, addr string, timeout time.Duration) net.Conn {
-	t.Helper()
-	var c net.Conn
-	if err := netns.Do(ns, func() (err error) {
-		d := net.Dialer{Timeout: timeout}
-		if local != nil {
-			d.LocalAddr = local
-		}
-		c, err = d.Dial("tcp4", addr)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // dialMany opens n connections from a to addr, closed when t ends.
 func (p *pair) dialMany(t *testing.T, n int, addr string, timeout time.Duration) []net.Conn {
 	t.Helper()
@@ -285,8 +252,8 @@ func echoBytes(ln net.Listener) {
 // lines, and dials it from clientNS; both are closed when t ends.
 func dialEcho(t *testing.T, serverNS, clientNS, addr string) net.Conn {
 	t.Helper()
-	go echoLines(listenIn(t, serverNS, addr))
-	return dialIn(t, clientNS, nil, addr, 2*time.Second)
+	go echoLines(netnstest.Listen(t, serverNS, addr))
+	return netnstest.Dial(t, clientNS, nil, addr, 2*time.Second)
 }
 
 // echoOnce sends a line over c and checks it comes back.

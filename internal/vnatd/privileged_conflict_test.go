@@ -29,7 +29,7 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	netnstest.IP(t, p.nsB, "addr", "add", "10.8.5.1/24", "dev", "b1")
 	netnstest.IP(t, nsC, "route", "add", "10.8.0.0/24", "via", "10.8.5.1")
 
-	ln := listenIn(t, p.nsB, "10.8.0.2:5001")
+	ln := netnstest.Listen(t, p.nsB, "10.8.0.2:5001")
 	accept := func() net.Conn {
 		t.Helper()
 		if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
@@ -44,7 +44,7 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	}
 
 	// X: a to b, echoed by b.
-	x := dialIn(t, p.nsA, nil, "10.8.0.2:5001", 2*time.Second)
+	x := netnstest.Dial(t, p.nsA, nil, "10.8.0.2:5001", 2*time.Second)
 	xb := accept()
 	go echoConn(xb)
 	rx := bufio.NewReader(x)
@@ -55,7 +55,7 @@ func TestPrivilegedPreemptedConnectionsSocketIsClosedAndTheWinnerKeepsEchoing(t 
 	virtA, virtB := p.waitKeyed(t, x)
 
 	// Y: c, from 10.8.5.2 on X's port, to b; b's application holds it.
-	y := dialIn(t, nsC, &net.TCPAddr{IP: net.IPv4(10, 8, 5, 2), Port: port}, "10.8.0.2:5001", 2*time.Second)
+	y := netnstest.Dial(t, nsC, &net.TCPAddr{IP: net.IPv4(10, 8, 5, 2), Port: port}, "10.8.0.2:5001", 2*time.Second)
 	yb := accept()
 	virtY := fmt.Sprintf("10.8.0.2:5001->10.8.5.2:%d", port)
 	if yb.RemoteAddr().String() != fmt.Sprintf("10.8.5.2:%d", port) {

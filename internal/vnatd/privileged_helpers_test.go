@@ -38,8 +38,8 @@ func daemonHelpers(t *testing.T, helper bool) {
 		argsB = append(argsB, "--keepalive-helper=false")
 	}
 	p := newPair(t, nil, argsB)
-	ln := listenIn(t, p.nsB, "10.8.0.2:5001")
-	ca := dialIn(t, p.nsA, nil, "10.8.0.2:5001", 2*time.Second)
+	ln := netnstest.Listen(t, p.nsB, "10.8.0.2:5001")
+	ca := netnstest.Dial(t, p.nsA, nil, "10.8.0.2:5001", 2*time.Second)
 	cb, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)

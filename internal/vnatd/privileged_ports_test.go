@@ -35,7 +35,7 @@ func TestPrivilegedMovedConnectionTravelsFromAnotherPortWhenItsOwnIsTaken(t *tes
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2 := dialIn(t, p.nsA, &net.TCPAddr{IP: net.IPv4(10, 8, 2, 4), Port: portN}, "10.8.0.2:5001", 2*time.Second)
+	c2 := netnstest.Dial(t, p.nsA, &net.TCPAddr{IP: net.IPv4(10, 8, 2, 4), Port: portN}, "10.8.0.2:5001", 2*time.Second)
 	r2 := bufio.NewReader(c2)
 	if err := echoOnce(c2, r2, "c2 before"); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/netns/netnstest"
 )
 
 // The restore race, with real daemons: 2,000 TCP connections whose
@@ -21,7 +23,7 @@ import (
 func TestPrivilegedRestoreLosesNoConnectionToAPeerSendingDuringIt(t *testing.T) {
 	const conns = 2000
 	p := newPair(t, nil, nil)
-	go echoBytes(listenIn(t, p.nsB, "10.8.0.2:5002"))
+	go echoBytes(netnstest.Listen(t, p.nsB, "10.8.0.2:5002"))
 	type client struct {
 		c        net.Conn
 		written  atomic.Int64

@@ -149,7 +149,7 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 func TestPrivilegedDaemonsRestoreManyConnections(t *testing.T) {
 	const conns = 300
 	p := newPair(t, nil, nil)
-	go echoBytes(listenIn(t, p.nsB, "10.8.0.2:5001"))
+	go echoBytes(netnstest.Listen(t, p.nsB, "10.8.0.2:5001"))
 	cs := p.dialMany(t, conns, "10.8.0.2:5001", 2*time.Second)
 	ping := func(what string) {
 		t.Helper()

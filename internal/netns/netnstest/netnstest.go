@@ -90,6 +90,17 @@ func IP(t testing.TB, ns string, args ...string) {
 	}
 }
 
+// SNMP reads one counter of /proc/net/snmp in namespace ns (Tcp
+// InCsumErrors, say), failing t if it cannot.
+func SNMP(t testing.TB, ns, proto, field string) uint64 {
+	t.Helper()
+	v, err := netns.SNMP(ns, proto, field)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // BPFFS mounts a bpffs of t's own and returns where; it is unmounted when
 // t ends. A daemon started through `onehop netns-exec` sees a /sys of its
 // namespace, so pins it must keep across a restart live here, not under
@@ -189,6 +200,39 @@ func (d *Daemon) Wait(t testing.TB, timeout time.Duration) error {
 		t.Fatalf("%s did not exit in %v:\n%s", d.Name, timeout, d.Log)
 		return nil
 	}
+}
+
+// Listen listens on TCP addr in namespace ns until t ends.
+func Listen(t testing.TB, ns, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := netns.Do(ns, func() (err error) {
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, ns, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Dial connects to TCP addr from namespace ns (from local, when not nil)
+// and closes the connection when t ends.
+func Dial(t testing.TB, ns string, local *net.TCPAddr, addr string, timeout time.Duration) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := netns.Do(ns, func() (err error) {
+		d := net.Dialer{Timeout: timeout}
+		if local != nil {
+			d.LocalAddr = local
+		}
+		c, err = d.Dial("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("dial %s from %s in %s: %v", addr, local, ns, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // Serve accepts connections on ln until it is closed and runs handle on
