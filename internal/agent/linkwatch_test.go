@@ -282,7 +282,7 @@ func sendOut(t *testing.T, ifname string, frame []byte) {
 // capture counts the frames from one MAC (as Ethernet source or ARP
 // sender) that reach an interface, until the test ends.
 type capture struct {
-	n    chan int
+	n chan int
 }
 
 func (c *capture) guestFrames() int { return <-c.n }
