@@ -139,6 +139,9 @@ type Agent struct {
 	// when it has none yet or the interface was made again (a new
 	// ifindex), as the router does for uplink 0.
 	uplinksAt map[string]int
+	// linkKick asks for a pass: a link appeared, went or was made again
+	// (linkwatch.go).
+	linkKick chan struct{}
 }
 
 // Hooks connect the agent to the ARP engine; nil fields are skipped.
@@ -186,8 +189,12 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 	a := &Agent{cfg: cfg, store: s, dp: dp, ifs: ifs, log: log,
 		shares: NewShares(DHCPPerSecond, DHCPBurst, nil), subs: map[string]*subController{},
 		view: intent.NewView(cfg.Node), nodes: map[string]intent.Node{},
-		statusKick: make(chan struct{}, 1), statusLog: ratelog.New(log, 1, time.Minute, nil)}
+		statusKick: make(chan struct{}, 1), statusLog: ratelog.New(log, 1, time.Minute, nil),
+		linkKick: make(chan struct{}, 1)}
 	a.router = newRouter(dp, cfg.Uplink, log)
+	if u, ok := ifs.(LinkUpper); ok {
+		a.router.up = u.SetUp
+	}
 	a.router.left = a.shares.Forget
 	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups, LocationServer: cfg.LocationServer}
 	if k, ok := dp.(*datapath.Kernel); ok {
@@ -231,6 +238,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	// The publisher is gone before Run returns: the caller may close the
 	// store next.
 	defer func() { stopPublisher(); <-published }()
+	if w, ok := a.ifs.(LinkEvents); ok {
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			a.watchLinks(pctx, w)
+		}()
+		defer func() { stopPublisher(); <-watched }()
+	}
 	for {
 		err := a.register(ctx)
 		if err == nil {
@@ -371,6 +386,11 @@ func (a *Agent) follow(ctx context.Context, rev int64) error {
 			return nil
 		case <-ticker.C:
 			if _, err := a.pass(ctx, "resync", 0); err != nil {
+				a.log.Error("reconcile failed; will retry", "err", err)
+			}
+			continue
+		case <-a.linkKick:
+			if _, err := a.pass(ctx, "link", 0); err != nil {
 				a.log.Error("reconcile failed; will retry", "err", err)
 			}
 			continue

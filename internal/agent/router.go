@@ -29,6 +29,7 @@ type Router struct {
 	arrived  func(ip netip.Addr)
 	departed func(ip netip.Addr)
 	left     func(name string)
+	up       func(name string) error // brings a guest interface up (nil: nothing does)
 	work     *RouterWork
 
 	mu        sync.Mutex
@@ -184,6 +185,7 @@ func (r *Router) Sync(p feature.Plan) error {
 	if err := r.dp.Apply(plan.entries, r.uplink); err != nil {
 		return err
 	}
+	r.bringUp(plan)
 	attached := make([]string, 0, len(plan.entries.Attach))
 	kinds := make(map[string]string, len(plan.entries.Attach))
 	for name, ifindex := range plan.entries.Attach {
