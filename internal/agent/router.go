@@ -60,6 +60,9 @@ type RouterWork struct {
 	Claims   *ClaimChecker
 	SlowPath *SlowPath
 	Log      *slog.Logger
+	// Groups keeps the uplink joined to its scopes' multicast groups
+	// (mcast.go); nil: left alone.
+	Groups *UplinkGroups
 }
 
 func newRouter(dp Datapath, uplink string, log *slog.Logger) *Router {
@@ -183,6 +186,9 @@ func (r *Router) Sync(p feature.Plan) error {
 	}
 	if err := r.dp.Apply(plan.entries, r.uplink); err != nil {
 		return err
+	}
+	if r.work != nil && r.work.Groups != nil {
+		r.work.Groups.Sync(plan.entries.Scopes)
 	}
 	attached := make([]string, 0, len(plan.entries.Attach))
 	kinds := make(map[string]string, len(plan.entries.Attach))
