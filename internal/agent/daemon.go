@@ -138,7 +138,8 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 			log.Warn("ask a host about a VM it claims", "vm", vm, "host", host, "err", err)
 		}
 	}, log)
-	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Log: log,
+	groups := NewUplinkGroups(cfg.Node, cfg.Uplink, log)
+	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Log: log, Groups: groups,
 		SlowPath: &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Claims: claims, Shares: a.Shares(),
 			Log: ratelog.New(log, 5, time.Second, nil)}})
 	// Each feature's own work (the router's: the ARP engine, the drop log,
@@ -160,7 +161,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(NewCollector(a))
+		reg.MustRegister(NewCollector(a), groups)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		ln, err := net.Listen("tcp", cfg.MetricsAddr)

@@ -61,6 +61,9 @@ type RouterWork struct {
 	Claims   *ClaimChecker
 	SlowPath *SlowPath
 	Log      *slog.Logger
+	// Groups keeps the uplink joined to its scopes' multicast groups
+	// (mcast.go); nil: left alone.
+	Groups *UplinkGroups
 }
 
 func newRouter(dp Datapath, uplink string, log *slog.Logger) *Router {
@@ -184,6 +187,11 @@ func (r *Router) Sync(p feature.Plan) error {
 	}
 	if err := r.dp.Apply(plan.entries, r.uplink); err != nil {
 		return err
+	}
+	// Joined before a new guest is brought up, so the other hosts' first
+	// questions for it reach this uplink.
+	if r.work != nil && r.work.Groups != nil {
+		r.work.Groups.Sync(plan.entries.Scopes)
 	}
 	r.bringUp(plan)
 	attached := make([]string, 0, len(plan.entries.Attach))
