@@ -158,6 +158,7 @@ func TestPrivilegedAGuestTapIsAttachedWhenItAppearsAndSilentUntilThen(t *testing
 
 	const runs = 20
 	windows := make([]time.Duration, 0, runs)
+	silentRuns := 0
 	for run := range runs {
 		made := time.Now()
 		fd := openTapFd(t, tapName)
@@ -201,11 +202,21 @@ func TestPrivilegedAGuestTapIsAttachedWhenItAppearsAndSilentUntilThen(t *testing
 		// Refused writes are rx_dropped: the kernel took none of them. The
 		// one taken is the positive control: the device received it, so the
 		// program at its ingress ran on it.
-		if st.RxDropped != uint64(refused) || st.RxPackets != 1 || refused == 0 {
+		if st.RxDropped != uint64(refused) || st.RxPackets != 1 {
 			t.Fatalf("run %d: %d writes refused; the tap's rx packets %d dropped %d", run, refused, st.RxPackets, st.RxDropped)
+		}
+		// A run whose first write comes after the agent attached and
+		// brought the tap up (the test was descheduled for those ~10 ms)
+		// refuses nothing and proves nothing of the window: legitimate,
+		// so only the runs together must show refusals.
+		if refused > 0 {
+			silentRuns++
 		}
 		unix.Close(fd) // deletes the tap
 		testenv.Eventually(t, "the agent to see "+tapName+" gone", 5*time.Second, missing)
+	}
+	if silentRuns == 0 {
+		t.Fatalf("in none of %d runs did the guest write before its program was attached: the window was never tested", runs)
 	}
 	if n := capture.guestFrames(); n != 0 {
 		t.Fatalf("the uplink's peer saw %d frames from the guest", n)
