@@ -74,15 +74,8 @@ func AddHost(ctx context.Context, st *State, name string, opts Options) (intent.
 // buildHost makes host name of t in lab st, as Up does, and waits for its
 // agent.
 func buildHost(ctx context.Context, st *State, t *topology.File, name string, opts Options) error {
-	if opts.Timeout == 0 {
-		opts.Timeout = 60 * time.Second
-	}
-	if opts.Binary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("find onehop binary: %w", err)
-		}
-		opts.Binary = exe
+	if err := opts.fill(); err != nil {
+		return err
 	}
 	b := &builder{opts: opts, t: t, st: st, out: &progress{w: opts.Progress}}
 	defer func() {
