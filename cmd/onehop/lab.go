@@ -30,7 +30,7 @@ Namespaces are named oh-LAB-NODE, so 'ip netns' and 'nsenter' work on them too.`
 	}
 	c.PersistentFlags().StringVar(&lf.root, "root", lab.DefaultRoot, "where labs keep their state")
 	c.PersistentFlags().StringVar(&lf.name, "lab", "", "which lab (default: the only one that is up)")
-	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf), labReaddressCmd(lf), labLinkCmd(lf))
+	c.AddCommand(labUpCmd(lf), labDownCmd(lf), labStatusCmd(lf), labExecCmd(lf), labRestartCmd(lf), labMoveCmd(lf), labReaddressCmd(lf), labLinkCmd(lf), labAddHostCmd(lf), labRemoveHostCmd(lf))
 	return c
 }
 
@@ -350,4 +350,60 @@ func loadLab(root, name string) (*lab.State, error) {
 		return nil, err
 	}
 	return lab.Load(root, n)
+}
+
+func labAddHostCmd(lf *labFlags) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "add-host HOST",
+		Short: "Add a host to a lab that is up: 'host add', then its namespace, uplink, certificate and agent",
+		Long: `Authorizes HOST with the controller ('onehop host add', with the next free fabric
+address), then builds it as 'lab up' builds a host: its namespace oh-LAB-HOST, its
+uplink on the fabric bridge, its agent's client certificate from the lab's CA (CN =
+HOST) and its agent, which registers its uplink when it starts. It returns once the
+agent has reported. 'lab down' removes it with the rest of the lab.`,
+		Example: "  onehop lab add-host h4",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			h, err := lab.AddHost(cmd.Context(), st, args[0], lab.Options{Progress: os.Stderr, Timeout: timeout})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Added host %s (fabric address %s) to lab %s; its agent is up.\n", h.Name, h.Address, st.Name)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long to wait for the agent")
+	return cmd
+}
+
+func labRemoveHostCmd(lf *labFlags) *cobra.Command {
+	var drain bool
+	cmd := &cobra.Command{
+		Use:   "remove-host HOST [--drain]",
+		Short: "Retire a host of a lab: stop its agent, 'host remove', then remove its namespace",
+		Long: `Stops HOST's agent, asks the controller to retire it ('onehop host remove', with
+--drain if given) and removes its namespace, certificate, pins and cgroup. When the
+controller refuses (VMs, slivers or TAP policies placed there and no --drain), the
+agent is started again and the refusal, which names them, is printed.`,
+		Example: "  onehop lab remove-host h4 --drain",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := loadLab(lf.root, lf.name)
+			if err != nil {
+				return err
+			}
+			if err := lab.RemoveHost(st, args[0], drain, ""); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "Removed host %s from lab %s.\n", args[0], st.Name)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&drain, "drain", false, "delete the VMs, slivers and TAP policies placed on the host instead of refusing")
+	return cmd
 }

@@ -37,7 +37,7 @@ func nouns() []noun {
 		{cmd: subnetCmd, list: &subnetListing},
 		{cmd: vmCmd, list: &vmListing},
 		{cmd: allowCmd, list: &ruleListing},
-		{list: &hostListing},
+		{cmd: hostCmd, list: &hostListing},
 		{cmd: peerCmd},
 		{cmd: firewallCmd},
 		{cmd: sliverCmd, list: &sliverListing},

@@ -1,12 +1,234 @@
 package controller
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/topology"
 )
 
-// hostRoutes serves the hosts the topology or the operator put in the store.
+// hostRoutes serves hosts: the topology seeds them, the operator adds and
+// retires them (a hypervisor joining or leaving a running cloud).
 func (c *Controller) hostRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/hosts", c.list(intent.HostsPrefix, func() any { return &[]intent.Host{} }))
+	mux.HandleFunc("POST /v1/hosts", func(w http.ResponseWriter, r *http.Request) {
+		var in intent.Host
+		if decode(w, r, &in) {
+			h, err := c.AddHost(r.Context(), in)
+			reply(w, http.StatusCreated, h, err)
+		}
+	})
+	mux.HandleFunc("DELETE /v1/hosts/{host}", func(w http.ResponseWriter, r *http.Request) {
+		drain := false
+		switch v := r.URL.Query().Get("drain"); v {
+		case "", "false":
+		case "true":
+			drain = true
+		default:
+			reply(w, 0, nil, fieldErr("drain", fmt.Errorf("drain=%q: want true or false", v)))
+			return
+		}
+		err := c.RemoveHost(r.Context(), r.PathValue("host"), drain)
+		var inUse *HostInUse
+		if errors.As(err, &inUse) {
+			writeJSON(w, http.StatusConflict, inUse)
+			return
+		}
+		reply(w, http.StatusNoContent, nil, err)
+	})
+}
+
+// HostInUse is the refusal of a host's removal while guests are placed on
+// it: the error (409) names each, so the operator knows what to move or
+// delete, or that a drain would delete them.
+type HostInUse struct {
+	Field   string   `json:"field"`
+	Msg     string   `json:"error"`
+	VMs     []string `json:"vms"`     // FARM/SUBNET/VM
+	Slivers []string `json:"slivers"` // HOST/NAME
+	Taps    []string `json:"taps"`    // policies whose sender, receiver or monitor is a VM there
+}
+
+func (e *HostInUse) Error() string { return e.Field + ": " + e.Msg }
+
+// Unwrap makes the refusal an ErrConflict.
+func (e *HostInUse) Unwrap() error { return ErrConflict }
+
+// empty reports whether nothing is placed.
+func (e *HostInUse) empty() bool { return len(e.VMs)+len(e.Slivers)+len(e.Taps) == 0 }
+
+// AddHost authorizes host h: VMs and slivers may be placed on it, and its
+// agent, once it runs, registers its uplink (intent.Node) by itself.
+// Address, its IPv4 on the fabric, is optional: the controller takes
+// agents' addresses from their node records.
+func (c *Controller) AddHost(ctx context.Context, h intent.Host) (intent.Host, error) {
+	if err := topology.CheckHostName(h.Name); err != nil {
+		return h, fieldErr("name", err)
+	}
+	if h.Address != "" {
+		a, err := netip.ParseAddr(h.Address)
+		if err != nil || !a.Is4() {
+			return h, fieldErr("address", fmt.Errorf("address %q is not an IPv4 address (the host's address on the fabric; leave it out for the agent's own)", h.Address))
+		}
+		h.Address = a.String()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hosts, _, err := store.ListJSON[intent.Host](ctx, c.store, intent.HostsPrefix)
+	if err != nil {
+		return h, err
+	}
+	for _, o := range hosts {
+		if o.Name == h.Name {
+			return h, conflict("name", "host %s", h.Name)
+		}
+		if h.Address != "" && o.Address == h.Address {
+			return h, conflict("address", "address %s (host %s's)", h.Address, o.Name)
+		}
+	}
+	// VMs and hosts share one set of node names (CreateVMWithInterface).
+	if err := c.view(ctx, func(m *model) error {
+		if full, ok := m.byName[h.Name]; ok {
+			return conflict("name", "vm %s (VMs and hosts share one set of node names)", full)
+		}
+		return nil
+	}); err != nil {
+		return h, err
+	}
+	return h, store.PutJSON(ctx, c.store, intent.HostsPrefix+h.Name, h)
+}
+
+// placedOn lists what is placed on host: its VMs, its slivers, and the TAP
+// policies that name a VM there.
+func (c *Controller) placedOn(ctx context.Context, host string) (*HostInUse, error) {
+	in := &HostInUse{Field: "host", VMs: []string{}, Slivers: []string{}, Taps: []string{}}
+	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vms {
+		if v.Host == host {
+			in.VMs = append(in.VMs, v.FullName())
+		}
+	}
+	slivers, _, err := store.ListJSON[intent.Sliver](ctx, c.store, intent.HostSliversPrefix(host))
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range slivers {
+		in.Slivers = append(in.Slivers, s.FullName())
+	}
+	taps, _, err := store.ListJSON[intent.TapPolicy](ctx, c.store, intent.TapsPrefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range taps {
+		if slices.Contains(in.VMs, p.Sender) || slices.Contains(in.VMs, p.Receiver) || slices.Contains(in.VMs, p.Monitor) {
+			in.Taps = append(in.Taps, p.Name)
+		}
+	}
+	slices.Sort(in.VMs)
+	slices.Sort(in.Slivers)
+	slices.Sort(in.Taps)
+	var what []string
+	for _, l := range []struct {
+		kind  string
+		names []string
+	}{{"vms", in.VMs}, {"slivers", in.Slivers}, {"taps", in.Taps}} {
+		if len(l.names) > 0 {
+			what = append(what, l.kind+" "+strings.Join(l.names, ", "))
+		}
+	}
+	in.Msg = fmt.Sprintf("host %s still carries %s: delete or move them first, or remove it with drain=true (CLI --drain), which deletes them", host, strings.Join(what, "; "))
+	return in, nil
+}
+
+// RemoveHost retires host: refused (*HostInUse, 409) while VMs, slivers or
+// TAP policies naming its VMs are placed there, unless drain, which deletes
+// them first through their own operations (so their desired keys and
+// allocations go as on their own DELETE). Then every key of the host goes:
+// its record, its desired keys, and its agent's node and status records.
+// Its agent should be stopped first: a running one writes its node and
+// status records again.
+func (c *Controller) RemoveHost(ctx context.Context, host string, drain bool) error {
+	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
+		return notFound("host", "host %s", host)
+	} else if err != nil {
+		return err
+	}
+	if drain {
+		in, err := c.placedOn(ctx, host)
+		if err != nil {
+			return err
+		}
+		// Policies first: one naming a VM refers to it by name.
+		for _, t := range in.Taps {
+			if err := c.DeleteTap(ctx, t); err != nil && !errors.Is(err, ErrNotFound) {
+				return fmt.Errorf("drain host %s: tap %s: %w", host, t, err)
+			}
+		}
+		for _, full := range in.VMs {
+			parts := strings.SplitN(full, "/", 3)
+			if err := c.DeleteVM(ctx, parts[0], parts[1], parts[2]); err != nil && !errors.Is(err, ErrNotFound) {
+				return fmt.Errorf("drain host %s: vm %s: %w", host, full, err)
+			}
+		}
+		for _, s := range in.Slivers {
+			_, name, _ := strings.Cut(s, "/")
+			if err := c.DeleteSliver(ctx, host, name); err != nil && !errors.Is(err, ErrNotFound) {
+				return fmt.Errorf("drain host %s: sliver %s: %w", host, s, err)
+			}
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Checked again under the lock: something placed during a drain stays
+	// refused rather than left on a host that is gone.
+	in, err := c.placedOn(ctx, host)
+	if err != nil {
+		return err
+	}
+	if !in.empty() {
+		return in
+	}
+	// The record first: the model then deletes the host's desired keys
+	// itself, keeping what it knows of the store true.
+	if err := c.store.Delete(ctx, intent.HostsPrefix+host); err != nil {
+		return err
+	}
+	if _, err := c.CompileOnce(ctx); err != nil {
+		return fmt.Errorf("compile after removing host %s: %w", host, err)
+	}
+	// What is left is no part's: the agent's own records, and any key
+	// under the host's prefixes a newer controller or a crash left (the
+	// model, which knew none of them, is reloaded if there was one).
+	behind := false
+	for _, prefix := range []string{intent.DesiredHostPrefix(host), intent.HostSliversPrefix(host)} {
+		kvs, _, err := c.raw.List(ctx, prefix)
+		if err != nil {
+			return err
+		}
+		for k := range kvs {
+			if err := c.raw.Delete(ctx, k); err != nil {
+				return err
+			}
+			behind = true
+		}
+	}
+	if behind {
+		c.invalidate()
+	}
+	for _, k := range []string{intent.NodesPrefix + host, intent.StatusPrefix + host} {
+		if err := c.raw.Delete(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
 }

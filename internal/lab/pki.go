@@ -45,7 +45,7 @@ func (b *builder) makePKI() error {
 	if err != nil {
 		return err
 	}
-	if err := ca.Write(CAFile(b.st), filepath.Join(dir, "ca.key")); err != nil {
+	if err := ca.Write(CAFile(b.st), caKeyFile(b.st)); err != nil {
 		return err
 	}
 	ctl, err := netip.ParseAddr(b.t.Fabric.Controller)
@@ -65,7 +65,7 @@ func (b *builder) makePKI() error {
 		return err
 	}
 	for _, h := range b.t.Hosts {
-		if err := issue("agent-"+h.Name, pki.Request{Kind: pki.Client, CommonName: h.Name}); err != nil {
+		if err := issueAgentCert(b.st, ca, h.Name, now); err != nil {
 			return err
 		}
 	}
@@ -79,6 +79,20 @@ func (b *builder) makePKI() error {
 	b.st.APIURL = "https://" + net.JoinHostPort(ctl.String(), fmt.Sprint(APIPort))
 	b.step("pki in %s: a CA, the controller's certificate for %s, a client certificate per agent, the API token", dir, ctl)
 	return nil
+}
+
+// caKeyFile is the lab CA's key: what signs a host added later (AddHost).
+func caKeyFile(st *State) string { return filepath.Join(PKIDir(st), "ca.key") }
+
+// issueAgentCert issues host's agent its client certificate, CN = the
+// host's name.
+func issueAgentCert(st *State, ca *pki.CA, host string, now time.Time) error {
+	p, err := ca.Issue(pki.Request{Kind: pki.Client, CommonName: host}, now)
+	if err != nil {
+		return err
+	}
+	f := TLSFiles(st, "agent-"+host)
+	return p.Write(f.Cert, f.Key)
 }
 
 // controllerTLSArgs are the controller's flags for TLS: etcd and the API on

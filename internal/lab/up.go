@@ -39,6 +39,21 @@ type Options struct {
 	Timeout  time.Duration
 }
 
+// fill gives the timeout and binary left out their defaults.
+func (o *Options) fill() error {
+	if o.Timeout == 0 {
+		o.Timeout = 60 * time.Second
+	}
+	if o.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find onehop binary: %w", err)
+		}
+		o.Binary = exe
+	}
+	return nil
+}
+
 // builder is one run of Up: what the kinds build with and record into.
 type builder struct {
 	opts Options
@@ -96,15 +111,8 @@ func Up(ctx context.Context, t *topology.File, opts Options) (*State, error) {
 	if opts.Root == "" {
 		opts.Root = DefaultRoot
 	}
-	if opts.Timeout == 0 {
-		opts.Timeout = 60 * time.Second
-	}
-	if opts.Binary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find onehop binary: %w", err)
-		}
-		opts.Binary = exe
+	if err := opts.fill(); err != nil {
+		return nil, err
 	}
 	dir := filepath.Join(opts.Root, t.Name)
 	if _, err := os.Stat(stateFile(dir)); err == nil {

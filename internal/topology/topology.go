@@ -228,6 +228,18 @@ func CheckVMName(name string) error {
 	return checkName("vm", name, vmNameRE, 11)
 }
 
+// CheckHostName: see CheckFarmName (`host add`). A host's name becomes
+// part of interface names (p-HOST on the fabric), hence its 12 bytes.
+func CheckHostName(name string) error {
+	if reserved[name] {
+		return fmt.Errorf("host name %q is reserved", name)
+	}
+	if !hostNameRE.MatchString(name) {
+		return fmt.Errorf("host name %q must be 1-12 lowercase letters or digits, starting with a letter", name)
+	}
+	return nil
+}
+
 func checkName(kind, name string, re *regexp.Regexp, max int) error {
 	if !re.MatchString(name) {
 		return fmt.Errorf("%s name %q must be lowercase letters and digits (and '-' for farms and subnets), starting with a letter, at most %d characters", kind, name, max)
