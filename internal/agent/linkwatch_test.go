@@ -234,22 +234,13 @@ func TestPrivilegedAGuestTapIsAttachedWhenItAppearsAndSilentUntilThen(t *testing
 	t.Logf("tap made -> program attached, %d runs: p50 %v, max %v", runs, windows[runs/2], windows[runs-1])
 }
 
-// openTapFd makes tap device name (down, IFF_TAP|IFF_NO_PI) and returns its
-// fd; closing it deletes the device.
+// openTapFd makes tap device name (down, IFF_TAP|IFF_NO_PI) in this
+// namespace and returns its fd; closing it deletes the device.
 func openTapFd(t *testing.T, name string) int {
 	t.Helper()
-	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := netns.OpenTap("", name, false)
 	if err != nil {
 		t.Fatal(err)
-	}
-	ifr, err := unix.NewIfreq(name)
-	if err == nil {
-		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
-		err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
-	}
-	if err != nil {
-		unix.Close(fd)
-		t.Fatalf("TUNSETIFF %s: %v", name, err)
 	}
 	return fd
 }

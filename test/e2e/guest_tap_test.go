@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
-	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/bpftest"
 	"github.com/onehop/onehop/internal/intent"
@@ -48,25 +47,7 @@ type tapNIC struct {
 // ends. Closing the fd at cleanup removes the device.
 func openTap(t *testing.T, ns, name string) *tapNIC {
 	t.Helper()
-	var fd int
-	// The device is made in the namespace of whoever opens /dev/net/tun.
-	err := netns.Do(ns, func() error {
-		var err error
-		fd, err = unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open /dev/net/tun: %w", err)
-		}
-		ifr, err := unix.NewIfreq(name)
-		if err == nil {
-			ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
-			err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
-		}
-		if err != nil {
-			unix.Close(fd)
-			return fmt.Errorf("TUNSETIFF %s: %w", name, err)
-		}
-		return nil
-	})
+	fd, err := netns.OpenTap(netns.Path(ns), name, true)
 	if err != nil {
 		t.Fatal(err)
 	}
