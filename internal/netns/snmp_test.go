@@ -11,19 +11,28 @@ Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumE
 Udp: 10 2 3 40 0 0 7
 `
 
+const netstatSample = `TcpExt: SyncookiesSent SyncookiesRecv OutOfWindowIcmps LockDroppedIcmps
+TcpExt: 0 0 5 1
+IpExt: InNoRoutes InTruncatedPkts
+IpExt: 3 0
+`
+
 func TestSNMPCounterReadsTheFieldOfItsProtocol(t *testing.T) {
 	for _, c := range []struct {
-		proto, field string
-		want         uint64
-		err          string
+		table, proto, field string
+		want                uint64
+		err                 string
 	}{
-		{"Udp", "InCsumErrors", 7, ""},
-		{"Udp", "InDatagrams", 10, ""},
-		{"Ip", "InReceives", 1234, ""},
-		{"Udp", "Nothing", 0, "no Udp Nothing"},
-		{"Tcp", "InCsumErrors", 0, "no Tcp InCsumErrors"},
+		{snmpSample, "Udp", "InCsumErrors", 7, ""},
+		{snmpSample, "Udp", "InDatagrams", 10, ""},
+		{snmpSample, "Ip", "InReceives", 1234, ""},
+		{snmpSample, "Udp", "Nothing", 0, "no Udp Nothing"},
+		{snmpSample, "Tcp", "InCsumErrors", 0, "no Tcp InCsumErrors"},
+		{netstatSample, "TcpExt", "OutOfWindowIcmps", 5, ""},
+		{netstatSample, "IpExt", "InNoRoutes", 3, ""},
+		{netstatSample, "TcpExt", "InNoRoutes", 0, "no TcpExt InNoRoutes"},
 	} {
-		got, err := snmpCounter(strings.NewReader(snmpSample), c.proto, c.field)
+		got, err := snmpCounter(strings.NewReader(c.table), c.proto, c.field)
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
 				t.Errorf("%s %s: err %v, want %q", c.proto, c.field, err, c.err)

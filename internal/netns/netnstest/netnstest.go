@@ -101,6 +101,17 @@ func SNMP(t testing.TB, ns, proto, field string) uint64 {
 	return v
 }
 
+// Netstat reads one counter of /proc/net/netstat in namespace ns (TcpExt
+// OutOfWindowIcmps, say), failing t if it cannot.
+func Netstat(t testing.TB, ns, proto, field string) uint64 {
+	t.Helper()
+	v, err := netns.Netstat(ns, proto, field)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // BPFFS mounts a bpffs of t's own and returns where; it is unmounted when
 // t ends. A daemon started through `onehop netns-exec` sees a /sys of its
 // namespace, so pins it must keep across a restart live here, not under
