@@ -7,7 +7,7 @@ QUICKSTART ?= examples/quickstart.yaml
 PORTSHARE ?= examples/portshare.yaml
 TAPDEMO ?= examples/tap.yaml
 
-.PHONY: all deps build generate check-generated lint vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap demo-cloud bench bench-scale clean
+.PHONY: install uninstall all deps build generate check-generated lint vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap demo-cloud bench bench-scale clean
 
 all: build
 
@@ -96,6 +96,33 @@ bench-scale: deps build
 	@mkdir -p bench/results
 	$(GO) run ./bench/scale -binary $(BIN) -out bench/results/scale-embedded.json $(SCALE_ARGS)
 	$(GO) run ./bench/scale -binary $(BIN) -cluster -out bench/results/scale-cluster.json $(SCALE_ARGS)
+
+# Install the binary and the systemd units (contrib/systemd/, docs/deploy.md).
+# PREFIX and DESTDIR as usual; the units' ExecStart is pointed at
+# $(PREFIX)/bin. The example env files go to /etc/onehop only where none is
+# there yet: an operator's settings are never overwritten.
+PREFIX ?= /usr/local
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+UNITS := onehop-controller.service onehop-agent.service
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/onehop
+	install -d -m 0755 $(DESTDIR)$(UNITDIR)
+	@for u in $(UNITS); do \
+	  sed 's|/usr/local/bin/onehop|$(PREFIX)/bin/onehop|' contrib/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u && echo "installed $(DESTDIR)$(UNITDIR)/$$u" || exit 1; \
+	done
+	install -d -m 0700 $(DESTDIR)$(SYSCONFDIR)/onehop
+	@for e in controller.env agent.env; do \
+	  if [ -e $(DESTDIR)$(SYSCONFDIR)/onehop/$$e ]; then echo "kept $(DESTDIR)$(SYSCONFDIR)/onehop/$$e"; \
+	  else install -m 0600 contrib/systemd/$$e $(DESTDIR)$(SYSCONFDIR)/onehop/$$e && echo "installed $(DESTDIR)$(SYSCONFDIR)/onehop/$$e"; fi; \
+	done
+	@# TODO(issue 19, item 4): link the CNI plugin, /opt/cni/bin/onehop -> $(PREFIX)/bin/onehop, once the binary acts as one.
+	@echo "next: edit $(SYSCONFDIR)/onehop/*.env, then systemctl daemon-reload && systemctl enable --now onehop-controller onehop-agent (docs/deploy.md)"
+
+# Removes what install put in place, except /etc/onehop (settings, keys).
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/onehop $(addprefix $(DESTDIR)$(UNITDIR)/,$(UNITS))
 
 clean:
 	rm -rf bin

@@ -105,7 +105,8 @@ type Agent struct {
 	drops, forwards map[string]uint64
 	arpStats        *intent.ARPStats
 	hooks           Hooks
-	shares          *Shares // each local VM's share of the slow path
+	readyOnce       sync.Once // hooks.Ready is called once
+	shares          *Shares   // each local VM's share of the slow path
 	dpRefused       map[netip.Addr]map[string]uint64
 	lists, relists  uint64 // full lists of the store, and those after a lost watch
 
@@ -155,6 +156,9 @@ type Hooks struct {
 	Departed func(ip netip.Addr)
 	// ARPStats reads the ARP engine's figures for the status record.
 	ARPStats func() intent.ARPStats
+	// Ready is called once, after the first pass that applied the whole
+	// desired state (the daemon tells systemd it is ready).
+	Ready func()
 }
 
 // SetHooks installs h; call it before Run.
@@ -641,6 +645,9 @@ func (a *Agent) pass(ctx context.Context, why string, events int) (intent.Desire
 		a.applied = d
 	}
 	a.noteStatus(d, err)
+	if err == nil && a.hooks.Ready != nil {
+		a.readyOnce.Do(a.hooks.Ready)
+	}
 	return d, err
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/ratelog"
+	"github.com/onehop/onehop/internal/sdnotify"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -126,7 +127,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats, Departed: func(ip netip.Addr) {
+	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats, Ready: readyNotifier(log), Departed: func(ip netip.Addr) {
 		// Where it went is the ARP engine's to find out on the next packet.
 		if err := k.ForgetMapping(ip); err != nil {
 			log.Warn("forget the mapping of a VM that left", "vm", ip, "err", err)
@@ -173,7 +174,14 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		defer srv.Close()
 		log.Info("serving metrics", "addr", ln.Addr().String()+"/metrics")
 	}
+	defer sdnotify.Tell(log, sdnotify.Stopping)
 	return a.Run(ctx)
+}
+
+// readyNotifier tells systemd the agent is ready: called after the first
+// pass that attached and reconciled everything desired (Hooks.Ready).
+func readyNotifier(log *slog.Logger) func() {
+	return func() { sdnotify.Tell(log, sdnotify.Ready, sdnotify.Status("attached and reconciled")) }
 }
 
 // EphemeralRange reads this network namespace's net.ipv4.ip_local_port_range.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/pki"
+	"github.com/onehop/onehop/internal/sdnotify"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
@@ -212,5 +213,8 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		}
 	}
 	log.Info("controller running", "etcd", endpoints)
+	// Only now: a unit ordered after this one finds the API answering.
+	sdnotify.Tell(log, sdnotify.Ready, sdnotify.Status("serving the REST API"))
+	defer sdnotify.Tell(log, sdnotify.Stopping)
 	return c.Run(ctx)
 }
