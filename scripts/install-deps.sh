@@ -23,6 +23,7 @@ declare -A need=(
   [ethtool]=ethtool        # vnat tests: checksum offload off, so the kernel verifies translated checksums
   [mptcpize]=mptcpize      # cloud-access bench: iperf3 servers speak MPTCP
   [socat]=socat            # e2e: an interactive program (socat) keeps its connection across a VNAT move
+  [systemd-analyze]=systemd # docs tests: the installed units pass systemd-analyze verify
 )
 missing=()
 for cmd in "${!need[@]}"; do
