@@ -92,6 +92,13 @@ func FuzzAPIVMBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body string) { send(t, "POST", "/v1/farms/blue/subnets/web/vms", body) })
 }
 
+func FuzzAPIHostBody(f *testing.F) {
+	seedBodies(f, `{"name":"h4"}`, `{"name":"h4","address":"192.168.100.44"}`, `{"name":"h1"}`, `{"name":"H4"}`,
+		`{"name":"fabric"}`, `{"name":"h5","address":"x"}`, `{"name":"web1"}`, `{"name":"h4","adress":"1.2.3.4"}`)
+	send := fuzzAPI(f)
+	f.Fuzz(func(t *testing.T, body string) { send(t, "POST", "/v1/hosts", body) })
+}
+
 func FuzzAPIMoveBody(f *testing.F) {
 	seedBodies(f, `{"host":"h2"}`, `{"host":"h1"}`, `{"host":"h9"}`, `{"host":""}`, `{"host":["h1"]}`, `{"to":"h2"}`)
 	send := fuzzAPI(f)
