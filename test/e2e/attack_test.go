@@ -121,10 +121,12 @@ func marked(w *watch, prefix string) []frame {
 // tag back on the wire.
 func TestAttackVLANTaggedFramesFromAVMNeverReachTheFabric(t *testing.T) {
 	l := upLab(t, attackLab)
-	// h1 maps web4 first, so a tagged frame would go straight out.
-	if err := l.ping("web1", l.ip("web4"), 1); err != nil {
-		t.Fatal(err)
-	}
+	// h1 maps web4 first, so a tagged frame would go straight out. The
+	// first echo waits for the ARP engine (-W 1 each): under load it can
+	// take longer, so the mapping is awaited, not one echo.
+	testenv.Eventually(t, "h1 to map web4 (a ping web1 -> web4 answered)", 10*time.Second, func() error {
+		return l.ping("web1", l.ip("web4"), 1)
+	})
 	fabric := l.watchFabric("web1", "web2")
 	web4 := l.watchVM("web4", "web2")
 	proveLive(t, "start", fabric, web4)
@@ -237,10 +239,11 @@ func TestAttackIPv4LongerThanItsFrameIsMalformedNotDelivered(t *testing.T) {
 // cannot draw a VM's traffic to itself unless the store places the VM there.
 func TestAttackTheFabricIsNotTrusted(t *testing.T) {
 	l := upLab(t, attackLab)
-	// h1 maps web2 (on h2) before the attack.
-	if err := l.ping("web1", l.ip("web2"), 1); err != nil {
-		t.Fatal(err)
-	}
+	// h1 maps web2 (on h2) before the attack (awaited: the first echo
+	// waits for the ARP engine).
+	testenv.Eventually(t, "h1 to map web2 (a ping web1 -> web2 answered)", 10*time.Second, func() error {
+		return l.ping("web1", l.ip("web2"), 1)
+	})
 	web1 := l.watchVM("web1", "web3")
 	web3 := l.watchVM("web3", "web1")
 	proveLive(t, "start", web1, web3)
