@@ -2,12 +2,11 @@ package agent
 
 import (
 	"errors"
-	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/sdnotify/sdnotifytest"
 )
 
 // Under systemd (Type=notify) the agent says READY=1 only after its first
@@ -15,13 +14,7 @@ import (
 // the datapath refuses it, and by the time the datagram arrives the
 // datapath holds the host's VMs.
 func TestTheAgentTellsSystemdItIsReadyAfterItsFirstSuccessfulPass(t *testing.T) {
-	dir := t.TempDir()
-	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify"), Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer notify.Close()
-	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify"))
+	notify := sdnotifytest.Listen(t)
 
 	s := newWatchedStore()
 	ifs := fakeInterfaces{"uplink0": 2}
@@ -37,10 +30,8 @@ func TestTheAgentTellsSystemdItIsReadyAfterItsFirstSuccessfulPass(t *testing.T) 
 	a.SetHooks(Hooks{Ready: readyNotifier(quiet())})
 	runAgent(t, a)
 
-	buf := make([]byte, 4096)
-	notify.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-	if n, err := notify.Read(buf); err == nil {
-		t.Fatalf("%q while every pass failed", buf[:n])
+	if got := notify.Receive(500 * time.Millisecond); got != "" {
+		t.Fatalf("%q while every pass failed", got)
 	}
 	if _, _, failures := a.Status(); failures == 0 {
 		t.Fatal("no pass failed yet: the test proves nothing")
@@ -48,12 +39,7 @@ func TestTheAgentTellsSystemdItIsReadyAfterItsFirstSuccessfulPass(t *testing.T) 
 	dp.mu.Lock()
 	dp.applyErr = nil
 	dp.mu.Unlock()
-	notify.SetReadDeadline(time.Now().Add(10 * time.Second))
-	n, err := notify.Read(buf)
-	if err != nil {
-		t.Fatalf("no READY=1 once the datapath took the desired state: %v", err)
-	}
-	if got := string(buf[:n]); got != "READY=1\nSTATUS=attached and reconciled\n" {
+	if got := notify.Receive(10 * time.Second); got != "READY=1\nSTATUS=attached and reconciled\n" {
 		t.Fatalf("notification %q, want READY=1 with its status", got)
 	}
 	st, _, _ := a.Status()
@@ -64,8 +50,7 @@ func TestTheAgentTellsSystemdItIsReadyAfterItsFirstSuccessfulPass(t *testing.T) 
 		t.Fatalf("READY=1 sent with %d of 3 VMs applied, uplink %q attached", endpoints, uplink)
 	}
 	// Once: later passes say nothing more.
-	notify.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if n, err := notify.Read(buf); err == nil {
-		t.Fatalf("a second notification %q", buf[:n])
+	if got := notify.Receive(300 * time.Millisecond); got != "" {
+		t.Fatalf("a second notification %q", got)
 	}
 }

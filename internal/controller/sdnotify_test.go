@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/onehop/onehop/internal/sdnotify/sdnotifytest"
 )
 
 // Under systemd (Type=notify) the controller says READY=1 only once its
@@ -16,12 +18,7 @@ import (
 // socket succeeds. STOPPING=1 follows when it is told to stop.
 func TestTheControllerTellsSystemdItIsReadyOnceItsAPIAnswers(t *testing.T) {
 	dir := t.TempDir()
-	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify"), Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer notify.Close()
-	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify"))
+	notify := sdnotifytest.Listen(t)
 	api := filepath.Join(dir, "api.sock")
 	cfg := DaemonConfig{DataDir: filepath.Join(dir, "etcd"), ClientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
 		PeerURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), APISocket: api, Topology: writeTopo(t), Insecure: true}
@@ -30,13 +27,7 @@ func TestTheControllerTellsSystemdItIsReadyOnceItsAPIAnswers(t *testing.T) {
 	go func() { done <- RunDaemon(ctx, cfg, quietLog()) }()
 	defer func() { cancel(); <-done }()
 
-	buf := make([]byte, 4096)
-	notify.SetReadDeadline(time.Now().Add(30 * time.Second))
-	n, err := notify.Read(buf)
-	if err != nil {
-		t.Fatalf("no READY=1 from the controller: %v", err)
-	}
-	if got := string(buf[:n]); got != "READY=1\nSTATUS=serving the REST API\n" {
+	if got := notify.Receive(30 * time.Second); got != "READY=1\nSTATUS=serving the REST API\n" {
 		t.Fatalf("first notification %q, want READY=1 with its status", got)
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
@@ -63,8 +54,7 @@ func TestTheControllerTellsSystemdItIsReadyOnceItsAPIAnswers(t *testing.T) {
 		t.Fatalf("controller: %v", err)
 	}
 	done <- nil // for the deferred wait
-	notify.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err = notify.Read(buf); err != nil || string(buf[:n]) != "STOPPING=1\n" {
-		t.Fatalf("after the stop: %q, %v; want STOPPING=1", buf[:n], err)
+	if got := notify.Receive(5 * time.Second); got != "STOPPING=1\n" {
+		t.Fatalf("after the stop: %q; want STOPPING=1", got)
 	}
 }
