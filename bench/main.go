@@ -12,6 +12,11 @@
 //   - bridge:   vm1 -> vm2 in that bridge lab: a Linux bridge per host and
 //     no virtualization (the physical reference);
 //   - veth:     one raw veth pair between two namespaces (the floor);
+//   - tapguest, tapguest-plain: a guest on a tap on h1 -> vm2 on h2, the
+//     onehop scenario's path from a QEMU-like guest: a namespace whose NIC
+//     is a tap, joined to h1's tap by a relay process copying frames
+//     between the two fds, with a vnet_hdr and offloads or without
+//     (scenario_tapguest.go, taprelay.go, docs/guests.md);
 //   - vnat-base, vnat1, vnat2: connection migration's configurations (no
 //     VNAT, VNAT with nothing migrated, every connection migrated), with
 //     request/response and connection setup rates too; vnat-restore: the

@@ -11,6 +11,8 @@ var scenarios = []*Scenario{
 	router2Scenario,
 	bridgeScenario,
 	vethScenario,
+	tapGuestScenario,
+	tapGuestPlainScenario,
 	sliverScenario,
 	psHostScenario,
 	natScenario,

@@ -157,12 +157,7 @@ func vnatEnds(a, ia, b, ib string, move bool, in io.Reader, out io.Writer) (err 
 }
 
 // vnatHolder is a running vnatends helper.
-type vnatHolder struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines *bufio.Scanner
-	done  chan struct{}
-}
+type vnatHolder struct{ *helperProc }
 
 // holdVNATEnds starts a vnatends helper for the pair and waits until it is
 // ready; cleanup tells it to quit.
@@ -171,48 +166,11 @@ func holdVNATEnds(ctx context.Context, e *Env, a, ia, b, ib string, move bool) (
 	if move {
 		args = append(args, "-move")
 	}
-	argv, err := helperArgv(vnatEndsArg, args...)
+	h, err := startHelper(ctx, e, vnatEndsArg, args...)
 	if err != nil {
 		return nil, err
 	}
-	h := &vnatHolder{cmd: command(context.Background(), argv...), done: make(chan struct{})}
-	var stderr strings.Builder
-	h.cmd.Stderr = &stderr
-	if h.in, err = h.cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	stdout, err := h.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := h.cmd.Start(); err != nil {
-		return nil, err
-	}
-	h.lines = bufio.NewScanner(stdout)
-	h.lines.Buffer(make([]byte, 64<<10), 1<<20)
-	e.OnCleanup(h.stop)
-	line, err := h.readLine(ctx, 2*time.Minute)
-	if err != nil || line != "ready" {
-		h.stop() //nolint:errcheck // reporting the first failure
-		return nil, fmt.Errorf("vnatends %s %s: %q %v: %s", a, b, line, err, stderr.String())
-	}
-	return h, nil
-}
-
-func (h *vnatHolder) readLine(ctx context.Context, timeout time.Duration) (string, error) {
-	got := make(chan bool, 1)
-	go func() { got <- h.lines.Scan() }()
-	select {
-	case ok := <-got:
-		if !ok {
-			return "", fmt.Errorf("the helper ended: %v", h.lines.Err())
-		}
-		return h.lines.Text(), nil
-	case <-ctx.Done():
-		return "", context.Cause(ctx)
-	case <-time.After(timeout):
-		return "", fmt.Errorf("no answer in %v", timeout)
-	}
+	return &vnatHolder{h}, nil
 }
 
 // counters are both ends' VNAT counters: "a.NAME", "b.NAME".
@@ -235,25 +193,4 @@ func (h *vnatHolder) counters(ctx context.Context) (map[string]float64, error) {
 		}
 	}
 	return out, nil
-}
-
-// stop tells the helper to quit (it unloads everything) and waits.
-func (h *vnatHolder) stop() error {
-	select {
-	case <-h.done:
-		return nil
-	default:
-	}
-	defer close(h.done)
-	fmt.Fprintln(h.in, "quit") //nolint:errcheck // it may be gone already
-	h.in.Close()
-	exited := make(chan error, 1)
-	go func() { exited <- h.cmd.Wait() }()
-	select {
-	case err := <-exited:
-		return err
-	case <-time.After(10 * time.Second):
-		h.cmd.Process.Kill() //nolint:errcheck // stuck
-		return fmt.Errorf("vnatends %v: killed after 10 s", h.cmd.Args[2:])
-	}
 }

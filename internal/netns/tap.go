@@ -12,8 +12,38 @@ import (
 // is made down, and closing the descriptor deletes it. nonblock opens it
 // O_NONBLOCK, for a reader on Go's poller (os.NewFile).
 func OpenTap(path, name string, nonblock bool) (int, error) {
+	return OpenTapWith(path, name, TapOptions{Nonblock: nonblock})
+}
+
+// Offloads a tap's reader accepts (linux/if_tun.h TUN_F_*), for
+// TapOptions.Offloads: the device may then send it frames that still need
+// a checksum (TunCsum) or segmenting (TunTSO4, TunTSO6), described by the
+// vnet_hdr in front of each.
+const (
+	TunCsum = 0x01
+	TunTSO4 = 0x02
+	TunTSO6 = 0x04
+)
+
+// TapOptions are how OpenTapWith opens a tap.
+type TapOptions struct {
+	Nonblock bool
+	// VnetHdr puts a struct virtio_net_hdr (10 bytes) in front of every
+	// frame read or written, as QEMU's virtio-net backend does: a frame
+	// may then be a GSO superpacket or lack its checksum.
+	VnetHdr bool
+	// Offloads (TunCsum|TunTSO4|...) the reader accepts, set with
+	// TUNSETOFFLOAD; only with VnetHdr.
+	Offloads int
+}
+
+// OpenTapWith is OpenTap with options.
+func OpenTapWith(path, name string, o TapOptions) (int, error) {
+	if o.Offloads != 0 && !o.VnetHdr {
+		return -1, fmt.Errorf("tap %s: offloads need a vnet_hdr", name)
+	}
 	flags := unix.O_RDWR | unix.O_CLOEXEC
-	if nonblock {
+	if o.Nonblock {
 		flags |= unix.O_NONBLOCK
 	}
 	var fd int
@@ -26,8 +56,17 @@ func OpenTap(path, name string, nonblock bool) (int, error) {
 		}
 		ifr, err := unix.NewIfreq(name)
 		if err == nil {
-			ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+			tf := uint16(unix.IFF_TAP | unix.IFF_NO_PI)
+			if o.VnetHdr {
+				tf |= unix.IFF_VNET_HDR
+			}
+			ifr.SetUint16(tf)
 			err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
+		}
+		if err == nil && o.Offloads != 0 {
+			if err = unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, o.Offloads); err != nil {
+				err = fmt.Errorf("set offloads %#x: %w", o.Offloads, err)
+			}
 		}
 		if err != nil {
 			unix.Close(fd)
