@@ -65,6 +65,13 @@ func (Links) Add(s cni.LinkSpec) (string, error) {
 	}
 	defer ns.Close()
 	defer h.Close()
+	if self, err := netns.Get(); err == nil {
+		same := self.Equal(ns)
+		self.Close()
+		if same {
+			return "", fmt.Errorf("%s is the host's own network namespace, not a container's", s.Netns)
+		}
+	}
 	if _, err := h.LinkByName(s.IfName); err == nil {
 		return "", fmt.Errorf("%s already has an interface %s", s.Netns, s.IfName)
 	}

@@ -83,6 +83,11 @@ func TestPrivilegedContainerLinkStaysDownUntilUpAndGoesWithoutATrace(t *testing.
 		if err := cni.CheckLink(vm, "eth0", st); err != nil {
 			return fmt.Errorf("CheckLink of the link as made and brought up: %v (%+v)", err, st)
 		}
+		own := spec
+		own.Netns = netns.Path(host)
+		if _, err := l.Add(own); err == nil || !strings.Contains(err.Error(), "the host's own network namespace") {
+			return fmt.Errorf("Add into the host's own namespace: %v, want it refused", err)
+		}
 		if _, err := l.Add(spec); err == nil || !strings.Contains(err.Error(), "already has an interface eth0") {
 			return fmt.Errorf("a second Add: %v, want it refused naming eth0", err)
 		}

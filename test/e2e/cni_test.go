@@ -25,16 +25,6 @@ import (
 	"github.com/onehop/onehop/internal/testenv"
 )
 
-// cniLab has a lab VM on h2; the containers are added by the test.
-const cniLab = `name: %s
-hosts: [{name: h1}, {name: h2}]
-farms:
-  - name: blue
-    subnets: [{name: web}]
-vms:
-  - {name: web2, host: h2, subnet: blue/web}
-`
-
 // cniHost is one lab host seen as a container runtime sees its host: a
 // CNI_PATH with the onehop plugin and a NETCONFPATH with the network
 // config (docs/guests.md's), both used by the real cnitool run inside
@@ -137,10 +127,12 @@ func (c *container) ping(ip string, count int) error {
 // the VM's record: address, gateway, MAC, interfaces and DNS.
 func (h *cniHost) add(t *testing.T, c *container) cni.Result {
 	t.Helper()
+	start := time.Now()
 	out, err := h.cnitool("add", c.path)
 	if err != nil {
 		t.Fatalf("cnitool add %s on %s: %v\n%s", c.name, h.host, err, out)
 	}
+	t.Logf("cnitool add %s on %s (lab exec, cnitool, plugin, agent): %s", c.name, h.host, time.Since(start).Round(time.Millisecond))
 	var r cni.Result
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("cnitool add %s: result: %v\n%s", c.name, err, out)
@@ -204,7 +196,7 @@ func (l *testLab) vmNames() string {
 // leaves nothing.
 func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T) {
 	testenv.RequireTool(t, "cnitool", "nsenter")
-	l := upLab(t, cniLab)
+	l := upLab(t, tapGuestLab) // a lab VM on h2; the containers are the test's
 	h1, h2 := newCNIHost(t, l, "h1", "blue"), newCNIHost(t, l, "h2", "blue")
 	c1, c2 := newContainer(t, "c1"), newContainer(t, "c2")
 	// Whatever happens, the VMs go and libcni's cache with them.
