@@ -191,9 +191,10 @@ func (l *testLab) vmNames() string {
 // plugin with the real cnitool: two containers on two hosts get their
 // addresses, reach each other and a lab VM; CHECK passes, and fails once
 // the container's address is gone; DEL removes the VM and every link, a
-// second DEL and a DEL after the namespace went succeed; an ADD with a
-// farm the controller does not have is a CNI error naming the farm, and
-// leaves nothing.
+// second DEL and a DEL after the namespace went succeed; an ADD for
+// another host times out waiting for the attach; STATUS and an
+// ADD with a farm the controller does not have are CNI errors naming the
+// farm, and the ADD leaves nothing.
 func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T) {
 	testenv.RequireTool(t, "cnitool", "nsenter")
 	l := upLab(t, tapGuestLab) // a lab VM on h2; the containers are the test's
@@ -271,24 +272,54 @@ func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T
 		t.Errorf("after DEL, h2 still has %s:\n%s", intent.VifName(c2.vm), links)
 	}
 
+	// A config naming another host than the one the plugin runs on: no
+	// agent attaches to the veth (h2's has no such link, h1's no such
+	// VM), so ADD waits attachTimeout, fails naming the host, and leaves
+	// nothing. An ADD that did not wait for the attach would succeed.
+	wrong := newCNIHost(t, l, "h1", "blue")
+	st, err := lab.Load(testRoot, l.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.Replace(cniConfig(st, wrong.network, "blue", "h2"), `"attachTimeout": "10s"`, `"attachTimeout": "1s"`, 1)
+	if err := os.WriteFile(filepath.Join(wrong.confDir, wrong.network+".conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c4 := newContainer(t, "c4")
+	t.Cleanup(func() { wrong.cnitool("del", c4.path) }) // were it added after all
+	if out, err := wrong.cnitool("add", c4.path); err == nil || !strings.Contains(out, "host h2's agent did not attach to "+intent.VifName(c4.vm)+" within 1s") {
+		t.Fatalf("cnitool add on h1 for host h2: %v, want it to time out naming h2's agent\n%s", err, out)
+	}
+	if vms := l.vmNames(); strings.Contains(vms, c4.vm) {
+		t.Errorf("an ADD that timed out left its VM %s:\n%s", c4.vm, vms)
+	}
+	if links := l.hostLinks("h1"); strings.Contains(links, intent.VifName(c4.vm)) {
+		t.Errorf("an ADD that timed out left %s on h1:\n%s", intent.VifName(c4.vm), links)
+	}
+
 	// A farm the controller does not have: a CNI error naming it, and
 	// nothing made.
 	bad := newCNIHost(t, l, "h1", "nofarm")
 	c3 := newContainer(t, "c3")
+	if out, err := h1.cnitool("status", c3.path); err != nil {
+		t.Errorf("cnitool status on h1: %v\n%s", err, out)
+	}
+	if out, err := bad.cnitool("status", c3.path); err == nil || !strings.Contains(out, `farm "nofarm"`) {
+		t.Errorf("cnitool status with farm nofarm: %v, want it unavailable naming the farm\n%s", err, out)
+	}
 	out, err := bad.cnitool("add", c3.path)
 	if err == nil || !strings.Contains(out, `farm "nofarm": the controller has no such farm`) {
 		t.Fatalf("cnitool add with farm nofarm: %v, want an error naming the farm\n%s", err, out)
 	}
 	// The plugin's own answer, as any runtime reads it: the error object
 	// with the code of a bad config.
-	conf := filepath.Join(t.TempDir(), "nofarm.json")
-	st, _ := lab.Load(testRoot, l.name)
+	confFile := filepath.Join(t.TempDir(), "nofarm.json")
 	one := strings.Replace(strings.Replace(cniConfig(st, bad.network, "nofarm", "h1"), `"plugins": [{`, `"type": "onehop",`, 1), "}]\n}", "}", 1)
-	if err := os.WriteFile(conf, []byte(one), 0o644); err != nil {
+	if err := os.WriteFile(confFile, []byte(one), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, err = l.in("h1", "sh", "-c", fmt.Sprintf("CNI_COMMAND=ADD CNI_CONTAINERID=%s CNI_NETNS=%s CNI_IFNAME=eth0 CNI_PATH=%s %s < %s",
-		c3.id, c3.path, bad.path, filepath.Join(bad.path, "onehop"), conf))
+		c3.id, c3.path, bad.path, filepath.Join(bad.path, "onehop"), confFile))
 	var e cni.Error
 	if err == nil || json.Unmarshal([]byte(out), &e) != nil || e.Code != cni.ErrInvalidConfig || !strings.Contains(e.Msg, `farm "nofarm"`) {
 		t.Fatalf("the plugin's ADD with farm nofarm: %v, want the error object with code %d naming the farm:\n%s", err, cni.ErrInvalidConfig, out)
