@@ -13,6 +13,7 @@ all: build
 
 deps:
 	@bash scripts/install-deps.sh
+	@bash scripts/install-go-tools.sh
 
 build:
 	$(GO) build -o $(BIN) ./cmd/onehop
@@ -97,7 +98,8 @@ bench-scale: deps build
 	$(GO) run ./bench/scale -binary $(BIN) -out bench/results/scale-embedded.json $(SCALE_ARGS)
 	$(GO) run ./bench/scale -binary $(BIN) -cluster -out bench/results/scale-cluster.json $(SCALE_ARGS)
 
-# Install the binary and the systemd units (contrib/systemd/, docs/deploy.md).
+# Install the binary, the systemd units (contrib/systemd/, docs/deploy.md)
+# and the CNI plugin's link (CNIBINDIR, docs/guests.md).
 # PREFIX and DESTDIR as usual; the units' ExecStart is pointed at
 # $(PREFIX)/bin. The example env files go to /etc/onehop only where none is
 # there yet: an operator's settings are never overwritten.
@@ -105,6 +107,8 @@ PREFIX ?= /usr/local
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= /etc
 UNITS := onehop-controller.service onehop-agent.service
+# Where container runtimes look for CNI plugins.
+CNIBINDIR ?= /opt/cni/bin
 install: build
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/onehop
 	install -d -m 0755 $(DESTDIR)$(UNITDIR)
@@ -117,12 +121,15 @@ install: build
 	  if [ -e $(DESTDIR)$(SYSCONFDIR)/onehop/$$e ]; then echo "kept $(DESTDIR)$(SYSCONFDIR)/onehop/$$e"; \
 	  else install -m 0600 contrib/systemd/$$e $(DESTDIR)$(SYSCONFDIR)/onehop/$$e && echo "installed $(DESTDIR)$(SYSCONFDIR)/onehop/$$e"; fi; \
 	done
-	@# TODO(issue 19, item 4): link the CNI plugin, /opt/cni/bin/onehop -> $(PREFIX)/bin/onehop, once the binary acts as one.
+	@# The CNI plugin is the binary itself (run with CNI_COMMAND set; docs/guests.md).
+	install -d -m 0755 $(DESTDIR)$(CNIBINDIR)
+	ln -sfn $(PREFIX)/bin/onehop $(DESTDIR)$(CNIBINDIR)/onehop
+	@echo "installed $(DESTDIR)$(CNIBINDIR)/onehop -> $(PREFIX)/bin/onehop (the CNI plugin)"
 	@echo "next: edit $(SYSCONFDIR)/onehop/*.env, then systemctl daemon-reload && systemctl enable --now onehop-controller onehop-agent (docs/deploy.md)"
 
 # Removes what install put in place, except /etc/onehop (settings, keys).
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/onehop $(addprefix $(DESTDIR)$(UNITDIR)/,$(UNITS))
+	rm -f $(DESTDIR)$(PREFIX)/bin/onehop $(addprefix $(DESTDIR)$(UNITDIR)/,$(UNITS)) $(DESTDIR)$(CNIBINDIR)/onehop
 
 clean:
 	rm -rf bin

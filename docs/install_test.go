@@ -40,9 +40,9 @@ func mode(t *testing.T, path string) os.FileMode {
 }
 
 // `make install` puts the binary, the units (pointed at the binary's
-// PREFIX) and the example settings under DESTDIR; a second install keeps
-// the operator's settings; `make uninstall` removes the binary and units
-// and leaves /etc/onehop alone.
+// PREFIX), the CNI plugin's link and the example settings under DESTDIR;
+// a second install keeps the operator's settings; `make uninstall` removes
+// the binary, units and link and leaves /etc/onehop alone.
 func TestMakeInstallPutsTheBinaryUnitsAndSettingsInPlace(t *testing.T) {
 	dest := t.TempDir()
 	vars := []string{"DESTDIR=" + dest, "PREFIX=/opt/onehop"}
@@ -61,6 +61,12 @@ func TestMakeInstallPutsTheBinaryUnitsAndSettingsInPlace(t *testing.T) {
 			t.Errorf("%s: ExecStart is not /opt/onehop/bin/onehop, or the unit is not Type=notify:\n%s", path, b)
 		}
 	}
+	// The CNI plugin's link, where runtimes look, naming the installed
+	// binary as it will be once DESTDIR is the root.
+	plugin := filepath.Join(dest, "opt/cni/bin/onehop")
+	if target, err := os.Readlink(plugin); err != nil || target != "/opt/onehop/bin/onehop" {
+		t.Errorf("%s: link to %q (%v), want /opt/onehop/bin/onehop", plugin, target, err)
+	}
 	settings := filepath.Join(dest, "etc/onehop")
 	if m := mode(t, settings); m != 0o700 {
 		t.Errorf("%s: mode %o, want 700", settings, m)
@@ -78,8 +84,8 @@ func TestMakeInstallPutsTheBinaryUnitsAndSettingsInPlace(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(settings, "agent.env")); string(b) != string(mine) {
 		t.Errorf("a second install replaced the operator's agent.env with:\n%s", b)
 	}
-	for _, gone := range []string{bin, filepath.Join(dest, "opt/onehop/lib/systemd/system/onehop-agent.service")} {
-		if _, err := os.Stat(gone); !os.IsNotExist(err) {
+	for _, gone := range []string{bin, filepath.Join(dest, "opt/onehop/lib/systemd/system/onehop-agent.service"), plugin} {
+		if _, err := os.Lstat(gone); !os.IsNotExist(err) {
 			t.Errorf("after make uninstall: %s: %v, want it gone", gone, err)
 		}
 	}
@@ -93,7 +99,7 @@ func TestMakeInstallPutsTheBinaryUnitsAndSettingsInPlace(t *testing.T) {
 func TestTheInstalledUnitsPassSystemdAnalyzeVerify(t *testing.T) {
 	testenv.RequireTool(t, "systemd-analyze")
 	prefix := t.TempDir()
-	installTree(t, []string{"PREFIX=" + prefix, "SYSCONFDIR=" + filepath.Join(prefix, "etc")})
+	installTree(t, []string{"PREFIX=" + prefix, "SYSCONFDIR=" + filepath.Join(prefix, "etc"), "CNIBINDIR=" + filepath.Join(prefix, "cni")})
 	units, _ := filepath.Glob(filepath.Join(prefix, "lib/systemd/system/*.service"))
 	if len(units) != 2 {
 		t.Fatalf("installed units %v, want 2", units)

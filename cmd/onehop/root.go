@@ -53,6 +53,9 @@ func nouns() []noun {
 }
 
 func main() {
+	if cniPlugin() {
+		os.Exit(runCNI())
+	}
 	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "onehop:", err)
 		os.Exit(1)
