@@ -24,6 +24,10 @@ declare -A need=(
   [mptcpize]=mptcpize      # cloud-access bench: iperf3 servers speak MPTCP
   [socat]=socat            # e2e: an interactive program (socat) keeps its connection across a VNAT move
   [systemd-analyze]=systemd # docs tests: the installed units pass systemd-analyze verify
+  [qemu-system-x86_64]=qemu-system-x86  # e2e: a real QEMU guest on a tap (TCG: no KVM needed)
+  [cpio]=cpio              # e2e: packs the QEMU guest's initramfs
+  [virt-xml-validate]=libvirt-clients  # docs test: the libvirt <interface> XML validates against libvirt's schema
+  [xmllint]=libxml2-utils  # virt-xml-validate runs it (a Recommends, which install-deps does not install)
 )
 missing=()
 for cmd in "${!need[@]}"; do
@@ -33,6 +37,10 @@ done
 [ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 # linux uapi headers for asm/ types under the multiarch include path.
 [ -d /usr/include/x86_64-linux-gnu/asm ] || missing+=(linux-libc-dev)
+# The QEMU guest's kernel and its virtio modules (a file, not a command:
+# the host's own kernel is not used), and a static busybox for its /init.
+compgen -G '/boot/vmlinuz-*' >/dev/null || missing+=(linux-image-amd64)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
 
 if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
   missing+=(golang-go)

@@ -184,6 +184,22 @@ func (l *testLab) vmRecord(full string) intent.VM {
 	return intent.VM{}
 }
 
+// awaitTapVif waits until host's agent has attached to ifname and holds it
+// as a tap (onehop stats: "tap vifs: IFNAME").
+func (l *testLab) awaitTapVif(host, ifname string) {
+	l.t.Helper()
+	testenv.Eventually(l.t, host+"'s agent to attach to "+ifname+" as a tap", 10*time.Second, func() error {
+		out, err := l.cli("stats", "--node", host)
+		if err != nil {
+			return fmt.Errorf("onehop stats: %v: %s", err, out)
+		}
+		if !strings.Contains(out, "tap vifs: "+ifname+"\n") {
+			return fmt.Errorf("no %q in:\n%s", "tap vifs: "+ifname, out)
+		}
+		return nil
+	})
+}
+
 func TestPrivilegedTapGuestGetsALeaseResolvesAndPingsALabVMAndCannotSpoof(t *testing.T) {
 	l := upLab(t, tapGuestLab)
 	const tapName = "tapg1"
@@ -199,16 +215,7 @@ func TestPrivilegedTapGuestGetsALeaseResolvesAndPingsALabVMAndCannotSpoof(t *tes
 	web2 := netip.MustParseAddr(l.ip("web2"))
 
 	// (1) h1's agent attached to the tap and knows it for one.
-	testenv.Eventually(t, "h1's agent to attach to "+tapName+" as a tap", 10*time.Second, func() error {
-		out, err := l.cli("stats", "--node", "h1")
-		if err != nil {
-			return fmt.Errorf("onehop stats: %v: %s", err, out)
-		}
-		if !strings.Contains(out, "tap vifs: "+tapName+"\n") {
-			return fmt.Errorf("no %q in:\n%s", "tap vifs: "+tapName, out)
-		}
-		return nil
-	})
+	l.awaitTapVif("h1", tapName)
 
 	// (2) DHCP from raw frames: DISCOVER -> OFFER, REQUEST -> ACK, both
 	// with the VM's intent address, from its gateway.
