@@ -72,17 +72,18 @@ func (l Limits) Or(d Limits) Limits {
 }
 
 // Validate says which limit is negative, under the names the daemon's
-// flags give them (perSource, total, idle: e.g. "--max-conns-per-source").
+// flags give them (e.g. "--max-conns-per-source"). A zero limit is one the
+// caller fills with Or from its defaults.
 func (l Limits) Validate(perSource, total, idle string) error {
 	var errs []error
 	if l.PerSource < 0 {
-		errs = append(errs, fmt.Errorf("%s %d: want 0 (no cap) or more", perSource, l.PerSource))
+		errs = append(errs, fmt.Errorf("%s %d: want a positive number of connections", perSource, l.PerSource))
 	}
 	if l.Total < 0 {
-		errs = append(errs, fmt.Errorf("%s %d: want 0 (no cap) or more", total, l.Total))
+		errs = append(errs, fmt.Errorf("%s %d: want a positive number of connections", total, l.Total))
 	}
 	if l.Idle < 0 {
-		errs = append(errs, fmt.Errorf("%s %s: want 0 (none) or more", idle, l.Idle))
+		errs = append(errs, fmt.Errorf("%s %s: want a positive duration, e.g. 10s", idle, l.Idle))
 	}
 	return errors.Join(errs...)
 }
@@ -330,12 +331,12 @@ func (c *Conn) Write(b []byte) (int, error) {
 	return c.io(b, c.Conn.Write, &c.userWrite, &c.armedWrite, c.Conn.SetWriteDeadline)
 }
 
-/* io runs one read or write under an idle deadline. The deadline counts
-   from the later of the call's start and the last byte moved either way,
-   so a read waiting while the other direction streams (a relay's one-way
-   transfer) is not idle; when it fires with bytes moved meanwhile it is
-   set again. The caller's own deadline, if earlier, wins and is returned
-   as it is. */
+// io runs one read or write under an idle deadline. The deadline counts
+// from the later of the call's start and the last byte moved either way,
+// so a read waiting while the other direction streams (a relay's one-way
+// transfer) is not idle; when it fires with bytes moved meanwhile it is
+// set again. The caller's own deadline, if earlier, wins and is returned
+// as it is.
 func (c *Conn) io(b []byte, op func([]byte) (int, error), user, armed *time.Time, set func(time.Time) error) (int, error) {
 	start := time.Now()
 	idle := c.l.lim.Idle

@@ -164,7 +164,7 @@ func FloodAndRecover(t *testing.T, name string, exchange func(net.Conn) error) {
 	})
 	c := &child{in: inW, out: bufio.NewScanner(out)}
 	if !c.out.Scan() {
-		t.Fatalf("the child said nothing: %v\n%s", c.out.Err(), stderr)
+		t.Fatalf("the child said nothing: %v", c.out.Err())
 	}
 	addr, ok := strings.CutPrefix(c.out.Text(), "listen ")
 	if !ok {
@@ -185,7 +185,7 @@ func FloodAndRecover(t *testing.T, name string, exchange func(net.Conn) error) {
 		return nil
 	}
 	if err := try("control, before the flood"); err != nil {
-		t.Fatal(testenv.WithLogs(err, stderr))
+		t.Fatal(err)
 	}
 
 	var flood []net.Conn
@@ -206,6 +206,6 @@ func FloodAndRecover(t *testing.T, name string, exchange func(net.Conn) error) {
 	testenv.Eventually(t, "the child's accept failing with EMFILE under the flood", 20*time.Second, func() bool { return c.emfile(t) > 0 })
 	closeFlood()
 	if err := try("after the flood went away"); err != nil {
-		t.Fatal(testenv.WithLogs(fmt.Errorf("%w (the accept loop did not serve again after EMFILE; %d EMFILE seen)", err, c.emfile(t)), stderr))
+		t.Fatalf("%v (the accept loop did not serve again after EMFILE; %d EMFILE seen)", err, c.emfile(t))
 	}
 }
