@@ -4,8 +4,6 @@
 package controller
 
 import (
-	"github.com/onehop/onehop/internal/accept"
-
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/limits"
