@@ -146,18 +146,6 @@ func listen(t *testing.T, o Options) *Listener {
 	return Wrap(nl, o)
 }
 
-// dialFrom connects to l from the loopback address src.
-func dialFrom(t *testing.T, l net.Listener, src string) net.Conn {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
-	c, err := d.Dial("tcp4", l.Addr().String())
-	if err != nil {
-		t.Fatalf("dial from %s: %v", src, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // closedByServer: the server closed c without a byte.
 func closedByServer(t *testing.T, c net.Conn) {
 	t.Helper()
@@ -175,15 +163,15 @@ func TestOneSourceAtItsCapLeavesOthersServed(t *testing.T) {
 	conns := serve(t, l)
 	var held []net.Conn
 	for range 3 {
-		dialFrom(t, l, "127.0.0.1")
+		accepttest.DialFrom(t, l.Addr(), "127.0.0.1")
 		held = append(held, <-conns)
 	}
-	over := dialFrom(t, l, "127.0.0.1")
+	over := accepttest.DialFrom(t, l.Addr(), "127.0.0.1")
 	closedByServer(t, over)
 	if got := l.Counters()["refused_per_source"]; got != 1 {
 		t.Fatalf("refused_per_source %d, want 1", got)
 	}
-	other := dialFrom(t, l, "127.0.0.2")
+	other := accepttest.DialFrom(t, l.Addr(), "127.0.0.2")
 	srv := <-conns
 	if got := srv.(*Conn).Source(); got != netip.MustParseAddr("127.0.0.2") {
 		t.Fatalf("served %v, want 127.0.0.2", got)
@@ -195,7 +183,7 @@ func TestOneSourceAtItsCapLeavesOthersServed(t *testing.T) {
 		t.Fatalf("the other source's connection: %v", err)
 	}
 	held[0].Close()
-	dialFrom(t, l, "127.0.0.1")
+	accepttest.DialFrom(t, l.Addr(), "127.0.0.1")
 	if got := (<-conns).(*Conn).Source(); got != netip.MustParseAddr("127.0.0.1") {
 		t.Fatalf("after a slot came back, served %v, want 127.0.0.1", got)
 	}
@@ -205,11 +193,11 @@ func TestOneSourceAtItsCapLeavesOthersServed(t *testing.T) {
 func TestConnectionsOverTheTotalAreRefused(t *testing.T) {
 	l := listen(t, Options{Name: "t", Limits: Limits{PerSource: 5, Total: 2}})
 	conns := serve(t, l)
-	dialFrom(t, l, "127.0.0.1")
+	accepttest.DialFrom(t, l.Addr(), "127.0.0.1")
 	<-conns
-	dialFrom(t, l, "127.0.0.2")
+	accepttest.DialFrom(t, l.Addr(), "127.0.0.2")
 	<-conns
-	closedByServer(t, dialFrom(t, l, "127.0.0.3"))
+	closedByServer(t, accepttest.DialFrom(t, l.Addr(), "127.0.0.3"))
 	if c := l.Counters(); c["refused_total"] != 1 || c["refused_per_source"] != 0 || c["open"] != 2 {
 		t.Fatalf("counters %v, want refused_total 1, open 2", c)
 	}
@@ -220,7 +208,7 @@ func TestConnectionsOverTheTotalAreRefused(t *testing.T) {
 func TestAnIdleConnectionEndsAndIsCounted(t *testing.T) {
 	l := listen(t, Options{Name: "t", Limits: Limits{Idle: 50 * time.Millisecond}})
 	conns := serve(t, l)
-	cl := dialFrom(t, l, "127.0.0.1")
+	cl := accepttest.DialFrom(t, l.Addr(), "127.0.0.1")
 	srv := <-conns
 	srv.SetDeadline(time.Now().Add(time.Hour))
 	// control: a byte sent is read
@@ -244,7 +232,7 @@ func TestAnIdleConnectionEndsAndIsCounted(t *testing.T) {
 func TestTheCallersEarlierDeadlineWins(t *testing.T) {
 	l := listen(t, Options{Name: "t", Limits: Limits{Idle: time.Hour}})
 	conns := serve(t, l)
-	dialFrom(t, l, "127.0.0.1")
+	accepttest.DialFrom(t, l.Addr(), "127.0.0.1")
 	srv := <-conns
 	srv.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	if _, err := srv.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -261,7 +249,7 @@ func TestAReadWaitingWhileTheOtherDirectionMovesIsNotIdle(t *testing.T) {
 	idle := time.Second
 	l := listen(t, Options{Name: "t", Limits: Limits{Idle: idle}})
 	conns := serve(t, l)
-	cl := dialFrom(t, l, "127.0.0.1")
+	cl := accepttest.DialFrom(t, l.Addr(), "127.0.0.1")
 	srv := <-conns
 	go io.Copy(io.Discard, cl)
 	stop := make(chan struct{})

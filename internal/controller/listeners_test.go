@@ -1,12 +1,12 @@
 package controller
 
 import (
-	"net"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/onehop/onehop/internal/accept"
+	"github.com/onehop/onehop/internal/accept/accepttest"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -26,22 +26,13 @@ func TestLocationServerRefusalsShowInMetrics(t *testing.T) {
 	if got := metric(t, srv.URL, sample); got != "0" {
 		t.Fatalf("%s = %s before any stream, want 0", sample, got)
 	}
-	dial := func(src string) net.Conn {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
-		conn, err := d.Dial("tcp4", addr.String())
-		if err != nil {
-			t.Fatalf("dial from %s: %v", src, err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return conn
-	}
 	for range 2 {
-		dial("127.0.0.1")
+		accepttest.DialFrom(t, addr, "127.0.0.1")
 	}
 	testenv.Eventually(t, "two streams open", 10*time.Second, func() bool {
 		return metric(t, srv.URL, `onehop_listener_open_connections{listener="location"}`) == "2"
 	})
-	over := dial("127.0.0.1")
+	over := accepttest.DialFrom(t, addr, "127.0.0.1")
 	over.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if n, err := over.Read(make([]byte, 1)); n != 0 || err == nil {
 		t.Fatalf("a third stream from one source: read %d, %v; want it closed", n, err)
@@ -49,7 +40,7 @@ func TestLocationServerRefusalsShowInMetrics(t *testing.T) {
 	if got := metric(t, srv.URL, sample); got != "1" {
 		t.Fatalf("%s = %s, want 1", sample, got)
 	}
-	dial("127.0.0.2")
+	accepttest.DialFrom(t, addr, "127.0.0.2")
 	testenv.Eventually(t, "another source's stream open", 10*time.Second, func() bool {
 		return metric(t, srv.URL, `onehop_listener_open_connections{listener="location"}`) == "3"
 	})

@@ -7,22 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept/accepttest"
 	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/vcmp"
 )
-
-// dialFrom opens a stream to the server at addr from the loopback address
-// src (the whole of 127/8 is this host's).
-func dialFrom(t *testing.T, addr net.Addr, src string) net.Conn {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
-	c, err := d.Dial("tcp4", addr.String())
-	if err != nil {
-		t.Fatalf("dial from %s: %v", src, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
 
 // locate is one exchange, a daemon's locate walk's last resort.
 func locate(c net.Conn) error {
@@ -52,7 +40,7 @@ func TestOneSourceHoldingItsStreamsLeavesOthersServed(t *testing.T) {
 
 	const attacker, victim = "127.0.0.1", "127.0.0.2"
 	for _, src := range []string{attacker, victim} {
-		c := dialFrom(t, l.Addr(), src)
+		c := accepttest.DialFrom(t, l.Addr(), src)
 		if err := locate(c); err != nil {
 			t.Fatalf("control: a query from %s: %v", src, err)
 		}
@@ -65,9 +53,9 @@ func TestOneSourceHoldingItsStreamsLeavesOthersServed(t *testing.T) {
 	const flood = 300
 	var held []net.Conn
 	for range flood {
-		held = append(held, dialFrom(t, l.Addr(), attacker))
+		held = append(held, accepttest.DialFrom(t, l.Addr(), attacker))
 	}
-	if err := locate(dialFrom(t, l.Addr(), victim)); err != nil {
+	if err := locate(accepttest.DialFrom(t, l.Addr(), victim)); err != nil {
 		t.Fatalf("a query from %s while %s holds %d idle streams: %v (counts %v)", victim, attacker, flood, err, s.Streams())
 	}
 	per := s.cfg.Streams.PerSource

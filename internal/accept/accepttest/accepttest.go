@@ -209,3 +209,17 @@ func FloodAndRecover(t *testing.T, name string, exchange func(net.Conn) error) {
 		t.Fatalf("%v (the accept loop did not serve again after EMFILE; %d EMFILE seen)", err, c.emfile(t))
 	}
 }
+
+// DialFrom connects to addr from the loopback address src (the whole of
+// 127/8 is this host's: each address is a source of its own for the caps)
+// and closes the connection when the test ends.
+func DialFrom(t testing.TB, addr net.Addr, src string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp4", addr.String())
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", addr, src, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
