@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onehop/onehop/internal/controller"
+	"github.com/onehop/onehop/internal/vnatloc"
 )
 
 func controllerCmd() *cobra.Command {
@@ -41,6 +42,11 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.LISPListen, "lisp-listen", "", "UDP address of the LISP map-server/map-resolver, e.g. 192.168.100.1:4342 (default: none)")
 	f.StringVar(&cfg.LISPSiteKeys, "lisp-site-keys", "", "file of LISP sites that may register: NAME KEY-ID SECRET EID-PREFIX[,...] a line (mode 600)")
 	f.StringVar(&cfg.LocationListen, "location-listen", ":2031", "TCP address of the VNAT location server (VCMP location queries and stores; docs/vnat-location.md); empty: none")
+	f.IntVar(&cfg.API.Total, "api-max-conns", controller.DefaultAPILimits.Total, "most REST API connections at once, per listener; more are closed at once and counted (onehop_listener_refused_total)")
+	f.IntVar(&cfg.API.PerSource, "api-max-conns-per-source", controller.DefaultAPILimits.PerSource, "most REST API connections one address may hold at once")
+	f.IntVar(&cfg.Location.Total, "location-max-conns", vnatloc.DefaultStreamLimits.Total, "most location-server streams at once")
+	f.IntVar(&cfg.Location.PerSource, "location-max-conns-per-source", vnatloc.DefaultStreamLimits.PerSource, "most location-server streams one address (a host's relay, an external) may hold at once")
+	f.DurationVar(&cfg.Location.Idle, "location-idle-timeout", vnatloc.DefaultStreamLimits.Idle, "end a location-server stream on which nothing moved for this long")
 	f.Int64Var(&cfg.EtcdQuota, "etcd-quota-bytes", 0, "embedded etcd's database quota: beyond it etcd raises NOSPACE and refuses writes (0: etcd's 2 GiB)")
 	addControllerTLSFlags(c, &cfg)
 	return c

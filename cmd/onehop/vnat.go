@@ -85,6 +85,9 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	run.Flags().StringVar(&o.PinDir, "pin-dir", "", "bpffs directory for the pinned maps and links (default "+vnatd.PinRoot+"/netns-INODE of this network namespace, if that is a bpffs)")
 	run.Flags().StringVar(&o.Metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics), e.g. 127.0.0.1:9431; off when empty")
 	run.Flags().BoolVar(&o.NoPin, "no-pin", false, "pin nothing: the translations end with the daemon")
+	run.Flags().IntVar(&o.VCMP.Total, "max-conns", vnatd.DefaultVCMPLimits.Total, "most VCMP connections served at once; more are closed at once and counted (onehop_listener_refused_total)")
+	run.Flags().IntVar(&o.VCMP.PerSource, "max-conns-per-source", vnatd.DefaultVCMPLimits.PerSource, "most VCMP connections one address may hold at once")
+	run.Flags().DurationVar(&o.VCMP.Idle, "idle-timeout", vnatd.DefaultVCMPLimits.Idle, "close a VCMP connection on which nothing moved for this long")
 	run.Flags().StringVar(&o.FreezeCgroup, "freeze-cgroup", "", "cgroup v2 directory of the local application, frozen while any of its peers is away and thawed when they are back")
 
 	var output outputFormat

@@ -21,6 +21,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
@@ -93,7 +96,10 @@ type Agent struct {
 
 	router   *Router
 	features []feature.Feature // the registry: one sub-controller each
-	bits     uint32            // node_config.features as last written
+	// listeners counts the agent's listeners (metrics, the VNAT location
+	// relay): onehop_listener_* with the node label.
+	listeners *accept.Stats
+	bits      uint32 // node_config.features as last written
 
 	mu         sync.Mutex
 	subs       map[string]*subController
@@ -200,7 +206,9 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 		a.router.up = u.SetUp
 	}
 	a.router.left = a.shares.Forget
-	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups, LocationServer: cfg.LocationServer}
+	a.listeners = accept.NewStats(prometheus.Labels{"node": cfg.Node})
+	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups, LocationServer: cfg.LocationServer,
+		Listeners: a.listeners}
 	if k, ok := dp.(*datapath.Kernel); ok {
 		env.Kernel = k
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
@@ -162,14 +163,15 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(NewCollector(a), groups)
+		reg.MustRegister(NewCollector(a), groups, a.listeners)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		nl, err := net.Listen("tcp", cfg.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("metrics listener %s: %w", cfg.MetricsAddr, err)
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		ln := accept.Wrap(nl, accept.Options{Name: "metrics", Limits: accept.MetricsLimits, Log: log, Stats: a.listeners})
+		srv := accept.HTTPServer(mux)
 		go srv.Serve(ln)
 		defer srv.Close()
 		log.Info("serving metrics", "addr", ln.Addr().String()+"/metrics")

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/netip"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/portspace"
@@ -27,6 +28,8 @@ type Env struct {
 	// LocationServer is Config.LocationServer: where VMs' VNAT location
 	// streams are relayed.
 	LocationServer netip.Addr
+	// Listeners counts the features' listeners (the agent's /metrics).
+	Listeners *accept.Stats
 }
 
 // registry lists every datapath feature the agent runs, in the order they
@@ -37,6 +40,6 @@ func registry(env Env) []feature.Feature {
 		env.Router,
 		portspace.New(env.Kernel).WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
 		tap.New(env.Kernel).WithAgent(env.Node, env.Log),
-		vnatrelay.New(env.LocationServer, env.Log),
+		vnatrelay.New(env.LocationServer, env.Log).WithListeners(env.Listeners),
 	}
 }

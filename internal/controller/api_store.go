@@ -19,9 +19,11 @@ func (c *Controller) storeRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /metrics", c.metricsHandler())
 }
 
-// metricsHandler serves the controller's metrics: the store's figures.
+// metricsHandler serves the controller's metrics: the store's figures and
+// the listeners' counts (the API's, the location server's).
 func (c *Controller) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(c.listeners)
 	if c.maint != nil {
 		reg.MustRegister(c.maint)
 	}

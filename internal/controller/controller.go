@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/limits"
@@ -44,12 +45,15 @@ type Controller struct {
 	maxTaps int
 	// loc is the location server's held-address index (location.go).
 	loc locationState
+	// listeners counts the API's and the location server's listeners
+	// (onehop_listener_* on /metrics).
+	listeners *accept.Stats
 }
 
 // New returns a controller writing to s.
 func New(s store.Store, log *slog.Logger) *Controller {
 	c := &Controller{raw: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: limits.MaxSlivers,
-		maxTaps: limits.MaxTapRules / 2, kick: make(chan struct{}, 1)}
+		maxTaps: limits.MaxTapRules / 2, kick: make(chan struct{}, 1), listeners: accept.NewStats(nil)}
 	c.store = &tracked{Store: s, c: c}
 	return c
 }

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/sdnotify"
@@ -51,7 +51,20 @@ type DaemonConfig struct {
 	// MaintainEvery is how often the controller measures, compacts (an
 	// external cluster) and defragments the store; 0 is 30 s.
 	MaintainEvery time.Duration
+	// API bounds each REST API listener's connections (--api-max-conns,
+	// --api-max-conns-per-source); zero fields: DefaultAPILimits.
+	API accept.Limits
+	// Location bounds the location server's streams
+	// (--location-max-conns, --location-max-conns-per-source,
+	// --location-idle-timeout); zero fields: vnatloc.DefaultStreamLimits.
+	Location accept.Limits
 }
+
+// DefaultAPILimits bound a REST API listener: an operator's CLI and
+// scripts, the lab and a few automations keep far fewer connections than
+// 64 from one address, and 1024 in all is well within the controller's
+// descriptors. net/http times the waits (accept.HTTPServer).
+var DefaultAPILimits = accept.Limits{PerSource: 64, Total: 1024}
 
 // Validate reports the first configuration mistake.
 func (c DaemonConfig) Validate() error {
@@ -63,6 +76,12 @@ func (c DaemonConfig) Validate() error {
 	}
 	if c.LISPSiteKeys != "" && c.LISPListen == "" {
 		return errors.New("--lisp-site-keys without --lisp-listen: give the map-server an address, e.g. --lisp-listen 192.168.100.1:4342")
+	}
+	if err := c.API.Validate("--api-max-conns-per-source", "--api-max-conns", "API idle timeout"); err != nil {
+		return err
+	}
+	if err := c.Location.Validate("--location-max-conns-per-source", "--location-max-conns", "--location-idle-timeout"); err != nil {
+		return err
 	}
 	if err := c.TLS.CheckMode(c.Insecure, "the controller serves etcd and the REST API"); err != nil {
 		return err
@@ -146,7 +165,7 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	defer s.Close()
 	c := New(s, log)
 	if cfg.LocationListen != "" {
-		if err := c.serveLocations(ctx, cfg.LocationListen, log); err != nil {
+		if _, err := c.serveLocations(ctx, cfg.LocationListen, cfg.Location, log); err != nil {
 			return err
 		}
 	}
@@ -186,10 +205,18 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		if l.network == "unix" {
 			os.Remove(l.addr) // left by a killed controller
 		}
-		ln, err := net.Listen(l.network, l.addr)
+		nl, err := net.Listen(l.network, l.addr)
 		if err != nil {
 			return fmt.Errorf("api listener %s: %w", l.addr, err)
 		}
+		name := "api"
+		if l.network == "unix" {
+			name = "api_socket"
+		}
+		// Under TLS: a refused connection costs no handshake.
+		lim := cfg.API.Or(DefaultAPILimits)
+		lim.Idle = 0 // net/http's timeouts: a long handler is not idle
+		var ln net.Listener = accept.Wrap(nl, accept.Options{Name: name, Limits: lim, Log: log, Stats: c.listeners})
 		handler := c.API()
 		switch {
 		case l.network == "unix":
@@ -202,7 +229,8 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 			ln = tls.NewListener(ln, apiTLS)
 			handler = Authenticated(handler, token)
 		}
-		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ErrorLog: limitedErrorLog(log, 5)}
+		srv := accept.HTTPServer(handler)
+		srv.ErrorLog = limitedErrorLog(log, 5)
 		go srv.Serve(ln)
 		defer srv.Close()
 		log.Info("serving REST API", "on", l.network+":"+l.addr, "tls", l.network == "tcp" && apiTLS != nil)

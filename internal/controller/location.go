@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/vnatloc"
@@ -29,17 +30,17 @@ type locationState struct {
 }
 
 // serveLocations starts the location server on addr (host:port) and
-// returns once it listens; it stops when ctx ends. From then on heldAddrs
+// returns its address once it listens; it stops when ctx ends. From then on heldAddrs
 // asks the server's held-address index instead of reading every record.
-func (c *Controller) serveLocations(ctx context.Context, addr string, log *slog.Logger) error {
+func (c *Controller) serveLocations(ctx context.Context, addr string, streams accept.Limits, log *slog.Logger) (net.Addr, error) {
 	s := c.raw
 	// The index is listed before anything is allocated with it, and
 	// follows every writer of the records (another controller's too).
 	idx := vnatloc.NewHeldIndex(s, log)
 	if err := idx.Start(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	svc := vnatloc.New(s, vnatloc.Config{Logger: log, Index: idx,
+	svc := vnatloc.New(s, vnatloc.Config{Logger: log, Index: idx, Streams: streams, Listeners: c.listeners,
 		RelayAllowed: func(ctx context.Context, sender, source netip.Addr) (bool, error) {
 			return relayAllowed(ctx, s, sender, source)
 		},
@@ -47,11 +48,11 @@ func (c *Controller) serveLocations(ctx context.Context, addr string, log *slog.
 			return vmIdentity(ctx, s, source)
 		}})
 	if err := svc.Load(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp4", addr)
 	if err != nil {
-		return fmt.Errorf("vnat location server: listen %s: %w", addr, err)
+		return nil, fmt.Errorf("vnat location server: listen %s: %w", addr, err)
 	}
 	c.loc.index.Store(idx)
 	go func() {
@@ -60,7 +61,7 @@ func (c *Controller) serveLocations(ctx context.Context, addr string, log *slog.
 		}
 	}()
 	log.Info("serving VNAT locations", "on", l.Addr().String(), "records", svc.Len())
-	return nil
+	return l.Addr(), nil
 }
 
 // vmIdentity names the VM at source for the location server's ownership

@@ -17,11 +17,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/onehop/onehop/internal/accept"
 )
 
 // Defaults of a Server's limits.
@@ -49,31 +51,34 @@ type Server[Req, Rep any] struct {
 	Timeout time.Duration
 	// HandleTimeout bounds Handle (DefaultHandleTimeout if 0).
 	HandleTimeout time.Duration
+	// Limits bound the connections at once (zero fields: DefaultLimits);
+	// what passes them, and the refusals, count in Stats (nil: nowhere
+	// outside the listener) under the name "control".
+	Limits accept.Limits
+	Stats  *accept.Stats
+	// Log takes the listener's refusals, rate-limited (nil: slog.Default()).
+	Log *slog.Logger
 }
+
+// DefaultLimits bound a control socket: its clients are root's tools, one
+// request each, so a few dozen at once is plenty; every connection is one
+// source (a unix socket), and a request's wait is bounded by Timeout.
+var DefaultLimits = accept.Limits{Total: 64}
 
 // Serve answers on l until ctx ends, then closes l (a *Listener removes
 // its socket file) and returns once every connection it took is done;
 // connections still open then are cut short. It returns nil when ctx
 // ended, the error of Accept otherwise.
-func (s *Server[Req, Rep]) Serve(ctx context.Context, l net.Listener) error {
+func (s *Server[Req, Rep]) Serve(ctx context.Context, nl net.Listener) error {
+	/* out of descriptors or memory for a moment, the listener waits and
+	   accepts again rather than end the control socket */
+	l := accept.Wrap(nl, accept.Options{Name: "control", Limits: s.Limits.Or(DefaultLimits), Stats: s.Stats, Log: s.Log})
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	var pause time.Duration
 	for {
 		c, err := l.Accept()
-		if err != nil && ctx.Err() == nil && transient(err) {
-			/* out of descriptors or memory for a moment: wait and
-			   accept again rather than end the control socket */
-			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
-			select {
-			case <-ctx.Done():
-			case <-time.After(pause):
-			}
-			continue
-		}
-		pause = 0
 		if err != nil {
 			/* again, so that the close (and the removal of the socket)
 			   is over when Serve returns: the AfterFunc may be midway */
@@ -85,12 +90,6 @@ func (s *Server[Req, Rep]) Serve(ctx context.Context, l net.Listener) error {
 		}
 		wg.Go(func() { s.conn(ctx, c) })
 	}
-}
-
-// transient says whether an Accept error may pass by itself.
-func transient(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
-		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
 }
 
 // errTooLong is a request over MaxRequest.

@@ -70,6 +70,10 @@ type Config struct {
 	// MaxPerClient bounds one user address's connections (0: no bound):
 	// each costs the gateway sockets, subflows and a goroutine pair.
 	MaxPerClient int
+	// MaxConns bounds the intercepted connections at once, all users
+	// together (0: no bound): beyond it one is closed at once and counted
+	// (listener_refused_total).
+	MaxConns int
 	// LISP: encapsulate each path's subflows in LISP (the in-kernel
 	// datapath, internal/lispdp) from the path's RLOC to the locator,
 	// instead of routing them natively to it.
@@ -95,6 +99,10 @@ const (
 	DefaultRulePriority = 4700
 	DefaultCongestion   = "cubic"
 	DefaultMaxPerClient = 1024
+	// DefaultMaxConns: each connection holds a user socket, an MPTCP
+	// socket and its subflows; 16384 stays within a default hard
+	// descriptor limit of 524288 with room for everything else.
+	DefaultMaxConns = 16384
 )
 
 // ParsePath reads one --path value: "dev=IF,eid=ADDR[,rloc=ADDR][,name=NAME]".
@@ -258,6 +266,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPerClient < 0 {
 		errs = append(errs, fmt.Errorf("--max-per-client %d: want 0 (no bound) or more", c.MaxPerClient))
+	}
+	if c.MaxConns < 0 {
+		errs = append(errs, fmt.Errorf("--max-conns %d: want 0 (no bound) or more", c.MaxConns))
 	}
 	if c.ProbeInterval < 0 || c.ProbeInterval > 0 && c.ProbeInterval < MinProbeInterval {
 		errs = append(errs, fmt.Errorf("--rloc-probe-interval %s: want 0 (no probing) or at least %s", c.ProbeInterval, MinProbeInterval))

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/ratelog"
 )
 
@@ -56,6 +57,9 @@ type Engine struct {
 	counters map[string]uint64
 	// perClient counts each user address's connections (--max-per-client).
 	perClient map[netip.Addr]int
+	// listeners counts the intercept listener (run.go's serve): its
+	// refusals over --max-conns and accept errors waited out.
+	listeners *accept.Stats
 	// probeDown holds the locators RLOC probing found down, per path.
 	probeDown map[ProbeKey]bool
 	prober    *Prober
@@ -111,7 +115,7 @@ func NewEngine(cfg *Config, d EngineDeps) *Engine {
 	return &Engine{
 		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows, tcpInfo: d.TCPInfo,
 		log: log, rl: ratelog.New(log, 5, 10*time.Second, time.Now),
-		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{}, perClient: map[netip.Addr]int{},
+		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{}, perClient: map[netip.Addr]int{}, listeners: accept.NewStats(nil),
 		probeDown: map[ProbeKey]bool{}, prober: d.Prober,
 	}
 }
@@ -744,6 +748,11 @@ func (e *Engine) Counters() map[string]uint64 {
 	if e.prober != nil {
 		for k, v := range e.prober.Counters() {
 			out[k] = v
+		}
+	}
+	for k, v := range e.listeners.Counters("intercept") {
+		if k != "open" && k != "accepted" && k != "refused_per_source" { // per client: refused_per_client
+			out["listener_"+k] = v
 		}
 	}
 	return out

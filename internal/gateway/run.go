@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -193,24 +194,25 @@ func registrar(cfg *Config, log *slog.Logger) *lisp.Registrar {
 	return &lisp.Registrar{Server: cfg.MapServer, KeyID: cfg.KeyID, Key: []byte(cfg.MapServerKey), Records: recs, WantMapNotify: true, Log: log}
 }
 
-// serve accepts intercepted connections until ctx ends.
+// serve accepts intercepted connections until ctx ends: at most
+// --max-conns at once; a flood that exhausts descriptors is waited out.
+// No idle timeout: the gateway is transparent to the user's TCP, whose
+// idle life is the user's and the server's to decide.
 func (e *Engine) serve(ctx context.Context, ln *net.TCPListener) error {
-	go func() { <-ctx.Done(); ln.Close() }()
+	l := accept.Wrap(ln, accept.Options{Name: "intercept", Limits: accept.Limits{Total: e.cfg.MaxConns}, Log: e.log, Stats: e.listeners})
+	go func() { <-ctx.Done(); l.Close() }()
 	for {
-		c, err := ln.AcceptTCP()
+		c, err := l.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				e.rl.Warn("accept", "gateway: accept", "err", err)
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
 			return fmt.Errorf("gateway: accept: %w", err)
 		}
-		go e.handle(ctx, c)
+		go func() {
+			defer c.Close() // gives the slot back
+			e.handle(ctx, c.(*accept.Conn).NetConn().(*net.TCPConn))
+		}()
 	}
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/ctlsock"
 	"github.com/onehop/onehop/internal/vcmp"
 )
@@ -139,7 +141,12 @@ func (e *Engine) stopper() func() {
 
 // ServeControl answers control requests on l until ctx ends.
 func (e *Engine) ServeControl(ctx context.Context, l net.Listener) error {
-	s := &ctlsock.Server[Request, Reply]{Handle: e.answer, After: e.after}
+	return e.serveControl(ctx, l, nil, nil)
+}
+
+// serveControl is ServeControl counting its listener in stats (nil: none).
+func (e *Engine) serveControl(ctx context.Context, l net.Listener, stats *accept.Stats, log *slog.Logger) error {
+	s := &ctlsock.Server[Request, Reply]{Handle: e.answer, After: e.after, Stats: stats, Log: log}
 	if err := s.Serve(ctx, l); err != nil {
 		return fmt.Errorf("vnatd: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -45,6 +46,9 @@ func refusalOf(counter string) string {
 type Metrics struct {
 	e        *Engine
 	datapath func() (map[string]uint64, error)
+	// listeners counts the daemon's listeners (VCMP, control, metrics):
+	// onehop_listener_* (nil: none).
+	listeners *accept.Stats
 
 	refusals, conns, restores, events, answered, dp, scrapeErrors *prometheus.Desc
 	restoreDuration                                               prometheus.Histogram
@@ -55,7 +59,8 @@ type Metrics struct {
 // engine's Config.OnRestore.
 func NewMetrics(datapath func() (map[string]uint64, error)) *Metrics {
 	return &Metrics{
-		datapath: datapath,
+		datapath:  datapath,
+		listeners: accept.NewStats(nil),
 		refusals: prometheus.NewDesc("onehop_vnat_refusals_total",
 			"VCMP messages this daemon refused, by reason (docs/vnat-daemon.md).", []string{"reason"}, nil),
 		conns: prometheus.NewDesc("onehop_vnat_connections",
@@ -90,6 +95,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	m.restoreDuration.Describe(ch)
+	if m.listeners != nil {
+		m.listeners.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -135,6 +143,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(m.scrapeErrors, prometheus.GaugeValue, failed)
+	if m.listeners != nil {
+		m.listeners.Collect(ch)
+	}
 }
 
 // ServeMetrics serves m on addr (/metrics) until ctx ends.
@@ -168,7 +179,8 @@ func serveMetrics(ctx context.Context, l net.Listener, m *Metrics, log *slog.Log
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := accept.HTTPServer(mux)
+	l = accept.Wrap(l, accept.Options{Name: "metrics", Limits: accept.MetricsLimits, Log: log, Stats: m.listeners})
 	go func() {
 		<-ctx.Done()
 		srv.Close() //nolint:errcheck // shutting down

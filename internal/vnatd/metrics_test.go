@@ -170,6 +170,15 @@ func TestMetricsAreServedAndParse(t *testing.T) {
 	if v := value(t, fb, "onehop_vnat_restore_duration_seconds", dto.MetricType_HISTOGRAM, nil); v != 0 {
 		t.Errorf("b restore durations observed: %v, want 0", v)
 	}
+	// The metrics port's own listener: this scrape accepted, no refusals.
+	if v := value(t, fb, "onehop_listener_accepted_total", dto.MetricType_COUNTER, map[string]string{"listener": "metrics"}); v != 1 {
+		t.Errorf("b listener{metrics} accepted = %v, want 1", v)
+	}
+	for _, r := range []string{"per_source", "total"} {
+		if v := value(t, fb, "onehop_listener_refused_total", dto.MetricType_COUNTER, map[string]string{"listener": "metrics", "reason": r}); v != 0 {
+			t.Errorf("b listener{metrics} refused{%s} = %v, want 0", r, v)
+		}
+	}
 
 	old, new := n.move(a, "10.0.3.3")
 	if err := a.e.Restore(t.Context(), old, new); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/vcmp"
 	"github.com/onehop/onehop/internal/vnat"
 )
@@ -48,8 +49,19 @@ type Options struct {
 	KeyFile string
 	// Metrics is the address Prometheus metrics are served on ("" = none).
 	Metrics string
-	Logger  *slog.Logger
+	// VCMP bounds the VCMP listener's connections (--max-conns,
+	// --max-conns-per-source, --idle-timeout); zero fields take
+	// DefaultVCMPLimits.
+	VCMP   accept.Limits
+	Logger *slog.Logger
 }
+
+// DefaultVCMPLimits bound the VCMP listener. A peer's daemon opens one
+// stream per exchange (one batch per peer, a round trip), so 32 at once
+// from one address leaves room for many endpoints behind one NAT; 512 in
+// all stays far below the descriptors a daemon may hold; a stream with
+// nothing moving for 10 s is a peer gone or a flood, not an exchange.
+var DefaultVCMPLimits = accept.Limits{PerSource: 32, Total: 512, Idle: 10 * time.Second}
 
 // ParseServer reads one --location-server value: an IPv4 address, with an
 // optional port (only vcmp.Port is served today) and an optional vcmp://.
@@ -89,6 +101,9 @@ func Run(ctx context.Context, o Options) error {
 		if conflict, err = ParseConflict(o.Conflict); err != nil {
 			return fmt.Errorf("vnat run --conflict: %w", err)
 		}
+	}
+	if err := o.VCMP.Validate("--max-conns-per-source", "--max-conns", "--idle-timeout"); err != nil {
+		return fmt.Errorf("vnat run: %w", err)
 	}
 	var servers []netip.Addr
 	for _, s := range o.LocationServers {
@@ -183,8 +198,10 @@ func Run(ctx context.Context, o Options) error {
 		cfg.Keys = keys
 	}
 	var metrics *Metrics
+	listeners := accept.NewStats(nil)
 	if ml != nil {
 		metrics = NewMetrics(d.Counters)
+		listeners = metrics.listeners
 		cfg.OnRestore = metrics.ObserveRestore
 	}
 	e := New(cfg, newKernel(d, o.Iface), tcpDialer)
@@ -243,8 +260,9 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("vnat run: %w", err)
 	}
 	defer cl.Close()
-	go e.ServeControl(ctx, cl) //nolint:errcheck // ends with ctx
-	go serveVCMP(ctx, e, vl, log)
+	go e.serveControl(ctx, cl, listeners, log) //nolint:errcheck // ends with ctx
+	vcmpLimits := o.VCMP.Or(DefaultVCMPLimits)
+	go serveVCMP(ctx, e, accept.Wrap(vl, accept.Options{Name: "vcmp", Limits: vcmpLimits, Log: log, Stats: listeners}), log)
 	go contact(ctx, e, log)
 	go keepLocations(ctx, e, servers, log)
 
@@ -254,7 +272,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
 		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "key_file", keyPath(keys), "migrated", len(d.Migrations()),
-		"conflict", conflict, "close_preempted", closePreempted)
+		"conflict", conflict, "close_preempted", closePreempted,
+		"max_conns", vcmpLimits.Total, "max_conns_per_source", vcmpLimits.PerSource, "idle_timeout", vcmpLimits.Idle)
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)
 }
 
@@ -323,19 +342,22 @@ func contact(ctx context.Context, e *Engine, log *slog.Logger) {
 // ContactEvery is how often the daemon looks for new connections to key.
 const ContactEvery = 2 * time.Second
 
-func serveVCMP(ctx context.Context, e *Engine, l net.Listener, log *slog.Logger) {
+// serveVCMP answers VCMP streams accepted on l until ctx ends. l waits
+// out a flood (EMFILE and the like) and caps it; Accept fails only once l
+// is closed or broken for good.
+func serveVCMP(ctx context.Context, e *Engine, l *accept.Listener, log *slog.Logger) {
 	go func() { <-ctx.Done(); l.Close() }()
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			if ctx.Err() == nil {
-				log.Error("vnat: vcmp accept", "err", err)
+				log.Error("vnat: vcmp accept: no more VCMP served", "err", err)
 			}
 			return
 		}
 		go func() {
 			defer c.Close()
-			from := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr()
+			from := c.(*accept.Conn).Source()
 			if err := e.Serve(c, from); err != nil {
 				e.mu.Lock()
 				e.warn("vcmp_stream_errors", "vnat: vcmp stream", "from", from, "err", err)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -19,14 +20,22 @@ import (
 // holding the server's streams on purpose).
 const StreamTimeout = 30 * time.Second
 
-// MaxStreams is how many streams are served at once; more are closed at
-// once (counted refused_streams).
-const MaxStreams = 256
+// DefaultStreamLimits bound the streams served at once (Config.Streams):
+// 64 from one address, as many as a host's agent relays for its VMs at
+// once (vnatrelay: 4 per VM) with room to spare; 1024 in all; and a stream
+// on which nothing moved for 5 s ends (an exchange is one round trip), so
+// idle streams held open give their slots back long before StreamTimeout.
+// One source holding its cap leaves the others served (issue 20: a global
+// cap of 256 let one external lock everyone out for 30 s).
+var DefaultStreamLimits = accept.Limits{PerSource: 64, Total: 1024, Idle: 5 * time.Second}
 
 // SweepEvery is how often Serve deletes expired records from the store.
 const SweepEvery = 10 * time.Second
 
-// Serve answers VCMP streams accepted on l until ctx ends: every stream is a
+// Serve answers VCMP streams accepted on l until ctx ends, within
+// Config.Streams (a source over its cap, or a stream idle too long, is
+// closed and counted; a flood that exhausts descriptors is waited out):
+// every stream is a
 // sequence of VCMP_BATCH messages of location queries and stores (what a
 // daemon's locate walk and refresh send), each answered by one batch. A
 // message that does not decode ends its stream; it is counted
@@ -48,9 +57,9 @@ func (s *Service) Serve(ctx context.Context, l net.Listener) error {
 			}
 		}
 	}()
-	slots := make(chan struct{}, MaxStreams)
+	al := accept.Wrap(l, accept.Options{Name: "location", Limits: s.cfg.Streams, Log: s.log, Stats: s.cfg.Listeners})
 	for {
-		c, err := l.Accept()
+		c, err := al.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -61,27 +70,18 @@ func (s *Service) Serve(ctx context.Context, l net.Listener) error {
 			}
 			return fmt.Errorf("vnat location server: accept: %w", err)
 		}
-		select {
-		case slots <- struct{}{}:
-		default:
-			s.mu.Lock()
-			s.refuse("streams", "too many streams at once, one closed", "from", c.RemoteAddr().String(), "max", MaxStreams)
-			s.mu.Unlock()
-			c.Close()
-			continue
-		}
 		go func() {
-			defer func() { <-slots }()
 			defer c.Close()
-			from, err := netip.ParseAddrPort(c.RemoteAddr().String())
-			if err != nil {
-				return
-			}
 			c.SetDeadline(time.Now().Add(StreamTimeout)) //nolint:errcheck // a TCP conn takes deadlines
-			s.ServeStream(ctx, c, from.Addr().Unmap())
+			s.ServeStream(ctx, c, c.(*accept.Conn).Source())
 		}()
 	}
 }
+
+// Streams are the counts of the server's listener (accept.Stats.Counters:
+// streams accepted, refused per source and in total, ended idle, accept
+// errors waited out).
+func (s *Service) Streams() map[string]uint64 { return s.cfg.Listeners.Counters("location") }
 
 // ServeStream answers one VCMP stream from a source at from until it ends.
 // A stream that starts with VCMP_RELAY is a host's agent relaying one of

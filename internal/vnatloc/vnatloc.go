@@ -36,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
@@ -99,6 +100,12 @@ type Config struct {
 	// MaxTxnOps caps the writes of one store transaction (the records of a
 	// VCMP batch are written a transaction at a time); 0: store.MaxTxnOps.
 	MaxTxnOps int
+	// Streams bound the streams Serve takes at once, per source and in
+	// all, and how long one may sit idle; zero fields: DefaultStreamLimits.
+	Streams accept.Limits
+	// Listeners counts Serve's listener as "location" (onehop_listener_*
+	// on the controller's /metrics); nil: the service's own.
+	Listeners *accept.Stats
 }
 
 type entry struct {
@@ -142,6 +149,10 @@ func New(s store.Store, cfg Config) *Service {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	cfg.Streams = cfg.Streams.Or(DefaultStreamLimits)
+	if cfg.Listeners == nil {
+		cfg.Listeners = accept.NewStats(nil)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -31,6 +31,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/ratelog"
@@ -49,6 +50,15 @@ const StreamTimeout = 30 * time.Second
 // MaxStreamsPerVM is how many streams one VM may have relayed at once.
 const MaxStreamsPerVM = 4
 
+// IdleTimeout ends a relayed stream on which nothing moved either way for
+// this long (an exchange is one round trip; the daemon gives up on it
+// after 10 s too).
+const IdleTimeout = 10 * time.Second
+
+// Limits bound each VM's listener: only its VM reaches it (bound to its
+// vif), so the cap per source is the cap.
+var Limits = accept.Limits{PerSource: MaxStreamsPerVM, Total: MaxStreamsPerVM, Idle: IdleTimeout}
+
 // Relay is the feature.
 type Relay struct {
 	server netip.AddrPort // the controller's location server
@@ -59,6 +69,9 @@ type Relay struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	// listeners counts every VM's listener as "vnat_relay" (WithListeners).
+	listeners *accept.Stats
+
 	mu      sync.Mutex
 	vms     map[string]*vmRelay // by vif name
 	loReady bool
@@ -67,15 +80,15 @@ type Relay struct {
 type vmRelay struct {
 	vm      VM
 	ifindex int
-	l       net.Listener
-	streams chan struct{}
+	l       *accept.Listener
 }
 
 // New is the relay to the location server at server (an IPv4 address,
 // port vcmp.Port); an invalid server makes a relay that is never in use.
 func New(server netip.Addr, log *slog.Logger) *Relay {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Relay{log: log, rlog: ratelog.New(log, 1, time.Second, nil), ctx: ctx, cancel: cancel, vms: map[string]*vmRelay{}}
+	r := &Relay{log: log, rlog: ratelog.New(log, 1, time.Second, nil), ctx: ctx, cancel: cancel, vms: map[string]*vmRelay{},
+		listeners: accept.NewStats(nil)}
 	if server.IsValid() {
 		r.server = netip.AddrPortFrom(server, vcmp.Port)
 	}
@@ -213,11 +226,22 @@ func (r *Relay) Sync(fp feature.Plan) error {
 			errs = append(errs, err)
 			continue
 		}
-		v := &vmRelay{vm: vm, ifindex: idx, l: l, streams: make(chan struct{}, MaxStreamsPerVM)}
+		al := accept.Wrap(l, accept.Options{Name: "vnat_relay", Limits: Limits, Log: r.log, Stats: r.listeners})
+		v := &vmRelay{vm: vm, ifindex: idx, l: al}
 		r.vms[vif] = v
 		go r.serve(v)
 	}
 	return errors.Join(errs...)
+}
+
+// WithListeners counts the VMs' listeners in s (the agent's, exported on
+// its /metrics) as "vnat_relay"; nil keeps the relay's own. Call it before
+// the first Sync.
+func (r *Relay) WithListeners(s *accept.Stats) *Relay {
+	if s != nil {
+		r.listeners = s
+	}
+	return r
 }
 
 // Run implements feature.Runner: it stops every listener when ctx ends.
@@ -281,15 +305,7 @@ func (r *Relay) serve(v *vmRelay) {
 			c.Close()
 			continue
 		}
-		select {
-		case v.streams <- struct{}{}:
-		default:
-			r.rlog.Warn("streams", "vnat-location: a VM holds too many streams, one closed", "vm", v.vm.IP, "max", MaxStreamsPerVM)
-			c.Close()
-			continue
-		}
 		go func() {
-			defer func() { <-v.streams }()
 			if err := r.relay(c, v.vm.IP); err != nil {
 				r.rlog.Info("relay", "vnat-location: relay", "vm", v.vm.IP, "err", err)
 			}

@@ -132,7 +132,7 @@ func TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	relayed := make(chan netip.Addr, 4)
+	relayed := make(chan netip.Addr, 16)
 	go netnstest.Serve(srv, func(c net.Conn) {
 		m, err := vcmp.ReadMessage(c)
 		if err != nil {
@@ -186,6 +186,45 @@ func TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("nothing relayed")
 	}
+
+	// The VM holds its MaxStreamsPerVM streams open and silent: one more
+	// is closed at once and counted, and once it lets them go it is
+	// served again.
+	var idle []net.Conn
+	for range MaxStreamsPerVM + 1 {
+		if err := netns.Do(vmNS, func() error {
+			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(Addr, vcmp.Port).String(), time.Second)
+			if err == nil {
+				idle = append(idle, c)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	over := idle[MaxStreamsPerVM]
+	over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := over.Read(make([]byte, 1)); n != 0 || err == nil || isTimeout(err) {
+		t.Fatalf("stream %d of one VM: read %d, %v; want it closed by the relay", MaxStreamsPerVM+1, n, err)
+	}
+	if got := r.listeners.Counters("vnat_relay")["refused_per_source"]; got != 1 {
+		t.Fatalf("refused_per_source %d, want 1", got)
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	testenv.Eventually(t, "the idle streams given back", 5*time.Second, func() bool { return r.listeners.Counters("vnat_relay")["open"] == 0 })
+	if _, err := ask(vmNS); err != nil {
+		t.Fatalf("the VM after letting its streams go: %v", err)
+	}
+	for range MaxStreamsPerVM + 1 { // the held streams' and the last ask's
+		select {
+		case <-relayed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a held stream was not relayed")
+		}
+	}
+
 	if _, err := ask(otherNS); err == nil {
 		t.Fatal("a VM on a vif the relay does not serve reached the service")
 	}
