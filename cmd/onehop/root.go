@@ -83,6 +83,7 @@ Try it on one machine (as root):
 			root.AddCommand(n.cmd())
 		}
 	}
+	strictArgs(root)
 	return root
 }
 
