@@ -33,7 +33,7 @@ type Router struct {
 	// upPending are the attached interfaces (by ifindex) whose bringing up
 	// failed, with their VMs: tried again on the next pass.
 	upPending map[int]string
-	work     *RouterWork
+	work      *RouterWork
 
 	mu        sync.Mutex
 	hostsErr  string                       // the last node-record problem logged, so it is logged once

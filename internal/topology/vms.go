@@ -63,9 +63,9 @@ var vmsSection = section{
 func decodeVM(d *decoder, item *yaml.Node) VM {
 	vm := VM{Line: item.Line}
 	d.mapping(item, "vm", map[string]field{
-		"name":   d.str(&vm.Name, "vm name"),
-		"host":   at(&vm.HostLine, d.str(&vm.Host, "vm host")),
-		"subnet": at(&vm.SubnetLine, d.str(&vm.Subnet, "vm subnet")),
+		"name":      d.str(&vm.Name, "vm name"),
+		"host":      at(&vm.HostLine, d.str(&vm.Host, "vm host")),
+		"subnet":    at(&vm.SubnetLine, d.str(&vm.Subnet, "vm subnet")),
 		"interface": at(&vm.InterfaceLine, d.str(&vm.Interface, "vm interface")),
 		"firewall": func(v *yaml.Node) error {
 			fw := &intent.Firewall{DefaultIn: "allow", DefaultOut: "allow"}
