@@ -184,7 +184,7 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 	virtual_mac(spa, pkt->eth->h_source);
 	mac_copy(arp->tha, asker->mac);
 	count_forward(FWD_ARP_REPLY);
-	return deliver_to_vif(asker->ifindex, asker->kind);
+	return deliver_to_vif(skb, asker->ifindex, asker->kind, 0);
 }
 
 #endif

@@ -101,7 +101,7 @@ func (hostKind) notReady(ctx context.Context, b *builder, node string) (string, 
 	var vifs []string
 	for _, vm := range b.t.VMs {
 		if vm.Host == node {
-			vifs = append(vifs, topology.VifName(vm.Name))
+			vifs = append(vifs, vm.Vif())
 		}
 	}
 	d, st, err := agentReport(ctx, s, node)
