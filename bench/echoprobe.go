@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,14 +30,62 @@ type echoProbe struct {
 // openEchoProbe opens the probe's socket inside namespace ns.
 func openEchoProbe(ns string) (*echoProbe, error) {
 	p := &echoProbe{fd: -1, id: uint16(rand.Uint32())}
-	err := netns.Do(ns, func() (err error) {
-		p.fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
-		return err
-	})
-	if err != nil {
+	var err error
+	if p.fd, err = rawICMPIn(netns.Path(ns)); err != nil {
 		return nil, fmt.Errorf("%s: raw ICMP socket: %w", ns, err)
 	}
 	return p, nil
+}
+
+// rawICMPIn opens a raw ICMP socket inside the namespace at path, on a
+// locked thread that goes back to its own namespace afterwards and lives
+// on. netns.Do throws its thread away instead, and that would kill the
+// bench's long-lived children: Pdeathsig (command) fires when the thread
+// that started a child exits, and any thread may have started one (an
+// iperf3 server, the tap relay). Only a thread that cannot go back is
+// thrown away.
+func rawICMPIn(path string) (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		fd, back, err := rawICMPOnThread(path)
+		if back {
+			runtime.UnlockOSThread()
+		} // else the goroutine ends locked, and its thread with it
+		res <- result{fd, err}
+	}()
+	r := <-res
+	return r.fd, r.err
+}
+
+// rawICMPOnThread is rawICMPIn's work on the locked thread; back reports
+// whether the thread is in its own namespace again.
+func rawICMPOnThread(path string) (fd int, back bool, err error) {
+	self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, true, err
+	}
+	defer unix.Close(self)
+	target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, true, err
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		return -1, true, fmt.Errorf("enter %s: %w", path, err)
+	}
+	fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+	if berr := unix.Setns(self, unix.CLONE_NEWNET); berr != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, false, fmt.Errorf("back from %s: %w", path, berr)
+	}
+	return fd, true, err
 }
 
 func (p *echoProbe) close() {

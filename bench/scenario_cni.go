@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/cni"
-	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lab"
 	"github.com/onehop/onehop/internal/netns"
 )
@@ -478,13 +477,9 @@ func (b *cniBench) hostLinks(ctx context.Context) ([]string, error) {
 // before (bar bridge's own bridge), host-local's leases, libcni's cache.
 func (b *cniBench) leftAfterDEL(ctx context.Context, e *Env, linksBefore []string) ([]string, error) {
 	var left []string
-	out, err := output(e.onehop(ctx, "get", "vms", "-o", "json", "--api", b.api))
+	vms, err := intentVMs(ctx, e, b.api)
 	if err != nil {
 		return nil, err
-	}
-	var vms []intent.VM
-	if err := json.Unmarshal(out, &vms); err != nil {
-		return nil, fmt.Errorf("get vms -o json: %w", err)
 	}
 	for _, v := range vms {
 		if slices.Contains(b.hostIfs, v.Interface) {
