@@ -488,6 +488,7 @@ func (e *Env) leftovers() []string {
 		}
 	}
 	out = append(out, netnsWithPrefix(netnsPrefix)...)
+	out = append(out, cniLeftovers(e.cfg.root)...)
 	if dir := cgroupDir(); dir != "" {
 		if _, err := os.Stat(dir); err == nil {
 			out = append(out, "cgroup "+dir)
@@ -549,6 +550,12 @@ func (e *Env) cleanup() error {
 	// 4. The bench's own namespaces (their veths and bridges go with them).
 	for _, ns := range netnsWithPrefix(netnsPrefix) {
 		if _, err := output(command(ctx, "ip", "netns", "del", ns)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// 5. Files plugins keep (scenario_cni.go).
+	for _, p := range cniLeftovers(e.cfg.root) {
+		if err := os.RemoveAll(p); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -1,5 +1,13 @@
 package main
 
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/onehop/onehop/internal/intent"
+)
+
 // The labs several scenarios share: the same two hosts, farms and VM
 // placement, once with onehop's datapath and once built on Linux bridges,
 // so that a figure of one lab has its counterpart in the other.
@@ -28,3 +36,17 @@ var bridgeLab = LabSpec{Name: "benchbr", Datapath: "bridge", Body: `farms:
   - name: bench
     subnets: [{name: net}, {name: net2}]
 ` + labVMs}
+
+// intentVMs are the VMs in the intent of the lab whose API socket is api
+// (`onehop get vms -o json`).
+func intentVMs(ctx context.Context, e *Env, api string) ([]intent.VM, error) {
+	out, err := output(e.onehop(ctx, "get", "vms", "-o", "json", "--api", api))
+	if err != nil {
+		return nil, err
+	}
+	var vms []intent.VM
+	if err := json.Unmarshal(out, &vms); err != nil {
+		return nil, fmt.Errorf("get vms -o json: %w", err)
+	}
+	return vms, nil
+}

@@ -17,6 +17,10 @@
 //     is a tap, joined to h1's tap by a relay process copying frames
 //     between the two fds, with a vnet_hdr and offloads or without
 //     (scenario_tapguest.go, taprelay.go, docs/guests.md);
+//   - cni: a container's wait from its runtime's `cnitool add` to the
+//     first echo reply from its gateway, onehop's CNI plugin on h1 beside
+//     the reference bridge plugin, p50 and p99 (scenario_cni.go,
+//     echoprobe.go, docs/guests.md);
 //   - vnat-base, vnat1, vnat2: connection migration's configurations (no
 //     VNAT, VNAT with nothing migrated, every connection migrated), with
 //     request/response and connection setup rates too; vnat-restore: the

@@ -117,13 +117,9 @@ func (g *tapGuest) build(ctx context.Context, e *Env, vm string) ([]*Pair, error
 	if _, err := cli("vm", "create", full, "--host", "h1", "--interface", tap); err != nil {
 		return nil, err
 	}
-	out, err := cli("get", "vms", "-o", "json")
+	vms, err := intentVMs(ctx, e, st.APISocket)
 	if err != nil {
 		return nil, err
-	}
-	var vms []intent.VM
-	if err := json.Unmarshal(out, &vms); err != nil {
-		return nil, fmt.Errorf("get vms -o json: %w", err)
 	}
 	for _, v := range vms {
 		if v.FullName() == full {

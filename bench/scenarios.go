@@ -13,6 +13,7 @@ var scenarios = []*Scenario{
 	vethScenario,
 	tapGuestScenario,
 	tapGuestPlainScenario,
+	cniScenario,
 	sliverScenario,
 	psHostScenario,
 	natScenario,

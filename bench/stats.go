@@ -38,6 +38,20 @@ func Summarize(xs []float64) Summary {
 	return Summary{Min: s[0], Median: med, Max: s[len(s)-1], N: len(s)}
 }
 
+// Percentile returns the p-th percentile of xs by nearest rank: the
+// smallest sample that at least p% of the samples do not exceed (NaN if
+// xs is empty). With fewer than 100 samples, p99 is the largest. It is
+// internal/scale's definition, over float64.
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	i := int(math.Ceil(float64(len(s)) * p / 100))
+	return s[max(0, min(len(s)-1, i-1))]
+}
+
 // Ratio returns a/b, or NaN when either is missing (zero): a ratio against
 // nothing must not read as a result.
 func Ratio(a, b float64) float64 {

@@ -31,6 +31,43 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
+func TestPercentileIsNearestRank(t *testing.T) {
+	fifty := make([]float64, 50)
+	for i := range fifty {
+		fifty[i] = float64(50 - i) // 50 .. 1, unsorted
+	}
+	hundred := make([]float64, 100)
+	for i := range hundred {
+		hundred[i] = float64(i + 1)
+	}
+	for _, c := range []struct {
+		name string
+		in   []float64
+		p    float64
+		want float64
+	}{
+		{"p99 of 50 is the largest", fifty, 99, 50},
+		{"p50 of 50 is the 25th", fifty, 50, 25},
+		{"p99 of 100 is the 99th", hundred, 99, 99},
+		{"p100 is the largest", hundred, 100, 100},
+		{"p0 is the smallest", fifty, 0, 1},
+		{"one sample", []float64{7}, 99, 7},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := append([]float64(nil), c.in...)
+			if got := Percentile(in, c.p); got != c.want {
+				t.Errorf("Percentile(p%v) = %v, want %v", c.p, got, c.want)
+			}
+			if !reflect.DeepEqual(in, c.in) {
+				t.Error("Percentile reordered its input")
+			}
+		})
+	}
+	if got := Percentile(nil, 50); !math.IsNaN(got) {
+		t.Errorf("Percentile of nothing = %v, want NaN", got)
+	}
+}
+
 func TestRatioAndTarget(t *testing.T) {
 	for _, c := range []struct {
 		name          string

@@ -36,6 +36,8 @@ for cmd in "${!need[@]}"; do
 done
 # libbpf headers for the BPF C (bpf_helpers.h & co).
 [ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
+# bench: the reference CNI plugins (bridge, host-local) the onehop plugin is compared with.
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing+=(containernetworking-plugins)
 # linux uapi headers for asm/ types under the multiarch include path.
 [ -d /usr/include/x86_64-linux-gnu/asm ] || missing+=(linux-libc-dev)
 # The QEMU guest's kernel and its virtio modules (a file, not a command:

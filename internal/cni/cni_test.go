@@ -326,7 +326,7 @@ func (f *fakeLinks) Add(s LinkSpec) (string, error) {
 	f.links[s.HostIf] = s
 	return "aa:bb:cc:dd:ee:ff", nil
 }
-func (f *fakeLinks) WaitUp(ctx context.Context, hostIf string) error {
+func (f *fakeLinks) WaitUp(ctx context.Context, hostIf, netns, ifname string) error {
 	if f.attaches {
 		f.up[hostIf] = true
 		return nil

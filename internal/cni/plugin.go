@@ -58,9 +58,10 @@ type Links interface {
 	NetnsExists(path string) bool
 	// Add makes s's link and returns the host end's MAC.
 	Add(s LinkSpec) (hostMAC string, err error)
-	// WaitUp returns once hostIf is up (the agent attached to it), or
-	// ctx's error.
-	WaitUp(ctx context.Context, hostIf string) error
+	// WaitUp returns once hostIf is up (the agent attached to it) and
+	// ifname in netns, its peer, can send (operationally up), or ctx's
+	// error.
+	WaitUp(ctx context.Context, hostIf, netns, ifname string) error
 	// Delete removes hostIf, and ifname in netns if it is still there;
 	// what is already gone is no error, netns may be "" or gone.
 	Delete(hostIf, netns, ifname string) error
@@ -195,7 +196,7 @@ func (p *Plugin) add(ctx context.Context, c NetConf, env Env) (any, error) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, c.Attach)
 	defer cancel()
-	if err := p.Links.WaitUp(wctx, iface); err != nil {
+	if err := p.Links.WaitUp(wctx, iface, env.Netns, env.IfName); err != nil {
 		undo()
 		return nil, &Error{Code: ErrNotAttached,
 			Msg:     fmt.Sprintf("vm %s: host %s's agent did not attach to %s within %s", vm.FullName(), c.Host, iface, c.Attach),

@@ -107,49 +107,115 @@ func (Links) Add(s cni.LinkSpec) (string, error) {
 	return host.Attrs().HardwareAddr.String(), nil
 }
 
-// WaitUp implements cni.Links: it follows the host's link changes and
-// returns when hostIf is up. The agent sets it up only after attaching
-// its program and writing the VM's entries (agent.Router.bringUp), so up
-// means the container can talk.
-func (Links) WaitUp(ctx context.Context, hostIf string) error {
-	updates := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	errs := make(chan error, 1)
-	if err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) {
-			select {
-			case errs <- err:
-			default:
-			}
-		}}); err != nil {
+// WaitUp implements cni.Links: it follows link changes on the host until
+// hostIf is up, then in the container's namespace until ifname is
+// operationally up. The agent sets hostIf up only after attaching its
+// program and writing the VM's entries (agent.Router.bringUp). That gives
+// the container's end its carrier, but the kernel activates that end's
+// transmit queue later, from a work queue (linkwatch), and drops what the
+// end sends before (its TX dropped): a container started at once would
+// lose its first ARP request and wait a second for the next. The
+// activation is what makes the end operationally up, so up and
+// operationally up means the container can talk.
+func (Links) WaitUp(ctx context.Context, hostIf, netnsPath, ifname string) error {
+	ns, err := netns.GetFromPath(netnsPath)
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", netnsPath, err)
+	}
+	defer ns.Close()
+	// Both followed before the first read: a change between the two is
+	// not lost.
+	onHost, err := follow(nil)
+	if err != nil {
 		return fmt.Errorf("follow link changes: %w", err)
 	}
-	defer func() {
-		go func() {
-			for range updates {
+	defer onHost.stop()
+	inCtr, err := follow(&ns)
+	if err != nil {
+		return fmt.Errorf("follow link changes in %s: %w", netnsPath, err)
+	}
+	defer inCtr.stop()
+	hostUp := func(l netlink.Link) bool { return l.Attrs().Flags&net.FlagUp != 0 }
+	if err := onHost.until(ctx, hostIf, hostUp, func() (netlink.Link, error) { return netlink.LinkByName(hostIf) }); err != nil {
+		return fmt.Errorf("%w (%s)", err, stateOf(err, "it is still down"))
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", netnsPath, err)
+	}
+	defer h.Close()
+	operUp := func(l netlink.Link) bool { return l.Attrs().OperState == netlink.OperUp }
+	if err := inCtr.until(ctx, ifname, operUp, func() (netlink.Link, error) { return h.LinkByName(ifname) }); err != nil {
+		return fmt.Errorf("%s is up but %s in %s cannot send yet: %w (%s)", hostIf, ifname, netnsPath, err, stateOf(err, "not operationally up"))
+	}
+	return nil
+}
+
+// errGone is a link that went while WaitUp waited for it.
+var errGone = errors.New("it is gone")
+
+// stateOf says what a wait's error found: errGone's words, or otherwise.
+func stateOf(err error, otherwise string) string {
+	if errors.Is(err, errGone) {
+		return "it is gone"
+	}
+	return otherwise
+}
+
+// linkEvents are the link changes of one namespace.
+type linkEvents struct {
+	updates chan netlink.LinkUpdate
+	errs    chan error
+	done    chan struct{}
+}
+
+// follow subscribes to the link changes of ns (nil: the caller's own).
+func follow(ns *netns.NsHandle) (*linkEvents, error) {
+	ev := &linkEvents{updates: make(chan netlink.LinkUpdate, 64), errs: make(chan error, 1), done: make(chan struct{})}
+	err := netlink.LinkSubscribeWithOptions(ev.updates, ev.done, netlink.LinkSubscribeOptions{
+		Namespace: ns,
+		ErrorCallback: func(err error) {
+			select {
+			case ev.errs <- err:
+			default:
 			}
-		}()
+		}})
+	if err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// stop ends the subscription, draining what is still sent.
+func (ev *linkEvents) stop() {
+	close(ev.done)
+	go func() {
+		for range ev.updates {
+		}
 	}()
-	// Read after subscribing: a change between the two is not lost.
-	if l, err := netlink.LinkByName(hostIf); err == nil && l.Attrs().Flags&net.FlagUp != 0 {
+}
+
+// until returns once name is ready: as read now, or in a change that
+// follows; or ctx's error, or errGone if the link is not there when ctx
+// ends.
+func (ev *linkEvents) until(ctx context.Context, name string, ready func(netlink.Link) bool, read func() (netlink.Link, error)) error {
+	if l, err := read(); err == nil && ready(l) {
 		return nil
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			state := "it is still down"
-			if _, err := netlink.LinkByName(hostIf); err != nil {
-				state = "it is gone"
+			if _, err := read(); err != nil {
+				return fmt.Errorf("%w: %w", ctx.Err(), errGone)
 			}
-			return fmt.Errorf("%w (%s)", ctx.Err(), state)
-		case err := <-errs:
+			return ctx.Err()
+		case err := <-ev.errs:
 			return fmt.Errorf("link changes: %w", err)
-		case u, ok := <-updates:
+		case u, ok := <-ev.updates:
 			if !ok {
 				return errors.New("link changes: subscription ended")
 			}
-			if u.Link != nil && u.Link.Attrs().Name == hostIf && u.Header.Type == unix.RTM_NEWLINK && u.IfInfomsg.Flags&unix.IFF_UP != 0 {
+			if u.Link != nil && u.Link.Attrs().Name == name && u.Header.Type == unix.RTM_NEWLINK && ready(u.Link) {
 				return nil
 			}
 		}

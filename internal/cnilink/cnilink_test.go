@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/onehop/onehop/internal/cni"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/netns"
@@ -21,6 +24,9 @@ import (
 // is made with the container's end named, addressed and routed, the host
 // end down (WaitUp waits, and says so when it gives up), up once someone
 // else (the agent) brings it up, and Delete removes both ends, twice.
+// When WaitUp returns, the container's end can send: the first frame it
+// sends at once (the ARP request of a datagram to the gateway) is not
+// dropped, and it arrives on the host end.
 func TestPrivilegedContainerLinkStaysDownUntilUpAndGoesWithoutATrace(t *testing.T) {
 	testenv.RequireRoot(t, "creates namespaces and veths")
 	host, ctr := netnstest.New(t, "cnih"), netnstest.New(t, "cnic")
@@ -50,11 +56,20 @@ func TestPrivilegedContainerLinkStaysDownUntilUpAndGoesWithoutATrace(t *testing.
 			return fmt.Errorf("CheckLink before the agent: %v", err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		err = l.WaitUp(ctx, vm.Interface)
+		err = l.WaitUp(ctx, vm.Interface, ctrPath, "eth0")
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "still down") {
 			return fmt.Errorf("WaitUp with nobody to bring it up: %v", err)
 		}
+		// The container's socket, ready before the link comes up.
+		var sock int
+		if err := netns.Do(ctr, func() (err error) {
+			sock, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			return err
+		}); err != nil {
+			return err
+		}
+		defer unix.Close(sock)
 		// The agent's part, from another thread, bound to the host's
 		// namespace as the agent is.
 		go func() {
@@ -74,8 +89,16 @@ func TestPrivilegedContainerLinkStaysDownUntilUpAndGoesWithoutATrace(t *testing.
 		}()
 		ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := l.WaitUp(ctx, vm.Interface); err != nil {
+		if err := l.WaitUp(ctx, vm.Interface, ctrPath, "eth0"); err != nil {
 			return fmt.Errorf("WaitUp once it is brought up: %v", err)
+		}
+		// At once, as a container started when ADD returns does: the
+		// ARP request for the gateway is the first frame eth0 sends.
+		if err := unix.Sendto(sock, []byte("first"), 0, &unix.SockaddrInet4{Port: 9, Addr: spec.Gateway.As4()}); err != nil {
+			return fmt.Errorf("the container's first datagram: %v", err)
+		}
+		if err := firstFrameSent(host, ctr, vm.Interface); err != nil {
+			return err
 		}
 		if st, err = l.Inspect(vm.Interface, ctrPath, "eth0"); err != nil {
 			return err
@@ -115,4 +138,36 @@ func TestPrivilegedContainerLinkStaysDownUntilUpAndGoesWithoutATrace(t *testing.
 	if _, err := h.LinkByName("eth0"); err == nil {
 		t.Error("after Delete the container still has eth0")
 	}
+}
+
+// firstFrameSent checks the container's first frame: eth0 dropped none
+// (the kernel drops what a veth end sends before it has activated the
+// end's queue, which it does after the carrier comes, on its own time)
+// and the host end received it (a veth counts both as it sends).
+func firstFrameSent(host, ctr, hostIf string) error {
+	stats := func(ns, ifname string) (*netlink.LinkStatistics, error) {
+		h, err := netns.Handle(ns)
+		if err != nil {
+			return nil, err
+		}
+		defer h.Close()
+		l, err := h.LinkByName(ifname)
+		if err != nil {
+			return nil, err
+		}
+		return l.Attrs().Statistics, nil
+	}
+	st, err := stats(ctr, "eth0")
+	if err != nil {
+		return err
+	}
+	hs, err := stats(host, hostIf)
+	if err != nil {
+		return err
+	}
+	if st.TxDropped != 0 || hs.RxPackets == 0 {
+		return fmt.Errorf("right after WaitUp returned, eth0 sent %d frame(s) and dropped %d, %s received %d: the container could not send yet",
+			st.TxPackets, st.TxDropped, hostIf, hs.RxPackets)
+	}
+	return nil
 }
