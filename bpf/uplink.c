@@ -101,5 +101,5 @@ int uplink_ingress(struct __sk_buff *skb)
 	else /* the gateway illusion (paper §2) */
 		virtual_mac(gateway_of(ip->daddr), pkt.eth->h_source);
 	count_forward(FWD_FROM_FABRIC);
-	return deliver_to_vif(dst->ifindex, dst->kind);
+	return deliver_to_vif(skb, dst->ifindex, dst->kind, 0);
 }

@@ -1,4 +1,5 @@
-/* tcx ingress on a guest vif: every frame a VM sends passes here first.
+/* tcx ingress on a guest vif (egress on a macvtap): every frame a VM sends
+ * passes here first.
  * Order follows the paper's Figure 3: anti-spoof, visibility and firewalls,
  * mapping-table lookup, MAC rewrite, then straight to the destination —
  * the peer vif on this host or the uplink towards the holding host; a
@@ -35,7 +36,13 @@ const enum slowpath_kind *_slowpath_kind_type __attribute__((unused));
 const enum share_kind *_share_kind_type __attribute__((unused));
 const enum feature_bit *_feature_bit_type __attribute__((unused));
 const enum vif_kind *_vif_kind_type __attribute__((unused));
+const enum guest_mark *_guest_mark_type __attribute__((unused));
 
+/* Every frame a guest sends. On a veth or a tap that is the vif's ingress;
+ * on a macvtap it is its egress, since what the guest writes to the
+ * macvtap's fd is sent by the device (tap_get_user: dev_queue_xmit), and
+ * a frame for the guest enters the device's ingress instead
+ * (deliver_to_vif). */
 SEC("tc")
 int vif_ingress(struct __sk_buff *skb)
 {
@@ -56,6 +63,10 @@ int vif_ingress(struct __sk_buff *skb)
 	struct vif_info *vif = bpf_map_lookup_elem(&vifs, &ifindex);
 	if (!vif)
 		return drop_packet(skb, &pkt, DROP_UNKNOWN_VIF);
+	/* Only on a macvtap's egress: the agent's own frame for the guest (a
+	 * DHCP answer, from its marked packet socket), on its way in. */
+	if (skb->mark == GUEST_MARK && vif->kind == VIF_MACVTAP)
+		return deliver_in_guest(skb, ifindex);
 	/* A DHCP client has no address yet (source 0.0.0.0), so only its MAC
 	 * is checked; the agent answers with the VM's own address anyway. */
 	int dhcp = dhcp_class(&pkt);
@@ -76,6 +87,9 @@ int vif_ingress(struct __sk_buff *skb)
 	/* The VNAT location service, to the host's stack (vnat_service.h): the
 	 * frame is for the gateway's MAC, so it is made the host's own. */
 	if (cfg && feature_on(cfg, FEATURE_VNAT_LOCATION) && to_location_service(&pkt)) {
+		/* Passed on, a macvtap's frame would leave by its lower device. */
+		if (vif->kind == VIF_MACVTAP)
+			return drop_packet(skb, &pkt, DROP_MACVTAP_NO_STACK);
 		if (!share_take(vif->ip, SHARE_PUNTS, packet_now(&pkt)))
 			return drop_packet(skb, &pkt, DROP_OVER_SHARE);
 		bpf_skb_change_type(skb, PACKET_HOST_);
@@ -83,6 +97,8 @@ int vif_ingress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	if (pkt.arp) {
+		if (vif->kind == VIF_MACVTAP)
+			skb->mark = GUEST_MARK; /* harmless on a frame that is dropped or leaves the host */
 		int to_fabric = 0;
 		reason = handle_vm_arp(&pkt, cfg, &to_fabric);
 		if (reason)
@@ -92,7 +108,10 @@ int vif_ingress(struct __sk_buff *skb)
 			return redirect_out(cfg->uplink_ifindex);
 		}
 		count_forward(FWD_ARP_REPLY);
-		/* Egress of the same vif delivers the reply to the asking VM. */
+		/* Egress of the same vif delivers the reply to the asking VM; on a
+		 * macvtap, marked above, this program takes it in on a second
+		 * pass (reply_to_vif here would need a stack slot more than the
+		 * program has). */
 		return redirect_out(ifindex);
 	}
 
@@ -101,7 +120,7 @@ int vif_ingress(struct __sk_buff *skb)
 		return drop_packet(skb, &pkt, DROP_MALFORMED);
 	if (answer_gateway_ping(&pkt)) {
 		count_forward(FWD_GATEWAY_REPLY);
-		return redirect_out(ifindex);
+		return reply_to_vif(skb, ifindex, vif->kind);
 	}
 	if (!cfg) /* the agent has not configured this node yet */
 		return drop_packet(skb, &pkt, DROP_NO_UPLINK);
@@ -143,7 +162,7 @@ int vif_ingress(struct __sk_buff *skb)
 			/* Tell the sender, as a router would: traceroute's first hop. */
 			if (make_time_exceeded(skb, vif->mac) == 0) {
 				count_forward(FWD_GATEWAY_REPLY);
-				return redirect_out(ifindex);
+				return reply_to_vif(skb, ifindex, vif->kind);
 			}
 			/* The frame may be half rebuilt: log no headers. */
 			struct packet rebuilt = {};
@@ -163,7 +182,8 @@ int vif_ingress(struct __sk_buff *skb)
 			tap_copy(skb, cfg, packet_now(&pkt));
 		/* Straight into the receiving VM (its namespace, for a veth: skips a
 		 * backlog pass). */
-		return deliver_to_vif(local->ifindex, local->kind);
+		/* On a macvtap this program runs on its egress (see above). */
+		return deliver_to_vif(skb, local->ifindex, local->kind, vif->kind == VIF_MACVTAP);
 	}
 
 	if (!cfg->uplink_ifindex)
@@ -193,4 +213,24 @@ int vif_ingress(struct __sk_buff *skb)
 	if (feature_on(cfg, FEATURE_TAP) && tap_copy_first(skb, cfg, packet_now(&pkt)))
 		return TC_ACT_STOLEN;
 	return redirect_out(cfg->uplink_ifindex);
+}
+
+/* tcx ingress on a macvtap guest's vif. Its lower device hands the guest
+ * frames of its own, past the datapath: the macvlan rx path
+ * (macvlan_handle_frame) delivers every unicast frame for the macvtap's MAC
+ * and a copy of every broadcast and multicast from the wire, in every mode,
+ * and in bridge mode the frames of the lower device's other macvlans. Each
+ * of them enters the macvtap here, before its fd takes it
+ * (__netif_receive_skb_core runs tcx ingress before the rx_handler,
+ * tap_handle_frame). Only what the datapath delivered, marked, passes. */
+SEC("tc")
+int vif_macvtap_guard(struct __sk_buff *skb)
+{
+	if (skb->mark == GUEST_MARK) {
+		skb->mark = 0; /* the guest's own frames start unmarked again */
+		return TC_ACT_OK;
+	}
+	/* Routine on a real host (every broadcast on the wire comes here):
+	 * counted, not logged. */
+	return drop_quietly(DROP_MACVTAP_BYPASS);
 }

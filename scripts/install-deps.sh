@@ -9,6 +9,7 @@ declare -A need=(
   [llvm-strip]=llvm          # bpf2go strips the objects it embeds
   [clang-format-14]=clang-format-14  # make lint: bpf/ stays in .clang-format's style (same LLVM as clang-14)
   [ip]=iproute2
+  [bridge]=iproute2        # e2e: the lab fabric's ports are locked, each bound to its MAC
   [ping]=iputils-ping
   [iperf3]=iperf3
   [tcpdump]=tcpdump

@@ -101,9 +101,9 @@ static __always_inline int is_broadcast_mac(const __u8 *m)
  * own ARP goes to their stacks untouched): answers known hosts' questions
  * for this host's VMs, learns the answers to its own questions, and hands
  * a VM the answer it asked for. Only known hosts are heard; a question
- * never moves an entry, and an answer or announcement that would (a VM
- * moved, says another host) goes to the agent, which checks the store
- * (fabric_trust.h). */
+ * never makes or moves an entry, and an answer or announcement that would
+ * move one (a VM moved, says another host) goes to the agent, which checks
+ * the store (fabric_trust.h). */
 static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packet *pkt,
 					     const struct node_config *cfg)
 {
@@ -123,12 +123,18 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 		if (is_tenant_source(cfg, spa)) {
 			if (bpf_map_lookup_elem(&endpoints, &spa))
 				return drop_packet(skb, pkt, DROP_FABRIC_ARP_CONFLICT);
-			/* The asking VM's traffic comes next; answer it without a miss.
-			 * Learned only if new: a question moves no entry, but doubts
-			 * one that disagrees (the sweep then asks). */
-			if (learn_mapping(spa, from, packet_now(pkt))) {
-				struct mapping *m = bpf_map_lookup_elem(&mappings, &spa);
-				if (m)
+			/* A question teaches nothing: its sender address is only what
+			 * the asker says, and a node using a host's MAC would point a VM
+			 * of another host at itself. It confirms an entry that agrees
+			 * and doubts one that disagrees (the sweep then asks); entries
+			 * come from answers to this host's questions, moves from claims
+			 * the store backs. The asker's traffic, when it comes, is
+			 * checked as any (fabric_sender). */
+			struct mapping *m = bpf_map_lookup_elem(&mappings, &spa);
+			if (m && !mac_is_zero(m->host_mac)) {
+				if (mac_equal(m->host_mac, from))
+					m->confirmed_ns = packet_now(pkt);
+				else
 					mapping_doubted(m);
 			}
 		}
@@ -184,7 +190,7 @@ static __always_inline int handle_fabric_arp(struct __sk_buff *skb, struct packe
 	virtual_mac(spa, pkt->eth->h_source);
 	mac_copy(arp->tha, asker->mac);
 	count_forward(FWD_ARP_REPLY);
-	return deliver_to_vif(asker->ifindex, asker->kind);
+	return deliver_to_vif(skb, asker->ifindex, asker->kind, 0);
 }
 
 #endif

@@ -123,7 +123,7 @@ static long copy_member(__u32 index, void *ctx)
 		if (bpf_skb_store_bytes(w->skb, ETH_ALEN, gw_mac, ETH_ALEN, 0) < 0)
 			return 1;
 	}
-	if (clone_out(w->skb, ifindex) == 0)
+	if (clone_to(w->skb, &m->ifindex) == 0)
 		count_forward(FWD_BROADCAST);
 	return 0;
 }

@@ -100,6 +100,9 @@ enum drop_reason {
 	/* Virtual TAP (tap.h). */
 	DROP_RESERVED_FLAG,    /* a VM sent IPv4 with the reserved flag set: the fabric's copy marker, which no VM may forge */
 	DROP_TAP_COPY_UNKNOWN, /* a copy from the fabric that no rule with a monitor on this host wants (or flooded past us) */
+	/* macvtap guests (vif.c, vif_macvtap_guard). */
+	DROP_MACVTAP_BYPASS,   /* reached a macvtap guest by its lower device's macvlan path, not from the datapath */
+	DROP_MACVTAP_NO_STACK, /* a macvtap guest's frame for the host's stack (VNAT location): a macvtap has no way in */
 	DROP_REASON_MAX,
 };
 
@@ -133,6 +136,20 @@ enum forward_path {
 enum vif_kind {
 	VIF_VETH = 0, /* the host end of a veth pair: delivered into its peer */
 	VIF_TAP,      /* a tap (QEMU, libvirt): delivered out of the device, to its reader */
+	VIF_MACVTAP,  /* a macvtap (libvirt type='direct'): the vif program sits on its egress,
+		       * delivered into its ingress, marked (GUEST_MARK) */
+};
+
+/* The skb mark of a frame the datapath (or the agent, by its marked packet
+ * socket) hands to a macvtap guest. A macvtap's lower device hands the
+ * guest frames too, through the macvlan rx path (drivers/net/macvlan.c):
+ * the guard on the macvtap's ingress lets through only frames with this
+ * mark, so the guest receives only what the datapath delivers. A frame
+ * from a guest or from the wire cannot carry it: tap and tun writes start
+ * at mark 0, veths clear it between namespaces, and only CAP_NET_ADMIN sets
+ * SO_MARK. An enum so the agent's twin is generated (bpf2go -type). */
+enum guest_mark {
+	GUEST_MARK = 0x6f680001, /* "oh", 1 */
 };
 
 /* A frame the agent must handle, copied whole (up to SLOWPATH_MAX bytes)

@@ -8,6 +8,7 @@
 #define ONEHOP_REDIRECT_H
 
 #include "common.h"
+#include "endpoint_maps.h"
 
 /* How a frame left: out of a device (bpf_redirect to its egress), into a
  * veth peer's namespace (bpf_redirect_peer), or as a copy (bpf_clone_redirect
@@ -17,7 +18,8 @@ enum redirect_kind {
 	REDIRECT_OUT,
 	REDIRECT_PEER,
 	REDIRECT_CLONE,
-	REDIRECT_IN, /* bpf_redirect to a device's ingress, as if it had arrived there */
+	REDIRECT_IN,       /* bpf_redirect to a device's ingress, as if it had arrived there */
+	REDIRECT_CLONE_IN, /* bpf_clone_redirect to a device's ingress: a copy into a macvtap guest */
 };
 
 #ifdef ONEHOP_TEST_HOOKS
@@ -74,17 +76,6 @@ static __always_inline int redirect_peer(__u32 ifindex)
 	return bpf_redirect_peer(ifindex, 0);
 }
 
-/* To the guest behind the vif with this ifindex, the way its kind (enum
- * vif_kind) takes a frame: into a veth's peer, out of a tap (to the
- * process reading it: QEMU). Every delivery to a guest but a reply on the
- * vif it came in by (redirect_out, right for both) goes through here. */
-static __always_inline int deliver_to_vif(__u32 ifindex, __u8 kind)
-{
-	if (kind == VIF_TAP)
-		return redirect_out(ifindex);
-	return redirect_peer(ifindex);
-}
-
 /* Into the device with this ifindex, as if it had arrived there: the
  * kernel takes the frame through eth_type_trans again (its packet type is
  * judged anew from its destination MAC). */
@@ -100,6 +91,60 @@ static __always_inline long clone_out(struct __sk_buff *skb, __u32 ifindex)
 {
 	log_redirect(ifindex, REDIRECT_CLONE);
 	return bpf_clone_redirect(skb, ifindex, 0);
+}
+
+/* Into a macvtap guest: the macvtap's ingress hands the frame to its fd
+ * (tap_handle_frame), past the guard that passes only this mark. Its egress
+ * would send the frame out of the lower device instead. */
+static __always_inline int deliver_in_guest(struct __sk_buff *skb, __u32 ifindex)
+{
+	skb->mark = GUEST_MARK;
+	return redirect_in(ifindex);
+}
+
+/* To the guest behind the vif with this ifindex, the way its kind (enum
+ * vif_kind) takes a frame: into a veth's peer, out of a tap (to the
+ * process reading it: QEMU), into a macvtap. from_egress: the caller is a
+ * macvtap's program, on its egress, where bpf_redirect_peer drops (it works
+ * from ingress only): a veth is reached out of its host end instead. */
+static __always_inline int deliver_to_vif(struct __sk_buff *skb, __u32 ifindex, __u8 kind, int from_egress)
+{
+	if (kind == VIF_MACVTAP)
+		return deliver_in_guest(skb, ifindex);
+	if (kind == VIF_TAP || from_egress)
+		return redirect_out(ifindex);
+	return redirect_peer(ifindex);
+}
+
+/* A reply to the guest that sent the frame, on the vif it came in by
+ * (proxy ARP answers, the gateway's ping replies, time-exceeded): out of a
+ * veth or tap, which reaches the guest; into a macvtap, whose egress the
+ * frame came in by. */
+static __always_inline int reply_to_vif(struct __sk_buff *skb, __u32 ifindex, __u8 kind)
+{
+	if (kind == VIF_MACVTAP)
+		return deliver_in_guest(skb, ifindex);
+	return redirect_out(ifindex);
+}
+
+/* A copy to the device *ifindex names (a VM's vif, or the uplink towards a
+ * monitor's host): out of it, or, for a macvtap guest's vif (its vifs entry
+ * says), into it with the guard's mark. ifindex points into a map value, so
+ * the key costs no stack (the vif program's is at its limit). The frame
+ * itself stays with the caller, its mark as it was. Returns 0 when the copy
+ * was sent. */
+static __always_inline long clone_to(struct __sk_buff *skb, const __u32 *ifindex)
+{
+	__u32 to = *ifindex;
+	struct vif_info *vif = bpf_map_lookup_elem(&vifs, ifindex);
+	if (!vif || vif->kind != VIF_MACVTAP)
+		return clone_out(skb, to);
+	__u32 mark = skb->mark;
+	skb->mark = GUEST_MARK;
+	log_redirect(to, REDIRECT_CLONE_IN);
+	long err = bpf_clone_redirect(skb, to, BPF_F_INGRESS);
+	skb->mark = mark;
+	return err;
 }
 
 #endif

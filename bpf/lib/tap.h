@@ -225,7 +225,7 @@ static __always_inline int tap_send(struct tap_walk *w, __u32 t)
 	}
 	if (!w->recover && tap_view(w, tg) < 0)
 		return 0;
-	if (clone_out(w->skb, tg->ifindex) != 0)
+	if (clone_to(w->skb, &tg->ifindex) != 0)
 		return 0;
 	if (w->recover)
 		count_forward(FWD_TAP_COPY_RECOVERED);

@@ -35,8 +35,10 @@ known host, then the farm/subnet's Ethernet multicast address; entries in use
 are confirmed every --arp-refresh and forgotten after --arp-idle unused.
 
 Metrics (per-reason drop counters, forwarded packets, mapping-table use, ARP
-engine events) are served in Prometheus format on --metrics-addr/metrics; every
-drop is also logged with its reason (rate-limited).`,
+engine events) are served in Prometheus format on --metrics-addr/metrics, the
+host's loopback by default: they count every guest's traffic, so no guest may
+reach them (docs/security.md). Every drop is also logged with its reason
+(rate-limited).`,
 		Example: `  onehop agent --node h1 --etcd-endpoints http://192.168.100.1:2379 --uplink uplink0 --bpffs /run/onehop/bpffs`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -84,7 +86,8 @@ drop is also logged with its reason (rate-limited).`,
 	f.StringVar(&cfg.SliverCgroups, "sliver-cgroups", "",
 		"cgroup v2 directory whose child NAME holds sliver NAME's processes: binds outside its lease fail there with EPERM")
 	f.StringVar(&cfg.BPFFS, "bpffs", "/run/onehop/bpffs", "bpffs mount point (mounted if needed); keep it outside /sys")
-	f.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9100", "address for /metrics; empty to disable")
+	f.StringVar(&cfg.MetricsAddr, "metrics-addr", agent.DefaultMetricsAddr,
+		"IP:PORT for /metrics, never every address nor an uplink's (slivers share it): the loopback or a management address; empty to disable")
 	f.DurationVar(&cfg.Resync, "resync", 2*time.Second, "reconcile at least this often")
 	f.DurationVar(&cfg.StatusEvery, "status-interval", 0,
 		fmt.Sprintf("write this host's status at most this often while changes keep coming; a quiet host reports its first change at once. 0: sized to the cloud, hosts/%d seconds between %v and %v, so all agents together write at most about %d a second up to %d hosts (docs/control-plane.md)",

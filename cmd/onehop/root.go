@@ -86,6 +86,7 @@ Try it on one machine (as root):
 			root.AddCommand(n.cmd())
 		}
 	}
+	strictArgs(root)
 	return root
 }
 

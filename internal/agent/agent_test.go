@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -319,5 +320,67 @@ func TestAgentRegistersEveryUplinkAndItsEphemeralRange(t *testing.T) {
 	}
 	if n.EphemeralLo != 40000 || n.EphemeralHi != 50000 {
 		t.Errorf("ephemeral = %d-%d, want 40000-50000", n.EphemeralLo, n.EphemeralHi)
+	}
+}
+
+// upperInterfaces is a host's interface table that can bring links up: a
+// name in fail refuses once per count left.
+type upperInterfaces struct {
+	fakeInterfaces
+	mu   sync.Mutex
+	ups  []string
+	fail map[string]int
+}
+
+func (u *upperInterfaces) SetUp(name string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ups = append(u.ups, name)
+	if u.fail[name] > 0 {
+		u.fail[name]--
+		return fmt.Errorf("bring %s up: resource busy", name)
+	}
+	return nil
+}
+
+// A guest interface the agent attached but could not bring up is tried
+// again on the next pass, as a failed attach is, and the pass fails until
+// it is up (reported, counted); once up it is left alone, as is the one
+// that came up the first time.
+func TestAGuestInterfaceThatFailedToComeUpIsTriedAgainOnTheNextPass(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMemory()
+	putDesired(t, s, "h1", desired())
+	ifs := &upperInterfaces{fakeInterfaces: fakeInterfaces{"uplink0": 2, "vif-web1": 5, "vif-web3": 6}, fail: map[string]int{"vif-web3": 2}}
+	a := newAgent(t, s, &fakeDatapath{}, ifs)
+	ups := func() []string {
+		ifs.mu.Lock()
+		defer ifs.mu.Unlock()
+		out := ifs.ups
+		ifs.ups = nil
+		return out
+	}
+	for pass, want := range [][]string{{"vif-web1", "vif-web3"}, {"vif-web3"}} {
+		_, err := a.ReconcileOnce(ctx)
+		if err == nil || !strings.Contains(err.Error(), "vif-web3") {
+			t.Fatalf("pass %d: error %v, want one naming vif-web3", pass, err)
+		}
+		if got := ups(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("pass %d brought up %v, want %v", pass, got, want)
+		}
+		if st := publishedStatus(t, s, "h1"); !strings.Contains(st.Error, "vif-web3") {
+			t.Fatalf("pass %d: status error %q, want it naming vif-web3", pass, st.Error)
+		}
+	}
+	reconcile(t, a) // the third try succeeds: the pass does too
+	if got := ups(); !reflect.DeepEqual(got, []string{"vif-web3"}) {
+		t.Fatalf("third pass brought up %v, want [vif-web3]", got)
+	}
+	reconcile(t, a)
+	if got := ups(); len(got) != 0 {
+		t.Fatalf("a pass after both are up brought up %v again", got)
+	}
+	if _, _, failures := a.Status(); failures != 2 {
+		t.Fatalf("failures %d, want the 2 passes that could not bring vif-web3 up", failures)
 	}
 }

@@ -61,6 +61,11 @@ func (c DaemonConfig) Validate() error {
 	case c.BPFFS == "":
 		return errors.New("--bpffs is required: a directory for pinned maps and links")
 	}
+	if c.MetricsAddr != "" {
+		if err := CheckMetricsAddr(c.MetricsAddr, nil); err != nil {
+			return err
+		}
+	}
 	if err := c.TLS.CheckMode(c.Insecure, "the agent dials etcd"); err != nil {
 		return err
 	}
@@ -162,6 +167,9 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 
 	if cfg.MetricsAddr != "" {
+		if err := CheckMetricsAddr(cfg.MetricsAddr, uplinkAddrs(cfg.uplinks())); err != nil {
+			return err
+		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(NewCollector(a), groups, a.listeners)
 		mux := http.NewServeMux()
@@ -178,6 +186,62 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}
 	defer sdnotify.Tell(log, sdnotify.Stopping)
 	return a.Run(ctx)
+}
+
+// DefaultMetricsAddr is where the agent serves /metrics unless told
+// otherwise: the host's loopback, which no guest reaches (CheckMetricsAddr).
+const DefaultMetricsAddr = "127.0.0.1:9100"
+
+// CheckMetricsAddr refuses a --metrics-addr a guest could reach. The
+// counters name every VM and sliver of the host, and a sliver shares its
+// host's uplink address and reaches the host's own stack on every port it
+// does not lease (the hairpin): so neither every address (0.0.0.0, ::, an
+// empty host) nor an address of an uplink (uplinks, as far as known) will
+// do. The loopback, or a management address no guest shares, will.
+func CheckMetricsAddr(addr string, uplinks []netip.Addr) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %q: want IP:PORT (%s by default): %w", addr, DefaultMetricsAddr, err)
+	}
+	why := "slivers share this host's uplink address and reach its own stack through the hairpin, and the counters name every guest"
+	if host == "" {
+		return fmt.Errorf("--metrics-addr %q listens on every address, the uplink's too: %s; give the loopback (%s) or a management address no guest shares", addr, why, DefaultMetricsAddr)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %q: %q is not an IP address (a name could resolve to one a guest reaches)", addr, host)
+	}
+	if ip.IsUnspecified() {
+		return fmt.Errorf("--metrics-addr %q listens on every address, the uplink's too: %s; give the loopback (%s) or a management address no guest shares", addr, why, DefaultMetricsAddr)
+	}
+	for _, u := range uplinks {
+		if u == ip.Unmap() {
+			return fmt.Errorf("--metrics-addr %q is an uplink's address: %s; give the loopback (%s) or a management address no guest shares", addr, why, DefaultMetricsAddr)
+		}
+	}
+	return nil
+}
+
+// uplinkAddrs lists the addresses on the uplinks there are; one missing
+// has none to refuse yet.
+func uplinkAddrs(names []string) []netip.Addr {
+	var out []netip.Addr
+	for _, name := range names {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			continue
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
 }
 
 // readyNotifier tells systemd the agent is ready: called after the first

@@ -153,19 +153,29 @@ func (LinkTable) SetUp(name string) error {
 // bringUp brings up each guest interface plan attached that was not
 // attached before (by its ifindex): only now may its guest's frames come
 // in. An interface up already stays up; one an operator takes down later
-// stays down until it is attached again. Called by Sync once Apply has
-// attached, before locals are replaced.
-func (r *Router) bringUp(plan *routerPlan) {
+// stays down until it is attached again. One that could not be brought up
+// is tried again on every pass until it is, as a failed attach is, and the
+// pass fails meanwhile. Called by Sync once Apply has attached, before
+// locals are replaced.
+func (r *Router) bringUp(plan *routerPlan) error {
 	if r.up == nil {
-		return
+		return nil
 	}
+	pending := map[int]string{}
+	var errs []error
 	for _, l := range plan.local {
 		idx, ok := plan.entries.Attach[l.Interface]
-		if !ok || r.locals[idx].Name == l.Name {
+		if !ok || (r.locals[idx].Name == l.Name && r.upPending[idx] != l.Name) {
 			continue
 		}
 		if err := r.up(l.Interface); err != nil {
-			r.log.Warn("guest interface attached but not brought up", "interface", l.Interface, "vm", l.Name, "err", err)
+			if r.upPending[idx] != l.Name { // logged once; the failed pass says the rest
+				r.log.Warn("guest interface attached but not brought up; tried again every pass", "interface", l.Interface, "vm", l.Name, "err", err)
+			}
+			pending[idx] = l.Name
+			errs = append(errs, fmt.Errorf("vm %s: %w", l.Name, err))
 		}
 	}
+	r.upPending = pending
+	return errors.Join(errs...)
 }

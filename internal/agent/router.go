@@ -30,7 +30,10 @@ type Router struct {
 	departed func(ip netip.Addr)
 	left     func(name string)
 	up       func(name string) error // brings a guest interface up (nil: nothing does)
-	work     *RouterWork
+	// upPending are the attached interfaces (by ifindex) whose bringing up
+	// failed, with their VMs: tried again on the next pass.
+	upPending map[int]string
+	work      *RouterWork
 
 	mu        sync.Mutex
 	hostsErr  string                       // the last node-record problem logged, so it is logged once
@@ -193,7 +196,7 @@ func (r *Router) Sync(p feature.Plan) error {
 	if r.work != nil && r.work.Groups != nil {
 		r.work.Groups.Sync(plan.entries.Scopes)
 	}
-	r.bringUp(plan)
+	upErr := r.bringUp(plan)
 	attached := make([]string, 0, len(plan.entries.Attach))
 	kinds := make(map[string]string, len(plan.entries.Attach))
 	for name, ifindex := range plan.entries.Attach {
@@ -262,6 +265,9 @@ func (r *Router) Sync(p feature.Plan) error {
 		for _, ip := range arrived {
 			r.arrived(ip)
 		}
+	}
+	if upErr != nil {
+		return fmt.Errorf("bring guest interfaces up: %w", upErr)
 	}
 	return nil
 }

@@ -16,30 +16,56 @@ import (
 )
 
 // PacketSocket sends frames; it receives nothing, so it costs other traffic
-// nothing.
-type PacketSocket struct{ fd int }
+// nothing. Frames for a guest go by a second socket whose frames carry
+// datapath.GuestMark: out of a macvtap, where the vif program sits, only
+// the mark tells the agent's answer from the guest's own frames (the
+// program hands it into the guest); on a veth or a tap the mark is
+// harmless (a veth clears it between namespaces).
+type PacketSocket struct{ fd, guest int }
 
-// OpenPacketSocket opens a send-only packet socket.
+// OpenPacketSocket opens the send-only packet sockets.
 func OpenPacketSocket() (*PacketSocket, error) {
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("packet socket: %w", err)
 	}
-	return &PacketSocket{fd: fd}, nil
+	guest, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("packet socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(guest, unix.SOL_SOCKET, unix.SO_MARK, int(datapath.GuestMark)); err != nil {
+		unix.Close(fd)
+		unix.Close(guest)
+		return nil, fmt.Errorf("packet socket for guests: mark %#x: %w", datapath.GuestMark, err)
+	}
+	return &PacketSocket{fd: fd, guest: guest}, nil
 }
 
 // Send puts an Ethernet frame on the interface with this ifindex.
 func (p *PacketSocket) Send(ifindex int, frame []byte) error {
+	return sendFrame(p.fd, ifindex, frame)
+}
+
+// SendToGuest hands an Ethernet frame to the guest behind the vif with this
+// ifindex, whatever its kind.
+func (p *PacketSocket) SendToGuest(ifindex int, frame []byte) error {
+	return sendFrame(p.guest, ifindex, frame)
+}
+
+func sendFrame(fd, ifindex int, frame []byte) error {
 	if len(frame) < 14 {
 		return fmt.Errorf("%d-byte frame", len(frame))
 	}
 	to := &unix.SockaddrLinklayer{Ifindex: ifindex, Halen: 6}
 	copy(to.Addr[:], frame[0:6])
-	return unix.Sendto(p.fd, frame, 0, to)
+	return unix.Sendto(fd, frame, 0, to)
 }
 
-// Close closes the socket.
-func (p *PacketSocket) Close() error { return unix.Close(p.fd) }
+// Close closes the sockets.
+func (p *PacketSocket) Close() error {
+	return errors.Join(unix.Close(p.fd), unix.Close(p.guest))
+}
 
 // SlowPath is the agent's side of what the datapath hands over. Every log
 // line a VM can cause goes through Log, rate-limited per VM and event, and
@@ -116,7 +142,7 @@ func (s *SlowPath) answerDHCP(ifindex int, frame []byte, log *slog.Logger) {
 	if reply == nil {
 		return
 	}
-	if err := s.Sock.Send(ifindex, reply); err != nil {
+	if err := s.Sock.SendToGuest(ifindex, reply); err != nil {
 		s.Log.Warn(key, "send DHCP reply", "ifindex", ifindex, "err", err)
 		return
 	}

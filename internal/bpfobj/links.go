@@ -79,11 +79,11 @@ func (l *Links) Attach(name string, prog *ebpf.Program, same func(*link.Info) bo
 }
 
 // TCX makes sure prog is on ifindex's tcx hook at, as the link named name
-// (Attach); a link on another ifindex (the interface was made again) is
-// replaced.
+// (Attach); a link on another ifindex (the interface was made again) or
+// hook is replaced.
 func (l *Links) TCX(name, ifname string, ifindex int, prog *ebpf.Program, at ebpf.AttachType) error {
 	return l.Attach(name, prog, func(info *link.Info) bool {
-		return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
+		return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex && uint32(info.TCX().AttachType) == uint32(at)
 	}, func() (link.Link, error) {
 		n, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
 		if err != nil {

@@ -30,9 +30,12 @@ const (
 	RedirectPeer  RedirectKind = 2 // bpf_redirect_peer: into a veth peer's namespace
 	RedirectClone RedirectKind = 3 // bpf_clone_redirect: a copy out of a device
 	RedirectIn    RedirectKind = 4 // bpf_redirect to a device's ingress
+	// RedirectCloneIn is bpf_clone_redirect to a device's ingress: a copy
+	// into a macvtap guest.
+	RedirectCloneIn RedirectKind = 5
 )
 
-var kindNames = [...]string{"REDIRECT_NONE", "REDIRECT_OUT", "REDIRECT_PEER", "REDIRECT_CLONE", "REDIRECT_IN"}
+var kindNames = [...]string{"REDIRECT_NONE", "REDIRECT_OUT", "REDIRECT_PEER", "REDIRECT_CLONE", "REDIRECT_IN", "REDIRECT_CLONE_IN"}
 
 // String is the kind's name in the C.
 func (k RedirectKind) String() string {
@@ -194,7 +197,7 @@ func (l *RedirectLog) Read(t testing.TB) []Redirect {
 			Ifindex: binary.NativeEndian.Uint32(b[l.ifindex+uint32(4*i):]),
 			Kind:    RedirectKind(binary.NativeEndian.Uint32(b[l.kind+uint32(4*i):])),
 		}
-		if out[i].Kind == RedirectNone || out[i].Kind > RedirectIn {
+		if out[i].Kind == RedirectNone || out[i].Kind > RedirectCloneIn {
 			t.Fatalf("redirect log entry %d of unknown kind %d", i, out[i].Kind)
 		}
 	}

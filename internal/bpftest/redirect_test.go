@@ -34,7 +34,7 @@ func TestPrivilegedRedirectLogReadsStructRedirectTrace(t *testing.T) {
 		return b
 	}
 	want := []bpftest.Redirect{{Ifindex: 42, Kind: bpftest.RedirectClone}, {Ifindex: 7, Kind: bpftest.RedirectOut},
-		{Ifindex: 1, Kind: bpftest.RedirectPeer}, {Ifindex: 9, Kind: bpftest.RedirectIn}}
+		{Ifindex: 1, Kind: bpftest.RedirectPeer}, {Ifindex: 9, Kind: bpftest.RedirectIn}, {Ifindex: 5, Kind: bpftest.RedirectCloneIn}}
 	if err := m.Put(uint32(0), trace(uint32(len(want)), want...)); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestPrivilegedRedirectLogReadsStructRedirectTrace(t *testing.T) {
 		fail  string
 	}{
 		{"entries lost past the end", trace(9), "9 redirects in one run: more than the log holds (8)"},
-		{"a kind the C does not have", trace(1, bpftest.Redirect{Ifindex: 3, Kind: 5}), "redirect log entry 0 of unknown kind 5"},
+		{"a kind the C does not have", trace(1, bpftest.Redirect{Ifindex: 3, Kind: 6}), "redirect log entry 0 of unknown kind 6"},
 	} {
 		if err := m.Put(uint32(0), c.value); err != nil {
 			t.Fatal(err)

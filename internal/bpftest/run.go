@@ -19,8 +19,10 @@ type Result struct {
 	// it was not).
 	To   uint32
 	Kind RedirectKind
-	// Clones are the ifindexes copies were sent to, in order.
-	Clones []uint32
+	// Clones are the ifindexes copies were sent out of, in order; ClonesIn
+	// those copies were sent into (a macvtap guest's vif).
+	Clones   []uint32
+	ClonesIn []uint32
 }
 
 // Run runs prog (a test object) once on in with BPF_PROG_RUN, its
@@ -64,6 +66,10 @@ func run(t testing.TB, prog *ebpf.Program, log *RedirectLog, in []byte, do func(
 			r.Clones = append(r.Clones, e.Ifindex)
 			continue
 		}
+		if e.Kind == RedirectCloneIn {
+			r.ClonesIn = append(r.ClonesIn, e.Ifindex)
+			continue
+		}
 		if redirected {
 			t.Fatalf("redirected twice in one run: to %d (%s) and %d (%s)", r.To, r.Kind, e.Ifindex, e.Kind)
 		}
@@ -84,8 +90,10 @@ type Row struct {
 	// redirect row says); a row of another verdict redirects nothing.
 	To   uint32
 	Kind RedirectKind
-	// Clones lists the ifindexes copies go to, in order; nil: none.
-	Clones []uint32
+	// Clones lists the ifindexes copies go out of, in order; ClonesIn
+	// those copies go into (REDIRECT_CLONE_IN); nil: none.
+	Clones   []uint32
+	ClonesIn []uint32
 	// Out is the whole frame out; nil: not compared.
 	Out []byte
 	// Check checks more of the frame out; nil: nothing more.
@@ -125,6 +133,9 @@ func RunTable(t *testing.T, counters func(testing.TB) Counters, rows []Row) {
 			}
 			if !slices.Equal(got.Clones, r.Clones) {
 				t.Errorf("copies sent to ifindexes %v, want %v", got.Clones, r.Clones)
+			}
+			if !slices.Equal(got.ClonesIn, r.ClonesIn) {
+				t.Errorf("copies sent into ifindexes %v, want %v", got.ClonesIn, r.ClonesIn)
 			}
 			if r.Verdict == ActRedirect {
 				if got.To != r.To || got.Kind != r.Kind {

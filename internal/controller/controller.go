@@ -121,6 +121,7 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			return fmt.Errorf("vm %s: host %q would hold more VMs than its datapath holds (%d)", vm.Name, vm.Host, c.maxVMsPerHost)
 		}
 		v := intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
+		v.Interface = vm.Vif()
 		if v.Firewall, err = normalizeFirewall(vm.Firewall); err != nil {
 			return fmt.Errorf("vm %s: %w", vm.Name, err)
 		}

@@ -149,6 +149,10 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 // VifProgram and UplinkProgram are exposed for BPF_PROG_RUN tests.
 func (k *Kernel) VifProgram() *ebpf.Program { return k.vif.VifIngress }
 
+// MacvtapGuard is the program on a macvtap guest's tcx ingress: it passes
+// only frames the datapath delivered (GuestMark).
+func (k *Kernel) MacvtapGuard() *ebpf.Program { return k.vif.VifMacvtapGuard }
+
 // UplinkProgram is the program on the uplink's tcx ingress.
 func (k *Kernel) UplinkProgram() *ebpf.Program { return k.uplink.UplinkIngress }
 
@@ -209,6 +213,29 @@ func vifLinkName(ifname string) string {
 	return intent.VifPrefix + "@" + ifname
 }
 
+// guardLinkName is the name of the link that holds the guard on a macvtap
+// guest's ingress: its vif link's name and ":guard", which no interface
+// name can contain (Linux refuses ':'), so it is no other vif's.
+func guardLinkName(ifname string) string { return vifLinkName(ifname) + ":guard" }
+
+// attachVif puts the vif program on a guest's interface where the guest's
+// frames arrive: tcx ingress on a veth or a tap; on a macvtap its egress
+// (what the guest writes is sent by the device), with the guard on its
+// ingress first, so the guest hears nothing the datapath did not deliver
+// from the moment its frames are judged. want collects the links' names.
+func (k *Kernel) attachVif(ifname string, ifindex int, kind VifKind, want map[string]bool) error {
+	if kind != VifMacvtap {
+		want[vifLinkName(ifname)] = true
+		return k.links.TCX(vifLinkName(ifname), ifname, ifindex, k.vif.VifIngress, ebpf.AttachTCXIngress)
+	}
+	want[guardLinkName(ifname)] = true
+	if err := k.links.TCX(guardLinkName(ifname), ifname, ifindex, k.vif.VifMacvtapGuard, ebpf.AttachTCXIngress); err != nil {
+		return err
+	}
+	want[vifLinkName(ifname)] = true
+	return k.links.TCX(vifLinkName(ifname), ifname, ifindex, k.vif.VifIngress, ebpf.AttachTCXEgress)
+}
+
 // AttachUplink puts the uplink program on the node's uplink.
 func (k *Kernel) AttachUplink(ifname string, ifindex int) error {
 	return k.attach(ifname, ifindex, k.uplink.UplinkIngress)
@@ -238,8 +265,7 @@ func (k *Kernel) Apply(e Entries, uplinkName string) error {
 	}
 	want := make(map[string]bool, len(e.Attach))
 	for ifname, ifindex := range e.Attach {
-		want[vifLinkName(ifname)] = true
-		errs = append(errs, k.links.TCX(vifLinkName(ifname), ifname, ifindex, k.vif.VifIngress, ebpf.AttachTCXIngress))
+		errs = append(errs, k.attachVif(ifname, ifindex, VifKind(e.Vifs[uint32(ifindex)].Kind), want))
 	}
 	// Only the router's own links (vifs) are Apply's to remove: the
 	// uplinks and the links other features attach are theirs.

@@ -111,9 +111,14 @@ type progCase struct {
 	// out of the device (bpf_redirect).
 	wantTo   uint32
 	wantPeer bool
+	// wantIn: into the device's ingress (bpf_redirect with BPF_F_INGRESS:
+	// a macvtap guest) rather than out of it.
+	wantIn bool
 	// wantClones lists the ifindexes copies were sent to (bpf_clone_redirect),
-	// in order; nil: none.
-	wantClones []uint32
+	// in order; nil: none. wantClonesIn: copies sent into a device's
+	// ingress (a macvtap guest's).
+	wantClones   []uint32
+	wantClonesIn []uint32
 }
 
 func loadTestKernel(t testing.TB) *Kernel {
@@ -217,9 +222,12 @@ func runTable(t *testing.T, k *Kernel, prog *ebpf.Program, cases []progCase) {
 	rows := make([]bpftest.Row, len(cases))
 	for i, c := range cases {
 		r := bpftest.Row{Name: c.name, Prog: prog, In: c.in.bytes(t), Verdict: c.wantVerdict, Out: c.wantBytes,
-			To: c.wantTo, Kind: bpftest.RedirectOut, Clones: c.wantClones, Counters: bpftest.Counters{}}
+			To: c.wantTo, Kind: bpftest.RedirectOut, Clones: c.wantClones, ClonesIn: c.wantClonesIn, Counters: bpftest.Counters{}}
 		if c.wantPeer {
 			r.Kind = bpftest.RedirectPeer
+		}
+		if c.wantIn {
+			r.Kind = bpftest.RedirectIn
 		}
 		if c.want != nil {
 			r.Out = c.want.bytes(t)
@@ -475,7 +483,9 @@ func TestPrivilegedARPEngineOnTheFabric(t *testing.T) {
 			in:          arp(h2MAC, h3MAC, 2, vmac(far), far, vmac(web1), web1),
 			wantVerdict: bpftest.ActOK},
 	})
-	for ip, want := range map[netip.Addr]string{asker: h2MAC.String(), far: h2MAC.String(), db9: h2MAC.String(),
+	// The asker is not learned from its question (a question teaches
+	// nothing: TestPrivilegedFabricARPRequestTeachesNoMapping).
+	for ip, want := range map[netip.Addr]string{asker: "", far: h2MAC.String(), db9: h2MAC.String(),
 		web2: h2MAC.String(), netip.MustParseAddr("10.1.1.62"): "", web3: "", netip.MustParseAddr("10.1.1.61"): ""} {
 		if got := mappingOf(k, ip); got != want {
 			t.Errorf("mapping of %s = %q, want %q", ip, got, want)

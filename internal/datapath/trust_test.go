@@ -60,6 +60,61 @@ func TestPrivilegedFabricARPRequestNeverMovesAMapping(t *testing.T) {
 	}
 }
 
+// An ARP request teaches no mapping, whatever form it takes: its sender
+// address is only what the asker says, and a node on the fabric using a
+// host's MAC would otherwise point a VM that lives elsewhere at itself
+// (issue 20, item 13). An entry is made only by an answer to this host's own
+// question (the control, first), and moved only by a claim the store backs.
+func TestPrivilegedFabricARPRequestTeachesNoMapping(t *testing.T) {
+	k := loadTestKernel(t)
+	subnetMAC := bpftest.MustMAC("03:00:0a:01:01:00")
+	far := netip.MustParseAddr("10.1.1.60")       // on h3; web1 asked for it
+	elsewhere := netip.MustParseAddr("10.1.1.70") // on h3; nobody here asked
+	pending := netip.MustParseAddr("10.1.1.71")   // on h3; being asked for
+	seedAsking(t, k, far)
+	seedAsking(t, k, pending)
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "control: h3's answer to web1's question is learned and handed to web1",
+			in:          arpFrame(h3MAC, h1MAC, 2, vmac(far), far, vmac(web1), web1),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arpFrame(vmac(far), vmac(web1), 2, vmac(far), far, vmac(web1), web1)),
+			wantTo: 1, wantPeer: true, wantForward: "arp_learned,arp_reply"},
+		{name: "h2's MAC asks for web1 as a VM that lives elsewhere: answered, nothing learned",
+			in:          arpFrame(h2MAC, subnetMAC, 1, vmac(elsewhere), elsewhere, nil, web1),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arpFrame(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(elsewhere), elsewhere)),
+			wantTo: 7, wantForward: "arp_answered"},
+		{name: "the same, unicast to this host's uplink",
+			in:          arpFrame(h2MAC, h1MAC, 1, vmac(elsewhere), elsewhere, nil, web1),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arpFrame(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(elsewhere), elsewhere)),
+			wantTo: 7, wantForward: "arp_answered"},
+		{name: "a question as an address this host is asking about does not answer it",
+			in:          arpFrame(h2MAC, subnetMAC, 1, vmac(pending), pending, nil, web1),
+			wantVerdict: bpftest.ActRedirect, want: ptr(arpFrame(h1MAC, h2MAC, 2, vmac(web1), web1, vmac(pending), pending)),
+			wantTo: 7, wantForward: "arp_answered"},
+		{name: "a gratuitous request to the subnet's group teaches nothing",
+			in:          arpFrame(h2MAC, subnetMAC, 1, vmac(elsewhere), elsewhere, nil, elsewhere),
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_not_here"},
+		{name: "a gratuitous request to everyone goes to the host's stack, not the table",
+			in:          arpFrame(h2MAC, layers.EthernetBroadcast, 1, vmac(elsewhere), elsewhere, nil, elsewhere),
+			wantVerdict: bpftest.ActOK},
+		{name: "a gratuitous reply (announcement) adds no entry",
+			in:          arpFrame(h2MAC, layers.EthernetBroadcast, 2, vmac(elsewhere), elsewhere, layers.EthernetBroadcast, elsewhere),
+			wantVerdict: bpftest.ActShot, wantDrop: "arp_not_here"},
+	})
+	if got := mappingOf(k, far); got != h3MAC.String() {
+		t.Errorf("the control's answer: %s mapped to %q, want h3 (%s)", far, got, h3MAC)
+	}
+	for _, ip := range []netip.Addr{elsewhere, pending} {
+		if got := mappingOf(k, ip); got != "" {
+			t.Errorf("an ARP request taught %s -> %s: its traffic would go to whoever used that MAC", ip, got)
+		}
+	}
+	// Still being asked for: the answer from the VM's host fills it.
+	var m Mapping
+	if err := k.vif.Mappings.Lookup(IPKey(pending), &m); err != nil {
+		t.Errorf("%s's question was lost: %v", pending, err)
+	}
+}
+
 func TestPrivilegedOnlyTheStoreMovesAMappingAHostClaims(t *testing.T) {
 	k := loadTestKernel(t)
 	r, err := k.SlowPath()

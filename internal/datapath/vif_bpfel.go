@@ -97,7 +97,9 @@ const (
 	vifDropReasonDROP_PS_OVER_SHARE        vifDropReason = 43
 	vifDropReasonDROP_RESERVED_FLAG        vifDropReason = 44
 	vifDropReasonDROP_TAP_COPY_UNKNOWN     vifDropReason = 45
-	vifDropReasonDROP_REASON_MAX           vifDropReason = 46
+	vifDropReasonDROP_MACVTAP_BYPASS       vifDropReason = 46
+	vifDropReasonDROP_MACVTAP_NO_STACK     vifDropReason = 47
+	vifDropReasonDROP_REASON_MAX           vifDropReason = 48
 )
 
 type vifEndpoint struct {
@@ -188,6 +190,12 @@ type vifFwRule struct {
 	Allow  uint8
 	Pad    uint16
 }
+
+type vifGuestMark uint32
+
+const (
+	vifGuestMarkGUEST_MARK vifGuestMark = 1869086721
+)
 
 type vifHostKey struct {
 	_   structs.HostLayout
@@ -417,8 +425,9 @@ type vifVifInfo struct {
 type vifVifKind uint32
 
 const (
-	vifVifKindVIF_VETH vifVifKind = 0
-	vifVifKindVIF_TAP  vifVifKind = 1
+	vifVifKindVIF_VETH    vifVifKind = 0
+	vifVifKindVIF_TAP     vifVifKind = 1
+	vifVifKindVIF_MACVTAP vifVifKind = 2
 )
 
 type vifVisKey struct {
@@ -482,10 +491,12 @@ const (
 	vifMapVisibility           = "visibility"
 	vifMapVmShares             = "vm_shares"
 	vifProgVifIngress          = "vif_ingress"
+	vifProgVifMacvtapGuard     = "vif_macvtap_guard"
 	vifVarDropEventType        = "_drop_event_type"
 	vifVarDropReasonType       = "_drop_reason_type"
 	vifVarFeatureBitType       = "_feature_bit_type"
 	vifVarForwardPathType      = "_forward_path_type"
+	vifVarGuestMarkType        = "_guest_mark_type"
 	vifVarShareKindType        = "_share_kind_type"
 	vifVarSlowpathEventType    = "_slowpath_event_type"
 	vifVarSlowpathKindType     = "_slowpath_kind_type"
@@ -537,7 +548,8 @@ type vifSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifProgramSpecs struct {
-	VifIngress *ebpf.ProgramSpec `ebpf:"vif_ingress"`
+	VifIngress      *ebpf.ProgramSpec `ebpf:"vif_ingress"`
+	VifMacvtapGuard *ebpf.ProgramSpec `ebpf:"vif_macvtap_guard"`
 }
 
 // vifMapSpecs contains maps before they are loaded into the kernel.
@@ -593,6 +605,7 @@ type vifVariableSpecs struct {
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.VariableSpec `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
+	GuestMarkType     *ebpf.VariableSpec `ebpf:"_guest_mark_type"`
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
@@ -715,6 +728,7 @@ type vifVariables struct {
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.Variable `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
+	GuestMarkType     *ebpf.Variable `ebpf:"_guest_mark_type"`
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
@@ -728,12 +742,14 @@ type vifVariables struct {
 //
 // It can be passed to loadVifObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifPrograms struct {
-	VifIngress *ebpf.Program `ebpf:"vif_ingress"`
+	VifIngress      *ebpf.Program `ebpf:"vif_ingress"`
+	VifMacvtapGuard *ebpf.Program `ebpf:"vif_macvtap_guard"`
 }
 
 func (p *vifPrograms) Close() error {
 	return _VifClose(
 		p.VifIngress,
+		p.VifMacvtapGuard,
 	)
 }
 

@@ -18,14 +18,25 @@ const (
 	// VifTap is a tap device (QEMU, libvirt; with or without vnet_hdr):
 	// frames go out of the device (bpf_redirect), to the process reading it.
 	VifTap = vifVifKindVIF_TAP
+	// VifMacvtap is a macvtap (libvirt <interface type='direct'>): what the
+	// guest writes leaves by the device's egress, where the vif program
+	// sits; frames go into its ingress, marked with GuestMark, past a guard
+	// that drops whatever its lower device hands the guest on its own.
+	VifMacvtap = vifVifKindVIF_MACVTAP
 )
+
+// GuestMark is the skb mark of a frame handed to a macvtap guest (enum
+// guest_mark in bpf/lib/common.h): the datapath sets it when it delivers,
+// the agent's packet socket sets it (SO_MARK) on what it sends a guest, and
+// the guard on a macvtap's ingress passes nothing else.
+const GuestMark = uint32(vifGuestMarkGUEST_MARK)
 
 // vifKindNames are the kinds' names in status, `onehop stats` and logs:
 // the netlink kind of the link (IFLA_INFO_KIND, "tap" for a tun device in
 // tap mode).
-var vifKindNames = map[VifKind]string{VifVeth: "veth", VifTap: "tap"}
+var vifKindNames = map[VifKind]string{VifVeth: "veth", VifTap: "tap", VifMacvtap: "macvtap"}
 
-// VifKindName is kind's name ("veth", "tap").
+// VifKindName is kind's name ("veth", "tap", "macvtap").
 func VifKindName(kind VifKind) string {
 	if n, ok := vifKindNames[kind]; ok {
 		return n
@@ -49,12 +60,11 @@ func VifKindOf(linkKind string) (VifKind, error) {
 	case "tun":
 		return 0, fmt.Errorf("a tun device carries IP packets, not Ethernet frames (open it with IFF_TAP): %w", ErrNotGuestLink)
 	case "macvtap":
-		// Frames a macvtap guest sends leave by the device's egress and
-		// frames for it must enter the device's ingress: a hook and a
-		// delivery the router does not have yet.
-		return 0, fmt.Errorf("macvtap is not supported yet (use a tap, as QEMU's -netdev tap does): %w", ErrNotGuestLink)
+		return VifMacvtap, nil
+	case "macvlan":
+		return 0, fmt.Errorf("a macvlan carries no guest of its own (a macvtap does: its fd is the guest's NIC): %w", ErrNotGuestLink)
 	}
-	return 0, fmt.Errorf("a %s link is no guest's interface (a veth or a tap is): %w", linkKind, ErrNotGuestLink)
+	return 0, fmt.Errorf("a %s link is no guest's interface (a veth, a tap or a macvtap is): %w", linkKind, ErrNotGuestLink)
 }
 
 // Vif is a guest's vif as found on the host.

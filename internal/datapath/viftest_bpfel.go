@@ -212,11 +212,12 @@ type vifTestPortspaceVif struct {
 type vifTestRedirectKind uint32
 
 const (
-	vifTestRedirectKindREDIRECT_NONE  vifTestRedirectKind = 0
-	vifTestRedirectKindREDIRECT_OUT   vifTestRedirectKind = 1
-	vifTestRedirectKindREDIRECT_PEER  vifTestRedirectKind = 2
-	vifTestRedirectKindREDIRECT_CLONE vifTestRedirectKind = 3
-	vifTestRedirectKindREDIRECT_IN    vifTestRedirectKind = 4
+	vifTestRedirectKindREDIRECT_NONE     vifTestRedirectKind = 0
+	vifTestRedirectKindREDIRECT_OUT      vifTestRedirectKind = 1
+	vifTestRedirectKindREDIRECT_PEER     vifTestRedirectKind = 2
+	vifTestRedirectKindREDIRECT_CLONE    vifTestRedirectKind = 3
+	vifTestRedirectKindREDIRECT_IN       vifTestRedirectKind = 4
+	vifTestRedirectKindREDIRECT_CLONE_IN vifTestRedirectKind = 5
 )
 
 type vifTestRedirectTrace struct {
@@ -370,10 +371,12 @@ const (
 	vifTestMapVisibility           = "visibility"
 	vifTestMapVmShares             = "vm_shares"
 	vifTestProgVifIngress          = "vif_ingress"
+	vifTestProgVifMacvtapGuard     = "vif_macvtap_guard"
 	vifTestVarDropEventType        = "_drop_event_type"
 	vifTestVarDropReasonType       = "_drop_reason_type"
 	vifTestVarFeatureBitType       = "_feature_bit_type"
 	vifTestVarForwardPathType      = "_forward_path_type"
+	vifTestVarGuestMarkType        = "_guest_mark_type"
 	vifTestVarRedirectKindType     = "_redirect_kind_type"
 	vifTestVarRedirectTraceType    = "_redirect_trace_type"
 	vifTestVarShareKindType        = "_share_kind_type"
@@ -427,7 +430,8 @@ type vifTestSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifTestProgramSpecs struct {
-	VifIngress *ebpf.ProgramSpec `ebpf:"vif_ingress"`
+	VifIngress      *ebpf.ProgramSpec `ebpf:"vif_ingress"`
+	VifMacvtapGuard *ebpf.ProgramSpec `ebpf:"vif_macvtap_guard"`
 }
 
 // vifTestMapSpecs contains maps before they are loaded into the kernel.
@@ -484,6 +488,7 @@ type vifTestVariableSpecs struct {
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.VariableSpec `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
+	GuestMarkType     *ebpf.VariableSpec `ebpf:"_guest_mark_type"`
 	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
@@ -610,6 +615,7 @@ type vifTestVariables struct {
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.Variable `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
+	GuestMarkType     *ebpf.Variable `ebpf:"_guest_mark_type"`
 	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.Variable `ebpf:"_redirect_trace_type"`
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
@@ -625,12 +631,14 @@ type vifTestVariables struct {
 //
 // It can be passed to loadVifTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifTestPrograms struct {
-	VifIngress *ebpf.Program `ebpf:"vif_ingress"`
+	VifIngress      *ebpf.Program `ebpf:"vif_ingress"`
+	VifMacvtapGuard *ebpf.Program `ebpf:"vif_macvtap_guard"`
 }
 
 func (p *vifTestPrograms) Close() error {
 	return _VifTestClose(
 		p.VifIngress,
+		p.VifMacvtapGuard,
 	)
 }
 

@@ -50,7 +50,9 @@ func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error)
 			if err != nil {
 				return nil, err
 			}
-			out[vm.Name] = intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
+			v := intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
+			v.Interface = vm.Vif()
+			out[vm.Name] = v
 		}
 		return out, nil
 	}

@@ -169,6 +169,13 @@ func removeHostNode(st *State, name string) error {
 	}
 	st.Processes = slices.DeleteFunc(st.Processes, func(p Process) bool { return p.Node == name })
 	ns := NamespaceOf(st.Name, name)
+	// What an operator started in the node would outlive it, as in lab down;
+	// what was ended goes to stderr, as lab down's progress does.
+	if err := endLeftovers(st.Name, []string{ns}, func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, format+"\n", a...)
+	}); err != nil {
+		errs = append(errs, err)
+	}
 	if netns.Exists(ns) {
 		// The uplink's fabric end goes with it: a veth pair dies whole.
 		if err := netns.Delete(ns); err != nil {

@@ -83,8 +83,7 @@ func (hostKind) start(ctx context.Context, b *builder, node string) error {
 	if err := ensureCgroup(b.st, HostCgroupDir(b.st, node)); err != nil {
 		return err
 	}
-	h, _ := b.t.HostByName(node)
-	b.step("agent on %s (metrics on http://%s:%d/metrics)", node, h.Address, MetricsPort)
+	b.step("agent on %s (metrics on http://127.0.0.1:%d/metrics in its namespace)", node, MetricsPort)
 	return b.spawn("agent-"+node, node, NamespaceOf(b.st.Name, node), append(agentArgs(b.st, b.t, node), b.agentTLSArgs(node)...)...)
 }
 
@@ -101,7 +100,7 @@ func (hostKind) notReady(ctx context.Context, b *builder, node string) (string, 
 	var vifs []string
 	for _, vm := range b.t.VMs {
 		if vm.Host == node {
-			vifs = append(vifs, topology.VifName(vm.Name))
+			vifs = append(vifs, vm.Vif())
 		}
 	}
 	d, st, err := agentReport(ctx, s, node)

@@ -46,7 +46,7 @@ func (vmKind) plumb(ctx context.Context, b *builder, node string) error {
 		return err
 	}
 	hostNS := NamespaceOf(b.t.Name, vm.Host)
-	if err := plugVM(hostNS, vmNS, vm.Name, v.MAC, b.t.Datapath == topology.DatapathBridge); err != nil {
+	if err := plugVM(hostNS, vmNS, vm.Name, vm.Vif(), v.MAC, b.t.Datapath == topology.DatapathBridge); err != nil {
 		return err
 	}
 	if vm.DHCP {
@@ -67,7 +67,7 @@ func (vmKind) start(ctx context.Context, b *builder, node string) error {
 // (which the kernel confirms, in an onehop lab).
 func (vmKind) activate(_ context.Context, b *builder, node string) error {
 	vm, _ := b.t.VMByName(node)
-	hostNS, vif := NamespaceOf(b.t.Name, vm.Host), topology.VifName(vm.Name)
+	hostNS, vif := NamespaceOf(b.t.Name, vm.Host), vm.Vif()
 	if b.t.Datapath == topology.DatapathOnehop {
 		on, err := tcxAttached(hostNS, vif)
 		if err != nil {
@@ -83,8 +83,9 @@ func (vmKind) activate(_ context.Context, b *builder, node string) error {
 func (vmKind) report(n *NodeReport, f *statusFacts) { n.VM = f.vms[n.Name] }
 
 // plugVM makes the VM's veth pair: eth0 (up, with the VM's MAC) in vmNS and
-// the vif, down, in hostNS (on the host's bridge in a bridge lab).
-func plugVM(hostNS, vmNS, vm, macStr string, onBridge bool) error {
+// the vif, named vifName (the topology's interface: for the VM), down, in
+// hostNS (on the host's bridge in a bridge lab).
+func plugVM(hostNS, vmNS, vm, vifName, macStr string, onBridge bool) error {
 	mac, err := net.ParseMAC(macStr)
 	if err != nil {
 		return fmt.Errorf("vm %s: MAC %q: %w", vm, macStr, err)
@@ -99,7 +100,6 @@ func plugVM(hostNS, vmNS, vm, macStr string, onBridge bool) error {
 		return err
 	}
 	defer hh.Close()
-	vifName := topology.VifName(vm)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: vifName}, PeerName: VMInterface,
 		PeerHardwareAddr: mac, PeerNamespace: netlink.NsFd(int(vmFd))}
 	if err := hh.LinkAdd(veth); err != nil {

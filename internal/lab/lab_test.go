@@ -77,7 +77,7 @@ func TestDaemonArgumentsComeFromTheStateAndTopology(t *testing.T) {
 	st.Name = "t"
 	agent := strings.Join(agentArgs(st, f, "h2"), " ")
 	for _, want := range []string{"agent ", "--node h2", "--etcd-endpoints http://192.168.100.1:2379", "--uplink uplink0 --uplink uplink1 ",
-		"--sliver-cgroups /run/onehop/t/cgroup/onehop-t/h2 ", "--bpffs /run/onehop/t/bpffs", "--metrics-addr :9100", "--mapping-table-size 128"} {
+		"--sliver-cgroups /run/onehop/t/cgroup/onehop-t/h2 ", "--bpffs /run/onehop/t/bpffs", "--metrics-addr 127.0.0.1:9100", "--mapping-table-size 128"} {
 		if !strings.Contains(agent, want) {
 			t.Errorf("agent args %q lack %q", agent, want)
 		}

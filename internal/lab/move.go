@@ -55,7 +55,10 @@ func Move(st *State, vmName, toHost, toSubnet string) (*intent.VM, error) {
 		}
 	}
 	ctx := context.Background()
-	vif := topology.VifName(vmName)
+	vif := vm.Interface
+	if vif == "" { // a state file from before VMs named their interface
+		vif = topology.VifName(vmName)
+	}
 	if vm.Host == toHost && toSubnet == "" {
 		// A move stopped before its vif came up is finished by asking again.
 		if up, err := linkUp(NamespaceOf(st.Name, toHost), vif); err != nil || up {

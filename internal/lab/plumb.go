@@ -10,9 +10,11 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/netns"
+	"github.com/onehop/onehop/internal/topology"
 )
 
 // Namespaces and links: what every kind plumbs with.
@@ -71,9 +73,6 @@ func (b *builder) plugIntoFabric(ns, fabricEnd, inner, addr string, bits int) er
 	if err := fh.LinkSetMulticastOff(veth); err != nil {
 		return fmt.Errorf("%s: %w", fabricEnd, err)
 	}
-	if err := fh.LinkSetUp(veth); err != nil {
-		return err
-	}
 	h, err := netns.Handle(ns)
 	if err != nil {
 		return err
@@ -83,12 +82,57 @@ func (b *builder) plugIntoFabric(ns, fabricEnd, inner, addr string, bits int) er
 	if err != nil {
 		return fmt.Errorf("%s in %s: %w", inner, ns, err)
 	}
+	// Bound before the port comes up, so not one frame is learned.
+	if b.t.Datapath == topology.DatapathOnehop {
+		if err := bindPort(fh, NamespaceOf(b.st.Name, "fabric"), veth, l.Attrs().HardwareAddr); err != nil {
+			return err
+		}
+	}
+	if err := fh.LinkSetUp(veth); err != nil {
+		return err
+	}
 	if addr != "" {
 		if err := h.AddrAdd(l, &netlink.Addr{IPNet: ipNet(addr, bits)}); err != nil {
 			return fmt.Errorf("address %s on %s in %s: %w", addr, inner, ns, err)
 		}
 	}
 	return h.LinkSetUp(l)
+}
+
+// bindPort makes port what a correctly configured switch's port is (the
+// fabric is shared with nodes that are no hosts, and a host's MAC is its
+// only identity there: docs/security.md): it learns nothing, and takes a
+// frame only when its source MAC is mac, the one station plugged into it.
+// A locked port (IFLA_BRPORT_LOCKED, Linux 5.18) drops, without moving the
+// entry, a frame whose source MAC has no FDB entry pointing to the port; the
+// static entry is the only one it has. No MAB: nothing is ever learned.
+func bindPort(fh *netlink.Handle, fabricNS string, port netlink.Link, mac net.HardwareAddr) error {
+	name := port.Attrs().Name
+	err := netns.Do(fabricNS, func() error {
+		// netlink has no setter for the locked flag: one RTM_SETLINK with
+		// both port flags, on this thread's namespace (the fabric's).
+		req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+		msg := nl.NewIfInfomsg(unix.AF_BRIDGE)
+		msg.Index = int32(port.Attrs().Index)
+		req.AddData(msg)
+		info := nl.NewRtAttr(unix.IFLA_PROTINFO|unix.NLA_F_NESTED, nil)
+		info.AddRtAttr(nl.IFLA_BRPORT_LEARNING, []byte{0})
+		info.AddRtAttr(nl.IFLA_BRPORT_LOCKED, []byte{1})
+		req.AddData(info)
+		_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("lock fabric port %s (learning off, locked on): %w", name, err)
+	}
+	// Static (NUD_NOARP), not permanent: a permanent entry is the bridge's
+	// own address, and frames to it would stop at the bridge.
+	fdb := &netlink.Neigh{LinkIndex: port.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_MASTER,
+		State: netlink.NUD_NOARP, HardwareAddr: mac}
+	if err := fh.NeighSet(fdb); err != nil {
+		return fmt.Errorf("bind %s to fabric port %s (static FDB entry): %w", mac, name, err)
+	}
+	return nil
 }
 
 // setLinkUp brings ifname in namespace ns up or down.

@@ -39,7 +39,7 @@ func agentArgs(st *State, t *topology.File, host string) []string {
 	args = append(args,
 		"--sliver-cgroups", HostCgroupDir(st, host),
 		"--bpffs", st.BPFFS,
-		"--metrics-addr", fmt.Sprintf(":%d", MetricsPort))
+		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort))
 	if t.Datapath == topology.DatapathOnehop && t.Fabric.Controller != "" && slices.ContainsFunc(t.VMs, func(v topology.VM) bool { return v.VNAT }) {
 		// VMs' VNAT daemons reach the controller's location server through
 		// their host (internal/vnatrelay); a lab without VNAT VMs has no

@@ -46,9 +46,13 @@ func agentWaitsFor(d *intent.Desired, st *intent.AgentStatus, vifs []string, exa
 	}
 	if exact {
 		// Only VMs' vifs count: a sliver's links (s<k>-NAME) are its
-		// kind's to wait for.
-		attached := slices.DeleteFunc(slices.Clone(st.AttachedVifs), notVMVif)
-		missing := slices.DeleteFunc(slices.Clone(st.MissingVifs), notVMVif)
+		// kind's to wait for. A VM's interface is vif-NAME or the one the
+		// desired state names (a topology's interface:).
+		notVM := func(ifname string) bool {
+			return notVMVif(ifname) && !slices.ContainsFunc(d.Local, func(l intent.LocalEndpoint) bool { return l.Interface == ifname })
+		}
+		attached := slices.DeleteFunc(slices.Clone(st.AttachedVifs), notVM)
+		missing := slices.DeleteFunc(slices.Clone(st.MissingVifs), notVM)
 		if len(attached) != len(vifs) || len(missing) > 0 {
 			return fmt.Sprintf("datapath on %d vifs, want %d (missing %v)", len(attached), len(vifs), missing)
 		}

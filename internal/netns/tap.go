@@ -2,6 +2,9 @@ package netns
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -75,4 +78,51 @@ func OpenTapWith(path, name string, o TapOptions) (int, error) {
 		return nil
 	})
 	return fd, err
+}
+
+// OpenMacvtap opens the character device of macvtap ifname in the named
+// namespace, as QEMU opens it for `-netdev tap,fd=N` (libvirt passes the fd):
+// what is written to it the macvtap sends, what the macvtap receives is
+// read from it, each frame after a virtio_net_hdr (IFF_VNET_HDR is on when
+// a macvtap is opened). The device is found by the major:minor in the
+// namespace's own sysfs (/sys/class/net/IFNAME/tapIFINDEX/dev) and made as
+// a node in dir: the machine's /dev/tapN is named by an ifindex, which
+// namespaces share. nonblock is as for OpenTap.
+func OpenMacvtap(name, ifname, dir string, nonblock bool) (int, error) {
+	var dev string
+	err := Do(name, func() error {
+		if err := ownSysfs(name); err != nil {
+			return err
+		}
+		idx, err := os.ReadFile(filepath.Join("/sys/class/net", ifname, "ifindex"))
+		if err != nil {
+			return fmt.Errorf("macvtap %s: %w", ifname, err)
+		}
+		b, err := os.ReadFile(filepath.Join("/sys/class/net", ifname, "tap"+strings.TrimSpace(string(idx)), "dev"))
+		if err != nil {
+			return fmt.Errorf("macvtap %s: its character device: %w", ifname, err)
+		}
+		dev = strings.TrimSpace(string(b))
+		return nil
+	})
+	if err != nil {
+		return -1, err
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(dev, "%d:%d", &major, &minor); err != nil {
+		return -1, fmt.Errorf("macvtap %s: device number %q: %w", ifname, dev, err)
+	}
+	node := filepath.Join(dir, ifname)
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(major, minor))); err != nil {
+		return -1, fmt.Errorf("macvtap %s: make %s: %w", ifname, node, err)
+	}
+	flags := unix.O_RDWR | unix.O_CLOEXEC
+	if nonblock {
+		flags |= unix.O_NONBLOCK
+	}
+	fd, err := unix.Open(node, flags, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open macvtap %s (%s): %w", ifname, dev, err)
+	}
+	return fd, nil
 }

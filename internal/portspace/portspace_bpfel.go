@@ -80,7 +80,9 @@ const (
 	portspaceDropReasonDROP_PS_OVER_SHARE        portspaceDropReason = 43
 	portspaceDropReasonDROP_RESERVED_FLAG        portspaceDropReason = 44
 	portspaceDropReasonDROP_TAP_COPY_UNKNOWN     portspaceDropReason = 45
-	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 46
+	portspaceDropReasonDROP_MACVTAP_BYPASS       portspaceDropReason = 46
+	portspaceDropReasonDROP_MACVTAP_NO_STACK     portspaceDropReason = 47
+	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 48
 )
 
 type portspaceEndpoint struct {

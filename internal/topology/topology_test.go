@@ -107,6 +107,47 @@ var errorCases = []struct {
 	{"unknown arp key", func(s string) string { return s + "arp: {wait: 1s}\n" }, `t.yaml:12: unknown key "wait" in arp`},
 	{"bad datapath", func(s string) string { return s + "datapath: ovs\n" }, `datapath "ovs" is not one of`},
 	{"not yaml", func(string) string { return "hosts: [\n" }, `t.yaml`},
+	// A VM's interface: the API's check (intent.CheckInterface), at the
+	// interface's line, naming the VM.
+	{"interface too long", withInterface("averyveryverylongname"),
+		`t.yaml:12: vm "web1": interface "averyveryverylongname": an interface name has at most 15 bytes, this one 21`},
+	{"interface with a slash", withInterface("tap/0"),
+		`t.yaml:12: vm "web1": interface "tap/0": an interface name has no '/', ':', whitespace or control characters`},
+	{"interface with a colon", withInterface("tap:0"), `t.yaml:12: vm "web1": interface "tap:0": an interface name has no`},
+	{"interface with a space", withInterface("'tap 0'"), `t.yaml:12: vm "web1": interface "tap 0": an interface name has no`},
+	{"interface empty", withInterface(`""`), `t.yaml:12: vm "web1": interface: an interface name must not be empty`},
+	{"interface dot-dot", withInterface(".."), `t.yaml:12: vm "web1": interface "..": not an interface name`},
+	{"interface not a string", withInterface("[tap0]"), `t.yaml:12: vm interface must be a string`},
+	{"two VMs on one interface of a host", func(s string) string {
+		return withInterface("tap0")(s) + "  - {name: web2, host: h1, subnet: blue/web, interface: tap0}\n"
+	}, `t.yaml:13: vm "web2": interface tap0 on host "h1" is vm "web1"'s already (line 9)`},
+	{"an interface named like another VM's default vif", func(s string) string {
+		return s + "  - {name: web2, host: h1, subnet: blue/web, interface: vif-web1}\n"
+	}, `t.yaml:12: vm "web2": interface vif-web1 on host "h1" is vm "web1"'s already (line 9)`},
+}
+
+// withInterface gives web1 of good the interface line `interface: v`.
+func withInterface(v string) func(string) string {
+	return func(s string) string {
+		return strings.Replace(s, "    subnet: blue/web\n", "    subnet: blue/web\n    interface: "+v+"\n", 1)
+	}
+}
+
+// A VM may name its interface; one on another host may share the name, and
+// a VM without one has the default vif-NAME.
+func TestAVMNamesItsInterface(t *testing.T) {
+	src := withInterface("tap-web1")(good) + "  - {name: web2, host: h1, subnet: blue/web}\n" +
+		"  - {name: web3, host: h2, subnet: blue/web, interface: tap-web1}\n"
+	src = strings.Replace(src, "  - name: h1\n", "  - name: h1\n  - name: h2\n", 1)
+	f, err := Parse("t.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ vm, want string }{{"web1", "tap-web1"}, {"web2", "vif-web2"}, {"web3", "tap-web1"}} {
+		if v, _ := f.VMByName(c.vm); v.Vif() != c.want {
+			t.Errorf("%s's interface %q, want %q", c.vm, v.Vif(), c.want)
+		}
+	}
 }
 
 func TestTopologyErrorsNameLineAndReason(t *testing.T) {

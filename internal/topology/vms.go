@@ -21,11 +21,24 @@ type VM struct {
 	// VNAT makes the VM an endpoint whose connections survive a change of
 	// its address (issue 10): the lab runs the VNAT daemon in it.
 	VNAT bool `yaml:"vnat"`
+	// Interface names the host interface that carries the guest, as
+	// `vm create --interface` does; "" is the default, vif-NAME (Vif).
+	Interface string `yaml:"interface"`
 	// Firewall is the VM's own firewall, if it has one.
 	Firewall *intent.Firewall `yaml:"-"`
 	Line     int              `yaml:"-"`
-	// Lines of the host and subnet values, so an error points at the field.
-	HostLine, SubnetLine int `yaml:"-"`
+	// Lines of the host, subnet and interface values, so an error points
+	// at the field.
+	HostLine, SubnetLine, InterfaceLine int `yaml:"-"`
+}
+
+// Vif is the host interface that carries the VM: its Interface, else the
+// default, vif-NAME.
+func (v VM) Vif() string {
+	if v.Interface != "" {
+		return v.Interface
+	}
+	return VifName(v.Name)
 }
 
 // Farm returns the farm part of the VM's "farm/subnet".
@@ -50,9 +63,10 @@ var vmsSection = section{
 func decodeVM(d *decoder, item *yaml.Node) VM {
 	vm := VM{Line: item.Line}
 	d.mapping(item, "vm", map[string]field{
-		"name":   d.str(&vm.Name, "vm name"),
-		"host":   at(&vm.HostLine, d.str(&vm.Host, "vm host")),
-		"subnet": at(&vm.SubnetLine, d.str(&vm.Subnet, "vm subnet")),
+		"name":      d.str(&vm.Name, "vm name"),
+		"host":      at(&vm.HostLine, d.str(&vm.Host, "vm host")),
+		"subnet":    at(&vm.SubnetLine, d.str(&vm.Subnet, "vm subnet")),
+		"interface": at(&vm.InterfaceLine, d.str(&vm.Interface, "vm interface")),
 		"firewall": func(v *yaml.Node) error {
 			fw := &intent.Firewall{DefaultIn: "allow", DefaultOut: "allow"}
 			d.mapping(v, "firewall", map[string]field{
@@ -90,6 +104,12 @@ func decodeVM(d *decoder, item *yaml.Node) VM {
 
 func validateVMs(c *checker, f *File) {
 	perSubnet := map[string]int{}
+	type holder struct {
+		vm   string
+		line int
+	}
+	vifs := map[[2]string]holder{} // host, interface
+
 	for _, vm := range f.VMs {
 		if !vmNameRE.MatchString(vm.Name) {
 			c.fail(vm.Line, "vm name %q must be 1-11 lowercase letters or digits, starting with a letter", vm.Name)
@@ -108,6 +128,21 @@ func validateVMs(c *checker, f *File) {
 		}
 		if !c.subnets[vm.Subnet] {
 			c.fail(orLine(vm.SubnetLine, vm.Line), "vm %q: subnet %q is not defined (write it as farm/subnet, e.g. blue/web)", vm.Name, vm.Subnet)
+		}
+		// The API's check, so a file says no more and no less than
+		// `vm create --interface` would.
+		if vm.InterfaceLine > 0 {
+			if err := intent.CheckInterface("interface", vm.Interface); err != nil {
+				c.fail(vm.InterfaceLine, "vm %q: %v", vm.Name, err)
+				continue
+			}
+		}
+		// As the API answers 409: one interface carries one guest.
+		key := [2]string{vm.Host, vm.Vif()}
+		if h, taken := vifs[key]; taken {
+			c.fail(orLine(vm.InterfaceLine, vm.Line), "vm %q: interface %s on host %q is vm %q's already (line %d)", vm.Name, vm.Vif(), vm.Host, h.vm, h.line)
+		} else {
+			vifs[key] = holder{vm.Name, vm.Line}
 		}
 		perSubnet[vm.Subnet]++
 		if perSubnet[vm.Subnet] == 254 {

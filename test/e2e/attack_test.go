@@ -3,6 +3,7 @@ package e2e
 import (
 	byteorder "encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os/exec"
@@ -278,5 +279,117 @@ func TestAttackTheFabricIsNotTrusted(t *testing.T) {
 	}
 	if n, ok := d["fabric_unknown_host"]; ok && n != float64(len(fromNoHost)) {
 		t.Errorf("fabric_unknown_host on h1 rose by %v, want %d", n, len(fromNoHost))
+	}
+}
+
+// fabricLab is attackLab with a node on the fabric that is no host.
+const fabricLab = attackLab + `externals: [{name: rogue}]
+`
+
+// bridgeJSON runs `bridge -j ARGS` on the lab's fabric and decodes it.
+func (l *testLab) bridgeJSON(args ...string) []map[string]any {
+	l.t.Helper()
+	out := l.mustIn("fabric", append([]string{"bridge", "-j"}, args...)...)
+	var v []map[string]any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		l.t.Fatalf("bridge -j %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return v
+}
+
+// rxPackets is how many frames the fabric switch received on port.
+func (l *testLab) rxPackets(port string) float64 {
+	l.t.Helper()
+	out := l.mustIn("fabric", "ip", "-s", "-j", "link", "show", "dev", port)
+	var v []struct {
+		Stats struct {
+			RX struct {
+				Packets float64 `json:"packets"`
+			} `json:"rx"`
+		} `json:"stats64"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil || len(v) != 1 {
+		l.t.Fatalf("ip -s -j link show %s on the fabric: %v\n%s", port, err, out)
+	}
+	return v[0].Stats.RX.Packets
+}
+
+// A host's MAC is its only identity on the fabric, so the switch must bind
+// each host's MAC to its port, or any node on the fabric can send as a host
+// (and have its frames believed, TAP copies included). The lab's fabric is
+// such a switch: every port locked, learning off, one static entry for the
+// station plugged into it. A live control first (h2's own frame reaches
+// h1), then the rogue's frames with h2's MAC, then proof the rogue's port
+// and h1's capture still work (the rogue's own frame arrives).
+func TestAttackAHostsMACFromAnotherFabricPortIsDroppedByTheFabric(t *testing.T) {
+	testenv.RequireTool(t, "bridge")
+	l := upLab(t, fabricLab)
+	h1, h2, rogue := l.mac("h1", "uplink0"), l.mac("h2", "uplink0"), l.mac("rogue", "eth0")
+
+	// What the switch is: every port locked and learning nothing, each
+	// bound to its node's MAC by a static entry.
+	ports := l.bridgeJSON("-d", "link", "show")
+	if len(ports) == 0 {
+		t.Fatal("the fabric bridge has no ports")
+	}
+	for _, p := range ports {
+		if p["locked"] != true || p["learning"] != false {
+			t.Errorf("fabric port %v: locked %v learning %v, want locked and not learning", p["ifname"], p["locked"], p["learning"])
+		}
+	}
+	bound := map[string]string{}
+	for _, e := range l.bridgeJSON("fdb", "show", "br", "br0") {
+		if e["state"] == "static" {
+			bound[fmt.Sprint(e["mac"])] = fmt.Sprint(e["ifname"])
+		}
+	}
+	for mac, port := range map[string]string{h1: "p-h1", h2: "p-h2", rogue: "p-rogue"} {
+		if bound[mac] != port {
+			t.Errorf("the fabric binds %s to %q, want %s (static entries: %v)", mac, bound[mac], port, bound)
+		}
+	}
+
+	web1IP, web2IP := l.ip("web1"), l.ip("web2")
+	asH2 := func(payload string) string { return ipv4UDP(h2, h1, 0, web2IP, web1IP, 40000, 9999, 0, 0, payload) }
+	w := l.startWatch(&watch{l: l, node: "h1"}, "uplink0", "-Q", "in")
+	// Sent until h1's uplink records it: the capture may not be listening yet.
+	arrives := func(what, node, ifname, frame, payload string) {
+		t.Helper()
+		testenv.Eventually(t, what, 10*time.Second, func() bool {
+			l.sendFramesOn(node, ifname, frame)
+			for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				if w.saw(payload) {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	arrives("control: h2's own frame to reach h1's uplink", "h2", "uplink0", asH2("h2-before"), "h2-before")
+
+	rx := l.rxPackets("p-rogue")
+	var spoofed []string
+	for i := 0; i < 3; i++ {
+		spoofed = append(spoofed, asH2(fmt.Sprintf("spoof-%d", i)))
+	}
+	l.sendFramesOn("rogue", "eth0", spoofed...)
+	// After them on the same port: the rogue's own MAC passes the switch
+	// (h1's datapath refuses it: no host's), and so does h2's frame.
+	arrives("the rogue's own frame to reach h1's uplink", "rogue", "eth0",
+		ipv4UDP(rogue, h1, 0, web2IP, web1IP, 40000, 9999, 0, 0, "rogue-own"), "rogue-own")
+	arrives("h2's frame after the attack", "h2", "uplink0", asH2("h2-after"), "h2-after")
+	w.dump.Stop()
+	frames, err := w.read(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range frames {
+		if strings.HasPrefix(f.payload, "spoof-") {
+			t.Errorf("a frame with h2's MAC from the rogue's port reached h1: %s", f)
+		}
+	}
+	// The switch took them in on the rogue's port and forwarded none.
+	if got := l.rxPackets("p-rogue") - rx; got < float64(len(spoofed)+1) {
+		t.Errorf("the fabric's port p-rogue received %v frames, want at least %d (the spoofed ones and the rogue's own)", got, len(spoofed)+1)
 	}
 }

@@ -34,12 +34,15 @@ vms:
 
 // tapNIC is a tap device whose fd the test holds: the guest's NIC, as
 // QEMU's -netdev tap holds it. What the test writes to the fd the device
-// receives (the vif program's tcx ingress); what the host sends out of
-// the device the test reads.
+// receives (the vif program's tcx ingress; a macvtap's egress); what the
+// host sends out of the device (into a macvtap) the test reads.
 type tapNIC struct {
 	t      *testing.T
 	f      *os.File
 	frames chan []byte
+	// hdr is the virtio_net_hdr before each frame on the fd (0: none; a
+	// macvtap's fd has one of 10 bytes): written as zeros, read past.
+	hdr int
 }
 
 // openTap creates tap device name (IFF_TAP|IFF_NO_PI, no vnet_hdr) in
@@ -51,24 +54,7 @@ func openTap(t *testing.T, ns, name string) *tapNIC {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Non-blocking: the runtime poller reads it, and Close wakes the reader.
-	nic := &tapNIC{t: t, f: os.NewFile(uintptr(fd), name), frames: make(chan []byte, 256)}
-	done := make(chan struct{})
-	t.Cleanup(func() { nic.f.Close(); <-done })
-	go func() {
-		defer close(done)
-		for {
-			b := make([]byte, 65536)
-			n, err := nic.f.Read(b)
-			if err != nil {
-				return
-			}
-			select {
-			case nic.frames <- b[:n]:
-			default: // nobody is waiting for this much: the test reads what it awaits
-			}
-		}
-	}()
+	nic := readNIC(t, fd, name, 0)
 	h, err := netns.Handle(ns)
 	if err != nil {
 		t.Fatal(err)
@@ -84,10 +70,38 @@ func openTap(t *testing.T, ns, name string) *tapNIC {
 	return nic
 }
 
+// readNIC reads the frames of the guest NIC whose fd is fd (non-blocking)
+// until the test ends, each after a header of hdr bytes.
+func readNIC(t *testing.T, fd int, name string, hdr int) *tapNIC {
+	t.Helper()
+	// Non-blocking: the runtime poller reads it, and Close wakes the reader.
+	nic := &tapNIC{t: t, f: os.NewFile(uintptr(fd), name), frames: make(chan []byte, 256), hdr: hdr}
+	done := make(chan struct{})
+	t.Cleanup(func() { nic.f.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			b := make([]byte, 65536)
+			n, err := nic.f.Read(b)
+			if err != nil {
+				return
+			}
+			if n < hdr {
+				continue
+			}
+			select {
+			case nic.frames <- b[hdr:n]:
+			default: // nobody is waiting for this much: the test reads what it awaits
+			}
+		}
+	}()
+	return nic
+}
+
 // send writes one whole Ethernet frame, as the guest's NIC would send it.
 func (n *tapNIC) send(frame []byte) {
 	n.t.Helper()
-	if _, err := n.f.Write(frame); err != nil {
+	if _, err := n.f.Write(append(make([]byte, n.hdr), frame...)); err != nil {
 		n.t.Fatalf("write to the tap: %v", err)
 	}
 }
@@ -184,22 +198,6 @@ func (l *testLab) vmRecord(full string) intent.VM {
 	return intent.VM{}
 }
 
-// awaitTapVif waits until host's agent has attached to ifname and holds it
-// as a tap (onehop stats: "tap vifs: IFNAME").
-func (l *testLab) awaitTapVif(host, ifname string) {
-	l.t.Helper()
-	testenv.Eventually(l.t, host+"'s agent to attach to "+ifname+" as a tap", 10*time.Second, func() error {
-		out, err := l.cli("stats", "--node", host)
-		if err != nil {
-			return fmt.Errorf("onehop stats: %v: %s", err, out)
-		}
-		if !strings.Contains(out, "tap vifs: "+ifname+"\n") {
-			return fmt.Errorf("no %q in:\n%s", "tap vifs: "+ifname, out)
-		}
-		return nil
-	})
-}
-
 func TestPrivilegedTapGuestGetsALeaseResolvesAndPingsALabVMAndCannotSpoof(t *testing.T) {
 	l := upLab(t, tapGuestLab)
 	const tapName = "tapg1"
@@ -211,16 +209,43 @@ func TestPrivilegedTapGuestGetsALeaseResolvesAndPingsALabVMAndCannotSpoof(t *tes
 	if vm.Interface != tapName {
 		t.Fatalf("guest1's interface is %q, want %s", vm.Interface, tapName)
 	}
-	guestIP, guestMAC := netip.MustParseAddr(vm.IP), bpftest.MustMAC(vm.MAC)
 	web2 := netip.MustParseAddr(l.ip("web2"))
 
 	// (1) h1's agent attached to the tap and knows it for one.
-	l.awaitTapVif("h1", tapName)
+	l.awaitVifKind("h1", "tap", tapName)
+	guestTalksAndCannotSpoof(t, l, nic, vm, web2)
+}
 
+// awaitVifKind waits until host's agent has attached to interface name as
+// a vif of kind ("tap vifs: NAME" in `onehop stats`).
+func (l *testLab) awaitVifKind(host, kind, name string) {
+	l.t.Helper()
+	want := kind + " vifs: " + name + "\n"
+	testenv.Eventually(l.t, host+"'s agent to attach to "+name+" as a "+kind, 10*time.Second, func() error {
+		out, err := l.cli("stats", "--node", host)
+		if err != nil {
+			return fmt.Errorf("onehop stats: %v: %s", err, out)
+		}
+		if !strings.Contains(out, want) {
+			return fmt.Errorf("no %q in:\n%s", want, out)
+		}
+		return nil
+	})
+}
+
+// guestTalksAndCannotSpoof drives the guest on nic from raw frames: a DHCP
+// lease with its intent address, an ARP answer for web2 (a lab VM on
+// another host) and web2's echo reply, delivered to the NIC; then the same
+// echo from a source the guest does not own is dropped and counted on h1,
+// and the right source right after is answered (the positive control).
+func guestTalksAndCannotSpoof(t *testing.T, l *testLab, nic *tapNIC, vm intent.VM, web2 netip.Addr) {
+	t.Helper()
+	guestIP, guestMAC := netip.MustParseAddr(vm.IP), bpftest.MustMAC(vm.MAC)
+	where := "the guest's NIC"
 	// (2) DHCP from raw frames: DISCOVER -> OFFER, REQUEST -> ACK, both
 	// with the VM's intent address, from its gateway.
 	var gateway netip.Addr
-	testenv.Eventually(t, "an OFFER on the tap for guest1's DISCOVER", 10*time.Second, func() error {
+	testenv.Eventually(t, "an OFFER on "+where+" for the DISCOVER", 10*time.Second, func() error {
 		nic.send(dhcpFrame(t, guestMAC, 0x7a9001, layers.DHCPMsgTypeDiscover))
 		p := nic.await(time.Second, dhcpReply(0x7a9001, layers.DHCPMsgTypeOffer))
 		if p == nil {
@@ -241,7 +266,7 @@ func TestPrivilegedTapGuestGetsALeaseResolvesAndPingsALabVMAndCannotSpoof(t *tes
 		layers.NewDHCPOption(layers.DHCPOptServerID, gateway.AsSlice())))
 	ack := nic.await(5*time.Second, dhcpReply(0x7a9002, layers.DHCPMsgTypeAck))
 	if ack == nil {
-		t.Fatal("no ACK on the tap for guest1's REQUEST")
+		t.Fatal("no ACK on " + where + " for the REQUEST")
 	}
 	if d := ack.Layer(layers.LayerTypeDHCPv4).(*layers.DHCPv4); !d.YourClientIP.Equal(guestIP.AsSlice()) {
 		t.Fatalf("ACK gives %s, want guest1's %s", d.YourClientIP, guestIP)
@@ -250,7 +275,7 @@ func TestPrivilegedTapGuestGetsALeaseResolvesAndPingsALabVMAndCannotSpoof(t *tes
 	// (3) ARP: guest1 asks for web2 (same subnet, on h2); the answer comes
 	// out of the tap.
 	var web2MAC net.HardwareAddr
-	testenv.Eventually(t, "an ARP answer on the tap for web2", 10*time.Second, func() error {
+	testenv.Eventually(t, "an ARP answer on "+where+" for web2", 10*time.Second, func() error {
 		nic.send(bpftest.Frame{Src: guestMAC, Dst: layers.EthernetBroadcast, ARPOp: layers.ARPRequest,
 			Saddr: guestIP, Daddr: web2}.Bytes(t))
 		p := nic.await(time.Second, func(p gopacket.Packet) bool {
@@ -270,7 +295,7 @@ func TestPrivilegedTapGuestGetsALeaseResolvesAndPingsALabVMAndCannotSpoof(t *tes
 		return bpftest.Frame{Src: guestMAC, Dst: web2MAC, Saddr: src, Daddr: web2,
 			Proto: layers.IPProtocolICMPv4, ICMPType: layers.ICMPv4TypeEchoRequest, ICMPID: id}.Bytes(t)
 	}
-	testenv.Eventually(t, "web2's echo reply on the tap", 10*time.Second, func() error {
+	testenv.Eventually(t, "web2's echo reply on "+where, 10*time.Second, func() error {
 		nic.send(echo(guestIP, 0x4201))
 		if nic.await(time.Second, echoReply(web2, guestIP, 0x4201)) == nil {
 			return errors.New("no echo reply from web2 within a second")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/lab"
 	"github.com/onehop/onehop/internal/testenv"
 )
 
@@ -492,5 +493,42 @@ func TestPrivilegedSliversLeasePortsOnEitherUplinkOfAMultiHomedHost(t *testing.T
 	// 20022 on the first uplink is nobody's lease there: not s1's.
 	if got, _ := l.whoIs("inet", "tcp", a0, 20022, 0); got == "s1" {
 		t.Errorf("inet -> %s:20022 reached s1, whose lease on 20000-20099 is on the other uplink", a0)
+	}
+}
+
+// A sliver shares its host's address and reaches the host's own stack on
+// every port it does not lease (the hairpin), so an agent serving /metrics
+// on every address let a sliver read its neighbours' traffic counters
+// (issue 20, item 15). The agent serves them on the host's loopback, which
+// no guest and no node on the fabric can reach.
+func TestPrivilegedASliverCannotReadItsHostsMetrics(t *testing.T) {
+	l := upLab(t, portshare)
+	pub := l.addr("h1", "uplink0")
+	// Control: the operator on the host reads them, s2's counters in them.
+	if n := l.metrics("h1").at(`onehop_sliver_packets_total{dir="in",sliver="s2"}`); n < 0 {
+		t.Fatalf("s2's counter on h1 reads %v", n)
+	}
+	// Live control: s1 reaches a server of h1's own stack through the
+	// hairpin, on the shared address.
+	l.serveName("h1", "tcp", 5555)
+	if got, err := l.whoIs("s1", "tcp", pub, 5555, 0); got != "h1" {
+		t.Fatalf("s1 -> %s:5555 (h1's own server) answered by %q (%v): the hairpin is not working, the test proves nothing", pub, got, err)
+	}
+	// The attack: the metrics port on the shared address (and on s1's own
+	// loopback, which is not the host's), from s1 and from a node on the
+	// fabric. Refused at once (curl exit 7), not lost: h1's stack answers,
+	// and nothing of it listens there.
+	for _, from := range []string{"s1", "inet"} {
+		for _, host := range []string{pub, "127.0.0.1"} {
+			url := fmt.Sprintf("http://%s:%d/metrics", host, lab.MetricsPort)
+			out, err := l.in(from, "curl", "-sS", "--max-time", "5", url)
+			if err == nil {
+				t.Errorf("%s read h1's metrics at %s:\n%.300s", from, url, out)
+				continue
+			}
+			if !strings.Contains(out, "Connection refused") && !strings.Contains(out, "Couldn't connect") {
+				t.Errorf("%s -> %s: %v, want the connection refused:\n%s", from, url, err, out)
+			}
+		}
 	}
 }

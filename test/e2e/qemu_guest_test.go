@@ -119,7 +119,7 @@ fi`, guestMarker, hello, web2, port))
 
 	// The console is live: /init's first line.
 	awaitGuest("init", "init", 45*time.Second)
-	l.awaitTapVif("h1", tapName)
+	l.awaitVifKind("h1", "tap", tapName)
 
 	// (1) Its address came by DHCP from its host, and it is intent's.
 	lease := awaitGuest("lease", "lease ", 40*time.Second)
