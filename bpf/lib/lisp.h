@@ -390,9 +390,35 @@ static __always_inline int lisp_for_local_tcp(struct __sk_buff *skb, struct iphd
 	return local;
 }
 
-/* lisp_decapsulate: UDP 4341 to a local RLOC from a known remote RLOC is
- * stripped to the inner packet, which goes on (the stack routes it or
- * delivers it). LISP to a local RLOC that fails a check is dropped and
+/* lisp_source_ok: may the remote RLOC rloc send packets from the EID src?
+ * Only if the mapping covering src (the longest prefix, as encapsulation
+ * would choose) lists a path to rloc: an ETR that took any inner source
+ * from a known RLOC would let anyone on the path who can send with that
+ * RLOC's address inject packets from any address into the site (the
+ * attack run: a WAN router sent the gateway's RLOC with an arbitrary inner
+ * source, and the xTR delivered it to the server). */
+static __always_inline int lisp_source_ok(__be32 src, __be32 rloc)
+{
+	struct lisp_eid_key key = {.prefixlen = 32, .addr = src};
+	struct lisp_eid *m = bpf_map_lookup_elem(&lisp_eids, &key);
+
+	if (!m || (m->flags & LISP_EID_NEGATIVE))
+		return 0;
+	for (int i = 0; i < LISP_SLOTS; i++) {
+		if (i >= m->nmembers)
+			break;
+		__u32 id = m->members[i];
+		struct lisp_path *p = bpf_map_lookup_elem(&lisp_paths, &id);
+
+		if (p && (p->flags & LISP_PATH_UP) && p->remote_rloc == rloc)
+			return 1;
+	}
+	return 0;
+}
+
+/* lisp_decapsulate: UDP 4341 to a local RLOC from a known remote RLOC,
+ * from an inner source that RLOC is a locator of, is stripped to the inner
+ * packet, which goes on (the stack routes it or delivers it). LISP to a local RLOC that fails a check is dropped and
  * counted; everything else goes on untouched. */
 static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 {
@@ -453,6 +479,8 @@ static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 	} else if (iid) {
 		return lisp_drop(LISP_DROP_WRONG_IID);
 	}
+	if (!lisp_source_ok(in->saddr, o->ip.saddr))
+		return lisp_drop(LISP_DROP_SOURCE_EID);
 
 	/* RFC 9300 §5.3: the inner TTL becomes the outer one when that is
 	 * lower; RFC 6040 §4.2: congestion marked on the way is kept. */

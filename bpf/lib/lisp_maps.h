@@ -4,8 +4,9 @@
  *   lisp_paths    array, path id -> the tunnel: interface, local and remote
  *                 RLOC, MACs, instance id, MTU (flags: configured, I bit)
  *   lisp_eids     LPM trie, EID prefix -> which paths carry it: 32 hash
- *                 slots filled by weight among the best-priority RLOCs, and
- *                 a bitmap of every usable path (what a pin may take)
+ *                 slots filled by weight among the best-priority RLOCs, a
+ *                 bitmap of every usable path (what a pin may take), and
+ *                 every path listed (whose remote RLOCs may send from it)
  *   lisp_pins     hash, inner source -> path id (one MPTCP subflow per path)
  *   lisp_tunnels  hash, {local RLOC, remote RLOC} -> path id: what
  *                 decapsulation accepts
@@ -49,10 +50,12 @@ enum lisp_eid_flag {
 };
 
 struct lisp_eid {
-	__u8 flags;  /* enum lisp_eid_flag */
-	__u8 nslots; /* 0: no usable RLOC */
-	__u8 _pad[6];
+	__u8 flags;    /* enum lisp_eid_flag */
+	__u8 nslots;   /* 0: no usable RLOC */
+	__u8 nmembers; /* paths in members */
+	__u8 _pad[5];
 	__u8 slots[LISP_SLOTS];            /* path ids, by weight, among the best priority */
+	__u8 members[LISP_SLOTS];          /* every path the mapping lists, whatever its priority: decapsulation takes the prefix as inner source only from their remote RLOCs */
 	__u64 usable[LISP_MAX_PATHS / 64]; /* bit per path with priority < 255 */
 };
 
@@ -87,6 +90,7 @@ enum lisp_counter {
 	LISP_DROP_GSO_DECAP,    /* a GSO superpacket the kernel cannot decapsulate in place (no BPF_F_ADJ_ROOM_DECAP_L4_UDP) */
 	LISP_DROP_ECN,          /* outer CE over a not-ECT inner packet (RFC 6040 §4.2) */
 	LISP_DECAP_LOCAL_GSO,   /* decapsulated, of which: a TCP superpacket for a local socket, stripped whole though the kernel keeps its tunnel GSO state */
+	LISP_DROP_SOURCE_EID,   /* the inner source is no EID whose mapping lists the outer source as a locator */
 	LISP_COUNTER_MAX,
 };
 

@@ -45,6 +45,7 @@ shows gw's connections. docs/cloud-access-gateway.md has the details.`,
 
 	var (
 		intercept, paths, maps []string
+		infra                  []string
 		eidPrefix, resolver    string
 		mapServer, keyFile     string
 		fwmark                 string
@@ -61,9 +62,11 @@ interrupted, then removes all it set up:
   - each --path's EID on lo, an ip rule from that EID to the path's own
     table (Table+1+i), which ends in an unreachable default so a subflow never
     leaks onto another path;
-  - nftables table ip ` + gateway.NFTTable + `: TCP arriving on an --intercept interface for
-    an address not the gateway's own goes to the TPROXY listener, marked
-    --fwmark, delivered by table --table;
+  - nftables table ip ` + gateway.NFTTable + `: anything arriving on an --intercept
+    interface for an --infrastructure address (and --map-server's,
+    --map-resolver's) is dropped and counted (infrastructure_dropped in
+    status); TCP for an address not the gateway's own goes to the TPROXY
+    listener, marked --fwmark, delivered by table --table;
   - every socket it opens or accepts uses --congestion (default cubic: bbr
     subflows ran at 0.6 Gbit/s on this kernel, cubic at 18).
 A path whose link goes down loses its subflows at once (the connections go
@@ -88,6 +91,15 @@ a map-server). An address with no mapping is forwarded natively.`,
 				}
 				if cfg.MapServerKey = strings.TrimSpace(string(b)); cfg.MapServerKey == "" {
 					return fmt.Errorf("--map-server-key-file %s: empty", keyFile)
+				}
+			}
+			for _, v := range infra {
+				for _, a := range splitList(v) {
+					p, err := gateway.ParseInfrastructure(a)
+					if err != nil {
+						return err
+					}
+					cfg.Infrastructure = append(cfg.Infrastructure, p)
 				}
 			}
 			c, res, err := buildGatewayConfig(cfg, intercept, paths, maps, eidPrefix, resolver, mapServer, fwmark, listenPort)
@@ -120,6 +132,7 @@ a map-server). An address with no mapping is forwarded natively.`,
 	f.Uint8Var(&cfg.KeyID, "key-id", 1, "the key id of Map-Registers to --map-server")
 	f.DurationVar(&cfg.ProbeInterval, "rloc-probe-interval", 0,
 		"RLOC-probe each locator in use this often over its path, so a far side that fails is noticed with the local link up (RFC 9301; 0: off; needs rloc= on every path; the lab uses 1s)")
+	f.StringArrayVar(&infra, "infrastructure", nil, "an address or prefix users are never forwarded to, in any protocol: the controller, the hosts, the fabric (repeatable or comma-separated; --map-server and --map-resolver are always in it)")
 	f.IntVar(&cfg.ProbeMisses, "rloc-probe-misses", gateway.DefaultProbeMisses, "unanswered probes in a row that take a locator down (its subflows closed until one is answered)")
 
 	var output outputFormat

@@ -248,6 +248,7 @@ func lispServerCmd() *cobra.Command {
 			}
 			fmt.Fprintf(out, "map-server on %s, %d sites\n", st.Listen, st.Sites)
 			fmt.Fprintf(out, "map-requests answered %d (negative %d), refused datagrams %d\n", st.Requests, st.NegativeReplies, st.RequestsRefused)
+			fmt.Fprintf(out, "map-requests rate-limited %d, replies sent to the sender, not a third-party ITR-RLOC (larger than the request) %d\n", st.RequestsRateLimited, st.RepliesToSource)
 			fmt.Fprintf(out, "map-registers accepted %d, map-notifies sent %d, registrations expired %d\n", st.Registers, st.Notifies, st.Expired)
 			for _, reason := range []string{"malformed", "unauthenticated", "unsupported-algorithm", "unknown-site", "bad-auth", "replayed-nonce", "operator-mapping", "store-error"} {
 				if n := st.RegistersRefused[reason]; n > 0 {

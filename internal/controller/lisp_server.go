@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/ratelog"
@@ -28,15 +30,39 @@ type LISPServerConfig struct {
 	// whatever the sweep.
 	Sweep time.Duration
 	Now   func() time.Time // time.Now if nil
+	// RequestRate and RequestBurst bound the Map-Requests answered for
+	// one source address (a second, at once), TotalRate and TotalBurst
+	// those of all sources together (RFC 9301 §5.3 has Map-Requests
+	// rate-limited); 0 takes the Default* values.
+	RequestRate, RequestBurst float64
+	TotalRate, TotalBurst     float64
 }
+
+// Default rate limits of the map-resolver. An ITR asks once per EID
+// prefix and caches the answer for its TTL (the gateway and the xTR do),
+// so one source rarely needs more than a few a second; 50 a second from
+// one source, or 2,000 from all, is a flood.
+const (
+	DefaultLISPRequestRate  = 50
+	DefaultLISPRequestBurst = 100
+	DefaultLISPTotalRate    = 2000
+	DefaultLISPTotalBurst   = 4000
+)
 
 // LISPServerStats is what the map-server counted (GET /v1/lisp/server).
 type LISPServerStats struct {
-	Listen           string            `json:"listen"` // empty: no map-server runs
-	Sites            int               `json:"sites"`
-	Requests         uint64            `json:"requests"`         // Map-Requests answered
-	NegativeReplies  uint64            `json:"negativeReplies"`  // of which negative
-	RequestsRefused  uint64            `json:"requestsRefused"`  // datagrams on 4342 that were no Map-Request or Map-Register it could read
+	Listen          string `json:"listen"` // empty: no map-server runs
+	Sites           int    `json:"sites"`
+	Requests        uint64 `json:"requests"`        // Map-Requests answered
+	NegativeReplies uint64 `json:"negativeReplies"` // of which negative
+	RequestsRefused uint64 `json:"requestsRefused"` // datagrams on 4342 that were no Map-Request or Map-Register it could read
+	// RequestsRateLimited: Map-Requests not answered, their source or all
+	// sources together over the rate limit.
+	RequestsRateLimited uint64 `json:"requestsRateLimited"`
+	// RepliesToSource: Map-Replies sent back to the ECM's sender instead of
+	// the ITR-RLOC it named, another address, because the reply was larger
+	// than the request (no amplification towards a third address).
+	RepliesToSource  uint64            `json:"repliesToSource"`
 	Registers        uint64            `json:"registers"`        // Map-Registers accepted
 	RegistersRefused map[string]uint64 `json:"registersRefused"` // by reason
 	Notifies         uint64            `json:"notifies"`         // Map-Notifies sent
@@ -62,6 +88,7 @@ type LISPServer struct {
 	conn  *net.UDPConn
 	log   *slog.Logger
 	limit *ratelog.Logger
+	rate  *lisp.Limiter // Map-Requests answered per source and in total
 
 	mu       sync.Mutex
 	held     []LISPMapping
@@ -149,7 +176,17 @@ func (c *Controller) ServeLISP(ctx context.Context, cfg LISPServerConfig) (*LISP
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	for _, v := range []struct {
+		p *float64
+		d float64
+	}{{&cfg.RequestRate, DefaultLISPRequestRate}, {&cfg.RequestBurst, DefaultLISPRequestBurst},
+		{&cfg.TotalRate, DefaultLISPTotalRate}, {&cfg.TotalBurst, DefaultLISPTotalBurst}} {
+		if *v.p <= 0 {
+			*v.p = v.d
+		}
+	}
 	s := &LISPServer{c: c, cfg: cfg, conn: conn, log: c.log, limit: ratelog.New(c.log, 5, time.Minute, nil),
+		rate:   &lisp.Limiter{Rate: cfg.RequestRate, Burst: cfg.RequestBurst, TotalRate: cfg.TotalRate, TotalBurst: cfg.TotalBurst},
 		nonces: map[string]uint64{}, changed: make(chan struct{}, 1), finished: make(chan struct{})}
 	s.stats = LISPServerStats{Listen: conn.LocalAddr().String(), Sites: len(cfg.Sites), RegistersRefused: map[string]uint64{}}
 	if _, err := s.reload(ctx); err != nil {
@@ -257,7 +294,7 @@ func (s *LISPServer) serve(ctx context.Context) {
 		t, _ := lisp.MessageType(msg)
 		switch t {
 		case lisp.TypeMapRequest:
-			s.mapRequest(msg, from, from)
+			s.mapRequest(msg, n, from, from)
 		case lisp.TypeECM:
 			s.ecm(msg, from)
 		case lisp.TypeMapRegister:
@@ -316,19 +353,31 @@ func (s *LISPServer) ecm(msg []byte, from netip.AddrPort) {
 			}
 		}
 	}
-	s.mapRequest(e.Message, from, to)
+	s.mapRequest(e.Message, len(msg), from, to)
 }
 
-// mapRequest answers a Map-Request that came from from, sending the
-// Map-Reply to to (RFC 9301 §5.4: the reply goes to the request's UDP
-// source port).
-func (s *LISPServer) mapRequest(msg []byte, from, to netip.AddrPort) {
+// mapRequest answers a Map-Request that came from from in a datagram of
+// size bytes, sending the Map-Reply to to (RFC 9301 §5.4: the reply goes to
+// the request's UDP source port), within the rate limits of from. A reply
+// larger than its request goes back to from whatever to says: a forged
+// ITR-RLOC may aim replies at a third address, but never more bytes than
+// the forger sent. (The limit is charged to the sender only: charging the
+// named ITR-RLOC too would let anyone starve that address's own lookups.)
+func (s *LISPServer) mapRequest(msg []byte, size int, from, to netip.AddrPort) {
 	req, err := lisp.DecodeMapRequest(msg)
 	if err != nil {
 		s.mu.Lock()
 		s.stats.RequestsRefused++
 		s.mu.Unlock()
 		s.limit.Warn("lisp-bad:"+from.Addr().String(), "lisp map-server: refused a Map-Request", "from", from, "err", err)
+		return
+	}
+	if !s.rate.Allow(s.cfg.Now(), from.Addr()) {
+		s.mu.Lock()
+		s.stats.RequestsRateLimited++
+		s.mu.Unlock()
+		s.limit.Warn("lisp-rate:"+from.Addr().String(), "lisp map-server: Map-Requests over the rate limit; not answered",
+			"from", from, "per_source", s.cfg.RequestRate, "total", s.cfg.TotalRate)
 		return
 	}
 	held := s.records()
@@ -346,6 +395,12 @@ func (s *LISPServer) mapRequest(msg []byte, from, to netip.AddrPort) {
 		s.limit.Warn("lisp-encode", "lisp map-server: cannot encode a Map-Reply", "err", err)
 		return
 	}
+	redirected := false
+	if to.Addr().Unmap() != from.Addr().Unmap() && len(b) > size {
+		s.limit.Warn("lisp-redirect:"+from.Addr().String(), "lisp map-server: a Map-Reply larger than its request goes back to the sender, not to the ITR-RLOC it named",
+			"from", from, "itr_rloc", to, "request", size, "reply", len(b))
+		to, redirected = from, true
+	}
 	if _, err := s.conn.WriteToUDPAddrPort(b, to); err != nil {
 		s.limit.Warn("lisp-send:"+to.Addr().String(), "lisp map-server: send Map-Reply", "to", to, "err", err)
 		return
@@ -353,6 +408,9 @@ func (s *LISPServer) mapRequest(msg []byte, from, to netip.AddrPort) {
 	s.mu.Lock()
 	s.stats.Requests++
 	s.stats.NegativeReplies += uint64(negative)
+	if redirected {
+		s.stats.RepliesToSource++
+	}
 	s.mu.Unlock()
 }
 
@@ -463,4 +521,50 @@ func (c *Controller) startLISP(ctx context.Context, cfg DaemonConfig) error {
 	}
 	_, err := c.ServeLISP(ctx, LISPServerConfig{Listen: cfg.LISPListen, Sites: sites})
 	return err
+}
+
+// lispCollector shows the map-server's counters on /metrics (the figures
+// of `onehop lisp server`); nothing when no map-server runs.
+type lispCollector struct{ c *Controller }
+
+var (
+	descLISPRequests = prometheus.NewDesc("onehop_lisp_map_requests_total",
+		"Map-Requests the map-resolver read, by outcome: answered, rate_limited (its source or all sources over the limit), refused (unreadable datagrams on its port).", []string{"outcome"}, nil)
+	descLISPNegative = prometheus.NewDesc("onehop_lisp_map_replies_negative_total",
+		"Negative records in the Map-Replies sent.", nil, nil)
+	descLISPToSource = prometheus.NewDesc("onehop_lisp_map_replies_to_source_total",
+		"Map-Replies sent back to the ECM's sender instead of the other address its ITR-RLOC named, being larger than the request.", nil, nil)
+	descLISPRegisters = prometheus.NewDesc("onehop_lisp_map_registers_total",
+		"Map-Registers, by outcome: accepted, or the reason refused.", []string{"outcome"}, nil)
+	descLISPNotifies = prometheus.NewDesc("onehop_lisp_map_notifies_total", "Map-Notifies sent.", nil, nil)
+	descLISPExpired  = prometheus.NewDesc("onehop_lisp_registrations_expired_total", "Registrations deleted at expiry.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (l lispCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLISPRequests, descLISPNegative, descLISPToSource, descLISPRegisters, descLISPNotifies, descLISPExpired} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (l lispCollector) Collect(ch chan<- prometheus.Metric) {
+	st := l.c.LISPServerStats()
+	if st.Listen == "" {
+		return
+	}
+	n := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	n(descLISPRequests, st.Requests, "answered")
+	n(descLISPRequests, st.RequestsRateLimited, "rate_limited")
+	n(descLISPRequests, st.RequestsRefused, "refused")
+	n(descLISPNegative, st.NegativeReplies)
+	n(descLISPToSource, st.RepliesToSource)
+	n(descLISPRegisters, st.Registers, "accepted")
+	for reason, v := range st.RegistersRefused {
+		n(descLISPRegisters, v, reason)
+	}
+	n(descLISPNotifies, st.Notifies)
+	n(descLISPExpired, st.Expired)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"strings"
@@ -40,14 +41,21 @@ func rec(eid string, rlocs ...string) lisp.Record {
 // store.
 func lispServer(t *testing.T, clock *fakeClock, sites ...lisp.Site) (*Controller, *store.Memory, *LISPServer, *testenv.Buffer) {
 	t.Helper()
+	cfg := LISPServerConfig{Sites: sites}
+	if clock != nil {
+		cfg.Now = clock.Now
+	}
+	return lispServerWith(t, cfg)
+}
+
+// lispServerWith is lispServer with the configuration's other fields.
+func lispServerWith(t *testing.T, cfg LISPServerConfig) (*Controller, *store.Memory, *LISPServer, *testenv.Buffer) {
+	t.Helper()
 	s := store.NewMemory()
 	logs := &testenv.Buffer{}
 	c := New(s, slog.New(slog.NewTextHandler(logs, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := LISPServerConfig{Listen: "127.0.0.1:0", Sites: sites, Sweep: 20 * time.Millisecond}
-	if clock != nil {
-		cfg.Now = clock.Now
-	}
+	cfg.Listen, cfg.Sweep = "127.0.0.1:0", 20*time.Millisecond
 	srv, err := c.ServeLISP(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -128,6 +136,158 @@ func TestLISPMapServerAnswersFromOperatorMappingsAndNegativeForTheRest(t *testin
 }
 
 func ptr(v int) *int { return &v }
+
+// udpOn is a UDP socket on ip (any port), closed with the test.
+func udpOn(t *testing.T, ip string) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(ip), 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// nextReply reads the next Map-Reply on c; ok false when none comes within
+// wait.
+func nextReply(t *testing.T, c *net.UDPConn, wait time.Duration) (rep lisp.MapReply, size int, ok bool) {
+	t.Helper()
+	buf := make([]byte, lisp.MaxMessageLen+1)
+	c.SetReadDeadline(time.Now().Add(wait))
+	n, err := c.Read(buf)
+	if err != nil {
+		return rep, 0, false
+	}
+	rep, err = lisp.DecodeMapReply(buf[:n])
+	if err != nil {
+		t.Fatalf("a datagram on %s that is no Map-Reply: %v", c.LocalAddr(), err)
+	}
+	return rep, n, true
+}
+
+// The attack run's reflection: an ECM Map-Request of 100 records naming a
+// victim as ITR-RLOC drew 4 KB replies at the victim, as fast as it was
+// sent. Replies larger than the request now go back to its sender, and
+// each source, and all together, are rate-limited (a clock that does not
+// move, so the buckets never refill during the test).
+func TestLISPMapResolverNeverAmplifiesAtAThirdAddressAndRateLimitsRequests(t *testing.T) {
+	clock := newClock()
+	c, _, srv, _ := lispServerWith(t, LISPServerConfig{Now: clock.Now, RequestRate: 1, RequestBurst: 5, TotalRate: 1, TotalBurst: 8})
+	if _, err := c.AddLISPMapping(t.Context(), LISPMappingBody{EID: "10.99.0.0/16", Locators: []LISPLocatorBody{
+		{Addr: "192.168.100.11"}, {Addr: "192.168.100.12"}}}); err != nil {
+		t.Fatal(err)
+	}
+	attacker, victim := udpOn(t, "127.0.0.1"), udpOn(t, "127.0.0.2")
+	victimAt := victim.LocalAddr().(*net.UDPAddr).AddrPort()
+	ecm := func(nonce uint64, eids int) []byte {
+		t.Helper()
+		req := lisp.MapRequest{Nonce: nonce, ITRRLOCs: []netip.Addr{victimAt.Addr()}}
+		for i := range eids {
+			req.EIDs = append(req.EIDs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 99, byte(i), 1}), 32))
+		}
+		m, err := req.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := (&lisp.ECM{Source: victimAt, Dest: netip.MustParseAddrPort("10.99.0.1:4342"), Message: m}).Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	send := func(from *net.UDPConn, b []byte) {
+		t.Helper()
+		if _, err := from.WriteToUDPAddrPort(b, srv.Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Control: an ITR's own ECM Map-Request is answered at its ITR-RLOC.
+	r := lisp.NewResolver(srv.Addr())
+	r.ECM = true
+	if got, err := r.Resolve(t.Context(), netip.MustParseAddr("10.99.7.7")); err != nil || len(got.Locators) != 2 {
+		t.Fatalf("control: %+v, %v", got, err)
+	}
+	testenv.Eventually(t, "the control counted", 5*time.Second, func() bool { return c.LISPServerStats().Requests == 1 })
+
+	// The attack: 100 records, the victim as ITR-RLOC, then a one-record
+	// request naming the victim whose reply is smaller than it (allowed:
+	// no amplification), which marks the victim's socket as live and
+	// would arrive after the big one.
+	big := ecm(0xb16, 100)
+	send(attacker, big)
+	small := ecm(0x5a11, 1)
+	send(attacker, small)
+	rep, n, ok := nextReply(t, victim, 5*time.Second)
+	if !ok || rep.Nonce != 0x5a11 {
+		t.Fatalf("the victim's first datagram: nonce %#x, %d bytes (ok %v); want the small reply (%#x), the %d-byte request's reply never", rep.Nonce, n, ok, 0x5a11, len(big))
+	}
+	if n > len(small) {
+		t.Fatalf("the reply sent to the victim has %d bytes, more than the %d-byte request", n, len(small))
+	}
+	rep, n, ok = nextReply(t, attacker, 5*time.Second)
+	if !ok || rep.Nonce != 0xb16 || len(rep.Records) != 100 || n <= len(big) {
+		t.Fatalf("the sender got nonce %#x, %d records, %d bytes (ok %v); want the 100-record reply, larger than its %d-byte request", rep.Nonce, len(rep.Records), n, ok, len(big))
+	}
+	t.Logf("a %d-byte request with 100 records: its %d-byte reply went back to its sender", len(big), n)
+	if st := c.LISPServerStats(); st.RepliesToSource != 1 || st.Requests != 3 {
+		t.Fatalf("stats %+v: want 3 answered, 1 sent to its source", st)
+	}
+
+	// A flood from one source: 127.0.0.1 has 2 of its 5 tokens left.
+	bare, err := (&lisp.MapRequest{Nonce: 7, ITRRLOCs: []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+		EIDs: []netip.Prefix{netip.MustParsePrefix("10.99.1.1/32")}}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		send(attacker, bare)
+	}
+	testenv.Eventually(t, "the flood read", 5*time.Second, func() bool {
+		st := c.LISPServerStats()
+		return st.Requests+st.RequestsRateLimited == 3+20
+	})
+	if st := c.LISPServerStats(); st.Requests != 5 || st.RequestsRateLimited != 18 {
+		t.Fatalf("a flood of 20 from a source with 2 tokens: %d answered, %d rate-limited; want 2 and 18", st.Requests-3, st.RequestsRateLimited)
+	}
+	replies := 0
+	for {
+		if _, _, ok := nextReply(t, attacker, 200*time.Millisecond); !ok {
+			break
+		}
+		replies++
+	}
+	if replies != 2 {
+		t.Fatalf("the flooding source got %d replies, want 2", replies)
+	}
+	// Another source is answered: its own bucket, and the total (8) has 3
+	// left; then the total runs out for everyone.
+	other := udpOn(t, "127.0.0.3")
+	for range 5 {
+		send(other, bare)
+	}
+	testenv.Eventually(t, "the other source read", 5*time.Second, func() bool {
+		st := c.LISPServerStats()
+		return st.Requests+st.RequestsRateLimited == 3+20+5
+	})
+	if st := c.LISPServerStats(); st.Requests != 8 || st.RequestsRateLimited != 20 {
+		t.Fatalf("5 from another source: %d answered, %d rate-limited in all; want 3 more answered (the total's rest), 2 more limited", st.Requests, st.RequestsRateLimited)
+	}
+	// Time refills the buckets.
+	clock.Advance(10 * time.Second)
+	if got, err := lisp.NewResolver(srv.Addr()).Resolve(t.Context(), netip.MustParseAddr("10.99.2.2")); err != nil || got.Negative() {
+		t.Fatalf("after 10 s: %+v, %v", got, err)
+	}
+	// Shown on /metrics.
+	rec := httptest.NewRecorder()
+	c.metricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{`onehop_lisp_map_requests_total{outcome="rate_limited"} 20`, "onehop_lisp_map_replies_to_source_total 1",
+		`onehop_lisp_map_requests_total{outcome="answered"} 9`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("/metrics has no %q:\n%s", want, rec.Body.String())
+		}
+	}
+}
 
 func TestLISPMapServerStoresAnAuthenticatedRegistrationAndSendsMapNotify(t *testing.T) {
 	c, _, srv, _ := lispServer(t, nil, dcSite)

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -89,6 +90,12 @@ type Config struct {
 	// it down for that path, as its link going down would.
 	ProbeInterval time.Duration
 	ProbeMisses   int
+	// Infrastructure lists what users are never forwarded to, in any
+	// protocol, natively or otherwise: the controller, the map-server,
+	// the hosts, the fabric (--infrastructure). MapServer's and
+	// MapResolver's addresses are added whatever it says
+	// (InfrastructurePrefixes).
+	Infrastructure []netip.Prefix
 }
 
 // Defaults the flags start from.
@@ -283,10 +290,63 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	for _, p := range c.Infrastructure {
+		if !p.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("--infrastructure %s: only IPv4 is supported", p))
+		}
+	}
 	if c.Congestion == "" {
 		errs = append(errs, errors.New("--congestion: must name an algorithm (cubic)"))
 	}
 	return errors.Join(errs...)
+}
+
+// ParseInfrastructure reads one --infrastructure value: an IPv4 address or
+// prefix.
+func ParseInfrastructure(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("--infrastructure %q: want an address or a prefix (192.168.100.0/24)", s)
+	}
+	return p.Masked(), nil
+}
+
+// InfrastructurePrefixes is what users are never forwarded to:
+// Infrastructure with the map-server's and the map-resolver's addresses,
+// each address once, none inside another (nftables refuses overlapping
+// intervals in one set), in address order.
+func (c *Config) InfrastructurePrefixes() []netip.Prefix {
+	all := append([]netip.Prefix(nil), c.Infrastructure...)
+	for _, ap := range []netip.AddrPort{c.MapServer, c.MapResolver} {
+		if ap.IsValid() && ap.Addr().Unmap().Is4() {
+			all = append(all, netip.PrefixFrom(ap.Addr().Unmap(), 32))
+		}
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].Bits() != all[j].Bits() {
+			return all[i].Bits() < all[j].Bits() // wider first: they swallow the rest
+		}
+		return all[i].Addr().Less(all[j].Addr())
+	})
+	var out []netip.Prefix
+	for _, p := range all {
+		covered := false
+		for _, q := range out {
+			if q.Overlaps(p) {
+				covered = true // q is as wide or wider
+				break
+			}
+		}
+		if !covered {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr().Less(out[j].Addr()) })
+	return out
 }
 
 // PathTable is path i's routing table (native pinning).

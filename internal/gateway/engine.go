@@ -63,6 +63,8 @@ type Engine struct {
 	// probeDown holds the locators RLOC probing found down, per path.
 	probeDown map[ProbeKey]bool
 	prober    *Prober
+	// infraDropped reads the packets dropped for infrastructure addresses.
+	infraDropped func() (uint64, error)
 }
 
 // conn is one intercepted connection.
@@ -100,6 +102,9 @@ type EngineDeps struct {
 	// Prober, when RLOC probing is on, is read for status and counters
 	// (its changes come in through SetRLOCUp).
 	Prober *Prober
+	// InfraDropped reads how many of the users' packets were dropped for
+	// an infrastructure address (the nftables counter; optional).
+	InfraDropped func() (uint64, error)
 }
 
 // NewEngine returns an engine with every path up.
@@ -116,7 +121,7 @@ func NewEngine(cfg *Config, d EngineDeps) *Engine {
 		cfg: cfg, res: d.Resolver, find: d.Find, pin: d.Pin, pm: d.PM, dial: d.Dial, subflows: d.Subflows, tcpInfo: d.TCPInfo,
 		log: log, rl: ratelog.New(log, 5, 10*time.Second, time.Now),
 		pathUp: up, conns: map[uint64]*conn{}, counters: map[string]uint64{}, perClient: map[netip.Addr]int{}, listeners: accept.NewStats(nil),
-		probeDown: map[ProbeKey]bool{}, prober: d.Prober,
+		probeDown: map[ProbeKey]bool{}, prober: d.Prober, infraDropped: d.InfraDropped,
 	}
 }
 
@@ -737,11 +742,23 @@ func (e *Engine) Status() ([]PathStatus, []ConnStatus) {
 	return paths, out
 }
 
-// Counters returns a copy of the engine's counters.
+// Counters returns a copy of the engine's counters, with
+// infrastructure_dropped: the users' packets to infrastructure addresses
+// the nftables table dropped.
 func (e *Engine) Counters() map[string]uint64 {
+	var infra uint64
+	var infraErr error
+	if e.infraDropped != nil {
+		if infra, infraErr = e.infraDropped(); infraErr != nil {
+			e.rl.Warn("infra-counter", "gateway: reading the infrastructure drop counter", "err", infraErr)
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := make(map[string]uint64, len(e.counters))
+	out := make(map[string]uint64, len(e.counters)+1)
+	if e.infraDropped != nil && infraErr == nil {
+		out["infrastructure_dropped"] = infra
+	}
 	for k, v := range e.counters {
 		out[k] = v
 	}

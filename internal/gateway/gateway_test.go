@@ -223,6 +223,51 @@ func TestNFTRulesInterceptOnlyTheUserSide(t *testing.T) {
 	}
 }
 
+// What users are never forwarded to: the flags' prefixes and the
+// map-server's and map-resolver's addresses, each once, none inside
+// another (nftables refuses overlapping intervals), dropped before the
+// TPROXY rule in every protocol and counted.
+func TestNFTRulesDropUsersToInfrastructureFirst(t *testing.T) {
+	c := validConfig()
+	c.MapServer = netip.MustParseAddrPort("192.168.100.1:4342")   // inside the fabric below
+	c.MapResolver = netip.MustParseAddrPort("198.51.100.53:4342") // outside it
+	for _, s := range []string{"192.168.100.0/24", "203.0.113.7", "192.168.100.10"} {
+		p, err := ParseInfrastructure(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Infrastructure = append(c.Infrastructure, p)
+	}
+	got := NFTRules(&c)
+	drop := `iifname { "eth0" } ip daddr { 192.168.100.0/24, 198.51.100.53/32, 203.0.113.7/32 } counter name "infrastructure" drop`
+	tproxy := `meta l4proto tcp fib daddr type != local tproxy`
+	if i, j := strings.Index(got, drop), strings.Index(got, tproxy); i < 0 || j < 0 || i > j {
+		t.Fatalf("rules lack the drop before the TPROXY rule:\n%s", got)
+	}
+	if !strings.Contains(got, "counter infrastructure {") {
+		t.Fatalf("rules lack the named counter:\n%s", got)
+	}
+	// Nothing to protect: no rule, the counter still there (status reads it).
+	bare := validConfig()
+	if got := NFTRules(&bare); strings.Contains(got, "drop") || !strings.Contains(got, "counter infrastructure {") {
+		t.Fatalf("no infrastructure:\n%s", got)
+	}
+	if _, err := ParseInfrastructure("controller"); err == nil || !strings.Contains(err.Error(), "--infrastructure") {
+		t.Fatalf("a name: %v", err)
+	}
+	c.Infrastructure = append(c.Infrastructure, netip.MustParsePrefix("2001:db8::/32"))
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--infrastructure 2001:db8::/32: only IPv4") {
+		t.Fatalf("IPv6: %v", err)
+	}
+	n, err := ParseNFTCounter([]byte(`{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"counter": {"family": "ip", "name": "infrastructure", "table": "onehop_gateway", "handle": 1, "packets": 42, "bytes": 2520}}]}`), NFTInfraCounter)
+	if err != nil || n != 42 {
+		t.Fatalf("counter: %d, %v", n, err)
+	}
+	if _, err := ParseNFTCounter([]byte(`{"nftables": []}`), NFTInfraCounter); err == nil {
+		t.Fatal("a missing counter read as 0")
+	}
+}
+
 // A fake map-resolver on loopback answers with internal/lisp's codecs; the
 // gateway's LISPResolver turns the reply into its record.
 func TestLISPResolverAsksAMapResolver(t *testing.T) {

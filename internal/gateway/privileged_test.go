@@ -581,3 +581,94 @@ func TestPrivilegedGatewaySurvivesAPathDyingBeyondItsLink(t *testing.T) {
 	d.wait(t, big, l.logs)
 	t.Logf("download finished %v after wan1 died beyond the gateway's link", time.Since(cut))
 }
+
+// TestPrivilegedGatewayNeverForwardsUsersToInfrastructure is the attack
+// run's: a user behind the gateway reached the controller's API (401, but
+// reached) through the gateway's native forwarding. Here the "controller"
+// (an API listener at 10.99.0.1:8443) sits in the natively routed prefix
+// and the gateway forwards IP (as the lab's does). The controls: a native
+// download and a ping to a server of that prefix work, and the API is up
+// (the gateway's own namespace connects to it). The attack: the user's
+// TCP to the API and ping to it are dropped, counted
+// infrastructure_dropped, and the API never sees a connection from them.
+func TestPrivilegedGatewayNeverForwardsUsersToInfrastructure(t *testing.T) {
+	testenv.RequireTool(t, "ping")
+	l := newLab(t, "")
+	const api = "10.99.0.1:8443"
+	netnstest.IP(t, l.srv, "addr", "add", "10.99.0.1/32", "dev", "lo")
+	netnstest.IP(t, l.srv, "route", "add", "10.66.0.0/24", "via", "192.168.72.1") // the users, for the pings
+	if err := netns.WriteSysctl(l.gw, "net/ipv4/ip_forward", "1"); err != nil {
+		t.Fatal(err)
+	}
+	var apiConns atomic.Int64
+	var ln net.Listener
+	if err := netns.Do(l.srv, func() (err error) { ln, err = net.Listen("tcp4", api); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go netnstest.Serve(ln, func(c net.Conn) { apiConns.Add(1); c.Write([]byte("401 Unauthorized\n")) })
+	blob := make([]byte, 256<<10)
+	rand.Read(blob)
+	l.serve(t, srvUnmapped+":5201", false, blob)
+	l.start(t, "--map", "10.88.0.0/24=192.168.71.2,192.168.72.2", "--infrastructure", "10.99.0.1")
+	counters := func() map[string]uint64 {
+		t.Helper()
+		r, err := Ask(l.sock, Request{Op: "status"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Counters
+	}
+	ping := func(dst string) error {
+		return exec.Command("ip", "netns", "exec", l.user, "ping", "-c", "1", "-W", "2", dst).Run()
+	}
+
+	// Controls.
+	d := l.download(t, srvUnmapped+":5201")
+	d.wait(t, blob, l.logs)
+	if c := l.conn(t, srvUnmapped+":5201", func(c ConnStatus) bool { return !c.Open }); c.Mode != ModeNative {
+		t.Fatalf("control download: mode %s, want native", c.Mode)
+	}
+	if err := ping(srvUnmapped); err != nil {
+		t.Fatalf("control: the user cannot ping %s through the gateway: %v", srvUnmapped, err)
+	}
+	if err := netns.Do(l.gw, func() error {
+		c, err := net.DialTimeout("tcp4", api, 5*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("control: the API is not up (the gateway's own dial): %v", err)
+	}
+	testenv.Eventually(t, "the API's one connection", 5*time.Second, func() bool { return apiConns.Load() == 1 })
+	before, ok := counters()["infrastructure_dropped"]
+	if !ok {
+		t.Fatalf("status has no infrastructure_dropped counter: %v", counters())
+	}
+
+	// The attack.
+	err := netns.Do(l.user, func() error {
+		d := net.Dialer{Timeout: 3 * time.Second}
+		d.SetMultipathTCP(false)
+		c, err := d.Dial("tcp4", api)
+		if err == nil {
+			b, _ := io.ReadAll(c)
+			c.Close()
+			return fmt.Errorf("connected, read %q", b)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the user reached the API through the gateway: %v", err)
+	}
+	if ping("10.99.0.1") == nil {
+		t.Fatal("the user's ping reached the API's address through the gateway")
+	}
+	if got := counters()["infrastructure_dropped"] - before; got < 2 {
+		t.Fatalf("infrastructure_dropped moved by %d, want at least 2 (the SYN and the ping)", got)
+	}
+	if n := apiConns.Load(); n != 1 {
+		t.Fatalf("the API saw %d connections, want only the gateway's own", n)
+	}
+}

@@ -54,6 +54,16 @@ func nft(script string) error {
 	return nil
 }
 
+// readInfraDropped reads the nftables counter of the users' packets
+// dropped for infrastructure addresses.
+func readInfraDropped() (uint64, error) {
+	out, err := exec.Command("nft", "-j", "list", "counter", "ip", NFTTable, NFTInfraCounter).Output()
+	if err != nil {
+		return 0, fmt.Errorf("nft list counter %s: %w", NFTInfraCounter, err)
+	}
+	return ParseNFTCounter(out, NFTInfraCounter)
+}
+
 // Run is `onehop gateway run`: it sets the namespace up (MPTCP with the
 // userspace path manager, the EIDs, policy routing, the nftables TPROXY
 // table), proxies until ctx ends, and takes down everything it set up.
@@ -150,7 +160,7 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 	e := NewEngine(cfg, EngineDeps{
 		Resolver: res, Find: RouteFinder(cfg), Pin: pin, PM: &NetlinkPM{},
 		Dial: KernelDialer(cfg.Congestion), Subflows: ReadSubflows, TCPInfo: ReadTCPInfo, Logger: log,
-		Prober: prober,
+		Prober: prober, InfraDropped: readInfraDropped,
 	})
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -170,6 +180,7 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 		}()
 	}
 	log.Info("gateway up", "intercept", cfg.Intercept, "listen_port", cfg.ListenPort, "paths", len(cfg.Paths),
+		"infrastructure", fmt.Sprint(cfg.InfrastructurePrefixes()),
 		"eid_prefix", cfg.EIDPrefix, "congestion", cfg.Congestion, "control", ctl,
 		"rloc_probe_interval", cfg.ProbeInterval, "rloc_probe_misses", cfg.ProbeMisses)
 	select {

@@ -30,6 +30,8 @@ func TestCloudDaemonArgsFollowTheTopology(t *testing.T) {
 		"--map-resolver 192.168.100.1:4342 --map-server 192.168.100.1:4342",
 		"--map-server-key-file " + filepath.Join(st.Dir, "lisp-key-gw") + " --key-id 1",
 		"--rloc-probe-interval 1s",
+		// users never reach the fabric or the WAN links' ends
+		"--infrastructure 192.168.100.0/24 --infrastructure 172.31.1.0/24 --infrastructure 172.31.2.0/24",
 		"--intercept u-user",
 		"--path dev=wan1,eid=10.77.0.1,rloc=172.31.1.2,name=wan1 --path dev=wan2,eid=10.77.0.2,rloc=172.31.2.2,name=wan2",
 	} {

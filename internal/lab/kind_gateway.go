@@ -68,7 +68,14 @@ func gatewayArgs(st *State, t *topology.File, g topology.Gateway) []string {
 		"--map-server-key-file", lispKeyFile(st, g.Name), "--key-id", fmt.Sprint(keyIDOf(t, g.Name)),
 		// The lab's xTRs answer probes: a WAN cut anywhere on a path
 		// takes it down, not only the gateway's own link.
-		"--rloc-probe-interval", "1s"}
+		"--rloc-probe-interval", "1s",
+		// The users reach the data center's servers and the Internet,
+		// never the fabric (controller, hosts) or the WAN links' ends.
+		"--infrastructure", t.FabricPrefix().String()}
+	for _, wn := range g.WANs {
+		w, _ := t.WANByName(wn)
+		args = append(args, "--infrastructure", w.Prefix().String())
+	}
 	for _, u := range g.Users {
 		args = append(args, "--intercept", "u-"+u.Name)
 	}

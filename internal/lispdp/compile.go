@@ -18,6 +18,9 @@ func eidEntry(paths []PathChoice) (lispLispEid, error) {
 		e.Flags = uint8(lispLispEidFlagLISP_EID_NEGATIVE)
 		return e, nil
 	}
+	if len(paths) > Slots {
+		return e, fmt.Errorf("%d paths: at most %d", len(paths), Slots)
+	}
 	seen := map[uint8]bool{}
 	best := -1
 	for _, p := range paths {
@@ -25,6 +28,10 @@ func eidEntry(paths []PathChoice) (lispLispEid, error) {
 			return e, fmt.Errorf("path %d listed twice", p.ID)
 		}
 		seen[p.ID] = true
+		/* every path, whatever its priority: its remote RLOC may send
+		   from the prefix (decapsulation checks the inner source) */
+		e.Members[e.Nmembers] = p.ID
+		e.Nmembers++
 		if p.Priority == Unusable {
 			continue
 		}

@@ -61,6 +61,21 @@ func TestEIDEntrySharesSlotsByWeightAmongTheBestPriority(t *testing.T) {
 	}
 }
 
+// Every path a mapping lists is a member, whatever its priority: its remote
+// RLOC may send from the prefix, though 255 says not to send to it.
+func TestEIDEntryListsEveryPathAsAMember(t *testing.T) {
+	e, err := eidEntry([]PathChoice{{3, 1, 50}, {7, 255, 0}, {9, 2, 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Members[:e.Nmembers]; string(got) != string([]uint8{3, 7, 9}) {
+		t.Fatalf("members %v, want [3 7 9]", got)
+	}
+	if neg, _ := eidEntry(nil); neg.Nmembers != 0 {
+		t.Fatalf("a negative mapping has %d members", neg.Nmembers)
+	}
+}
+
 func TestEIDEntryNegativeAndRefusals(t *testing.T) {
 	e, err := eidEntry(nil)
 	if err != nil || e.Flags != uint8(lispLispEidFlagLISP_EID_NEGATIVE) {
@@ -68,6 +83,13 @@ func TestEIDEntryNegativeAndRefusals(t *testing.T) {
 	}
 	if _, err := eidEntry([]PathChoice{{1, 1, 1}, {1, 2, 1}}); err == nil {
 		t.Error("a path listed twice was taken")
+	}
+	many := make([]PathChoice, Slots+1)
+	for i := range many {
+		many[i] = PathChoice{ID: uint8(i + 1), Priority: 1, Weight: 1}
+	}
+	if _, err := eidEntry(many); err == nil {
+		t.Errorf("%d paths were taken; at most %d fit the members decapsulation checks", len(many), Slots)
 	}
 	if _, err := eidKey(netip.MustParsePrefix("2001:db8::/32")); err == nil {
 		t.Error("an IPv6 EID prefix was taken")

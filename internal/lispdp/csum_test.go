@@ -3,6 +3,7 @@ package lispdp
 import (
 	"bytes"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,6 +137,11 @@ func TestPrivilegedDecapsulatedFramesAreAcceptedByTheKernel(t *testing.T) {
 	// owns 10.2.0.2, which would make it a martian here); resets go back
 	// towards it.
 	netnstest.IP(t, r.ns, "route", "add", "10.9.0.0/16", "via", "192.0.2.1")
+	// ... and a mapping puts it behind both paths' remote RLOCs, or
+	// decapsulation would refuse it as a source.
+	if err := d.SetEID(netip.MustParsePrefix("10.9.0.0/16"), []PathChoice{{ID: 1, Priority: 1, Weight: 1}, {ID: 2, Priority: 1, Weight: 1}}); err != nil {
+		t.Fatal(err)
+	}
 	sock := r.listenUDP(t, 5353)
 	o1 := outer{src: "198.51.100.1", dst: "192.0.2.1", sport: 50000, ttl: 64, flags: 0x80}
 	o2 := outer{src: "198.51.100.5", dst: "192.0.2.5", sport: 50001, ttl: 64, flags: 0x88, iidLSB: 7 << 8}

@@ -2,6 +2,7 @@ package lispdp
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 
 	"github.com/google/gopacket/layers"
@@ -68,6 +69,20 @@ func TestPrivilegedDecapsulationTable(t *testing.T) {
 			nil, verdictShot, map[string]uint64{"drop_malformed": 1}},
 		{"an outer fragment", frame(macGW, macP1nh, with(o1, func(o *outer) { o.frag = 0x2000 }).encap(replyTCP.ip(t))),
 			nil, verdictShot, map[string]uint64{"drop_fragment": 1}},
+		// The inner source must be an EID its outer source is a locator
+		// of (the gateway maps 10.2.0.0/16 behind both paths' RLOCs).
+		{"inner source no mapping covers, from a known RLOC", frame(macGW, macP1nh, o1.encap(inner{proto: tcp, src: "10.66.6.6", dst: "10.1.0.11", sport: 80, dport: 33000}.ip(t))),
+			nil, verdictShot, map[string]uint64{"drop_source_eid": 1}},
+		{"inner source mapped behind another RLOC (10.5/16: path 2's only)", frame(macGW, macP1nh, o1.encap(inner{proto: udp, src: "10.5.0.1", dst: "10.1.0.12", sport: 53, dport: 5353}.ip(t))),
+			nil, verdictShot, map[string]uint64{"drop_source_eid": 1}},
+		{"inner source under a negative mapping inside a mapped prefix", frame(macGW, macP1nh, o1.encap(inner{proto: tcp, src: "10.2.9.1", dst: "10.1.0.11", sport: 80, dport: 33000}.ip(t))),
+			nil, verdictShot, map[string]uint64{"drop_source_eid": 1}},
+		{"the gateway's own EID as inner source", frame(macGW, macP1nh, o1.encap(inner{proto: tcp, src: "10.1.0.12", dst: "10.1.0.11", sport: 80, dport: 33000}.ip(t))),
+			nil, verdictShot, map[string]uint64{"drop_source_eid": 1}},
+		{"10.5/16 from path 2, its RLOC", frame(macGW, macP2nh, o2.encap(inner{proto: udp, src: "10.5.0.1", dst: "10.1.0.12", sport: 53, dport: 5353}.ip(t))),
+			frame(macGW, macP2nh, inner{proto: udp, src: "10.5.0.1", dst: "10.1.0.12", sport: 53, dport: 5353}.ip(t)), verdictNext, map[string]uint64{"decapsulated": 1}},
+		{"a locator of priority 255 may still send (10.4/16 behind path 1, unusable)", frame(macGW, macP1nh, o1.encap(inner{proto: tcp, src: "10.4.0.1", dst: "10.1.0.11", sport: 80, dport: 33000}.ip(t))),
+			frame(macGW, macP1nh, inner{proto: tcp, src: "10.4.0.1", dst: "10.1.0.11", sport: 80, dport: 33000}.ip(t)), verdictNext, map[string]uint64{"decapsulated": 1}},
 		{"LISP to an address that is no local RLOC: someone else's", frame(macGW, macP1nh, with(o1, func(o *outer) { o.dst = "192.0.2.77" }).encap(replyTCP.ip(t))),
 			nil, verdictNext, map[string]uint64{}},
 	} {
@@ -122,6 +137,11 @@ func TestPrivilegedEncapsulatedByOneEndIsDecapsulatedByTheOther(t *testing.T) {
 		if err := xtr.SetPath(id, p); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The far end maps the gateway's EIDs behind its RLOCs, or it would
+	// refuse them as inner sources.
+	if err := xtr.SetEID(netip.MustParsePrefix("10.1.0.0/16"), []PathChoice{{ID: 1, Priority: 1, Weight: 1}, {ID: 2, Priority: 1, Weight: 1}}); err != nil {
+		t.Fatal(err)
 	}
 	encap, decap := gw.Programs().Encap, xtr.Programs().Decap
 	for i, in := range []inner{

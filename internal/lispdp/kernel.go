@@ -226,8 +226,10 @@ func (d *Kernel) DeletePath(id uint8) error {
 	return nil
 }
 
-// SetEID maps an EID prefix to its RLOCs (as paths). An empty paths is a
-// negative mapping: packets to the prefix go on natively, untouched.
+// SetEID maps an EID prefix to its RLOCs (as paths), at most Slots of
+// them. An empty paths is a negative mapping: packets to the prefix go on
+// natively, untouched. Decapsulation takes a packet from the prefix only
+// from the remote RLOC of one of the paths listed.
 func (d *Kernel) SetEID(prefix netip.Prefix, paths []PathChoice) error {
 	k, err := eidKey(prefix)
 	if err != nil {

@@ -32,16 +32,19 @@ const (
 	lispLispCounterLISP_DROP_GSO_DECAP    lispLispCounter = 13
 	lispLispCounterLISP_DROP_ECN          lispLispCounter = 14
 	lispLispCounterLISP_DECAP_LOCAL_GSO   lispLispCounter = 15
-	lispLispCounterLISP_COUNTER_MAX       lispLispCounter = 16
+	lispLispCounterLISP_DROP_SOURCE_EID   lispLispCounter = 16
+	lispLispCounterLISP_COUNTER_MAX       lispLispCounter = 17
 )
 
 type lispLispEid struct {
-	_      structs.HostLayout
-	Flags  uint8
-	Nslots uint8
-	Pad    [6]uint8
-	Slots  [32]uint8
-	Usable [4]uint64
+	_        structs.HostLayout
+	Flags    uint8
+	Nslots   uint8
+	Nmembers uint8
+	Pad      [5]uint8
+	Slots    [32]uint8
+	Members  [32]uint8
+	Usable   [4]uint64
 }
 
 type lispLispEidFlag uint32

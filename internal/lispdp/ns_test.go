@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -575,5 +576,87 @@ func TestPrivilegedSuperpacketsForLocalSocketsAreDecapsulatedWhole(t *testing.T)
 				t.Errorf("dropped %d: %s", v, r)
 			}
 		}
+	}
+}
+
+// TestPrivilegedForgedInnerSourceFromAKnownRLOCIsNotDelivered is the attack
+// run's: something on the WAN path (here A, which owns path 1's gateway
+// RLOC) sends LISP data from the gateway's RLOC with an arbitrary inner
+// source, and the xTR (B) handed it to its server. Now B decapsulates an
+// inner source only from the RLOCs its mapping lists: the gateway's EID
+// registered behind path 1's RLOC is delivered (the control, counted
+// decapsulated); an address no mapping covers, and the gateway's other EID
+// (registered behind path 2's RLOC) sent over path 1, are dropped and
+// counted drop_source_eid, and the server's socket never sees them.
+func TestPrivilegedForgedInnerSourceFromAKnownRLOCIsNotDelivered(t *testing.T) {
+	p := newPair(t)
+	xtr := open(t, Options{Netns: netns.Path(p.b)})
+	for id, l := range map[uint8][4]string{1: {"a1", "b1", "192.0.2.1", "192.0.2.2"}, 2: {"a2", "b2", "192.0.2.5", "192.0.2.6"}} {
+		if err := xtr.SetPath(id, p.lispPath(t, p.hb, p.ha, l[1], l[0], l[3], l[2])); err != nil {
+			t.Fatal(err)
+		}
+		if err := xtr.AttachRLOC(l[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What the gateway registers: each path's EID behind that path's RLOC.
+	for eid, id := range map[string]uint8{"10.1.0.11/32": 1, "10.1.0.12/32": 2} {
+		if err := xtr.SetEID(netip.MustParsePrefix(eid), []PathChoice{{ID: id, Priority: 1, Weight: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var server *net.UDPConn
+	if err := netns.Do(p.b, func() (err error) {
+		server, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(10, 2, 0, 2), Port: 7000})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	var wan *net.UDPConn // path 1's gateway RLOC towards the xTR's
+	if err := netns.Do(p.a, func() (err error) {
+		wan, err = net.DialUDP("udp4", &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1)}, &net.UDPAddr{IP: net.IPv4(192, 0, 2, 2), Port: DataPort})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { wan.Close() })
+	send := func(src, body string) {
+		t.Helper()
+		in := inner{proto: layers.IPProtocolUDP, src: src, dst: "10.2.0.2", sport: 40000, dport: 7000, body: body}
+		lispHdr := []byte{0x80, 0x12, 0x34, 0x56, 0, 0, 0, 0} // N, a nonce
+		if _, err := wan.Write(append(lispHdr, in.ip(t)...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func() string {
+		t.Helper()
+		buf := make([]byte, 2048)
+		server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := server.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("the server got nothing: %v (xtr counters %v)", err, counters(t, xtr))
+		}
+		return from.Addr().String() + " " + string(buf[:n])
+	}
+
+	c0 := counters(t, xtr)
+	send("10.1.0.11", "control")
+	if got := next(); got != "10.1.0.11 control" {
+		t.Fatalf("control: the server got %q", got)
+	}
+	if c := counterDelta(c0, counters(t, xtr)); c["decapsulated"] != 1 || len(c) != 1 {
+		t.Fatalf("control counted %v, want decapsulated 1", c)
+	}
+
+	c0 = counters(t, xtr)
+	send("10.66.6.6", "forged: any address")
+	send("10.1.0.12", "forged: the gateway's path-2 EID over path 1")
+	send("10.1.0.11", "marker") // arrives after the forgeries would have
+	if got := next(); got != "10.1.0.11 marker" {
+		t.Fatalf("the server's next datagram after two forgeries is %q, want the marker", got)
+	}
+	if c := counterDelta(c0, counters(t, xtr)); c["drop_source_eid"] != 2 || c["decapsulated"] != 1 || len(c) != 2 {
+		t.Fatalf("counted %v, want drop_source_eid 2 and decapsulated 1 (the marker)", c)
 	}
 }

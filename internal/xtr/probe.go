@@ -36,32 +36,10 @@ type ProbeStats struct {
 type Responder struct {
 	served []lisp.Record
 	now    func() time.Time
+	limit  *lisp.Limiter
 
-	mu      sync.Mutex
-	buckets map[netip.Addr]*bucket
-	other   bucket // every source once buckets is full
-	total   bucket
-	stats   ProbeStats
-}
-
-type bucket struct {
-	tokens float64
-	at     time.Time
-}
-
-// take refills b at rate a second up to burst and takes one token.
-func (b *bucket) take(now time.Time, rate, burst float64) bool {
-	if b.at.IsZero() {
-		b.tokens = burst
-	} else {
-		b.tokens = min(burst, b.tokens+now.Sub(b.at).Seconds()*rate)
-	}
-	b.at = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	mu    sync.Mutex
+	stats ProbeStats
 }
 
 // NewResponder answers for the records served; now is the clock (nil:
@@ -70,7 +48,8 @@ func NewResponder(served []lisp.Record, now func() time.Time) *Responder {
 	if now == nil {
 		now = time.Now
 	}
-	return &Responder{served: served, now: now, buckets: map[netip.Addr]*bucket{}}
+	return &Responder{served: served, now: now, limit: &lisp.Limiter{Rate: ProbeRate, Burst: ProbeBurst,
+		TotalRate: ProbeTotalRate, TotalBurst: ProbeTotalRate, MaxAddrs: MaxProbeSources}}
 }
 
 // Stats returns the counters.
@@ -96,25 +75,7 @@ func (r *Responder) Answer(msg []byte, src netip.AddrPort, local netip.Addr) []b
 		r.stats.Refused++
 		return nil
 	}
-	now := r.now()
-	/* forget idle sources: a full bucket is what a new one starts with */
-	if len(r.buckets) >= MaxProbeSources {
-		for a, b := range r.buckets {
-			if now.Sub(b.at) > ProbeBurst*time.Second/ProbeRate {
-				delete(r.buckets, a)
-			}
-		}
-	}
-	b := r.buckets[src.Addr()]
-	if b == nil {
-		if len(r.buckets) < MaxProbeSources {
-			b = &bucket{}
-			r.buckets[src.Addr()] = b
-		} else {
-			b = &r.other
-		}
-	}
-	if !b.take(now, ProbeRate, ProbeBurst) || !r.total.take(now, ProbeTotalRate, ProbeTotalRate) {
+	if !r.limit.Allow(r.now(), src.Addr()) {
 		r.stats.RateLimited++
 		return nil
 	}

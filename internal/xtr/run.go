@@ -247,10 +247,12 @@ func (x *xtr) resolve(ctx context.Context, eid netip.Addr) bool {
 // replay hands the site the SYN that made the xTR resolve its EID once
 // more, now that the mapping is installed, so the connection does not wait
 // a second for a retransmission. Before the mapping, the first copy was
-// either dropped at decapsulation (the gateway's RLOC was no path yet:
-// drop_unknown_rloc) or answered with a SYN-ACK that had no mapping and was
-// lost; a SYN repeated for a pending connection makes the server send its
-// SYN-ACK again at once (Linux: tcp_check_req).
+// dropped at decapsulation: the gateway's RLOC was no path yet
+// (drop_unknown_rloc), or no mapping put the EID behind it
+// (drop_source_eid). The copy replayed goes straight to the site; were the
+// first one answered after all (a lost race), a SYN repeated for a pending
+// connection makes the server send its SYN-ACK again at once (Linux:
+// tcp_check_req).
 func (x *xtr) replay(s Syn) {
 	FixTCPChecksum(s.Inner)
 	if err := x.raw.send(s.Inner); err != nil {

@@ -116,6 +116,7 @@ type gatewayStatus struct {
 			State string `json:"state"`
 		} `json:"subflows"`
 	} `json:"conns"`
+	Counters map[string]uint64 `json:"counters"`
 }
 
 func (l *testLab) gateway() gatewayStatus {
@@ -165,7 +166,8 @@ func (l *testLab) srvSubflows(port int) (byPeer map[string]int, mptcp int) {
 // both WANs, LISP-encapsulated on the wire; it survives a cut of wan1 with
 // its content intact, and once wan1 is back a new download uses both again.
 // A Map-Register forged with the wrong key is refused and counted, and the
-// mapping stays as the xTR registered it.
+// mapping stays as the xTR registered it. The user cannot reach the
+// controller's API through the gateway.
 func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 	testenv.RequireTool(t, "nstat")
 	l := upLab(t, cloudTopo)
@@ -344,6 +346,23 @@ func TestPrivilegedCloudAccessUsesBothPathsAndSurvivesACut(t *testing.T) {
 	}
 	if got := mapping(); got != wasMapping {
 		t.Fatalf("after a forged Map-Register the mapping is %q; was %q", got, wasMapping)
+	}
+
+	// 4. The attack run had a user reach the controller's API through the
+	// gateway (401, but reached): the gateway dialled it natively from its
+	// own fabric address. The API answers the gateway's own namespace
+	// (the control); the user's connection is dropped and counted.
+	const probe = "import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n    print('reached')\nexcept OSError as e:\n    print('refused', e)\n"
+	apiPort := strconv.Itoa(lab.APIPort)
+	if out := l.mustIn("gw", "python3", "-c", probe, "192.168.100.1", apiPort); !strings.Contains(out, "reached") {
+		t.Fatalf("control: the gateway's own namespace cannot reach the API: %s", out)
+	}
+	dropped := l.gateway().Counters["infrastructure_dropped"]
+	if out := l.mustIn("user", "python3", "-c", probe, "192.168.100.1", apiPort); !strings.Contains(out, "refused") {
+		t.Fatalf("the user reached the controller's API through the gateway: %s", out)
+	}
+	if got := l.gateway().Counters["infrastructure_dropped"] - dropped; got < 1 {
+		t.Fatalf("the gateway's infrastructure_dropped moved by %d for the user's connection to the API", got)
 	}
 }
 
