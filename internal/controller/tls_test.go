@@ -185,6 +185,15 @@ func tlsController(t *testing.T) (p testPKI, clientURL, apiURL, apiSocket, etcdS
 	exited := startController(t, cfg)
 	// The agent's certificate reads the intent: agents get in.
 	waitVMs(t, exited, []string{clientURL}, clientTLS(t, p.agent))
+	// The API starts listening after etcd holds the topology: a test that
+	// asks it at once could find nothing listening yet.
+	testenv.Eventually(t, "the TCP API to listen", 20*time.Second, func() error {
+		c, err := net.DialTimeout("tcp", apiAddr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
 	return p, clientURL, "https://" + apiAddr, apiSocket, etcdSocket
 }
 
