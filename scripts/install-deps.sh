@@ -27,6 +27,7 @@ declare -A need=(
   [systemd-analyze]=systemd # docs tests: the installed units pass systemd-analyze verify
   [qemu-system-x86_64]=qemu-system-x86  # e2e: a real QEMU guest on a tap (TCG: no KVM needed)
   [cpio]=cpio              # e2e: packs the QEMU guest's initramfs
+  [modprobe]=kmod          # e2e: docs/deploy.md's walkthrough lists the guest's virtio-net modules with it
   [virt-xml-validate]=libvirt-clients  # docs test: the libvirt <interface> XML validates against libvirt's schema
   [xmllint]=libxml2-utils  # virt-xml-validate runs it (a Recommends, which install-deps does not install)
 )

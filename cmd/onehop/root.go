@@ -31,6 +31,7 @@ func nouns() []noun {
 	return []noun{
 		{cmd: controllerCmd},
 		{cmd: agentCmd},
+		{cmd: pkiCmd},
 		{cmd: labCmd},
 		{cmd: netnsExecCmd},
 		{cmd: farmCmd, list: &farmListing},
