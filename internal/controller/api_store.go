@@ -23,7 +23,7 @@ func (c *Controller) storeRoutes(mux *http.ServeMux) {
 // the listeners' counts (the API's, the location server's).
 func (c *Controller) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(c.listeners)
+	reg.MustRegister(c.listeners, locationMetrics{c})
 	if c.maint != nil {
 		reg.MustRegister(c.maint)
 	}
