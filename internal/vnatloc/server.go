@@ -35,9 +35,10 @@ const SweepEvery = 10 * time.Second
 
 // Serve answers VCMP streams accepted on l until ctx ends, within
 // Config.Streams (a source over its cap, or a stream idle too long, is
-// closed and counted; a flood that exhausts descriptors is waited out):
-// every stream is a
-// sequence of VCMP_BATCH messages of location queries and stores (what a
+// closed and counted; a flood that exhausts descriptors is waited out).
+// A stream that starts a TLS handshake is an agent's relay channel
+// (Config.RelayTLS, ServeRelayed); any other is plain VCMP (ServeStream):
+// a sequence of VCMP_BATCH messages of location queries and stores (what a
 // daemon's locate walk and refresh send), each answered by one batch. A
 // message that does not decode ends its stream; it is counted
 // (bad_messages) and logged at most once a second. Serve also sweeps
