@@ -38,9 +38,9 @@ shows m1's connections. docs/vnat-daemon.md says how a restore works.`,
 	}
 
 	var o vnatd.Options
-	keepaliveHelper := true
+	keepaliveHelper, requireKeys := true, true
 	run := &cobra.Command{
-		Use:   "run --iface IFACE [--location-server ADDR]... [--require-keys]",
+		Use:   "run --iface IFACE [--location-server ADDR]... [--allow-unkeyed]",
 		Short: "Run the VNAT daemon of this endpoint (in its network namespace)",
 		Long: `Loads the VNAT translation on IFACE (tcx ingress and egress), picks up the
 connections already open in this network namespace (sock_diag; sockops too
@@ -51,10 +51,17 @@ secondary's old place, the primary's, then each --location-server), sends the
 peer a keyed VNAT_UPD (one batch per peer), installs the answer's
 translation and keeps the old address on lo, unannounced, for the sockets
 bound to it. A peer's daemon answers the same way; an update that is forged,
-replayed or (with --require-keys) unkeyed is refused, counted and logged at
-most once a second, and its connection is left alone. Every 2 s it looks for
-new connections and agrees keys with their peers' daemons (first contact),
-so a move with no suspend is authenticated too.
+replayed or unkeyed is refused, counted and logged at most once a second, and
+its connection is left alone. Every 2 s it looks for new connections and
+agrees keys with their peers' daemons (first contact), so a move with no
+suspend is authenticated too. A source that keeps sending updates for
+connections it does not own is throttled.
+
+--allow-unkeyed takes unkeyed updates for connections that have no keys (a
+peer whose daemon never agreed any), but only from the address the peer is
+at, and at most ` + fmt.Sprint(vnatd.UnkeyedPerSecond) + ` a second per source: such a connection then follows
+anyone who shares or spoofs its peer's address, and never a peer that moved
+to another address (docs/connection-migration.md).
 
 While a peer is away (it sent VNAT_SUSP_PRIMARY), helpers keep its
 connections here alive: this end's egress answers the connection's own TCP
@@ -65,20 +72,25 @@ The maps and links are pinned (--pin-dir; by default under ` + vnatd.PinRoot + `
 one directory per network namespace, when that is a bpffs): when the daemon
 ends on a signal the translations stay in force and the next run takes them
 over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
-		Example: "  onehop vnat run --iface eth0\n  onehop vnat run --iface eth0 --location-server 10.0.0.1 --require-keys\n  onehop vnat run --iface eth0 --freeze-cgroup /sys/fs/cgroup/myapp",
+		Example: "  onehop vnat run --iface eth0\n  onehop vnat run --iface eth0 --location-server 10.0.0.1\n  onehop vnat run --iface eth0 --freeze-cgroup /sys/fs/cgroup/myapp",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
 			o.Control, o.Logger = control, logger()
 			o.NoKeepaliveHelper = !keepaliveHelper
+			if !requireKeys {
+				return fmt.Errorf("--require-keys=false: keys are required by default; use --allow-unkeyed to take unkeyed updates")
+			}
 			return vnatd.Run(ctx, o)
 		},
 	}
 	run.Flags().StringVar(&o.Iface, "iface", "eth0", "the endpoint's interface")
 	run.Flags().StringArrayVar(&o.LocationServers, "location-server", nil, "a location server asked last on every locate walk: ADDR or vcmp://ADDR[:2031] (repeatable)")
 	run.Flags().StringVar(&o.Conflict, "conflict", "abort", "default policy for a virtual-identification conflict (§3.4.2: the moved peer's tuple is another live connection's here): abort the migration, or preempt the connection already there")
-	run.Flags().BoolVar(&o.RequireKeys, "require-keys", false, "refuse updates for connections without agreed keys (no unauthenticated migration)")
+	run.Flags().BoolVar(&o.AllowUnkeyed, "allow-unkeyed", false, "take unauthenticated updates for connections without agreed keys, from the peer's own address only and rate-limited (off: only keyed updates move a connection)")
+	run.Flags().BoolVar(&requireKeys, "require-keys", true, "")
+	run.Flags().MarkDeprecated("require-keys", "keys are required by default; --allow-unkeyed turns that off") //nolint:errcheck // the flag exists
 	run.Flags().StringVar(&o.Cgroup, "cgroup", "", "cgroup v2 directory to attach sockops to (records new TCP connections as they open)")
 	run.Flags().StringVar(&o.Listen, "listen", "", "VCMP listen address (default 0.0.0.0:2031)")
 	run.Flags().BoolVar(&keepaliveHelper, "keepalive-helper", true, "while a peer is away, answer this end's own TCP keepalive probes for its connections (in eBPF)")
@@ -126,8 +138,9 @@ is its policy for a virtual-identification conflict (abort or preempt).`,
 		Long: `Tells each peer that this end is about to move (VNAT_SUSP_PRIMARY with a fresh
 X25519 key, one batch per peer): the peer becomes secondary, and the update
 after the move is authenticated with keys bound to the connection. Without
-a suspend a move still works (the mover is primary by default), but the
-update is unauthenticated, which a peer with --require-keys refuses.
+a suspend a move still works (the mover is primary by default) and is
+authenticated with the keys agreed at first contact; a connection that has
+none moves only to a peer run with --allow-unkeyed, from the same address.
 Name one connection as status prints its VIRTUAL column, or --all.`,
 		Example: "  onehop vnat suspend --all\n  onehop vnat suspend 'tcp 10.0.1.5:40000->10.0.2.7:22'",
 		Args:    cobra.MaximumNArgs(1),

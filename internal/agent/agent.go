@@ -8,6 +8,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -78,6 +79,11 @@ type Config struct {
 	// address) the host relays its VMs' location streams to
 	// (internal/vnatrelay); invalid: no relay.
 	LocationServer netip.Addr
+	// LocationTLS is the agent's TLS client configuration (its own
+	// certificate, CN = Node, and the cluster's CA) the relay dials the
+	// location server with: the server takes relays on no other channel.
+	// Nil (--insecure): no relay.
+	LocationTLS *tls.Config
 	// StatusEvery paces status writes while changes keep coming: at most
 	// one per interval (0: sized to the number of hosts; statuspub.go).
 	StatusEvery time.Duration
@@ -208,7 +214,7 @@ func New(cfg Config, s store.Store, dp Datapath, ifs Interfaces, log *slog.Logge
 	a.router.left = a.shares.Forget
 	a.listeners = accept.NewStats(prometheus.Labels{"node": cfg.Node})
 	env := Env{Router: a.router, Log: log, Node: cfg.Node, SliverCgroups: cfg.SliverCgroups, LocationServer: cfg.LocationServer,
-		Listeners: a.listeners}
+		LocationTLS: cfg.LocationTLS, Listeners: a.listeners}
 	if k, ok := dp.(*datapath.Kernel); ok {
 		env.Kernel = k
 	}

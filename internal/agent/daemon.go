@@ -90,6 +90,14 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 			return fmt.Errorf("--tls-*: %w", err)
 		}
 	}
+	if cfg.LocationServer.IsValid() {
+		// The location server takes a relay only over TLS with this
+		// agent's certificate (a sliver shares the host's address).
+		if etcdTLS == nil {
+			log.Warn("--insecure: no VNAT location relay (the location server takes relays only from an agent's certificate); VMs' daemons find their peers at their old places only")
+		}
+		cfg.LocationTLS = etcdTLS
+	}
 	if err := mount(cfg.BPFFS); err != nil {
 		return err
 	}

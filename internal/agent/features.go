@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"net/netip"
 
@@ -28,6 +29,8 @@ type Env struct {
 	// LocationServer is Config.LocationServer: where VMs' VNAT location
 	// streams are relayed.
 	LocationServer netip.Addr
+	// LocationTLS is Config.LocationTLS: the channel the relay speaks on.
+	LocationTLS *tls.Config
 	// Listeners counts the features' listeners (the agent's /metrics).
 	Listeners *accept.Stats
 }
@@ -40,6 +43,6 @@ func registry(env Env) []feature.Feature {
 		env.Router,
 		portspace.New(env.Kernel).WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
 		tap.New(env.Kernel).WithAgent(env.Node, env.Log),
-		vnatrelay.New(env.LocationServer, env.Log).WithListeners(env.Listeners),
+		vnatrelay.New(env.LocationServer, env.Log).WithTLS(env.LocationTLS).WithListeners(env.Listeners),
 	}
 }

@@ -20,11 +20,11 @@ func (c *Controller) storeRoutes(mux *http.ServeMux) {
 }
 
 // metricsHandler serves the controller's metrics: the store's figures and
-// the listeners' counts (the API's, the location server's), the LISP
-// map-server's counters.
+// the listeners' counts (the API's, the location server's), the location
+// server's events and the LISP map-server's counters.
 func (c *Controller) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(c.listeners, lispCollector{c})
+	reg.MustRegister(c.listeners, lispCollector{c}, locationMetrics{c})
 	if c.maint != nil {
 		reg.MustRegister(c.maint)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -81,6 +82,12 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	moved := intent.NewVM(tf, ts, name, host, ip)
 	moved.Firewall = v.Firewall
 	moved.Interface = v.Interface // the guest keeps its interface's name
+	// Its connections may keep the old address virtually: the location
+	// server lets only this VM claim it (vmHolders).
+	moved.Former = append(slices.DeleteFunc(slices.Clone(v.Former), func(a string) bool { return a == v.IP || a == ip.String() }), v.IP)
+	if n := len(moved.Former); n > intent.MaxFormer {
+		moved.Former = moved.Former[n-intent.MaxFormer:]
+	}
 	if err := c.saveAlloc(ctx, a, v.Farm+"/"+v.Subnet, tf+"/"+ts); err != nil {
 		return v, err
 	}

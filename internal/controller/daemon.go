@@ -165,7 +165,13 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	defer s.Close()
 	c := New(s, log)
 	if cfg.LocationListen != "" {
-		if _, err := c.serveLocations(ctx, cfg.LocationListen, cfg.Location, log); err != nil {
+		var relayTLS *tls.Config
+		if cfg.Insecure {
+			log.Warn("--insecure: the VNAT location server takes no relay: VMs' location streams need their hosts' agent certificates")
+		} else if relayTLS, err = cfg.TLS.ServerConfig(tls.RequireAndVerifyClientCert); err != nil {
+			return fmt.Errorf("--tls-* (the location server's relay channel): %w", err)
+		}
+		if _, err := c.serveLocations(ctx, cfg.LocationListen, cfg.Location, relayTLS, log); err != nil {
 			return err
 		}
 	}

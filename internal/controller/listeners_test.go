@@ -16,7 +16,7 @@ import (
 // (control first), and another source still gets in.
 func TestLocationServerRefusalsShowInMetrics(t *testing.T) {
 	c, _ := newController()
-	addr, err := c.serveLocations(t.Context(), "127.0.0.1:0", accept.Limits{PerSource: 2}, c.log)
+	addr, err := c.serveLocations(t.Context(), "127.0.0.1:0", accept.Limits{PerSource: 2}, nil, c.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,7 +130,15 @@ type VM struct {
 	MAC       string    `json:"mac"`
 	Gateway   string    `json:"gateway"`
 	Firewall  *Firewall `json:"firewall,omitempty"`
+	// Former are the addresses the VM had before moves to other subnets,
+	// the most recent last, at most MaxFormer: its VNAT connections may
+	// still use them virtually, and the location server lets only it
+	// claim them (docs/vnat-location.md).
+	Former []string `json:"former,omitempty"`
 }
+
+// MaxFormer bounds VM.Former.
+const MaxFormer = 4
 
 // Firewall is a VM's own, customer-set firewall: ordered rules per
 // direction, first match wins, else the direction's default. Stateful:

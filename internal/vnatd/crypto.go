@@ -63,9 +63,9 @@ func (c *conn) seal(m vcmp.Message) (vcmp.Message, error) {
 // open checks an update or reply against the connection's keys.
 func (e *Engine) open(c *conn, m vcmp.Message) (vcmp.Message, error) {
 	if c.keys == nil {
-		return vcmp.Open(m, nil, nil, e.cfg.RequireKeys)
+		return vcmp.Open(m, nil, nil, !e.cfg.AllowUnkeyed)
 	}
-	inner, err := vcmp.Open(m, &c.keys.Recv, &c.win, e.cfg.RequireKeys)
+	inner, err := vcmp.Open(m, &c.keys.Recv, &c.win, !e.cfg.AllowUnkeyed)
 	if err == nil {
 		c.touchKeys() // the window moved
 	}

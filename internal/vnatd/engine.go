@@ -65,8 +65,11 @@ type Dialer func(ctx context.Context, addr netip.Addr) (io.ReadWriteCloser, erro
 type Config struct {
 	// LocationServers are asked last on every locate walk (paper P(3)/S(3)).
 	LocationServers []netip.Addr
-	// RequireKeys refuses unauthenticated updates (--require-keys).
-	RequireKeys bool
+	// AllowUnkeyed takes unauthenticated updates for connections without
+	// agreed keys (--allow-unkeyed), from the peer's own address only and
+	// rate-limited per source; the zero value refuses them (keyed
+	// migration is the default).
+	AllowUnkeyed bool
 	// Logger; nil is slog.Default().
 	Logger *slog.Logger
 	// Now; nil is time.Now (the log limiter's and retries' clock).
@@ -139,6 +142,8 @@ type Engine struct {
 	// keysDirty says they changed since it last saved them.
 	keys      KeyStore
 	keysDirty bool
+	// misses and unkeyed limit each source's updates (throttle.go).
+	misses, unkeyed *perSource
 }
 
 // OnStop makes a control "stop" request call f (the daemon's clean stop).
@@ -158,6 +163,8 @@ func New(cfg Config, tr Translator, dial Dialer) *Engine {
 	if e.cfg.Now == nil {
 		e.cfg.Now = time.Now
 	}
+	e.misses = newPerSource(MissPerSecond, MissBurst, e.cfg.Now)
+	e.unkeyed = newPerSource(UnkeyedPerSecond, UnkeyedBurst, e.cfg.Now)
 	e.cfg.WalkRetry = e.cfg.WalkRetry.Or(walkRetry)
 	e.cfg.ClaimRetry = e.cfg.ClaimRetry.Or(claimRetry)
 	if e.cfg.SuspTimeout == 0 {

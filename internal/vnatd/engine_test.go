@@ -273,6 +273,19 @@ func wantPhys(t *testing.T, nd *node, v vcmp.Tuple, local, remote netip.Addr) {
 	}
 }
 
+// keyAll is syncAll, then each daemon's first contact (AgreeKeys, which
+// the daemon runs every 2 s): keys are required by default, so an update
+// after a move is taken only if it is sealed.
+func keyAll(t *testing.T, nds ...*node) {
+	t.Helper()
+	syncAll(t, nds...)
+	for _, nd := range nds {
+		if _, err := nd.e.AgreeKeys(t.Context()); err != nil {
+			t.Fatalf("%s: first contact: %v", nd.name, err)
+		}
+	}
+}
+
 func syncAll(t *testing.T, nds ...*node) {
 	t.Helper()
 	for _, nd := range nds {
@@ -296,7 +309,7 @@ func TestRestoreOneEndMoves(t *testing.T) {
 				ta, tb := connect(a, b, uint16(40000+i))
 				conns = append(conns, [2]vcmp.Tuple{ta, tb})
 			}
-			syncAll(t, a, b)
+			keyAll(t, a, b)
 			if suspend {
 				k, err := a.e.Suspend(t.Context(), nil)
 				if err != nil || k != 200 {
@@ -314,8 +327,8 @@ func TestRestoreOneEndMoves(t *testing.T) {
 			for _, c := range conns {
 				wantPhys(t, a, c[0], new, b.addr)
 				wantPhys(t, b, c[1], b.addr, new)
-				if s := state(t, a, c[0]); s.Keyed != suspend {
-					t.Fatalf("a: %+v keyed, want %v", s, suspend)
+				if s := state(t, a, c[0]); !s.Keyed {
+					t.Fatalf("a: %+v not keyed (first contact or the suspend keys it)", s)
 				}
 			}
 			if got := n.dials[b.addr]; got != 2 {
@@ -395,8 +408,8 @@ func TestCrossingPrimaries(t *testing.T) {
 	n := newNetwork()
 	loc := netip.MustParseAddr("10.0.9.9")
 	n.add(t, "locsrv", loc.String(), Config{})
-	a := n.add(t, "a", "10.0.1.1", Config{LocationServers: []netip.Addr{loc}, RequireKeys: true})
-	b := n.add(t, "b", "10.0.2.2", Config{LocationServers: []netip.Addr{loc}, RequireKeys: true})
+	a := n.add(t, "a", "10.0.1.1", Config{LocationServers: []netip.Addr{loc}})
+	b := n.add(t, "b", "10.0.2.2", Config{LocationServers: []netip.Addr{loc}})
 	ta, tb := connect(a, b, 40000)
 	syncAll(t, a, b)
 	// Both claims are sent before either is answered.
@@ -469,7 +482,7 @@ func TestForgedReplayedAndUnkeyedUpdatesAreRefused(t *testing.T) {
 	n := newNetwork()
 	a := n.add(t, "a", "10.0.1.1", Config{})
 	clock := time.Unix(1000, 0)
-	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true, Now: func() time.Time { return clock }})
+	b := n.add(t, "b", "10.0.2.2", Config{Now: func() time.Time { return clock }})
 	mallory := n.add(t, "mallory", "10.0.6.6", Config{})
 	ta, tb := connect(a, b, 40000)
 	syncAll(t, a, b)
@@ -529,13 +542,13 @@ func TestForgedReplayedAndUnkeyedUpdatesAreRefused(t *testing.T) {
 	}
 }
 
-// With --require-keys an unsuspended (unkeyed) move is refused by the
-// peer; without it the paper's unauthenticated resume is allowed (the
-// control is TestRestoreOneEndMoves/suspend=false).
-func TestRequireKeysRefusesAnUnkeyedMove(t *testing.T) {
+// By default (no --allow-unkeyed) a move of a connection that was never
+// keyed is refused by the peer (the control, keyed by first contact, is
+// TestRestoreOneEndMoves/suspend=false).
+func TestAnUnkeyedMoveIsRefusedByDefault(t *testing.T) {
 	n := newNetwork()
 	a := n.add(t, "a", "10.0.1.1", Config{})
-	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	b := n.add(t, "b", "10.0.2.2", Config{})
 	ta, tb := connect(a, b, 40000)
 	syncAll(t, a, b)
 	old, new := n.move(a, "10.0.3.3")
@@ -543,7 +556,7 @@ func TestRequireKeysRefusesAnUnkeyedMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, ok := b.tr.phys(tb); ok {
-		t.Fatal("b translated an unkeyed update with --require-keys")
+		t.Fatal("b translated an unkeyed update, keys being required by default")
 	}
 	if s := state(t, a, ta); s.State != "aborted" {
 		t.Fatalf("a's %v after b refused its update: %+v, want aborted", ta, s)
@@ -561,7 +574,7 @@ func TestClosedMigratedConnectionIsForgotten(t *testing.T) {
 	b := n.add(t, "b", "10.0.2.2", Config{})
 	ta, tb := connect(a, b, 40000)
 	ta2, _ := connect(a, b, 40001)
-	syncAll(t, a, b)
+	keyAll(t, a, b)
 	old, new := n.move(a, "10.0.3.3")
 	if err := a.e.Restore(t.Context(), old, new); err != nil {
 		t.Fatal(err)
@@ -583,12 +596,12 @@ func TestClosedMigratedConnectionIsForgotten(t *testing.T) {
 }
 
 // Keys agreed at first contact authenticate an unplanned move (no
-// suspend), which a peer with --require-keys then accepts; a key or a
+// suspend), which a peer then accepts (keys are required by default); a key or a
 // suspend claim from anyone but the peer is refused and leaves the keys.
 func TestFirstContactKeysAndKeysOnlyFromThePeer(t *testing.T) {
 	n := newNetwork()
-	a := n.add(t, "a", "10.0.1.1", Config{RequireKeys: true})
-	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
 	mallory := n.add(t, "mallory", "10.0.6.6", Config{})
 	ta, tb := connect(a, b, 40000)
 	syncAll(t, a, b)
@@ -630,8 +643,8 @@ func TestFirstContactKeysAndKeysOnlyFromThePeer(t *testing.T) {
 // the connection again with the peer, and nothing is translated.
 func TestSuspendThenResumeWithoutAMove(t *testing.T) {
 	n := newNetwork()
-	a := n.add(t, "a", "10.0.1.1", Config{RequireKeys: true})
-	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	a := n.add(t, "a", "10.0.1.1", Config{})
+	b := n.add(t, "b", "10.0.2.2", Config{})
 	ta, tb := connect(a, b, 40000)
 	syncAll(t, a, b)
 	if _, err := a.e.Suspend(t.Context(), nil); err != nil {
@@ -682,15 +695,22 @@ func TestVirtualAddressConflictsAbort(t *testing.T) {
 	a := n.add(t, "a", "10.0.1.1", Config{})
 	b := n.add(t, "b", "10.0.2.2", Config{})
 	ta, tb := connect(a, b, 40000)
-	syncAll(t, a, b)
+	keyAll(t, a, b)
 	old, new := n.move(a, "10.0.3.3")
 	if err := a.e.Restore(t.Context(), old, new); err != nil {
 		t.Fatal(err)
 	}
 	wantPhys(t, b, tb, b.addr, new)
 
-	// The peer side: b "moved" to a's virtual address.
-	r, ok := sendOne(t, n, b, a.addr, &vcmp.Update{Record: vcmp.Record{Conn: tb, Phys: netip.MustParseAddrPort("10.0.1.1:22")}}).(*vcmp.UpdateReply)
+	// The peer side: b "moved" to a's virtual address (its update sealed
+	// with the connection's keys, as b's daemon would).
+	b.e.mu.Lock()
+	upd, err := b.e.conns[tb].seal(&vcmp.Update{Record: vcmp.Record{Conn: tb, Phys: netip.MustParseAddrPort("10.0.1.1:22")}})
+	b.e.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := sendOne(t, n, b, a.addr, upd).(*vcmp.UpdateReply)
 	if !ok || r.Status != vcmp.UpdateConflict {
 		t.Fatalf("update to a's own virtual address answered %#v, want conflict", r)
 	}
@@ -725,7 +745,7 @@ func TestVirtualAddressConflictsAbort(t *testing.T) {
 func TestMoverAcceptsAtItsNewAddressBeforeItSendsTheUpdateAndWithdrawsOnRefusal(t *testing.T) {
 	n := newNetwork()
 	a := n.add(t, "a", "10.0.1.1", Config{})
-	b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+	b := n.add(t, "b", "10.0.2.2", Config{})
 	var conns [][2]vcmp.Tuple
 	for i := range 50 {
 		ta, tb := connect(a, b, uint16(40000+i))
@@ -812,7 +832,8 @@ func TestVirtualIdentificationConflictAbortOrPreempt(t *testing.T) {
 			ta, tb := connect(a, b, 40000)
 			y := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort("10.0.2.2:22"), Remote: netip.MustParseAddrPort("10.0.3.3:40000")}
 			b.tr.open = append(b.tr.open, y)
-			syncAll(t, a, b)
+			syncAll(t, b)
+			keyAll(t, a) // b cannot key Y: its peer is nowhere
 			if policy != ConflictDefault {
 				if k := b.e.SetConflict(func(v vcmp.Tuple) bool { return v == tb }, policy); k != 1 {
 					t.Fatalf("SetConflict set %d connections, want 1", k)

@@ -23,9 +23,9 @@ import (
 // by a signal, run again on the same pin directory): a connection whose
 // translation the pinned maps keep, or whose socket is simply still open,
 // is taken over by the next daemon, and its peer refuses new keys outside
-// a suspension, so without the old keys it could never again move with
-// authentication (`--require-keys`). The keys are kept in a key file beside
-// the pinned state, rewritten whenever they change (agreed, a sequence
+// a suspension, so without the old keys it could never again move (keys
+// are required unless `--allow-unkeyed`). The keys are kept in a key file
+// beside the pinned state, rewritten whenever they change (agreed, a sequence
 // number used, the replay window moved, the connection closed), read at
 // start, and removed by `onehop vnat stop`.
 

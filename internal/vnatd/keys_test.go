@@ -208,8 +208,8 @@ func TestKeyEntryIsNeverLogged(t *testing.T) {
 
 // A daemon restart between the key agreement and the moves, on the fake
 // network: b's engine is replaced by a new one over the same datapath,
-// which loads the key file the old one kept. With --require-keys at both
-// ends, a's move after the restart, and b's after a second restart (the
+// which loads the key file the old one kept. With keys required at both
+// ends (the default), a's move after the restart, and b's after a second restart (the
 // sequence numbers and windows used by the first move kept too), are
 // authenticated and succeed; a connection that closed while no daemon
 // ran is dropped from the file. Without the key file the move is refused.
@@ -218,11 +218,11 @@ func TestKeysSurviveADaemonRestart(t *testing.T) {
 		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
 			n := newNetwork()
 			kf := keyFileIn(t)
-			cfg := Config{RequireKeys: true}
+			cfg := Config{}
 			if keep {
 				cfg.Keys = kf
 			}
-			a := n.add(t, "a", "10.0.1.1", Config{RequireKeys: true})
+			a := n.add(t, "a", "10.0.1.1", Config{})
 			b := n.add(t, "b", "10.0.2.2", cfg)
 			ta, tb := connect(a, b, 40000)
 			tc, _ := connect(a, b, 40001)

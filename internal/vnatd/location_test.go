@@ -55,7 +55,7 @@ func TestLocationClientKeepsMovedEndsAtTheServer(t *testing.T) {
 	a := addWithServer(t, n, "a", "10.1.1.2", Config{Now: now}, loc, svc)
 	b := addWithServer(t, n, "b", "10.1.2.2", Config{Now: now}, loc, svc)
 	ta, tb := connect(a, b, 40000)
-	syncAll(t, a, b)
+	keyAll(t, a, b)
 
 	aOld, aNew := n.move(a, "10.1.3.2")
 	bOld, bNew := n.move(b, "10.1.4.2")
@@ -134,7 +134,7 @@ func TestLocationClientLeavesAnUnreachableServerAloneForRetryUnreachable(t *test
 	a := n.add(t, "a", "10.1.1.2", Config{Now: now})
 	b := n.add(t, "b", "10.1.2.2", Config{Now: now})
 	connect(a, b, 40000)
-	syncAll(t, a, b)
+	keyAll(t, a, b)
 	old, new := n.move(a, "10.1.3.2")
 	if err := a.e.Restore(t.Context(), old, new); err != nil {
 		t.Fatal(err)

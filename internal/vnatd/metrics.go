@@ -21,13 +21,13 @@ import (
 // the two refusals named otherwise): every one is exported, 0 until it
 // happens, so a scrape never has to tell absent from zero.
 var refusalReasons = []string{"forged", "replayed", "unkeyed", "nokey", "unknown", "key_source",
-	"claim_source", "rekey", "key", "other", "conflict", "directory_full"}
+	"claim_source", "rekey", "key", "other", "conflict", "directory_full", "unkeyed_source", "unkeyed_rate", "throttled"}
 
 // eventNames are the engine's other counters, exported as events.
 var eventNames = []string{"migrated", "updates_applied", "aborted", "closed_forgotten", "update_refused_by_peer",
 	"helpers_started", "helpers_stopped", "helper_errors", "ports_remapped", "port_errors",
 	"susp_retransmitted", "susp_unanswered", "translate_errors", "unexpected", "vcmp_stream_errors",
-	"preempted", "preempted_closed", "preempt_close_errors", "key_file_errors"}
+	"preempted", "preempted_closed", "preempt_close_errors", "key_file_errors", "sources_throttled"}
 
 // refusalOf names the refusal reason of an engine counter ("" if it is none).
 func refusalOf(counter string) string {

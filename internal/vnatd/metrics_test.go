@@ -114,7 +114,7 @@ func TestMetricsAreServedAndParse(t *testing.T) {
 	mallory := n.add(t, "mallory", "10.0.6.6", Config{})
 	ta, tb := connect(a, b, 40000)
 	connect(a, b, 40001)
-	syncAll(t, a, b)
+	keyAll(t, a, b)
 	if _, err := a.e.Suspend(t.Context(), func(v vcmp.Tuple) bool { return v == ta }); err != nil {
 		t.Fatal(err)
 	}

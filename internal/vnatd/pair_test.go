@@ -21,7 +21,7 @@ import (
 // two ends, moves, waits on the daemons' status).
 
 // pair is two namespaces joined by a veth (a0 10.8.0.1/24 in nsA, b0
-// 10.8.0.2/24 in nsB) with the real `onehop vnat run --require-keys` in
+// 10.8.0.2/24 in nsB) with the real `onehop vnat run` (keys required, the default) in
 // each, as the lab starts it.
 type pair struct {
 	nsA, nsB string
@@ -60,7 +60,7 @@ func newPair(t *testing.T, argsA, argsB []string) *pair {
 // start runs d's daemon (again) and waits until it answers.
 func (p *pair) start(t *testing.T, d *daemonProc) {
 	t.Helper()
-	cmd := exec.Command(p.bin, append([]string{"netns-exec", d.ns, "--", p.bin, "vnat", "run", "--iface", d.iface, "--control", d.sock, "--require-keys"}, d.args...)...)
+	cmd := exec.Command(p.bin, append([]string{"netns-exec", d.ns, "--", p.bin, "vnat", "run", "--iface", d.iface, "--control", d.sock}, d.args...)...)
 	d.proc = netnstest.Start(t, "the vnat daemon in "+d.ns, d.logs, cmd)
 	d.proc.Ready(t, 20*time.Second, func() error {
 		_, err := Ask(d.sock, Request{Op: "status"})

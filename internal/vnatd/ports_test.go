@@ -65,7 +65,7 @@ func TestMovedEndTakesAnotherPortWhenItsOwnIsTakenAtTheNewAddress(t *testing.T) 
 	tUDP := vcmp.Tuple{Proto: vcmp.UDP, Local: ap("10.0.1.1:40002"), Remote: ap("10.0.2.2:53")}
 	a.tr.open = append(a.tr.open, tUDP)
 	b.tr.open = append(b.tr.open, tUDP.Reverse())
-	syncAll(t, a, b)
+	keyAll(t, a, b)
 	pt.socks = []Socket{
 		{Proto: vcmp.TCP, Local: ap("10.0.3.3:40000"), Remote: ap("10.0.2.2:22")},
 		{Proto: vcmp.UDP, Local: ap("0.0.0.0:40002")}, // unconnected: receives from anyone

@@ -15,7 +15,7 @@ import (
 )
 
 // Keys agreed before a daemon restart still authenticate a move after it,
-// with the real daemons (both `--require-keys`, b pinned). a and b key
+// with the real daemons (both requiring keys, the default; b pinned). a and b key
 // their connection at first contact; b's daemon keeps the keys in its key
 // file (mode 0600, nothing of them in its log) and ends on SIGTERM; the
 // new daemon takes the connection over keyed, and b's move after the

@@ -51,8 +51,8 @@ func TestPrivilegedDaemonsKeepATCPConnectionAcrossReaddressing(t *testing.T) {
 	aV := conn.LocalAddr().String()
 	virtA := aV + "->10.8.0.2:5001"
 	virtB := "10.8.0.2:5001->" + aV
-	// The daemons key the connection at first contact (--require-keys
-	// would refuse the moves otherwise).
+	// The daemons key the connection at first contact (keys are
+	// required: the moves would be refused otherwise).
 	waitStatus(t, p.a.sock, virtA, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" && c.Keyed }, p.a.logs, p.b.logs)
 	waitStatus(t, p.b.sock, virtB, 10*time.Second, func(c ConnStatus) bool { return c.State == "active" && c.Keyed }, p.a.logs, p.b.logs)
 

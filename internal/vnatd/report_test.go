@@ -17,7 +17,7 @@ func TestRestoreReportCountsTheMoveAndTimesItFromTheAddressChange(t *testing.T) 
 	for i := range 30 {
 		connect(a, b, uint16(40000+i))
 	}
-	syncAll(t, a, b)
+	keyAll(t, a, b)
 	if r := a.e.LastRestore(); r != nil {
 		t.Fatalf("a report before any move: %+v", r)
 	}

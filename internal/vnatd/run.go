@@ -26,7 +26,8 @@ import (
 type Options struct {
 	Iface           string   // the endpoint's interface (eth0)
 	LocationServers []string // host or host:port, or vcmp://host[:port]
-	RequireKeys     bool
+	// AllowUnkeyed is Config.AllowUnkeyed (--allow-unkeyed).
+	AllowUnkeyed bool
 	// Conflict is the default conflict policy (§3.4.2): "abort" (or
 	// "") or "preempt".
 	Conflict string
@@ -113,6 +114,9 @@ func Run(ctx context.Context, o Options) error {
 		}
 		servers = append(servers, a)
 	}
+	if o.AllowUnkeyed {
+		log.Warn("--allow-unkeyed: a connection without agreed keys follows an unauthenticated update from its peer's address (anyone who shares or spoofs that address can move it)")
+	}
 	var freezer *Freezer
 	if o.FreezeCgroup != "" {
 		f, err := CgroupFreezer(o.FreezeCgroup)
@@ -185,7 +189,7 @@ func Run(ctx context.Context, o Options) error {
 	if freezer != nil {
 		helpers = append(helpers, freezer)
 	}
-	cfg := Config{LocationServers: servers, RequireKeys: o.RequireKeys, Logger: log, Helpers: helpers, Conflict: conflict}
+	cfg := Config{LocationServers: servers, AllowUnkeyed: o.AllowUnkeyed, Logger: log, Helpers: helpers, Conflict: conflict}
 	// The keys are kept with the pinned state: what a restart takes over
 	// is what they authenticate. Unpinned, the translations end with the
 	// daemon, and so do the keys.
@@ -270,7 +274,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "require_keys", o.RequireKeys,
+	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "allow_unkeyed", o.AllowUnkeyed,
 		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "key_file", keyPath(keys), "migrated", len(d.Migrations()),
 		"conflict", conflict, "close_preempted", closePreempted,
 		"max_conns", vcmpLimits.Total, "max_conns_per_source", vcmpLimits.PerSource, "idle_timeout", vcmpLimits.Idle)

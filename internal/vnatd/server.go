@@ -1,6 +1,7 @@
 package vnatd
 
 import (
+	"errors"
 	"io"
 	"net/netip"
 
@@ -228,18 +229,40 @@ func (e *Engine) acceptUpdate(m vcmp.Message, from netip.Addr, before func(*conn
 	if !ok {
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: blank(vcmp.Tuple{}), Status: vcmp.UpdateRefused}
 	}
+	if e.misses.empty(from) {
+		// A sprayer: refused unread, and told nothing of what exists here.
+		e.warn("refused_throttled", "vnat: updates from a source that sends them for connections it does not own, throttled", "from", from)
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateRefused}
+	}
 	c, ok := e.conns[r.Conn.Reverse()]
 	if !ok {
+		e.miss(from)
 		e.warn("refused_unknown", "vnat: update for an unknown connection", "conn", r.Conn, "from", from)
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: blank(r.Conn.Reverse()), Status: vcmp.UpdateUnknown}
 	}
 	before(c)
+	_, plain := m.(*vcmp.Update)
+	if plain && c.keys == nil && e.cfg.AllowUnkeyed && from != c.phys.Remote.Addr() {
+		// Without keys nothing proves the sender is the peer: it must at
+		// least be where the peer was.
+		e.miss(from)
+		e.warn("refused_unkeyed_source", "vnat: unkeyed update from elsewhere than the peer", "conn", c.m.Tuple, "from", from, "peer", c.phys.Remote.Addr())
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+	}
 	inner, err := e.open(c, m)
 	if err != nil {
+		if !errors.Is(err, vcmp.ErrReplayed) { // a retry of a real update may be late
+			e.miss(from)
+		}
 		e.warn(refusal(err), "vnat: update refused", "conn", c.m.Tuple, "from", from, "err", err)
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 	}
 	if _, ok := inner.(*vcmp.Update); !ok {
+		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
+	}
+	if plain && !e.unkeyed.take(from) {
+		e.warn("refused_unkeyed_rate", "vnat: unkeyed updates from one source over their rate", "conn", c.m.Tuple, "from", from,
+			"per_second", UnkeyedPerSecond)
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 	}
 	r, _ = innerRecord(inner)
@@ -270,6 +293,15 @@ func (e *Engine) acceptUpdate(m vcmp.Message, from netip.Addr, before func(*conn
 		}
 	}
 	return c, phys, nil
+}
+
+// miss counts an update from from for a connection it does not own; the
+// source is throttled once its budget is spent. Called with e.mu held.
+func (e *Engine) miss(from netip.Addr) {
+	if e.misses.take(from) && e.misses.empty(from) { // this one spent its budget
+		e.warn("sources_throttled", "vnat: a source sends updates for connections it does not own: throttled", "from", from,
+			"burst", MissBurst, "per_second", MissPerSecond)
+	}
 }
 
 // Serve answers one VCMP stream from a peer at from.

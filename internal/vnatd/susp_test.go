@@ -18,7 +18,7 @@ func TestSuspendClaimIsRetransmittedUntilAnswered(t *testing.T) {
 			n := newNetwork()
 			const retry = 20 * time.Millisecond
 			a := n.add(t, "a", "10.0.1.1", Config{ClaimRetry: backoff.Backoff{Initial: retry}})
-			b := n.add(t, "b", "10.0.2.2", Config{RequireKeys: true})
+			b := n.add(t, "b", "10.0.2.2", Config{})
 			ta, tb := connect(a, b, 40000)
 			syncAll(t, a, b)
 			if how == "dials dropped" {

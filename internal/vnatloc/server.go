@@ -3,6 +3,7 @@ package vnatloc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -34,9 +35,10 @@ const SweepEvery = 10 * time.Second
 
 // Serve answers VCMP streams accepted on l until ctx ends, within
 // Config.Streams (a source over its cap, or a stream idle too long, is
-// closed and counted; a flood that exhausts descriptors is waited out):
-// every stream is a
-// sequence of VCMP_BATCH messages of location queries and stores (what a
+// closed and counted; a flood that exhausts descriptors is waited out).
+// A stream that starts a TLS handshake is an agent's relay channel
+// (Config.RelayTLS, ServeRelayed); any other is plain VCMP (ServeStream):
+// a sequence of VCMP_BATCH messages of location queries and stores (what a
 // daemon's locate walk and refresh send), each answered by one batch. A
 // message that does not decode ends its stream; it is counted
 // (bad_messages) and logged at most once a second. Serve also sweeps
@@ -73,7 +75,7 @@ func (s *Service) Serve(ctx context.Context, l net.Listener) error {
 		go func() {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(StreamTimeout)) //nolint:errcheck // a TCP conn takes deadlines
-			s.ServeStream(ctx, c, c.(*accept.Conn).Source())
+			s.serveConn(ctx, c, c.(*accept.Conn).Source())
 		}()
 	}
 }
@@ -83,11 +85,53 @@ func (s *Service) Serve(ctx context.Context, l net.Listener) error {
 // errors waited out).
 func (s *Service) Streams() map[string]uint64 { return s.cfg.Listeners.Counters("location") }
 
-// ServeStream answers one VCMP stream from a source at from until it ends.
-// A stream that starts with VCMP_RELAY is a host's agent relaying one of
-// its VMs (docs/vnat-location.md): it is served as coming from the VM, if
-// Config.RelayAllowed says the sender is the host the VM is on; otherwise
-// it is closed, counted (refused_relay) and logged.
+// tlsHandshake is the first byte of a TLS stream (a handshake record);
+// a VCMP stream starts with its version, 1.
+const tlsHandshake = 0x16
+
+// prefixed is a connection whose first bytes were read already.
+type prefixed struct {
+	net.Conn
+	r io.Reader
+}
+
+func (p *prefixed) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// serveConn tells an agent's relay channel (TLS) from a plain VCMP stream
+// by the stream's first byte, and serves it as such.
+func (s *Service) serveConn(ctx context.Context, c net.Conn, from netip.Addr) {
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return
+	}
+	pc := &prefixed{Conn: c, r: io.MultiReader(bytes.NewReader(b[:]), c)}
+	if b[0] != tlsHandshake {
+		s.ServeStream(ctx, pc, from)
+		return
+	}
+	if s.cfg.RelayTLS == nil {
+		s.refuseRelay(from, netip.Addr{}, "", "a relay channel (TLS) to a server that takes none (no TLS configured)")
+		return
+	}
+	tc := tls.Server(pc, s.cfg.RelayTLS)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		s.refuseRelay(from, netip.Addr{}, "", "a relay channel whose TLS handshake failed (no certificate of the cluster's CA?): "+err.Error())
+		return
+	}
+	st := tc.ConnectionState()
+	if len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
+		// RequireAndVerifyClientCert (New) makes this unreachable.
+		s.refuseRelay(from, netip.Addr{}, "", "a relay channel without a verified certificate")
+		return
+	}
+	s.ServeRelayed(ctx, tc, st.PeerCertificates[0].Subject.CommonName, from)
+}
+
+// ServeStream answers one plain VCMP stream from a source at from until it
+// ends. A stream that starts with VCMP_RELAY claims to speak for a VM, and
+// a plain stream proves nothing of its sender (slivers share their host's
+// address): it is closed unanswered, counted (refused_relay) and logged.
+// Relays come only on the agents' authenticated channel (ServeRelayed).
 func (s *Service) ServeStream(ctx context.Context, rw io.ReadWriter, from netip.Addr) {
 	first, err := vcmp.ReadFrame(rw)
 	if err != nil {
@@ -97,31 +141,75 @@ func (s *Service) ServeStream(ctx context.Context, rw io.ReadWriter, from netip.
 		return
 	}
 	if _, cmd, _, _ := vcmp.Header(first); cmd == vcmp.CmdRelay {
-		m, err := vcmp.Decode(first)
-		if err != nil {
-			s.badStream(from, err)
-			return
+		src := netip.Addr{}
+		if m, err := vcmp.Decode(first); err == nil {
+			src = m.(*vcmp.Relay).Source
 		}
-		src := m.(*vcmp.Relay).Source
-		ok := false
-		if s.cfg.RelayAllowed != nil {
-			if ok, err = s.cfg.RelayAllowed(ctx, from, src); err != nil {
-				s.rlog.Warn("relay_error", "vnat location server: check a relay", "from", from, "source", src, "err", err)
-			}
-		}
-		if !ok {
-			s.mu.Lock()
-			s.refuse("relay", "relay from a sender that is not the source's host", "from", from, "source", src)
-			s.mu.Unlock()
-			return
-		}
-		s.mu.Lock()
-		s.counters["relayed_streams"]++
-		s.mu.Unlock()
-		from, first = src, nil
+		s.refuseRelay(from, src, "", "a relay outside the agents' authenticated channel (TLS with a host's certificate)")
+		return
 	}
+	s.serve(ctx, rw, first, from)
+}
+
+// ServeRelayed answers one stream on the agents' authenticated channel: a
+// TLS stream from a source at from whose client certificate, signed by the
+// cluster's CA, names node (the agents' certificates have CN = the node).
+// It must start with VCMP_RELAY, and is served as coming from the VM it
+// names only if Config.RelayAllowed says the VM is placed on node;
+// otherwise it is closed, counted (refused_relay) and logged.
+func (s *Service) ServeRelayed(ctx context.Context, rw io.ReadWriter, node string, from netip.Addr) {
+	first, err := vcmp.ReadFrame(rw)
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			s.badStream(from, err)
+		}
+		return
+	}
+	if _, cmd, _, _ := vcmp.Header(first); cmd != vcmp.CmdRelay {
+		s.refuseRelay(from, netip.Addr{}, node, "an agent's channel that does not start with VCMP_RELAY")
+		return
+	}
+	m, err := vcmp.Decode(first)
+	if err != nil {
+		s.badStream(from, err)
+		return
+	}
+	src := m.(*vcmp.Relay).Source
+	ok := false
+	if s.cfg.RelayAllowed != nil {
+		if ok, err = s.cfg.RelayAllowed(ctx, node, src); err != nil {
+			s.rlog.Warn("relay_error", "vnat location server: check a relay", "from", from, "node", node, "source", src, "err", err)
+		}
+	}
+	if !ok {
+		s.refuseRelay(from, src, node, "a relay from an agent whose host is not the VM's")
+		return
+	}
+	s.mu.Lock()
+	s.counters["relayed_streams"]++
+	s.mu.Unlock()
+	s.serve(ctx, rw, nil, src)
+}
+
+// refuseRelay counts and logs a refused relay (rate-limited per reason).
+func (s *Service) refuseRelay(from, source netip.Addr, node, why string) {
+	args := []any{"from", from, "why", why}
+	if source.IsValid() {
+		args = append(args, "source", source)
+	}
+	if node != "" {
+		args = append(args, "node", node)
+	}
+	s.mu.Lock()
+	s.refuse("relay", "relay refused, stream closed", args...)
+	s.mu.Unlock()
+}
+
+// serve answers the batches of a stream from from, first being its first
+// frame if already read.
+func (s *Service) serve(ctx context.Context, rw io.ReadWriter, first []byte, from netip.Addr) {
 	in := io.MultiReader(bytes.NewReader(first), rw)
-	err = vcmp.ServeWholeBatches(struct {
+	err := vcmp.ServeWholeBatches(struct {
 		io.Reader
 		io.Writer
 	}{in, rw}, func(ms []vcmp.Message) []vcmp.Message { return s.HandleBatch(ctx, ms, from) })

@@ -18,7 +18,13 @@
 //     by a source outside the tenant space: an external never held a VM's
 //     address, and a VM never leaves its farm;
 //   - every field is checked, and a source holds at most MaxPerSource
-//     records and MaxHeldPerSource virtual addresses away from where it is.
+//     records and MaxHeldPerSource virtual addresses away from where it is;
+//   - a tenant virtual address away from where the end is is claimed only
+//     by its holder, as intent (Config.Holder) and the records say: no VM
+//     squats an address it never held;
+//   - a stream speaks for a VM (VCMP_RELAY) only on the agents'
+//     authenticated channel (TLS with a client certificate of the cluster's
+//     CA whose CN is the VM's host), never by its source address.
 //
 // Records whose end is away from its virtual address are what Held reports:
 // the controller hands none of those addresses out (§3.4.2).
@@ -26,11 +32,13 @@ package vnatloc
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -88,10 +96,23 @@ type Config struct {
 	// or an empty name, is "addr:" + the address (an external's identity is
 	// its address).
 	Identity func(ctx context.Context, source netip.Addr) (string, error)
-	// RelayAllowed says whether sender (a stream's source address) may
-	// relay streams of source (a VM): the controller answers from intent,
-	// true when sender is the host the VM is placed on. Nil: no relays.
-	RelayAllowed func(ctx context.Context, sender, source netip.Addr) (bool, error)
+	// RelayTLS is the agents' authenticated channel: a stream that starts
+	// a TLS handshake is served with it, and only such a stream may relay
+	// (VCMP_RELAY). Its ClientCAs must be the cluster's CA; New makes it
+	// require and verify a client certificate whatever ClientAuth says.
+	// Nil: no relay is taken (a source address proves nothing: slivers
+	// share their host's).
+	RelayTLS *tls.Config
+	// RelayAllowed says whether the agent of node (its certificate's CN)
+	// may relay streams of source (a VM): the controller answers from
+	// intent, true when the VM is placed on node. Nil: no relays.
+	RelayAllowed func(ctx context.Context, node string, source netip.Addr) (bool, error)
+	// Holder names who holds a tenant-space virtual address by intent
+	// (Identity's names): a record that claims one away from where its
+	// end is (L_Vir ≠ the source) is stored only for its holder
+	// (docs/vnat-location.md, rule 6). Nil: intent is not asked, and only
+	// the records say.
+	Holder func(ctx context.Context, virtual netip.Addr) (Holders, error)
 	// Index is the held-address index the controller allocates with: the
 	// server applies its own writes to it as soon as they are committed,
 	// so an allocation after a store was answered sees the record even
@@ -106,6 +127,14 @@ type Config struct {
 	// Listeners counts Serve's listener as "location" (onehop_listener_*
 	// on the controller's /metrics); nil: the service's own.
 	Listeners *accept.Stats
+}
+
+// Holders are who holds a virtual address by intent: Now, the VM it is
+// given to ("" for none), and Before, the VMs that had it before they
+// moved to another subnet.
+type Holders struct {
+	Now    string
+	Before []string
 }
 
 type entry struct {
@@ -151,6 +180,10 @@ func New(s store.Store, cfg Config) *Service {
 		cfg.Now = time.Now
 	}
 	cfg.Streams = cfg.Streams.Or(DefaultStreamLimits)
+	if cfg.RelayTLS != nil && cfg.RelayTLS.ClientAuth != tls.RequireAndVerifyClientCert {
+		cfg.RelayTLS = cfg.RelayTLS.Clone()
+		cfg.RelayTLS.ClientAuth = tls.RequireAndVerifyClientCert
+	}
 	if cfg.Listeners == nil {
 		cfg.Listeners = accept.NewStats(nil)
 	}
@@ -309,6 +342,14 @@ func (s *Service) Counters() map[string]uint64 {
 	return out
 }
 
+// Events are every count the server keeps besides refusals (Counters).
+var Events = []string{"stored", "refreshed", "released", "expired", "relayed_streams", "bad_messages", "store_errors",
+	"answered_found", "answered_stored", "answered_not_found", "answered_refused"}
+
+// RefusalReasons are every reason the server counts a refusal under
+// (Counters' "refused_" + reason).
+var RefusalReasons = []string{"invalid", "source", "space", "holder", "owner", "full", "source_full", "held_full", "command", "relay"}
+
 // refuse counts a refusal and logs it at most once a second per reason.
 // Called with s.mu held.
 func (s *Service) refuse(reason, msg string, args ...any) {
@@ -402,6 +443,45 @@ func (s *Service) identity(ctx context.Context, from netip.Addr) (string, error)
 	return "addr:" + from.String(), nil
 }
 
+// claim refuses a record that claims a virtual address for who that is
+// not who's: "" when who may claim virtual, else the refusal's reason. An
+// end at its virtual address (virtual is from) claims where it is; away
+// from it, a tenant address is who's if intent gives it to who now, or if
+// no VM has it now and who had it before a move (Config.Holder), or who
+// holds live records of it already (a VM that moved twice). Called with
+// s.mu held.
+func (s *Service) claim(ctx context.Context, who string, virtual, from netip.Addr) (string, error) {
+	if virtual == from || !Tenant.Contains(virtual) {
+		return "", nil
+	}
+	var h Holders
+	if s.cfg.Holder != nil {
+		var err error
+		if h, err = s.cfg.Holder(ctx, virtual); err != nil {
+			return "identity", fmt.Errorf("vnat locations: who holds %s: %w", virtual, err)
+		}
+	}
+	switch {
+	case h.Now == who:
+		return "", nil
+	case h.Now != "":
+		s.refuse("holder", "record claims a virtual address another VM holds", "from", from, "who", who, "virtual", virtual, "holder", h.Now)
+		return "holder", nil
+	case slices.Contains(h.Before, who):
+		return "", nil
+	}
+	for t := range s.bySource[who] {
+		if t.Local.Addr() == virtual && s.cfg.Now().Before(s.recs[t].expires) {
+			return "", nil
+		}
+	}
+	if s.cfg.Holder == nil {
+		return "", nil // no intent to ask: nobody is known to hold it
+	}
+	s.refuse("holder", "record claims a virtual address its source never held", "from", from, "who", who, "virtual", virtual)
+	return "holder", nil
+}
+
 // put decides whether from may store r and stores it: "" or the refusal's
 // reason. Called with s.mu held.
 func (s *Service) put(ctx context.Context, b *batch, r vcmp.Record, from netip.Addr) (string, error) {
@@ -421,6 +501,9 @@ func (s *Service) put(ctx context.Context, b *batch, r vcmp.Record, from netip.A
 	who, err := s.identity(ctx, from)
 	if err != nil {
 		return "identity", err
+	}
+	if reason, err := s.claim(ctx, who, r.Conn.Local.Addr(), from); reason != "" || err != nil {
+		return reason, err
 	}
 	cur, exists := s.live(ctx, r.Conn)
 	if exists && cur.owner != who {

@@ -3,6 +3,7 @@ package vnatloc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -10,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/pki/pkitest"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -289,40 +292,52 @@ func TestServeStreamAnswersABatchAndClosesOnGarbage(t *testing.T) {
 	}
 }
 
-// TestARelayIsTakenOnlyFromTheVMsHost: a stream that starts with
-// VCMP_RELAY is served as coming from the VM it names only when the sender
-// is the VM's host (RelayAllowed, the controller's intent); the relayed VM
-// still stores only where it is. From anyone else the stream is closed
-// unanswered and counted.
-func TestARelayIsTakenOnlyFromTheVMsHost(t *testing.T) {
-	s, st, _, _ := newService(t)
-	host := netip.MustParseAddr("192.168.100.11")
-	s.cfg.RelayAllowed = func(_ context.Context, sender, source netip.Addr) (bool, error) {
-		return sender == host && source == web1Now.Addr(), nil
+// TestARelayIsTakenOnlyOnTheAgentsChannelFromTheVMsHost: a stream that
+// starts with VCMP_RELAY is served as coming from the VM it names only on
+// the agents' channel, TLS with a client certificate of the cluster's CA
+// whose CN is the VM's host (RelayAllowed, the controller's intent); the
+// relayed VM still stores only where it is. The control first: h1's agent
+// stores web1's record. Then what a sliver on h1 can do (it shares h1's
+// address, not its key): a plain relay from the host's address releasing
+// web1's record, h2's agent speaking for h1's VM, another CA's certificate
+// naming h1, and h1's channel without a VCMP_RELAY are each closed
+// unanswered and counted (refused_relay), and web1's record stays.
+func TestARelayIsTakenOnlyOnTheAgentsChannelFromTheVMsHost(t *testing.T) {
+	s, _, _, logs := newService(t)
+	p := pkitest.New(t)
+	s.cfg.RelayTLS = p.ServerConfig()
+	s.cfg.RelayAllowed = func(_ context.Context, node string, source netip.Addr) (bool, error) {
+		return node == "h1" && source == web1Now.Addr(), nil
 	}
-	relay := func(sender netip.Addr, source netip.Addr, msgs ...vcmp.Message) ([]vcmp.Message, error) {
-		a, b := net.Pipe()
-		defer a.Close()
-		go func() { s.ServeStream(context.Background(), b, sender); b.Close() }()
-		if err := vcmp.WriteMessage(a, &vcmp.Relay{Source: source}); err != nil {
-			return nil, err
-		}
-		return vcmp.Exchange(a, msgs)
-	}
-	own := &vcmp.LocStore{Record: vcmp.Record{Conn: web1Conn, Phys: web1Now}}
-	if _, err := relay(netip.MustParseAddr("192.168.100.99"), web1Now.Addr(), own); err == nil {
-		t.Fatal("a relay from a host that is not web1's was answered")
-	}
-	if got := s.Counters()["refused_relay"]; got != 1 {
-		t.Fatalf("refused_relay %d, want 1", got)
-	}
-	if kvs, _, _ := st.List(context.Background(), Prefix); len(kvs) != 0 {
-		t.Fatalf("stored %v through a refused relay", kvs)
-	}
-	elsewhere := &vcmp.LocStore{Record: vcmp.Record{Conn: web1Conn, Phys: netip.MustParseAddrPort("10.1.2.77:40000")}}
-	ans, err := relay(host, web1Now.Addr(), own, elsewhere)
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	go s.Serve(t.Context(), l) //nolint:errcheck // ends with the test
+	// relay opens a stream (over TLS with cfg, plain if nil), names source
+	// in a VCMP_RELAY unless source is invalid, and exchanges msgs.
+	relay := func(cfg *tls.Config, source netip.Addr, msgs ...vcmp.Message) ([]vcmp.Message, error) {
+		c, err := net.Dial("tcp4", l.Addr().String())
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+		if cfg != nil {
+			c = tls.Client(c, cfg)
+		}
+		if source.IsValid() {
+			if err := vcmp.WriteMessage(c, &vcmp.Relay{Source: source}); err != nil {
+				return nil, err
+			}
+		}
+		return vcmp.Exchange(c, msgs)
+	}
+	own := &vcmp.LocStore{Record: vcmp.Record{Conn: web1Conn, Phys: web1Now}}
+	elsewhere := &vcmp.LocStore{Record: vcmp.Record{Conn: web1Conn, Phys: netip.MustParseAddrPort("10.1.2.77:40000")}}
+	ans, err := relay(p.Agent("h1"), web1Now.Addr(), own, elsewhere)
+	if err != nil {
+		t.Fatalf("web1's store through h1's agent: %v", err)
 	}
 	if st := ans[0].(*vcmp.LocAnswer).Status; st != vcmp.LocStored {
 		t.Fatalf("web1's own record through its host: %d, want stored", st)
@@ -330,8 +345,90 @@ func TestARelayIsTakenOnlyFromTheVMsHost(t *testing.T) {
 	if st := ans[1].(*vcmp.LocAnswer).Status; st != vcmp.LocRefused {
 		t.Fatalf("a record at another address through the relay: %d, want refused", st)
 	}
-	if got := s.Counters()["relayed_streams"]; got != 1 {
-		t.Fatalf("relayed_streams %d, want 1", got)
+	if c := s.Counters(); c["relayed_streams"] != 1 || c["stored"] != 1 || c["refused_relay"] != 0 {
+		t.Fatalf("after the control: %v, want relayed_streams 1, stored 1, refused_relay 0", c)
+	}
+
+	attacks := []struct {
+		name   string
+		cfg    *tls.Config
+		source netip.Addr
+	}{
+		{"a plain stream from the host's address", nil, web1Now.Addr()},
+		{"h2's agent for h1's VM", p.Agent("h2"), web1Now.Addr()},
+		{"another CA's certificate naming h1", p.Stranger("h1"), web1Now.Addr()},
+		{"h1's channel without a VCMP_RELAY", p.Agent("h1"), netip.Addr{}},
+	}
+	for i, a := range attacks {
+		if _, err := relay(a.cfg, a.source, vcmp.Release(web1Conn)); err == nil {
+			t.Fatalf("%s: the release was answered", a.name)
+		}
+		testenv.Eventually(t, a.name+" counted", 10*time.Second, func() bool { return s.Counters()["refused_relay"] == uint64(i+1) })
+		if st, at := query(t, s, web1Conn.Reverse(), netip.MustParseAddrPort("10.1.2.2:7100"), false); st != vcmp.LocFound || at != web1Now {
+			t.Fatalf("after %s: web1's record %d %v, want found at %v", a.name, st, at, web1Now)
+		}
+	}
+	if c := s.Counters(); c["released"] != 0 || c["relayed_streams"] != 1 {
+		t.Fatalf("counters %v: something was relayed or released", c)
+	}
+	if n := strings.Count(logs.String(), "relay refused"); n < 1 || n > len(attacks) {
+		t.Fatalf("%d log lines of refused relays, want 1 to %d (rate-limited)", n, len(attacks))
+	}
+}
+
+// TestOnlyTheAddressHolderClaimsIt: a VM stores a record claiming a
+// virtual address away from where it is only if the address is its, as
+// intent (Holder) and the records say. The control: web1 claims the
+// address it had before its move (10.1.1.2) and is stored. Then a thief in
+// the same farm claims db2's live address, an address nobody ever held,
+// and web1's: each refused and counted (refused_holder), none held. A VM
+// that moved twice still claims its first address, and once intent has
+// forgotten it, its live records say it is its.
+func TestOnlyTheAddressHolderClaimsIt(t *testing.T) {
+	s, _, c, _ := newService(t)
+	who := map[string]string{"10.1.2.3": "vm:blue/web1", "10.1.4.4": "vm:blue/web1", "10.1.3.9": "vm:blue/thief"}
+	s.cfg.Identity = func(_ context.Context, a netip.Addr) (string, error) { return who[a.String()], nil }
+	holders := map[string]Holders{"10.1.1.2": {Before: []string{"vm:blue/web1"}}, "10.1.1.5": {Now: "vm:blue/db2"}}
+	s.cfg.Holder = func(_ context.Context, a netip.Addr) (Holders, error) { return holders[a.String()], nil }
+	if got := store1(t, s, vcmp.Record{Conn: web1Conn, Phys: web1Now}, "10.1.2.3"); got != vcmp.LocStored {
+		t.Fatalf("web1 claiming its former address: %d, want stored", got)
+	}
+	if got := s.Counters()["stored"]; got != 1 {
+		t.Fatalf("stored %d, want 1", got)
+	}
+	thief := netip.MustParseAddrPort("10.1.3.9:40000")
+	for i, local := range []string{"10.1.1.5:40000", "10.1.1.9:40000", "10.1.1.2:41000"} {
+		conn := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort(local), Remote: netip.MustParseAddrPort("10.1.2.2:7100")}
+		if got := store1(t, s, vcmp.Record{Conn: conn, Phys: thief}, "10.1.3.9"); got != vcmp.LocRefused {
+			t.Fatalf("the thief claiming %s: %d, want refused", local, got)
+		}
+		if got := s.Counters()["refused_holder"]; got != uint64(i+1) {
+			t.Fatalf("refused_holder %d after the thief claimed %s, want %d", got, local, i+1)
+		}
+	}
+	held, err := Held(context.Background(), s.store, c.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"10.1.1.5", "10.1.1.9", "10.1.3.9"} {
+		if held[netip.MustParseAddr(a)] {
+			t.Fatalf("%s held after the thief's claims: %s", a, HeldList(held))
+		}
+	}
+	// web1 moves again: its former address is still its.
+	next := netip.MustParseAddrPort("10.1.4.4:40000")
+	if got := store1(t, s, vcmp.Record{Conn: web1Conn, Phys: next}, "10.1.4.4"); got != vcmp.LocStored {
+		t.Fatalf("web1 from its next address: %d, want stored", got)
+	}
+	// Intent no longer lists it (a VM keeps intent.MaxFormer): web1's live
+	// record says it, for its other connections too; the thief still not.
+	delete(holders, "10.1.1.2")
+	other := vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort("10.1.1.2:40001"), Remote: netip.MustParseAddrPort("10.1.2.2:7100")}
+	if got := store1(t, s, vcmp.Record{Conn: other, Phys: netip.MustParseAddrPort("10.1.4.4:40001")}, "10.1.4.4"); got != vcmp.LocStored {
+		t.Fatalf("web1's other connection from 10.1.1.2, by its records: %d, want stored", got)
+	}
+	if got := store1(t, s, vcmp.Record{Conn: vcmp.Tuple{Proto: vcmp.TCP, Local: netip.MustParseAddrPort("10.1.1.2:42000"), Remote: other.Remote}, Phys: thief}, "10.1.3.9"); got != vcmp.LocRefused {
+		t.Fatalf("the thief claiming web1's former address by records: %d, want refused", got)
 	}
 }
 

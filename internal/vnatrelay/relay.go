@@ -5,9 +5,11 @@
 // Addr:2031 to the host's stack (bpf/lib/vnat_service.h, when the feature's
 // bit is set); here the agent listens on that address bound to each local
 // VM's vif, and relays each stream to the controller's location server,
-// prefixed by a VCMP_RELAY naming the VM. The controller takes it only from
-// the host its intent places the VM on. A VM reaches only this one service,
-// and only through its own vif.
+// prefixed by a VCMP_RELAY naming the VM, over TLS with the agent's own
+// client certificate (CN = the node): the controller takes a relay only on
+// that channel, and only from the host its intent places the VM on (a
+// sliver shares the host's address, never its key). A VM reaches only this
+// one service, and only through its own vif.
 //
 // It is an agent feature (internal/feature): Compile lists the local VMs
 // from the node's desired state, Sync keeps one listener and one permanent
@@ -17,6 +19,7 @@ package vnatrelay
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -62,6 +65,7 @@ var Limits = accept.Limits{PerSource: MaxStreamsPerVM, Total: MaxStreamsPerVM, I
 // Relay is the feature.
 type Relay struct {
 	server netip.AddrPort // the controller's location server
+	tls    *tls.Config    // the agent's channel to it (WithTLS); nil: no relay
 	log    *slog.Logger
 	rlog   *ratelog.Logger
 	dial   func(ctx context.Context) (net.Conn, error)
@@ -93,9 +97,25 @@ func New(server netip.Addr, log *slog.Logger) *Relay {
 		r.server = netip.AddrPortFrom(server, vcmp.Port)
 	}
 	r.dial = func(ctx context.Context) (net.Conn, error) {
-		d := net.Dialer{Timeout: 3 * time.Second}
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 3 * time.Second}, Config: r.tls}
 		return d.DialContext(ctx, "tcp4", r.server.String())
 	}
+	return r
+}
+
+// WithTLS relays over TLS with c: the agent's client certificate (CN = its
+// node, signed by the cluster's CA) and the CA the controller's
+// certificate is verified with. The location server takes relays on no
+// other channel, so without it (nil: an --insecure agent) the relay serves
+// no VM. Call it before the first Sync.
+func (r *Relay) WithTLS(c *tls.Config) *Relay {
+	if c != nil {
+		c = c.Clone()
+		// The server is dialled by address: its certificate must name it.
+		c.ServerName = r.server.Addr().String()
+		c.ClientSessionCache = tls.NewLRUClientSessionCache(0)
+	}
+	r.tls = c
 	return r
 }
 
@@ -126,9 +146,10 @@ func (Plan) Sizes() feature.Sizes { return feature.Sizes{} }
 func (p Plan) InUse() bool { return len(p.VMs) > 0 }
 
 // Compile implements feature.Feature: every local VM of the node, if a
-// location server is configured.
+// location server is configured and the agent has its certificate to
+// relay with (WithTLS).
 func (r *Relay) Compile(n feature.Node) (feature.Plan, error) {
-	if !r.server.IsValid() {
+	if !r.server.IsValid() || r.tls == nil {
 		return Plan{}, nil
 	}
 	var p Plan
@@ -345,10 +366,10 @@ func (r *Relay) relay(c net.Conn, vm netip.Addr) error {
 	return err
 }
 
-// closeWrite half-closes a TCP stream: the other side reads EOF after the
-// last answer, as a direct stream would end.
+// closeWrite half-closes a stream (TCP, or TLS: its close_notify): the
+// other side reads EOF after the last answer, as a direct stream would end.
 func closeWrite(c net.Conn) {
-	if t, ok := c.(*net.TCPConn); ok {
+	if t, ok := c.(interface{ CloseWrite() error }); ok {
 		t.CloseWrite() //nolint:errcheck // the stream is ending anyway
 	}
 }

@@ -2,6 +2,7 @@ package vnatrelay
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/netns"
 	"github.com/onehop/onehop/internal/netns/netnstest"
+	"github.com/onehop/onehop/internal/pki/pkitest"
 	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/vcmp"
 )
@@ -98,7 +100,8 @@ func ask(vmNS string) (vcmp.Message, error) {
 
 // TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif: a VM on a
 // served vif reaches Addr:2031 and its stream arrives at the location
-// server after a VCMP_RELAY naming it, answered end to end; a VM on a vif
+// server over TLS with the agent's certificate, after a VCMP_RELAY naming
+// it, answered end to end; a VM on a vif
 // the relay does not serve gets nothing (the listener is bound to the
 // served vif); once its VM leaves the plan, the served vif is closed too.
 func TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif(t *testing.T) {
@@ -126,14 +129,26 @@ func TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The location server: what arrives, and one answer per batch.
-	srv, err := net.Listen("tcp4", "127.0.0.1:0")
+	// The location server: what arrives, on the agents' channel (TLS,
+	// the agent's certificate required), and one answer per batch.
+	p := pkitest.New(t)
+	plain, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv := tls.NewListener(plain, p.ServerConfig())
 	defer srv.Close()
 	relayed := make(chan netip.Addr, 16)
 	go netnstest.Serve(srv, func(c net.Conn) {
+		tc := c.(*tls.Conn)
+		if err := tc.Handshake(); err != nil {
+			t.Errorf("the relay's TLS handshake: %v", err)
+			return
+		}
+		if cn := tc.ConnectionState().PeerCertificates[0].Subject.CommonName; cn != "h1" {
+			t.Errorf("relayed with the certificate of %q, want the agent's, h1", cn)
+			return
+		}
 		m, err := vcmp.ReadMessage(c)
 		if err != nil {
 			return
@@ -149,15 +164,20 @@ func TestPrivilegedRelayCarriesAVMsStreamNamingItAndOnlyOnItsVif(t *testing.T) {
 		})
 	})
 
-	r := New(netip.MustParseAddr("192.0.2.1"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	node := feature.Node{Desired: intent.Desired{Local: []intent.LocalEndpoint{{Name: "web1", IP: "10.1.1.2", MAC: vmMAC.String(), Interface: "locsrv-vif1"}}}}
+	// Without the agent's certificate (an --insecure agent) it serves
+	// no VM: the server would take no relay from it.
+	if pl, err := New(netip.MustParseAddr("127.0.0.1"), slog.New(slog.NewTextHandler(io.Discard, nil))).Compile(node); err != nil || pl.InUse() {
+		t.Fatalf("a relay without TLS: plan %+v, %v; want none", pl, err)
+	}
+	r := New(netip.MustParseAddr("127.0.0.1"), slog.New(slog.NewTextHandler(io.Discard, nil))).WithTLS(p.Agent("h1"))
 	r.dial = func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
+		d := tls.Dialer{Config: r.tls}
 		return d.DialContext(ctx, "tcp4", srv.Addr().String())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go r.Run(ctx) //nolint:errcheck // returns nil when ctx ends
-	node := feature.Node{Desired: intent.Desired{Local: []intent.LocalEndpoint{{Name: "web1", IP: "10.1.1.2", MAC: vmMAC.String(), Interface: "locsrv-vif1"}}}}
 	sync := func(n feature.Node) {
 		t.Helper()
 		p, err := r.Compile(n)

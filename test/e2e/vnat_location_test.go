@@ -56,7 +56,14 @@ func vnatEcho(t *testing.T, l *testLab) (*background, string) {
 		return lastEcho(client.Output()) >= 5
 	})
 	local := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(client.Output(), "\n", 2)[0], "local "))
-	return client, local + "->" + l.ip("db1") + ":7100"
+	virt := local + "->" + l.ip("db1") + ":7100"
+	// Keys are required to move it: the daemons agree them at first
+	// contact, within 2 s of the connection's opening.
+	testenv.Eventually(t, "the connection keyed at first contact", 20*time.Second, func() bool {
+		c, ok := vnatConn(t, l, "web1", virt)
+		return ok && c.Keyed
+	})
+	return client, virt
 }
 
 // vnatReply is a node's `onehop vnat status -o json`.
@@ -104,6 +111,11 @@ func moreEchoes(t *testing.T, l *testLab, client *background, n int, what string
 func TestPrivilegedVNATAddressStillUsedVirtuallyIsNotHandedOut(t *testing.T) {
 	testenv.RequireTool(t, "python3")
 	l := upLab(t, vnatLoc)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log("the daemons' logs:\n" + vnatLogs(l))
+		}
+	})
 	webOld := l.ip("web1")
 	client, virt := vnatEcho(t, l)
 	port := virt[strings.LastIndexByte(virt[:strings.Index(virt, "->")], ':'):strings.Index(virt, "->")]
