@@ -255,7 +255,7 @@ func printGatewayStatus(w io.Writer, r gateway.Reply, output outputFormat) error
 	for _, c := range r.Conns {
 		note := c.Why
 		if c.Token != "" {
-			note = "token " + c.Token
+			note = fmt.Sprintf("token %s, paths %d/%d", c.Token, c.EstablishedPaths, c.PlannedPaths)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\t%d\t%d\t%s\n", c.ID, c.Client, c.Dest, c.Mode, c.Open, c.ToServer, c.ToClient, note)
 	}
@@ -272,6 +272,24 @@ func printGatewayStatus(w io.Writer, r gateway.Reply, output outputFormat) error
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	/* a connection with fewer paths than planned, and why */
+	var missing []string
+	for _, c := range r.Conns {
+		for _, m := range c.Missing {
+			missing = append(missing, fmt.Sprintf("%d\t%s\t%s", c.ID, m.Path, m.Reason))
+		}
+	}
+	if len(missing) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CONN\tMISSING-PATH\tWHY")
+		for _, l := range missing {
+			fmt.Fprintln(tw, l)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	if len(r.Counters) > 0 {
 		keys := make([]string, 0, len(r.Counters))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/accept"
+	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/ratelog"
 )
 
@@ -25,6 +27,15 @@ const keepClosed = 64
 // initialAttempt bounds the initial subflow's connect on a path when
 // other paths are left to try.
 const initialAttempt = 2500 * time.Millisecond
+
+// joinAnswer is how long a join's SYN may go unanswered before status says
+// so: the SYN and two retransmissions (RTO 1 s, then 2 s).
+const joinAnswer = 3 * time.Second
+
+// subflowRetry paces the path manager's SUBFLOW_CREATE while the kernel
+// refuses it (ENOTCONN) because the connection is not fully established
+// yet: for a client that has sent nothing, until the server's first data.
+var subflowRetry = backoff.Backoff{Initial: 5 * time.Millisecond, Max: 500 * time.Millisecond, For: 60 * time.Second}
 
 // Dialer opens the gateway's side of a connection: MPTCP from a path's EID
 // (from the zero Addr: plain TCP by the ordinary routes).
@@ -81,10 +92,72 @@ type conn struct {
 	// seen is every subflow the connection had, with the last figures
 	// read (the kernel forgets a subflow once it is closed); guarded by
 	// Engine.mu.
-	seen     []SubflowStatus
+	seen []SubflowStatus
+	// joins is where each path's subflow stands (the initial one's too),
+	// by path index; guarded by Engine.mu.
+	joins map[int]*join
+	// ignoreClosed holds the local ports of subflows the gateway closed
+	// itself: their close events say nothing about the server.
+	ignoreClosed map[uint16]bool
+	// kept is a dead path's subflow kept because it was the connection's
+	// last: it is closed once a subflow on a live path has joined, and
+	// resumes if its path comes back first.
+	kept *keptSubflow
+	// plan is the subflows planned when it opened: a path whose route
+	// went with its link is still one the connection should have.
+	plan []Subflow
+	// paths is the last reading of planned and established paths, what
+	// status shows once the connection is finished.
+	paths    pathCount
 	toServer atomic.Uint64
 	toClient atomic.Uint64
 	finished atomic.Bool
+}
+
+// joinState is where one path's subflow of a connection stands.
+type joinState int
+
+const (
+	// joinWaiting: the kernel refuses the subflow (ENOTCONN) until the
+	// connection is fully established; the gateway retries.
+	joinWaiting joinState = iota
+	// joinSent: SUBFLOW_CREATE succeeded, the MP_JOIN SYN is out.
+	joinSent
+	// joinUp: the subflow joined (or is the initial one).
+	joinUp
+	// joinFailed: there is no subflow; why says what the kernel said.
+	joinFailed
+)
+
+// join is one path's subflow of a connection, as the gateway asked for it
+// and the kernel's events told.
+type join struct {
+	state joinState
+	why   string
+	since time.Time
+}
+
+// keptSubflow is a connection's last subflow, on a path that died, kept
+// while a subflow on a live path is being joined.
+type keptSubflow struct {
+	path         int
+	sfs          []SubflowInfo
+	why, counter string
+}
+
+// pathCount is a connection's planned and established paths and why the
+// missing ones are missing.
+type pathCount struct {
+	planned, established int
+	missing              []MissingPath
+}
+
+// setJoin records path's join state (c's fields are guarded by e.mu).
+func (c *conn) setJoin(path int, st joinState, why string) {
+	if c.joins == nil {
+		c.joins = map[int]*join{}
+	}
+	c.joins[path] = &join{state: st, why: why, since: time.Now()}
 }
 
 // EngineDeps are the engine's seams: the kernel-touching parts in the
@@ -189,11 +262,15 @@ func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, 
 	}
 	c.mode, c.why = plan.Mode, plan.Why
 	if plan.Mode == ModeMPTCP {
+		c.plan = append([]Subflow(nil), plan.Subflows...)
 		var ok []Subflow
 		for _, sf := range plan.Subflows {
 			if err := e.pin.Pin(sf.Path, rec, sf.Locator.Addr); err != nil {
 				e.rl.Warn("pin", "gateway: pinning a subflow's path failed; leaving it out", "path", e.cfg.Paths[sf.Path].Name, "err", err)
 				e.count("pin_errors")
+				e.mu.Lock()
+				c.setJoin(sf.Path, joinFailed, "pinning the path failed: "+err.Error())
+				e.mu.Unlock()
 				continue
 			}
 			ok = append(ok, sf)
@@ -251,6 +328,7 @@ func (e *Engine) Open(ctx context.Context, client, dest netip.AddrPort) (*conn, 
 		return c, nil
 	}
 	c.token = st.Token
+	c.setJoin(plan.Subflows[0].Path, joinUp, "")
 	e.register(c)
 	e.count("mptcp")
 	for _, sf := range plan.Subflows[1:] {
@@ -268,26 +346,125 @@ func mptcpInUse(c *net.TCPConn) bool {
 // addSubflow asks the path manager for c's subflow on path. The kernel
 // refuses (ENOTCONN) until the connection is fully established, which for
 // a client that has sent nothing yet is when the server's first data
-// arrives, so it retries with backoff while the connection lives.
+// arrives, so it retries with backoff while the connection lives. The
+// call succeeding means only that the MP_JOIN SYN is out: what became of
+// it comes with the kernel's subflow events (SubflowEvent).
 func (e *Engine) addSubflow(c *conn, path int) {
 	p := e.cfg.Paths[path]
-	wait := 5 * time.Millisecond
-	deadline := time.Now().Add(60 * time.Second)
+	r := subflowRetry.Start(time.Now())
 	for {
+		/* noted before the call: the answer's event can come before
+		   Create returns */
+		e.mu.Lock()
+		c.setJoin(path, joinSent, "")
+		e.mu.Unlock()
 		err := e.pm.Create(c.token, uint8(path+1), p.EID, c.dest)
 		if err == nil {
 			e.count("subflows_created")
 			return
 		}
-		if errors.Is(err, syscall.ENOTCONN) && time.Now().Before(deadline) && !c.finished.Load() {
-			time.Sleep(wait)
-			wait = min(2*wait, 500*time.Millisecond)
-			continue
+		if errors.Is(err, syscall.ENOTCONN) && !c.finished.Load() {
+			if d, ok := r.Next(time.Now()); ok {
+				e.mu.Lock()
+				c.setJoin(path, joinWaiting, "")
+				e.mu.Unlock()
+				time.Sleep(d)
+				continue
+			}
 		}
+		e.mu.Lock()
+		c.setJoin(path, joinFailed, "path manager: "+err.Error())
+		e.mu.Unlock()
 		e.rl.Warn("subflow", "gateway: adding a subflow failed", "conn", c.id, "path", p.Name, "err", err)
 		e.count("subflow_errors")
 		return
 	}
+}
+
+// SubflowEvent takes the kernel's word on one subflow (WatchSubflowEvents):
+// a join answered or refused, a subflow the server closed. A subflow on a
+// live path joining lets a connection's kept last subflow on a dead path go.
+func (e *Engine) SubflowEvent(ev SubflowEvent) {
+	path := e.cfg.PathByEID(ev.Local.Addr())
+	if path < 0 {
+		return
+	}
+	e.mu.Lock()
+	var c *conn
+	for _, x := range e.conns {
+		if x.mode == ModeMPTCP && x.token == ev.Token {
+			c = x
+			break
+		}
+	}
+	if c == nil {
+		e.mu.Unlock()
+		return
+	}
+	if ev.Established {
+		c.setJoin(path, joinUp, "")
+		e.counters["subflows_joined"]++
+		kept := c.kept
+		if kept != nil && kept.path != path {
+			c.kept = nil
+		} else {
+			kept = nil
+		}
+		e.mu.Unlock()
+		if kept != nil {
+			for _, sf := range kept.sfs {
+				e.destroy(c, sf, kept.why, kept.counter)
+			}
+		}
+		return
+	}
+	if c.ignoreClosed[ev.Local.Port()] {
+		delete(c.ignoreClosed, ev.Local.Port())
+		e.mu.Unlock()
+		return
+	}
+	j := c.joins[path]
+	if j == nil || j.state == joinFailed {
+		e.mu.Unlock()
+		return
+	}
+	why := closedWhy(ev, j, c.dest, time.Now())
+	c.setJoin(path, joinFailed, why)
+	e.counters["subflows_failed"]++
+	e.mu.Unlock()
+	e.rl.Warn("join:"+c.dest.String(), "gateway: a subflow failed", "conn", c.id, "path", e.cfg.Paths[path].Name, "dest", c.dest, "why", why)
+}
+
+// resetReasons name MP_TCPRST's reason codes (RFC 8684 §3.6).
+var resetReasons = []string{"unspecified", "MPTCP-specific error", "lack of resources", "administratively prohibited", "too much outstanding data", "unacceptable performance", "middlebox interference"}
+
+// closedWhy says what a subflow's close event means for the join that
+// was in state j.
+func closedWhy(ev SubflowEvent, j *join, dest netip.AddrPort, now time.Time) string {
+	verb := "refused by the server"
+	if j.state == joinUp {
+		verb = "closed by the server"
+	}
+	switch {
+	case ev.Reset:
+		r := fmt.Sprintf("reason %d", ev.ResetReason)
+		if int(ev.ResetReason) < len(resetReasons) {
+			r = resetReasons[ev.ResetReason]
+		}
+		return fmt.Sprintf("%s: MP_TCPRST, %s", verb, r)
+	case ev.Err == syscall.ECONNREFUSED:
+		return fmt.Sprintf("refused: the server answered the MP_JOIN SYN with a plain reset, nothing listens on %s any more "+
+			"(a server that closes its listening socket once it has accepted, such as socat without fork, cannot take another path)", dest)
+	case ev.Err == syscall.ETIMEDOUT && j.state != joinUp:
+		return "join sent, no answer (the kernel gave up)"
+	case ev.Err != 0:
+		return fmt.Sprintf("%s: %v", verb, ev.Err)
+	case j.state == joinUp && now.Sub(j.since) < time.Second:
+		return "closed by the server as soon as it joined (a server whose MPTCP limits take no more subflows does this: ip mptcp limits set subflows N)"
+	case j.state == joinUp:
+		return "closed by the server"
+	}
+	return "closed before it was established"
 }
 
 func (e *Engine) register(c *conn) {
@@ -368,6 +545,7 @@ func (e *Engine) SetPathUp(path int, up bool) {
 		return
 	}
 	e.count("path_up")
+	e.unkeep(path, conns)
 	if err := e.pin.Repin(path); err != nil {
 		e.log.Warn("gateway: re-pinning a path that came back", "path", p.Name, "err", err)
 	}
@@ -409,6 +587,7 @@ func (e *Engine) SetRLOCUp(path int, rloc netip.Addr, up bool) {
 	}
 	e.count("rloc_up")
 	if e.isUp(path) {
+		e.unkeep(path, conns)
 		e.restoreSubflows(path, conns, rloc)
 	}
 }
@@ -427,7 +606,11 @@ func (e *Engine) mptcpConns() []*conn {
 }
 
 // closeSubflows closes the subflow on path of each connection match
-// picks, noting why in its status and counting it under counter.
+// picks, noting why in its status and counting it under counter. A
+// connection's last live subflow is kept instead (a connection with no
+// subflow cannot resume when the path does, if the server takes no join)
+// while a subflow on each live path of its plan is joined at once; the
+// first to join lets it go (SubflowEvent).
 func (e *Engine) closeSubflows(path int, conns []*conn, why, counter string, match func(*conn) bool) {
 	p := e.cfg.Paths[path]
 	for _, c := range conns {
@@ -438,20 +621,92 @@ func (e *Engine) closeSubflows(path int, conns []*conn, why, counter string, mat
 		if err != nil {
 			continue
 		}
+		var dead []SubflowInfo
+		others := false
 		for _, sf := range sfs {
-			if sf.Local.Addr() != p.EID {
-				continue
+			if sf.Local.Addr() == p.EID {
+				dead = append(dead, sf)
+			} else if i := e.cfg.PathByEID(sf.Local.Addr()); sf.State == 1 && i >= 0 && e.isUp(i) {
+				others = true
 			}
-			if err := e.pm.Destroy(c.token, sf.Local, sf.Remote); err != nil {
-				e.rl.Warn("subflow", "gateway: closing a subflow of a failed path", "conn", c.id, "path", p.Name, "why", why, "err", err)
-				continue
-			}
-			e.count(counter)
-			s := e.subflowStatus(sf)
-			s.State = "closed: " + why
+		}
+		if len(dead) == 0 {
+			continue
+		}
+		if !others {
 			e.mu.Lock()
-			c.note(s, true)
+			c.kept = &keptSubflow{path: path, sfs: dead, why: why, counter: counter}
+			e.counters["last_subflow_kept"]++
 			e.mu.Unlock()
+			e.rl.Info("kept:"+c.dest.String(), "gateway: a connection's last subflow is on a dead path; kept while another path joins", "conn", c.id, "path", p.Name, "why", why)
+			e.rejoin(c, path, sfs)
+			continue
+		}
+		for _, sf := range dead {
+			e.destroy(c, sf, why, counter)
+		}
+	}
+}
+
+// destroy closes one subflow of c, noting why in its status.
+func (e *Engine) destroy(c *conn, sf SubflowInfo, why, counter string) {
+	e.mu.Lock()
+	if c.ignoreClosed == nil {
+		c.ignoreClosed = map[uint16]bool{}
+	}
+	c.ignoreClosed[sf.Local.Port()] = true
+	e.mu.Unlock()
+	if err := e.pm.Destroy(c.token, sf.Local, sf.Remote); err != nil {
+		e.rl.Warn("subflow", "gateway: closing a subflow of a failed path", "conn", c.id, "local", sf.Local, "why", why, "err", err)
+		return
+	}
+	e.count(counter)
+	s := e.subflowStatus(sf)
+	s.State = "closed: " + why
+	e.mu.Lock()
+	c.note(s, true)
+	e.mu.Unlock()
+}
+
+// rejoin asks, now, for c's subflow on every live path of its plan but
+// dying that has none joined; a join still waiting for an answer is
+// replaced (the kernel's next SYN retransmission may be a minute away).
+func (e *Engine) rejoin(c *conn, dying int, sfs []SubflowInfo) {
+	for _, sf := range PlanFor(c.rec, e.isUp, e.findUsable).Subflows {
+		if sf.Path == dying {
+			continue
+		}
+		eid := e.cfg.Paths[sf.Path].EID
+		live := false
+		for _, s := range sfs {
+			if s.Local.Addr() != eid {
+				continue
+			}
+			if s.State == 1 {
+				live = true
+			} else if s.State == 2 { /* SYN_SENT: unanswered so far */
+				e.destroy(c, s, "replaced by a new join", "subflows_rejoined")
+			}
+		}
+		if live {
+			continue
+		}
+		if err := e.pin.Pin(sf.Path, c.rec, sf.Locator.Addr); err != nil {
+			e.rl.Warn("pin", "gateway: pinning a path to move a connection onto", "path", e.cfg.Paths[sf.Path].Name, "err", err)
+			continue
+		}
+		go e.addSubflow(c, sf.Path)
+	}
+}
+
+// unkeep forgets the kept last subflows on path, which came back: they
+// carry the connection again.
+func (e *Engine) unkeep(path int, conns []*conn) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range conns {
+		if c.kept != nil && c.kept.path == path {
+			c.kept = nil
 		}
 	}
 }
@@ -596,9 +851,24 @@ type ConnStatus struct {
 	Closed   *time.Time `json:"closed,omitempty"`
 	// Subflows of an MPTCP connection (live ones, then those closed).
 	Subflows []SubflowStatus `json:"subflows,omitempty"`
+	// PlannedPaths is how many paths an MPTCP connection's plan gives it
+	// (one subflow each, whatever their state now).
+	PlannedPaths int `json:"planned_paths,omitempty"`
+	// EstablishedPaths is how many of them carry a live subflow on a path
+	// that is up (for a closed connection: when it was last read open).
+	EstablishedPaths int `json:"established_paths,omitempty"`
+	// Missing says, for each planned path without a live subflow, why.
+	Missing []MissingPath `json:"missing,omitempty"`
 	// ToServer and ToClient are the bytes spliced each way (when closed).
 	ToServer uint64 `json:"to_server"`
 	ToClient uint64 `json:"to_client"`
+}
+
+// MissingPath is a planned path a connection has no live subflow on, and
+// why: "path down", "join sent 5s ago, no answer", "refused: ...".
+type MissingPath struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 func tcpState(s uint8) string {
@@ -679,11 +949,81 @@ func (e *Engine) statusOf(c *conn) ConnStatus {
 				s.RLOC = rloc[e.cfg.PathByEID(sf.Local.Addr())]
 				c.note(s, false)
 			}
+			if c.mode == ModeMPTCP && !c.finished.Load() {
+				c.paths = e.pathsOf(c, mergePlans(c.plan, plan.Subflows), sfs)
+			}
 		}
 		st.Subflows = append([]SubflowStatus(nil), c.seen...)
+		if k := c.kept; k != nil {
+			for i := range st.Subflows {
+				for _, sf := range k.sfs {
+					if st.Subflows[i].Local == sf.Local.String() && !strings.HasPrefix(st.Subflows[i].State, "closed:") {
+						st.Subflows[i].State = "kept: last subflow (" + k.why + ")"
+					}
+				}
+			}
+		}
+		st.PlannedPaths, st.EstablishedPaths = c.paths.planned, c.paths.established
+		st.Missing = append([]MissingPath(nil), c.paths.missing...)
 		e.mu.Unlock()
 	}
 	return st
+}
+
+// mergePlans is the subflows of a, then those of b on paths a has none on.
+func mergePlans(a, b []Subflow) []Subflow {
+	out := append([]Subflow(nil), a...)
+	for _, sf := range b {
+		if !slices.ContainsFunc(out, func(o Subflow) bool { return o.Path == sf.Path }) {
+			out = append(out, sf)
+		}
+	}
+	return out
+}
+
+// pathsOf counts c's planned paths and those with a live subflow, and
+// says why each missing one is missing; e.mu is held.
+func (e *Engine) pathsOf(c *conn, plan []Subflow, sfs []SubflowInfo) pathCount {
+	live := map[int]bool{}
+	for _, sf := range sfs {
+		if i := e.cfg.PathByEID(sf.Local.Addr()); i >= 0 && sf.State == 1 && sf.Remote.Port() != 0 {
+			live[i] = true
+		}
+	}
+	pc := pathCount{planned: len(plan)}
+	now := time.Now()
+	for _, sf := range plan {
+		i := sf.Path
+		if live[i] && e.pathUp[i] && !e.probeDown[ProbeKey{Path: i, RLOC: sf.Locator.Addr}] {
+			pc.established++
+			continue
+		}
+		var why string
+		j := c.joins[i]
+		switch {
+		case !e.pathUp[i]:
+			why = "path down"
+			if c.kept != nil && c.kept.path == i {
+				why += "; its subflow is kept, the connection's last, until another path joins"
+			}
+		case e.probeDown[ProbeKey{Path: i, RLOC: sf.Locator.Addr}]:
+			why = "locator " + sf.Locator.Addr.String() + " down (rloc probe)"
+		case j == nil:
+			why = "no join asked"
+		case j.state == joinWaiting:
+			why = "waiting for the connection to be fully established (the server's first data) to join"
+		case j.state == joinSent && now.Sub(j.since) < joinAnswer:
+			why = "joining"
+		case j.state == joinSent:
+			why = fmt.Sprintf("join sent %s ago, no answer", now.Sub(j.since).Round(time.Second))
+		case j.state == joinFailed:
+			why = j.why
+		default:
+			why = "closed"
+		}
+		pc.missing = append(pc.missing, MissingPath{Path: e.cfg.Paths[i].Name, Reason: why})
+	}
+	return pc
 }
 
 // Status lists the paths, the open connections (by id) and the last

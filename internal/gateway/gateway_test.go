@@ -365,6 +365,24 @@ func (f *fakePM) waitOneCreated(t *testing.T, when, eid string, done func() bool
 	})
 }
 
+// liveSubflows is a SubflowReader over subflows the test changes.
+type liveSubflows struct {
+	mu  sync.Mutex
+	sfs []SubflowInfo
+}
+
+func (l *liveSubflows) read(*net.TCPConn) ([]SubflowInfo, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]SubflowInfo(nil), l.sfs...), nil
+}
+
+func (l *liveSubflows) set(change func([]SubflowInfo)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	change(l.sfs)
+}
+
 type fakePin struct{ repinned []int }
 
 func (f *fakePin) Pin(int, Record, netip.Addr) error { return nil }
@@ -381,15 +399,8 @@ func TestPathDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 		{Local: netip.MustParseAddrPort("10.77.0.1:4000"), Remote: netip.MustParseAddrPort("10.88.0.10:80"), BytesReceived: 100, State: 1},
 		{Local: netip.MustParseAddrPort("10.77.0.2:4001"), Remote: netip.MustParseAddrPort("10.88.0.10:80"), BytesReceived: 200, State: 1},
 	}
-	var mu sync.Mutex
-	e := NewEngine(&cfg, EngineDeps{
-		Find: pathOf, Pin: pin, PM: pm,
-		Subflows: func(*net.TCPConn) ([]SubflowInfo, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return append([]SubflowInfo(nil), live...), nil
-		},
-	})
+	ls := &liveSubflows{sfs: live}
+	e := NewEngine(&cfg, EngineDeps{Find: pathOf, Pin: pin, PM: pm, Subflows: ls.read})
 	rec := Record{EID: netip.MustParsePrefix("10.88.0.0/24"), Locators: []Locator{loc("192.0.1.2", 1, 1), loc("192.0.2.2", 1, 1)}}
 	c := &conn{dest: netip.MustParseAddrPort("10.88.0.10:80"), mode: ModeMPTCP, rec: rec, token: 7}
 	e.register(c)
@@ -400,9 +411,7 @@ func TestPathDownClosesItsSubflowsAndUpBringsThemBack(t *testing.T) {
 	if len(pm.destroyed) != 1 || pm.destroyed[0] != "10.77.0.1:4000" {
 		t.Fatalf("path 0 down: destroyed %v, want the subflow from 10.77.0.1 only", pm.destroyed)
 	}
-	mu.Lock()
-	live[0].State = 7 /* the kernel keeps it a while, closed */
-	mu.Unlock()
+	ls.set(func(sfs []SubflowInfo) { sfs[0].State = 7 /* the kernel keeps it a while, closed */ })
 	_, conns := e.Status()
 	if len(conns) != 2 || len(conns[0].Subflows) != 2 || conns[0].Subflows[0].State != "closed: path down" || conns[0].Subflows[0].BytesReceived != 100 {
 		t.Fatalf("status after path down: %+v", conns)

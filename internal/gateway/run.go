@@ -164,9 +164,15 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 	})
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- e.ServeControl(ctx, cl) }()
 	go func() { errc <- watchLinks(ctx, e, cfg) }()
+	go func() {
+		errc <- WatchSubflowEvents(ctx, e.SubflowEvent, func(err error) {
+			e.count("subflow_events_lost")
+			e.rl.Warn("events", "gateway: subflow events lost; a join's answer may show as unanswered", "err", err)
+		})
+	}()
 	go func() { errc <- e.serve(ctx, ln.(*net.TCPListener)) }()
 	if prober != nil {
 		go func() { errc <- runProber(ctx, e, prober, cfg, log) }()
