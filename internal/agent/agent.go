@@ -898,12 +898,3 @@ func nonZero(m map[string]uint64) map[string]uint64 {
 	}
 	return out
 }
-
-func stillLocal(locals map[int]intent.LocalEndpoint, name string) bool {
-	for _, l := range locals {
-		if l.Name == name {
-			return true
-		}
-	}
-	return false
-}

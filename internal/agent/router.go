@@ -223,10 +223,16 @@ func (r *Router) Sync(p feature.Plan) error {
 			}
 		}
 	}
+	// By name, once: a scan of locals for each old one made every pass
+	// cost the square of the host's VMs (issue 20, item 18).
+	stay := make(map[string]bool, len(locals))
+	for _, l := range locals {
+		stay[l.Name] = true
+	}
 	var left []string
 	var departed []netip.Addr
 	for _, old := range r.locals {
-		if !stillLocal(locals, old.Name) {
+		if !stay[old.Name] {
 			left = append(left, old.Name)
 			if ip, err := netip.ParseAddr(old.IP); err == nil {
 				departed = append(departed, ip)
