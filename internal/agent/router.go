@@ -204,7 +204,7 @@ func (r *Router) Sync(p feature.Plan) error {
 		kinds[name] = datapath.VifKindName(datapath.VifKind(plan.entries.Vifs[uint32(ifindex)].Kind))
 	}
 	sort.Strings(attached)
-	locals := map[int]intent.LocalEndpoint{}
+	locals := make(map[int]intent.LocalEndpoint, len(plan.entries.Attach))
 	for _, l := range plan.local {
 		if idx, ok := plan.entries.Attach[l.Interface]; ok {
 			locals[idx] = l
@@ -212,7 +212,7 @@ func (r *Router) Sync(p feature.Plan) error {
 	}
 	r.mu.Lock()
 	var arrived []netip.Addr
-	known := map[string]bool{}
+	known := make(map[string]bool, len(r.locals))
 	for _, l := range r.locals {
 		known[l.IP] = true
 	}
