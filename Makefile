@@ -52,6 +52,8 @@ unit-test:
 	@# benchmark whose frame no longer takes the path it times fails now,
 	@# not on the day someone measures with it.
 	$(GO) test -count=1 -run '^$$' -bench 'PacketCost|PortspaceCost|TapCost' -benchtime 1x ./internal/datapath/ ./internal/portspace/ ./internal/tap/
+	@# A create's cost as hosts fill (100 against 2,000 VMs a host), once each.
+	$(GO) test -count=1 -run '^$$' -bench 'CreateVMWithNOnHost|CreatePassWithNOnHost' -benchtime 1x ./internal/controller/ ./internal/agent/
 
 # Every Go fuzz target, briefly (FUZZTIME each): parsers a tenant or an operator can feed.
 fuzz:

@@ -129,6 +129,7 @@ type Agent struct {
 	statusWrites, statusWriteFailures uint64
 	statusLog                         *ratelog.Logger
 	knownHosts                        atomic.Int64 // node records held: the self-sized status pace
+	statusBytes                       atomic.Int64 // the size of the status last written: the same
 	statusNow                         atomic.Bool  // the next write skips the pace (publishNow)
 	// pubMu serialises status writes and guards what was written last.
 	pubMu        sync.Mutex
@@ -317,6 +318,10 @@ type sourced struct {
 	b   store.Batch
 }
 
+// urgent says a batch is not held back by the pass pace: a farm's state
+// (its rules) or a node record changed, rare and awaited, or a watch broke.
+func (s sourced) urgent() bool { return s.src.isFarm || s.src.nodes || s.b.Err != nil }
+
 // errWatchEnded is a watch that closed without saying why.
 var errWatchEnded = errors.New("watch ended")
 
@@ -397,6 +402,7 @@ func (a *Agent) follow(ctx context.Context, rev int64) error {
 	}
 	ticker := time.NewTicker(a.cfg.Resync)
 	defer ticker.Stop()
+	var pace passPace
 	for {
 		var batch []sourced
 		select {
@@ -415,12 +421,36 @@ func (a *Agent) follow(ctx context.Context, rev int64) error {
 		case got := <-in:
 			batch = append(batch, got)
 		}
+		// Changes to the host's own keys (VMs, slivers, TAP rules) wait
+		// for the pace, gathering meanwhile; a farm's rules, a node
+		// record or a broken watch end the wait.
+		urgent := batch[0].urgent()
+		if d := pace.hold(time.Now()); d > 0 && !urgent {
+			t := time.NewTimer(d)
+		hold:
+			for {
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return nil
+				case <-t.C:
+					break hold
+				case got := <-in:
+					batch = append(batch, got)
+					if urgent = got.urgent(); urgent {
+						t.Stop()
+						break hold
+					}
+				}
+			}
+		}
 		// Take whatever else has arrived: one pass applies it all.
 	drain:
 		for {
 			select {
 			case got := <-in:
 				batch = append(batch, got)
+				urgent = urgent || got.urgent()
 			default:
 				break drain
 			}
@@ -441,10 +471,65 @@ func (a *Agent) follow(ctx context.Context, rev int64) error {
 		if err := watchFarms(0); err != nil {
 			return err
 		}
+		start := time.Now()
 		if _, err := a.pass(ctx, "change", events); err != nil {
 			a.log.Error("reconcile failed; will retry", "err", err)
 		}
+		if !urgent {
+			pace.passed(start, time.Now())
+		}
 	}
+}
+
+// PassShare and PassBurst pace the passes that apply changes: they may
+// take a burst of PassBurst of pass time at once, and beyond it 1/PassShare
+// of a CPU while changes keep coming. A pass costs what the host carries
+// (every pass compiles and applies the whole desired state,
+// level-triggered), so one pass per change made each create on a full host
+// cost its agent more (issue 20, item 18: a pass at 2,000 VMs took 7-11 ms,
+// and a stream of creates kept three lab agents busy on the controller's
+// CPUs: creates went from 327 to 87 a second as the hosts filled). Paced,
+// the passes of a stream take more changes each as they grow dearer, and
+// a change's share of them stays the same; a change that comes while the
+// burst lasts (one after a quiet spell, a few rule changes in a row) is
+// applied at once. A change of a farm's rules or of a node record is
+// applied at once whatever the pace, and its pass is not charged to it:
+// those are rare, and awaited everywhere.
+const (
+	PassShare = 10
+	PassBurst = 250 * time.Millisecond
+)
+
+// passPace is the pass time the agent may spend now (a token bucket):
+// credit, as of at, grows by 1/PassShare of the time that passes, up to
+// PassBurst, and each paced pass takes what it cost.
+type passPace struct {
+	credit time.Duration
+	at     time.Time
+}
+
+func (p *passPace) refill(now time.Time) {
+	if p.at.IsZero() {
+		p.credit = PassBurst
+	} else if now.After(p.at) {
+		p.credit = min(PassBurst, p.credit+now.Sub(p.at)/PassShare)
+	}
+	p.at = now
+}
+
+// passed charges a paced pass that ran from start to end.
+func (p *passPace) passed(start, end time.Time) {
+	p.refill(end)
+	p.credit -= end.Sub(start)
+}
+
+// hold is how long the next pass must wait at now (0: it may run).
+func (p *passPace) hold(now time.Time) time.Duration {
+	p.refill(now)
+	if p.credit >= 0 {
+		return 0
+	}
+	return -p.credit * PassShare
 }
 
 // take applies watched events to the view and node records.
@@ -820,7 +905,10 @@ func (a *Agent) noteStatus(d intent.Desired, applyErr error) {
 // VM address) and by the agent's own slow path. a.mu must be held.
 func (a *Agent) refusalsLocked(dp map[netip.Addr]map[string]uint64) []intent.VMRefusal {
 	out := a.shares.Refused()
-	names := a.router.names()
+	var names map[string]string
+	if len(dp) > 0 { // made on every pass, so only when needed: as long as the host's VMs
+		names = a.router.names()
+	}
 	for ip, kinds := range dp {
 		vm := names[ip.String()]
 		if vm == "" {
@@ -903,13 +991,4 @@ func nonZero(m map[string]uint64) map[string]uint64 {
 		}
 	}
 	return out
-}
-
-func stillLocal(locals map[int]intent.LocalEndpoint, name string) bool {
-	for _, l := range locals {
-		if l.Name == name {
-			return true
-		}
-	}
-	return false
 }

@@ -47,17 +47,20 @@ func diffDesired(old, d intent.Desired) change {
 			c.sample = append(c.sample, what+name)
 		}
 	}
-	before := make(map[string]intent.LocalEndpoint, len(old.Local))
-	for _, l := range old.Local {
-		before[l.Name] = l
+	// By index: a map of the endpoints themselves cost every pass a
+	// copy of the host's VMs.
+	before := make(map[string]int, len(old.Local))
+	for i, l := range old.Local {
+		before[l.Name] = i
 	}
-	for _, l := range d.Local {
-		prev, ok := before[l.Name]
+	for i := range d.Local {
+		l := &d.Local[i]
+		j, ok := before[l.Name]
 		switch {
 		case !ok:
 			c.added++
 			note("+", l.Name)
-		case !reflect.DeepEqual(prev, l):
+		case !sameEndpoint(&old.Local[j], l):
 			c.changed++
 			note("~", l.Name)
 		}
@@ -85,4 +88,11 @@ func sample(names []string) (shown []string, more int) {
 		return names, 0
 	}
 	return names[:logSample], len(names) - logSample
+}
+
+// sameEndpoint is reflect.DeepEqual of two endpoints, without reflection
+// for the fields every endpoint has.
+func sameEndpoint(a, b *intent.LocalEndpoint) bool {
+	return a.Name == b.Name && a.IP == b.IP && a.MAC == b.MAC && a.Interface == b.Interface &&
+		(a.Firewall == b.Firewall || reflect.DeepEqual(a.Firewall, b.Firewall))
 }

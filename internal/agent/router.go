@@ -204,7 +204,7 @@ func (r *Router) Sync(p feature.Plan) error {
 		kinds[name] = datapath.VifKindName(datapath.VifKind(plan.entries.Vifs[uint32(ifindex)].Kind))
 	}
 	sort.Strings(attached)
-	locals := map[int]intent.LocalEndpoint{}
+	locals := make(map[int]intent.LocalEndpoint, len(plan.entries.Attach))
 	for _, l := range plan.local {
 		if idx, ok := plan.entries.Attach[l.Interface]; ok {
 			locals[idx] = l
@@ -212,7 +212,7 @@ func (r *Router) Sync(p feature.Plan) error {
 	}
 	r.mu.Lock()
 	var arrived []netip.Addr
-	known := map[string]bool{}
+	known := make(map[string]bool, len(r.locals))
 	for _, l := range r.locals {
 		known[l.IP] = true
 	}
@@ -223,10 +223,16 @@ func (r *Router) Sync(p feature.Plan) error {
 			}
 		}
 	}
+	// By name, once: a scan of locals for each old one made every pass
+	// cost the square of the host's VMs (issue 20, item 18).
+	stay := make(map[string]bool, len(locals))
+	for _, l := range locals {
+		stay[l.Name] = true
+	}
 	var left []string
 	var departed []netip.Addr
 	for _, old := range r.locals {
-		if !stillLocal(locals, old.Name) {
+		if !stay[old.Name] {
 			left = append(left, old.Name)
 			if ip, err := netip.ParseAddr(old.IP); err == nil {
 				departed = append(departed, ip)

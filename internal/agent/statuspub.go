@@ -2,10 +2,11 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/store"
 )
 
 // StatusWritesPerSecond is what all agents together may write of status
@@ -16,6 +17,17 @@ import (
 // of 1,000 every 5 s; 2,000 and more every 10 s, so beyond 2,000 hosts the
 // cloud writes up to hosts/10 a second.
 const StatusWritesPerSecond = 200
+
+// StatusBytesPerSecond is what all agents together may write of status
+// records per second, in bytes, when changes keep coming everywhere: a
+// status lists a host's vifs, so it grows with the VMs the host carries
+// (about 75 KiB at 2,000), and paced by count alone three lab hosts of
+// 2,000 VMs each wrote 2 MiB a second into the controller's etcd while
+// VMs were created, slowing the creates (issue 20, item 18). A self-sized
+// pace is also at least hosts x the last status's size / this, which
+// outweighs StatusWritesPerSecond only for a status over 2.6 KiB (a host of
+// some 60 VMs and more).
+const StatusBytesPerSecond = 512 << 10
 
 // The bounds of a self-sized status pace.
 const (
@@ -36,13 +48,15 @@ const (
 // change, rule changes reached every host with p99 554 ms; at most once a
 // second, about 110 ms; at most once per 5 s, 59 ms.
 
-// statusEvery is the pace for a cloud of hosts hosts (Config.StatusEvery
-// when set).
-func statusEvery(set time.Duration, hosts int) time.Duration {
+// statusEvery is the pace for a cloud of hosts hosts whose status is size
+// bytes (Config.StatusEvery when set).
+func statusEvery(set time.Duration, hosts, size int) time.Duration {
 	if set > 0 {
 		return set
 	}
-	return min(max(time.Duration(hosts)*time.Second/StatusWritesPerSecond, MinStatusEvery), MaxStatusEvery)
+	every := max(time.Duration(hosts)*time.Second/StatusWritesPerSecond,
+		time.Duration(hosts)*time.Duration(size)*time.Second/StatusBytesPerSecond)
+	return min(max(every, MinStatusEvery), MaxStatusEvery)
 }
 
 // statusWriteTimeout bounds one status write: a stalled store delays the
@@ -75,7 +89,13 @@ func (a *Agent) flushStatus(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
 	defer cancel()
-	err := store.PutJSON(ctx, a.store, intent.StatusPrefix+a.cfg.Node, st)
+	b, err := json.Marshal(st)
+	if err == nil {
+		a.statusBytes.Store(int64(len(b)))
+		err = a.store.Put(ctx, intent.StatusPrefix+a.cfg.Node, b)
+	} else {
+		err = fmt.Errorf("encode status: %w", err)
+	}
 	a.publishedAt = time.Now()
 	a.mu.Lock()
 	if err != nil {
@@ -111,7 +131,7 @@ func (a *Agent) publishStatuses(ctx context.Context) {
 			return
 		case <-a.statusKick:
 		}
-		every := statusEvery(a.cfg.StatusEvery, int(a.knownHosts.Load()))
+		every := statusEvery(a.cfg.StatusEvery, int(a.knownHosts.Load()), int(a.statusBytes.Load()))
 		a.pubMu.Lock()
 		wait := every - time.Since(a.publishedAt)
 		a.pubMu.Unlock()

@@ -118,25 +118,29 @@ func TestARefusedStatusWriteIsRetriedAndNeverFailsThePass(t *testing.T) {
 }
 
 // A self-sized pace keeps the cloud's status writes near
-// StatusWritesPerSecond: 100 ms for a lab, 5 s at 1,000 hosts, never over
-// 10 s; a set interval is kept whatever the size.
-func TestTheStatusPaceGrowsWithTheCloud(t *testing.T) {
+// StatusWritesPerSecond and StatusBytesPerSecond: 100 ms for a lab of
+// small hosts, 5 s at 1,000 hosts, never over 10 s; a lab of three hosts
+// whose statuses list 2,000 vifs each (about 75 KiB) every 0.44 s; a set
+// interval is kept whatever the size.
+func TestTheStatusPaceGrowsWithTheCloudAndTheStatus(t *testing.T) {
 	for _, c := range []struct {
-		set   time.Duration
-		hosts int
-		want  time.Duration
+		set         time.Duration
+		hosts, size int
+		want        time.Duration
 	}{
-		{0, 0, MinStatusEvery},
-		{0, 3, MinStatusEvery},
-		{0, 20, MinStatusEvery},
-		{0, 100, 500 * time.Millisecond},
-		{0, 1000, 5 * time.Second},
-		{0, 100000, MaxStatusEvery},
-		{time.Second, 1000, time.Second},
-		{time.Millisecond, 3, time.Millisecond},
+		{0, 0, 0, MinStatusEvery},
+		{0, 3, 2000, MinStatusEvery},
+		{0, 20, 2000, MinStatusEvery},
+		{0, 100, 2000, 500 * time.Millisecond},
+		{0, 1000, 1000, 5 * time.Second},
+		{0, 100000, 1000, MaxStatusEvery},
+		{0, 3, 75 << 10, 3 * 75 * time.Second / 512},
+		{0, 3, 10 << 20, MaxStatusEvery},
+		{time.Second, 1000, 75 << 10, time.Second},
+		{time.Millisecond, 3, 75 << 10, time.Millisecond},
 	} {
-		if got := statusEvery(c.set, c.hosts); got != c.want {
-			t.Errorf("statusEvery(%v, %d hosts) = %v, want %v", c.set, c.hosts, got, c.want)
+		if got := statusEvery(c.set, c.hosts, c.size); got != c.want {
+			t.Errorf("statusEvery(%v, %d hosts, %d bytes) = %v, want %v", c.set, c.hosts, c.size, got, c.want)
 		}
 	}
 }

@@ -131,8 +131,12 @@ func (c *Controller) checkRoom(ctx context.Context, host string) error {
 // only one of them.
 func (c *Controller) checkInterfaceFree(ctx context.Context, host, iface, except string) error {
 	return c.view(ctx, func(m *model) error {
-		for full := range m.onHost[host] {
-			if full != except && m.vms[full].Interface == iface {
+		on := m.onIface[ifaceKey{host, iface}]
+		if len(on) == 0 || len(on) == 1 && on[except] {
+			return nil
+		}
+		for _, full := range sortedKeys(on) {
+			if full != except {
 				return conflict("interface", "interface %s of host %s, vm %s's,", iface, host, full)
 			}
 		}

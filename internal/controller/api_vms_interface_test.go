@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"log/slog"
+	"strings"
 	"testing"
 )
 
@@ -30,4 +32,64 @@ func TestAPIVMInterfaceIsCheckedAndNotShared(t *testing.T) {
 			t.Errorf("POST %s: %d, interface %v, want 201 and %s", body, code, out["interface"], want)
 		}
 	}
+}
+
+// The interfaces in use are indexed by host (a create no longer scans the
+// host's VMs): the index follows a VM that is deleted, moved to another
+// host or to another subnet, and is rebuilt by a controller that starts
+// on the same store; the conflict names the VM that holds the interface.
+func TestVMInterfaceStaysTakenAndFreedAsItsVMComesAndGoes(t *testing.T) {
+	ctx := t.Context()
+	c, s := cloud(t, 3, 2, 30)
+	taken := func(c *Controller, host, iface, holder string) {
+		t.Helper()
+		_, err := c.CreateVMWithInterface(ctx, "blue", "s0", "probe", host, iface)
+		if err == nil {
+			t.Fatalf("%s on %s was free, want it held by %s", iface, host, holder)
+		}
+		if !strings.Contains(err.Error(), "interface "+iface+" of host "+host+", vm "+holder) {
+			t.Fatalf("%s on %s: %v, want a conflict naming %s", iface, host, err, holder)
+		}
+	}
+	free := func(c *Controller, host, iface string) {
+		t.Helper()
+		if _, err := c.CreateVMWithInterface(ctx, "blue", "s0", "probe", host, iface); err != nil {
+			t.Fatalf("%s on %s: %v, want it free", iface, host, err)
+		}
+		if err := c.DeleteVM(ctx, "blue", "s0", "probe"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.CreateVMWithInterface(ctx, "red", "s1", "q", "h1", "tap-q"); err != nil {
+		t.Fatal(err)
+	}
+	taken(c, "h1", "tap-q", "red/s1/q")
+	taken(c, "h0", "vif-vm0", "blue/s0/vm0") // the default name, of a VM of the cloud
+	free(c, "h2", "tap-q")                   // another host
+	// A controller started on the same store knows it too.
+	taken(New(s, slog.New(slog.DiscardHandler)), "h1", "tap-q", "red/s1/q")
+	// Moved to another host: free where it was, taken where it is.
+	if _, err := c.MoveVM(ctx, "red", "s1", "q", "h2", ""); err != nil {
+		t.Fatal(err)
+	}
+	free(c, "h1", "tap-q")
+	taken(c, "h2", "tap-q", "red/s1/q")
+	// Moved to another subnet: held under its new name.
+	if _, err := c.MoveVM(ctx, "red", "s1", "q", "h2", "red/s0"); err != nil {
+		t.Fatal(err)
+	}
+	taken(c, "h2", "tap-q", "red/s0/q")
+	// Deleted: free.
+	if err := c.DeleteVM(ctx, "red", "s0", "q"); err != nil {
+		t.Fatal(err)
+	}
+	free(c, "h2", "tap-q")
+	// A move that keeps its own interface is no conflict with itself.
+	if _, err := c.CreateVMWithInterface(ctx, "red", "s1", "q", "h1", "tap-q"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.MoveVM(ctx, "red", "s1", "q", "h1", "red/s0"); err != nil {
+		t.Fatalf("a move within its host, to another subnet: %v", err)
+	}
+	taken(c, "h1", "tap-q", "red/s0/q")
 }

@@ -35,6 +35,10 @@ type model struct {
 	vms     map[string]intent.VM     // FARM/SUBNET/VM
 	byName  map[string]string        // VM name -> FARM/SUBNET/VM (names are unique)
 	onHost  map[string]map[string]bool
+	// onIface is the VMs (FARM/SUBNET/VM) on each host interface
+	// (ifaceKey): a create checks its interface is free without a scan
+	// of the host's VMs, which made creates slow down as hosts filled.
+	onIface map[ifaceKey]map[string]bool
 
 	// Allocations: farm and subnet ids (intent.AllocKey) and, per subnet,
 	// its VMs' host ids (intent.VMIDsPrefix). legacyVMs says the store
@@ -72,6 +76,7 @@ func (m *model) reset() {
 	}
 	m.hosts, m.farms, m.subnets = map[string]intent.Host{}, map[string]intent.Farm{}, map[string]intent.Subnet{}
 	m.vms, m.byName, m.onHost = map[string]intent.VM{}, map[string]string{}, map[string]map[string]bool{}
+	m.onIface = map[ifaceKey]map[string]bool{}
 	m.allocFarms, m.allocSubnets, m.vmids = map[string]uint8{}, map[string]uint8{}, map[string]map[string]uint8{}
 	m.legacyVMs = false
 	m.written, m.keysOf, m.counts = map[string][]byte{}, map[string]map[string]bool{}, map[string]int{}
@@ -226,6 +231,7 @@ func (m *model) applyVM(full string, v []byte, deleted bool) error {
 	if vm, ok := m.vms[full]; ok {
 		old = &vm
 		delete(m.onHost[vm.Host], full)
+		m.unsetIface(vm, full)
 		if m.byName[vm.Name] == full {
 			delete(m.byName, vm.Name)
 		}
@@ -245,6 +251,11 @@ func (m *model) applyVM(full string, v []byte, deleted bool) error {
 			m.onHost[vm.Host] = map[string]bool{}
 		}
 		m.onHost[vm.Host][full] = true
+		k := ifaceKey{vm.Host, vm.Interface}
+		if m.onIface[k] == nil {
+			m.onIface[k] = map[string]bool{}
+		}
+		m.onIface[k][full] = true
 		now = &vm
 	}
 	for _, p := range m.parts {
@@ -253,6 +264,18 @@ func (m *model) applyVM(full string, v []byte, deleted bool) error {
 		}
 	}
 	return nil
+}
+
+// ifaceKey is a host interface: a host and the name of its interface.
+type ifaceKey struct{ host, iface string }
+
+// unsetIface takes vm (full) off its host interface in onIface.
+func (m *model) unsetIface(vm intent.VM, full string) {
+	k := ifaceKey{vm.Host, vm.Interface}
+	delete(m.onIface[k], full)
+	if len(m.onIface[k]) == 0 {
+		delete(m.onIface, k)
+	}
 }
 
 // applyAlloc takes intent.AllocKey: the farm and subnet ids.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
@@ -350,4 +351,65 @@ func TestTapRulesFollowTheVMsTheyConcern(t *testing.T) {
 	if n := tapKeys(); n != 0 {
 		t.Fatalf("%d TAP keys left after the policy was deleted", n)
 	}
+}
+
+// BenchmarkCreateVMWithNOnHost is the controller's part of a create as
+// hosts fill (issue 20, item 18): creates onto three hosts carrying 100
+// VMs each, then, in the same run against the same embedded etcd (without
+// fsync), onto the same hosts carrying 2,000 each. It reports each and
+// their ratio (x2000/100), which should be about 1: a check or listing
+// that grows with a host's VMs (the interface-in-use check scanned them
+// all) shows here. make unit-test runs it once (-benchtime 1x); figures:
+//
+//	go test -run '^$' -bench CreateVMWithNOnHost -benchtime 300x ./internal/controller/
+func BenchmarkCreateVMWithNOnHost(b *testing.B) {
+	const hosts = 3
+	s := embeddedStore(b, EtcdOptions{NoFsync: true})
+	c := cloudOn(b, s, hosts, 16, 100*hosts)
+	ctx := context.Background()
+	if _, err := c.CreateFarm(ctx, "green", false); err != nil {
+		b.Fatal(err)
+	}
+	for i := range hosts {
+		if _, err := c.CreateSubnet(ctx, "green", fmt.Sprint("g", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// One create (timed) and its delete (not) on each host in turn, in
+	// a subnet of its own: the figure is the host's, not a subnet's.
+	i := 0
+	create := func() time.Duration {
+		host, sub, name := fmt.Sprint("h", i%hosts), fmt.Sprint("g", i%hosts), fmt.Sprint("bench", i)
+		i++
+		start := time.Now()
+		if _, err := c.CreateVM(ctx, "green", sub, name, host); err != nil {
+			b.Fatal(err)
+		}
+		took := time.Since(start)
+		if err := c.DeleteVM(ctx, "green", sub, name); err != nil {
+			b.Fatal(err)
+		}
+		return took
+	}
+	var few, many time.Duration
+	n := 0
+	for b.Loop() {
+		few += create()
+		n++
+	}
+	// The hosts filled to 2,000 VMs each, off the clock, then as many
+	// creates again.
+	b.StopTimer()
+	for j := 100 * hosts; j < 2000*hosts; j++ {
+		farm := []string{"blue", "red"}[j%2]
+		if _, err := c.CreateVM(ctx, farm, fmt.Sprint("s", (j/2)%16), fmt.Sprint("vm", j), fmt.Sprint("h", j%hosts)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range n {
+		many += create()
+	}
+	b.ReportMetric(float64(few.Nanoseconds())/float64(n), "ns/create@100")
+	b.ReportMetric(float64(many.Nanoseconds())/float64(n), "ns/create@2000")
+	b.ReportMetric(float64(many)/float64(few), "x2000/100")
 }

@@ -186,9 +186,12 @@ func CompileVifs(d intent.Desired, up Uplink, vifOf func(name string) (Vif, erro
 	if len(up.MAC) != 6 {
 		return e, nil, nil, fmt.Errorf("uplink MAC %q is not an Ethernet address", up.MAC)
 	}
-	e = Entries{Endpoints: map[uint32]Endpoint{}, Vifs: map[uint32]VifInfo{}, Attach: map[string]int{},
-		Visibility: map[VisKey]uint8{}, Firewalls: map[uint32]FwPolicy{}, FirewallRules: map[FwKey]FwRule{},
-		Scopes: map[ScopeKey]ScopeInfo{}, Members: map[MemberKey]ScopeMember{}}
+	// Sized at once: grown entry by entry, the maps cost a pass as much
+	// again in rehashing on a host of many VMs.
+	n := len(d.Local)
+	e = Entries{Endpoints: make(map[uint32]Endpoint, n), Vifs: make(map[uint32]VifInfo, n), Attach: make(map[string]int, n),
+		Visibility: make(map[VisKey]uint8, len(d.Visibility)), Firewalls: map[uint32]FwPolicy{}, FirewallRules: map[FwKey]FwRule{},
+		Scopes: map[ScopeKey]ScopeInfo{}, Members: make(map[MemberKey]ScopeMember, 2*n)}
 	for _, r := range d.Visibility {
 		e.Visibility[VisKey{SrcFarm: r.SrcFarm, SrcSubnet: r.SrcSubnet, DstFarm: r.DstFarm, DstSubnet: r.DstSubnet,
 			Proto: r.Proto, Port: r.Port}] = 1

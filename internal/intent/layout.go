@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -158,6 +160,13 @@ type View struct {
 	slivers map[string]LocalSliver
 	taps    map[string]TapRule
 	farms   map[uint8]FarmState
+	// sorted is local in Desired's order, kept as keys change (nil: made
+	// again by the next Desired), and carried by farm how many of local
+	// belong to each farm: so that a change of one VM costs a pass no
+	// sort and no walk of the host's VMs (issue 20, item 18). A slice
+	// handed out by Desired is never changed: a change makes a new one.
+	sorted  []LocalEndpoint
+	carried [256]int
 }
 
 // NewView returns the empty view of node.
@@ -183,7 +192,13 @@ func (v *View) Set(k string, b []byte) error {
 	case DesiredVMKind:
 		var l LocalEndpoint
 		if err = json.Unmarshal(b, &l); err == nil {
+			v.dropLocal(k)
 			v.local[k] = l
+			v.carry(l, 1)
+			if v.sorted != nil {
+				i, _ := slices.BinarySearchFunc(v.sorted, l, compareLocal)
+				v.sorted = slices.Insert(slices.Clip(v.sorted), i, l)
+			}
 		}
 	case DesiredSliverKind:
 		var s LocalSliver
@@ -208,9 +223,43 @@ func (v *View) Set(k string, b []byte) error {
 
 // Delete drops one of the host's keys.
 func (v *View) Delete(k string) {
-	delete(v.local, k)
+	v.dropLocal(k)
 	delete(v.slivers, k)
 	delete(v.taps, k)
+}
+
+// dropLocal drops k's local VM, if any, from local, sorted and carried.
+func (v *View) dropLocal(k string) {
+	l, ok := v.local[k]
+	if !ok {
+		return
+	}
+	delete(v.local, k)
+	v.carry(l, -1)
+	if v.sorted == nil {
+		return
+	}
+	i, found := slices.BinarySearchFunc(v.sorted, l, compareLocal)
+	if !found || !reflect.DeepEqual(v.sorted[i], l) {
+		v.sorted = nil // two keys of one name and address: sort again
+		return
+	}
+	v.sorted = slices.Delete(slices.Clone(v.sorted), i, i+1)
+}
+
+// carry counts l in (n 1) or out of (n -1) its farm.
+func (v *View) carry(l LocalEndpoint, n int) {
+	if f, ok := FarmOf(l.IP); ok {
+		v.carried[f] += n
+	}
+}
+
+// compareLocal is the order of Desired.Local: by address, then name.
+func compareLocal(a, b LocalEndpoint) int {
+	if c := strings.Compare(a.IP, b.IP); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // SetFarm takes a farm's state.
@@ -222,15 +271,9 @@ func (v *View) DeleteFarm(id uint8) { delete(v.farms, id) }
 // Farms lists, ascending, the farms whose state the view needs: those its
 // VMs belong to.
 func (v *View) Farms() []uint8 {
-	var set [256]bool
-	for _, l := range v.local {
-		if f, ok := FarmOf(l.IP); ok {
-			set[f] = true
-		}
-	}
 	var out []uint8
-	for i, in := range set {
-		if in {
+	for i, n := range v.carried {
+		if n > 0 {
 			out = append(out, uint8(i))
 		}
 	}
@@ -242,19 +285,20 @@ func (v *View) Keys() int { return len(v.local) + len(v.slivers) + len(v.taps) }
 
 // Desired assembles the view (see Assemble for the order).
 func (v *View) Desired() Desired {
-	d := Desired{Node: v.node, VMNet: "10.0.0.0/8", Local: make([]LocalEndpoint, 0, len(v.local)), Visibility: []VisRule{}}
-	for _, l := range v.local {
-		d.Local = append(d.Local, l)
+	if v.sorted == nil {
+		v.sorted = make([]LocalEndpoint, 0, len(v.local))
+		for _, l := range v.local {
+			v.sorted = append(v.sorted, l)
+		}
+		slices.SortFunc(v.sorted, compareLocal)
 	}
+	d := Desired{Node: v.node, VMNet: "10.0.0.0/8", Local: slices.Clip(v.sorted), Visibility: []VisRule{}}
 	for _, s := range v.slivers {
 		d.Slivers = append(d.Slivers, s)
 	}
 	for _, r := range v.taps {
 		d.Taps = append(d.Taps, r)
 	}
-	sort.Slice(d.Local, func(i, j int) bool {
-		return d.Local[i].IP < d.Local[j].IP || (d.Local[i].IP == d.Local[j].IP && d.Local[i].Name < d.Local[j].Name)
-	})
 	sort.Slice(d.Slivers, func(i, j int) bool {
 		a, b := d.Slivers[i], d.Slivers[j]
 		return a.Slot < b.Slot || (a.Slot == b.Slot && a.Name < b.Name)

@@ -1,6 +1,7 @@
 package intent
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -106,5 +107,75 @@ func TestDesiredKeysParseBackIntoHostKindAndName(t *testing.T) {
 	}
 	if got := LISPMappingKey(netip.MustParsePrefix("10.99.0.0/16")); got != LISPMappingsPrefix+"10.99.0.0_16" {
 		t.Errorf("mapping key of 10.99.0.0/16: %s", got)
+	}
+}
+
+// A view keeps its VMs in order as keys come, change and go (issue 20,
+// item 18: no longer sorted again on every pass): after every step of a
+// long random walk its Desired is what a view made from scratch of the
+// same keys gives, its farms are those of its VMs, and a Desired handed
+// out before a change is not changed by it.
+func TestViewKeepsItsOrderAndFarmsAsKeysChange(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 20))
+	v := NewView("h1")
+	keys := map[string][]byte{}
+	for step := range 3000 {
+		i := rng.IntN(300)
+		key := DesiredVMKey("h1", fmt.Sprintf("f%d/s/vm%d", i%7, i))
+		var before Desired
+		if step%50 == 0 {
+			before = v.Desired()
+		}
+		snapshot, _ := json.Marshal(before)
+		if rng.IntN(3) == 0 {
+			v.Delete(key)
+			delete(keys, key)
+		} else {
+			// The same VM may come back with another address or MAC.
+			l := LocalEndpoint{Name: fmt.Sprintf("f%d/s/vm%d", i%7, i), IP: fmt.Sprintf("10.%d.1.%d", 1+rng.IntN(4), 2+rng.IntN(250)),
+				MAC: fmt.Sprintf("02:00:00:00:00:%02x", rng.IntN(256)), Interface: fmt.Sprint("vif-vm", i)}
+			b, _ := json.Marshal(l)
+			if err := v.Set(key, b); err != nil {
+				t.Fatal(err)
+			}
+			keys[key] = b
+		}
+		fresh := NewView("h1")
+		for k, b := range keys {
+			if err := fresh.Set(k, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, want := v.Desired(), fresh.Desired(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: the view's desired state\n%+v\nwant (from scratch)\n%+v", step, got.Local, want.Local)
+		}
+		if got, want := v.Farms(), CarriedFarms(fresh.Desired().Local); !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: farms %v, want %v", step, got, want)
+		}
+		if after, _ := json.Marshal(before); string(after) != string(snapshot) {
+			t.Fatalf("step %d: a desired state handed out before the change was changed by it", step)
+		}
+	}
+	// Emptied farm by farm, the view carries a farm as long as one VM of
+	// it is left.
+	for f := 1; f <= 4; f++ {
+		for k, b := range keys {
+			var l LocalEndpoint
+			json.Unmarshal(b, &l)
+			if id, _ := FarmOf(l.IP); int(id) == f {
+				v.Delete(k)
+				delete(keys, k)
+			}
+		}
+		var want []uint8
+		for g := f + 1; g <= 4; g++ {
+			want = append(want, uint8(g))
+		}
+		if got := v.Farms(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("farms 1 to %d emptied: the view carries %v, want %v", f, got, want)
+		}
+	}
+	if d := v.Desired(); len(d.Local) != 0 || d.Local == nil {
+		t.Fatalf("every key deleted: %d VMs (nil list: %v), want an empty list", len(d.Local), d.Local == nil)
 	}
 }

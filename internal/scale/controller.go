@@ -111,6 +111,45 @@ func (c *controllerRun) memory() (rss, peak int64) {
 	return procMemory(c.cmd.Process.Pid)
 }
 
+// cpu is the CPU time the controller's process has used (0 when it runs
+// in this process: the harness's own figure holds it).
+func (c *controllerRun) cpu() time.Duration {
+	if c.cmd == nil {
+		return 0
+	}
+	return procCPU(c.cmd.Process.Pid)
+}
+
+// procCPU reads the user and system time pid has used, from its stat
+// (fields 14 and 15, in clock ticks of 1/100 s: Linux's USER_HZ).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces: count after its ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// selfCPU is the user and system time this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // procMemory reads VmRSS and VmHWM of pid.
 func procMemory(pid int) (rss, peak int64) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))

@@ -431,6 +431,11 @@ func (h *harness) createVMs(ctx context.Context) error {
 	var mu sync.Mutex
 	created := 0
 	blockStart := time.Now()
+	// The CPU this process and the controller's have used, at the start
+	// and at the end of every block: what a create costs whatever else
+	// the machine runs (a rate moves with the machine's load).
+	cpu := func() time.Duration { return selfCPU() + h.ctrl.cpu() }
+	cpuAt := []time.Duration{cpu()}
 	killed := false
 	for w := 0; w < h.cfg.APIClients; w++ {
 		wg.Add(1)
@@ -450,8 +455,12 @@ func (h *harness) createVMs(ctx context.Context) error {
 				h.vms[i] = v
 				mu.Lock()
 				created++
+				if created%h.cfg.Block == 0 || created == h.cfg.VMs {
+					cpuAt = append(cpuAt, cpu())
+				}
 				if created%h.cfg.Block == 0 {
-					h.log("created %d/%d VMs (this block: %.0f/s)", created, h.cfg.VMs, float64(h.cfg.Block)/time.Since(blockStart).Seconds())
+					h.log("created %d/%d VMs (this block: %.0f/s, %v of CPU a create)", created, h.cfg.VMs, float64(h.cfg.Block)/time.Since(blockStart).Seconds(),
+						((cpuAt[len(cpuAt)-1] - cpuAt[len(cpuAt)-2]) / time.Duration(h.cfg.Block)).Round(time.Microsecond))
 					blockStart = time.Now()
 				}
 				mu.Unlock()
@@ -501,6 +510,11 @@ feed:
 	}
 	h.report.CreateTotal = last.Sub(start)
 	h.report.Creates = blocks(lat, done, start, h.cfg.Block)
+	for i := range h.report.Creates {
+		if b := &h.report.Creates[i]; i+1 < len(cpuAt) {
+			b.CPU = (cpuAt[i+1] - cpuAt[i]) / time.Duration(b.Last-b.First+1)
+		}
+	}
 	h.report.APIRetries = h.api.nretry.Load()
 	h.log("created %d VMs in %v; waiting for every host to apply exactly its VMs", h.cfg.VMs, h.report.CreateTotal.Round(time.Millisecond))
 

@@ -75,6 +75,10 @@ type Block struct {
 	First, Last int           // VM numbers
 	Rate        float64       // creates per second over the block
 	P50, P99    time.Duration // request latency
+	// CPU is the CPU time a create of the block cost this process and
+	// the controller's (with -binary): agents, controller, embedded etcd,
+	// API client; not an external cluster's members.
+	CPU time.Duration
 }
 
 // Summary is a distribution's median, 99th percentile and maximum.
@@ -181,10 +185,13 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "RUN STOPPED EARLY (phases done: %v): %s\n", r.Done, r.Failed)
 	}
 	fmt.Fprintf(w, "\nVM creates through the REST API (%d client(s) at once):\n", c.APIClients)
-	fmt.Fprintf(w, "  %-14s %10s %10s %10s\n", "VMs", "rate/s", "p50", "p99")
+	fmt.Fprintf(w, "  %-14s %10s %10s %10s %12s\n", "VMs", "rate/s", "p50", "p99", "CPU/create")
 	for _, b := range r.Creates {
-		fmt.Fprintf(w, "  %-14s %10.1f %10v %10v\n", fmt.Sprintf("%d-%d", b.First+1, b.Last+1), b.Rate,
-			b.P50.Round(10*time.Microsecond), b.P99.Round(10*time.Microsecond))
+		fmt.Fprintf(w, "  %-14s %10.1f %10v %10v %12v\n", fmt.Sprintf("%d-%d", b.First+1, b.Last+1), b.Rate,
+			b.P50.Round(10*time.Microsecond), b.P99.Round(10*time.Microsecond), b.CPU.Round(time.Microsecond))
+	}
+	if n := len(r.Creates); n > 1 && r.Creates[0].CPU > 0 {
+		fmt.Fprintf(w, "  CPU a create, last block against the first: %.2fx\n", float64(r.Creates[n-1].CPU)/float64(r.Creates[0].CPU))
 	}
 	if r.APIRetries > 0 {
 		fmt.Fprintf(w, "  (%d creates retried after a 5xx)\n", r.APIRetries)

@@ -44,13 +44,23 @@ type MissingMonitor struct {
 // upside down, two rules with one ID, a rule with ID 0.
 func Compile(n feature.Node) (Plan, error) {
 	p := Plan{UplinkIfindex: n.UplinkIfindex}
-	locals := map[netip.Addr]intent.LocalEndpoint{}
+	// By address, for the rules' monitors: none to find without rules,
+	// and every pass compiles (a host's VMs' worth of copies otherwise).
+	var locals map[netip.Addr]intent.LocalEndpoint
+	if len(n.Desired.Taps) > 0 {
+		locals = make(map[netip.Addr]intent.LocalEndpoint, len(n.Desired.Local))
+	}
+	if len(n.Desired.Local) > 0 {
+		p.Locals = make([]netip.Addr, 0, len(n.Desired.Local))
+	}
 	for _, l := range n.Desired.Local {
 		a, err := netip.ParseAddr(l.IP)
 		if err != nil || !a.Is4() {
 			return Plan{}, fmt.Errorf("node %s: local VM %s has address %q: not IPv4", n.Name, l.Name, l.IP)
 		}
-		locals[a] = l
+		if locals != nil {
+			locals[a] = l
+		}
 		p.Locals = append(p.Locals, a)
 	}
 	slices.SortFunc(p.Locals, netip.Addr.Compare)
