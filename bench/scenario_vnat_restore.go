@@ -85,7 +85,7 @@ func restoreChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 		}
 	}
 	var out []Check
-	var perConn []float64
+	perConn := map[int]float64{}
 	for _, n := range restoreSizes {
 		if failed[n] > 0 {
 			met := false
@@ -102,7 +102,7 @@ func restoreChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 		}
 		t, d, rt, l := Summarize(tot), Summarize(dae), Summarize(rtt), Summarize(load)
 		per := t.Median / float64(n)
-		perConn = append(perConn, per)
+		perConn[n] = per
 		// Issue 10: at most 1 ms per connection plus one round trip.
 		target := float64(n)*1 + rt.Median
 		met := t.Median <= target
@@ -113,13 +113,35 @@ func restoreChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 			Check{Scenario: "vnat-restore", Name: fmt.Sprintf("%d connections, per connection", n), Value: per, Unit: "ms"},
 		)
 	}
-	if len(perConn) == len(restoreSizes) && len(perConn) > 1 {
-		flat := perConn[len(perConn)-1] / perConn[0]
-		met := flat <= 1
-		out = append(out, Check{Scenario: "vnat-restore", Name: fmt.Sprintf("per connection, %d over %d", restoreSizes[len(restoreSizes)-1], restoreSizes[0]),
-			Value: flat, Unit: "x", Op: "<=", Target: 1, Met: &met, Detail: "flat or falling: the time per connection does not grow with their number (the paper's grew from 43.4 to 49.3 ms)"})
+	for _, f := range restoreFlatness {
+		hi, okHi := perConn[f.n]
+		lo, okLo := perConn[f.over]
+		if !okHi || !okLo {
+			continue
+		}
+		ratio := hi / lo
+		met := ratio <= f.target
+		out = append(out, Check{Scenario: "vnat-restore", Name: fmt.Sprintf("per connection, %d over %d", f.n, f.over),
+			Value: round3(ratio), Unit: "x", Op: "<=", Target: f.target, Met: &met,
+			Detail: fmt.Sprintf("%.4f ms over %.4f ms per connection: %s", hi, lo, f.why)})
 	}
 	return out, nil
+}
+
+// restoreFlatness are the checks that the time per connection does not
+// grow with their number (the paper's grew from 43.4 to 49.3 ms: a linear
+// search). Against 10 connections, fixed costs (one locate and one update
+// exchange per peer, one batched map write on each end) shared by more
+// connections hide a growth: 10,000 against 1,000 shows it (issue 20 item
+// 7: 0.04 then 0.2 ms per connection, the peer's conflict check scanning
+// every connection for each update).
+var restoreFlatness = []struct {
+	n, over int
+	target  float64
+	why     string
+}{
+	{10000, 10, 1, "flat or falling from a few connections to many (the fixed costs shared)"},
+	{10000, 1000, 1.2, "flat where the fixed costs no longer count: what grows per connection shows here"},
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

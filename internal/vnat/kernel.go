@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 
@@ -641,19 +641,19 @@ func (d *Kernel) Connections() ([]Conn, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("vnat: read recorded connections: %w", err)
 	}
-	for _, m := range d.table.Migrations() {
-		c, ok := all[Tuple(m.Virtual)]
+	for v, p := range d.table.byVirtual { // sorted below, with the rest
+		c, ok := all[Tuple(v)]
 		if !ok {
-			c = Conn{Virtual: m.Virtual, Source: "translate"}
+			c = Conn{Virtual: v, Source: "translate"}
 		}
-		c.Physical, c.State = m.Physical, StateMigrated
-		all[Tuple(m.Virtual)] = c
+		c.Physical, c.State = p, StateMigrated
+		all[Tuple(v)] = c
 	}
 	out := make([]Conn, 0, len(all))
 	for _, c := range all {
 		out = append(out, c)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Virtual.String() < out[j].Virtual.String() })
+	slices.SortFunc(out, func(a, b Conn) int { return compareTuples(Tuple(a.Virtual), Tuple(b.Virtual)) })
 	return out, nil
 }
 

@@ -3,7 +3,7 @@ package vnat
 import (
 	"fmt"
 	"net/netip"
-	"sort"
+	"slices"
 )
 
 // XlateKey and Rewrite are vnat_xlate's key and value (bpf/lib/vnat_maps.h).
@@ -153,7 +153,7 @@ func (t *Table) Migrations() []Migration {
 	for v, p := range t.byVirtual {
 		out = append(out, Migration{v, p})
 	}
-	sort.Slice(out, func(i, j int) bool { return Tuple(out[i].Virtual).String() < Tuple(out[j].Virtual).String() })
+	slices.SortFunc(out, func(a, b Migration) int { return compareTuples(Tuple(a.Virtual), Tuple(b.Virtual)) })
 	return out
 }
 

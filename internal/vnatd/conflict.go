@@ -3,6 +3,7 @@ package vnatd
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"syscall"
 
 	"github.com/onehop/onehop/internal/vcmp"
@@ -63,14 +64,35 @@ func (e *Engine) SetConflict(sel func(vcmp.Tuple) bool, p Conflict) int {
 
 // holder is the other live connection at this end that travels as phys
 // (translated to it, or untranslated with it as its own tuple), if any.
-// Called with e.mu held.
+// It looks in the index by physical tuple: every update a peer sends asks
+// it, and a scan of all connections made restoring N of them cost N² (at
+// 10,000, seconds: issue 20 item 7). Called with e.mu held.
 func (e *Engine) holder(c *conn, phys vcmp.Tuple) *conn {
-	for _, o := range e.conns {
-		if o != c && o.m.State != vcmp.Aborted && o.phys == phys {
+	for _, o := range e.byPhys[phys] {
+		if o != c && o.m.State != vcmp.Aborted {
 			return o
 		}
 	}
 	return nil
+}
+
+// setPhys makes c travel as p, in c and in the index. Every change of a
+// connection's physical tuple goes through it. Called with e.mu held.
+func (e *Engine) setPhys(c *conn, p vcmp.Tuple) {
+	e.unindex(c)
+	c.phys = p
+	e.byPhys[p] = append(e.byPhys[p], c)
+}
+
+// unindex takes c out of the index by physical tuple (it is forgotten, or
+// its tuple changes). Called with e.mu held.
+func (e *Engine) unindex(c *conn) {
+	s := slices.DeleteFunc(e.byPhys[c.phys], func(o *conn) bool { return o == c })
+	if len(s) == 0 {
+		delete(e.byPhys, c.phys)
+		return
+	}
+	e.byPhys[c.phys] = s
 }
 
 // SocketCloser closes the application's socket of a connection (its

@@ -126,8 +126,11 @@ type Engine struct {
 	dial Dialer
 	log  *slog.Logger
 
-	mu       sync.Mutex
-	conns    map[vcmp.Tuple]*conn
+	mu    sync.Mutex
+	conns map[vcmp.Tuple]*conn
+	// byPhys are the connections by the physical tuple they travel as
+	// (holder's index; setPhys keeps it).
+	byPhys   map[vcmp.Tuple][]*conn
 	dir      *vcmp.Directory
 	counters map[string]uint64
 	limit    map[string]*logLimit
@@ -155,7 +158,7 @@ func (e *Engine) OnStop(f func()) {
 
 // New is an engine over a datapath and a network.
 func New(cfg Config, tr Translator, dial Dialer) *Engine {
-	e := &Engine{cfg: cfg, tr: tr, dial: dial, log: cfg.Logger, conns: map[vcmp.Tuple]*conn{},
+	e := &Engine{cfg: cfg, tr: tr, dial: dial, log: cfg.Logger, conns: map[vcmp.Tuple]*conn{}, byPhys: map[vcmp.Tuple][]*conn{},
 		counters: map[string]uint64{}, limit: map[string]*logLimit{}, self: map[netip.Addr]bool{}, keys: cfg.Keys}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -202,7 +205,8 @@ func (e *Engine) Sync() error {
 		}
 		seen[m.Virtual] = true
 		if _, ok := e.conns[m.Virtual]; !ok {
-			c := &conn{m: vcmp.NewConn(m.Virtual), phys: m.Physical, keysDirty: &e.keysDirty}
+			c := &conn{m: vcmp.NewConn(m.Virtual), keysDirty: &e.keysDirty}
+			e.setPhys(c, m.Physical)
 			if m.Physical != m.Virtual {
 				// Translated before this daemon knew it: an earlier
 				// run's, taken over from the pinned maps. A port it
@@ -242,6 +246,7 @@ func (e *Engine) Sync() error {
 			e.keysDirty = true // its keys leave the key file
 		}
 		delete(e.conns, t)
+		e.unindex(c)
 		e.dir.Forget(t)
 	}
 	e.saveKeys()

@@ -164,7 +164,7 @@ func newNetwork() *network {
 		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{}}
 }
 
-func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
+func (n *network) add(t testing.TB, name, addr string, cfg Config) *node {
 	t.Helper()
 	nd := &node{name: name, addr: netip.MustParseAddr(addr), tr: &fakeTr{xlate: map[vcmp.Tuple]vcmp.Tuple{}}, logs: &bytes.Buffer{}}
 	if cfg.Logger == nil {
@@ -276,7 +276,7 @@ func wantPhys(t *testing.T, nd *node, v vcmp.Tuple, local, remote netip.Addr) {
 // keyAll is syncAll, then each daemon's first contact (AgreeKeys, which
 // the daemon runs every 2 s): keys are required by default, so an update
 // after a move is taken only if it is sealed.
-func keyAll(t *testing.T, nds ...*node) {
+func keyAll(t testing.TB, nds ...*node) {
 	t.Helper()
 	syncAll(t, nds...)
 	for _, nd := range nds {
@@ -286,7 +286,7 @@ func keyAll(t *testing.T, nds ...*node) {
 	}
 }
 
-func syncAll(t *testing.T, nds ...*node) {
+func syncAll(t testing.TB, nds ...*node) {
 	t.Helper()
 	for _, nd := range nds {
 		if err := nd.e.Sync(); err != nil {
@@ -904,5 +904,60 @@ func TestParseConflictNamesTheBadPolicy(t *testing.T) {
 		if _, err := ParseConflict(s); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", s)) || !strings.Contains(err.Error(), "abort or preempt") {
 			t.Errorf("ParseConflict(%q): %v, want an error naming it and the choices", s, err)
 		}
+	}
+}
+
+// The conflict check asks where connections travel now (an index kept on
+// every change, issue 20 item 7), not where they started: Z, c's
+// connection with b, moved with c to 10.0.3.3:40000 and holds that tuple
+// at b, so X (a's, port 40000 too) cannot take it when a comes to
+// 10.0.3.3; once c has moved on to 10.0.5.5 the tuple is free and X's
+// migration goes through.
+func TestConflictSeesWhereConnectionsTravelNow(t *testing.T) {
+	for _, cMovesOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cMovesOn=%v", cMovesOn), func(t *testing.T) {
+			n := newNetwork()
+			a := n.add(t, "a", "10.0.1.1", Config{})
+			b := n.add(t, "b", "10.0.2.2", Config{})
+			c := n.add(t, "c", "10.0.4.4", Config{})
+			ta, tbx := connect(a, b, 40000)
+			tc, tbz := connect(c, b, 40000)
+			keyAll(t, a, b, c)
+			old, new := n.move(c, "10.0.3.3")
+			if err := c.e.Restore(t.Context(), old, new); err != nil {
+				t.Fatal(err)
+			}
+			wantPhys(t, b, tbz, b.addr, new)
+			if cMovesOn {
+				old, new := n.move(c, "10.0.5.5")
+				if err := c.e.Restore(t.Context(), old, new); err != nil {
+					t.Fatal(err)
+				}
+				wantPhys(t, c, tc, new, b.addr)
+				wantPhys(t, b, tbz, b.addr, new)
+			}
+			old, new = n.move(a, "10.0.3.3")
+			if err := a.e.Restore(t.Context(), old, new); err != nil {
+				t.Fatal(err)
+			}
+			if cMovesOn {
+				wantPhys(t, a, ta, new, b.addr)
+				wantPhys(t, b, tbx, b.addr, new)
+				if k := b.e.Counters()["conflict"]; k != 0 {
+					t.Errorf("b counted %d conflicts, want none (the tuple was free again)", k)
+				}
+				return
+			}
+			if s := state(t, a, ta); s.State != "aborted" {
+				t.Errorf("a: X %+v, want aborted (Z holds its tuple at b)", s)
+			}
+			if p, ok := b.tr.phys(tbx); ok {
+				t.Errorf("b translates X to %v, want untouched", p)
+			}
+			wantPhys(t, b, tbz, b.addr, new)
+			if k := b.e.Counters()["conflict"]; k != 1 {
+				t.Errorf("b counted %d conflicts, want 1", k)
+			}
+		})
 	}
 }

@@ -90,7 +90,9 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 	for _, c := range cs {
 		if moved {
 			c.oldLocal, c.oldRemote = c.phys.Local.Addr(), c.phys.Remote.Addr()
-			c.phys.Local = netip.AddrPortFrom(new, e.physPort(c, new, ports, socks, used))
+			p := c.phys
+			p.Local = netip.AddrPortFrom(new, e.physPort(c, new, ports, socks, used))
+			e.setPhys(c, p)
 			used[c.phys] = true
 			kept[c.m.Tuple.Local.Addr()] = true
 		}
@@ -395,7 +397,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		}
 		e.mu.Lock()
 		for i, c := range applied {
-			c.phys = phys[i]
+			e.setPhys(c, phys[i])
 			e.dir.Forget(c.m.Tuple)
 		}
 		e.counters["migrated"] += uint64(len(applied))

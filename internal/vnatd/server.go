@@ -118,7 +118,7 @@ func (e *Engine) installPending(pend []pendingUpdate, out []vcmp.Message) {
 		return
 	}
 	for _, p := range pend {
-		p.c.phys = p.phys
+		e.setPhys(p.c, p.phys)
 		e.counters["updates_applied"]++
 		e.dir.Forget(p.c.m.Tuple)
 		reply, err := p.c.seal(&vcmp.UpdateReply{Record: p.c.record(), Status: vcmp.UpdateOK})
