@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,6 +150,15 @@ type network struct {
 	drop, lose map[netip.Addr]int
 	// dialed records when each address was dialled.
 	dialed map[netip.Addr][]time.Time
+	// refuse makes dials to an address fail with ECONNREFUSED (a host
+	// there, but no VCMP daemon).
+	refuse map[netip.Addr]bool
+	// before, if set for an address, runs once (without the network's
+	// lock) at the next dial to it, before that dial goes on.
+	before map[netip.Addr]func()
+	// serve, if set for an address, answers streams to it instead of a
+	// daemon (a place that lies).
+	serve map[netip.Addr]vcmp.BatchHandler
 }
 
 type node struct {
@@ -161,7 +171,8 @@ type node struct {
 
 func newNetwork() *network {
 	return &network{at: map[netip.Addr]*node{}, dials: map[netip.Addr]int{},
-		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{}}
+		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{},
+		refuse: map[netip.Addr]bool{}, before: map[netip.Addr]func(){}, serve: map[netip.Addr]vcmp.BatchHandler{}}
 }
 
 func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
@@ -181,8 +192,25 @@ func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
 
 func (n *network) dial(_ context.Context, from *node, a netip.Addr) (io.ReadWriteCloser, error) {
 	n.mu.Lock()
+	if f := n.before[a]; f != nil {
+		delete(n.before, a)
+		n.mu.Unlock()
+		f()
+		n.mu.Lock()
+	}
+	if n.refuse[a] {
+		n.dials[a]++
+		n.mu.Unlock()
+		return nil, fmt.Errorf("dial %s: %w", a, syscall.ECONNREFUSED)
+	}
 	n.dials[a]++
 	n.dialed[a] = append(n.dialed[a], time.Now())
+	if h := n.serve[a]; h != nil {
+		n.mu.Unlock()
+		c, s := net.Pipe()
+		go func() { defer s.Close(); vcmp.ServeWholeBatches(s, h) }() //nolint:errcheck // the test reads the client side
+		return c, nil
+	}
 	to, ok := n.at[a]
 	gate, wait := n.gate, n.wait
 	src := from.addr
