@@ -74,6 +74,12 @@ type walk struct {
 	stale map[netip.AddrPort]bool
 	// stored: a store-first walk's location was stored somewhere.
 	stored bool
+	// storedOnly: the walk ended stored only (the peer found nowhere);
+	// unreached: a place of it could not be reached (no answer at all,
+	// which is not "the peer is not here"); storedTries: the walks that
+	// ended stored only so far (locate walks it again, StoredTries in all).
+	storedOnly, unreached bool
+	storedTries           int
 }
 
 // MaxStaleRounds bounds how many times one restore walks again for a
@@ -230,16 +236,31 @@ func (e *Engine) locate(ctx context.Context, walks []*walk, found map[netip.Addr
 	// reached nobody starts again after a pause, on WalkRetry: the new
 	// address often comes before the route to the peer's place (DHCP,
 	// the new subnet's gateway).
+	//
+	// A walk that stored its location but could not reach some place is
+	// walked again too, StoredTries walks in all, before it settles to
+	// wait: "stored only" means the peer moved as well, but an unreached
+	// place may be a peer that never moved, behind a route or mapping not
+	// ready yet. Settled at once, the connection waited for an update
+	// that peer never sends, its own end translated, and the peer reset
+	// the connection at its next segment (the e2e flake of the reverted
+	// stale-location work). Between its walks it waits suspended, so a
+	// peer that did move and finds it at a server settles it meanwhile.
 	retry := e.cfg.WalkRetry.Start(e.cfg.Now())
 	for {
 		e.walkRound(ctx, walks, found)
-		var failed []*walk
+		var failed, again []*walk
+		e.mu.Lock()
 		for _, w := range walks {
-			if w.failed && len(w.loc.Places) > 0 { // with nowhere to ask, asking again changes nothing
+			switch {
+			case w.failed && len(w.loc.Places) > 0: // with nowhere to ask, asking again changes nothing
 				failed = append(failed, w)
+			case w.storedOnly && w.unreached && w.c.m.State == vcmp.Suspended && w.storedTries < StoredTries:
+				again = append(again, w)
 			}
 		}
-		if len(failed) == 0 || ctx.Err() != nil {
+		e.mu.Unlock()
+		if len(failed)+len(again) == 0 || ctx.Err() != nil {
 			break
 		}
 		pause, ok := retry.Next(e.cfg.Now())
@@ -250,6 +271,16 @@ func (e *Engine) locate(ctx context.Context, walks []*walk, found map[netip.Addr
 		e.mu.Lock()
 		for _, w := range failed {
 			w.failed = false
+			w.loc = vcmp.NewLocator(w.loc.Places)
+		}
+		for _, w := range again {
+			if w.c.m.State != vcmp.Suspended {
+				continue // the peer's update came meanwhile
+			}
+			if _, err := e.step(w.c, vcmp.EvResume); err != nil {
+				continue
+			}
+			w.storedOnly, w.unreached = false, false
 			w.loc = vcmp.NewLocator(w.loc.Places)
 		}
 		e.mu.Unlock()
@@ -378,6 +409,9 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 					continue
 				}
 				var a *vcmp.LocAnswer
+				if err != nil {
+					w.unreached = true
+				}
 				if err == nil {
 					q := first[i]
 					if w.stale != nil {
@@ -406,6 +440,8 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 					e.step(w.c, vcmp.EvFound) //nolint:errcheck // Locating: send the update
 					found[w.loc.Peer.Addr()] = append(found[w.loc.Peer.Addr()], w)
 				case vcmp.StoredOnly:
+					w.storedOnly = true
+					w.storedTries++
 					e.step(w.c, vcmp.EvStored) //nolint:errcheck // wait for the peer
 				case vcmp.Failed:
 					w.failed = true
