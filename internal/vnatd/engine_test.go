@@ -159,6 +159,9 @@ type network struct {
 	// serve, if set for an address, answers streams to it instead of a
 	// daemon (a place that lies).
 	serve map[netip.Addr]vcmp.BatchHandler
+	// nat rewrites the source of streams from an address (a node behind a
+	// NAT): their daemons see them come from the NAT's address.
+	nat map[netip.Addr]netip.Addr
 }
 
 type node struct {
@@ -172,7 +175,8 @@ type node struct {
 func newNetwork() *network {
 	return &network{at: map[netip.Addr]*node{}, dials: map[netip.Addr]int{},
 		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{},
-		refuse: map[netip.Addr]bool{}, before: map[netip.Addr]func(){}, serve: map[netip.Addr]vcmp.BatchHandler{}}
+		refuse: map[netip.Addr]bool{}, before: map[netip.Addr]func(){}, serve: map[netip.Addr]vcmp.BatchHandler{},
+		nat: map[netip.Addr]netip.Addr{}}
 }
 
 func (n *network) add(t *testing.T, name, addr string, cfg Config) *node {
@@ -214,6 +218,9 @@ func (n *network) dial(_ context.Context, from *node, a netip.Addr) (io.ReadWrit
 	to, ok := n.at[a]
 	gate, wait := n.gate, n.wait
 	src := from.addr
+	if pub, ok := n.nat[src]; ok {
+		src = pub
+	}
 	dropped, lost := n.drop[a] > 0, n.lose[a] > 0
 	if dropped {
 		n.drop[a]--
@@ -538,7 +545,9 @@ func TestForgedReplayedAndUnkeyedUpdatesAreRefused(t *testing.T) {
 		t.Fatalf("b's connection changed after refused updates: %+v", s)
 	}
 
-	// The genuine update (the control), then the same bytes again.
+	// The genuine update (the control), from where it says a is, then the
+	// same bytes again.
+	n.move(a, "10.0.3.3")
 	good, err := vcmp.Seal(&vcmp.Update{Record: vcmp.Record{Conn: ta, Phys: netip.MustParseAddrPort("10.0.3.3:40000")}}, keys.Send, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -738,10 +747,12 @@ func TestVirtualAddressConflictsAbort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	bHere, _ := n.move(b, "10.0.1.1") // the update comes from there
 	r, ok := sendOne(t, n, b, a.addr, upd).(*vcmp.UpdateReply)
 	if !ok || r.Status != vcmp.UpdateConflict {
 		t.Fatalf("update to a's own virtual address answered %#v, want conflict", r)
 	}
+	n.move(b, bHere.String()) // b's daemon never moved
 	wantPhys(t, a, ta, new, b.addr)
 
 	// b really is given 10.0.1.1 (a's old, virtual address).
