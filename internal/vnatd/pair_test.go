@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -109,6 +110,24 @@ func waitStatus(t *testing.T, sock, virtual string, timeout time.Duration, cond 
 // name it.
 func (p *pair) virtual(c net.Conn) (virtA, virtB string) {
 	return c.LocalAddr().String() + "->" + c.RemoteAddr().String(), c.RemoteAddr().String() + "->" + c.LocalAddr().String()
+}
+
+// waitMigrated waits until both daemons show the connection (virtA and
+// virtB, as a and b name it) migrated, a's end at aAt and b's at bAt
+// (ADDR:PORT each): a's status within timeout, b's 5 s after.
+func (p *pair) waitMigrated(t *testing.T, virtA, virtB, aAt, bAt string, timeout time.Duration) {
+	t.Helper()
+	waitStatus(t, p.a.sock, virtA, timeout, func(s ConnStatus) bool {
+		return s.State == "migrated" && s.Physical == aAt+"->"+bAt
+	}, p.a.logs, p.b.logs)
+	waitStatus(t, p.b.sock, virtB, 5*time.Second, func(s ConnStatus) bool {
+		return s.State == "migrated" && s.Physical == bAt+"->"+aAt
+	}, p.a.logs, p.b.logs)
+}
+
+// localPort is c's local port, as ":PORT".
+func localPort(c net.Conn) string {
+	return ":" + strconv.Itoa(c.LocalAddr().(*net.TCPAddr).Port)
 }
 
 // waitKeyed waits until both daemons keyed c (a connection from a to b)

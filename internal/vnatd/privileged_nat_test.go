@@ -56,7 +56,7 @@ func TestPrivilegedAMoverBehindANATMigrates(t *testing.T) {
 
 	c, echo := p.keyedEcho(t)
 	virtA, virtB := p.virtual(c)
-	port := virtA[strings.LastIndexByte(virtA[:strings.Index(virtA, "->")], ':'):strings.Index(virtA, "->")]
+	port := localPort(c)
 	echoes := func(what string) {
 		t.Helper()
 		for range 5 {
@@ -75,12 +75,7 @@ func TestPrivilegedAMoverBehindANATMigrates(t *testing.T) {
 
 	// The control: a moves within its routed subnet.
 	moveA("10.8.1.2/24", "10.8.1.3/24", "10.8.1.254")
-	waitStatus(t, p.a.sock, virtA, 20*time.Second, func(s ConnStatus) bool {
-		return s.State == "migrated" && s.Physical == "10.8.1.3"+port+"->10.8.0.2:5001"
-	}, p.a.logs, p.b.logs)
-	waitStatus(t, p.b.sock, virtB, 5*time.Second, func(s ConnStatus) bool {
-		return s.State == "migrated" && s.Physical == "10.8.0.2:5001->10.8.1.3"+port
-	}, p.a.logs, p.b.logs)
+	p.waitMigrated(t, virtA, virtB, "10.8.1.3"+port, "10.8.0.2:5001", 20*time.Second)
 	echoes("after a moved within its subnet")
 	if n := masqueraded(t, nsN); n != 0 {
 		t.Fatalf("the control: %d packets masqueraded, want none", n)
@@ -88,6 +83,7 @@ func TestPrivilegedAMoverBehindANATMigrates(t *testing.T) {
 
 	// Behind the NAT.
 	moveA("10.8.1.3/24", "192.168.7.2/24", "192.168.7.254")
+	// a sees itself at its private address; b sees it at the router's.
 	waitStatus(t, p.a.sock, virtA, 20*time.Second, func(s ConnStatus) bool {
 		return s.State == "migrated" && s.Physical == "192.168.7.2"+port+"->10.8.0.2:5001"
 	}, p.a.logs, p.b.logs)

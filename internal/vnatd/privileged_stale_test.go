@@ -138,7 +138,7 @@ func TestPrivilegedAPeerUnreachedForAMomentAfterTheMoveIsStillFound(t *testing.T
 	p := bridged(t)
 	c, echo := p.keyedEcho(t)
 	virtA, virtB := p.virtual(c)
-	port := virtA[strings.LastIndexByte(virtA[:strings.Index(virtA, "->")], ':'):strings.Index(virtA, "->")]
+	port := localPort(c)
 	inNS(t, p.nsA, `table ip onehop {
 	chain out {
 		type filter hook output priority filter; policy accept;
@@ -154,12 +154,7 @@ func TestPrivilegedAPeerUnreachedForAMomentAfterTheMoveIsStillFound(t *testing.T
 		t.Fatalf("the drop of a's VCMP to b counted nothing (%v):\n%s", err, out)
 	}
 	inNS(t, p.nsA, "", "nft", "delete", "table", "ip", "onehop")
-	waitStatus(t, p.a.sock, virtA, 15*time.Second, func(s ConnStatus) bool {
-		return s.State == "migrated" && s.Physical == "10.8.2.4"+port+"->10.8.0.2:5001"
-	}, p.a.logs, p.b.logs)
-	waitStatus(t, p.b.sock, virtB, 5*time.Second, func(s ConnStatus) bool {
-		return s.State == "migrated" && s.Physical == "10.8.0.2:5001->10.8.2.4"+port
-	}, p.a.logs, p.b.logs)
+	p.waitMigrated(t, virtA, virtB, "10.8.2.4"+port, "10.8.0.2:5001", 15*time.Second)
 	for range 5 {
 		if err := echo("after a moved"); err != nil {
 			t.Fatalf("echo after a moved: %v\n%s\n---\n%s", err, p.a.logs, p.b.logs)

@@ -17,14 +17,13 @@ import (
 // b's location client stored that at the server), then b moved again and
 // a moved, before b restored (the paper's "both ends moved at once").
 type staleWorld struct {
-	n            *network
-	loc          netip.Addr
-	a, b         *node
-	ta, tb       vcmp.Tuple
-	bMid         netip.Addr // b's previous address: the stale record's
-	aOld, aNew   netip.Addr
-	bOld, bNew   netip.Addr
-	serverDialsA int
+	n          *network
+	loc        netip.Addr
+	a, b       *node
+	ta, tb     vcmp.Tuple
+	bMid       netip.Addr // b's previous address: the stale record's
+	aOld, aNew netip.Addr
+	bOld, bNew netip.Addr
 }
 
 // newStaleWorld builds it; the server is vnatloc, or with daemonServer a
