@@ -101,6 +101,7 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	run.Flags().IntVar(&o.VCMP.PerSource, "max-conns-per-source", vnatd.DefaultVCMPLimits.PerSource, "most VCMP connections one address may hold at once")
 	run.Flags().DurationVar(&o.VCMP.Idle, "idle-timeout", vnatd.DefaultVCMPLimits.Idle, "close a VCMP connection on which nothing moved for this long")
 	run.Flags().StringVar(&o.FreezeCgroup, "freeze-cgroup", "", "cgroup v2 directory of the local application, frozen while any of its peers is away and thawed when they are back")
+	run.Flags().DurationVar(&o.MaxAway, "max-away", vnatd.DefaultMaxAway, "how long this end keeps helping a connection whose suspended peer is away (answering its keepalives, its --freeze-cgroup frozen) before it stops and lets the application's own timeouts decide; 0: until the peer is back")
 
 	var output outputFormat
 	status := &cobra.Command{

@@ -80,6 +80,10 @@ type Config struct {
 	WalkRetry backoff.Backoff
 	// Helpers run for each connection whose peer is away (helpers.go).
 	Helpers []Helper
+	// MaxAway bounds how long the helpers run for one connection: a peer
+	// away longer (suspended and never back) is no longer helped, and the
+	// application's own timeouts decide (ExpireAway). 0 is unbounded.
+	MaxAway time.Duration
 	// ClaimRetry is how a suspend claim is sent again to a peer that did
 	// not answer; a zero field is claimRetry's (250 ms doubling, SuspTries
 	// in all).
@@ -109,8 +113,12 @@ type conn struct {
 	keyRetry            *backoff.Retry // AgreeKeys' tries (keyRetry); nil: never asked
 	sendSeq             uint64
 	win                 vcmp.Window
-	helping             bool     // the helpers run for it (its peer is away)
-	conflict            Conflict // its §3.4.2 policy; default: the daemon's
+	helping             bool      // the helpers run for it (its peer is away)
+	awaySince           time.Time // when the helpers started for it
+	// awayExpired: its peer was away longer than MaxAway and the
+	// helpers were stopped; it waits for the peer unhelped.
+	awayExpired bool
+	conflict    Conflict // its §3.4.2 policy; default: the daemon's
 	// keysDirty is the engine's flag: set when what the key file keeps
 	// of this connection changed.
 	keysDirty *bool
@@ -262,7 +270,10 @@ type ConnStatus struct {
 	Role     string `json:"role"`
 	Keyed    bool   `json:"keyed"`
 	Helper   bool   `json:"helper,omitempty"` // its peer is away: the helpers run for it
-	Conflict string `json:"conflict"`         // its §3.4.2 policy: abort or preempt
+	// AwayExpired: its peer was away longer than --max-away; the helpers
+	// were stopped and the application's own timeouts decide.
+	AwayExpired bool   `json:"away_expired,omitempty"`
+	Conflict    string `json:"conflict"` // its §3.4.2 policy: abort or preempt
 }
 
 // Status lists the connections, sorted by virtual tuple.
@@ -274,7 +285,7 @@ func (e *Engine) Status() []ConnStatus {
 		out = append(out, ConnStatus{Proto: t.Proto.String(),
 			Virtual:  t.Local.String() + "->" + t.Remote.String(),
 			Physical: c.phys.Local.String() + "->" + c.phys.Remote.String(),
-			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping,
+			State:    c.m.State.String(), Role: c.m.Role.String(), Keyed: c.keys != nil, Helper: c.helping, AwayExpired: c.awayExpired,
 			Conflict: string(e.policy(c))})
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -320,7 +331,7 @@ func (e *Engine) install(maps []Mapping) error {
 func (e *Engine) exchange(ctx context.Context, addr netip.Addr, msgs []vcmp.Message) ([]vcmp.Message, error) {
 	s, err := e.dial(ctx, addr)
 	if err != nil {
-		return nil, err
+		return nil, &unreachedError{err: err}
 	}
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { s.Close() })

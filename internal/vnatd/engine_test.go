@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,6 +150,18 @@ type network struct {
 	drop, lose map[netip.Addr]int
 	// dialed records when each address was dialled.
 	dialed map[netip.Addr][]time.Time
+	// refuse makes dials to an address fail with ECONNREFUSED (a host
+	// there, but no VCMP daemon).
+	refuse map[netip.Addr]bool
+	// before, if set for an address, runs once (without the network's
+	// lock) at the next dial to it, before that dial goes on.
+	before map[netip.Addr]func()
+	// serve, if set for an address, answers streams to it instead of a
+	// daemon (a place that lies).
+	serve map[netip.Addr]vcmp.BatchHandler
+	// nat rewrites the source of streams from an address (a node behind a
+	// NAT): their daemons see them come from the NAT's address.
+	nat map[netip.Addr]netip.Addr
 }
 
 type node struct {
@@ -161,7 +174,9 @@ type node struct {
 
 func newNetwork() *network {
 	return &network{at: map[netip.Addr]*node{}, dials: map[netip.Addr]int{},
-		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{}}
+		drop: map[netip.Addr]int{}, lose: map[netip.Addr]int{}, dialed: map[netip.Addr][]time.Time{},
+		refuse: map[netip.Addr]bool{}, before: map[netip.Addr]func(){}, serve: map[netip.Addr]vcmp.BatchHandler{},
+		nat: map[netip.Addr]netip.Addr{}}
 }
 
 func (n *network) add(t testing.TB, name, addr string, cfg Config) *node {
@@ -181,11 +196,31 @@ func (n *network) add(t testing.TB, name, addr string, cfg Config) *node {
 
 func (n *network) dial(_ context.Context, from *node, a netip.Addr) (io.ReadWriteCloser, error) {
 	n.mu.Lock()
+	if f := n.before[a]; f != nil {
+		delete(n.before, a)
+		n.mu.Unlock()
+		f()
+		n.mu.Lock()
+	}
+	if n.refuse[a] {
+		n.dials[a]++
+		n.mu.Unlock()
+		return nil, fmt.Errorf("dial %s: %w", a, syscall.ECONNREFUSED)
+	}
 	n.dials[a]++
 	n.dialed[a] = append(n.dialed[a], time.Now())
+	if h := n.serve[a]; h != nil {
+		n.mu.Unlock()
+		c, s := net.Pipe()
+		go func() { defer s.Close(); vcmp.ServeWholeBatches(s, h) }() //nolint:errcheck // the test reads the client side
+		return c, nil
+	}
 	to, ok := n.at[a]
 	gate, wait := n.gate, n.wait
 	src := from.addr
+	if pub, ok := n.nat[src]; ok {
+		src = pub
+	}
 	dropped, lost := n.drop[a] > 0, n.lose[a] > 0
 	if dropped {
 		n.drop[a]--
@@ -510,7 +545,9 @@ func TestForgedReplayedAndUnkeyedUpdatesAreRefused(t *testing.T) {
 		t.Fatalf("b's connection changed after refused updates: %+v", s)
 	}
 
-	// The genuine update (the control), then the same bytes again.
+	// The genuine update (the control), from where it says a is, then the
+	// same bytes again.
+	n.move(a, "10.0.3.3")
 	good, err := vcmp.Seal(&vcmp.Update{Record: vcmp.Record{Conn: ta, Phys: netip.MustParseAddrPort("10.0.3.3:40000")}}, keys.Send, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -710,10 +747,12 @@ func TestVirtualAddressConflictsAbort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	bHere, _ := n.move(b, "10.0.1.1") // the update comes from there
 	r, ok := sendOne(t, n, b, a.addr, upd).(*vcmp.UpdateReply)
 	if !ok || r.Status != vcmp.UpdateConflict {
 		t.Fatalf("update to a's own virtual address answered %#v, want conflict", r)
 	}
+	n.move(b, bHere.String()) // b's daemon never moved
 	wantPhys(t, a, ta, new, b.addr)
 
 	// b really is given 10.0.1.1 (a's old, virtual address).

@@ -1,8 +1,10 @@
 package vnatd
 
 import (
+	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/onehop/onehop/internal/vcmp"
 )
@@ -25,6 +27,9 @@ type Helper interface {
 // it returns. Called with e.mu held.
 func (e *Engine) step(c *conn, ev vcmp.Event) ([]vcmp.Action, error) {
 	acts, err := c.m.Step(ev)
+	if c.m.State != vcmp.Suspended {
+		c.awayExpired = false // the wait it was about is over
+	}
 	for _, a := range acts {
 		switch a {
 		case vcmp.ActStartHelper:
@@ -42,7 +47,7 @@ func (e *Engine) startHelpers(c *conn) {
 	if c.helping {
 		return
 	}
-	c.helping = true
+	c.helping, c.awaySince, c.awayExpired = true, e.cfg.Now(), false
 	e.counters["helpers_started"]++
 	for _, h := range e.cfg.Helpers {
 		if err := h.Start(c.m.Tuple); err != nil {
@@ -62,6 +67,54 @@ func (e *Engine) stopHelpers(c *conn) {
 		if err := h.Stop(c.m.Tuple); err != nil {
 			e.warn("helper_errors", "vnat: stop helper", "helper", h.Name(), "conn", c.m.Tuple, "err", err)
 		}
+	}
+}
+
+// ExpireAway stops the helpers of every connection whose peer has been
+// away longer than Config.MaxAway (paper §3.3.2.1: "the length of the
+// suspension is a policy decision"): a peer that suspended and never came
+// back must not keep this end's application frozen and its keepalives
+// answered for as long as the connection lives. The application is
+// thawed and its own keepalives and timeouts decide; the connection stays
+// suspended, so a peer that does come back still settles it. Each is
+// counted (away_expired) and logged, rate-limited. It returns how many it
+// stopped.
+func (e *Engine) ExpireAway() int {
+	if e.cfg.MaxAway <= 0 {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.cfg.Now()
+	n := 0
+	for _, c := range e.conns {
+		if !c.helping || now.Sub(c.awaySince) < e.cfg.MaxAway {
+			continue
+		}
+		e.stopHelpers(c)
+		c.awayExpired = true
+		n++
+		e.warn("away_expired", "vnat: peer away longer than --max-away: its helpers stopped (keepalives no longer answered, application thawed), the application's own timeouts decide now",
+			"conn", c.m.Tuple, "away", now.Sub(c.awaySince).Round(time.Second), "max_away", e.cfg.MaxAway)
+	}
+	return n
+}
+
+// expireAway runs ExpireAway until ctx ends, often enough that a helper
+// stops within a tenth of MaxAway (at most a second) after it expired.
+func expireAway(ctx context.Context, e *Engine) {
+	if e.cfg.MaxAway <= 0 {
+		return
+	}
+	t := time.NewTicker(min(max(e.cfg.MaxAway/10, 10*time.Millisecond), time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		e.ExpireAway()
 	}
 }
 

@@ -27,6 +27,7 @@ func addWithServer(t *testing.T, n *network, name, addr string, cfg Config, loc 
 			return n.dial(ctx, nd, a)
 		}
 		n.mu.Lock()
+		n.dials[a]++
 		src := nd.addr
 		n.mu.Unlock()
 		c, s := net.Pipe()

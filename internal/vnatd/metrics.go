@@ -27,7 +27,8 @@ var refusalReasons = []string{"forged", "replayed", "unkeyed", "nokey", "unknown
 var eventNames = []string{"migrated", "updates_applied", "aborted", "closed_forgotten", "update_refused_by_peer",
 	"helpers_started", "helpers_stopped", "helper_errors", "ports_remapped", "port_errors",
 	"susp_retransmitted", "susp_unanswered", "translate_errors", "unexpected", "vcmp_stream_errors",
-	"preempted", "preempted_closed", "preempt_close_errors", "key_file_errors", "sources_throttled"}
+	"preempted", "preempted_closed", "preempt_close_errors", "key_file_errors", "sources_throttled",
+	"stale_locations", "no_peer_daemon", "away_expired", "updates_from_nat"}
 
 // refusalOf names the refusal reason of an engine counter ("" if it is none).
 func refusalOf(counter string) string {

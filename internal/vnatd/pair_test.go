@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -111,6 +112,24 @@ func (p *pair) virtual(c net.Conn) (virtA, virtB string) {
 	return c.LocalAddr().String() + "->" + c.RemoteAddr().String(), c.RemoteAddr().String() + "->" + c.LocalAddr().String()
 }
 
+// waitMigrated waits until both daemons show the connection (virtA and
+// virtB, as a and b name it) migrated, a's end at aAt and b's at bAt
+// (ADDR:PORT each): a's status within timeout, b's 5 s after.
+func (p *pair) waitMigrated(t *testing.T, virtA, virtB, aAt, bAt string, timeout time.Duration) {
+	t.Helper()
+	waitStatus(t, p.a.sock, virtA, timeout, func(s ConnStatus) bool {
+		return s.State == "migrated" && s.Physical == aAt+"->"+bAt
+	}, p.a.logs, p.b.logs)
+	waitStatus(t, p.b.sock, virtB, 5*time.Second, func(s ConnStatus) bool {
+		return s.State == "migrated" && s.Physical == bAt+"->"+aAt
+	}, p.a.logs, p.b.logs)
+}
+
+// localPort is c's local port, as ":PORT".
+func localPort(c net.Conn) string {
+	return ":" + strconv.Itoa(c.LocalAddr().(*net.TCPAddr).Port)
+}
+
 // waitKeyed waits until both daemons keyed c (a connection from a to b)
 // and returns its virtual tuple as a and as b name it.
 func (p *pair) waitKeyed(t *testing.T, c net.Conn) (virtA, virtB string) {
@@ -174,7 +193,7 @@ func (p *pair) moveB(t *testing.T) {
 	netnstest.IP(t, p.nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
 	netnstest.IP(t, p.nsB, "route", "add", "10.8.0.0/24", "dev", "b0") // the new subnet's router, in effect
 	netnstest.IP(t, p.nsA, "route", "add", "10.8.1.0/24", "dev", "a0")
-	netnstest.IP(t, p.nsA, "neigh", "flush", "dev", "a0")
+	flushNeigh(t, p.nsA, "a0")
 }
 
 // moveBRoutesFirst is moveB with the routes in place before the address
@@ -186,7 +205,21 @@ func (p *pair) moveBRoutesFirst(t *testing.T) {
 	netnstest.IP(t, p.nsB, "addr", "del", "10.8.0.2/24", "dev", "b0")
 	netnstest.IP(t, p.nsB, "addr", "add", "10.8.1.3/24", "dev", "b0")
 	netnstest.IP(t, p.nsB, "route", "replace", "10.8.0.0/24", "dev", "b0")
-	netnstest.IP(t, p.nsA, "neigh", "flush", "dev", "a0")
+	flushNeigh(t, p.nsA, "a0")
+}
+
+// flushNeigh forgets dev's neighbours in ns, as a host does when the
+// peer's old address stops answering. A test whose connections keep
+// sending meanwhile makes the kernel create entries again as fast as `ip`
+// deletes them (new, incomplete: they name no link address), and `ip`
+// gives up after ten rounds ("Flush not complete"); the entries that were
+// there are gone by then, which is what the move needs.
+func flushNeigh(t *testing.T, ns, dev string) {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", ns, "neigh", "flush", "dev", dev).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "Flush not complete") {
+		t.Fatalf("ip -n %s neigh flush dev %s: %v: %s", ns, dev, err, out)
+	}
 }
 
 // dialMany opens n connections from a to addr, closed when t ends.

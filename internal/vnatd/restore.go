@@ -64,7 +64,37 @@ type walk struct {
 	c      *conn
 	loc    *vcmp.Locator
 	failed bool // the walk ended with nobody reached
+	// foundAt is the place that answered Found (the peer's own daemon
+	// answering for itself when it is loc.Peer's address, else a record).
+	foundAt netip.Addr
+	// stale are the peer locations this walk was given that the update
+	// could not reach (a record left from before the peer moved again):
+	// a walk with stale locations stores first and queries after, and
+	// takes a stale answer for "not found".
+	stale map[netip.AddrPort]bool
+	// stored: a store-first walk's location was stored somewhere.
+	stored bool
+	// storedOnly: the walk ended stored only (the peer found nowhere);
+	// unreached: a place of it could not be reached (no answer at all,
+	// which is not "the peer is not here"); storedTries: the walks that
+	// ended stored only so far (locate walks it again, StoredTries in all).
+	storedOnly, unreached bool
+	storedTries           int
 }
+
+// MaxStaleRounds bounds how many times one restore walks again for a
+// connection whose found peer location was stale: each round adds the
+// failed location to the stale ones, so only a place answering a new dead
+// location every time could use them all.
+const MaxStaleRounds = 3
+
+// unreachedError is a dial that failed: nothing of the exchange was
+// delivered (unlike a stream cut after the messages left, which the peer
+// may have acted on).
+type unreachedError struct{ err error }
+
+func (u *unreachedError) Error() string { return u.err.Error() }
+func (u *unreachedError) Unwrap() error { return u.err }
 
 func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved bool) error {
 	if len(cs) == 0 {
@@ -125,22 +155,114 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 		}
 	}
 
+	found := map[netip.Addr][]*walk{}
+	e.locate(ctx, walks, found)
+	stale, err := e.update(ctx, walks, found, moved)
+	errs = append(errs, err)
+	// A peer location that proved stale (the update could not reach it:
+	// the record predates the peer's latest move, paper §3.3.2.1 "both
+	// ends moved") is the same as not finding the peer: the walk goes
+	// again without it, storing this end's location at every place and
+	// querying after, and waits for the peer's update. Bounded: the
+	// stale locations only grow.
+	for round := 1; len(stale) > 0; round++ {
+		if round > MaxStaleRounds {
+			errs = append(errs, e.waitStale(stale, moved))
+			break
+		}
+		e.mu.Lock()
+		for _, w := range stale {
+			if len(w.loc.Stored) > 0 {
+				w.stored = true // the walk that found the stale location stored on its way
+			}
+			var ps []vcmp.Place
+			for _, p := range w.loc.Places {
+				if !staleAddr(w.stale, p.Addr) { // nothing answers VCMP for the peer there
+					ps = append(ps, p)
+				}
+			}
+			w.loc, w.failed = vcmp.NewLocator(ps), false
+		}
+		e.mu.Unlock()
+		found = map[netip.Addr][]*walk{}
+		e.locate(ctx, stale, found)
+		stale, err = e.update(ctx, stale, found, moved)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// staleAddr says whether a is the address of one of the stale locations.
+func staleAddr(stale map[netip.AddrPort]bool, a netip.Addr) bool {
+	for s := range stale {
+		if s.Addr() == a {
+			return true
+		}
+	}
+	return false
+}
+
+// waitStale ends the walks still stale after MaxStaleRounds: one whose
+// location was stored somewhere waits there for its peer, the others are
+// aborted (nobody can find them).
+func (e *Engine) waitStale(ws []*walk, moved bool) error {
+	var maps []Mapping
+	e.mu.Lock()
+	for _, w := range ws {
+		if w.stored {
+			e.step(w.c, vcmp.EvStored) //nolint:errcheck // Locating, not updating
+			if moved {
+				maps = append(maps, Mapping{Virtual: w.c.m.Tuple, Physical: w.c.phys})
+			}
+			continue
+		}
+		e.step(w.c, vcmp.EvLocateFailed) //nolint:errcheck // Locating, not updating
+		e.counters["aborted"]++
+	}
+	e.mu.Unlock()
+	if len(maps) == 0 {
+		return nil
+	}
+	if err := e.install(maps); err != nil {
+		return fmt.Errorf("vnatd: install %d translations: %w", len(maps), err)
+	}
+	return nil
+}
+
+// locate walks every connection's places until it found its peer, stored
+// its location, or reached nobody for as long as WalkRetry allows (then it
+// is aborted).
+func (e *Engine) locate(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk) {
 	// The walk, in rounds: every connection still walking asks its next
 	// place; the queries for one place go in one batch. A walk that
 	// reached nobody starts again after a pause, on WalkRetry: the new
 	// address often comes before the route to the peer's place (DHCP,
 	// the new subnet's gateway).
-	found := map[netip.Addr][]*walk{}
+	//
+	// A walk that stored its location but could not reach some place is
+	// walked again too, StoredTries walks in all, before it settles to
+	// wait: "stored only" means the peer moved as well, but an unreached
+	// place may be a peer that never moved, behind a route or mapping not
+	// ready yet. Settled at once, the connection waited for an update
+	// that peer never sends, its own end translated, and the peer reset
+	// the connection at its next segment (the e2e flake of the reverted
+	// stale-location work). Between its walks it waits suspended, so a
+	// peer that did move and finds it at a server settles it meanwhile.
 	retry := e.cfg.WalkRetry.Start(e.cfg.Now())
 	for {
 		e.walkRound(ctx, walks, found)
-		var failed []*walk
+		var failed, again []*walk
+		e.mu.Lock()
 		for _, w := range walks {
-			if w.failed {
+			switch {
+			case w.failed && len(w.loc.Places) > 0: // with nowhere to ask, asking again changes nothing
 				failed = append(failed, w)
+			case w.storedOnly && w.unreached && w.c.m.State == vcmp.Suspended && w.storedTries < StoredTries:
+				again = append(again, w)
 			}
 		}
-		if len(failed) == 0 || ctx.Err() != nil {
+		e.mu.Unlock()
+		if len(failed)+len(again) == 0 || ctx.Err() != nil {
 			break
 		}
 		pause, ok := retry.Next(e.cfg.Now())
@@ -153,17 +275,31 @@ func (e *Engine) restore(ctx context.Context, cs []*conn, new netip.Addr, moved 
 			w.failed = false
 			w.loc = vcmp.NewLocator(w.loc.Places)
 		}
+		for _, w := range again {
+			if w.c.m.State != vcmp.Suspended {
+				continue // the peer's update came meanwhile
+			}
+			if _, err := e.step(w.c, vcmp.EvResume); err != nil {
+				continue
+			}
+			w.storedOnly, w.unreached = false, false
+			w.loc = vcmp.NewLocator(w.loc.Places)
+		}
 		e.mu.Unlock()
 	}
 	e.mu.Lock()
 	for _, w := range walks {
-		if w.failed {
+		switch {
+		case w.failed && w.stored:
+			// A walk again after a stale location that reached nobody
+			// this time, but stored its location before: it waits there.
+			e.step(w.c, vcmp.EvStored) //nolint:errcheck // Locating, not updating
+		case w.failed:
 			e.step(w.c, vcmp.EvLocateFailed) //nolint:errcheck // Locating allows it
 			e.counters["aborted"]++
 		}
 	}
 	e.mu.Unlock()
-	return e.update(ctx, walks, found, moved, errs)
 }
 
 // physUsed are the physical tuples of the connections that are not moving
@@ -237,10 +373,20 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 			break
 		}
 		for place, ws := range byPlace {
-			msgs := make([]vcmp.Message, len(ws))
+			// first[i] is walk i's first message: its query, or for a
+			// walk with stale locations its store, then its query.
+			msgs := make([]vcmp.Message, 0, len(ws))
+			first := make([]int, len(ws))
 			e.mu.Lock()
 			for i, w := range ws {
-				msgs[i] = vcmp.Query(w.c.record())
+				first[i] = len(msgs)
+				if w.stale != nil {
+					// Store first, query after: a peer that queries this
+					// place between the two finds this end, and one that
+					// stored here before is found by the query.
+					msgs = append(msgs, &vcmp.LocStore{Record: w.c.record()})
+				}
+				msgs = append(msgs, vcmp.Query(w.c.record()))
 			}
 			e.mu.Unlock()
 			ans, err := e.exchange(ctx, place, msgs)
@@ -249,28 +395,55 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 			}
 			// The peer's own address refused VCMP outright: the peer is
 			// there and answers TCP, but runs no VNAT daemon. If it never
-			// keyed the connection either, it has none: no location server
-			// can bring a VNAT_UPD from it, so waiting there would hang the
+			// keyed the connection either, and never moved (a peer that
+			// moved did so with a daemon: its old address refusing is
+			// another host's now), it has none: no location server can
+			// bring a VNAT_UPD from it, so waiting there would hang the
 			// connection for ever. The walk fails (retried on WalkRetry, in
 			// case a daemon is starting) and the migration is aborted.
 			refused := errors.Is(err, syscall.ECONNREFUSED)
 			e.mu.Lock()
 			for i, w := range ws {
-				if refused && w.c.keys == nil && place == w.c.oldRemote {
+				if refused && w.c.keys == nil && place == w.c.oldRemote && place == w.c.m.Tuple.Remote.Addr() {
 					e.warn("no_peer_daemon", "vnat: the peer runs no VNAT daemon (VCMP refused at its address)", "conn", w.c.m.Tuple, "peer", place)
 					w.loc.GiveUp()
 					w.failed = true
 					continue
 				}
 				var a *vcmp.LocAnswer
+				if err != nil {
+					w.unreached = true
+				}
 				if err == nil {
-					a, _ = ans[i].(*vcmp.LocAnswer)
+					q := first[i]
+					if w.stale != nil {
+						q++
+					}
+					a, _ = ans[q].(*vcmp.LocAnswer)
+					if w.stale != nil {
+						st, _ := ans[first[i]].(*vcmp.LocAnswer)
+						stored := st != nil && st.Status == vcmp.LocStored
+						if stored {
+							w.stored = true
+						}
+						if a != nil && a.Status == vcmp.LocFound && w.stale[a.Peer] {
+							// The stale record again: not found; ours is
+							// stored (or not) by the store before.
+							a = &vcmp.LocAnswer{Record: a.Record, Status: vcmp.LocNotFound}
+							if stored {
+								a.Status = vcmp.LocStored
+							}
+						}
+					}
 				}
 				switch w.loc.Result(a) {
 				case vcmp.Found:
+					w.foundAt = place
 					e.step(w.c, vcmp.EvFound) //nolint:errcheck // Locating: send the update
 					found[w.loc.Peer.Addr()] = append(found[w.loc.Peer.Addr()], w)
 				case vcmp.StoredOnly:
+					w.storedOnly = true
+					w.storedTries++
 					e.step(w.c, vcmp.EvStored) //nolint:errcheck // wait for the peer
 				case vcmp.Failed:
 					w.failed = true
@@ -291,8 +464,11 @@ func (e *Engine) walkRound(ctx context.Context, walks []*walk, found map[netip.A
 // RESET (the restore race the Table 1 benchmark found). The egress half
 // waits for the peer's answer, or this end's segments would be reset at
 // the peer the same way. A connection the peer refuses is no longer
-// accepted there.
-func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk, moved bool, errs []error) error {
+// accepted there. It returns the walks whose peer location proved stale
+// (staleLocation): they walk again.
+func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr][]*walk, moved bool) ([]*walk, error) {
+	var errs []error
+	var stale []*walk
 	var early []Mapping
 	e.mu.Lock()
 	for _, ws := range found {
@@ -336,8 +512,29 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		e.mu.Unlock()
 		ans, err := e.exchange(ctx, peer, msgs)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", len(ws), peer, err))
-			continue // accepted still: whether the peer applied them is unknown; `resume` retries
+			// Nothing was delivered, to a location a record gave (not the
+			// peer's own daemon answering for itself a moment ago, which
+			// is there: a lost SYN): the location is stale.
+			var unreached *unreachedError
+			n := 0
+			e.mu.Lock()
+			for _, w := range ws {
+				if errors.As(err, &unreached) && w.foundAt != peer {
+					stale = append(stale, w)
+					e.staleLocation(w, err)
+					if accepted {
+						withdraw = append(withdraw, w.c.m.Tuple)
+					}
+					continue
+				}
+				n++
+			}
+			e.mu.Unlock()
+			if n > 0 {
+				// Accepted still: whether the peer applied them is unknown; `resume` retries.
+				errs = append(errs, fmt.Errorf("vnatd: update %d connections at %s: %w", n, peer, err))
+			}
+			continue
 		}
 		e.mu.Lock()
 		for i, w := range ws {
@@ -347,6 +544,19 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 					withdraw = append(withdraw, w.c.m.Tuple)
 					e.counters["translations_withdrawn"]++
 				}
+			}
+			if r, ok := ans[i].(*vcmp.UpdateReply); ok && r.Status == vcmp.UpdateUnknown && w.foundAt != peer {
+				// A record sent the update to a daemon that does not hold
+				// the connection (another host has the peer's old
+				// address now): stale too. The peer's own daemon
+				// answering for itself and then not knowing it is a
+				// refusal, below.
+				stale = append(stale, w)
+				e.staleLocation(w, fmt.Errorf("%s does not know the connection", peer))
+				if accepted {
+					withdraw = append(withdraw, w.c.m.Tuple)
+				}
+				continue
 			}
 			inner, err := e.open(w.c, ans[i])
 			if err != nil {
@@ -393,7 +603,7 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 	if len(maps) > 0 {
 		if err := e.install(maps); err != nil {
 			errs = append(errs, fmt.Errorf("vnatd: install %d translations: %w", len(maps), err))
-			return errors.Join(errs...)
+			return stale, errors.Join(errs...)
 		}
 		e.mu.Lock()
 		for i, c := range applied {
@@ -403,5 +613,19 @@ func (e *Engine) update(ctx context.Context, walks []*walk, found map[netip.Addr
 		e.counters["migrated"] += uint64(len(applied))
 		e.mu.Unlock()
 	}
-	return errors.Join(errs...)
+	return stale, errors.Join(errs...)
+}
+
+// staleLocation drops the update of a walk whose peer was not where the
+// walk found it (a location record from before the peer's latest move,
+// or an old place's): the location joins the walk's stale ones and the
+// connection is locating again. Called with e.mu held.
+func (e *Engine) staleLocation(w *walk, err error) {
+	if w.stale == nil {
+		w.stale = map[netip.AddrPort]bool{}
+	}
+	w.stale[w.loc.Peer] = true
+	e.step(w.c, vcmp.EvResume) //nolint:errcheck // Locating: the update is dropped, the walk starts over
+	e.warn("stale_locations", "vnat: the peer is not where the walk found it (a stale record): storing this end's location and waiting for the peer",
+		"conn", w.c.m.Tuple, "peer", w.loc.Peer, "found_at", w.foundAt, "err", err)
 }

@@ -21,6 +21,11 @@ const SuspTries = 4
 // not know a connection yet (it looks for new connections on its own clock).
 const MaxKeyTries = 5
 
+// StoredTries is how many walks in all a connection makes whose walk
+// stored its location but could not reach every place (locate), on
+// WalkRetry's pauses, before it waits for its peer.
+const StoredTries = 4
+
 // RetryUnreachable is how long an unreachable location server is left alone.
 const RetryUnreachable = 5 * time.Second
 

@@ -40,6 +40,11 @@ type Options struct {
 	// FreezeCgroup is a cgroup v2 directory frozen while any peer is
 	// away (the generic helper); "" = none.
 	FreezeCgroup string
+	// MaxAway bounds how long the helpers run for a connection whose
+	// peer is away (--max-away; DefaultMaxAway): after it they stop (the
+	// application is thawed, its keepalives no longer answered) and its
+	// own timeouts decide. 0 = unbounded (until the peer is back).
+	MaxAway time.Duration
 	// PinDir holds the pinned maps and links ("" = DefaultPinDir(); if
 	// that is not on a bpffs the daemon runs unpinned, with a warning).
 	PinDir string
@@ -56,6 +61,11 @@ type Options struct {
 	VCMP   accept.Limits
 	Logger *slog.Logger
 }
+
+// DefaultMaxAway is --max-away's default: long enough for a suspended
+// host to move and resume, short enough that an application is not kept
+// frozen for a peer that is never coming back.
+const DefaultMaxAway = 10 * time.Minute
 
 // DefaultVCMPLimits bound the VCMP listener. A peer's daemon opens one
 // stream per exchange (one batch per peer, a round trip), so 32 at once
@@ -97,6 +107,9 @@ func Run(ctx context.Context, o Options) error {
 		log = slog.Default()
 	}
 	conflict := ConflictAbort
+	if o.MaxAway < 0 {
+		return fmt.Errorf("vnat run: --max-away %v: want a duration of 0 (unbounded) or more", o.MaxAway)
+	}
 	if o.Conflict != "" {
 		var err error
 		if conflict, err = ParseConflict(o.Conflict); err != nil {
@@ -189,7 +202,7 @@ func Run(ctx context.Context, o Options) error {
 	if freezer != nil {
 		helpers = append(helpers, freezer)
 	}
-	cfg := Config{LocationServers: servers, AllowUnkeyed: o.AllowUnkeyed, Logger: log, Helpers: helpers, Conflict: conflict}
+	cfg := Config{LocationServers: servers, AllowUnkeyed: o.AllowUnkeyed, Logger: log, Helpers: helpers, Conflict: conflict, MaxAway: o.MaxAway}
 	// The keys are kept with the pinned state: what a restart takes over
 	// is what they authenticate. Unpinned, the translations end with the
 	// daemon, and so do the keys.
@@ -269,13 +282,14 @@ func Run(ctx context.Context, o Options) error {
 	go serveVCMP(ctx, e, accept.Wrap(vl, accept.Options{Name: "vcmp", Limits: vcmpLimits, Log: log, Stats: listeners}), log)
 	go contact(ctx, e, log)
 	go keepLocations(ctx, e, servers, log)
+	go expireAway(ctx, e)
 
 	addr, err := primary(link.Attrs().Index)
 	if err != nil {
 		return err
 	}
 	log.Info("vnat daemon up", "iface", o.Iface, "addr", addr, "vcmp", listen, "control", ctl, "location_servers", servers, "allow_unkeyed", o.AllowUnkeyed,
-		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "pin_dir", pin, "key_file", keyPath(keys), "migrated", len(d.Migrations()),
+		"keepalive_helper", !o.NoKeepaliveHelper, "freeze_cgroup", o.FreezeCgroup, "max_away", o.MaxAway, "pin_dir", pin, "key_file", keyPath(keys), "migrated", len(d.Migrations()),
 		"conflict", conflict, "close_preempted", closePreempted,
 		"max_conns", vcmpLimits.Total, "max_conns_per_source", vcmpLimits.PerSource, "idle_timeout", vcmpLimits.Idle)
 	return watch(ctx, e, d, link.Attrs().Index, addr, log)

@@ -266,14 +266,22 @@ func (e *Engine) acceptUpdate(m vcmp.Message, from netip.Addr, before func(*conn
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateRefused}
 	}
 	r, _ = innerRecord(inner)
-	if r.Phys.Addr() == c.m.Tuple.Local.Addr() {
+	at := moverAt(r.Phys, from)
+	if at.Addr() == c.m.Tuple.Local.Addr() {
 		// The peer is now at this end's own virtual address (the
 		// network gave it our old one): packets to it would be
 		// delivered here (paper §3.4.2; policy: abort).
-		e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", r.Phys)
+		e.warn("conflict", "vnat: peer's new address is this end's virtual address", "conn", c.m.Tuple, "from", from, "phys", at)
 		return nil, vcmp.Tuple{}, &vcmp.UpdateReply{Record: c.record(), Status: vcmp.UpdateConflict}
 	}
-	phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: r.Phys}
+	if at != r.Phys {
+		// Counted, not refused: a mover behind a NAT (the paper's
+		// laptop) is what this is for.
+		e.counters["updates_from_nat"]++
+		e.log.Info("vnat: update from another address than the mover names: behind a NAT, translated to where it came from",
+			"conn", c.m.Tuple, "named", r.Phys, "from", at)
+	}
+	phys := vcmp.Tuple{Proto: c.phys.Proto, Local: c.phys.Local, Remote: at}
 	o := e.holder(c, phys)
 	if o != nil && e.policy(c) != ConflictPreempt {
 		// Another live connection here already is that tuple (§3.4.2,
@@ -293,6 +301,22 @@ func (e *Engine) acceptUpdate(m vcmp.Message, from netip.Addr, before func(*conn
 		}
 	}
 	return c, phys, nil
+}
+
+// moverAt is where an accepted update moves the connection's peer to: the
+// address the update came from, with the port the mover names. The mover
+// names its own physical end, but behind a NAT (the paper's laptop) that
+// is a private address nobody here can reach; the stream's source is the
+// NAT's, which the connection's own packets will come from too. Whoever
+// sent it is the peer (the key proves it, or, unkeyed, it came from where
+// the peer was). The port is the mover's: its VCMP stream and its
+// connection leave from different ports, and a NAT keeps a flow's port
+// where it is free (a NAT that picks ports at random is not followed).
+func moverAt(named netip.AddrPort, from netip.Addr) netip.AddrPort {
+	if !from.Is4() {
+		return named
+	}
+	return netip.AddrPortFrom(from, named.Port())
 }
 
 // miss counts an update from from for a connection it does not own; the
