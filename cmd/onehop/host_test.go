@@ -9,11 +9,7 @@ import (
 
 func TestCLIHostAddRemoveDrain(t *testing.T) {
 	addr, s := testController(t)
-	steps := []struct {
-		args []string
-		want string // in the output, or in the error when fail
-		fail bool
-	}{
+	steps := []cliStep{
 		{[]string{"host", "add", "H4"}, `host name "H4" must be 1-12 lowercase`, true}, // checked before the controller is asked
 		{[]string{"host", "add", "h4", "--address", "192.168.100.44"}, "host h4 added (fabric address 192.168.100.44)\n", false},
 		{[]string{"host", "add", "h4"}, "name: host h4: already exists", true},
@@ -23,17 +19,7 @@ func TestCLIHostAddRemoveDrain(t *testing.T) {
 		{[]string{"host", "remove", "h9"}, "host h9: not found", true},
 		{[]string{"host", "remove", "h4", "--drain"}, "host h4 removed\n", false},
 	}
-	for _, st := range steps {
-		out, err := runOut(append(st.args, "--api", addr)...)
-		switch {
-		case !st.fail && err != nil:
-			t.Fatalf("%v: %v", st.args, err)
-		case !st.fail && !strings.Contains(out, st.want):
-			t.Fatalf("%v: printed %q, want it to contain %q", st.args, out, st.want)
-		case st.fail && (err == nil || !strings.Contains(err.Error(), st.want)):
-			t.Fatalf("%v: err = %v, want %q", st.args, err, st.want)
-		}
-	}
+	runSteps(t, addr, steps)
 	kvs, _, err := s.List(t.Context(), intent.Root)
 	if err != nil {
 		t.Fatal(err)

@@ -22,11 +22,7 @@ func lispController(t *testing.T) string {
 
 func TestCLILispMapAddListDelete(t *testing.T) {
 	addr := lispController(t)
-	steps := []struct {
-		args []string
-		want string
-		fail bool
-	}{
+	steps := []cliStep{
 		{[]string{"lisp", "map", "add", "10.99.0.0/16", "--rloc", "192.168.100.11,1,50", "--rloc", "192.168.100.12,2"},
 			"mapping 10.99.0.0/16: 192.168.100.11 (priority 1, weight 50), 192.168.100.12 (priority 2, weight 100); ttl 1440 min\n", false},
 		{[]string{"lisp", "map", "add", "10.96.0.0/16", "--ttl", "15"}, "mapping 10.96.0.0/16: negative, native-forward; ttl 15 min\n", false},
@@ -38,17 +34,7 @@ func TestCLILispMapAddListDelete(t *testing.T) {
 		{[]string{"lisp", "map", "delete", "10.96.0.0/16"}, "eid: mapping 10.96.0.0/16: not found", true},
 		{[]string{"lisp", "server"}, "no map-server runs", false},
 	}
-	for _, st := range steps {
-		out, err := runOut(append(st.args, "--api", addr)...)
-		switch {
-		case !st.fail && err != nil:
-			t.Fatalf("%v: %v", st.args, err)
-		case !st.fail && !strings.Contains(out, st.want):
-			t.Fatalf("%v: printed %q, want it to contain %q", st.args, out, st.want)
-		case st.fail && (err == nil || !strings.Contains(err.Error(), st.want)):
-			t.Fatalf("%v: err = %v, want %q", st.args, err, st.want)
-		}
-	}
+	runSteps(t, addr, steps)
 	out, err := runOut("lisp", "map", "list", "-o", "json", "--api", addr)
 	if err != nil {
 		t.Fatal(err)

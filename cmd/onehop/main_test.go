@@ -60,3 +60,28 @@ func TestHelpTeachesTheLab(t *testing.T) {
 		t.Fatalf("lab exec --help has no example:\n%s", out.String())
 	}
 }
+
+// cliStep is one CLI call against a test controller: what it is run with,
+// and what it must print (or, when fail, what its error must say).
+type cliStep struct {
+	args []string
+	want string // in the output, or in the error when fail
+	fail bool
+}
+
+// runSteps runs steps in order against the API at addr, stopping at the
+// first that does not do what it says.
+func runSteps(t *testing.T, addr string, steps []cliStep) {
+	t.Helper()
+	for _, st := range steps {
+		out, err := runOut(append(st.args, "--api", addr)...)
+		switch {
+		case !st.fail && err != nil:
+			t.Fatalf("%v: %v", st.args, err)
+		case !st.fail && !strings.Contains(out, st.want):
+			t.Fatalf("%v: printed %q, want it to contain %q", st.args, out, st.want)
+		case st.fail && (err == nil || !strings.Contains(err.Error(), st.want)):
+			t.Fatalf("%v: err = %v, want %q", st.args, err, st.want)
+		}
+	}
+}

@@ -28,11 +28,7 @@ func runOut(args ...string) (string, error) {
 
 func TestCLISliverCreateSetListDelete(t *testing.T) {
 	addr, s := testController(t)
-	steps := []struct {
-		args []string
-		want string // in the output, or in the error when fail
-		fail bool
-	}{
+	steps := []cliStep{
 		{[]string{"sliver", "create", "h1/s1", "--ports", "10000-10099"}, "sliver h1/s1: slot 1, ports 10000-10099\n", false},
 		{[]string{"sliver", "create", "h1/s2", "--ports", "10150,10100-10149"}, "sliver h1/s2: slot 2, ports 10100-10149,10150\n", false},
 		{[]string{"sliver", "create", "h1/s3", "--ports", "10050-10120"}, "ports: ports 10050-10099 on uplink 0 overlap h1/s1's lease 10000-10099", true},
@@ -50,17 +46,7 @@ func TestCLISliverCreateSetListDelete(t *testing.T) {
 		{[]string{"sliver", "delete", "h1/s1"}, "sliver: sliver h1/s1: not found", true},
 		{[]string{"sliver", "create", "h1/s4", "--ports", "10000"}, "sliver h1/s4: slot 1, ports 10000\n", false},
 	}
-	for _, st := range steps {
-		out, err := runOut(append(st.args, "--api", addr)...)
-		switch {
-		case !st.fail && err != nil:
-			t.Fatalf("%v: %v", st.args, err)
-		case !st.fail && !strings.Contains(out, st.want):
-			t.Fatalf("%v: printed %q, want it to contain %q", st.args, out, st.want)
-		case st.fail && (err == nil || !strings.Contains(err.Error(), st.want)):
-			t.Fatalf("%v: err = %v, want %q", st.args, err, st.want)
-		}
-	}
+	runSteps(t, addr, steps)
 	out, err := runOut("sliver", "list", "-o", "json", "--api", addr)
 	if err != nil {
 		t.Fatal(err)

@@ -46,11 +46,7 @@ vms:
 
 func TestCLITapCreateListGetDelete(t *testing.T) {
 	addr, s := tapController(t)
-	steps := []struct {
-		args []string
-		want string // in the output, or in the error when fail
-		fail bool
-	}{
+	steps := []cliStep{
 		{[]string{"tap", "create", "web-http", "--sender", "blue/web/web1", "--receiver", "10.1.2.2", "--monitor", "blue/ops/mon", "--proto", "tcp", "--dport", "80"},
 			"tap web-http: id 1, blue/web/web1 -> blue/db/db1, proto tcp dport 80, monitor blue/ops/mon\n", false},
 		{[]string{"tap", "create", "all", "--sender", "blue/web", "--receiver", "any", "--monitor", "02:00:0a:01:03:02", "--both-directions"},
@@ -73,17 +69,7 @@ func TestCLITapCreateListGetDelete(t *testing.T) {
 		{[]string{"tap", "delete", "web-http"}, "name: tap web-http: not found", true},
 		{[]string{"tap", "create", "again", "--sender", "blue/db", "--receiver", "any", "--monitor", "blue/ops/mon"}, "tap again: id 1,", false},
 	}
-	for _, st := range steps {
-		out, err := runOut(append(st.args, "--api", addr)...)
-		switch {
-		case !st.fail && err != nil:
-			t.Fatalf("%v: %v", st.args, err)
-		case !st.fail && !strings.Contains(out, st.want):
-			t.Fatalf("%v: printed %q, want it to contain %q", st.args, out, st.want)
-		case st.fail && (err == nil || !strings.Contains(err.Error(), st.want)):
-			t.Fatalf("%v: err = %v, want %q", st.args, err, st.want)
-		}
-	}
+	runSteps(t, addr, steps)
 	out, err := runOut("tap", "list", "-o", "json", "--api", addr)
 	if err != nil {
 		t.Fatal(err)
