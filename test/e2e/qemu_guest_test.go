@@ -103,7 +103,11 @@ fi`, guestMarker, hello, web2, port))
 				exited = true // what it printed is all there is
 			default:
 			}
-			lines := guestLines(qemu.Output())
+			console := qemu.Output()
+			if exited {
+				console += "\n" // nothing more is coming: its last line is whole
+			}
+			lines := guestLines(console)
 			if i := slices.IndexFunc(lines, func(s string) bool { return strings.HasPrefix(s, prefix) }); i >= 0 {
 				line = lines[i]
 				return nil
