@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -228,23 +227,8 @@ func TestARestartedControllerKeepsEtcdAuth(t *testing.T) {
 // The same with an external etcd (Debian's, 3.4: no AuthStatus) that
 // takes client certificates: the controller turns its auth on.
 func TestAnAgentCertificateWritesOnlyItsOwnHostsKeysInAnExternalEtcd(t *testing.T) {
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		testenv.Missing(t, "needs an etcd binary on PATH (Debian etcd-server; make deps installs it): %v", err)
-	}
 	p := makePKI(t)
-	url := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	cmd := exec.Command(bin, "--data-dir", filepath.Join(t.TempDir(), "ext"),
-		"--listen-client-urls", url, "--advertise-client-urls", url,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "default="+peer,
-		"--cert-file", p.controller.Cert, "--key-file", p.controller.Key,
-		"--trusted-ca-file", p.controller.CA, "--client-cert-auth")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	url := externalEtcd(t, p)
 	apiSocket := filepath.Join(t.TempDir(), "api.sock")
 	runUntilVMs(t, DaemonConfig{EtcdEndpoints: []string{url}, Topology: writeTopo(t), TLS: p.controller, APISocket: apiSocket},
 		[]string{url}, clientTLS(t, p.agent))
