@@ -33,7 +33,7 @@ external etcd cluster instead.`,
 	f := c.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "", "embedded etcd data directory")
 	f.StringVar(&cfg.ClientURL, "client-url", "", "embedded etcd client URL, http://IP:PORT, reachable by agents")
-	f.StringVar(&cfg.Socket, "socket", "", "unix socket the embedded etcd also serves (optional)")
+	f.StringVar(&cfg.Socket, "socket", "", "unix socket the embedded etcd also serves, root only (optional; with TLS its clients act as the controller, etcd's administrator)")
 	f.StringVar(&cfg.PeerURL, "peer-url", "", "embedded etcd peer URL, loopback only (default http://127.0.0.1:2380)")
 	f.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated external etcd endpoints; disables the embedded etcd")
 	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")

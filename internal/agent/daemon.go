@@ -89,6 +89,15 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		if etcdTLS, err = cfg.TLS.ClientConfig(); err != nil {
 			return fmt.Errorf("--tls-*: %w", err)
 		}
+		// etcd takes the certificate's common name for the agent's user,
+		// which may write only that host's records.
+		cn, err := cfg.TLS.CommonName()
+		if err != nil {
+			return fmt.Errorf("--tls-cert: %w", err)
+		}
+		if cn != cfg.Node {
+			return fmt.Errorf("--tls-cert %s is for %q, not for --node %s: etcd would refuse every write of %s's records (onehop pki issue agent %s makes its certificate)", cfg.TLS.Cert, cn, cfg.Node, cfg.Node, cfg.Node)
+		}
 	}
 	if cfg.LocationServer.IsValid() {
 		// The location server takes a relay only over TLS with this

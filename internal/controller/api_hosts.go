@@ -102,7 +102,15 @@ func (c *Controller) AddHost(ctx context.Context, h intent.Host) (intent.Host, e
 	}); err != nil {
 		return h, err
 	}
-	return h, store.PutJSON(ctx, c.store, intent.HostsPrefix+h.Name, h)
+	// Its agent's etcd user first: the agent may connect as soon as the
+	// host exists.
+	if err := c.grantAgent(ctx, h.Name); err != nil {
+		return h, err
+	}
+	if err := store.PutJSON(ctx, c.store, intent.HostsPrefix+h.Name, h); err != nil {
+		return h, errors.Join(err, c.revokeAgent(ctx, h.Name))
+	}
+	return h, nil
 }
 
 // placedOn lists what is placed on host: its VMs, its slivers, and the TAP
@@ -154,9 +162,10 @@ func (c *Controller) placedOn(ctx context.Context, host string) (*HostInUse, err
 // TAP policies naming its VMs are placed there, unless drain, which deletes
 // them first through their own operations (so their desired keys and
 // allocations go as on their own DELETE). Then every key of the host goes:
-// its record, its desired keys, and its agent's node and status records.
-// Its agent should be stopped first: a running one writes its node and
-// status records again.
+// its record, its desired keys, its agent's etcd user (etcdauth.go), and
+// its agent's node and status records. Its agent should be stopped first:
+// without etcd auth (--insecure) a running one writes its records again;
+// with it, the agent's writes are refused from then on.
 func (c *Controller) RemoveHost(ctx context.Context, host string, drain bool) error {
 	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
 		return notFound("host", "host %s", host)
@@ -224,6 +233,11 @@ func (c *Controller) RemoveHost(ctx context.Context, host string, drain bool) er
 	}
 	if behind {
 		c.invalidate()
+	}
+	// Its agent loses its etcd user before its records go, so a running
+	// one cannot write them again.
+	if err := c.revokeAgent(ctx, host); err != nil {
+		return err
 	}
 	for _, k := range []string{intent.NodesPrefix + host, intent.StatusPrefix + host} {
 		if err := c.raw.Delete(ctx, k); err != nil {

@@ -48,6 +48,9 @@ type Controller struct {
 	// listeners counts the API's and the location server's listeners
 	// (onehop_listener_* on /metrics).
 	listeners *accept.Stats
+	// auth keeps a user per host agent in etcd (etcdauth.go); nil
+	// without etcd auth.
+	auth *etcdAuth
 }
 
 // New returns a controller writing to s.

@@ -150,7 +150,11 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return fmt.Errorf("etcd data dir: %w", err)
 		}
-		e, err := EmbeddedEtcdWith(cfg.DataDir, cfg.ClientURL, cfg.Socket, cfg.PeerURL, cfg.TLS, EtcdOptions{Quota: cfg.EtcdQuota})
+		socket := cfg.Socket
+		if !cfg.Insecure {
+			socket = "" // served below, as the controller (serveEtcdSocket)
+		}
+		e, err := EmbeddedEtcdWith(cfg.DataDir, cfg.ClientURL, socket, cfg.PeerURL, cfg.TLS, EtcdOptions{Quota: cfg.EtcdQuota})
 		if err != nil {
 			return err
 		}
@@ -164,6 +168,9 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	}
 	defer s.Close()
 	c := New(s, log)
+	if err := enableEtcdAuth(ctx, c, s, cfg); err != nil {
+		return err
+	}
 	if cfg.LocationListen != "" {
 		var relayTLS *tls.Config
 		if cfg.Insecure {
@@ -202,6 +209,16 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 			}
 		} else {
 			log.Info("intent already in the store; topology file not re-applied", "file", cfg.Topology)
+		}
+	}
+	// Every host's agent has its etcd user before the local tools (the
+	// lab) find the store answering and start agents.
+	if err := c.SyncAgentUsers(ctx); err != nil {
+		return err
+	}
+	if len(cfg.EtcdEndpoints) == 0 && !cfg.Insecure && cfg.Socket != "" {
+		if err := serveEtcdSocket(ctx, cfg.Socket, cfg.ClientURL, etcdTLS, c.listeners, log); err != nil {
+			return err
 		}
 	}
 	for _, l := range []struct{ network, addr string }{{"unix", cfg.APISocket}, {"tcp", cfg.APIListen}} {
@@ -251,4 +268,29 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	sdnotify.Tell(log, sdnotify.Ready, sdnotify.Status("serving the REST API"))
 	defer sdnotify.Tell(log, sdnotify.Stopping)
 	return c.Run(ctx)
+}
+
+// enableEtcdAuth turns etcd's authentication on with the controller's
+// certificate as its administrator (etcdauth.go). An --insecure
+// controller has no certificate, so no user: it refuses a store whose
+// auth a controller with TLS turned on, rather than fail at every request.
+func enableEtcdAuth(ctx context.Context, c *Controller, s *store.Etcd, cfg DaemonConfig) error {
+	if cfg.Insecure {
+		on, err := s.AuthEnabled(ctx)
+		if errors.Is(err, store.ErrNoAuthStatus) {
+			return nil // an old cluster: its refusals will say
+		}
+		if err != nil {
+			return err
+		}
+		if on {
+			return errors.New("etcd has authentication on (a controller with --tls-* turned it on): an --insecure controller is no etcd user; give --tls-ca, --tls-cert and --tls-key")
+		}
+		return nil
+	}
+	admin, err := cfg.TLS.CommonName()
+	if err != nil {
+		return fmt.Errorf("--tls-cert: %w", err)
+	}
+	return c.EnableEtcdAuth(ctx, s, admin)
 }

@@ -8,19 +8,22 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 
 	"github.com/onehop/onehop/internal/pki"
 )
 
 // EmbeddedEtcd starts a single-member etcd in dataDir, serving clients on
-// clientURL (for agents over the fabric) and on a unix socket (for the
-// operator's tools on the machine, whatever namespace they are in).
+// clientURL (for agents over the fabric) and, without TLS, on a unix socket
+// (for the operator's tools on the machine, whatever namespace they are
+// in), plain and made 0600: only root on this machine may use it.
 //
 // With TLS files, clientURL is https://IP:PORT and every client must present
 // a certificate the CA signed: the fabric is not trusted. Without them it is
-// http://IP:PORT and open to anyone who reaches it (--insecure). The unix
-// socket is plain either way and made 0600: only root on this machine may
-// use it.
+// http://IP:PORT and open to anyone who reaches it (--insecure). With TLS
+// etcd's own socket would be useless once the controller enables auth (a
+// plain connection is no user), so socket must be empty: the daemon serves
+// its socket itself (serveEtcdSocket).
 //
 // Its peer URL is loopback-only: the embedded member never has peers, so no
 // peer traffic crosses the fabric; to grow, point every component at an
@@ -56,6 +59,9 @@ func EmbeddedEtcdWith(dataDir, clientURL, socket, peerURL string, files pki.File
 	if files.Empty() {
 		scheme = "http"
 	}
+	if socket != "" && !files.Empty() {
+		return nil, fmt.Errorf("etcd socket %s with TLS: etcd's plain socket is no user once auth is on; serve it with serveEtcdSocket", socket)
+	}
 	cu, err := url.Parse(clientURL)
 	if err != nil || cu.Scheme != scheme || cu.Port() == "" {
 		return nil, fmt.Errorf("etcd client url %q: want %s://IP:PORT", clientURL, scheme)
@@ -64,6 +70,17 @@ func EmbeddedEtcdWith(dataDir, clientURL, socket, peerURL string, files pki.File
 	cfg.Name = "onehop"
 	cfg.Dir = dataDir
 	cfg.LogLevel = "error"
+	// Errors only, each on one line: with auth on, every request of a
+	// certificate that is no user (an agent of a host not yet added) is
+	// an error etcd would otherwise log with a stack trace.
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(zap.ErrorLevel)
+	zc.DisableStacktrace = true
+	lg, err := zc.Build()
+	if err != nil {
+		return nil, fmt.Errorf("etcd logger: %w", err)
+	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	if o.Retain <= 0 {
 		o.Retain = CompactRetain
 	}

@@ -339,12 +339,14 @@ func TestAPIOverTCPNeedsTheTokenOrAClientCertificate(t *testing.T) {
 	}
 }
 
-func TestControllerDialsAnExternalEtcdClusterWithItsCertificate(t *testing.T) {
+// externalEtcd runs Debian's etcd on loopback, taking only clients with a
+// certificate of p's CA, until the test ends; it returns its client URL.
+func externalEtcd(t *testing.T, p testPKI) string {
+	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
 		testenv.Missing(t, "needs an etcd binary on PATH (Debian etcd-server; make deps installs it): %v", err)
 	}
-	p := makePKI(t)
 	client := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
 	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	cmd := exec.Command(bin, "--data-dir", filepath.Join(t.TempDir(), "ext"),
@@ -357,6 +359,12 @@ func TestControllerDialsAnExternalEtcdClusterWithItsCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return client
+}
+
+func TestControllerDialsAnExternalEtcdClusterWithItsCertificate(t *testing.T) {
+	p := makePKI(t)
+	client := externalEtcd(t, p)
 	runUntilVMs(t, DaemonConfig{EtcdEndpoints: []string{client}, Topology: writeTopo(t), TLS: p.controller},
 		[]string{client}, clientTLS(t, p.agent))
 }

@@ -139,6 +139,17 @@ type Files struct {
 // Empty reports whether no file is named.
 func (f Files) Empty() bool { return f.CA == "" && f.Cert == "" && f.Key == "" }
 
+// CommonName is the common name of f.Cert: who a client with it is to etcd
+// (with auth on, etcd takes the CN for the user's name) and to the VNAT
+// location server.
+func (f Files) CommonName() (string, error) {
+	c, err := ReadCert(f.Cert)
+	if err != nil {
+		return "", err
+	}
+	return c.Subject.CommonName, nil
+}
+
 // KeyPair reads the certificate and key (the key checked as a secret).
 func (f Files) KeyPair() (tls.Certificate, error) {
 	cb, err := os.ReadFile(f.Cert)

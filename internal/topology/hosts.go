@@ -56,6 +56,10 @@ var hostsSection = section{
 				c.fail(h.Line, "host name %q must be 1-12 lowercase letters or digits, starting with a letter", h.Name)
 				continue
 			}
+			if h.Name == etcdRoot {
+				c.fail(h.Line, "%v", errEtcdRoot)
+				continue
+			}
 			if h.Uplinks == 0 {
 				h.Uplinks = 1
 			}

@@ -228,11 +228,21 @@ func CheckVMName(name string) error {
 	return checkName("vm", name, vmNameRE, 11)
 }
 
+// etcdRoot is etcd's administrator user: a host's agent certificate has
+// the host's name for its common name, which etcd takes for its user, so
+// no host may be called so (controller/etcdauth.go).
+const etcdRoot = "root"
+
+var errEtcdRoot = fmt.Errorf("host name %q is etcd's administrator user: an agent certificate of that name would administer etcd", etcdRoot)
+
 // CheckHostName: see CheckFarmName (`host add`). A host's name becomes
 // part of interface names (p-HOST on the fabric), hence its 12 bytes.
 func CheckHostName(name string) error {
 	if reserved[name] {
 		return fmt.Errorf("host name %q is reserved", name)
+	}
+	if name == etcdRoot {
+		return errEtcdRoot
 	}
 	if !hostNameRE.MatchString(name) {
 		return fmt.Errorf("host name %q must be 1-12 lowercase letters or digits, starting with a letter", name)
