@@ -20,6 +20,7 @@ declare -A need=(
   [traceroute]=traceroute
   [python3]=python3          # e2e and demo: raw frames, UDP senders, JSON
   [etcd]=etcd-server       # an external etcd cluster in tests
+  [etcdctl]=etcd-client    # e2e: a farm's cascade delete leaves no key of it (etcdctl get --prefix)
   [nft]=nftables           # bench: the NAT baseline port-space isolation is compared with
   [ethtool]=ethtool        # vnat tests: checksum offload off, so the kernel verifies translated checksums
   [mptcpize]=mptcpize      # cloud-access bench: iperf3 servers speak MPTCP
