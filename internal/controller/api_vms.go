@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
 
-// vmRoutes serves VMs: create (allocating 10.f.s.h), delete, move.
+// vmRoutes serves VMs: create (allocating 10.f.s.h), get, list a farm's,
+// delete, move.
 func (c *Controller) vmRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/vms", c.list(intent.VMsPrefix, func() any { return &[]intent.VM{} }))
 	mux.HandleFunc("POST /v1/farms/{farm}/subnets/{subnet}/vms", func(w http.ResponseWriter, r *http.Request) {
@@ -27,8 +30,24 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 			reply(w, http.StatusCreated, v, err)
 		}
 	})
+	mux.HandleFunc("GET /v1/farms/{farm}/vms", func(w http.ResponseWriter, r *http.Request) {
+		out, err := c.farmVMs(r)
+		reply(w, http.StatusOK, out, err)
+	})
+	// One VM: what the CNI plugin reads, rather than every VM of the cloud.
+	mux.HandleFunc("GET /v1/farms/{farm}/subnets/{subnet}/vms/{vm}", func(w http.ResponseWriter, r *http.Request) {
+		var v intent.VM
+		err := checkPath(r, "farm", "subnet", "vm")
+		if err == nil {
+			v, err = c.getVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		}
+		reply(w, http.StatusOK, v, err)
+	})
 	mux.HandleFunc("DELETE /v1/farms/{farm}/subnets/{subnet}/vms/{vm}", func(w http.ResponseWriter, r *http.Request) {
-		err := c.DeleteVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		err := checkPath(r, "farm", "subnet", "vm")
+		if err == nil {
+			err = c.DeleteVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		}
 		reply(w, http.StatusNoContent, nil, err)
 	})
 	mux.HandleFunc("PUT /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/host", func(w http.ResponseWriter, r *http.Request) {
@@ -144,21 +163,60 @@ func (c *Controller) checkInterfaceFree(ctx context.Context, host, iface, except
 	})
 }
 
-// DeleteVM removes a VM and frees its address.
+// farmVMs lists the VMs of r's farm, by FARM/SUBNET/VM.
+func (c *Controller) farmVMs(r *http.Request) ([]intent.VM, error) {
+	if err := checkPath(r, "farm"); err != nil {
+		return nil, err
+	}
+	farm := r.PathValue("farm")
+	if _, err := c.getFarm(r.Context(), farm); err != nil {
+		return nil, err
+	}
+	out, _, err := store.ListJSON[intent.VM](r.Context(), c.store, intent.VMsPrefix+farm+"/")
+	slices.SortFunc(out, func(a, b intent.VM) int { return strings.Compare(a.FullName(), b.FullName()) })
+	return out, err
+}
+
+// getVM reads farm/subnet/name: 404 naming the farm, the subnet or the vm,
+// whichever is not there.
+func (c *Controller) getVM(ctx context.Context, farm, subnet, name string) (intent.VM, error) {
+	var v intent.VM
+	if _, err := c.getSubnet(ctx, farm, subnet); err != nil {
+		return v, err
+	}
+	err := store.GetJSON(ctx, c.store, intent.VMKey(farm, subnet, name), &v)
+	if errors.Is(err, store.ErrNotFound) {
+		return v, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	}
+	return v, err
+}
+
+// DeleteVM removes a VM: its record, its desired key on its host (the
+// model deletes it) and its id, so a new VM of the subnet gets its
+// address.
 func (c *Controller) DeleteVM(ctx context.Context, farm, subnet, name string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.deleteVMLocked(ctx, farm, subnet, name)
+}
+
+// deleteVMLocked is DeleteVM with c.mu held. The record goes before the
+// id: a failure between leaves an id unused, never an address two VMs
+// hold.
+func (c *Controller) deleteVMLocked(ctx context.Context, farm, subnet, name string) error {
 	key := intent.VMKey(farm, subnet, name)
 	if _, err := c.store.Get(ctx, key); errors.Is(err, store.ErrNotFound) {
 		return notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	} else if err != nil {
+		return err
+	}
+	if err := c.store.Delete(ctx, key); err != nil {
+		return err
 	}
 	a, err := c.allocIn(ctx, farm+"/"+subnet)
 	if err != nil {
 		return err
 	}
 	delete(a.VMs, farm+"/"+subnet+"/"+name)
-	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
-		return err
-	}
-	return c.store.Delete(ctx, key)
+	return c.saveAlloc(ctx, a, farm+"/"+subnet)
 }
