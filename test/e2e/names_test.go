@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -107,14 +108,30 @@ func TestPrivilegedTwoFarmsEachHaveAWeb1OnOneHost(t *testing.T) {
 		}
 	}
 	for node, payload := range map[string]string{"web2": "own-blue", "app2": "own-red"} {
-		if !saw(ws, node, payload) {
+		if !received(ws, node, payload) {
 			t.Errorf("%s never received %q from its own farm's web1", node, payload)
 		}
 	}
+
+	// lab move names a VM as lab exec does: web1 is either, red/web1 one.
+	if out, err := exec.Command(binary, "lab", "move", "web1", "--to", "h2", "--root", testRoot, "--lab", l.name).CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "blue/web/web1, red/web/web1") {
+		t.Errorf("lab move web1: %v, want a refusal listing both:\n%s", err, out)
+	}
+	l.onehop("lab", "move", "red/web1", "--to", "h2")
+	if r, b := l.vmRecord("red/web/web1"), l.vmRecord("blue/web/web1"); r.Host != "h2" || r.IP != red.IP || b.Host != "h1" {
+		t.Errorf("after lab move red/web1 --to h2: red/web1 on %s (%s), blue/web1 on %s; want h2 (%s) and h1", r.Host, r.IP, b.Host, red.IP)
+	}
+	if err := l.ping("red/web1", app2, 2); err != nil {
+		t.Errorf("red/web1 on h2 -> app2: %v", err)
+	}
+	if err := l.ping("blue/web1", web2, 2); err != nil {
+		t.Errorf("blue/web1, which stayed, -> web2: %v", err)
+	}
 }
 
-// saw says whether the stopped watch of node recorded a datagram with payload.
-func saw(ws []*watch, node, payload string) bool {
+// received says whether the stopped watch of node recorded a datagram with payload.
+func received(ws []*watch, node, payload string) bool {
 	for _, w := range ws {
 		if w.node != node {
 			continue
