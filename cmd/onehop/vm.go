@@ -24,7 +24,8 @@ func vmCreateCmd() *cobra.Command {
 		Use: "create FARM/SUBNET/VM --host HOST [--interface IFNAME]", Short: "Create a VM and allocate its 10.f.s.h and virtual MAC", Args: cobra.ExactArgs(1),
 		Long: `Records the VM on HOST and allocates its address and virtual MAC. --interface
 names the host interface that carries the guest: the tap QEMU or libvirt opens,
-or the host end of a veth (default vif-VM). The agent attaches to it whatever
+or the host end of a veth (default vif-VM-HASH, from the farm and VM: a VM's
+name is unique within its farm only). The agent attaches to it whatever
 its kind (veth or tap) and delivers to it as that kind takes frames
 (docs/guests.md).`,
 		Example: "  onehop vm create blue/web/web4 --host h2\n  onehop vm create blue/web/qemu1 --host h2 --interface tap-qemu1",
@@ -54,7 +55,7 @@ its kind (veth or tap) and delivers to it as that kind takes frames
 		},
 	}
 	vmCreate.Flags().StringVar(&host, "host", "", "host the VM runs on")
-	vmCreate.Flags().StringVar(&iface, "interface", "", "host interface that carries the guest: a tap or a veth's host end (default vif-VM)")
+	vmCreate.Flags().StringVar(&iface, "interface", "", "host interface that carries the guest: a tap or a veth's host end (default vif-VM-HASH, from farm and VM)")
 	return vmCreate
 }
 

@@ -131,8 +131,8 @@ func (c *Controller) AddHost(ctx context.Context, h intent.Host) (intent.Host, e
 	}
 	// VMs and hosts share one set of node names (CreateVMWithInterface).
 	if err := c.view(ctx, func(m *model) error {
-		if full, ok := m.byName[h.Name]; ok {
-			return conflict("name", "vm %s (VMs and hosts share one set of node names)", full)
+		if named := sortedKeys(m.byName[h.Name]); len(named) > 0 {
+			return conflict("name", "vm %s (VMs and hosts share one set of node names)", strings.Join(named, ", "))
 		}
 		return nil
 	}); err != nil {

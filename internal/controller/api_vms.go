@@ -22,7 +22,7 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 			Name string `json:"name"`
 			Host string `json:"host"`
 			// Interface is the host interface that carries the guest
-			// (a veth's host end, a tap); "": intent.VifName.
+			// (a veth's host end, a tap); "": intent.VifName(farm, name).
 			Interface string `json:"interface"`
 		}
 		if decode(w, r, &in) {
@@ -65,14 +65,15 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 }
 
 // CreateVM places farm/subnet/name on host, on its default interface
-// (intent.VifName), and allocates its address.
+// (intent.VifName), and allocates its address. The name is unique within
+// the farm: another farm may have a VM of the same name.
 func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host string) (intent.VM, error) {
 	return c.CreateVMWithInterface(ctx, farm, subnet, name, host, "")
 }
 
 // CreateVMWithInterface is CreateVM with the host interface that carries
 // the guest named (a tap QEMU opens, a veth a runtime makes); "" is the
-// default, intent.VifName(name). No two VMs on one host share one.
+// default, intent.VifName(farm, name). No two VMs on one host share one.
 func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, name, host, iface string) (intent.VM, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -80,7 +81,7 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 		return intent.VM{}, fieldErr("name", err)
 	}
 	if iface == "" {
-		iface = intent.VifName(name)
+		iface = intent.VifName(farm, name)
 	}
 	if err := intent.CheckInterface("interface", iface); err != nil {
 		return intent.VM{}, fieldErr("interface", err)
@@ -91,14 +92,16 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
 		return intent.VM{}, fieldErr("host", fmt.Errorf("no host %q", host))
 	}
-	// VMs and hosts share one set of node names: the vif is vif-NAME on
-	// every host, and the lab names each node's namespace oh-LAB-NAME.
+	// VMs and hosts share one set of node names, as the lab's namespaces
+	// oh-LAB-NAME do (a name several farms' VMs share is no node of its
+	// own there: docs/lab.md).
 	if _, err := c.store.Get(ctx, intent.HostsPrefix+name); err == nil {
 		return intent.VM{}, conflict("name", "host %q (VMs and hosts share one set of node names, as the lab's namespaces oh-LAB-NAME do)", name)
 	}
+	// Unique within the farm: red may have a web1 as blue does.
 	if err := c.view(ctx, func(m *model) error {
-		if full, ok := m.byName[name]; ok {
-			return conflict("name", "vm %q (as %s)", name, full)
+		if full := m.namedIn(farm, name); full != "" {
+			return conflict("name", "vm %s (a VM's name is unique within its farm)", full)
 		}
 		return nil
 	}); err != nil {
