@@ -11,14 +11,15 @@ import (
 )
 
 // farmRoutes serves farms: a tenant's network, 10.f.0.0/16.
-func (c *Controller) farmRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/farms", c.list(intent.FarmsPrefix, func() any { return &[]intent.Farm{} }))
+func (c *Controller) farmRoutes(mux *router) {
+	mux.HandleFunc("GET /v1/farms", c.farmList(intent.FarmsPrefix, func() any { return &[]intent.Farm{} }))
 	mux.HandleFunc("POST /v1/farms", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Name     string `json:"name"`
 			ProxyARP bool   `json:"proxyARP"`
 		}
 		if decode(w, r, &in) {
+			noteFarm(r.Context(), in.Name)
 			f, err := c.CreateFarm(r.Context(), in.Name, in.ProxyARP)
 			reply(w, http.StatusCreated, f, err)
 		}

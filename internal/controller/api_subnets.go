@@ -11,8 +11,8 @@ import (
 )
 
 // subnetRoutes serves subnets: a /24 of a farm, gateway at .1.
-func (c *Controller) subnetRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/subnets", c.list(intent.SubnetsPrefix, func() any { return &[]intent.Subnet{} }))
+func (c *Controller) subnetRoutes(mux *router) {
+	mux.HandleFunc("GET /v1/subnets", c.farmList(intent.SubnetsPrefix, func() any { return &[]intent.Subnet{} }))
 	mux.HandleFunc("POST /v1/farms/{farm}/subnets", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Name string `json:"name"`

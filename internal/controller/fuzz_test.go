@@ -168,3 +168,69 @@ func FuzzAPIPeerPath(f *testing.F) {
 		send(t, "PUT", "/v1/farms/"+url.PathEscape(farm)+"/peers/"+url.PathEscape(with), "")
 	})
 }
+
+// A tenant token's body: only an existing farm gets a token, and the token
+// is answered once, never stored.
+func FuzzAPITenantTokenBody(f *testing.F) {
+	seedBodies(f, `{"farm":"blue"}`, `{"farm":"green"}`, `{"farm":""}`, `{}`, `{"farm":["blue"]}`, `{"farm":"blue","id":"x"}`, `{"farm":"blue"}{}`)
+	send := fuzzAPI(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		s, code := send(t, "POST", "/v1/tenants/tokens", body)
+		kvs, _, err := s.List(t.Context(), intent.TenantTokensPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (code == http.StatusCreated) != (len(kvs) == 1) {
+			t.Fatalf("%q: %d with %d token keys", body, code, len(kvs))
+		}
+		for k, v := range kvs {
+			var rec tokenRecord
+			if err := json.Unmarshal(v, &rec); err != nil || rec.Farm != "blue" && rec.Farm != "red" || len(rec.Hash) != 64 || strings.Contains(string(v), "oht.") {
+				t.Fatalf("%q: stored %s = %s", body, k, v)
+			}
+		}
+	})
+}
+
+// Whatever a write's body holds, its audit summary is short and holds no
+// value of a field named like a secret.
+func FuzzAuditSummaryHoldsNoSecret(f *testing.F) {
+	seedBodies(f, `{"name":"x","token":"s3cr3tvalue"}`, `{"a":{"Secret":"s3cr3tvalue"}}`, `[{"password":"s3cr3tvalue"}]`, `{"siteKey":["s3cr3tvalue"]}`, `not json s3cr3tvalue`, ``)
+	f.Fuzz(func(t *testing.T, body string) {
+		got := summarize([]byte(body), len(body))
+		if len(got) > auditChangeMax {
+			t.Fatalf("%q: summary of %d bytes", body, len(got))
+		}
+		var v any
+		if json.Unmarshal([]byte(body), &v) != nil {
+			if got != "" && !strings.HasPrefix(got, "(") {
+				t.Fatalf("%q is not JSON, yet summarized as %q", body, got)
+			}
+			return
+		}
+		var secrets []string
+		var walk func(any, bool)
+		walk = func(v any, secret bool) {
+			switch x := v.(type) {
+			case map[string]any:
+				for k, e := range x {
+					walk(e, secret || secretField(k))
+				}
+			case []any:
+				for _, e := range x {
+					walk(e, secret)
+				}
+			case string:
+				if secret && len(x) >= 6 {
+					secrets = append(secrets, x)
+				}
+			}
+		}
+		walk(v, false)
+		for _, s := range secrets {
+			if strings.Contains(got, s) {
+				t.Fatalf("%q: summary %q holds the secret %q", body, got, s)
+			}
+		}
+	})
+}
