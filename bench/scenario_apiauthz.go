@@ -22,16 +22,18 @@ import (
 )
 
 // Issue 21: the REST API's throughput with per-request authorization
-// against today's, target at least 0.9x. Two controllers (the real binary,
-// each with its embedded etcd, TLS on loopback) hold the same seed: one
-// as today's was used, the admin token and no audit trail (--audit-keep 0);
-// the other as a tenant uses it, a tenant token of farm blue (looked up in
-// the controller's copy, its farm checked on every request) with the audit
-// trail on (one more etcd transaction per write). Each round measures, on
-// both in rotated order, reads (GET /v1/vms, answered filtered to blue's
-// for the tenant) and writes (a VM created and deleted again, on blue's
-// subnet), apiWorkers requests at a time over kept-alive connections, for
-// the bench's -seconds each.
+// against today's, target at least 0.9x. Three controllers (the real
+// binary, each with its embedded etcd, TLS on loopback) hold the same seed:
+// today's as it was used, the admin token and no audit trail
+// (--audit-keep 0); one used by a tenant, a token of farm blue (looked up
+// in the controller's copy, its farm checked on every request), no audit
+// trail; and the same with the audit trail on (one more etcd transaction
+// per write, shared by the writes of a burst), whose cost is reported
+// beside, against the same target. Each round measures, on all three in
+// rotated order, reads (GET /v1/vms: every VM is blue's, so the tenant's
+// filtered answer is the admin's bytes) and writes (a VM created and
+// deleted again on blue's subnet, counted as one), apiWorkers requests at
+// a time over kept-alive connections, for the bench's -seconds each.
 const apiWorkers = 4
 
 var apiAuthzScenario = &Scenario{
@@ -53,8 +55,7 @@ farms:
 vms:
   - {name: web1, host: h1, subnet: blue/web}
   - {name: web2, host: h2, subnet: blue/web}
-  - {name: red1, host: h1, subnet: red/web}
-  - {name: red2, host: h2, subnet: red/web}
+  - {name: web3, host: h1, subnet: blue/web}
 `
 
 // apiTarget is one controller the bench drives, with the token it uses.
@@ -63,6 +64,7 @@ type apiTarget struct {
 	url   string
 	token string
 	http  *http.Client
+	vms   atomic.Int64 // VMs named so far: each write's name is new
 }
 
 func apiAuthzChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
@@ -85,19 +87,27 @@ func apiAuthzChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	tenant, err := startAPIController(ctx, e, dir, "tenant", files, seed, "10000")
+	authz, err := startAPIController(ctx, e, dir, "authz", files, seed, "0")
 	if err != nil {
 		return nil, err
 	}
-	targets := []*apiTarget{{name: "admin, no audit", url: today, token: admin, http: client}, {name: "tenant blue, audited", url: tenant, token: admin, http: client}}
-	var tok struct{ Token string }
-	if err := targets[1].do(ctx, "POST", "/v1/tenants/tokens", `{"farm":"blue"}`, 201, &tok); err != nil {
-		return nil, fmt.Errorf("tenant token: %w", err)
+	audited, err := startAPIController(ctx, e, dir, "audited", files, seed, "10000")
+	if err != nil {
+		return nil, err
 	}
-	targets[1].token = tok.Token
-	// The tenant's token is what it says: red's objects are refused.
-	if err := targets[1].do(ctx, "POST", "/v1/farms/red/subnets/web/vms", `{"name":"x1","host":"h1"}`, 403, nil); err != nil {
-		return nil, fmt.Errorf("the tenant token on red's farm: %w", err)
+	targets := []*apiTarget{{name: "admin, no audit", url: today, token: admin, http: client},
+		{name: "tenant blue, no audit", url: authz, token: admin, http: client},
+		{name: "tenant blue, audited", url: audited, token: admin, http: client}}
+	for _, t := range targets[1:] {
+		var tok struct{ Token string }
+		if err := t.do(ctx, "POST", "/v1/tenants/tokens", `{"farm":"blue"}`, 201, &tok); err != nil {
+			return nil, fmt.Errorf("tenant token: %w", err)
+		}
+		t.token = tok.Token
+		// The tenant's token is what it says: red's objects are refused.
+		if err := t.do(ctx, "POST", "/v1/farms/red/subnets/web/vms", `{"name":"x1","host":"h1"}`, 403, nil); err != nil {
+			return nil, fmt.Errorf("the tenant token on red's farm: %w", err)
+		}
 	}
 	window := time.Duration(e.cfg.seconds) * time.Second
 	kinds := []struct {
@@ -123,12 +133,15 @@ func apiAuthzChecks(ctx context.Context, e *Env, _ []*Pair) ([]Check, error) {
 	}
 	var out []Check
 	for _, k := range kinds {
-		base, with := Summarize(rates[k.name][0]), Summarize(rates[k.name][1])
-		ratio := round3(with.Median / base.Median)
-		met := ratio >= 0.9
-		out = append(out, Check{Scenario: "api-authz", Name: k.name + ", tenant over today's", Value: ratio, Unit: "x", Op: ">=", Target: 0.9, Met: &met,
-			Detail: fmt.Sprintf("medians of %d rounds of %s, %d at a time: %.0f/s with a tenant token, authorization and audit; %.0f/s with the admin token, no audit (min-max %.0f-%.0f and %.0f-%.0f)",
-				with.N, window, apiWorkers, with.Median, base.Median, with.Min, with.Max, base.Min, base.Max)})
+		base := Summarize(rates[k.name][0])
+		for i, what := range []string{"tenant over today's", "tenant, audited, over today's"} {
+			with := Summarize(rates[k.name][i+1])
+			ratio := round3(with.Median / base.Median)
+			met := ratio >= 0.9
+			out = append(out, Check{Scenario: "api-authz", Name: k.name + ", " + what, Value: ratio, Unit: "x", Op: ">=", Target: 0.9, Met: &met,
+				Detail: fmt.Sprintf("medians of %d rounds of %s, %d at a time: %.0f/s as %s; %.0f/s as %s (min-max %.0f-%.0f and %.0f-%.0f)",
+					with.N, window, apiWorkers, with.Median, targets[i+1].name, base.Median, targets[0].name, with.Min, with.Max, base.Min, base.Max)})
+		}
 	}
 	return out, nil
 }
@@ -167,8 +180,9 @@ func apiRead(ctx context.Context, t *apiTarget, _, _ int) error {
 
 // apiWrite creates a VM on blue's subnet and deletes it: two writes, each
 // compiled into desired state and (tenant) audited. It counts as one.
-func apiWrite(ctx context.Context, t *apiTarget, w, i int) error {
-	name := fmt.Sprintf("b%dv%d", w, i%1000)
+func apiWrite(ctx context.Context, t *apiTarget, _, _ int) error {
+	// A write the window cut short leaves its VM: the next name is new.
+	name := fmt.Sprintf("v%d", t.vms.Add(1))
 	if err := t.do(ctx, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"`+name+`","host":"h1"}`, 201, nil); err != nil {
 		return err
 	}

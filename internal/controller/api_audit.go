@@ -54,17 +54,30 @@ const auditBodyMax = 8 << 10
 
 // auditLog appends entries to the store, one key each under
 // intent.AuditPrefix, and drops the oldest beyond keep in the same
-// transaction. It remembers the keys it knows, so an append costs one
-// transaction and no read; it relists every auditRelist appends, which
-// finds what another controller on the same store appended.
+// transaction. It remembers the keys it knows, so an append costs no read;
+// it relists every auditRelist appends, which finds what another
+// controller on the same store appended. Appends made at once share one
+// transaction (a group commit): the first writer commits every entry
+// waiting, and each waits for its own, so an entry is in the store before
+// its write is answered, at the cost of about one transaction per burst
+// of writes rather than one each.
 type auditLog struct {
-	mu     sync.Mutex
-	keep   int // 0: no audit trail
-	keys   []string
-	loaded bool
-	last   int64 // the last entry's time, ns
-	seq    uint16
-	since  int // appends since the last list
+	mu       sync.Mutex
+	keep     int // 0: no audit trail
+	keys     []string
+	loaded   bool
+	last     int64 // the last entry's time, ns
+	seq      uint16
+	since    int // appends since the last list
+	pending  []auditWait
+	flushing bool
+}
+
+// auditWait is an entry waiting for its transaction.
+type auditWait struct {
+	key  string
+	val  []byte
+	done chan error
 }
 
 const auditRelist = 1000
@@ -91,18 +104,14 @@ func (a *auditLog) load(ctx context.Context, s store.Store) error {
 	return nil
 }
 
-// record appends e (its ID and Time set here) and drops the oldest
-// entries beyond keep, in one transaction where the store has them.
+// record appends e (its ID and Time set here) and returns once it is in
+// the store, the oldest entries beyond keep dropped in the same
+// transaction.
 func (a *auditLog) record(ctx context.Context, s store.Store, e AuditEntry) error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.keep <= 0 {
+		a.mu.Unlock()
 		return nil
-	}
-	if !a.loaded || a.since >= auditRelist {
-		if err := a.load(ctx, s); err != nil {
-			return err
-		}
 	}
 	now := time.Now()
 	ns := now.UnixNano()
@@ -114,34 +123,86 @@ func (a *auditLog) record(ctx context.Context, s store.Store, e AuditEntry) erro
 	e.Time = now.UTC()
 	val, err := json.Marshal(e)
 	if err != nil {
+		a.mu.Unlock()
 		return err
 	}
-	key := intent.AuditPrefix + e.ID
-	ops := []store.Op{{Key: key, Value: val}}
-	drop := len(a.keys) + 1 - a.keep
-	for i := 0; i < drop && len(ops) < store.MaxTxnOps; i++ {
-		ops = append(ops, store.Op{Key: a.keys[i], Delete: true})
+	w := auditWait{key: intent.AuditPrefix + e.ID, val: val, done: make(chan error, 1)}
+	a.pending = append(a.pending, w)
+	lead := !a.flushing
+	a.flushing = true
+	a.mu.Unlock()
+	if lead {
+		a.flush(context.WithoutCancel(ctx), s)
 	}
-	if tx, ok := s.(store.Txner); ok {
-		_, err = tx.Txn(ctx, ops)
-	} else {
-		for _, op := range ops {
-			if op.Delete {
-				err = s.Delete(ctx, op.Key)
-			} else {
-				err = s.Put(ctx, op.Key, op.Value)
+	return <-w.done
+}
+
+// flush commits what is pending, a transaction at a time, until nothing
+// is; one caller flushes at a time (a.flushing).
+func (a *auditLog) flush(ctx context.Context, s store.Store) {
+	for {
+		a.mu.Lock()
+		if len(a.pending) == 0 {
+			a.flushing = false
+			a.mu.Unlock()
+			return
+		}
+		var err error
+		if !a.loaded || a.since >= auditRelist {
+			err = a.load(ctx, s)
+		}
+		// Half a transaction for new entries, the rest for the oldest
+		// they push out.
+		n := min(len(a.pending), store.MaxTxnOps/2)
+		batch := slices.Clone(a.pending[:n])
+		a.pending = a.pending[n:]
+		ops := make([]store.Op, 0, store.MaxTxnOps)
+		for _, w := range batch {
+			ops = append(ops, store.Op{Key: w.key, Value: w.val})
+		}
+		drop := min(max(len(a.keys)+n-a.keep, 0), len(a.keys), store.MaxTxnOps-n)
+		for _, k := range a.keys[:drop] {
+			ops = append(ops, store.Op{Key: k, Delete: true})
+		}
+		a.mu.Unlock()
+		if err == nil {
+			err = commit(ctx, s, ops)
+		}
+		a.mu.Lock()
+		if err != nil {
+			a.loaded = false // what is there now is unknown: list it next time
+			err = fmt.Errorf("audit trail: %w", err)
+		} else {
+			a.keys = a.keys[drop:]
+			for _, w := range batch {
+				a.keys = append(a.keys, w.key)
 			}
-			if err != nil {
-				break
-			}
+			a.since += n
+		}
+		a.mu.Unlock()
+		for _, w := range batch {
+			w.done <- err
 		}
 	}
-	if err != nil {
-		a.loaded = false // what is there now is unknown: list it next time
-		return fmt.Errorf("audit trail: %w", err)
+}
+
+// commit writes ops in one transaction where the store has them.
+func commit(ctx context.Context, s store.Store, ops []store.Op) error {
+	if tx, ok := s.(store.Txner); ok {
+		_, err := tx.Txn(ctx, ops)
+		return err
 	}
-	a.keys = append(a.keys[len(ops)-1:], key)
-	a.since++
+	for _, op := range ops {
+		var err error
+		if op.Delete {
+			err = s.Delete(ctx, op.Key)
+		} else {
+			err = s.Put(ctx, op.Key, op.Value)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
