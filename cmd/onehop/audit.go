@@ -26,16 +26,8 @@ tenant's credential lists its own farm's entries only.`,
 		Example: "  onehop audit\n  onehop audit --farm blue -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := api()
-			if err != nil {
-				return err
-			}
-			path := "/v1/audit"
-			if farm != "" {
-				path += "?farm=" + url.QueryEscape(farm)
-			}
 			var entries []controller.AuditEntry
-			if err := c.Do("GET", path, nil, &entries); err != nil {
+			if err := getOfFarm("/v1/audit", farm, &entries); err != nil {
 				return err
 			}
 			return printAudit(cmd.OutOrStdout(), entries, output)
@@ -60,4 +52,17 @@ func printAudit(w io.Writer, entries []controller.AuditEntry, output outputForma
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s %s\t%s\t%s\n", e.Time.Local().Format(time.DateTime), e.Who, farm, e.Method, e.Path, e.Name, e.Change)
 	}
 	return tw.Flush()
+}
+
+// getOfFarm GETs the list at path, farm's items only when farm is not ""
+// (?farm=), into out.
+func getOfFarm(path, farm string, out any) error {
+	c, err := api()
+	if err != nil {
+		return err
+	}
+	if farm != "" {
+		path += "?farm=" + url.QueryEscape(farm)
+	}
+	return c.Do("GET", path, nil, out)
 }

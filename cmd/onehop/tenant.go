@@ -76,16 +76,8 @@ tenant now. The tenant uses it as any token: --token-file FILE or ONEHOP_TOKEN.`
 		Short: "List tenant tokens: id, farm, created (never a secret)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := api()
-			if err != nil {
-				return err
-			}
-			path := "/v1/tenants/tokens"
-			if listFarm != "" {
-				path += "?farm=" + url.QueryEscape(listFarm)
-			}
 			var toks []controller.TenantToken
-			if err := c.Do("GET", path, nil, &toks); err != nil {
+			if err := getOfFarm("/v1/tenants/tokens", listFarm, &toks); err != nil {
 				return err
 			}
 			return printTokens(cmd.OutOrStdout(), toks, output)

@@ -119,7 +119,8 @@ func (c *Controller) LoadTenantTokens(ctx context.Context) (int64, error) {
 }
 
 // WatchTenantTokens keeps the controller's copy of the tokens equal to the
-// store's from revision rev until ctx ends: a broken watch relists.
+// store's from revision rev until ctx ends: a broken watch relists, and
+// watches on from the revision of that list.
 func (c *Controller) WatchTenantTokens(ctx context.Context, rev int64) {
 	for ctx.Err() == nil {
 		for b := range c.raw.WatchEvents(ctx, intent.TenantTokensPrefix, rev) {
@@ -134,7 +135,6 @@ func (c *Controller) WatchTenantTokens(ctx context.Context, rev int64) {
 				if err := c.tokens.set(ev.Key, val); err != nil {
 					c.log.Warn("tenant tokens", "err", err)
 				}
-				rev = ev.Rev
 			}
 		}
 		if ctx.Err() != nil {

@@ -234,3 +234,75 @@ func FuzzAuditSummaryHoldsNoSecret(f *testing.F) {
 		}
 	})
 }
+
+// Whatever request red's tenant token sends, nothing of farm blue's and
+// nothing cloud-wide changes: its records, its VMs' desired state, its
+// farm state, the hosts, slivers, LISP mappings and tokens.
+func FuzzTenantChangesNothingOfAnotherFarm(f *testing.F) {
+	for _, s := range []struct {
+		m          uint8
+		path, body string
+	}{
+		{1, "/v1/farms/blue/subnets", `{"name":"app"}`},
+		{1, "/v1/farms/red/subnets", `{"name":"app"}`},
+		{2, "/v1/farms/blue/peers/red", ``},
+		{2, "/v1/farms/red/peers/blue", ``},
+		{3, "/v1/farms/blue/subnets/web/vms/web1", ``},
+		{1, "/v1/farms/red/rules", `{"from":"blue/web","to":"web"}`},
+		{1, "/v1/taps", `{"name":"t","sender":"10.1.1.2","receiver":"any","monitor":"red/web/rweb1","crossFarm":true}`},
+		{1, "/v1/farms/red/subnets/web/vms", `{"name":"web1","host":"h1"}`},
+		{2, "/v1/farms/red/subnets/web/vms/rweb1/host", `{"host":"h2","subnet":"blue/web"}`},
+		{1, "/v1/hosts", `{"name":"h9"}`},
+		{1, "/v1/tenants/tokens", `{"farm":"blue"}`},
+		{1, "/v1/farms/red%2Fx/subnets", `{"name":"a"}`},
+		{1, "/v1/farms/blue/../red/subnets", `{"name":"a"}`},
+	} {
+		f.Add(s.m, s.path, s.body)
+	}
+	topo, err := topology.Parse("tenants.yaml", []byte(tenantTopo))
+	if err != nil {
+		f.Fatal(err)
+	}
+	methods := []string{"GET", "POST", "PUT", "DELETE", "PATCH"}
+	f.Fuzz(func(t *testing.T, m uint8, path, body string) {
+		req, err := http.NewRequest(methods[int(m)%len(methods)], "http://onehop"+path, strings.NewReader(body))
+		if err != nil || !strings.HasPrefix(path, "/") {
+			return
+		}
+		c, s := newController()
+		if err := c.ApplyTopology(t.Context(), topo); err != nil {
+			t.Fatal(err)
+		}
+		red, err := c.CreateTenantToken(t.Context(), "red")
+		if err != nil {
+			t.Fatal(err)
+		}
+		protected := func() map[string]string {
+			kvs, _, err := s.List(t.Context(), intent.Root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]string{}
+			for k, v := range kvs {
+				for _, p := range []string{intent.FarmsPrefix + "blue", intent.SubnetsPrefix + "blue/", intent.VMsPrefix + "blue/",
+					intent.VMIDsPrefix + "blue/", intent.HostsPrefix, intent.SliversPrefix, intent.LISPMappingsPrefix,
+					intent.TenantTokensPrefix, intent.FarmStateKey(1)} {
+					if strings.HasPrefix(k, p) || strings.Contains(k, "/vm/blue/") {
+						out[k] = string(v)
+					}
+				}
+			}
+			return out
+		}
+		before := protected()
+		req.Header.Set("Authorization", "Bearer "+red.Token)
+		rec := httptest.NewRecorder()
+		c.Authenticate(c.API(), "").ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%s %s %q: %d %s", req.Method, path, body, rec.Code, rec.Body)
+		}
+		if after := protected(); !mapsEqual(before, after) {
+			t.Fatalf("red's %s %s %q (%d %s) changed blue's or the cloud's keys", req.Method, path, body, rec.Code, rec.Body)
+		}
+	})
+}
