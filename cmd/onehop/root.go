@@ -50,6 +50,8 @@ func nouns() []noun {
 		{cmd: gatewayCmd},
 		{cmd: lispCmd},
 		{cmd: xtrCmd},
+		{cmd: tenantCmd},
+		{cmd: auditCmd},
 	}
 }
 

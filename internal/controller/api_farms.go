@@ -12,14 +12,15 @@ import (
 )
 
 // farmRoutes serves farms: a tenant's network, 10.f.0.0/16.
-func (c *Controller) farmRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/farms", c.list(intent.FarmsPrefix, func() any { return &[]intent.Farm{} }))
+func (c *Controller) farmRoutes(mux *router) {
+	mux.HandleFunc("GET /v1/farms", c.farmList(intent.FarmsPrefix, func() any { return &[]intent.Farm{} }))
 	mux.HandleFunc("POST /v1/farms", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Name     string `json:"name"`
 			ProxyARP bool   `json:"proxyARP"`
 		}
 		if decode(w, r, &in) {
+			noteFarm(r.Context(), in.Name)
 			f, err := c.CreateFarm(r.Context(), in.Name, in.ProxyARP)
 			reply(w, http.StatusCreated, f, err)
 		}
@@ -90,7 +91,7 @@ func (c *Controller) DeleteFarm(ctx context.Context, name string, cascade bool) 
 	if _, err := c.getFarm(ctx, name); err != nil {
 		return err
 	}
-	if err := c.refuseOrCascade(ctx, scope{farm: name}, cascade); err != nil {
+	if err := c.refuseOrCascade(ctx, deletion{farm: name}, cascade); err != nil {
 		return err
 	}
 	// The record first: a failure after it leaves an id unused, never an

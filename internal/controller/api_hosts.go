@@ -16,7 +16,7 @@ import (
 
 // hostRoutes serves hosts: the topology seeds them, the operator adds and
 // retires them (a hypervisor joining or leaving a running cloud).
-func (c *Controller) hostRoutes(mux *http.ServeMux) {
+func (c *Controller) hostRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/hosts", c.list(intent.HostsPrefix, func() any { return &[]intent.Host{} }))
 	mux.HandleFunc("POST /v1/hosts", func(w http.ResponseWriter, r *http.Request) {
 		var in intent.Host

@@ -14,8 +14,8 @@ import (
 )
 
 // subnetRoutes serves subnets: a /24 of a farm, gateway at .1.
-func (c *Controller) subnetRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/subnets", c.list(intent.SubnetsPrefix, func() any { return &[]intent.Subnet{} }))
+func (c *Controller) subnetRoutes(mux *router) {
+	mux.HandleFunc("GET /v1/subnets", c.farmList(intent.SubnetsPrefix, func() any { return &[]intent.Subnet{} }))
 	mux.HandleFunc("POST /v1/farms/{farm}/subnets", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Name string `json:"name"`
@@ -87,7 +87,7 @@ func (c *Controller) DeleteSubnet(ctx context.Context, farm, name string, cascad
 	if _, err := c.getSubnet(ctx, farm, name); err != nil {
 		return err
 	}
-	if err := c.refuseOrCascade(ctx, scope{farm: farm, subnet: name}, cascade); err != nil {
+	if err := c.refuseOrCascade(ctx, deletion{farm: farm, subnet: name}, cascade); err != nil {
 		return err
 	}
 	return c.dropSubnet(ctx, farm, name)

@@ -15,8 +15,8 @@ import (
 
 // vmRoutes serves VMs: create (allocating 10.f.s.h), get, list a farm's,
 // delete, move.
-func (c *Controller) vmRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/vms", c.list(intent.VMsPrefix, func() any { return &[]intent.VM{} }))
+func (c *Controller) vmRoutes(mux *router) {
+	mux.HandleFunc("GET /v1/vms", c.farmList(intent.VMsPrefix, func() any { return &[]intent.VM{} }))
 	mux.HandleFunc("POST /v1/farms/{farm}/subnets/{subnet}/vms", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Name string `json:"name"`

@@ -45,10 +45,10 @@ func checkPath(r *http.Request, params ...string) error {
 	return nil
 }
 
-// scope is what a delete removes: a whole farm (subnet ""), or one subnet.
-type scope struct{ farm, subnet string }
+// deletion is what a delete removes: a whole farm (subnet ""), or one subnet.
+type deletion struct{ farm, subnet string }
 
-func (s scope) String() string {
+func (s deletion) String() string {
 	if s.subnet == "" {
 		return "farm " + s.farm
 	}
@@ -57,7 +57,7 @@ func (s scope) String() string {
 
 // holds reports whether ref (FARM, FARM/SUBNET or FARM/SUBNET/VM, as
 // rules and TAP policies name things) is in s.
-func (s scope) holds(ref string) bool {
+func (s deletion) holds(ref string) bool {
 	p := s.farm
 	if s.subnet != "" {
 		p += "/" + s.subnet
@@ -65,7 +65,7 @@ func (s scope) holds(ref string) bool {
 	return ref == p || strings.HasPrefix(ref, p+"/")
 }
 
-// dependants is what refers to a scope from outside it, and what it
+// dependants is what refers to what a deletion removes from outside it, and what it
 // holds: what a delete of it would leave dangling, and what a cascade
 // deletes first.
 type dependants struct {
@@ -106,7 +106,7 @@ func (d *dependants) names() []string {
 }
 
 // dependantsOf reads what depends on s. c.mu is held.
-func (c *Controller) dependantsOf(ctx context.Context, s scope) (*dependants, error) {
+func (c *Controller) dependantsOf(ctx context.Context, s deletion) (*dependants, error) {
 	farms, _, err := store.ListJSON[intent.Farm](ctx, c.store, intent.FarmsPrefix)
 	if err != nil {
 		return nil, err
@@ -177,7 +177,7 @@ func (c *Controller) dependantsOf(ctx context.Context, s scope) (*dependants, er
 // its VMs and subnets, the rules and peerings of other farms that name it,
 // its VMs, and (of a farm) its subnets. Each goes as its own delete does,
 // its ids freed. c.mu is held.
-func (c *Controller) refuseOrCascade(ctx context.Context, s scope, cascade bool) error {
+func (c *Controller) refuseOrCascade(ctx context.Context, s deletion, cascade bool) error {
 	d, err := c.dependantsOf(ctx, s)
 	if err != nil || d.empty() {
 		return err

@@ -54,6 +54,10 @@ type DaemonConfig struct {
 	// API bounds each REST API listener's connections (--api-max-conns,
 	// --api-max-conns-per-source); zero fields: DefaultAPILimits.
 	API accept.Limits
+	// AuditKeep is how many audit entries the store keeps, the oldest
+	// dropped first (--audit-keep): 0 is DefaultAuditKeep; negative keeps
+	// no audit trail.
+	AuditKeep int
 	// Location bounds the location server's streams
 	// (--location-max-conns, --location-max-conns-per-source,
 	// --location-idle-timeout); zero fields: vnatloc.DefaultStreamLimits.
@@ -171,6 +175,20 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	if err := enableEtcdAuth(ctx, c, s, cfg); err != nil {
 		return err
 	}
+	switch {
+	case cfg.AuditKeep < 0:
+		c.SetAuditKeep(0)
+		log.Warn("--audit-keep 0: no audit trail; writes are not recorded")
+	case cfg.AuditKeep > 0:
+		c.SetAuditKeep(cfg.AuditKeep)
+	}
+	// Every tenant token is loaded before the API serves: none is refused
+	// for not being known yet, and a revoked one is gone from then on.
+	tokRev, err := c.LoadTenantTokens(ctx)
+	if err != nil {
+		return err
+	}
+	go c.WatchTenantTokens(ctx, tokRev)
 	if cfg.LocationListen != "" {
 		var relayTLS *tls.Config
 		if cfg.Insecure {
@@ -250,7 +268,7 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 			}
 		case apiTLS != nil:
 			ln = tls.NewListener(ln, apiTLS)
-			handler = Authenticated(handler, token)
+			handler = c.Authenticate(handler, token)
 		}
 		srv := accept.HTTPServer(handler)
 		srv.ErrorLog = limitedErrorLog(log, 5)

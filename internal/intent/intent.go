@@ -53,6 +53,13 @@ const (
 	// (vnatloc.Prefix). Not intent either: a refresh is not an intent
 	// change.
 	VNATLocationsPrefix = Root + "vnat/locations/"
+	// TenantTokensPrefix holds the tenant tokens (+ ID), each with the
+	// SHA-256 of its secret, never the secret (docs/tenants.md). Not
+	// intent: only the controller reads it; no agent needs it.
+	TenantTokensPrefix = Root + "tenants/tokens/"
+	// AuditPrefix holds the audit trail, one key per accepted write (+ a
+	// sortable id), the oldest dropped first (docs/tenants.md).
+	AuditPrefix = Root + "audit/"
 )
 
 // SubnetKey is the key of subnet farm/subnet.
