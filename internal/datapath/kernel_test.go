@@ -899,7 +899,8 @@ func TestPrivilegedChangedRulesMakeEveryFlowEarnItsAdmissionAgain(t *testing.T) 
 		t.Fatal(err)
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
-		{name: "the same flow's next packet is refused", in: syn, wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
+		{name: "the same flow's next packet is refused: the flow is cut, counted as revoked", in: syn, wantVerdict: bpftest.ActShot, wantDrop: "revoked"},
+		{name: "and the one after is refused as a new flow would be", in: syn, wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 	})
 }
 
