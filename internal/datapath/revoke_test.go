@@ -38,7 +38,7 @@ func TestPrivilegedRevokedCountsEachCutFlowOnce(t *testing.T) {
 	})
 	runTable(t, k, k.UplinkProgram(), []progCase{
 		{name: "positive control: red1's reply comes in", in: fromRed, wantVerdict: bpftest.ActRedirect,
-			want: &frame{Src: vmac(gw), Dst: vmac(web1), Saddr: red1, Daddr: web1, Proto: tcp, Sport: 443, Dport: 40001},
+			want:   &frame{Src: vmac(gw), Dst: vmac(web1), Saddr: red1, Daddr: web1, Proto: tcp, Sport: 443, Dport: 40001},
 			wantTo: 1, wantPeer: true, wantForward: "from_fabric"},
 	})
 
