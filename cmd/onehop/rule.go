@@ -58,16 +58,21 @@ func printRules(c *client.Client, farm string, output outputFormat, w io.Writer)
 	})
 }
 
-// ruleArgs checks FARM and ID.
-func ruleArgs(args []string) (string, uint32, error) {
+// ruleCall checks FARM and ID and sends method to the rule's path, its
+// answer decoded into out (nil: none).
+func ruleCall(method string, args []string, out any) error {
 	if err := topology.CheckFarmName(args[0]); err != nil {
-		return "", 0, fmt.Errorf("FARM: %w", err)
+		return fmt.Errorf("FARM: %w", err)
 	}
 	id, err := controller.ParseRuleID("ID", args[1])
 	if err != nil {
-		return "", 0, err
+		return err
 	}
-	return args[0], id, nil
+	c, err := api()
+	if err != nil {
+		return err
+	}
+	return c.Do(method, fmt.Sprintf("/v1/farms/%s/rules/%d", args[0], id), nil, out)
 }
 
 func ruleGetCmd() *cobra.Command {
@@ -76,16 +81,8 @@ func ruleGetCmd() *cobra.Command {
 		Use: "get FARM ID [-o json]", Short: "Show one rule of a farm", Args: cobra.ExactArgs(2),
 		Example: "  onehop rule get blue 3",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			farm, id, err := ruleArgs(args)
-			if err != nil {
-				return err
-			}
-			c, err := api()
-			if err != nil {
-				return err
-			}
 			var v controller.RuleView
-			if err := c.Do("GET", fmt.Sprintf("/v1/farms/%s/rules/%d", farm, id), nil, &v); err != nil {
+			if err := ruleCall("GET", args, &v); err != nil {
 				return err
 			}
 			if output == jsonOutput {
@@ -114,18 +111,10 @@ drop reason revoked (onehop stats).`,
 		Example: "  onehop rule delete blue 3",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			farm, id, err := ruleArgs(args)
-			if err != nil {
+			if err := ruleCall("DELETE", args, nil); err != nil {
 				return err
 			}
-			c, err := api()
-			if err != nil {
-				return err
-			}
-			if err := c.Do("DELETE", fmt.Sprintf("/v1/farms/%s/rules/%d", farm, id), nil, nil); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "rule %d of %s deleted\n", id, farm)
+			fmt.Fprintf(cmd.OutOrStdout(), "rule %s of %s deleted\n", args[1], args[0])
 			return nil
 		},
 	}

@@ -745,15 +745,7 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 		{Dir: "out", Proto: "udp", Action: "deny"},
 	}}
 	// This time the frames BPF_PROG_RUN injects on ifindex 1 come from web3.
-	k := loadTestKernelWithIfindex(t, d, func(name string) (int, error) {
-		switch name {
-		case "vif-web3":
-			return 1, nil
-		case "vif-web1":
-			return 42, nil
-		}
-		return 0, os.ErrNotExist
-	})
+	k := loadTestKernelWithIfindex(t, d, web3OnLoopback)
 	seedMapping(t, k, web4, h2MAC)
 	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
 	runTable(t, k, k.UplinkProgram(), []progCase{

@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/google/gopacket/layers"
@@ -106,17 +105,7 @@ func TestPrivilegedRemovedFirewallAllowCutsItsFlows(t *testing.T) {
 	d.Local[1].Firewall = &intent.Firewall{DefaultIn: "deny", DefaultOut: "allow", Rules: []intent.FirewallRule{
 		{Dir: "in", Proto: "tcp", PortLo: 22, PortHi: 22, Action: "allow"},
 	}}
-	// The frames BPF_PROG_RUN injects on ifindex 1 come from web3.
-	fromWeb3 := func(name string) (int, error) {
-		switch name {
-		case "vif-web3":
-			return 1, nil
-		case "vif-web1":
-			return 42, nil
-		}
-		return 0, os.ErrNotExist
-	}
-	k := loadTestKernelWithIfindex(t, d, fromWeb3)
+	k := loadTestKernelWithIfindex(t, d, web3OnLoopback)
 	seedMapping(t, k, web4, h2MAC)
 	tcp := layers.IPProtocolTCP
 	ssh := frame{Src: h2MAC, Dst: h1MAC, Saddr: web4, Daddr: web3, Proto: tcp, Sport: 40000, Dport: 22}
@@ -126,7 +115,7 @@ func TestPrivilegedRemovedFirewallAllowCutsItsFlows(t *testing.T) {
 		wantTo: 1, wantPeer: true, wantForward: "from_fabric"}})
 
 	d.Local[1].Firewall.Rules = nil // the allow removed: default deny
-	if err := k.Apply(compileTest(t, d, fromWeb3), ""); err != nil {
+	if err := k.Apply(compileTest(t, d, web3OnLoopback), ""); err != nil {
 		t.Fatal(err)
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
