@@ -47,7 +47,7 @@ type Config struct {
 	// Revocations is how many rules are deleted one at a time after the
 	// rule changes (those rules first, then rules added for it, untimed).
 	Revocations int
-	Moves             int // VMs moved one at a time
+	Moves       int // VMs moved one at a time
 	// Block is how many creates one line of the create table covers.
 	Block int
 	// Cluster runs against an external cluster of this many etcd
@@ -177,10 +177,10 @@ const (
 	PhaseRules   = "rules"
 	// PhaseRevocations deletes rules one at a time (issue 21).
 	PhaseRevocations = "revocations"
-	PhaseMoves   = "moves"
-	PhaseRestart = "restart"
-	PhaseVerify  = "verify"
-	PhaseStore   = "store"
+	PhaseMoves       = "moves"
+	PhaseRestart     = "restart"
+	PhaseVerify      = "verify"
+	PhaseStore       = "store"
 )
 
 func (h *harness) run(ctx context.Context) error {
