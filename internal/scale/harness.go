@@ -44,10 +44,12 @@ type Config struct {
 	Hosts, VMs, Farms int
 	SubnetsPerFarm    int
 	RuleChanges       int // rules added one at a time after the creates
+	Moves             int // VMs moved one at a time
+
 	// Revocations is how many rules are deleted one at a time after the
 	// rule changes (those rules first, then rules added for it, untimed).
 	Revocations int
-	Moves       int // VMs moved one at a time
+
 	// Block is how many creates one line of the create table covers.
 	Block int
 	// Cluster runs against an external cluster of this many etcd
