@@ -177,12 +177,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 const (
 	PhaseCreates = "creates"
 	PhaseRules   = "rules"
+	PhaseMoves   = "moves"
+	PhaseRestart = "restart"
+	PhaseVerify  = "verify"
+	PhaseStore   = "store"
+
 	// PhaseRevocations deletes rules one at a time (issue 21).
 	PhaseRevocations = "revocations"
-	PhaseMoves       = "moves"
-	PhaseRestart     = "restart"
-	PhaseVerify      = "verify"
-	PhaseStore       = "store"
 )
 
 func (h *harness) run(ctx context.Context) error {
