@@ -699,7 +699,7 @@ func (h *harness) changeRules(ctx context.Context) error {
 // datapath: the packet's part is not in this figure (the e2e test
 // measures it on real hosts).
 func (h *harness) revokeRules(ctx context.Context) error {
-	var everywhere, perHost []time.Duration
+	var everywhere, perHost, request []time.Duration
 	runtime.GC() // as changeRules: the simulated agents share one heap
 	for k := 0; k < h.cfg.Revocations; k++ {
 		i := -1
@@ -738,6 +738,7 @@ func (h *harness) revokeRules(ctx context.Context) error {
 			}
 			return fmt.Errorf("revocation %d (farm %s rule %d): %w", k, h.farmName(r.farm), r.id, err)
 		}
+		request = append(request, time.Since(t0))
 		times, err := h.collect(ctx, hosts, func(j int) (<-chan time.Time, func()) { return chans[j], cancels[j] })
 		if err != nil {
 			return fmt.Errorf("revocation %d (farm %s rule %d): %w", k, h.farmName(r.farm), r.id, err)
@@ -751,6 +752,7 @@ func (h *harness) revokeRules(ctx context.Context) error {
 	}
 	h.report.Revocation = summarize(everywhere)
 	h.report.RevocationPerHost = summarize(perHost)
+	h.report.RevocationRequest = summarize(request)
 	h.log("%d revocations: applied everywhere %s", len(everywhere), h.report.Revocation)
 	return nil
 }

@@ -33,6 +33,7 @@ type Report struct {
 	// on there); RevocationPerHost: each host on its own.
 	Revocation        Summary `json:"revocation"`
 	RevocationPerHost Summary `json:"revocationPerHost"`
+	RevocationRequest Summary `json:"revocationRequest"` // the delete's API request alone
 	// RuleHarnessGCs is how many collections of this process's heap (the
 	// simulated agents' one shared heap) fell among the rule changes.
 	RuleHarnessGCs uint32  `json:"ruleHarnessGCs"`
@@ -209,8 +210,8 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s; the API request alone: %s; %d collections of the agents' shared heap among them)\n",
 		r.RuleChange, r.RuleChangePerHost, r.RuleRequest, r.RuleHarnessGCs)
 	if r.Revocation.N > 0 {
-		fmt.Fprintf(w, "rule revoked, applied everywhere: %s   (per host: %s); against a rule added in this run: p50 %.2fx, p99 %.2fx\n",
-			r.Revocation, r.RevocationPerHost, ratio(r.Revocation.P50, r.RuleChange.P50), ratio(r.Revocation.P99, r.RuleChange.P99))
+		fmt.Fprintf(w, "rule revoked, applied everywhere: %s   (per host: %s; the API request alone: %s); against a rule added in this run: p50 %.2fx, p99 %.2fx\n",
+			r.Revocation, r.RevocationPerHost, r.RevocationRequest, ratio(r.Revocation.P50, r.RuleChange.P50), ratio(r.Revocation.P99, r.RuleChange.P99))
 	}
 	fmt.Fprintf(w, "VM move applied on both hosts:  %s\n", r.Move)
 	fmt.Fprintf(w, "controller restart: API back in %v; datapath entries removed %d (quiet window %d); relists %d (quiet window %d); other reads %d (%d); watches opened %d (%d)\n",
