@@ -27,6 +27,7 @@ func main() {
 	flag.IntVar(&cfg.Farms, "farms", 100, "farms the VMs are spread over")
 	flag.IntVar(&cfg.SubnetsPerFarm, "subnets", 4, "subnets per farm")
 	flag.IntVar(&cfg.RuleChanges, "rule-changes", 200, "rules added one at a time, each timed (200: a p99 that is not just the slowest)")
+	flag.IntVar(&cfg.Revocations, "revocations", 100, "rules deleted one at a time after the rule changes, each timed (issue 21)")
 	flag.IntVar(&cfg.Moves, "moves", 20, "VMs moved one at a time, each timed")
 	flag.IntVar(&cfg.Block, "block", 1000, "creates per line of the create table")
 	flag.IntVar(&cfg.APIClients, "api-clients", 1, "creates in flight at once")

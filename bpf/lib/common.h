@@ -103,6 +103,9 @@ enum drop_reason {
 	/* macvtap guests (vif.c, vif_macvtap_guard). */
 	DROP_MACVTAP_BYPASS,   /* reached a macvtap guest by its lower device's macvlan path, not from the datapath */
 	DROP_MACVTAP_NO_STACK, /* a macvtap guest's frame for the host's stack (VNAT location): a macvtap has no way in */
+	/* Revocation (policy.h, admit). */
+	DROP_REVOKED, /* a flow admitted before, cut because the rules changed (a rule, peering or firewall allow removed):
+		       * counted once per flow cut on this host, at the packet that found it no longer allowed */
 	DROP_REASON_MAX,
 };
 

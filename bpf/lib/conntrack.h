@@ -63,7 +63,7 @@ static __always_inline void ct_touch(struct ct_entry *e, __u64 now)
 static __always_inline void ct_open(const struct ct_key *k, struct ct_entry *old, __u8 dir, __u32 epoch, __u64 now)
 {
 	struct ct_entry fresh = {.last_seen_ns = now, .epoch = epoch, .opened = dir};
-	if (old && old->epoch == epoch && ct_live(old, now))
+	if (old && old->epoch == epoch && ct_live(old, now) && !(old->opened & CT_CUT))
 		fresh.opened |= old->opened;
 	bpf_map_update_elem(&conntrack, k, &fresh, BPF_ANY);
 }

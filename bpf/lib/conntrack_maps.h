@@ -25,11 +25,15 @@ struct ct_key {
 #define CT_OPENED_AB 1
 #define CT_OPENED_BA 2
 #define CT_OPENED_BOTH (CT_OPENED_AB | CT_OPENED_BA)
+/* The flow was cut when the rules stopped admitting it the way it was
+ * opened: its packets are refused until they admit it again (policy.h,
+ * ct_recheck). */
+#define CT_CUT 4
 
 struct ct_entry {
 	__u64 last_seen_ns;
 	__u32 epoch;  /* the node's policy_epoch when the flow was last admitted */
-	__u8 opened;  /* CT_OPENED_AB and/or CT_OPENED_BA */
+	__u8 opened;  /* CT_OPENED_AB and/or CT_OPENED_BA, and CT_CUT */
 	__u8 _pad[3]; /* room for a per-VM owner or counter */
 };
 

@@ -161,6 +161,38 @@ static __always_inline __u16 flow_port(__u8 proto, __be16 dport)
 	return (proto == IPPROTO_TCP_ || proto == IPPROTO_UDP_) ? bpf_ntohs(dport) : 0;
 }
 
+/* Checks again an admitted flow (e) whose packet goes its way (way: the
+ * direction it was opened, the packet's dir or the other), called when the
+ * rules changed since it was last checked (epoch) or it was cut: against
+ * the rules in force, the way it was opened, from the opener's source to
+ * its destination. One no longer allowed is cut, both ways, and counted
+ * once, as DROP_REVOKED; its later packets are refused for the reason the
+ * rules give until they admit it again that way. Were they judged on their
+ * own instead, a reply the new rules let open a flow of its own (a VM's
+ * outbound default allow) would bring the flow back, and its opener's
+ * packets with it as answers. A cut entry is never touched, so it ages
+ * out. A function of its own: inlined in admit, its two policy checks made
+ * the router's programs need more stack than BPF gives (512 bytes). */
+#define CT_ARGS(way, dir, fw_src, fw_dst) \
+	((__u32)(way) | ((__u32)(dir) << 2) | ((__u32)((fw_src) != 0) << 4) | ((__u32)((fw_dst) != 0) << 5))
+
+static __attribute__((noinline)) int ct_recheck(struct ct_entry *e, const struct flow *f, __u32 epoch, __u32 args)
+{
+	__u8 way = args & 3, dir = (args >> 2) & 3, gen = policy_gen(epoch);
+	int fw_src = (args >> 4) & 1, fw_dst = (args >> 5) & 1;
+	int reason = way == dir ? policy_allows(f->saddr, f->daddr, f->proto, flow_port(f->proto, f->dport), fw_src, fw_dst, gen)
+				: policy_allows(f->daddr, f->saddr, f->proto, flow_port(f->proto, f->sport), fw_dst, fw_src, gen);
+	if (reason) {
+		if (e->opened & CT_CUT)
+			return reason;
+		e->opened |= CT_CUT;
+		return DROP_REVOKED;
+	}
+	e->opened = way; /* only the way just checked is vouched for now */
+	e->epoch = epoch;
+	return DROP_NONE;
+}
+
 /* admit decides whether a packet from src to dst may be delivered: the
  * visibility rules between their subnets (paper §2, step 2) and the
  * firewalls of the VMs among them that live on this host and have one
@@ -168,8 +200,8 @@ static __always_inline __u16 flow_port(__u8 proto, __be16 dport)
  * the rule generation of epoch. A packet of a flow this host admitted, in
  * the flow's direction or answering it, passes on one lookup (the flow's
  * one entry, conntrack.h), unless the rules changed since (epoch): then the
- * flow is checked again, in the direction it was opened, and forgotten if
- * no longer allowed. An admitted packet that can open a flow is remembered,
+ * flow is checked again, in the direction it was opened; one no longer
+ * allowed is cut, both ways, and counted once as DROP_REVOKED. An admitted packet that can open a flow is remembered,
  * out of owner's share. Traffic inside a subnet between VMs without
  * firewalls takes no lookup at all. */
 static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u32 epoch, __be32 owner)
@@ -219,22 +251,10 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 			way = dir;
 		else if (answers && (e->opened & back))
 			way = back;
-		if (way && e->epoch != epoch) {
-			/* The rules changed: check the flow again the way it was
-			 * opened, from the opener's source to its destination. */
-			int reason = way == dir ? policy_allows(f.saddr, f.daddr, f.proto, flow_port(f.proto, f.dport), fw_src, fw_dst, gen)
-						: policy_allows(f.daddr, f.saddr, f.proto, flow_port(f.proto, f.sport), fw_dst, fw_src, gen);
-			if (reason) {
-				bpf_map_delete_elem(&conntrack, &k);
-				e = 0;
-				if (way == dir)
-					return reason;
-				way = 0; /* answers nothing any more: judged on its own below */
-			} else {
-				/* Only the way just checked is vouched for now. */
-				e->opened = way;
-				e->epoch = epoch;
-			}
+		if (way && (e->epoch != epoch || (e->opened & CT_CUT))) {
+			int reason = ct_recheck(e, &f, epoch, CT_ARGS(way, dir, fw_src, fw_dst));
+			if (reason)
+				return reason;
 		}
 		if (way) {
 			ct_touch(e, now);

@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onehop/onehop/internal/client"
-	"github.com/onehop/onehop/internal/controller"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/policy"
 )
@@ -21,7 +20,7 @@ func allowCmd() *cobra.Command {
 		Long: `FROM and TO are FARM/SUBNET. The rule belongs to FROM's farm unless --farm says
 otherwise. Within a farm it takes effect at once. Across farms it takes effect
 only when both farms peer (onehop peer) and both allow it, and then only what
-both allow.`,
+both allow. It prints the rule's id; onehop rule list/get/delete take it.`,
 		Example: `  onehop allow blue/web blue/db --proto tcp --port 5432
   onehop allow blue/web red/web --proto tcp --port 80             # blue's side
   onehop allow blue/web red/web --proto tcp --port 80 --farm red  # red's side`,
@@ -50,7 +49,7 @@ both allow.`,
 			if err := c.Do("POST", "/v1/farms/"+owner+"/rules", r, &r); err != nil {
 				return err
 			}
-			fmt.Printf("farm %s allows %s -> %s %s\n", owner, r.From, r.To, protoPort(r.Proto, r.Port))
+			fmt.Fprintf(cmd.OutOrStdout(), "farm %s allows %s -> %s %s (rule %d)\n", owner, r.From, r.To, protoPort(r.Proto, r.Port), r.ID)
 			return nil
 		},
 	}
@@ -71,7 +70,5 @@ func protoPort(proto string, port uint16) string {
 }
 
 var ruleListing = listing{kind: "rules", print: func(c *client.Client, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, "/v1/rules", output, w, "FARM\tFROM\tTO\tWHAT\tIN FORCE", func(r controller.RuleView) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%v", r.Farm, r.From, r.To, protoPort(r.Proto, r.Port), r.Effective)
-	})
+	return printRules(c, "", output, w)
 }}

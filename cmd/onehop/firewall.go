@@ -1,19 +1,111 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/onehop/onehop/internal/controller"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/policy"
 )
 
 func firewallCmd() *cobra.Command {
 	firewall := &cobra.Command{Use: "firewall", Short: "A VM's own firewall, enforced on its host outside the VM"}
-	firewall.AddCommand(firewallAddCmd())
+	firewall.AddCommand(firewallAddCmd(), firewallListCmd(), firewallDeleteCmd())
 	return firewall
+}
+
+// firewallPath is the API path of VM FARM/SUBNET/VM's firewall.
+func firewallPath(vm string) (string, error) {
+	p, err := splitPath(vm, 3, "FARM/SUBNET/VM")
+	if err != nil {
+		return "", err
+	}
+	return "/v1/farms/" + p[0] + "/subnets/" + p[1] + "/vms/" + p[2] + "/firewall", nil
+}
+
+func firewallListCmd() *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use: "list FARM/SUBNET/VM [-o json]", Short: "Show a VM's firewall: its defaults and its rules in order, with their ids", Args: cobra.ExactArgs(1),
+		Example: "  onehop firewall list blue/web/web1",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path, err := firewallPath(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var fw intent.Firewall
+			if err := c.Do("GET", path, nil, &fw); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if output == jsonOutput {
+				return printJSON(out, fw)
+			}
+			fmt.Fprintf(out, "%s firewall: default in %s, out %s (first match wins)\n", args[0], fw.DefaultIn, fw.DefaultOut)
+			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+			defer w.Flush()
+			fmt.Fprintln(w, "ID\tDIR\tPROTO\tPORTS\tREMOTE\tACTION")
+			for _, r := range fw.Rules {
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Dir, cmp.Or(r.Proto, "any"), fwPorts(r), cmp.Or(r.CIDR, "any"), r.Action)
+			}
+			return nil
+		},
+	}
+	addOutputFlag(cmd.Flags(), &output)
+	return cmd
+}
+
+// fwPorts is a rule's port range as --port takes it: any, 22, 8000-8080.
+func fwPorts(r intent.FirewallRule) string {
+	switch {
+	case r.PortLo == 0:
+		return "any"
+	case r.PortLo == r.PortHi:
+		return fmt.Sprint(r.PortLo)
+	}
+	return fmt.Sprintf("%d-%d", r.PortLo, r.PortHi)
+}
+
+func firewallDeleteCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete FARM/SUBNET/VM ID",
+		Short: "Delete a rule of a VM's firewall: removing an allow cuts what it admitted",
+		Long: `Deletes rule ID (as firewall list shows it; the other rules keep theirs) of the
+VM's firewall. When an allow goes, the VM's host refuses new connections it
+alone admitted at once and cuts established ones at their next packet,
+counting each under the drop reason revoked (onehop stats).`,
+		Example: "  onehop firewall delete blue/web/web1 2",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path, err := firewallPath(args[0])
+			if err != nil {
+				return err
+			}
+			id, err := controller.ParseRuleID("ID", args[1])
+			if err != nil {
+				return err
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var fw intent.Firewall
+			if err := c.Do("DELETE", fmt.Sprintf("%s/rules/%d", path, id), nil, &fw); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "rule %d of %s's firewall deleted; %d rules left\n", id, args[0], len(fw.Rules))
+			return nil
+		},
+	}
 }
 
 func firewallAddCmd() *cobra.Command {
@@ -26,7 +118,7 @@ func firewallAddCmd() *cobra.Command {
   onehop firewall add blue/web/web1 --default-in deny`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			path, err := firewallPath(args[0])
 			if err != nil {
 				return err
 			}
@@ -51,10 +143,14 @@ func firewallAddCmd() *cobra.Command {
 				return err
 			}
 			var fw intent.Firewall
-			if err := c.Do("POST", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2]+"/firewall", body, &fw); err != nil {
+			if err := c.Do("POST", path, body, &fw); err != nil {
 				return err
 			}
-			fmt.Printf("%s firewall: default in %s, out %s, %d rules\n", args[0], fw.DefaultIn, fw.DefaultOut, len(fw.Rules))
+			added := ""
+			if _, ok := body["rule"]; ok && len(fw.Rules) > 0 {
+				added = fmt.Sprintf(" (rule %d added)", fw.Rules[len(fw.Rules)-1].ID)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s firewall: default in %s, out %s, %d rules%s\n", args[0], fw.DefaultIn, fw.DefaultOut, len(fw.Rules), added)
 			return nil
 		},
 	}

@@ -40,6 +40,8 @@ func nouns() []noun {
 		{cmd: allowCmd, list: &ruleListing},
 		{cmd: hostCmd, list: &hostListing},
 		{cmd: peerCmd},
+		{cmd: unpeerCmd},
+		{cmd: ruleCmd},
 		{cmd: firewallCmd},
 		{cmd: sliverCmd, list: &sliverListing},
 		{cmd: tapCmd, list: &tapListing},

@@ -91,7 +91,7 @@ func TestCLIRuleThatDiffersOnlyInCaseIsADuplicate(t *testing.T) {
 	if err := store.GetJSON(t.Context(), s, intent.VMsPrefix+"blue/web/web1", &v); err != nil {
 		t.Fatal(err)
 	}
-	want := intent.FirewallRule{Dir: "in", Proto: "tcp", PortLo: 22, PortHi: 22, Action: "deny"}
+	want := intent.FirewallRule{ID: 1, Dir: "in", Proto: "tcp", PortLo: 22, PortHi: 22, Action: "deny"}
 	if v.Firewall == nil || v.Firewall.DefaultIn != "deny" || len(v.Firewall.Rules) != 1 || v.Firewall.Rules[0] != want {
 		t.Fatalf("stored firewall %+v, want default in deny and %+v", v.Firewall, want)
 	}

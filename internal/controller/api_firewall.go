@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/policy"
@@ -24,6 +25,66 @@ func (c *Controller) firewallRoutes(mux *router) {
 			reply(w, http.StatusOK, fw, err)
 		}
 	})
+	mux.HandleFunc("GET /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/firewall", func(w http.ResponseWriter, r *http.Request) {
+		fw, err := c.Firewall(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		reply(w, http.StatusOK, fw, err)
+	})
+	mux.HandleFunc("DELETE /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/firewall/rules/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, err := ParseRuleID("id", r.PathValue("id"))
+		var fw *intent.Firewall
+		if err == nil {
+			fw, err = c.DeleteFirewallRule(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"), id)
+		}
+		reply(w, http.StatusOK, fw, err)
+	})
+}
+
+// getFirewallVM reads VM farm/subnet/name, its firewall's rules numbered (a
+// record of before rule ids gets them here, stored with its next write).
+func (c *Controller) getFirewallVM(ctx context.Context, farm, subnet, name string) (intent.VM, error) {
+	var v intent.VM
+	if err := store.GetJSON(ctx, c.store, intent.VMKey(farm, subnet, name), &v); errors.Is(err, store.ErrNotFound) {
+		return v, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	} else if err != nil {
+		return v, err
+	}
+	v.Firewall = v.Firewall.NumberRules()
+	return v, nil
+}
+
+// Firewall is a VM's own firewall, its rules with their ids; a VM without
+// one has both defaults allow and no rule (what its datapath does).
+func (c *Controller) Firewall(ctx context.Context, farm, subnet, name string) (*intent.Firewall, error) {
+	v, err := c.getFirewallVM(ctx, farm, subnet, name)
+	if err != nil {
+		return nil, err
+	}
+	if v.Firewall == nil {
+		return &intent.Firewall{DefaultIn: "allow", DefaultOut: "allow", Rules: []intent.FirewallRule{}}, nil
+	}
+	return v.Firewall, nil
+}
+
+// DeleteFirewallRule removes rule id from a VM's firewall and returns what
+// is left. Removing an allow revokes what it admitted: the VM's host cuts
+// established flows the firewall no longer admits at their next packet,
+// and counts them as revoked (docs/virtual-router.md, "Revocation").
+func (c *Controller) DeleteFirewallRule(ctx context.Context, farm, subnet, name string, id uint32) (*intent.Firewall, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, err := c.getFirewallVM(ctx, farm, subnet, name)
+	if err != nil {
+		return nil, err
+	}
+	i := -1
+	if v.Firewall != nil {
+		i = slices.IndexFunc(v.Firewall.Rules, func(r intent.FirewallRule) bool { return r.ID == id })
+	}
+	if i < 0 {
+		return nil, notFound("id", "rule %d of %s's firewall", id, v.FullName())
+	}
+	v.Firewall.Rules = slices.Delete(v.Firewall.Rules, i, i+1)
+	return v.Firewall, store.PutJSON(ctx, c.store, intent.VMKey(farm, subnet, name), v)
 }
 
 // AddFirewallRule appends a rule to a VM's own firewall, creating it (with
@@ -44,6 +105,9 @@ func (c *Controller) AddFirewallRule(ctx context.Context, farm, subnet, name str
 	}
 	var rule intent.FirewallRule
 	if r != nil {
+		if r.ID != 0 {
+			return nil, fieldErr("rule.id", fmt.Errorf("id %d: the controller gives a rule its id; leave it out", r.ID))
+		}
 		if rule, err = policy.NormalizeFirewallRule(*r); err != nil {
 			return nil, policyErr("rule.", err)
 		}
@@ -51,17 +115,13 @@ func (c *Controller) AddFirewallRule(ctx context.Context, farm, subnet, name str
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := intent.VMKey(farm, subnet, name)
-	var v intent.VM
-	if err := store.GetJSON(ctx, c.store, key, &v); errors.Is(err, store.ErrNotFound) {
-		return nil, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
-	} else if err != nil {
+	v, err := c.getFirewallVM(ctx, farm, subnet, name)
+	if err != nil {
 		return nil, err
 	}
 	fw := &intent.Firewall{DefaultIn: "allow", DefaultOut: "allow"}
 	if v.Firewall != nil {
-		cp := *v.Firewall
-		cp.Rules = append([]intent.FirewallRule(nil), v.Firewall.Rules...)
-		fw = &cp
+		fw = v.Firewall // a copy: NumberRules copied the rules
 	}
 	if defaultIn != "" {
 		fw.DefaultIn = defaultIn
@@ -70,12 +130,16 @@ func (c *Controller) AddFirewallRule(ctx context.Context, farm, subnet, name str
 		fw.DefaultOut = defaultOut
 	}
 	if r != nil {
-		for i, have := range fw.Rules {
-			if norm, err := policy.NormalizeFirewallRule(have); err == nil && norm == rule {
+		for _, have := range fw.Rules {
+			norm, err := policy.NormalizeFirewallRule(have)
+			norm.ID = 0
+			if err == nil && norm == rule {
 				// First match wins: the copy could never match.
-				return nil, conflict("rule", "the same rule as rule %d of %s's firewall", i+1, name)
+				return nil, conflict("rule", "the same rule as rule %d of %s's firewall", have.ID, name)
 			}
 		}
+		fw.LastRuleID++
+		rule.ID = fw.LastRuleID
 		fw.Rules = append(fw.Rules, rule)
 	}
 	if err := policy.CheckFirewall(fw); err != nil {
@@ -106,5 +170,5 @@ func normalizeFirewall(fw *intent.Firewall) (*intent.Firewall, error) {
 		}
 		out.Rules = append(out.Rules, n)
 	}
-	return out, policy.CheckFirewall(out)
+	return out.NumberRules(), policy.CheckFirewall(out)
 }

@@ -103,6 +103,9 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			}
 			farm.Rules = append(farm.Rules, rule)
 		}
+		if farm, err = c.keepRuleIDs(ctx, farm); err != nil {
+			return err
+		}
 		want[intent.FarmsPrefix+f.Name] = farm
 		for _, s := range f.Subnets {
 			sid, err := alloc.Subnet(f.Name, s.Name)

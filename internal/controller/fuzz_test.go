@@ -38,7 +38,12 @@ vms:
 // holding fuzzTopo and checks the answer; it returns the controller's store
 // and the status for further checks.
 func fuzzAPI(f *testing.F) func(t *testing.T, method, path, body string) (*store.Memory, int) {
-	topo, err := topology.Parse("fuzz.yaml", []byte(fuzzTopo))
+	return fuzzAPIOn(f, fuzzTopo)
+}
+
+// fuzzAPIOn is fuzzAPI on a topology of the target's own.
+func fuzzAPIOn(f *testing.F, topoYAML string) func(t *testing.T, method, path, body string) (*store.Memory, int) {
+	topo, err := topology.Parse("fuzz.yaml", []byte(topoYAML))
 	if err != nil {
 		f.Fatal(err)
 	}

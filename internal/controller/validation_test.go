@@ -118,7 +118,7 @@ func TestAPIRuleThatDiffersOnlyInCaseIsADuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if fw := v.Firewall; fw == nil || fw.DefaultIn != "deny" || len(fw.Rules) != 2 ||
-		fw.Rules[0] != (intent.FirewallRule{Dir: "in", Proto: "tcp", PortLo: 22, PortHi: 22, Action: "deny"}) {
+		fw.Rules[0] != (intent.FirewallRule{ID: 1, Dir: "in", Proto: "tcp", PortLo: 22, PortHi: 22, Action: "deny"}) || fw.Rules[1].ID != 2 {
 		t.Errorf("stored firewall %+v, want lowercase fields", fw)
 	}
 }

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"net/netip"
+	"os"
 	"testing"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -40,4 +41,16 @@ func delivered(f frame) *frame {
 func sameSubnet(a, b netip.Addr) bool {
 	x, y := a.As4(), b.As4()
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2]
+}
+
+// web3OnLoopback gives web3's vif the ifindex BPF_PROG_RUN injects frames
+// on (1), so the frames a test sends there come from web3, and web1 another.
+func web3OnLoopback(name string) (int, error) {
+	switch name {
+	case "vif-web3":
+		return 1, nil
+	case "vif-web1":
+		return 42, nil
+	}
+	return 0, os.ErrNotExist
 }

@@ -22,10 +22,11 @@ func ctKeyOf(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, proto u
 	return CtKey{AddrA: d, AddrB: s, PortA: dp, PortB: sp, Proto: proto}, ctOpenedBA
 }
 
-// CT_OPENED_AB and CT_OPENED_BA in bpf/lib/conntrack_maps.h.
+// CT_OPENED_AB, CT_OPENED_BA and CT_CUT in bpf/lib/conntrack_maps.h.
 const (
 	ctOpenedAB = 1
 	ctOpenedBA = 2
+	ctCut      = 4
 )
 
 func conntrackEntries(t *testing.T, k *Kernel) map[CtKey]CtEntry {
@@ -103,8 +104,8 @@ func TestPrivilegedAOneWayRuleStillRefusesNewFlowsTheOtherWay(t *testing.T) {
 	}
 }
 
-// A reply of a flow the rules no longer allow is judged on its own after
-// the flow is checked again the way it was opened.
+// A reply of a flow the rules no longer allow the way it was opened is
+// refused: the flow is cut, both ways.
 func TestPrivilegedAWithdrawnFlowsRepliesAreRefused(t *testing.T) {
 	k := loadTestKernel(t)
 	tcp := layers.IPProtocolTCP
@@ -114,11 +115,17 @@ func TestPrivilegedAWithdrawnFlowsRepliesAreRefused(t *testing.T) {
 	d := testDesired()
 	d.Visibility = d.Visibility[1:] // web -> db withdrawn
 	applyDesired(t, k, d)
-	runTable(t, k, k.UplinkProgram(), []progCase{{name: "db1's reply no longer passes",
-		in:          frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000},
-		wantVerdict: bpftest.ActShot, wantDrop: "not_visible"}})
-	if n := len(conntrackEntries(t, k)); n != 0 {
-		t.Fatalf("the withdrawn flow is still in conntrack (%d entries)", n)
+	reply := frame{Src: h2MAC, Dst: h1MAC, Saddr: db1, Daddr: web1, Proto: tcp, Sport: 5432, Dport: 40000}
+	runTable(t, k, k.UplinkProgram(), []progCase{
+		{name: "db1's reply no longer passes: the flow is cut, counted once as revoked",
+			in: reply, wantVerdict: bpftest.ActShot, wantDrop: "revoked"},
+		{name: "its next reply is refused for the reason the flow was cut",
+			in: reply, wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
+	})
+	entries := conntrackEntries(t, k)
+	key, _ := ctKeyOf(web1, 40000, db1, 5432, 6)
+	if e, ok := entries[key]; len(entries) != 1 || !ok || e.Opened&ctCut == 0 {
+		t.Fatalf("conntrack holds %v, want only the withdrawn flow, marked cut", entries)
 	}
 }
 

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"os"
 	"testing"
 
 	"github.com/google/gopacket/layers"
@@ -91,15 +90,7 @@ func TestPrivilegedLaterFragmentsPassAVMFirewallByTheirFirstFragment(t *testing.
 	d.Local[1].Firewall = &intent.Firewall{DefaultIn: "deny", DefaultOut: "allow", Rules: []intent.FirewallRule{
 		{Dir: "in", Proto: "udp", PortLo: 9000, PortHi: 9000, CIDR: "10.1.1.0/24", Action: "allow"},
 	}}
-	k := loadTestKernelWithIfindex(t, d, func(name string) (int, error) {
-		switch name {
-		case "vif-web3":
-			return 1, nil
-		case "vif-web1":
-			return 42, nil
-		}
-		return 0, os.ErrNotExist
-	})
+	k := loadTestKernelWithIfindex(t, d, web3OnLoopback)
 	udp := layers.IPProtocolUDP
 	in := func(id, dport, off uint16, more bool) frame {
 		return frame{Src: h2MAC, Dst: h1MAC, Saddr: web2, Daddr: web3, Proto: udp, Dport: dport, IPID: id, FragOffset: off, MoreFragments: more}

@@ -745,15 +745,7 @@ func TestPrivilegedVMFirewallIsOrderedDefaultDenyAndStateful(t *testing.T) {
 		{Dir: "out", Proto: "udp", Action: "deny"},
 	}}
 	// This time the frames BPF_PROG_RUN injects on ifindex 1 come from web3.
-	k := loadTestKernelWithIfindex(t, d, func(name string) (int, error) {
-		switch name {
-		case "vif-web3":
-			return 1, nil
-		case "vif-web1":
-			return 42, nil
-		}
-		return 0, os.ErrNotExist
-	})
+	k := loadTestKernelWithIfindex(t, d, web3OnLoopback)
 	seedMapping(t, k, web4, h2MAC)
 	tcp, udp := layers.IPProtocolTCP, layers.IPProtocolUDP
 	runTable(t, k, k.UplinkProgram(), []progCase{
@@ -899,7 +891,8 @@ func TestPrivilegedChangedRulesMakeEveryFlowEarnItsAdmissionAgain(t *testing.T) 
 		t.Fatal(err)
 	}
 	runTable(t, k, k.VifProgram(), []progCase{
-		{name: "the same flow's next packet is refused", in: syn, wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
+		{name: "the same flow's next packet is refused: the flow is cut, counted as revoked", in: syn, wantVerdict: bpftest.ActShot, wantDrop: "revoked"},
+		{name: "and the one after is refused as a new flow would be", in: syn, wantVerdict: bpftest.ActShot, wantDrop: "not_visible"},
 	})
 }
 

@@ -99,7 +99,8 @@ const (
 	vifDropReasonDROP_TAP_COPY_UNKNOWN     vifDropReason = 45
 	vifDropReasonDROP_MACVTAP_BYPASS       vifDropReason = 46
 	vifDropReasonDROP_MACVTAP_NO_STACK     vifDropReason = 47
-	vifDropReasonDROP_REASON_MAX           vifDropReason = 48
+	vifDropReasonDROP_REVOKED              vifDropReason = 48
+	vifDropReasonDROP_REASON_MAX           vifDropReason = 49
 )
 
 type vifEndpoint struct {

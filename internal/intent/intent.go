@@ -92,6 +92,9 @@ type Farm struct {
 	ID    uint8    `json:"id"`
 	Peers []string `json:"peers,omitempty"` // farms this farm agrees to talk to
 	Rules []Rule   `json:"rules,omitempty"` // what its owner allows between subnets
+	// LastRuleID is the highest rule id the farm has given: ids are never
+	// given twice, so a stale `rule delete FARM ID` cannot hit a newer rule.
+	LastRuleID uint32 `json:"lastRuleID,omitempty"`
 	// ProxyARP makes the datapath answer a VM's ARP for another subnet with
 	// its gateway's MAC (for guests configured with a wider netmask).
 	ProxyARP bool `json:"proxyARP,omitempty"`
@@ -101,6 +104,9 @@ type Farm struct {
 // is tcp, udp, icmp or "" for any; Port (tcp/udp destination) 0 is any.
 // Replies of allowed flows pass without a rule of their own.
 type Rule struct {
+	// ID names the rule within its farm (NumberRules): given by the
+	// controller, never changed by another rule's delete.
+	ID    uint32 `json:"id,omitempty"`
 	From  string `json:"from"`
 	To    string `json:"to"`
 	Proto string `json:"proto,omitempty"`
@@ -154,10 +160,14 @@ type Firewall struct {
 	DefaultIn  string         `json:"defaultIn"`  // allow or deny
 	DefaultOut string         `json:"defaultOut"` // allow or deny
 	Rules      []FirewallRule `json:"rules"`
+	// LastRuleID is the highest rule id this firewall has given.
+	LastRuleID uint32 `json:"lastRuleID,omitempty"`
 }
 
 // FirewallRule matches traffic into (in) or out of (out) the VM.
 type FirewallRule struct {
+	// ID names the rule within its VM's firewall (NumberRules), as Rule.ID.
+	ID     uint32 `json:"id,omitempty"`
 	Dir    string `json:"dir"`             // in or out
 	Proto  string `json:"proto,omitempty"` // tcp, udp, icmp; "" any
 	PortLo uint16 `json:"portLo,omitempty"`

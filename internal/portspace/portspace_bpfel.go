@@ -82,7 +82,8 @@ const (
 	portspaceDropReasonDROP_TAP_COPY_UNKNOWN     portspaceDropReason = 45
 	portspaceDropReasonDROP_MACVTAP_BYPASS       portspaceDropReason = 46
 	portspaceDropReasonDROP_MACVTAP_NO_STACK     portspaceDropReason = 47
-	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 48
+	portspaceDropReasonDROP_REVOKED              portspaceDropReason = 48
+	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 49
 )
 
 type portspaceEndpoint struct {

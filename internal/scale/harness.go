@@ -45,6 +45,11 @@ type Config struct {
 	SubnetsPerFarm    int
 	RuleChanges       int // rules added one at a time after the creates
 	Moves             int // VMs moved one at a time
+
+	// Revocations is how many rules are deleted one at a time after the
+	// rule changes (those rules first, then rules added for it, untimed).
+	Revocations int
+
 	// Block is how many creates one line of the create table covers.
 	Block int
 	// Cluster runs against an external cluster of this many etcd
@@ -131,6 +136,7 @@ type harness struct {
 	subnets map[string]intent.Subnet // farm/subnet
 	vms     []vmState                // by number
 	rules   []wantRule               // within-farm rules, which take effect at once
+	revoked []wantRule               // rules deleted: no host may hold them
 	report  *Report
 }
 
@@ -142,6 +148,7 @@ type vmState struct {
 type wantRule struct {
 	farm int
 	key  datapath.VisKey
+	id   uint32 // its id in the farm (intent.Rule.ID); 0 for the rules of createFarms
 }
 
 // Run runs the whole scenario and returns its report. An error means the
@@ -174,6 +181,9 @@ const (
 	PhaseRestart = "restart"
 	PhaseVerify  = "verify"
 	PhaseStore   = "store"
+
+	// PhaseRevocations deletes rules one at a time (issue 21).
+	PhaseRevocations = "revocations"
 )
 
 func (h *harness) run(ctx context.Context) error {
@@ -182,7 +192,7 @@ func (h *harness) run(ctx context.Context) error {
 		do    func(context.Context) error
 	}{
 		{"", h.startStore}, {"", h.seedHosts}, {"", h.startAgents}, {"", h.createFarms},
-		{PhaseCreates, h.createVMs}, {PhaseRules, h.changeRules}, {PhaseMoves, h.moveVMs},
+		{PhaseCreates, h.createVMs}, {PhaseRules, h.changeRules}, {PhaseRevocations, h.revokeRules}, {PhaseMoves, h.moveVMs},
 		{PhaseRestart, h.restartController}, {PhaseVerify, h.verify}, {PhaseStore, h.measureStore},
 	} {
 		if err := step.do(ctx); err != nil {
@@ -397,10 +407,13 @@ func (h *harness) createFarms(ctx context.Context) error {
 func (h *harness) allow(ctx context.Context, f int, port uint16) error {
 	farm := h.farmName(f)
 	rule := intent.Rule{From: farm + "/s0", To: farm + "/s1", Proto: "tcp", Port: port}
-	if _, err := h.api.do(ctx, "POST", "/v1/farms/"+farm+"/rules", rule, nil); err != nil {
+	var made intent.Rule
+	if _, err := h.api.do(ctx, "POST", "/v1/farms/"+farm+"/rules", rule, &made); err != nil {
 		return err
 	}
-	h.rules = append(h.rules, h.ruleKey(f, port))
+	want := h.ruleKey(f, port)
+	want.id = made.ID
+	h.rules = append(h.rules, want)
 	return nil
 }
 
@@ -677,6 +690,73 @@ func (h *harness) changeRules(ctx context.Context) error {
 	return nil
 }
 
+// revokeRules deletes rules one at a time (issue 21, "Revocation is
+// immediate"), each timed from the request to the moment the last host
+// holding a VM of its farm has applied the rule set without it: the
+// moment a real agent's Apply moves its node's policy epoch on, after
+// which the datapath cuts each flow the rule admitted at its next packet
+// (docs/virtual-router.md, "Revocation"). The simulated agents have no
+// datapath: the packet's part is not in this figure (the e2e test
+// measures it on real hosts).
+func (h *harness) revokeRules(ctx context.Context) error {
+	var everywhere, perHost, request []time.Duration
+	runtime.GC() // as changeRules: the simulated agents share one heap
+	for k := 0; k < h.cfg.Revocations; k++ {
+		i := -1
+		for j := len(h.rules) - 1; j >= 0; j-- {
+			if h.rules[j].id != 0 {
+				i = j
+				break
+			}
+		}
+		if i < 0 {
+			// The rule changes are all revoked: add one to revoke, untimed.
+			f := k % h.cfg.Farms
+			port := uint16(20000 + k)
+			want := h.ruleKey(f, port)
+			if err := h.allow(ctx, f, port); err != nil {
+				return err
+			}
+			if _, err := h.awaitAll(ctx, h.hostsOfFarm(f), func(string) func(View) bool {
+				return func(v View) bool { return v.Vis[want.key] }
+			}); err != nil {
+				return fmt.Errorf("rule to revoke %d (farm %s): %w", k, h.farmName(f), err)
+			}
+			i = len(h.rules) - 1
+		}
+		r := h.rules[i]
+		hosts := h.hostsOfFarm(r.farm)
+		chans := make([]<-chan time.Time, len(hosts))
+		cancels := make([]func(), len(hosts))
+		for j, host := range hosts {
+			chans[j], cancels[j] = h.recs[host].await(func(v View) bool { return !v.Vis[r.key] })
+		}
+		t0 := time.Now()
+		if _, err := h.api.do(ctx, "DELETE", fmt.Sprintf("/v1/farms/%s/rules/%d", h.farmName(r.farm), r.id), nil, nil); err != nil {
+			for _, c := range cancels {
+				c()
+			}
+			return fmt.Errorf("revocation %d (farm %s rule %d): %w", k, h.farmName(r.farm), r.id, err)
+		}
+		request = append(request, time.Since(t0))
+		times, err := h.collect(ctx, hosts, func(j int) (<-chan time.Time, func()) { return chans[j], cancels[j] })
+		if err != nil {
+			return fmt.Errorf("revocation %d (farm %s rule %d): %w", k, h.farmName(r.farm), r.id, err)
+		}
+		for _, t := range times {
+			perHost = append(perHost, t.Sub(t0))
+		}
+		everywhere = append(everywhere, maxSince(times, t0))
+		h.rules = append(h.rules[:i], h.rules[i+1:]...)
+		h.revoked = append(h.revoked, r)
+	}
+	h.report.Revocation = summarize(everywhere)
+	h.report.RevocationPerHost = summarize(perHost)
+	h.report.RevocationRequest = summarize(request)
+	h.log("%d revocations: applied everywhere %s", len(everywhere), h.report.Revocation)
+	return nil
+}
+
 // moveVMs moves VMs one at a time to another host, each timed until the
 // new host has it and the old one no longer does.
 func (h *harness) moveVMs(ctx context.Context) error {
@@ -806,6 +886,11 @@ func (h *harness) verify(ctx context.Context) error {
 		return func(v View) bool {
 			for _, k := range rules {
 				if !v.Vis[k] {
+					return false
+				}
+			}
+			for _, r := range h.revoked {
+				if v.Vis[r.key] {
 					return false
 				}
 			}

@@ -28,6 +28,12 @@ type Report struct {
 	RuleChangePerHost Summary `json:"ruleChangePerHost"`
 	// RuleRequest: the rule's API request alone (the controller's part).
 	RuleRequest Summary `json:"ruleRequest"`
+	// Revocation: from a rule's delete until the last host concerned
+	// applied the rule set without it (a real agent's policy epoch moves
+	// on there); RevocationPerHost: each host on its own.
+	Revocation        Summary `json:"revocation"`
+	RevocationPerHost Summary `json:"revocationPerHost"`
+	RevocationRequest Summary `json:"revocationRequest"` // the delete's API request alone
 	// RuleHarnessGCs is how many collections of this process's heap (the
 	// simulated agents' one shared heap) fell among the rule changes.
 	RuleHarnessGCs uint32  `json:"ruleHarnessGCs"`
@@ -155,6 +161,10 @@ func (r *Report) Targets() []Target {
 		Met: r.AllAppliedAfterLastCreate <= 5*time.Second, Got: r.AllAppliedAfterLastCreate.Round(time.Millisecond).String()})
 	ts = append(ts, Target{phase: PhaseRules, What: "a rule change applied everywhere, p99 <= 100ms",
 		Met: r.RuleChange.N > 0 && r.RuleChange.P99 <= 100*time.Millisecond, Got: r.RuleChange.P99.Round(time.Millisecond).String()})
+	if r.Config.Revocations > 0 {
+		ts = append(ts, Target{phase: PhaseRevocations, What: "a rule revoked, the rule set without it applied on every host concerned, p99 <= 1s",
+			Met: r.Revocation.N > 0 && r.Revocation.P99 <= time.Second, Got: r.Revocation.P99.Round(time.Millisecond).String()})
+	}
 	if len(r.Creates) > 1 {
 		f, l := r.Creates[0], r.Creates[len(r.Creates)-1]
 		ts = append(ts, Target{phase: PhaseCreates, What: "create rate of the last block >= 0.8x the first",
@@ -199,6 +209,10 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nall VMs applied on all hosts: %v after the last create\n", r.AllAppliedAfterLastCreate.Round(time.Millisecond))
 	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s; the API request alone: %s; %d collections of the agents' shared heap among them)\n",
 		r.RuleChange, r.RuleChangePerHost, r.RuleRequest, r.RuleHarnessGCs)
+	if r.Revocation.N > 0 {
+		fmt.Fprintf(w, "rule revoked, applied everywhere: %s   (per host: %s; the API request alone: %s); against a rule added in this run: p50 %.2fx, p99 %.2fx\n",
+			r.Revocation, r.RevocationPerHost, r.RevocationRequest, ratio(r.Revocation.P50, r.RuleChange.P50), ratio(r.Revocation.P99, r.RuleChange.P99))
+	}
 	fmt.Fprintf(w, "VM move applied on both hosts:  %s\n", r.Move)
 	fmt.Fprintf(w, "controller restart: API back in %v; datapath entries removed %d (quiet window %d); relists %d (quiet window %d); other reads %d (%d); watches opened %d (%d)\n",
 		r.RestartDowntime.Round(time.Millisecond), r.RestartRemoved, r.QuietRemoved, r.RestartRelists, r.QuietRelists,
@@ -232,3 +246,11 @@ func (s Summary) String() string {
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 func kib(b int64) string { return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10)) }
+
+// ratio is a/b, 0 when b is.
+func ratio(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}

@@ -12,7 +12,7 @@ import (
 
 // small is the short run make test does: seconds, and correctness only.
 func small(t *testing.T) Config {
-	return Config{Hosts: 20, VMs: 200, Farms: 4, SubnetsPerFarm: 2, RuleChanges: 4, Moves: 4, Block: 50,
+	return Config{Hosts: 20, VMs: 200, Farms: 4, SubnetsPerFarm: 2, RuleChanges: 4, Revocations: 6, Moves: 4, Block: 50,
 		Resync: 300 * time.Millisecond, Wait: 30 * time.Second, Dir: t.TempDir()}
 }
 
@@ -31,8 +31,9 @@ func check(t *testing.T, r *Report, err error, progress *bytes.Buffer) {
 	if r.RestartRemoved != 0 {
 		t.Errorf("controller restart took %d entries out of datapaths; want none", r.RestartRemoved)
 	}
-	if len(r.Creates) != r.Config.VMs/r.Config.Block || r.RuleChange.N != r.Config.RuleChanges || r.Move.N != r.Config.Moves {
-		t.Errorf("report lacks figures: %d create blocks, %d rule changes, %d moves", len(r.Creates), r.RuleChange.N, r.Move.N)
+	if len(r.Creates) != r.Config.VMs/r.Config.Block || r.RuleChange.N != r.Config.RuleChanges || r.Move.N != r.Config.Moves ||
+		r.Revocation.N != r.Config.Revocations {
+		t.Errorf("report lacks figures: %d create blocks, %d rule changes, %d revocations, %d moves", len(r.Creates), r.RuleChange.N, r.Revocation.N, r.Move.N)
 	}
 	if r.EtcdDB <= 0 || r.EtcdDBCompacted <= 0 {
 		t.Errorf("store figures missing: db %d, compacted %d", r.EtcdDB, r.EtcdDBCompacted)
