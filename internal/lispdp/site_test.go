@@ -67,39 +67,13 @@ func TestPrivilegedUploadSuperpacketsCrossTheXTRWholeToASiteNamespace(t *testing
 	if err := xtr.AttachEID("bs2"); err != nil {
 		t.Fatal(err)
 	}
-	one := []PathChoice{{ID: 1, Priority: 1, Weight: 1}}
-	for _, err := range []error{
-		gw.SetEID(netip.MustParsePrefix("10.2.0.0/16"), one),
-		gw.PinSource(addr("10.1.0.11"), 1),
-		xtr.SetEID(netip.MustParsePrefix("10.1.0.0/16"), one),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	onePath(t, gw, xtr)
 
 	x0, s0 := counters(t, xtr), pathStats(t, xtr)
 	const n = 8 << 20
 	exchange(t, p.a, s1, netip.MustParseAddrPort("10.1.0.11:0"), netip.MustParseAddrPort("10.2.1.2:5013"), n)
-	c, s := counterDelta(x0, counters(t, xtr)), sub(pathStats(t, xtr), s0)[1]
-	t.Logf("xtr counters %v; path 1 received %d segments, %d bytes", c, s.RxPackets, s.RxBytes)
-	if s.RxBytes < n {
-		t.Errorf("path 1 decapsulated %d bytes, want >= %d", s.RxBytes, n)
-	}
-	if c["decap_local_gso"] == 0 || c["decapsulated"] >= s.RxPackets {
-		t.Errorf("no superpacket decapsulated whole for s1: decap_local_gso %d, %d decapsulations for %d segments", c["decap_local_gso"], c["decapsulated"], s.RxPackets)
-	}
-	for _, d := range []*Kernel{gw, xtr} {
-		drops, err := d.Drops()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for r, v := range drops {
-			if v != 0 {
-				t.Errorf("upload to s1: dropped %d: %s", v, r)
-			}
-		}
-	}
+	wholeDecaps(t, "xtr, upload to s1", xtr, x0, s0, n)
+	noDrops(t, "upload to s1", gw, xtr)
 
 	// The control: s2's veth has no option, so the xTR must not take the
 	// superpackets whole there. The upload cannot finish; it is only
