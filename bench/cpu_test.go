@@ -2,8 +2,13 @@ package main
 
 import (
 	"math"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/onehop/onehop/internal/testenv"
 )
 
 const procStat = `cpu  128426 7 35959 1085706 1432 11 2325 78 0 0
@@ -66,8 +71,8 @@ func TestParseTaskStat(t *testing.T) {
 // The cpu figure is the machine's busy time over the gigabytes received;
 // its split and the endpoints' share are per GB too, idle is not.
 func TestCPUCost(t *testing.T) {
-	before := CPUSnapshot{Machine: CPUTimes{User: 10, System: 20, Idle: 100, SoftIRQ: 5}, Endpoints: 1, KSoftirqd: 2}
-	after := CPUSnapshot{Machine: CPUTimes{User: 11, System: 22, Idle: 101, SoftIRQ: 6, Steal: 0.5}, Endpoints: 3, KSoftirqd: 2.5}
+	before := CPUSnapshot{Machine: CPUTimes{User: 10, System: 20, Idle: 100, SoftIRQ: 5}, Endpoints: 1, KSoftirqd: 2, Labs: 1}
+	after := CPUSnapshot{Machine: CPUTimes{User: 11, System: 22, Idle: 101, SoftIRQ: 6, Steal: 0.5}, Endpoints: 3, KSoftirqd: 2.5, Labs: 1.5}
 	m, err := CPUCost(before, after, 4e9)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +81,7 @@ func TestCPUCost(t *testing.T) {
 		t.Errorf("value %v, want 1 CPU-s/GB", m.Value)
 	}
 	for k, want := range map[string]float64{"user": 0.25, "system": 0.5, "softirq": 0.25, "irq": 0, "endpoints": 0.5,
-		"ksoftirqd": 0.125, "elsewhere": 0.375, "idle": 1, "steal": 0.5, "gigabytes": 4, "idleShare": 1 / 5.5} {
+		"ksoftirqd": 0.125, "labs": 0.125, "own": 0.75, "elsewhere": 0.25, "idle": 1, "steal": 0.5, "gigabytes": 4, "idleShare": 1 / 5.5} {
 		if got, ok := m.Extra[k]; !ok || math.Abs(got-want) > 1e-12 {
 			t.Errorf("extra[%s] = %v (present %v), want %v", k, got, ok, want)
 		}
@@ -88,10 +93,19 @@ func TestCPUCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"endpoints", "elsewhere"} {
+	for _, k := range []string{"endpoints", "elsewhere", "own"} {
 		if _, ok := m.Extra[k]; ok {
 			t.Errorf("%s present without a cgroup: %v", k, m.Extra)
 		}
+	}
+	// Without the labs' share, elsewhere is what the endpoints and
+	// ksoftirqd leave, and there is no own.
+	before.Endpoints, after.Endpoints, before.Labs, after.Labs = 1, 3, -1, -1
+	if m, err = CPUCost(before, after, 4e9); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Extra["own"]; ok || m.Extra["elsewhere"] != 0.375 {
+		t.Errorf("without the labs' share: %v", m.Extra)
 	}
 	if _, err := CPUCost(before, after, 0); err == nil {
 		t.Error("no bytes: no error")
@@ -104,7 +118,7 @@ func TestCPUCost(t *testing.T) {
 // This machine's /proc/stat and ksoftirqd threads are readable as the
 // bench reads them (no root needed).
 func TestCPUMeterReadsThisMachine(t *testing.T) {
-	m := newCPUMeter("")
+	m := newCPUMeter("", "")
 	if len(m.ksoftirqd) == 0 {
 		t.Error("no ksoftirqd threads found")
 	}
@@ -114,5 +128,21 @@ func TestCPUMeterReadsThisMachine(t *testing.T) {
 	}
 	if s.Machine.Busy() <= 0 || s.Endpoints != -1 || s.KSoftirqd < 0 {
 		t.Errorf("snapshot %+v", s)
+	}
+}
+
+// The labs' share counts the processes whose command line names the
+// state root, and nothing else: a busy shell named after one root shows
+// under it, not under another.
+func TestLabsCPUCountsTheProcessesNamingTheRoot(t *testing.T) {
+	root, other := t.TempDir(), t.TempDir()
+	cmd := exec.Command("sh", "-c", "while :; do :; done", filepath.Join(root, "lab", "x"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	testenv.Eventually(t, "the busy process's time under its root", 10*time.Second, func() bool { return labsCPU(root) > 0 })
+	if got := labsCPU(other); got != 0 {
+		t.Errorf("another root has %v s", got)
 	}
 }

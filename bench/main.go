@@ -226,7 +226,7 @@ func run(ctx context.Context, cfg config, selected []*Scenario) (err error) {
 	}
 
 	e.makeCgroup()
-	e.cpu = newCPUMeter(e.cgroup)
+	e.cpu = newCPUMeter(e.cgroup, cfg.root)
 	rep := newReport(cfg, comps)
 	r := &runner{env: e, cfg: cfg}
 	start := time.Now()

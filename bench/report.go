@@ -64,8 +64,9 @@ type VariantInfo struct {
 const cpuAccounting = "cpu: busy CPU-seconds of the whole machine (/proc/stat user+nice+system+irq+softirq, all CPUs) " +
 	"from the moment every iperf3 client runs until the last exits, per GB (1e9 bytes) the receivers got; " +
 	"extra.user/system/softirq/irq split it per GB, extra.endpoints is the iperf3 processes' own share per GB " +
-	"(their cgroup v2 cpu.stat), extra.ksoftirqd the ksoftirqd threads', extra.elsewhere the rest " +
-	"(softirq over idle, the labs' daemons, anything else running), extra.idle and extra.steal are CPU-seconds " +
+	"(their cgroup v2 cpu.stat), extra.labs the labs' daemons' (processes whose command line names the state root), " +
+	"extra.ksoftirqd the ksoftirqd threads', extra.own those three together, extra.elsewhere the rest " +
+	"(softirq over idle, anything else running), extra.idle and extra.steal are CPU-seconds " +
 	"and extra.idleShare idle's share of all CPU time in the window"
 
 // Report is the JSON the bench writes: configuration, every raw sample, and
@@ -278,7 +279,7 @@ func (r *Report) print(w io.Writer) {
 
 // cpuSplitKeys are the parts of the cpu figure shown per variant, in
 // CPU-s per GB (see CPUCost).
-var cpuSplitKeys = []string{"user", "system", "softirq", "irq", "endpoints", "ksoftirqd", "elsewhere"}
+var cpuSplitKeys = []string{"user", "system", "softirq", "irq", "endpoints", "labs", "ksoftirqd", "own", "elsewhere"}
 
 // printCPUSplit shows where the CPU time per GB went, medians over the
 // rounds, and how idle the machine was during the transfers.
@@ -299,7 +300,7 @@ func (r *Report) printCPUSplit(w io.Writer) {
 		}
 		label := ""
 		if i == 0 {
-			label = "  endpoints: iperf3's cgroup"
+			label = "  endpoints: iperf3's cgroup; labs: their daemons; own: both + ksoftirqd"
 		}
 		row := []string{label, v.Name}
 		for _, k := range cpuSplitKeys {

@@ -367,9 +367,12 @@ static __always_inline int lisp_encapsulate(struct __sk_buff *skb, int from_ingr
 }
 
 /* lisp_for_local_tcp: is the inner packet TCP of an established socket
- * of this node's namespace (so the stack delivers it, never forwards it)?
- * The lookup is the one the stack's own demultiplexing does. */
-static __always_inline int lisp_for_local_tcp(struct __sk_buff *skb, struct iphdr *in, void *end)
+ * of the namespace netns (BPF_F_CURRENT_NETNS: this node's; else a netns
+ * id as this namespace knows it), so that the stack there delivers it and
+ * never forwards it? The lookup is the one the stack's own demultiplexing
+ * does. */
+static __always_inline int lisp_for_local_tcp(struct __sk_buff *skb, struct iphdr *in, void *end,
+					      __s32 netns)
 {
 	if (in->protocol != IPPROTO_TCP || in->ihl != 5 ||
 	    (in->frag_off & bpf_htons(LISP_IP_MF | LISP_IP_OFFSET)))
@@ -382,12 +385,37 @@ static __always_inline int lisp_for_local_tcp(struct __sk_buff *skb, struct iphd
 	t.ipv4.daddr = in->daddr;
 	t.ipv4.sport = ports[0];
 	t.ipv4.dport = ports[1];
-	struct bpf_sock *sk = bpf_sk_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	struct bpf_sock *sk = bpf_sk_lookup_tcp(skb, &t, sizeof(t.ipv4), (__u64)(__u32)netns, 0);
 	if (!sk)
 		return 0;
 	int local = sk->state != BPF_TCP_LISTEN;
 	bpf_sk_release(sk);
 	return local;
+}
+
+/* lisp_for_site_tcp: does this node route the inner packet out of a site
+ * interface (lisp_sites) whose far end is a namespace of this host with an
+ * established socket for it? Then that namespace delivers it, as this node
+ * would its own: an xTR in front of server namespaces (the lab) takes
+ * uploads whole. The route is the kernel's (bpf_fib_lookup, as forwarding
+ * will choose; tot_len 0: a superpacket is judged by its segments). */
+static __always_inline int lisp_for_site_tcp(struct __sk_buff *skb, struct iphdr *in, void *end)
+{
+	struct bpf_fib_lookup fib = {};
+
+	fib.family = 2; /* AF_INET */
+	fib.l4_protocol = in->protocol;
+	fib.tos = in->tos;
+	fib.ipv4_src = in->saddr;
+	fib.ipv4_dst = in->daddr;
+	fib.ifindex = skb->ingress_ifindex;
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH) != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	__u32 oif = fib.ifindex;
+	__s32 *ns = bpf_map_lookup_elem(&lisp_sites, &oif);
+	if (!ns || *ns < 0)
+		return 0;
+	return lisp_for_local_tcp(skb, in, end, *ns);
 }
 
 /* lisp_source_ok: may the remote RLOC rloc send packets from the EID src?
@@ -502,8 +530,9 @@ static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 			/* This kernel keeps SKB_GSO_UDP_TUNNEL and
 			 * skb->encapsulation. Harmless only where nothing will
 			 * segment the inner packet again: TCP for a socket of
-			 * this node, which receives a superpacket as it does a
-			 * GRO'd one. gso_size is kept (FIXED_GSO): it is the
+			 * this node, or of a namespace behind one of its site
+			 * veths (lisp_sites), which receives a superpacket as it
+			 * does a GRO'd one. gso_size is kept (FIXED_GSO): it is the
 			 * inner segment size the receiver's MSS estimate reads.
 			 * The inner header must cover the whole frame, as in a
 			 * superpacket TCP built and lisp_encap wrapped; a train
@@ -514,7 +543,10 @@ static __always_inline int lisp_decapsulate(struct __sk_buff *skb)
 			data = (void *)(long)skb->data; /* the helper's call voids packet pointers */
 			end = (void *)(long)skb->data_end;
 			in = data + ETH_HLEN + LISP_OVERHEAD;
-			if ((void *)(in + 1) > end || !lisp_for_local_tcp(skb, in, end))
+			if ((void *)(in + 1) > end)
+				return lisp_drop(LISP_DROP_GSO_DECAP);
+			if (!lisp_for_local_tcp(skb, in, end, BPF_F_CURRENT_NETNS) &&
+			    !lisp_for_site_tcp(skb, in, end))
 				return lisp_drop(LISP_DROP_GSO_DECAP);
 			if (bpf_skb_adjust_room(skb, -LISP_OVERHEAD, BPF_ADJ_ROOM_MAC,
 						BPF_F_ADJ_ROOM_FIXED_GSO))

@@ -12,6 +12,9 @@
  *                 decapsulation accepts
  *   lisp_locals   hash, local RLOC -> 1: LISP to one of these from an
  *                 unknown RLOC is dropped, not passed on
+ *   lisp_sites    hash, ifindex of a site interface -> the netns id (in
+ *                 this namespace) of the namespace at its far end, whose
+ *                 own TCP sockets take superpackets whole
  *   lisp_path_stats per-CPU array, path id -> packets and bytes each way
  *   lisp_counters per-CPU array, enum lisp_counter -> packets */
 #ifndef ONEHOP_LISP_MAPS_H
@@ -89,7 +92,7 @@ enum lisp_counter {
 	LISP_DROP_DECAP_FAILED, /* bpf_skb_adjust_room refused to close it */
 	LISP_DROP_GSO_DECAP,    /* a GSO superpacket the kernel cannot decapsulate in place (no BPF_F_ADJ_ROOM_DECAP_L4_UDP) */
 	LISP_DROP_ECN,          /* outer CE over a not-ECT inner packet (RFC 6040 §4.2) */
-	LISP_DECAP_LOCAL_GSO,   /* decapsulated, of which: a TCP superpacket for a local socket, stripped whole though the kernel keeps its tunnel GSO state */
+	LISP_DECAP_LOCAL_GSO,   /* decapsulated, of which: a TCP superpacket for a socket of this node or of a lisp_sites namespace, stripped whole though the kernel keeps its tunnel GSO state */
 	LISP_DROP_SOURCE_EID,   /* the inner source is no EID whose mapping lists the outer source as a locator */
 	LISP_COUNTER_MAX,
 };
@@ -136,6 +139,16 @@ struct {
 	__type(key, __be32);
 	__type(value, __u32);
 } lisp_locals SEC(".maps");
+
+/* A few site interfaces at most: veths into server namespaces. */
+#define LISP_MAX_SITES 64
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LISP_MAX_SITES);
+	__type(key, __u32);   /* ifindex */
+	__type(value, __s32); /* netns id, as bpf_sk_lookup_tcp takes it */
+} lisp_sites SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -126,6 +126,7 @@ a map-server). An address with no mapping is forwarded natively.`,
 	f.IntVar(&cfg.MaxPerClient, "max-per-client", gateway.DefaultMaxPerClient, "most connections one user address may have through the gateway at once (0: no bound)")
 	f.IntVar(&cfg.MaxConns, "max-conns", gateway.DefaultMaxConns, "most connections through the gateway at once, all users together (0: no bound)")
 	f.BoolVar(&cfg.LISP, "lisp", false, "encapsulate each path's subflows in LISP (in-kernel datapath) from the path's rloc= to the destination's RLOC")
+	f.BoolVar(&cfg.WholeSuperpackets, "whole-superpackets", false, "send the subflows' TCP superpackets to the xTRs whole, not segmented (with --lisp): only when every xTR takes them whole, one run with --site-whole-superpackets or on a kernel that decapsulates superpackets (docs/lisp-datapath.md)")
 	f.StringVar(&mapServer, "map-server", "", "LISP map-server ADDR[:4342] to register each path's EID behind its RLOC (with --lisp)")
 	f.StringVar(&cfg.MapServerKey, "map-server-key", "", "the key of Map-Registers to --map-server (HMAC-SHA-256; visible in ps: prefer --map-server-key-file)")
 	f.StringVar(&keyFile, "map-server-key-file", "", "file holding the key of Map-Registers to --map-server")

@@ -26,6 +26,7 @@ func TestCLIGatewayRunNamesTheBadFlag(t *testing.T) {
 		{"bad resolver", append(base, "--map-resolver", "nope"), "--map-resolver \"nope\""},
 		{"bad fwmark", append(base, "--fwmark", "red"), "--fwmark"},
 		{"lisp without rloc", append(base, "--lisp", "--path", "dev=wan2,eid=10.77.0.2"), "--path dev=wan2: --lisp needs rloc="},
+		{"whole superpackets without lisp", append(base, "--whole-superpackets"), "--whole-superpackets: only with --lisp"},
 		{"map-server without key", append(base, "--lisp", "--map-server", "192.0.2.9"), "--map-server-key"},
 		{"missing key file", append(base, "--lisp", "--map-server", "192.0.2.9", "--map-server-key-file", "/nonexistent/key"), "--map-server-key-file"},
 		{"key twice", append(base, "--lisp", "--map-server", "192.0.2.9", "--map-server-key", "k", "--map-server-key-file", "/nonexistent/key"), "--map-server-key-file: give the key once"},

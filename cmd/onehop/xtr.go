@@ -30,7 +30,7 @@ record's TTL runs out. docs/cloud-access-lab.md shows it in the lab.`,
 		mapServer, mapResolver, keyFile string
 		keyID                           uint8
 		ttl, interval                   time.Duration
-		whole                           bool
+		whole, siteWhole                bool
 	)
 	run := &cobra.Command{
 		Use:   "run --rloc IF ... --eid-dev IF ... --eid-prefix PREFIX --map-server ADDR --key-file FILE",
@@ -61,7 +61,7 @@ runs out.`,
 			if err != nil {
 				return err
 			}
-			cfg.WholeSuperpackets = whole
+			cfg.WholeSuperpackets, cfg.SiteWholeSuperpackets = whole, siteWhole
 			ctx, cancel := signalContext()
 			defer cancel()
 			return xtr.Run(ctx, cfg, logger())
@@ -78,6 +78,7 @@ runs out.`,
 	f.DurationVar(&ttl, "ttl", xtr.DefaultTTL, "TTL of the registered records (whole minutes)")
 	f.DurationVar(&interval, "register-interval", xtr.DefaultRegisterInterval, "how often the registration is refreshed")
 	f.BoolVar(&whole, "whole-superpackets", false, "send TCP superpackets to the RLOC links' far ends whole, not segmented: only when every far end is an access gateway terminating what it receives (docs/lisp-datapath.md)")
+	f.BoolVar(&siteWhole, "site-whole-superpackets", false, "take the gateways' TCP superpackets whole and hand them to the --eid-dev namespaces' sockets whole: only when every --eid-dev is a veth into a namespace of this host that terminates what it receives (docs/lisp-datapath.md); the gateways may then run with --whole-superpackets")
 	x.AddCommand(run)
 	return x
 }

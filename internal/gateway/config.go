@@ -79,6 +79,13 @@ type Config struct {
 	// datapath, internal/lispdp) from the path's RLOC to the locator,
 	// instead of routing them natively to it.
 	LISP bool
+	// WholeSuperpackets sends the subflows' TCP superpackets to the xTRs
+	// whole instead of segmenting them on the path interfaces: right only
+	// when every xTR takes them whole (a kernel with lispdp DecapsGSO, or
+	// an xTR run with SiteWholeSuperpackets), as lispdp.RLOCOptions says.
+	// It saves the segmenting and a decapsulation and a route per segment
+	// of every upload.
+	WholeSuperpackets bool
 	// MapServer, with MapServerKey and KeyID, is where the gateway
 	// registers each path's EID behind that path's RLOC, so that the
 	// far xTR sends a subflow's replies back over the subflow's path.
@@ -267,6 +274,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MapServer.IsValid() && c.MapServerKey == "" {
 		errs = append(errs, errors.New("--map-server-key: required with --map-server (Map-Registers are authenticated)"))
+	}
+	if c.WholeSuperpackets && !c.LISP {
+		errs = append(errs, errors.New("--whole-superpackets: only with --lisp (it is about tunnel superpackets)"))
 	}
 	if c.MapServer.IsValid() && !c.LISP {
 		errs = append(errs, errors.New("--map-server: registering the paths' EIDs only makes sense with --lisp"))

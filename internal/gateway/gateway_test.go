@@ -55,6 +55,7 @@ func TestConfigValidateNamesTheFlagAtFault(t *testing.T) {
 		{"mark 0", func(c *Config) { c.FWMark = 0 }, "--fwmark"},
 		{"table in reserved range", func(c *Config) { c.Table = 252 }, "--table 252"},
 		{"no congestion", func(c *Config) { c.Congestion = "" }, "--congestion"},
+		{"whole superpackets without lisp", func(c *Config) { c.WholeSuperpackets = true }, "--whole-superpackets: only with --lisp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := validConfig()

@@ -142,7 +142,7 @@ func openLISP(cfg *Config) (*lispdp.Kernel, error) {
 		return nil, fmt.Errorf("--lisp: %w", err)
 	}
 	for _, p := range cfg.Paths {
-		if err := dp.AttachRLOC(p.Dev); err != nil {
+		if err := dp.AttachRLOCWith(p.Dev, lispdp.RLOCOptions{WholeSuperpackets: cfg.WholeSuperpackets}); err != nil {
 			return nil, errors.Join(fmt.Errorf("--lisp: --path dev=%s: %w", p.Dev, err), dp.Close())
 		}
 	}

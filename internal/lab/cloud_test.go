@@ -29,7 +29,7 @@ func TestCloudDaemonArgsFollowTheTopology(t *testing.T) {
 		"gateway run --eid-prefix 10.77.0.0/24 --lisp",
 		"--map-resolver 192.168.100.1:4342 --map-server 192.168.100.1:4342",
 		"--map-server-key-file " + filepath.Join(st.Dir, "lisp-key-gw") + " --key-id 1",
-		"--rloc-probe-interval 1s",
+		"--rloc-probe-interval 1s --whole-superpackets",
 		// users never reach the fabric or the WAN links' ends
 		"--infrastructure 192.168.100.0/24 --infrastructure 172.31.1.0/24 --infrastructure 172.31.2.0/24",
 		"--intercept u-user",
@@ -41,7 +41,7 @@ func TestCloudDaemonArgsFollowTheTopology(t *testing.T) {
 	}
 	x, _ := f.XTRByName("xtr")
 	got = strings.Join(xtrArgs(st, f, x), " ")
-	want := "xtr run --eid-prefix 10.88.0.0/24 --map-server 192.168.100.1:4342 --key-file " + filepath.Join(st.Dir, "lisp-key-xtr") + " --key-id 2 --whole-superpackets --rloc wan1 --rloc wan2 --eid-dev s-srv"
+	want := "xtr run --eid-prefix 10.88.0.0/24 --map-server 192.168.100.1:4342 --key-file " + filepath.Join(st.Dir, "lisp-key-xtr") + " --key-id 2 --whole-superpackets --site-whole-superpackets --rloc wan1 --rloc wan2 --eid-dev s-srv"
 	if got != want {
 		t.Errorf("xtr args\n %q\nwant\n %q", got, want)
 	}

@@ -69,6 +69,8 @@ func gatewayArgs(st *State, t *topology.File, g topology.Gateway) []string {
 		// The lab's xTRs answer probes: a WAN cut anywhere on a path
 		// takes it down, not only the gateway's own link.
 		"--rloc-probe-interval", "1s",
+		// The lab's xTRs take superpackets whole (--site-whole-superpackets).
+		"--whole-superpackets",
 		// The users reach the data center's servers and the Internet,
 		// never the fabric (controller, hosts) or the WAN links' ends.
 		"--infrastructure", t.FabricPrefix().String()}

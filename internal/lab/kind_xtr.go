@@ -56,8 +56,10 @@ func xtrArgs(st *State, t *topology.File, x topology.XTR) []string {
 	args := []string{"xtr", "run", "--eid-prefix", x.EIDPrefix, "--map-server", mapServer(t),
 		"--key-file", lispKeyFile(st, x.Name), "--key-id", fmt.Sprint(keyIDOf(t, x.Name)),
 		// Through the WAN routers, the xTR's links lead only to the access
-		// gateway, whose decapsulated packets are all for its own sockets.
-		"--whole-superpackets"}
+		// gateway, whose decapsulated packets are all for its own sockets;
+		// its site links are veths into the servers' namespaces, whose
+		// sockets take the gateway's superpackets whole (uploads).
+		"--whole-superpackets", "--site-whole-superpackets"}
 	for _, wn := range x.WANs {
 		args = append(args, "--rloc", wn)
 	}

@@ -87,10 +87,25 @@ type Options struct {
 type RLOCOptions struct {
 	// WholeSuperpackets: the far end of this interface only terminates
 	// what it decapsulates (an access gateway: each inner packet is for one
-	// of its own TCP sockets), so TCP superpackets are sent whole, not
-	// segmented here. Its lisp_decap strips a superpacket for a local
-	// socket whole even where the kernel keeps the tunnel's GSO state
-	// (docs/lisp-datapath.md, GSO); one for anything else it drops
-	// (drop_gso_decap). Do not set it towards a node that forwards.
+	// of its own TCP sockets; or an xTR whose site interfaces are veths into
+	// server namespaces, attached with EIDOptions.WholeSuperpackets), so
+	// TCP superpackets are sent whole, not segmented here. Its lisp_decap
+	// strips a superpacket for such a socket whole even where the kernel
+	// keeps the tunnel's GSO state (docs/lisp-datapath.md, GSO); one for
+	// anything else it drops (drop_gso_decap). Do not set it towards a
+	// node that forwards otherwise.
+	WholeSuperpackets bool
+}
+
+// EIDOptions are AttachEIDWith's per-interface choices.
+type EIDOptions struct {
+	// WholeSuperpackets: the interface is a veth whose far end is a
+	// namespace of this host that terminates the TCP it receives (a
+	// server, as in the lab), so lisp_decap strips a TCP superpacket
+	// routed out of it whole when an established socket of that namespace
+	// owns it, even where the kernel keeps the tunnel's GSO state; the
+	// gateways sending to this node may then send superpackets whole
+	// (docs/lisp-datapath.md, GSO). Anything else is still dropped
+	// (drop_gso_decap). Do not set it where the far end forwards.
 	WholeSuperpackets bool
 }

@@ -211,3 +211,51 @@ func counters(t testing.TB, d *Kernel) map[string]uint64 {
 	}
 	return c
 }
+
+// onePath maps the pair's far EIDs over path 1 both ways: the gateway
+// sends 10.2.0.0/16 on it from its pinned 10.1.0.11, the xTR takes
+// 10.1.0.0/16 from it (and answers on it).
+func onePath(t testing.TB, gw, xtr *Kernel) {
+	t.Helper()
+	one := []PathChoice{{ID: 1, Priority: 1, Weight: 1}}
+	for _, err := range []error{
+		gw.SetEID(netip.MustParsePrefix("10.2.0.0/16"), one),
+		gw.PinSource(addr("10.1.0.11"), 1),
+		xtr.SetEID(netip.MustParsePrefix("10.1.0.0/16"), one),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// wholeDecaps checks that d decapsulated at least n bytes on path 1 since
+// c0 and s0 (counters, pathStats), some superpackets whole: fewer
+// decapsulations than segments, decap_local_gso counted.
+func wholeDecaps(t *testing.T, what string, d *Kernel, c0 map[string]uint64, s0 map[uint8]Stats, n uint64) {
+	t.Helper()
+	c, s := counterDelta(c0, counters(t, d)), sub(pathStats(t, d), s0)[1]
+	t.Logf("%s: counters %v; path 1 received %d segments, %d bytes", what, c, s.RxPackets, s.RxBytes)
+	if s.RxBytes < n {
+		t.Errorf("%s: path 1 decapsulated %d bytes, want >= %d", what, s.RxBytes, n)
+	}
+	if c["decap_local_gso"] == 0 || c["decapsulated"] >= s.RxPackets {
+		t.Errorf("%s: no superpacket decapsulated whole: decap_local_gso %d, %d decapsulations for %d segments", what, c["decap_local_gso"], c["decapsulated"], s.RxPackets)
+	}
+}
+
+// noDrops fails t for every drop counter of ds that is not 0.
+func noDrops(t testing.TB, what string, ds ...*Kernel) {
+	t.Helper()
+	for _, d := range ds {
+		drops, err := d.Drops()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r, v := range drops {
+			if v != 0 {
+				t.Errorf("%s: dropped %d: %s", what, v, r)
+			}
+		}
+	}
+}

@@ -152,9 +152,51 @@ func (d *Kernel) AttachRLOCWith(ifname string, o RLOCOptions) error {
 // AttachEID attaches encapsulation to the tcx ingress of an EID-facing
 // interface: an xTR's packets from its site's EIDs arrive there.
 func (d *Kernel) AttachEID(ifname string) error {
+	return d.AttachEIDWith(ifname, EIDOptions{})
+}
+
+// AttachEIDWith is AttachEID with options for the interface.
+// WholeSuperpackets records the namespace at the far end of the veth
+// ifname (lisp_sites), whose own sockets take superpackets whole; the
+// interface must be a veth into another namespace.
+func (d *Kernel) AttachEIDWith(ifname string, o EIDOptions) error {
+	if o.WholeSuperpackets {
+		// Checked before anything is attached, so a refusal leaves nothing.
+		var idx uint32
+		var nsid int32
+		if err := onehopns.DoPath(d.opts.Netns, func() error {
+			l, err := netlink.LinkByName(ifname)
+			if err != nil {
+				return fmt.Errorf("lispdp: interface %s: %w", ifname, err)
+			}
+			if idx, nsid, err = siteEntry(l); err != nil {
+				return fmt.Errorf("lispdp: %s: whole superpackets: %w", ifname, err)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := d.objs.LispSites.Put(idx, nsid); err != nil {
+			return fmt.Errorf("lispdp: %s: write lisp_sites: %w", ifname, err)
+		}
+	}
 	return d.attach(ifname, []attachment{
 		{"encap/ingress/" + ifname, d.objs.LispEncapIn, ebpf.AttachTCXIngress},
 	}, false)
+}
+
+// siteEntry is l's lisp_sites entry: its ifindex and the netns id, in
+// l's namespace, of the namespace its veth peer is in. A peer in the same
+// namespace would be this node forwarding again, not a terminating end.
+func siteEntry(l netlink.Link) (uint32, int32, error) {
+	if l.Type() != "veth" {
+		return 0, 0, fmt.Errorf("a %s, want a veth into the namespace that terminates the traffic", l.Type())
+	}
+	nsid := l.Attrs().NetNsID
+	if nsid < 0 {
+		return 0, 0, errors.New("its veth peer is in this namespace, want one in the namespace that terminates the traffic")
+	}
+	return uint32(l.Attrs().Index), int32(nsid), nil
 }
 
 // SetPath configures (or replaces) path id.

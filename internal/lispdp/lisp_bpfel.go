@@ -104,6 +104,7 @@ const (
 	lispMapLispPathStats    = "lisp_path_stats"
 	lispMapLispPaths        = "lisp_paths"
 	lispMapLispPins         = "lisp_pins"
+	lispMapLispSites        = "lisp_sites"
 	lispMapLispTunnels      = "lisp_tunnels"
 	lispProgLispDecap       = "lisp_decap"
 	lispProgLispEncap       = "lisp_encap"
@@ -172,6 +173,7 @@ type lispMapSpecs struct {
 	LispPathStats *ebpf.MapSpec `ebpf:"lisp_path_stats"`
 	LispPaths     *ebpf.MapSpec `ebpf:"lisp_paths"`
 	LispPins      *ebpf.MapSpec `ebpf:"lisp_pins"`
+	LispSites     *ebpf.MapSpec `ebpf:"lisp_sites"`
 	LispTunnels   *ebpf.MapSpec `ebpf:"lisp_tunnels"`
 }
 
@@ -210,6 +212,7 @@ type lispMaps struct {
 	LispPathStats *ebpf.Map `ebpf:"lisp_path_stats"`
 	LispPaths     *ebpf.Map `ebpf:"lisp_paths"`
 	LispPins      *ebpf.Map `ebpf:"lisp_pins"`
+	LispSites     *ebpf.Map `ebpf:"lisp_sites"`
 	LispTunnels   *ebpf.Map `ebpf:"lisp_tunnels"`
 }
 
@@ -221,6 +224,7 @@ func (m *lispMaps) Close() error {
 		m.LispPathStats,
 		m.LispPaths,
 		m.LispPins,
+		m.LispSites,
 		m.LispTunnels,
 	)
 }

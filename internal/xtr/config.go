@@ -56,6 +56,13 @@ type Config struct {
 	// every far end terminates what it decapsulates (access gateways), as
 	// lispdp.RLOCOptions says; it saves the gateway ~3.5x CPU per GiB.
 	WholeSuperpackets bool
+	// SiteWholeSuperpackets takes the gateways' TCP superpackets whole and
+	// routes them to the EIDDevs whole: right only when every EIDDev is a
+	// veth into a namespace of this host whose own sockets terminate the
+	// traffic (servers, as in the lab), as lispdp.EIDOptions says. The
+	// gateways may then send superpackets whole (gateway.Config.
+	// WholeSuperpackets) instead of segmenting every upload.
+	SiteWholeSuperpackets bool
 }
 
 // Defaults the flags start from.

@@ -61,7 +61,7 @@ func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 	}
 	for _, d := range cfg.EIDDevs {
-		if err := dp.AttachEID(d); err != nil {
+		if err := dp.AttachEIDWith(d, lispdp.EIDOptions{WholeSuperpackets: cfg.SiteWholeSuperpackets}); err != nil {
 			return fmt.Errorf("--eid-dev %s: %w", d, err)
 		}
 	}
