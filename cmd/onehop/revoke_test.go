@@ -43,7 +43,7 @@ func TestCLIUnpeerRefusesWhileACrossFarmTapReliesOnItUnlessCascade(t *testing.T)
 	addr, _ := tapController(t)
 	runSteps(t, addr, []cliStep{
 		{[]string{"tap", "create", "watch", "--sender", "red/app/app1", "--receiver", "any", "--monitor", "blue/ops/mon", "--cross-farm"}, "tap watch: id 1", false},
-		{[]string{"unpeer", "red", "blue"}, "with: farm red's peering with blue: cross-farm TAP policies rely on it: watch (delete them first, or unpeer with cascade)", true},
+		{[]string{"unpeer", "red", "blue"}, "with: farm red's peering with blue is in use by tap watch: delete them first, or delete it with cascade=true (CLI --cascade), which deletes them", true},
 		{[]string{"unpeer", "blue", "red", "--cascade"}, "blue no longer peers with red: nothing flows between them\n", false},
 		{[]string{"tap", "get", "watch"}, "name: tap watch: not found", true},
 		{[]string{"unpeer", "blue", "red"}, "with: farm blue's peering with red: not found", true},

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
@@ -128,8 +127,11 @@ func (c *Controller) Unpeer(ctx context.Context, farm, other string, cascade boo
 		return err
 	}
 	if len(taps) > 0 && !cascade {
-		return dependedOn("with", "farm %s's peering with %s: cross-farm TAP policies rely on it: %s (delete them first, or unpeer with cascade)",
-			farm, other, strings.Join(taps, ", "))
+		deps := make([]string, len(taps))
+		for i, name := range taps {
+			deps[i] = "tap " + name // a cross-farm policy: it copies only while the farms peer
+		}
+		return inUse("with", fmt.Sprintf("farm %s's peering with %s", farm, other), deps)
 	}
 	for _, name := range taps {
 		if err := c.store.Delete(ctx, tapKey(name)); err != nil {
@@ -170,10 +172,4 @@ func (c *Controller) tapsRelyingOn(ctx context.Context, a, b string) ([]string, 
 	}
 	sort.Strings(out)
 	return out, nil
-}
-
-// dependedOn is a 409 for a delete others depend on, naming them in its
-// message (the shape of errors.go's conflict, without "already exists").
-func dependedOn(field string, format string, a ...any) error {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...), kind: ErrConflict}
 }

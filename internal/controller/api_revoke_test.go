@@ -3,6 +3,7 @@ package controller
 import (
 	"encoding/json"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -246,7 +247,7 @@ func TestAPIUnpeerRefusedWhileACrossFarmTapReliesOnItUnlessCascade(t *testing.T)
 	}
 	for _, half := range []string{"/v1/farms/blue/peers/red", "/v1/farms/red/peers/blue"} {
 		code, out := call(t, srv, "DELETE", half, "")
-		if code != 409 || out["field"] != "with" || !strings.Contains(out["error"].(string), "cross-farm TAP policies rely on it: watch-red (") {
+		if code != 409 || out["field"] != "with" || !strings.Contains(out["error"].(string), "is in use by tap watch-red: ") || !reflect.DeepEqual(out["dependants"], []any{"tap watch-red"}) {
 			t.Fatalf("DELETE %s: %d %v, want 409 naming watch-red only", half, code, out)
 		}
 	}
