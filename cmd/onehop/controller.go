@@ -10,6 +10,7 @@ import (
 func controllerCmd() *cobra.Command {
 	var cfg controller.DaemonConfig
 	var endpoints string
+	var logs *logFlags
 	c := &cobra.Command{
 		Use:   "controller",
 		Short: "Run the controller: intent, address allocation, per-host desired state",
@@ -27,7 +28,7 @@ external etcd cluster instead.`,
 			cfg.EtcdEndpoints = splitList(endpoints)
 			ctx, cancel := signalContext()
 			defer cancel()
-			return controller.RunDaemon(ctx, cfg, logger())
+			return controller.RunDaemon(ctx, cfg, logs.logger())
 		},
 	}
 	f := c.Flags()
@@ -49,5 +50,7 @@ external etcd cluster instead.`,
 	f.DurationVar(&cfg.Location.Idle, "location-idle-timeout", vnatloc.DefaultStreamLimits.Idle, "end a location-server stream on which nothing moved for this long")
 	f.Int64Var(&cfg.EtcdQuota, "etcd-quota-bytes", 0, "embedded etcd's database quota: beyond it etcd raises NOSPACE and refuses writes (0: etcd's 2 GiB)")
 	addControllerTLSFlags(c, &cfg)
+	addMetricsAddrFlag(c, &cfg.MetricsAddr, controller.DefaultMetricsAddr, "the loopback by default; /metrics is on the REST API too")
+	logs = addLogFlags(c)
 	return c
 }

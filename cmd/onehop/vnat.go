@@ -39,6 +39,7 @@ shows m1's connections. docs/vnat-daemon.md says how a restore works.`,
 
 	var o vnatd.Options
 	keepaliveHelper, requireKeys := true, true
+	var logs *logFlags
 	run := &cobra.Command{
 		Use:   "run --iface IFACE [--location-server ADDR]... [--allow-unkeyed]",
 		Short: "Run the VNAT daemon of this endpoint (in its network namespace)",
@@ -77,7 +78,7 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
-			o.Control, o.Logger = control, logger()
+			o.Control, o.Logger = control, logs.logger()
 			o.NoKeepaliveHelper = !keepaliveHelper
 			if !requireKeys {
 				return fmt.Errorf("--require-keys=false: keys are required by default; use --allow-unkeyed to take unkeyed updates")
@@ -95,7 +96,10 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	run.Flags().StringVar(&o.Listen, "listen", "", "VCMP listen address (default 0.0.0.0:2031)")
 	run.Flags().BoolVar(&keepaliveHelper, "keepalive-helper", true, "while a peer is away, answer this end's own TCP keepalive probes for its connections (in eBPF)")
 	run.Flags().StringVar(&o.PinDir, "pin-dir", "", "bpffs directory for the pinned maps and links (default "+vnatd.PinRoot+"/netns-INODE of this network namespace, if that is a bpffs)")
-	run.Flags().StringVar(&o.Metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics), e.g. 127.0.0.1:9431; off when empty")
+	addMetricsAddrFlag(run, &o.Metrics, "", "e.g. 127.0.0.1:9431")
+	run.Flags().StringVar(&o.Metrics, "metrics", "", "")
+	run.Flags().MarkDeprecated("metrics", "use --metrics-addr") //nolint:errcheck // the flag exists
+	logs = addLogFlags(run)
 	run.Flags().BoolVar(&o.NoPin, "no-pin", false, "pin nothing: the translations end with the daemon")
 	run.Flags().IntVar(&o.VCMP.Total, "max-conns", vnatd.DefaultVCMPLimits.Total, "most VCMP connections served at once; more are closed at once and counted (onehop_listener_refused_total)")
 	run.Flags().IntVar(&o.VCMP.PerSource, "max-conns-per-source", vnatd.DefaultVCMPLimits.PerSource, "most VCMP connections one address may hold at once")

@@ -28,6 +28,7 @@ func (c *Controller) API() http.Handler {
 		c.tapRoutes,
 		c.lispRoutes,
 		c.storeRoutes,
+		c.versionRoutes,
 	} {
 		register(mux)
 	}

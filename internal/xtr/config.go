@@ -56,6 +56,9 @@ type Config struct {
 	// every far end terminates what it decapsulates (access gateways), as
 	// lispdp.RLOCOptions says; it saves the gateway ~3.5x CPU per GiB.
 	WholeSuperpackets bool
+	// MetricsAddr is the operations port (internal/opsport: /metrics,
+	// /healthz, /readyz, /version); empty: none.
+	MetricsAddr string
 }
 
 // Defaults the flags start from.
