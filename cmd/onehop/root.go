@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/version"
 )
 
 // noun is one thing the CLI knows: its top-level command and what
@@ -49,6 +51,7 @@ func nouns() []noun {
 		{cmd: gatewayCmd},
 		{cmd: lispCmd},
 		{cmd: xtrCmd},
+		{cmd: versionCmd},
 	}
 }
 
@@ -78,7 +81,9 @@ Try it on one machine (as root):
   onehop lab down                           remove all of it`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.Get().String(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&apiAddr, "api", "", "controller REST API: a unix socket or https://HOST:PORT (default: the lab's socket)")
 	addClientTLSFlags(root)
 	for _, n := range nouns() {
@@ -86,6 +91,7 @@ Try it on one machine (as root):
 			root.AddCommand(n.cmd())
 		}
 	}
+	answerAsJSON(root)
 	strictArgs(root)
 	return root
 }

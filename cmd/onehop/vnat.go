@@ -137,6 +137,8 @@ is its policy for a virtual-identification conflict (abort or preempt).`,
 
 	var all bool
 	var conflict string
+	// -o of suspend, resume and stop: json prints the daemon's reply.
+	var actOutput outputFormat
 	suspend := &cobra.Command{
 		Use:   "suspend [--conflict abort|preempt] [--all | 'tcp LOCAL:PORT->REMOTE:PORT']",
 		Short: "Before this end moves: claim the primary role and agree keys with the peers",
@@ -173,10 +175,14 @@ Name one connection as status prints its VIRTUAL column, or --all.`,
 			if err != nil {
 				return err
 			}
+			if actOutput == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d connection(s) suspended\n", r.Count)
 			return nil
 		},
 	}
+	addOutputFlag(suspend.Flags(), &actOutput)
 	suspend.Flags().BoolVar(&all, "all", false, "every active connection")
 	suspend.Flags().StringVar(&conflict, "conflict", "", "these connections' policy for a virtual-identification conflict (§3.4.2): abort or preempt (default: the daemon's --conflict)")
 
@@ -196,10 +202,14 @@ stored; resume walks the locate order again for those.`,
 			if err != nil {
 				return err
 			}
+			if actOutput == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d connection(s) resumed\n", r.Count)
 			return nil
 		},
 	}
+	addOutputFlag(resume.Flags(), &actOutput)
 	stop := &cobra.Command{
 		Use:   "stop",
 		Short: "Stop this endpoint's VNAT daemon and remove its translations and pins",
@@ -214,13 +224,18 @@ for the next ` + "`onehop vnat run`" + `.`,
 			if err != nil {
 				return err
 			}
-			if _, err := vnatd.Ask(p, vnatd.Request{Op: "stop"}); err != nil {
+			r, err := vnatd.Ask(p, vnatd.Request{Op: "stop"})
+			if err != nil {
 				return err
+			}
+			if actOutput == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), r)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "vnat daemon stopping; translations and pins removed")
 			return nil
 		},
 	}
+	addOutputFlag(stop.Flags(), &actOutput)
 	v.AddCommand(run, status, suspend, resume, stop)
 	return v
 }
