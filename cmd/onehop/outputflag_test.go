@@ -41,6 +41,8 @@ var noOutputFlag = map[string]string{
 	"onehop completion fish":       "a shell script",
 	"onehop completion powershell": "a shell script",
 	"onehop help":                  "help text",
+	// A build step (make man): it writes files and prints nothing.
+	"onehop man": "writes man pages into DIR, prints nothing",
 }
 
 // Every runnable command that prints output takes -o json; a new one

@@ -52,6 +52,7 @@ func nouns() []noun {
 		{cmd: lispCmd},
 		{cmd: xtrCmd},
 		{cmd: versionCmd},
+		{cmd: manCmd},
 	}
 }
 
