@@ -27,4 +27,5 @@ var scenarios = []*Scenario{
 	vnat1Scenario,
 	vnat2Scenario,
 	vnatRestoreScenario,
+	apiAuthzScenario,
 }

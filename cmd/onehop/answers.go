@@ -18,10 +18,10 @@ import (
 // when a verb asked several. An answer with no body (a delete's 204) is
 // {"method", "path", "status"}.
 var apiVerbs = []string{
-	"farm create", "subnet create", "vm create", "vm delete", "vm move",
+	"farm create", "farm delete", "subnet create", "subnet delete", "vm create", "vm delete", "vm move",
 	"host add", "host remove", "allow", "peer", "firewall add",
 	"sliver create", "sliver delete", "sliver set", "tap create", "tap delete",
-	"lisp map add", "lisp map delete",
+	"lisp map add", "lisp map delete", "tenant token revoke",
 }
 
 // answerAsJSON gives each of apiVerbs under root its -o (a verb that has

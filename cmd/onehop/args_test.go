@@ -120,7 +120,7 @@ func TestTyposFailNamingWhatIsUnknown(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"farm", "delete", "red"}, `unknown command "delete" for "onehop farm"`},
+		{[]string{"farm", "destroy", "red"}, `unknown command "destroy" for "onehop farm"`},
 		{[]string{"farm", "creat", "red"}, `did you mean "create"?`},
 		{[]string{"frm", "create", "red"}, `unknown command "frm" for "onehop"; did you mean "farm"?`},
 		{[]string{"lisp", "map", "remove", "10.0.0.0/8"}, `unknown command "remove" for "onehop lisp map"`},
@@ -171,7 +171,7 @@ func TestTypoExitsNonZero(t *testing.T) {
 		code int
 	}{
 		{"farm --help", 0}, // the control
-		{"farm delete red", 1},
+		{"farm destroy red", 1},
 	} {
 		cmd := exec.Command(exe)
 		cmd.Env = append(os.Environ(), "ONEHOP_TEST_RUN_MAIN=1", "ONEHOP_TEST_ARGS="+c.args)
@@ -179,7 +179,7 @@ func TestTypoExitsNonZero(t *testing.T) {
 		if got := cmd.ProcessState.ExitCode(); got != c.code {
 			t.Errorf("onehop %s: exit %d, want %d; output:\n%s", c.args, got, c.code, out)
 		}
-		if c.code != 0 && !strings.Contains(string(out), `"delete"`) {
+		if c.code != 0 && !strings.Contains(string(out), `"destroy"`) {
 			t.Errorf("onehop %s: output does not name the unknown verb:\n%s", c.args, out)
 		}
 	}

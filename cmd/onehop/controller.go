@@ -26,6 +26,9 @@ external etcd cluster instead.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.EtcdEndpoints = splitList(endpoints)
+			if cfg.AuditKeep <= 0 {
+				cfg.AuditKeep = -1 // none, not the default
+			}
 			ctx, cancel := signalContext()
 			defer cancel()
 			return controller.RunDaemon(ctx, cfg, logs.logger())
@@ -49,6 +52,7 @@ external etcd cluster instead.`,
 	f.IntVar(&cfg.Location.PerSource, "location-max-conns-per-source", vnatloc.DefaultStreamLimits.PerSource, "most location-server streams one address (a host's relay, an external) may hold at once")
 	f.DurationVar(&cfg.Location.Idle, "location-idle-timeout", vnatloc.DefaultStreamLimits.Idle, "end a location-server stream on which nothing moved for this long")
 	f.Int64Var(&cfg.EtcdQuota, "etcd-quota-bytes", 0, "embedded etcd's database quota: beyond it etcd raises NOSPACE and refuses writes (0: etcd's 2 GiB)")
+	f.IntVar(&cfg.AuditKeep, "audit-keep", controller.DefaultAuditKeep, "audit entries kept in the store, the oldest dropped first (docs/tenants.md); 0: no audit trail")
 	addControllerTLSFlags(c, &cfg)
 	addMetricsAddrFlag(c, &cfg.MetricsAddr, controller.DefaultMetricsAddr, "the loopback by default; /metrics is on the REST API too")
 	logs = addLogFlags(c)

@@ -9,10 +9,12 @@ import (
 
 	"github.com/onehop/onehop/internal/client"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/topology"
 )
 
 func farmCmd() *cobra.Command {
-	farm := &cobra.Command{Use: "farm", Short: "Tenant farms: each one its own network, 10.f.0.0/16"}
+	farm := &cobra.Command{Use: "farm", Short: "Tenant farms: each one its own network, 10.f.0.0/16",
+		Example: "  onehop farm create blue\n  onehop farm list\n  onehop farm get blue\n  onehop farm delete blue --cascade"}
 	var proxyARP bool
 	farmCreate := &cobra.Command{
 		Use: "create FARM [--proxy-arp]", Short: "Create a farm (its id is the f of 10.f.s.h)", Args: cobra.ExactArgs(1),
@@ -35,17 +37,76 @@ without it such ARP is dropped, as on a real router.`,
 			if f.ProxyARP {
 				extra = ", proxy ARP on"
 			}
-			fmt.Printf("farm %s created: 10.%d.0.0/16%s\n", f.Name, f.ID, extra)
+			fmt.Fprintf(cmd.OutOrStdout(), "farm %s created: 10.%d.0.0/16%s\n", f.Name, f.ID, extra)
 			return nil
 		},
 	}
 	farmCreate.Flags().BoolVar(&proxyARP, "proxy-arp", false, "answer VMs' ARP for other subnets with the gateway's MAC")
-	farm.AddCommand(farmCreate)
+	farm.AddCommand(farmCreate, listCmd("farms with their ids, peers and rules", "/v1/farms", nil, printFarms), farmGetCmd(), farmDeleteCmd())
 	return farm
 }
 
-var farmListing = listing{kind: "farms", print: func(c *client.Client, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, "/v1/farms", output, w, "FARM\tID\tADDRESSES\tPEERS\tRULES", func(f intent.Farm) string {
+func farmGetCmd() *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use: "get FARM [-o json]", Short: "Show one farm: its id, peers and rules", Args: cobra.ExactArgs(1),
+		Example: "  onehop farm get blue\n  onehop farm get blue -o json",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := topology.CheckFarmName(args[0]); err != nil {
+				return err
+			}
+			return showOne(cmd, "/v1/farms/"+args[0], output, func(f intent.Farm) string {
+				var b strings.Builder
+				fmt.Fprintf(&b, "farm %s: id %d, 10.%d.0.0/16, proxy ARP %s\n", f.Name, f.ID, f.ID, onOff(f.ProxyARP))
+				if len(f.Peers) > 0 {
+					fmt.Fprintf(&b, "peers: %s\n", strings.Join(f.Peers, ", "))
+				}
+				for _, r := range f.Rules {
+					fmt.Fprintf(&b, "rule: %s -> %s %s\n", r.From, r.To, protoPort(r.Proto, r.Port))
+				}
+				return b.String()
+			})
+		},
+	}
+	addOutputFlag(cmd.Flags(), &output)
+	return cmd
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func farmDeleteCmd() *cobra.Command {
+	var cascade bool
+	cmd := &cobra.Command{
+		Use: "delete FARM [--cascade]", Short: "Delete a farm; refused while anything depends on it, unless --cascade", Args: cobra.ExactArgs(1),
+		Long: `Deletes the farm and frees its id (the f of 10.f.s.h) for the next farm.
+
+The controller refuses, naming each, while the farm has subnets or VMs, another
+farm's rule names one of its subnets or peers with it, or a TAP policy names
+one of its VMs or subnets. --cascade deletes them first, each as its own delete
+does: nothing of the farm is left in the store or in any host's datapath.`,
+		Example: "  onehop farm delete blue\n  onehop farm delete blue --cascade",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := topology.CheckFarmName(args[0]); err != nil {
+				return err
+			}
+			return deleteOne(cmd, "/v1/farms/"+args[0], cascade, "farm "+args[0])
+		},
+	}
+	cmd.Flags().BoolVar(&cascade, "cascade", false, "delete what depends on the farm first (its subnets and VMs, rules and peerings naming it, TAP policies)")
+	return cmd
+}
+
+func printFarms(c *client.Client, path string, output outputFormat, w io.Writer) error {
+	return listAndPrint(c, path, output, w, "FARM\tID\tADDRESSES\tPEERS\tRULES", func(f intent.Farm) string {
 		return fmt.Sprintf("%s\t%d\t10.%d.0.0/16\t%s\t%d", f.Name, f.ID, f.ID, strings.Join(f.Peers, ","), len(f.Rules))
 	})
+}
+
+var farmListing = listing{kind: "farms", print: func(c *client.Client, output outputFormat, w io.Writer) error {
+	return printFarms(c, "/v1/farms", output, w)
 }}

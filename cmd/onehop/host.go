@@ -4,16 +4,19 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/onehop/onehop/internal/client"
+	"github.com/onehop/onehop/internal/controller"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/topology"
 )
 
 func hostCmd() *cobra.Command {
-	host := &cobra.Command{Use: "host", Short: "Hosts: the hypervisors VMs and slivers are placed on; add and retire them"}
+	host := &cobra.Command{Use: "host", Short: "Hosts: the hypervisors VMs and slivers are placed on; add and retire them",
+		Example: "  onehop host add h4\n  onehop host list\n  onehop host get h4\n  onehop host delete h4 --cascade"}
 	var address string
 	add := &cobra.Command{
 		Use: "add HOST [--address IPV4]", Short: "Authorize a new host; its agent registers its uplink when it starts", Args: cobra.ExactArgs(1),
@@ -40,33 +43,61 @@ optional. In a lab, 'onehop lab add-host HOST' does this and builds the host.`,
 		},
 	}
 	add.Flags().StringVar(&address, "address", "", "the host's IPv4 on the fabric (optional)")
-	var drain bool
-	remove := &cobra.Command{
-		Use: "remove HOST [--drain]", Short: "Retire a host and every key of it; refused while guests are placed there, unless --drain", Args: cobra.ExactArgs(1),
+	var cascade, drain bool
+	del := &cobra.Command{
+		Use: "delete HOST [--cascade]", Aliases: []string{"remove"},
+		Short: "Retire a host and every key of it; refused while guests are placed there, unless --cascade", Args: cobra.ExactArgs(1),
 		Long: `Retire HOST: its record, its desired state and its agent's node and status records
 leave the store. While VMs, slivers, or TAP policies naming a VM there are placed on
-it, the controller refuses and names them; --drain deletes them first, each as its
-own delete does. Stop the host's agent first: a running agent registers again. In a
-lab, 'onehop lab remove-host HOST' does this and removes the host.`,
-		Example: "  onehop host remove h4\n  onehop host remove h4 --drain",
+it, the controller refuses and names them; --cascade (or --drain, its first name)
+deletes them first, each as its own delete does. Stop the host's agent first: a
+running agent registers again. In a lab, 'onehop lab remove-host HOST' does this
+and removes the host.`,
+		Example: "  onehop host delete h4\n  onehop host delete h4 --cascade",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := topology.CheckHostName(args[0]); err != nil {
+				return err
+			}
 			c, err := api()
 			if err != nil {
 				return err
 			}
-			return removeHost(c, args[0], drain, cmd.OutOrStdout())
+			return removeHost(c, args[0], cascade || drain, cmd.OutOrStdout())
 		},
 	}
-	remove.Flags().BoolVar(&drain, "drain", false, "delete the VMs, slivers and TAP policies placed on the host instead of refusing")
-	host.AddCommand(add, remove)
+	del.Flags().BoolVar(&cascade, "cascade", false, "delete the VMs, slivers and TAP policies placed on the host instead of refusing")
+	del.Flags().BoolVar(&drain, "drain", false, "the same as --cascade")
+	var output outputFormat
+	get := &cobra.Command{
+		Use: "get HOST [-o json]", Short: "Show one host and the VMs and slivers placed on it", Args: cobra.ExactArgs(1),
+		Example: "  onehop host get h1",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := topology.CheckHostName(args[0]); err != nil {
+				return err
+			}
+			return showOne(cmd, "/v1/hosts/"+args[0], output, func(h controller.HostView) string {
+				return fmt.Sprintf("host %s%s: vms %s; slivers %s\n", h.Name, addressNote(h.Address), listOrNone(h.VMs), listOrNone(h.Slivers))
+			})
+		},
+	}
+	addOutputFlag(get.Flags(), &output)
+	host.AddCommand(add, del, get, listCmd("hosts with their fabric addresses", "/v1/hosts", nil, printHosts))
 	return host
 }
 
-// removeHost asks the controller to retire host, draining it if drain.
-func removeHost(c *client.Client, host string, drain bool, out io.Writer) error {
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// removeHost asks the controller to retire host, deleting what is placed
+// on it first if cascade.
+func removeHost(c *client.Client, host string, cascade bool, out io.Writer) error {
 	path := "/v1/hosts/" + url.PathEscape(host)
-	if drain {
-		path += "?drain=true"
+	if cascade {
+		path += "?cascade=true"
 	}
 	if err := c.Do("DELETE", path, nil, nil); err != nil {
 		return err
@@ -82,9 +113,13 @@ func addressNote(a string) string {
 	return " (fabric address " + a + ")"
 }
 
-// Hosts come from the topology and from host add.
-var hostListing = listing{kind: "hosts", print: func(c *client.Client, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, "/v1/hosts", output, w, "HOST\tFABRIC ADDRESS", func(h intent.Host) string {
+func printHosts(c *client.Client, path string, output outputFormat, w io.Writer) error {
+	return listAndPrint(c, path, output, w, "HOST\tFABRIC ADDRESS", func(h intent.Host) string {
 		return fmt.Sprintf("%s\t%s", h.Name, h.Address)
 	})
+}
+
+// Hosts come from the topology and from host add.
+var hostListing = listing{kind: "hosts", print: func(c *client.Client, output outputFormat, w io.Writer) error {
+	return printHosts(c, "/v1/hosts", output, w)
 }}

@@ -30,3 +30,20 @@ func TestCLIHostAddRemoveDrain(t *testing.T) {
 		}
 	}
 }
+
+func TestCLIHostListGetDeleteCascade(t *testing.T) {
+	addr, _ := testController(t)
+	steps := []cliStep{
+		{[]string{"host", "add", "h4"}, "host h4 added\n", false},
+		{[]string{"vm", "create", "blue/web/web4", "--host", "h4"}, "", false},
+		{[]string{"host", "list"}, "h4", false},
+		{[]string{"host", "get", "h4"}, "host h4: vms blue/web/web4; slivers none\n", false},
+		{[]string{"host", "get", "h9"}, "host: host h9: not found", true},
+		{[]string{"host", "get", "H4"}, `host name "H4" must be 1-12 lowercase`, true},
+		{[]string{"host", "delete", "h4"}, "still carries vms blue/web/web4", true},
+		{[]string{"host", "delete", "h4", "--cascade"}, "host h4 removed\n", false},
+		{[]string{"host", "get", "h4"}, "host: host h4: not found", true},
+		{[]string{"vm", "get", "blue/web/web4"}, "vm: vm blue/web/web4: not found", true},
+	}
+	runSteps(t, addr, steps)
+}

@@ -113,10 +113,13 @@ func labExecCmd(lf *labFlags) *cobra.Command {
 		Use:   "exec NODE -- COMMAND [ARG...]",
 		Short: "Run a command inside a node of the lab (a VM, a sliver, a host, an external, the fabric or the controller)",
 		Long: `Runs COMMAND in the node's network namespace, with /sys remounted for it as
-'ip netns exec' does. In a sliver it also runs in the sliver's cgroup
+'ip netns exec' does. A VM is named by its name, or as FARM/VM or
+FARM/SUBNET/VM; a name VMs of several farms have must be one of the latter
+(the error lists them). In a sliver it also runs in the sliver's cgroup
 (cgroup v2), where the host confines bind() and connect() to the sliver's
 ports.`,
 		Example: `  onehop lab exec web1 -- ping -c 3 10.1.1.3
+  onehop lab exec red/web1 -- ip addr
   onehop lab exec h1 -- curl -s localhost:9100/metrics
   onehop lab exec fabric -- tcpdump -eni br0
   onehop lab exec s1 -- python3 -m http.server 10022`,
@@ -126,17 +129,21 @@ ports.`,
 			if err != nil {
 				return err
 			}
-			ns := lab.NamespaceOf(n, args[0])
-			if !netns.Exists(ns) {
-				return fmt.Errorf("lab %q has no node %q (no namespace %s); `onehop lab status` lists them", n, args[0], ns)
-			}
-			// A sliver's commands run in its cgroup, where its host
-			// confines bind() and connect() to its lease.
 			st, err := lab.Load(lf.root, n)
 			if err != nil {
 				return err
 			}
-			if err := lab.JoinSliver(st, args[0]); err != nil {
+			node, err := st.Node(args[0])
+			if err != nil {
+				return err
+			}
+			ns := lab.NamespaceOf(n, node)
+			if !netns.Exists(ns) {
+				return fmt.Errorf("lab %q has no node %q (no namespace %s); `onehop lab status` lists them", n, node, ns)
+			}
+			// A sliver's commands run in its cgroup, where its host
+			// confines bind() and connect() to its lease.
+			if err := lab.JoinSliver(st, node); err != nil {
 				return err
 			}
 			return netns.Exec(ns, args[1:])

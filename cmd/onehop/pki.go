@@ -40,6 +40,7 @@ docs/security.md says.`,
   onehop pki issue controller --ip 192.168.100.1  # /etc/onehop/{ca,controller}.crt, controller.key
   onehop pki issue agent h1                       # /etc/onehop/agent.{crt,key}, CN h1
   onehop pki issue agent h2 --dir h2              # h2/{ca,agent}.crt, h2/agent.key: copy to h2's /etc/onehop
+  onehop pki issue tenant --farm blue             # ./tenant-blue.{crt,key}: blue's tenant only (docs/tenants.md)
   onehop pki token                                # /etc/onehop/api-token`,
 	}
 	c.AddCommand(pkiCACmd(), pkiIssueCmd(), pkiTokenCmd())
@@ -164,8 +165,8 @@ func (o *issueOpts) issue(out io.Writer, name, what string, req pki.Request) err
 
 func pkiIssueCmd() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "issue controller|agent",
-		Short: "Issue the controller's or an agent's certificate, signed by the CA",
+		Use:   "issue controller|agent|tenant",
+		Short: "Issue the controller's, an agent's or a tenant's certificate, signed by the CA",
 	}
 	var ctl issueOpts
 	var ips, dns []string
@@ -213,7 +214,30 @@ directory you copy to NODE's /etc/onehop.`,
 		},
 	}
 	ag.flags(agentC)
-	c.AddCommand(controller, agentC)
+
+	var tn issueOpts
+	var farm string
+	tenantC := &cobra.Command{
+		Use:   "tenant --farm FARM [--dir DIR]",
+		Short: "A tenant's client certificate, O=onehop-tenant, CN=tenant:FARM: DIR/tenant-FARM.crt, .key",
+		Long: `A client certificate for the REST API that acts on FARM only (docs/tenants.md):
+its subject is O=` + pki.TenantOrganization + `, CN=tenant:FARM. The tenant dials the https API with
+--cert, --key and --ca. It cannot be revoked before it expires: keep --days short,
+or give the tenant a token (onehop tenant token create), which can be.`,
+		Example: "  onehop pki issue tenant --farm blue --days 30    # ./tenant-blue.{crt,key}, ./ca.crt",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := topology.CheckFarmName(farm); err != nil {
+				return fmt.Errorf("--farm: %w", err)
+			}
+			return tn.issue(cmd.OutOrStdout(), "tenant-"+farm, "tenant of farm "+farm, pki.TenantRequest(farm))
+		},
+	}
+	tn.flags(tenantC)
+	tenantC.Flags().Lookup("dir").DefValue, tn.dir = ".", "."
+	tenantC.Flags().StringVar(&farm, "farm", "", "the one farm the certificate acts on (required)")
+	tenantC.MarkFlagRequired("farm")
+	c.AddCommand(controller, agentC, tenantC)
 	return c
 }
 

@@ -51,6 +51,8 @@ func nouns() []noun {
 		{cmd: gatewayCmd},
 		{cmd: lispCmd},
 		{cmd: xtrCmd},
+		{cmd: tenantCmd},
+		{cmd: auditCmd},
 		{cmd: versionCmd},
 		{cmd: manCmd},
 	}

@@ -8,11 +8,13 @@ import (
 
 	"github.com/onehop/onehop/internal/client"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/topology"
 )
 
 func vmCmd() *cobra.Command {
 	vm := &cobra.Command{Use: "vm", Short: "VMs: an address in a subnet, placed on a host"}
-	vm.AddCommand(vmCreateCmd(), vmMoveCmd(), vmDeleteCmd())
+	vm.AddCommand(vmCreateCmd(), vmMoveCmd(), vmDeleteCmd(), vmGetCmd(),
+		listCmd("VMs with their hosts, addresses, MACs and vifs", "/v1/vms", func(farm string) string { return "/v1/farms/" + farm + "/vms" }, printVMs))
 	return vm
 }
 
@@ -22,12 +24,13 @@ func vmCreateCmd() *cobra.Command {
 		Use: "create FARM/SUBNET/VM --host HOST [--interface IFNAME]", Short: "Create a VM and allocate its 10.f.s.h and virtual MAC", Args: cobra.ExactArgs(1),
 		Long: `Records the VM on HOST and allocates its address and virtual MAC. --interface
 names the host interface that carries the guest: the tap QEMU or libvirt opens,
-or the host end of a veth (default vif-VM). The agent attaches to it whatever
+or the host end of a veth (default vif-VM-HASH, from the farm and VM: a VM's
+name is unique within its farm only). The agent attaches to it whatever
 its kind (veth or tap) and delivers to it as that kind takes frames
 (docs/guests.md).`,
 		Example: "  onehop vm create blue/web/web4 --host h2\n  onehop vm create blue/web/qemu1 --host h2 --interface tap-qemu1",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			p, err := vmArg(args[0])
 			if err != nil {
 				return err
 			}
@@ -47,12 +50,12 @@ its kind (veth or tap) and delivers to it as that kind takes frames
 			if err := c.Do("POST", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms", map[string]string{"name": p[2], "host": host, "interface": iface}, &v); err != nil {
 				return err
 			}
-			fmt.Printf("vm %s on %s: %s, MAC %s, gateway %s, vif %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface)
+			fmt.Fprintf(cmd.OutOrStdout(), "vm %s on %s: %s, MAC %s, gateway %s, vif %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface)
 			return nil
 		},
 	}
 	vmCreate.Flags().StringVar(&host, "host", "", "host the VM runs on")
-	vmCreate.Flags().StringVar(&iface, "interface", "", "host interface that carries the guest: a tap or a veth's host end (default vif-VM)")
+	vmCreate.Flags().StringVar(&iface, "interface", "", "host interface that carries the guest: a tap or a veth's host end (default vif-VM-HASH, from farm and VM)")
 	return vmCreate
 }
 
@@ -69,7 +72,7 @@ and gateway in that subnet and its old address is freed; the guest must take
 the new address (in the lab, 'onehop lab move --subnet' does that).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			p, err := vmArg(args[0])
 			if err != nil {
 				return err
 			}
@@ -88,7 +91,7 @@ the new address (in the lab, 'onehop lab move --subnet' does that).`,
 			if err := c.Do("PUT", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2]+"/host", body, &v); err != nil {
 				return err
 			}
-			fmt.Printf("vm %s now on %s (%s, MAC %s, gateway %s)\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway)
+			fmt.Fprintf(cmd.OutOrStdout(), "vm %s now on %s (%s, MAC %s, gateway %s)\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway)
 			return nil
 		},
 	}
@@ -97,29 +100,60 @@ the new address (in the lab, 'onehop lab move --subnet' does that).`,
 	return vmMove
 }
 
+// vmArg checks FARM/SUBNET/VM with the controller's name checks.
+func vmArg(arg string) ([]string, error) {
+	return nameArg(arg, "FARM/SUBNET/VM", topology.CheckFarmName, topology.CheckSubnetName, topology.CheckVMName)
+}
+
 func vmDeleteCmd() *cobra.Command {
 	return &cobra.Command{
-		Use: "delete FARM/SUBNET/VM", Short: "Delete a VM and free its address", Args: cobra.ExactArgs(1),
+		Use: "delete FARM/SUBNET/VM", Short: "Delete a VM and free its address (the next VM of the subnet may get it)", Args: cobra.ExactArgs(1),
+		Long: `Deletes the VM's record; its host's agent drops its entries, and its address is
+free for the next VM of its subnet. A TAP policy naming it stays, and copies
+nothing until a VM of that name is back (onehop tap list says so).`,
+		Example: "  onehop vm delete blue/web/web4",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := splitPath(args[0], 3, "FARM/SUBNET/VM")
+			p, err := vmArg(args[0])
 			if err != nil {
 				return err
 			}
-			c, err := api()
-			if err != nil {
-				return err
-			}
-			return c.Do("DELETE", "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2], nil, nil)
+			return deleteOne(cmd, "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2], false, "vm "+args[0])
 		},
 	}
 }
 
-var vmListing = listing{kind: "vms", print: func(c *client.Client, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, "/v1/vms", output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL", func(v intent.VM) string {
-		fw := "-"
-		if v.Firewall != nil {
-			fw = fmt.Sprintf("in %s, out %s, %d rules", v.Firewall.DefaultIn, v.Firewall.DefaultOut, len(v.Firewall.Rules))
-		}
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, fw)
+func vmGetCmd() *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use: "get FARM/SUBNET/VM [-o json]", Short: "Show one VM: its host, address, MAC, vif and firewall", Args: cobra.ExactArgs(1),
+		Example: "  onehop vm get blue/web/web1\n  onehop vm get blue/web/web1 -o json",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := vmArg(args[0])
+			if err != nil {
+				return err
+			}
+			return showOne(cmd, "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2], output, func(v intent.VM) string {
+				return fmt.Sprintf("vm %s on %s: %s, MAC %s, gateway %s, vif %s, firewall %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface, firewallSummary(v.Firewall))
+			})
+		},
+	}
+	addOutputFlag(cmd.Flags(), &output)
+	return cmd
+}
+
+func firewallSummary(fw *intent.Firewall) string {
+	if fw == nil {
+		return "-"
+	}
+	return fmt.Sprintf("in %s, out %s, %d rules", fw.DefaultIn, fw.DefaultOut, len(fw.Rules))
+}
+
+func printVMs(c *client.Client, path string, output outputFormat, w io.Writer) error {
+	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL", func(v intent.VM) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall))
 	})
+}
+
+var vmListing = listing{kind: "vms", print: func(c *client.Client, output outputFormat, w io.Writer) error {
+	return printVMs(c, "/v1/vms", output, w)
 }}

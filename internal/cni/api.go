@@ -59,54 +59,37 @@ func (a API) DeleteVM(_ context.Context, farm, subnet, name string) error {
 	return err
 }
 
-// VM implements Controller (from the list of VMs: the API has no GET of
-// one).
+// VM implements Controller: the one VM's GET.
 func (a API) VM(_ context.Context, farm, subnet, name string) (intent.VM, error) {
-	var vms []intent.VM
-	if err := a.D.Do("GET", "/v1/vms", nil, &vms); err != nil {
-		return intent.VM{}, err
+	var v intent.VM
+	err := a.D.Do("GET", vmPath(farm, subnet, name), nil, &v)
+	if ae := apiError(err); ae != nil && ae.Status == 404 {
+		return v, fmt.Errorf("%w: %v", ErrNoVM, err)
 	}
-	for _, v := range vms {
-		if v.Farm == farm && v.Subnet == subnet && v.Name == name {
-			return v, nil
-		}
-	}
-	return intent.VM{}, fmt.Errorf("%w: %s/%s/%s", ErrNoVM, farm, subnet, name)
+	return v, err
 }
 
-// Where implements Controller.
+// Where implements Controller: the farm's, the subnet's and the host's
+// GET, each answering 404 when the controller has no such object.
 func (a API) Where(_ context.Context, farm, subnet, host string) (string, error) {
-	var farms []intent.Farm
-	if err := a.D.Do("GET", "/v1/farms", nil, &farms); err != nil {
-		return "", err
-	}
-	if !hasName(farms, farm, func(f intent.Farm) string { return f.Name }) {
-		return fmt.Sprintf("farm %q: the controller has no such farm", farm), nil
-	}
-	var subnets []intent.Subnet
-	if err := a.D.Do("GET", "/v1/subnets", nil, &subnets); err != nil {
-		return "", err
-	}
-	if !hasName(subnets, farm+"/"+subnet, func(s intent.Subnet) string { return s.Farm + "/" + s.Name }) {
-		return fmt.Sprintf("subnet %q: farm %s has no such subnet", subnet, farm), nil
-	}
-	var hosts []intent.Host
-	if err := a.D.Do("GET", "/v1/hosts", nil, &hosts); err != nil {
-		return "", err
-	}
-	if !hasName(hosts, host, func(h intent.Host) string { return h.Name }) {
-		return fmt.Sprintf("host %q: the controller has no such host (onehop host add %s)", host, host), nil
+	for _, q := range []struct {
+		path, missing string
+	}{
+		{"/v1/farms/" + farm, fmt.Sprintf("farm %q: the controller has no such farm", farm)},
+		{"/v1/farms/" + farm + "/subnets/" + subnet, fmt.Sprintf("subnet %q: farm %s has no such subnet", subnet, farm)},
+		{"/v1/hosts/" + host, fmt.Sprintf("host %q: the controller has no such host (onehop host add %s)", host, host)},
+	} {
+		err := a.D.Do("GET", q.path, nil, nil)
+		switch ae := apiError(err); {
+		case ae != nil && ae.Status == 404:
+			return q.missing, nil
+		case ae != nil && ae.Status == 400:
+			return ae.Error(), nil // a malformed name, named by the controller
+		case err != nil:
+			return "", err
+		}
 	}
 	return "", nil
-}
-
-func hasName[T any](list []T, want string, name func(T) string) bool {
-	for _, x := range list {
-		if name(x) == want {
-			return true
-		}
-	}
-	return false
 }
 
 // apiError is err's API error, if it is one.

@@ -405,7 +405,7 @@ func TestAddCheckDelAgainstTheSeams(t *testing.T) {
 		t.Errorf("CHECK without prevResult: %+v", e)
 	}
 	// A repeated ADD (the runtime retried) uses the VM again.
-	delete(f.links.links, intent.VifName(name))
+	delete(f.links.links, intent.VifName("blue", name))
 	if code, out := f.run(CmdAdd, []byte(goodConf)); code != 0 || len(f.ctl.vms) != 1 {
 		t.Fatalf("a repeated ADD: exit %d, %d VMs\n%s", code, len(f.ctl.vms), out)
 	}

@@ -172,7 +172,7 @@ func (p *Plugin) add(ctx context.Context, c NetConf, env Env) (any, error) {
 		return nil, err
 	}
 	name := VMName(env.ContainerID, env.Args)
-	iface := intent.VifName(name)
+	iface := intent.VifName(c.Farm, name)
 	vm, err := api.CreateVM(ctx, c.Farm, c.Subnet, name, c.Host, iface)
 	if err != nil {
 		vm, err = p.createFailed(ctx, api, c, name, iface, err)
@@ -239,7 +239,7 @@ func linkSpec(vm intent.VM, env Env) (LinkSpec, error) {
 // DEL, a namespace the runtime removed first).
 func (p *Plugin) del(ctx context.Context, c NetConf, env Env) error {
 	name := VMName(env.ContainerID, env.Args)
-	iface := intent.VifName(name)
+	iface := intent.VifName(c.Farm, name)
 	netns := env.Netns
 	if netns != "" && !p.Links.NetnsExists(netns) {
 		netns = ""

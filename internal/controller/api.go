@@ -12,10 +12,21 @@ import (
 
 // API is the controller's REST API (api/openapi.yaml documents it). Each noun
 // has its own file, api_NOUN.go, with its handlers and operations.
+//
+// Every route is authorized by its scope (authz.go) and every accepted
+// write recorded in the audit trail (api_audit.go): the identity comes from
+// the request's context (Authenticate on the TCP listener; none, an admin,
+// on the unix socket).
 func (c *Controller) API() http.Handler {
-	mux := http.NewServeMux()
+	mux := c.routes()
+	return mux.mux
+}
+
+// routes registers every route with a router and returns it.
+func (c *Controller) routes() *router {
+	mux := &router{c: c, mux: http.NewServeMux(), scopes: map[string]scope{}}
 	// One line per noun: a new feature adds its file and a line here.
-	for _, register := range []func(*http.ServeMux){
+	for _, register := range []func(*router){
 		c.hostRoutes,
 		c.farmRoutes,
 		c.subnetRoutes,
@@ -28,6 +39,8 @@ func (c *Controller) API() http.Handler {
 		c.tapRoutes,
 		c.lispRoutes,
 		c.storeRoutes,
+		c.tenantRoutes,
+		c.auditRoutes,
 		c.versionRoutes,
 	} {
 		register(mux)
@@ -114,6 +127,8 @@ func reply(w http.ResponseWriter, ok int, v any, err error) {
 		writeJSON(w, ok, v)
 	case errors.As(err, &fe) && errors.Is(fe, ErrNotFound):
 		writeJSON(w, http.StatusNotFound, fe)
+	case errors.As(err, &fe) && errors.Is(fe, ErrForbidden):
+		writeJSON(w, http.StatusForbidden, fe)
 	case errors.As(err, &fe) && (errors.Is(fe, ErrConflict) || errors.Is(fe, ErrFull)):
 		writeJSON(w, http.StatusConflict, fe)
 	case errors.As(err, &fe):
@@ -129,16 +144,33 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// list answers every record under prefix as a JSON array.
 func (c *Controller) list(prefix string, newSlice func() any) http.HandlerFunc {
+	return c.listBy(prefix, newSlice, false)
+}
+
+// farmList is list for records keyed FARM or FARM/...: a tenant is
+// answered its own farm's only (scopeOwnFarm).
+func (c *Controller) farmList(prefix string, newSlice func() any) http.HandlerFunc {
+	return c.listBy(prefix, newSlice, true)
+}
+
+func (c *Controller) listBy(prefix string, newSlice func() any, byFarm bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		kvs, _, err := c.store.List(r.Context(), prefix)
 		if err != nil {
 			reply(w, 0, nil, err)
 			return
 		}
+		farm := ""
+		if byFarm {
+			farm = ownFarm(r.Context())
+		}
 		keys := make([]string, 0, len(kvs))
 		for k := range kvs {
-			keys = append(keys, k)
+			if inFarm(strings.TrimPrefix(k, prefix), farm) {
+				keys = append(keys, k)
+			}
 		}
 		sort.Strings(keys)
 		parts := make([]string, 0, len(keys))

@@ -12,7 +12,7 @@ import (
 )
 
 // firewallRoutes serves each VM's own firewall.
-func (c *Controller) firewallRoutes(mux *http.ServeMux) {
+func (c *Controller) firewallRoutes(mux *router) {
 	mux.HandleFunc("POST /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/firewall", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			DefaultIn  string               `json:"defaultIn"`

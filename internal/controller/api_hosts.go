@@ -16,7 +16,7 @@ import (
 
 // hostRoutes serves hosts: the topology seeds them, the operator adds and
 // retires them (a hypervisor joining or leaving a running cloud).
-func (c *Controller) hostRoutes(mux *http.ServeMux) {
+func (c *Controller) hostRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/hosts", c.list(intent.HostsPrefix, func() any { return &[]intent.Host{} }))
 	mux.HandleFunc("POST /v1/hosts", func(w http.ResponseWriter, r *http.Request) {
 		var in intent.Host
@@ -25,17 +25,27 @@ func (c *Controller) hostRoutes(mux *http.ServeMux) {
 			reply(w, http.StatusCreated, h, err)
 		}
 	})
-	mux.HandleFunc("DELETE /v1/hosts/{host}", func(w http.ResponseWriter, r *http.Request) {
-		drain := false
-		switch v := r.URL.Query().Get("drain"); v {
-		case "", "false":
-		case "true":
-			drain = true
-		default:
-			reply(w, 0, nil, fieldErr("drain", fmt.Errorf("drain=%q: want true or false", v)))
-			return
+	mux.HandleFunc("GET /v1/hosts/{host}", func(w http.ResponseWriter, r *http.Request) {
+		var v HostView
+		err := checkPath(r, "host")
+		if err == nil {
+			v, err = c.GetHost(r.Context(), r.PathValue("host"))
 		}
-		err := c.RemoveHost(r.Context(), r.PathValue("host"), drain)
+		reply(w, http.StatusOK, v, err)
+	})
+	mux.HandleFunc("DELETE /v1/hosts/{host}", func(w http.ResponseWriter, r *http.Request) {
+		// cascade, as every delete calls it; drain, the name it had first.
+		cascade, err := boolQuery(r, "cascade")
+		drain := false
+		if err == nil {
+			drain, err = boolQuery(r, "drain")
+		}
+		if err == nil {
+			err = checkPath(r, "host")
+		}
+		if err == nil {
+			err = c.RemoveHost(r.Context(), r.PathValue("host"), cascade || drain)
+		}
 		var inUse *HostInUse
 		if errors.As(err, &inUse) {
 			writeJSON(w, http.StatusConflict, inUse)
@@ -43,6 +53,29 @@ func (c *Controller) hostRoutes(mux *http.ServeMux) {
 		}
 		reply(w, http.StatusNoContent, nil, err)
 	})
+}
+
+// HostView is a host and what is placed on it.
+type HostView struct {
+	intent.Host
+	VMs     []string `json:"vms"`     // FARM/SUBNET/VM
+	Slivers []string `json:"slivers"` // HOST/NAME
+}
+
+// GetHost returns host's record and what is placed on it.
+func (c *Controller) GetHost(ctx context.Context, host string) (HostView, error) {
+	var v HostView
+	if err := store.GetJSON(ctx, c.store, intent.HostsPrefix+host, &v.Host); errors.Is(err, store.ErrNotFound) {
+		return v, notFound("host", "host %s", host)
+	} else if err != nil {
+		return v, err
+	}
+	in, err := c.placedOn(ctx, host)
+	if err != nil {
+		return v, err
+	}
+	v.VMs, v.Slivers = in.VMs, in.Slivers
+	return v, nil
 }
 
 // HostInUse is the refusal of a host's removal while guests are placed on
@@ -54,6 +87,9 @@ type HostInUse struct {
 	VMs     []string `json:"vms"`     // FARM/SUBNET/VM
 	Slivers []string `json:"slivers"` // HOST/NAME
 	Taps    []string `json:"taps"`    // policies whose sender, receiver or monitor is a VM there
+	// Dependants is all of them as every refused delete names them
+	// (FieldError.Dependants): "vm NAME", "sliver NAME", "tap NAME".
+	Dependants []string `json:"dependants"`
 }
 
 func (e *HostInUse) Error() string { return e.Field + ": " + e.Msg }
@@ -95,8 +131,8 @@ func (c *Controller) AddHost(ctx context.Context, h intent.Host) (intent.Host, e
 	}
 	// VMs and hosts share one set of node names (CreateVMWithInterface).
 	if err := c.view(ctx, func(m *model) error {
-		if full, ok := m.byName[h.Name]; ok {
-			return conflict("name", "vm %s (VMs and hosts share one set of node names)", full)
+		if named := sortedKeys(m.byName[h.Name]); len(named) > 0 {
+			return conflict("name", "vm %s (VMs and hosts share one set of node names)", strings.Join(named, ", "))
 		}
 		return nil
 	}); err != nil {
@@ -146,15 +182,19 @@ func (c *Controller) placedOn(ctx context.Context, host string) (*HostInUse, err
 	slices.Sort(in.Slivers)
 	slices.Sort(in.Taps)
 	var what []string
+	in.Dependants = []string{}
 	for _, l := range []struct {
 		kind  string
 		names []string
-	}{{"vms", in.VMs}, {"slivers", in.Slivers}, {"taps", in.Taps}} {
+	}{{"vm", in.VMs}, {"sliver", in.Slivers}, {"tap", in.Taps}} {
 		if len(l.names) > 0 {
-			what = append(what, l.kind+" "+strings.Join(l.names, ", "))
+			what = append(what, l.kind+"s "+strings.Join(l.names, ", "))
+		}
+		for _, n := range l.names {
+			in.Dependants = append(in.Dependants, l.kind+" "+n)
 		}
 	}
-	in.Msg = fmt.Sprintf("host %s still carries %s: delete or move them first, or remove it with drain=true (CLI --drain), which deletes them", host, strings.Join(what, "; "))
+	in.Msg = fmt.Sprintf("host %s still carries %s: delete or move them first, or remove it with cascade=true (CLI --cascade, or --drain), which deletes them", host, strings.Join(what, "; "))
 	return in, nil
 }
 

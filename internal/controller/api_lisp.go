@@ -174,7 +174,7 @@ func (b LISPMappingBody) mapping(now time.Time) (LISPMapping, netip.Prefix, erro
 var lispMu sync.Mutex
 
 // lispRoutes serves the LISP map-server's mappings (issue 11, docs/cloud-access.md).
-func (c *Controller) lispRoutes(mux *http.ServeMux) {
+func (c *Controller) lispRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/lisp/mappings", func(w http.ResponseWriter, r *http.Request) {
 		out, err := c.ListLISPMappings(r.Context())
 		reply(w, http.StatusOK, out, err)

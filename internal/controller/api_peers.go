@@ -11,7 +11,7 @@ import (
 )
 
 // peerRoutes serves peerings: a farm agreeing to talk to another.
-func (c *Controller) peerRoutes(mux *http.ServeMux) {
+func (c *Controller) peerRoutes(mux *router) {
 	mux.HandleFunc("PUT /v1/farms/{farm}/peers/{with}", func(w http.ResponseWriter, r *http.Request) {
 		mutual, err := c.Peer(r.Context(), r.PathValue("farm"), r.PathValue("with"))
 		reply(w, http.StatusOK, map[string]bool{"mutual": mutual}, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 
@@ -14,7 +15,7 @@ import (
 )
 
 // ruleRoutes serves visibility rules between subnets.
-func (c *Controller) ruleRoutes(mux *http.ServeMux) {
+func (c *Controller) ruleRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/rules", c.rules)
 	mux.HandleFunc("POST /v1/farms/{farm}/rules", func(w http.ResponseWriter, r *http.Request) {
 		var in intent.Rule
@@ -34,6 +35,10 @@ type RuleView struct {
 
 func (c *Controller) rules(w http.ResponseWriter, r *http.Request) {
 	views, err := c.Rules(r.Context())
+	// A tenant sees its own farm's rules (scopeOwnFarm).
+	if farm := ownFarm(r.Context()); farm != "" {
+		views = slices.DeleteFunc(views, func(v RuleView) bool { return v.Farm != farm })
+	}
 	reply(w, http.StatusOK, views, err)
 }
 

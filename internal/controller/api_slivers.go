@@ -27,7 +27,7 @@ func viewOf(s intent.Sliver) SliverView {
 
 // sliverRoutes serves slivers (port-space isolation): guests that share
 // their host's IPv4 and MAC and lease port ranges of it.
-func (c *Controller) sliverRoutes(mux *http.ServeMux) {
+func (c *Controller) sliverRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/slivers", func(w http.ResponseWriter, r *http.Request) {
 		out, err := c.ListSlivers(r.Context(), r.URL.Query().Get("host"))
 		reply(w, http.StatusOK, out, err)

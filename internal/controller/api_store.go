@@ -8,7 +8,7 @@ import (
 )
 
 // storeRoutes serves the store's status (GET /v1/store).
-func (c *Controller) storeRoutes(mux *http.ServeMux) {
+func (c *Controller) storeRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/store", func(w http.ResponseWriter, r *http.Request) {
 		if c.maint == nil {
 			writeJSON(w, http.StatusServiceUnavailable, FieldError{Field: "store", Msg: "this controller's store has no database to report on (not etcd)"})

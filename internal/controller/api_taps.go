@@ -61,9 +61,11 @@ func (b tapBody) policy() intent.TapPolicy {
 
 // tapRoutes serves virtual TAP policies (paper 002): copies of what a
 // sender sends a receiver go to a monitor VM.
-func (c *Controller) tapRoutes(mux *http.ServeMux) {
+func (c *Controller) tapRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/taps", func(w http.ResponseWriter, r *http.Request) {
 		out, err := c.ListTaps(r.Context())
+		// A tenant sees the policies naming its farm (scopeTap).
+		out = slices.DeleteFunc(out, func(v TapView) bool { return !tapVisible(r.Context(), v.TapPolicy) })
 		reply(w, http.StatusOK, out, err)
 	})
 	mux.HandleFunc("POST /v1/taps", func(w http.ResponseWriter, r *http.Request) {
@@ -75,6 +77,9 @@ func (c *Controller) tapRoutes(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("GET /v1/taps/{name}", func(w http.ResponseWriter, r *http.Request) {
 		p, err := c.getTap(r.Context(), r.PathValue("name"))
+		if err == nil && !tapVisible(r.Context(), p) {
+			err = forbidden("name", IdentityOf(r.Context()), "tap %s names none of farm %s's VMs or subnets", p.Name, IdentityOf(r.Context()).Farm)
+		}
 		c.replyTap(w, r, http.StatusOK, p, err)
 	})
 	mux.HandleFunc("PUT /v1/taps/{name}", func(w http.ResponseWriter, r *http.Request) {
@@ -92,6 +97,9 @@ func (c *Controller) tapRoutes(mux *http.ServeMux) {
 		}
 	})
 	mux.HandleFunc("DELETE /v1/taps/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if p, err := c.getTap(r.Context(), r.PathValue("name")); err == nil {
+			noteFarm(r.Context(), refFarm(p.Sender, p.Monitor))
+		}
 		reply(w, http.StatusNoContent, nil, c.DeleteTap(r.Context(), r.PathValue("name")))
 	})
 }
@@ -102,6 +110,7 @@ func (c *Controller) replyTap(w http.ResponseWriter, r *http.Request, status int
 		reply(w, status, nil, err)
 		return
 	}
+	noteFarm(r.Context(), refFarm(p.Sender, p.Monitor))
 	reply(w, status, c.tapView(r.Context(), p), nil)
 }
 
@@ -191,7 +200,11 @@ func (c *Controller) ReplaceTap(ctx context.Context, p intent.TapPolicy) (intent
 func (c *Controller) DeleteTap(ctx context.Context, name string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, err := c.getTap(ctx, name); err != nil {
+	p, err := c.getTap(ctx, name)
+	if err != nil {
+		return err
+	}
+	if err := authorizeTap(ctx, p); err != nil {
 		return err
 	}
 	return c.store.Delete(ctx, tapKey(name))
@@ -236,6 +249,21 @@ func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bo
 		case !create && p.ID != 0 && p.ID != self.ID:
 			return "", intent.TapPolicy{}, fieldErr("id", fmt.Errorf("id %d: tap %s has id %d, which stays while it lives", p.ID, p.Name, self.ID))
 		}
+		// What a replace overwrites must be the caller's too.
+		if self != nil {
+			if err := authorizeTap(ctx, *self); err != nil {
+				return "", intent.TapPolicy{}, err
+			}
+		}
+		// Named ends of another farm are refused before they are looked
+		// up: a tenant learns nothing of what another farm holds.
+		if id := IdentityOf(ctx); !id.Admin() {
+			for _, end := range []struct{ field, ref string }{{"sender", p.Sender}, {"receiver", p.Receiver}} {
+				if f, _, named := strings.Cut(end.ref, "/"); named && f != id.Farm {
+					return "", intent.TapPolicy{}, farmForbidden(end.field, id, f)
+				}
+			}
+		}
 		w, err := c.tapWorld(ctx)
 		if err != nil {
 			return "", intent.TapPolicy{}, err
@@ -243,6 +271,11 @@ func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bo
 		resolved, err := w.Resolve(p)
 		if err != nil {
 			return "", intent.TapPolicy{}, tapErr(err)
+		}
+		// The caller must own the traffic it copies (an end given by
+		// address is known only now).
+		if err := authorizeTap(ctx, resolved); err != nil {
+			return "", intent.TapPolicy{}, err
 		}
 		for _, o := range others {
 			if sameTraffic(o, resolved) {

@@ -5,21 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/topology"
 )
 
-// vmRoutes serves VMs: create (allocating 10.f.s.h), delete, move.
-func (c *Controller) vmRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/vms", c.list(intent.VMsPrefix, func() any { return &[]intent.VM{} }))
+// vmRoutes serves VMs: create (allocating 10.f.s.h), get, list a farm's,
+// delete, move.
+func (c *Controller) vmRoutes(mux *router) {
+	mux.HandleFunc("GET /v1/vms", c.farmList(intent.VMsPrefix, func() any { return &[]intent.VM{} }))
 	mux.HandleFunc("POST /v1/farms/{farm}/subnets/{subnet}/vms", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Name string `json:"name"`
 			Host string `json:"host"`
 			// Interface is the host interface that carries the guest
-			// (a veth's host end, a tap); "": intent.VifName.
+			// (a veth's host end, a tap); "": intent.VifName(farm, name).
 			Interface string `json:"interface"`
 		}
 		if decode(w, r, &in) {
@@ -27,8 +30,24 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 			reply(w, http.StatusCreated, v, err)
 		}
 	})
+	mux.HandleFunc("GET /v1/farms/{farm}/vms", func(w http.ResponseWriter, r *http.Request) {
+		out, err := c.farmVMs(r)
+		reply(w, http.StatusOK, out, err)
+	})
+	// One VM: what the CNI plugin reads, rather than every VM of the cloud.
+	mux.HandleFunc("GET /v1/farms/{farm}/subnets/{subnet}/vms/{vm}", func(w http.ResponseWriter, r *http.Request) {
+		var v intent.VM
+		err := checkPath(r, "farm", "subnet", "vm")
+		if err == nil {
+			v, err = c.getVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		}
+		reply(w, http.StatusOK, v, err)
+	})
 	mux.HandleFunc("DELETE /v1/farms/{farm}/subnets/{subnet}/vms/{vm}", func(w http.ResponseWriter, r *http.Request) {
-		err := c.DeleteVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		err := checkPath(r, "farm", "subnet", "vm")
+		if err == nil {
+			err = c.DeleteVM(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), r.PathValue("vm"))
+		}
 		reply(w, http.StatusNoContent, nil, err)
 	})
 	mux.HandleFunc("PUT /v1/farms/{farm}/subnets/{subnet}/vms/{vm}/host", func(w http.ResponseWriter, r *http.Request) {
@@ -46,14 +65,15 @@ func (c *Controller) vmRoutes(mux *http.ServeMux) {
 }
 
 // CreateVM places farm/subnet/name on host, on its default interface
-// (intent.VifName), and allocates its address.
+// (intent.VifName), and allocates its address. The name is unique within
+// the farm: another farm may have a VM of the same name.
 func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host string) (intent.VM, error) {
 	return c.CreateVMWithInterface(ctx, farm, subnet, name, host, "")
 }
 
 // CreateVMWithInterface is CreateVM with the host interface that carries
 // the guest named (a tap QEMU opens, a veth a runtime makes); "" is the
-// default, intent.VifName(name). No two VMs on one host share one.
+// default, intent.VifName(farm, name). No two VMs on one host share one.
 func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, name, host, iface string) (intent.VM, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -61,7 +81,7 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 		return intent.VM{}, fieldErr("name", err)
 	}
 	if iface == "" {
-		iface = intent.VifName(name)
+		iface = intent.VifName(farm, name)
 	}
 	if err := intent.CheckInterface("interface", iface); err != nil {
 		return intent.VM{}, fieldErr("interface", err)
@@ -72,14 +92,16 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 	if _, err := c.store.Get(ctx, intent.HostsPrefix+host); errors.Is(err, store.ErrNotFound) {
 		return intent.VM{}, fieldErr("host", fmt.Errorf("no host %q", host))
 	}
-	// VMs and hosts share one set of node names: the vif is vif-NAME on
-	// every host, and the lab names each node's namespace oh-LAB-NAME.
+	// VMs and hosts share one set of node names, as the lab's namespaces
+	// oh-LAB-NAME do (a name several farms' VMs share is no node of its
+	// own there: docs/lab.md).
 	if _, err := c.store.Get(ctx, intent.HostsPrefix+name); err == nil {
 		return intent.VM{}, conflict("name", "host %q (VMs and hosts share one set of node names, as the lab's namespaces oh-LAB-NAME do)", name)
 	}
+	// Unique within the farm: red may have a web1 as blue does.
 	if err := c.view(ctx, func(m *model) error {
-		if full, ok := m.byName[name]; ok {
-			return conflict("name", "vm %q (as %s)", name, full)
+		if full := m.namedIn(farm, name); full != "" {
+			return conflict("name", "vm %s (a VM's name is unique within its farm)", full)
 		}
 		return nil
 	}); err != nil {
@@ -144,21 +166,60 @@ func (c *Controller) checkInterfaceFree(ctx context.Context, host, iface, except
 	})
 }
 
-// DeleteVM removes a VM and frees its address.
+// farmVMs lists the VMs of r's farm, by FARM/SUBNET/VM.
+func (c *Controller) farmVMs(r *http.Request) ([]intent.VM, error) {
+	if err := checkPath(r, "farm"); err != nil {
+		return nil, err
+	}
+	farm := r.PathValue("farm")
+	if _, err := c.getFarm(r.Context(), farm); err != nil {
+		return nil, err
+	}
+	out, _, err := store.ListJSON[intent.VM](r.Context(), c.store, intent.VMsPrefix+farm+"/")
+	slices.SortFunc(out, func(a, b intent.VM) int { return strings.Compare(a.FullName(), b.FullName()) })
+	return out, err
+}
+
+// getVM reads farm/subnet/name: 404 naming the farm, the subnet or the vm,
+// whichever is not there.
+func (c *Controller) getVM(ctx context.Context, farm, subnet, name string) (intent.VM, error) {
+	var v intent.VM
+	if _, err := c.getSubnet(ctx, farm, subnet); err != nil {
+		return v, err
+	}
+	err := store.GetJSON(ctx, c.store, intent.VMKey(farm, subnet, name), &v)
+	if errors.Is(err, store.ErrNotFound) {
+		return v, notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	}
+	return v, err
+}
+
+// DeleteVM removes a VM: its record, its desired key on its host (the
+// model deletes it) and its id, so a new VM of the subnet gets its
+// address.
 func (c *Controller) DeleteVM(ctx context.Context, farm, subnet, name string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.deleteVMLocked(ctx, farm, subnet, name)
+}
+
+// deleteVMLocked is DeleteVM with c.mu held. The record goes before the
+// id: a failure between leaves an id unused, never an address two VMs
+// hold.
+func (c *Controller) deleteVMLocked(ctx context.Context, farm, subnet, name string) error {
 	key := intent.VMKey(farm, subnet, name)
 	if _, err := c.store.Get(ctx, key); errors.Is(err, store.ErrNotFound) {
 		return notFound("vm", "vm %s/%s/%s", farm, subnet, name)
+	} else if err != nil {
+		return err
+	}
+	if err := c.store.Delete(ctx, key); err != nil {
+		return err
 	}
 	a, err := c.allocIn(ctx, farm+"/"+subnet)
 	if err != nil {
 		return err
 	}
 	delete(a.VMs, farm+"/"+subnet+"/"+name)
-	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
-		return err
-	}
-	return c.store.Delete(ctx, key)
+	return c.saveAlloc(ctx, a, farm+"/"+subnet)
 }

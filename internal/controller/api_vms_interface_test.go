@@ -4,6 +4,9 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/store"
 )
 
 // A VM's interface: named or the default, checked as Linux checks an
@@ -17,7 +20,7 @@ func TestAPIVMInterfaceIsCheckedAndNotShared(t *testing.T) {
 		{"POST", vms, `{"name":"q1","host":"h1","interface":"tap 0"}`, 400, "interface", "whitespace"},
 		{"POST", vms, `{"name":"q1","host":"h1","interface":".."}`, 400, "interface", "not an interface name"},
 		{"POST", vms, `{"name":"q1","host":"h1","interface":"abcdefghijklmnop"}`, 400, "interface", "at most 15 bytes"},
-		{"POST", vms, `{"name":"q1","host":"h1","interface":"vif-web1"}`, 409, "interface", "blue/web/web1"},
+		{"POST", vms, `{"name":"q1","host":"h1","interface":"` + intent.VifName("blue", "web1") + `"}`, 409, "interface", "blue/web/web1"},
 		{"POST", vms, `{"name":"q1","host":"h1","interface":"tap-q1"}`, 201, "", ""},
 		{"POST", vms, `{"name":"q2","host":"h1","interface":"tap-q1"}`, 409, "interface", "tap-q1"},
 		{"POST", vms, `{"name":"q3","host":"h1"}`, 201, "", ""},
@@ -25,7 +28,7 @@ func TestAPIVMInterfaceIsCheckedAndNotShared(t *testing.T) {
 	// What the VM record says: the named interface, or the default.
 	for body, want := range map[string]string{
 		`{"name":"q4","host":"h2","interface":"tap-q1"}`: "tap-q1", // another host: free there
-		`{"name":"q5","host":"h2"}`:                      "vif-q5",
+		`{"name":"q5","host":"h2"}`:                      intent.VifName("blue", "q5"),
 	} {
 		code, out := do("POST", vms, body)
 		if code != 201 || out["interface"] != want {
@@ -64,8 +67,8 @@ func TestVMInterfaceStaysTakenAndFreedAsItsVMComesAndGoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	taken(c, "h1", "tap-q", "red/s1/q")
-	taken(c, "h0", "vif-vm0", "blue/s0/vm0") // the default name, of a VM of the cloud
-	free(c, "h2", "tap-q")                   // another host
+	taken(c, "h0", intent.VifName("blue", "vm0"), "blue/s0/vm0") // the default name, of a VM of the cloud
+	free(c, "h2", "tap-q")                                       // another host
 	// A controller started on the same store knows it too.
 	taken(New(s, slog.New(slog.DiscardHandler)), "h1", "tap-q", "red/s1/q")
 	// Moved to another host: free where it was, taken where it is.
@@ -92,4 +95,36 @@ func TestVMInterfaceStaysTakenAndFreedAsItsVMComesAndGoes(t *testing.T) {
 		t.Fatalf("a move within its host, to another subnet: %v", err)
 	}
 	taken(c, "h1", "tap-q", "red/s0/q")
+}
+
+// A cloud made before VM names were per farm has VMs on vif-NAME: they keep
+// it (the record holds it, the desired state serves it, a move carries
+// it), it stays theirs on their host, and red's web1 beside blue's gets its
+// own derived interface.
+func TestAStoredVMKeepsItsInterfaceWhenAnotherFarmTakesItsName(t *testing.T) {
+	ctx := t.Context()
+	c, s := cloud(t, 2, 1, 0)
+	if _, err := c.CreateVMWithInterface(ctx, "blue", "s0", "web1", "h0", "vif-web1"); err != nil {
+		t.Fatal(err)
+	}
+	red, err := c.CreateVM(ctx, "red", "s0", "web1", "h0")
+	if err != nil {
+		t.Fatalf("red/s0/web1 beside blue/s0/web1 (on vif-web1): %v", err)
+	}
+	if red.Interface != intent.VifName("red", "web1") {
+		t.Errorf("red/s0/web1 on %s, want %s", red.Interface, intent.VifName("red", "web1"))
+	}
+	if _, err := c.CreateVMWithInterface(ctx, "red", "s0", "web2", "h0", "vif-web1"); err == nil || !strings.Contains(err.Error(), "vm blue/s0/web1") {
+		t.Errorf("vif-web1 on h0 for red/s0/web2: %v, want it blue/s0/web1's", err)
+	}
+	if _, err := c.MoveVM(ctx, "blue", "s0", "web1", "h1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CompileOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var l intent.LocalEndpoint
+	if err := store.GetJSON(ctx, s, intent.DesiredVMKey("h1", "blue/s0/web1"), &l); err != nil || l.Interface != "vif-web1" {
+		t.Errorf("h1's endpoint for blue/s0/web1: %+v (%v), want it on vif-web1", l, err)
+	}
 }

@@ -109,7 +109,7 @@ func TestAPIMoveToAnotherSubnetReaddressesTheVMAndDesiredStateFollows(t *testing
 
 	out := mustCall(t, srv, "PUT", path, `{"host":"h2","subnet":"blue/db"}`, 200)
 	want := map[string]any{"farm": "blue", "subnet": "db", "host": "h2", "ip": "10.1.2.3",
-		"mac": "02:00:0a:01:02:03", "gateway": "10.1.2.1", "interface": "vif-web1"}
+		"mac": "02:00:0a:01:02:03", "gateway": "10.1.2.1", "interface": intent.VifName("blue", "web1")}
 	for k, v := range want {
 		if out[k] != v {
 			t.Errorf("moved web1 %s = %v, want %v", k, out[k], v)
@@ -148,7 +148,7 @@ func TestAPIMoveToAnotherSubnetReaddressesTheVMAndDesiredStateFollows(t *testing
 		}
 		return m
 	}
-	if l, ok := local("h2")["blue/db/web1"]; !ok || l.IP != "10.1.2.3" || l.MAC != "02:00:0a:01:02:03" || l.Interface != "vif-web1" {
+	if l, ok := local("h2")["blue/db/web1"]; !ok || l.IP != "10.1.2.3" || l.MAC != "02:00:0a:01:02:03" || l.Interface != intent.VifName("blue", "web1") {
 		t.Errorf("h2's endpoint for web1: %+v (present %v)", l, ok)
 	}
 	if l, ok := local("h1")["blue/web/web1"]; ok {

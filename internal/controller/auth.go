@@ -15,21 +15,51 @@ import (
 // fabric can reach. A request passes if its TLS connection presented a
 // client certificate the CA signed (the TLS layer has verified it by then)
 // or if it carries the bearer token ("Authorization: Bearer TOKEN"; no token
-// when token is empty). Anything else gets 401 before a handler runs.
+// when token is empty). Anything else gets 401 before a handler runs. It
+// knows no tenant token: Controller.Authenticate does.
 func Authenticated(h http.Handler, token string) http.Handler {
+	return authenticate(h, token, nil)
+}
+
+// Authenticate is Authenticated with the tenant tokens this controller
+// keeps (api_tenants.go): it attaches the identity the credential proves to
+// the request (IdentityOf), which the API authorizes each request by
+// (authz.go). A certificate with O=onehop-tenant is its CN farm's tenant;
+// any other the CA signed is an admin's, as is the bearer token; a tenant
+// token is its farm's. A revoked token is unknown at once: 401.
+func (c *Controller) Authenticate(h http.Handler, token string) http.Handler {
+	return authenticate(h, token, &c.tokens)
+}
+
+func authenticate(h http.Handler, token string, tenants *tenantTokens) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
-			h.ServeHTTP(w, r)
+			cert := r.TLS.VerifiedChains[0][0]
+			id := Identity{Via: "cert", Name: cert.Subject.CommonName}
+			if farm, ok := pki.TenantFarm(cert); ok {
+				if farm == "" {
+					writeJSON(w, http.StatusUnauthorized, FieldError{Msg: "a tenant certificate (O=" + pki.TenantOrganization + ") must name its farm as its CN, " + pki.TenantCNPrefix + "FARM"})
+					return
+				}
+				id.Farm = farm
+			}
+			h.ServeHTTP(w, r.WithContext(WithIdentity(r.Context(), id)))
 			return
 		}
 		got, ok := bearer(r)
 		if ok && pki.TokenMatches(token, got) {
-			h.ServeHTTP(w, r)
+			h.ServeHTTP(w, r.WithContext(WithIdentity(r.Context(), Identity{Via: "token"})))
 			return
+		}
+		if ok && tenants != nil {
+			if t, found := tenants.lookup(got); found {
+				h.ServeHTTP(w, r.WithContext(WithIdentity(r.Context(), Identity{Farm: t.Farm, Via: "tenant-token", Name: t.ID})))
+				return
+			}
 		}
 		msg := "authentication required: present a client certificate signed by the controller's CA or an Authorization: Bearer token"
 		if ok {
-			msg = "wrong bearer token"
+			msg = "wrong bearer token: neither the API token nor a tenant token (a revoked one is unknown)"
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="onehop"`)
 		writeJSON(w, http.StatusUnauthorized, FieldError{Msg: msg})

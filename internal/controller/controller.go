@@ -51,6 +51,10 @@ type Controller struct {
 	// auth keeps a user per host agent in etcd (etcdauth.go); nil
 	// without etcd auth.
 	auth *etcdAuth
+	// tokens is the copy of the tenant tokens every request is checked
+	// against (api_tenants.go); audit, the audit trail (api_audit.go).
+	tokens tenantTokens
+	audit  auditLog
 }
 
 // New returns a controller writing to s.
@@ -58,6 +62,7 @@ func New(s store.Store, log *slog.Logger) *Controller {
 	c := &Controller{raw: s, log: log, maxVMsPerHost: limits.MaxVMsPerHost, maxSlivers: limits.MaxSlivers,
 		maxTaps: limits.MaxTapRules / 2, kick: make(chan struct{}, 1), listeners: accept.NewStats(nil)}
 	c.store = &tracked{Store: s, c: c}
+	c.audit.keep = DefaultAuditKeep
 	return c
 }
 

@@ -63,7 +63,7 @@ func TestTopologyBecomesIntentWithAllocatedAddresses(t *testing.T) {
 		if v.IP != ip {
 			t.Errorf("%s: ip %s, want %s", name, v.IP, ip)
 		}
-		if !strings.HasPrefix(v.MAC, "02:00:0a:") || v.Interface != "vif-"+name {
+		if !strings.HasPrefix(v.MAC, "02:00:0a:") || v.Interface != intent.VifName("blue", name) {
 			t.Errorf("%s: mac %s interface %s", name, v.MAC, v.Interface)
 		}
 	}

@@ -55,6 +55,10 @@ type DaemonConfig struct {
 	// API bounds each REST API listener's connections (--api-max-conns,
 	// --api-max-conns-per-source); zero fields: DefaultAPILimits.
 	API accept.Limits
+	// AuditKeep is how many audit entries the store keeps, the oldest
+	// dropped first (--audit-keep): 0 is DefaultAuditKeep; negative keeps
+	// no audit trail.
+	AuditKeep int
 	// MetricsAddr is the operations port (internal/opsport): /metrics,
 	// /healthz, /readyz, /version; empty: none (the REST API serves
 	// /metrics too).
@@ -176,6 +180,20 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	if err := enableEtcdAuth(ctx, c, s, cfg); err != nil {
 		return err
 	}
+	switch {
+	case cfg.AuditKeep < 0:
+		c.SetAuditKeep(0)
+		log.Warn("--audit-keep 0: no audit trail; writes are not recorded")
+	case cfg.AuditKeep > 0:
+		c.SetAuditKeep(cfg.AuditKeep)
+	}
+	// Every tenant token is loaded before the API serves: none is refused
+	// for not being known yet, and a revoked one is gone from then on.
+	tokRev, err := c.LoadTenantTokens(ctx)
+	if err != nil {
+		return err
+	}
+	go c.WatchTenantTokens(ctx, tokRev)
 	if cfg.LocationListen != "" {
 		var relayTLS *tls.Config
 		if cfg.Insecure {
@@ -255,7 +273,7 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 			}
 		case apiTLS != nil:
 			ln = tls.NewListener(ln, apiTLS)
-			handler = Authenticated(handler, token)
+			handler = c.Authenticate(handler, token)
 		}
 		srv := accept.HTTPServer(handler)
 		srv.ErrorLog = limitedErrorLog(log, 5)

@@ -30,7 +30,11 @@ var (
 type FieldError struct {
 	Field string `json:"field"`
 	Msg   string `json:"error"`
-	kind  error  // ErrNotFound, ErrConflict, ErrFull, or nil for a bad value
+	// Dependants names, "KIND NAME" each ("vm blue/web/web1", "tap mon"),
+	// what a refused delete would leave dangling (409, ErrConflict): what
+	// to delete first, or what a cascade deletes.
+	Dependants []string `json:"dependants,omitempty"`
+	kind       error    // ErrNotFound, ErrConflict, ErrFull, or nil for a bad value
 }
 
 func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Msg) }
@@ -62,6 +66,14 @@ func notFound(field, format string, a ...any) error {
 
 func conflict(field, format string, a ...any) error {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, a...) + ": already exists", kind: ErrConflict}
+}
+
+// inUse refuses the delete of what (a farm, a subnet; named by field)
+// while dependants ("KIND NAME" each) depend on it (409): the message and
+// the dependants list name each, and say how a cascade would go.
+func inUse(field, what string, dependants []string) error {
+	return &FieldError{Field: field, kind: ErrConflict, Dependants: dependants,
+		Msg: fmt.Sprintf("%s is in use by %s: delete them first, or delete it with cascade=true (CLI --cascade), which deletes them", what, strings.Join(dependants, ", "))}
 }
 
 // full says the capacity field refers to has no room left (409).

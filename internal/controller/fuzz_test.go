@@ -168,3 +168,141 @@ func FuzzAPIPeerPath(f *testing.F) {
 		send(t, "PUT", "/v1/farms/"+url.PathEscape(farm)+"/peers/"+url.PathEscape(with), "")
 	})
 }
+
+// A tenant token's body: only an existing farm gets a token, and the token
+// is answered once, never stored.
+func FuzzAPITenantTokenBody(f *testing.F) {
+	seedBodies(f, `{"farm":"blue"}`, `{"farm":"green"}`, `{"farm":""}`, `{}`, `{"farm":["blue"]}`, `{"farm":"blue","id":"x"}`, `{"farm":"blue"}{}`)
+	send := fuzzAPI(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		s, code := send(t, "POST", "/v1/tenants/tokens", body)
+		kvs, _, err := s.List(t.Context(), intent.TenantTokensPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (code == http.StatusCreated) != (len(kvs) == 1) {
+			t.Fatalf("%q: %d with %d token keys", body, code, len(kvs))
+		}
+		for k, v := range kvs {
+			var rec tokenRecord
+			if err := json.Unmarshal(v, &rec); err != nil || rec.Farm != "blue" && rec.Farm != "red" || len(rec.Hash) != 64 || strings.Contains(string(v), "oht.") {
+				t.Fatalf("%q: stored %s = %s", body, k, v)
+			}
+		}
+	})
+}
+
+// Whatever a write's body holds, its audit summary is short and holds no
+// value of a field named like a secret.
+func FuzzAuditSummaryHoldsNoSecret(f *testing.F) {
+	seedBodies(f, `{"name":"x","token":"s3cr3tvalue"}`, `{"a":{"Secret":"s3cr3tvalue"}}`, `[{"password":"s3cr3tvalue"}]`, `{"siteKey":["s3cr3tvalue"]}`, `not json s3cr3tvalue`, ``)
+	f.Fuzz(func(t *testing.T, body string) {
+		got := summarize([]byte(body), len(body))
+		if len(got) > auditChangeMax {
+			t.Fatalf("%q: summary of %d bytes", body, len(got))
+		}
+		var v any
+		if json.Unmarshal([]byte(body), &v) != nil {
+			if got != "" && !strings.HasPrefix(got, "(") {
+				t.Fatalf("%q is not JSON, yet summarized as %q", body, got)
+			}
+			return
+		}
+		var secrets []string
+		var walk func(any, bool)
+		walk = func(v any, secret bool) {
+			switch x := v.(type) {
+			case map[string]any:
+				for k, e := range x {
+					walk(e, secret || secretField(k))
+				}
+			case []any:
+				for _, e := range x {
+					walk(e, secret)
+				}
+			case string:
+				if secret && len(x) >= 6 {
+					secrets = append(secrets, x)
+				}
+			}
+		}
+		walk(v, false)
+		for _, s := range secrets {
+			if strings.Contains(got, s) {
+				t.Fatalf("%q: summary %q holds the secret %q", body, got, s)
+			}
+		}
+	})
+}
+
+// Whatever request red's tenant token sends, nothing of farm blue's and
+// nothing cloud-wide changes: its records, its VMs' desired state, its
+// farm state, the hosts, slivers, LISP mappings and tokens.
+func FuzzTenantChangesNothingOfAnotherFarm(f *testing.F) {
+	for _, s := range []struct {
+		m          uint8
+		path, body string
+	}{
+		{1, "/v1/farms/blue/subnets", `{"name":"app"}`},
+		{1, "/v1/farms/red/subnets", `{"name":"app"}`},
+		{2, "/v1/farms/blue/peers/red", ``},
+		{2, "/v1/farms/red/peers/blue", ``},
+		{3, "/v1/farms/blue/subnets/web/vms/web1", ``},
+		{1, "/v1/farms/red/rules", `{"from":"blue/web","to":"web"}`},
+		{1, "/v1/taps", `{"name":"t","sender":"10.1.1.2","receiver":"any","monitor":"red/web/rweb1","crossFarm":true}`},
+		{1, "/v1/farms/red/subnets/web/vms", `{"name":"web1","host":"h1"}`},
+		{2, "/v1/farms/red/subnets/web/vms/rweb1/host", `{"host":"h2","subnet":"blue/web"}`},
+		{1, "/v1/hosts", `{"name":"h9"}`},
+		{1, "/v1/tenants/tokens", `{"farm":"blue"}`},
+		{1, "/v1/farms/red%2Fx/subnets", `{"name":"a"}`},
+		{1, "/v1/farms/blue/../red/subnets", `{"name":"a"}`},
+	} {
+		f.Add(s.m, s.path, s.body)
+	}
+	topo, err := topology.Parse("tenants.yaml", []byte(tenantTopo))
+	if err != nil {
+		f.Fatal(err)
+	}
+	methods := []string{"GET", "POST", "PUT", "DELETE", "PATCH"}
+	f.Fuzz(func(t *testing.T, m uint8, path, body string) {
+		req, err := http.NewRequest(methods[int(m)%len(methods)], "http://onehop"+path, strings.NewReader(body))
+		if err != nil || !strings.HasPrefix(path, "/") {
+			return
+		}
+		c, s := newController()
+		if err := c.ApplyTopology(t.Context(), topo); err != nil {
+			t.Fatal(err)
+		}
+		red, err := c.CreateTenantToken(t.Context(), "red")
+		if err != nil {
+			t.Fatal(err)
+		}
+		protected := func() map[string]string {
+			kvs, _, err := s.List(t.Context(), intent.Root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]string{}
+			for k, v := range kvs {
+				for _, p := range []string{intent.FarmsPrefix + "blue", intent.SubnetsPrefix + "blue/", intent.VMsPrefix + "blue/",
+					intent.VMIDsPrefix + "blue/", intent.HostsPrefix, intent.SliversPrefix, intent.LISPMappingsPrefix,
+					intent.TenantTokensPrefix, intent.FarmStateKey(1)} {
+					if strings.HasPrefix(k, p) || strings.Contains(k, "/vm/blue/") {
+						out[k] = string(v)
+					}
+				}
+			}
+			return out
+		}
+		before := protected()
+		req.Header.Set("Authorization", "Bearer "+red.Token)
+		rec := httptest.NewRecorder()
+		c.Authenticate(c.API(), "").ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%s %s %q: %d %s", req.Method, path, body, rec.Code, rec.Body)
+		}
+		if after := protected(); !mapsEqual(before, after) {
+			t.Fatalf("red's %s %s %q (%d %s) changed blue's or the cloud's keys", req.Method, path, body, rec.Code, rec.Body)
+		}
+	})
+}

@@ -121,7 +121,7 @@ func (c *Controller) locationConfig() vnatloc.Config {
 }
 
 // vmIdentity names the VM at source for the location server's ownership
-// rule: "vm:FARM/NAME" (VM names are unique, and a VM keeps its farm and
+// rule: "vm:FARM/NAME" (VM names are unique within a farm, and a VM keeps its farm and
 // name across moves, so what it stored from one address it may refresh
 // from the next); "" for an address no VM holds (an external: the address
 // is its identity).

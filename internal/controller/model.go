@@ -33,8 +33,10 @@ type model struct {
 	farms   map[string]intent.Farm
 	subnets map[string]intent.Subnet // FARM/SUBNET
 	vms     map[string]intent.VM     // FARM/SUBNET/VM
-	byName  map[string]string        // VM name -> FARM/SUBNET/VM (names are unique)
-	onHost  map[string]map[string]bool
+	// byName is every VM (FARM/SUBNET/VM) of each name: a name is unique
+	// within its farm only, so blue/web1 and red/web1 are both under web1.
+	byName map[string]map[string]bool
+	onHost map[string]map[string]bool
 	// onIface is the VMs (FARM/SUBNET/VM) on each host interface
 	// (ifaceKey): a create checks its interface is free without a scan
 	// of the host's VMs, which made creates slow down as hosts filled.
@@ -75,7 +77,7 @@ func (m *model) reset() {
 		}
 	}
 	m.hosts, m.farms, m.subnets = map[string]intent.Host{}, map[string]intent.Farm{}, map[string]intent.Subnet{}
-	m.vms, m.byName, m.onHost = map[string]intent.VM{}, map[string]string{}, map[string]map[string]bool{}
+	m.vms, m.byName, m.onHost = map[string]intent.VM{}, map[string]map[string]bool{}, map[string]map[string]bool{}
 	m.onIface = map[ifaceKey]map[string]bool{}
 	m.allocFarms, m.allocSubnets, m.vmids = map[string]uint8{}, map[string]uint8{}, map[string]map[string]uint8{}
 	m.legacyVMs = false
@@ -232,7 +234,8 @@ func (m *model) applyVM(full string, v []byte, deleted bool) error {
 		old = &vm
 		delete(m.onHost[vm.Host], full)
 		m.unsetIface(vm, full)
-		if m.byName[vm.Name] == full {
+		delete(m.byName[vm.Name], full)
+		if len(m.byName[vm.Name]) == 0 {
 			delete(m.byName, vm.Name)
 		}
 	}
@@ -246,7 +249,10 @@ func (m *model) applyVM(full string, v []byte, deleted bool) error {
 			return err
 		}
 		m.vms[full] = vm
-		m.byName[vm.Name] = full
+		if m.byName[vm.Name] == nil {
+			m.byName[vm.Name] = map[string]bool{}
+		}
+		m.byName[vm.Name][full] = true
 		if m.onHost[vm.Host] == nil {
 			m.onHost[vm.Host] = map[string]bool{}
 		}
@@ -264,6 +270,17 @@ func (m *model) applyVM(full string, v []byte, deleted bool) error {
 		}
 	}
 	return nil
+}
+
+// namedIn returns the VM (FARM/SUBNET/VM) of farm named name, "" if farm
+// has none: a name is unique within its farm.
+func (m *model) namedIn(farm, name string) string {
+	for full := range m.byName[name] {
+		if strings.HasPrefix(full, farm+"/") {
+			return full
+		}
+	}
+	return ""
 }
 
 // ifaceKey is a host interface: a host and the name of its interface.

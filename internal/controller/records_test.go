@@ -165,7 +165,7 @@ func TestARecordOfEveryKindReachesTheModel(t *testing.T) {
 			func(m *model) bool { return m.subnets["blue/web"].ID == 1 }},
 		{intent.VMKey("blue", "web", "a"), `{"farm":"blue","subnet":"web","name":"a","host":"h1","ip":"10.1.1.2"}`,
 			func(m *model) bool {
-				return m.vms["blue/web/a"].IP == "10.1.1.2" && m.byName["a"] == "blue/web/a" && m.onHost["h1"]["blue/web/a"]
+				return m.vms["blue/web/a"].IP == "10.1.1.2" && m.namedIn("blue", "a") == "blue/web/a" && m.onHost["h1"]["blue/web/a"]
 			}},
 		{intent.SliverKey("h1", "s1"), `{"host":"h1","name":"s1","slot":1}`,
 			func(m *model) bool { return partOf[*sliverKeys](t, m).slivers["h1/s1"].Slot == 1 }},

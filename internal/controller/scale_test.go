@@ -156,6 +156,14 @@ func TestAChangeWritesABoundedNumberOfKeysWhateverTheCloudsSize(t *testing.T) {
 				}, map[string]int{"intent": 2, "farmstate": 2}},
 				{"delete the VM", func() error { return c.DeleteVM(ctx, "blue", "s2", "extra") },
 					map[string]int{"intent": 2, "desired": 1}},
+				{"create a subnet", func() error { _, err := c.CreateSubnet(ctx, "blue", "spare"); return err },
+					map[string]int{"intent": 2, "farmstate": 1}},
+				{"delete the empty subnet", func() error { return c.DeleteSubnet(ctx, "blue", "spare", false) },
+					map[string]int{"intent": 2, "farmstate": 1}},
+				{"create a farm", func() error { _, err := c.CreateFarm(ctx, "spare", false); return err },
+					map[string]int{"intent": 2, "farmstate": 1}},
+				{"delete the empty farm", func() error { return c.DeleteFarm(ctx, "spare", false) },
+					map[string]int{"intent": 2, "farmstate": 1}},
 			}
 			for _, ch := range checks {
 				got := written(t, s, ch.f)

@@ -3,6 +3,7 @@ package controller
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -187,12 +188,59 @@ func TestAPIBodyOverTheLimitIs413WithTheLimit(t *testing.T) {
 
 // VMs and hosts share one set of node names (the lab's namespaces are
 // oh-LAB-NAME for both): a VM named like a host is refused, as the topology
-// file refuses it. Names must also fit vif-NAME in IFNAMSIZ.
+// file refuses it, and so is a second VM of one name in a farm. Names are
+// at most 11 bytes, as a topology's are.
+// Names are the tenant's: a VM's name is unique within its farm, not across
+// the cloud. red may have a web1 beside blue's, on the same host, with its
+// own address and interface; a second web1 in blue is refused, in another
+// subnet too, until blue's is deleted; a host cannot take a name VMs have
+// (the conflict names them all). A controller started on the same store
+// knows all of it.
+func TestAPIVMNamesAreUniqueWithinAFarmOnly(t *testing.T) {
+	do, s := blueWithVM(t)
+	runCases(t, do, []apiCase{
+		{"POST", "/v1/farms", `{"name":"red"}`, 201, "", ""},
+		{"POST", "/v1/farms/red/subnets", `{"name":"web"}`, 201, "", ""},
+	})
+	code, red := do("POST", "/v1/farms/red/subnets/web/vms", `{"name":"web1","host":"h1"}`)
+	if code != 201 {
+		t.Fatalf("red/web/web1 beside blue/web/web1: %d %v", code, red)
+	}
+	blue := vmAt(t, s, "blue/web/web1")
+	if red["host"] != "h1" || red["ip"] == blue.IP || red["interface"] != intent.VifName("red", "web1") || blue.Interface != intent.VifName("blue", "web1") {
+		t.Fatalf("red/web/web1 %v, blue/web/web1 %+v: want one host, two addresses, each its own VifName", red, blue)
+	}
+	runCases(t, do, []apiCase{
+		{"POST", "/v1/farms/blue/subnets/db/vms", `{"name":"web1","host":"h1"}`, 409, "name", "vm blue/web/web1 (a VM's name is unique within its farm)"},
+		{"POST", "/v1/farms/red/subnets/web/vms", `{"name":"web1","host":"h1"}`, 409, "name", "vm red/web/web1"},
+		{"POST", "/v1/hosts", `{"name":"web1"}`, 409, "name", "vm blue/web/web1, red/web/web1 (VMs and hosts share one set of node names)"},
+		{"DELETE", "/v1/farms/blue/subnets/web/vms/web1", "", 204, "", ""},
+		{"POST", "/v1/farms/blue/subnets/db/vms", `{"name":"web1","host":"h1"}`, 201, "", ""},
+	})
+	_, err := New(s, slog.New(slog.DiscardHandler)).CreateVM(t.Context(), "blue", "web", "web1", "h1")
+	if err == nil || !strings.Contains(err.Error(), "vm blue/db/web1 (a VM's name is unique within its farm)") {
+		t.Errorf("a controller on the same store created a second blue web1: %v", err)
+	}
+	if _, err := New(s, slog.New(slog.DiscardHandler)).CreateVM(t.Context(), "red", "web", "web2", "h1"); err != nil {
+		t.Errorf("red/web/web2: %v", err)
+	}
+}
+
+// vmAt reads FARM/SUBNET/VM's record from the store.
+func vmAt(t *testing.T, s store.Store, full string) intent.VM {
+	t.Helper()
+	var v intent.VM
+	if err := store.GetJSON(t.Context(), s, intent.VMsPrefix+full, &v); err != nil {
+		t.Fatalf("vm %s: %v", full, err)
+	}
+	return v
+}
+
 func TestAPIRefusesVMNamesThatCollideWithNodes(t *testing.T) {
 	do, _ := blueWithVM(t)
 	runCases(t, do, []apiCase{
 		{"POST", "/v1/farms/blue/subnets/web/vms", `{"name":"h1","host":"h1"}`, 409, "name", `host "h1"`},
-		{"POST", "/v1/farms/blue/subnets/db/vms", `{"name":"web1","host":"h1"}`, 409, "name", `vm "web1" (as blue/web/web1)`},
+		{"POST", "/v1/farms/blue/subnets/db/vms", `{"name":"web1","host":"h1"}`, 409, "name", `vm blue/web/web1 (a VM's name is unique within its farm)`},
 		{"POST", "/v1/farms/blue/subnets/web/vms", `{"name":"fabric","host":"h1"}`, 400, "name", "reserved"},
 		{"POST", "/v1/farms/blue/subnets/web/vms", `{"name":"controller","host":"h1"}`, 400, "name", "reserved"},
 		{"POST", "/v1/farms/blue/subnets/web/vms", `{"name":"abcdefghijkl","host":"h1"}`, 400, "name", "at most 11"},

@@ -54,6 +54,13 @@ const (
 	// (vnatloc.Prefix). Not intent either: a refresh is not an intent
 	// change.
 	VNATLocationsPrefix = Root + "vnat/locations/"
+	// TenantTokensPrefix holds the tenant tokens (+ ID), each with the
+	// SHA-256 of its secret, never the secret (docs/tenants.md). Not
+	// intent: only the controller reads it; no agent needs it.
+	TenantTokensPrefix = Root + "tenants/tokens/"
+	// AuditPrefix holds the audit trail, one key per accepted write (+ a
+	// sortable id), the oldest dropped first (docs/tenants.md).
+	AuditPrefix = Root + "audit/"
 )
 
 // SubnetKey is the key of subnet farm/subnet.
@@ -167,19 +174,25 @@ const VifPrefix = "vif-"
 // terminating NUL).
 const MaxIfname = 15
 
-// VifName is the default host-side interface of a VM: vif-VM. A name too
-// long for an interface keeps the prefix, the name's first characters and
-// five hex digits of a hash of the whole name, so it stays within
-// MaxIfname and two long names sharing a beginning still differ.
-func VifName(vm string) string {
-	name := VifPrefix + vm
-	if len(name) <= MaxIfname {
-		return name
+// VifName is the default host-side interface of farm's VM vm: vif-, the
+// VM's name (its first VifNameRoom bytes), '-' and five hex digits of a hash
+// of FARM/VM. VM names are unique within a farm only, so blue/web1 and
+// red/web1 may share a host: the hash of the farm keeps their interfaces
+// apart, and the name stays a pure function of the VM (the CNI plugin's DEL
+// derives it without asking the controller) within MaxIfname. A VM keeps the
+// interface it was created with: its record holds it (VM.Interface), so the
+// VMs of a cloud made before this name was derived keep their vif-VM.
+func VifName(farm, vm string) string {
+	sum := sha256.Sum256([]byte(farm + "/" + vm))
+	if len(vm) > VifNameRoom {
+		vm = vm[:VifNameRoom]
 	}
-	sum := sha256.Sum256([]byte(vm))
-	suffix := "-" + hex.EncodeToString(sum[:3])[:5]
-	return name[:MaxIfname-len(suffix)] + suffix
+	return VifPrefix + vm + "-" + hex.EncodeToString(sum[:3])[:5]
 }
+
+// VifNameRoom is how many bytes of a VM's name its default interface
+// keeps (VifName): MaxIfname less the prefix and "-" and five hex digits.
+const VifNameRoom = MaxIfname - len(VifPrefix) - 6
 
 // CheckInterface checks a guest's host interface name as Linux would
 // (dev_valid_name): 1 to MaxIfname bytes, no '/', ':' or whitespace, not
@@ -200,14 +213,16 @@ func CheckInterface(field, name string) error {
 }
 
 // NewVM is the one way a VM record is made from its allocated address: the
-// virtual MAC, gateway and vif all follow from it.
+// virtual MAC, gateway and vif all follow from it (the vif from its farm
+// and name: VifName).
 func NewVM(farm, subnet, name, host string, ip netip.Addr) VM {
 	b := ip.As4()
-	return VM{Farm: farm, Subnet: subnet, Name: name, Host: host, Interface: VifName(name),
+	return VM{Farm: farm, Subnet: subnet, Name: name, Host: host, Interface: VifName(farm, name),
 		IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(), Gateway: ipam.Gateway(b[1], b[2]).String()}
 }
 
-// FullName is farm/subnet/vm, the VM's unique name.
+// FullName is farm/subnet/vm, the VM's unique name in the cloud (its
+// name alone is unique only within its farm).
 func (v VM) FullName() string { return v.Farm + "/" + v.Subnet + "/" + v.Name }
 
 // Node is what an agent reports about its host: the uplink other hosts must

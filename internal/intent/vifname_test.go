@@ -1,28 +1,44 @@
 package intent
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
 
 func TestVifNameStaysWithinIFNAMSIZ(t *testing.T) {
-	if got := VifName("web1"); got != "vif-web1" {
-		t.Errorf("VifName(web1) = %q, want vif-web1 (short names unchanged)", got)
-	}
-	if got := VifName("abcdefghijk"); got != "vif-abcdefghijk" {
-		t.Errorf("an 11-letter name (the longest a VM name is today) became %q", got)
-	}
-	a, b := VifName("container-0123456789abcdef"), VifName("container-0123456789abcdeg")
-	for _, n := range []string{a, b} {
-		if len(n) > MaxIfname || !strings.HasPrefix(n, VifPrefix) || CheckInterface("interface", n) != nil {
-			t.Errorf("default interface %q: not a valid name within %d bytes starting %s", n, MaxIfname, VifPrefix)
+	for _, c := range []struct{ farm, vm, begins string }{
+		{"blue", "web1", "vif-web1-"},
+		{"blue", "abcdefghijk", "vif-abcde-"}, // the longest a VM name is in a topology
+		{"a-farm-name-of-thirty-two-chars", "container-0123456789abcdef", "vif-conta-"},
+	} {
+		n := VifName(c.farm, c.vm)
+		if len(n) > MaxIfname || !strings.HasPrefix(n, c.begins) || CheckInterface("interface", n) != nil {
+			t.Errorf("VifName(%s, %s) = %q: want a valid name within %d bytes beginning %s", c.farm, c.vm, n, MaxIfname, c.begins)
+		}
+		if VifName(c.farm, c.vm) != n {
+			t.Errorf("VifName(%s, %s) is not stable", c.farm, c.vm)
 		}
 	}
-	if a == b {
+	if a, b := VifName("blue", "container-0123456789abcdef"), VifName("blue", "container-0123456789abcdeg"); a == b {
 		t.Errorf("two long names sharing a beginning got one interface %q", a)
 	}
-	if VifName("container-0123456789abcdef") != a {
-		t.Error("VifName is not stable")
+}
+
+// Names are the tenant's: blue/web1 and red/web1 may share a host, so the
+// farm is part of the default interface's name.
+func TestVifNameOfOneNameInTwoFarmsDiffers(t *testing.T) {
+	blue, red := VifName("blue", "web1"), VifName("red", "web1")
+	if blue == red {
+		t.Fatalf("blue/web1 and red/web1 both get %s", blue)
+	}
+	// Not a concatenation a farm and VM name could forge: blue-x/web1 is
+	// not blue/x-web1.
+	if VifName("blue-x", "web1") == VifName("blue", "x-web1") {
+		t.Errorf("blue-x/web1 and blue/x-web1 share %s", VifName("blue", "x-web1"))
+	}
+	if v := NewVM("red", "web", "web1", "h1", netip.MustParseAddr("10.2.1.2")); v.Interface != red {
+		t.Errorf("NewVM(red/web/web1).Interface = %q, want VifName's %q", v.Interface, red)
 	}
 }
 

@@ -15,9 +15,10 @@ import (
 
 // Allocation: what the controller gave each VM, and the store it is read from.
 
-// allocation returns vm's address and MAC, reading every VM's allocation
-// the first time one is asked for.
-func (b *builder) allocation(ctx context.Context, vm string) (intent.VM, error) {
+// allocation returns the address, MAC and interface of the VM that is lab
+// node node (topology.File.VMNode), reading every VM's allocation the first
+// time one is asked for.
+func (b *builder) allocation(ctx context.Context, node string) (intent.VM, error) {
 	if b.vms == nil {
 		vms, err := b.allocations(ctx)
 		if err != nil {
@@ -25,20 +26,20 @@ func (b *builder) allocation(ctx context.Context, vm string) (intent.VM, error) 
 		}
 		b.vms = vms
 		for _, v := range b.t.VMs {
-			b.st.VMs = append(b.st.VMs, vms[v.Name])
+			b.st.VMs = append(b.st.VMs, vms[b.t.VMNode(v)])
 		}
 		if err := b.st.save(); err != nil {
 			return intent.VM{}, err
 		}
 	}
-	v, ok := b.vms[vm]
+	v, ok := b.vms[node]
 	if !ok {
-		return intent.VM{}, fmt.Errorf("no allocation for vm %s", vm)
+		return intent.VM{}, fmt.Errorf("no allocation for vm %s", node)
 	}
 	return v, nil
 }
 
-// allocations returns each VM's address: read back from the controller in
+// allocations returns each VM's record by node: read back from the controller in
 // onehop mode (it is the only allocator), computed locally in bridge mode
 // (no controller runs there; the same allocator gives the same addresses).
 func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error) {
@@ -52,7 +53,7 @@ func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error)
 			}
 			v := intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
 			v.Interface = vm.Vif()
-			out[vm.Name] = v
+			out[b.t.VMNode(vm)] = v
 		}
 		return out, nil
 	}
@@ -66,7 +67,9 @@ func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error)
 			return false, fmt.Sprintf("%d of %d allocated", len(vms), len(b.t.VMs)), nil
 		}
 		for _, v := range vms {
-			out[v.Name] = v
+			if vm, ok := b.t.VMOf(v.Farm, v.Subnet, v.Name); ok {
+				out[b.t.VMNode(vm)] = v
+			}
 		}
 		return true, "", nil
 	})

@@ -126,7 +126,7 @@ func endLeftovers(lab string, namespaces []string, say func(string, ...any)) err
 				continue // ended meanwhile
 			}
 			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-			ls = append(ls, leftover{pidfd: fd, pid: pid, comm: strings.TrimSpace(string(comm)), node: strings.TrimPrefix(ns, NamespaceOf(lab, ""))})
+			ls = append(ls, leftover{pidfd: fd, pid: pid, comm: strings.TrimSpace(string(comm)), node: nodeOf(lab, ns)})
 		}
 	}
 	slices.SortFunc(ls, func(a, b leftover) int {

@@ -100,7 +100,11 @@ func (hostKind) notReady(ctx context.Context, b *builder, node string) (string, 
 	var vifs []string
 	for _, vm := range b.t.VMs {
 		if vm.Host == node {
-			vifs = append(vifs, vm.Vif())
+			v, err := b.allocation(ctx, b.t.VMNode(vm))
+			if err != nil {
+				return "", err
+			}
+			vifs = append(vifs, v.Interface)
 		}
 	}
 	d, st, err := agentReport(ctx, s, node)

@@ -25,7 +25,7 @@ func (vmKind) kind() string { return "vm" }
 func (vmKind) nodes(t *topology.File) []string {
 	out := make([]string, 0, len(t.VMs))
 	for _, v := range t.VMs {
-		out = append(out, v.Name)
+		out = append(out, t.VMNode(v))
 	}
 	return out
 }
@@ -35,24 +35,24 @@ func (vmKind) plumb(ctx context.Context, b *builder, node string) error {
 	if err != nil {
 		return err
 	}
-	vm, _ := b.t.VMByName(node)
+	vm, _ := b.t.VMByNode(node)
 	how := "static"
 	if vm.DHCP {
 		how = "by DHCP"
 	}
-	b.step("vm %s on %s: %s %s gw %s (%s)", vm.Name, vm.Host, v.IP, v.MAC, v.Gateway, how)
-	vmNS, err := b.newNamespace(vm.Name, "vm")
+	b.step("vm %s on %s: %s %s gw %s, %s (%s)", v.FullName(), vm.Host, v.IP, v.MAC, v.Gateway, v.Interface, how)
+	vmNS, err := b.newNamespace(node, "vm")
 	if err != nil {
 		return err
 	}
 	hostNS := NamespaceOf(b.t.Name, vm.Host)
-	if err := plugVM(hostNS, vmNS, vm.Name, vm.Vif(), v.MAC, b.t.Datapath == topology.DatapathBridge); err != nil {
+	if err := plugVM(hostNS, vmNS, v.FullName(), v.Interface, v.MAC, b.t.Datapath == topology.DatapathBridge); err != nil {
 		return err
 	}
 	if vm.DHCP {
 		return nil // the VM asks for its address itself
 	}
-	return addressVM(vmNS, vm.Name, v)
+	return addressVM(vmNS, v.FullName(), v)
 }
 
 // start starts the VM's own daemons: the VNAT daemon, with vnat: true.
@@ -65,16 +65,19 @@ func (vmKind) start(ctx context.Context, b *builder, node string) error {
 
 // activate brings the vif up: every host is ready, so its datapath is on it
 // (which the kernel confirms, in an onehop lab).
-func (vmKind) activate(_ context.Context, b *builder, node string) error {
-	vm, _ := b.t.VMByName(node)
-	hostNS, vif := NamespaceOf(b.t.Name, vm.Host), vm.Vif()
+func (vmKind) activate(ctx context.Context, b *builder, node string) error {
+	vm, err := b.allocation(ctx, node)
+	if err != nil {
+		return err
+	}
+	hostNS, vif := NamespaceOf(b.t.Name, vm.Host), vm.Interface
 	if b.t.Datapath == topology.DatapathOnehop {
 		on, err := tcxAttached(hostNS, vif)
 		if err != nil {
 			return err
 		}
 		if !on {
-			return fmt.Errorf("vm %s: %s's agent reports %s attached, yet no program is on it; left down", vm.Name, vm.Host, vif)
+			return fmt.Errorf("vm %s: %s's agent reports %s attached, yet no program is on it; left down", vm.FullName(), vm.Host, vif)
 		}
 	}
 	return setLinkUp(hostNS, vif, true)
@@ -83,8 +86,8 @@ func (vmKind) activate(_ context.Context, b *builder, node string) error {
 func (vmKind) report(n *NodeReport, f *statusFacts) { n.VM = f.vms[n.Name] }
 
 // plugVM makes the VM's veth pair: eth0 (up, with the VM's MAC) in vmNS and
-// the vif, named vifName (the topology's interface: for the VM), down, in
-// hostNS (on the host's bridge in a bridge lab).
+// the vif, named vifName (the interface the controller's record names), down,
+// in hostNS (on the host's bridge in a bridge lab).
 func plugVM(hostNS, vmNS, vm, vifName, macStr string, onBridge bool) error {
 	mac, err := net.ParseMAC(macStr)
 	if err != nil {

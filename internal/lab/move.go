@@ -14,7 +14,8 @@ import (
 // moveTimeout bounds how long a move waits for the new host's datapath.
 const moveTimeout = 30 * time.Second
 
-// Move moves a VM to another host of the lab, as a live migration would. The
+// Move moves a VM (NAME, FARM/VM or FARM/SUBNET/VM: State.Node) to another
+// host of the lab, as a live migration would. The
 // VM's vif is taken down and re-plumbed into the new host's namespace, the
 // controller is told, and the vif comes up again only once the new host's
 // agent reports its datapath on it: a vif up before that would hand what
@@ -34,16 +35,12 @@ func Move(st *State, vmName, toHost, toSubnet string) (*intent.VM, error) {
 	if st.Kinds[toHost] != "host" {
 		return nil, fmt.Errorf("lab %q has no host %q", st.Name, toHost)
 	}
-	idx := -1
-	for i, v := range st.VMs {
-		if v.Name == vmName {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		return nil, fmt.Errorf("lab %q has no VM %q", st.Name, vmName)
+	idx, err := st.vm(vmName)
+	if err != nil {
+		return nil, err
 	}
 	vm := st.VMs[idx]
+	node := st.VMNode(vm)
 	if toSubnet != "" {
 		if err := checkSubnetMove(vm, toSubnet); err != nil {
 			return nil, err
@@ -56,8 +53,8 @@ func Move(st *State, vmName, toHost, toSubnet string) (*intent.VM, error) {
 	}
 	ctx := context.Background()
 	vif := vm.Interface
-	if vif == "" { // a state file from before VMs named their interface
-		vif = topology.VifName(vmName)
+	if vif == "" { // a state file from before VMs named their interface: vif-NAME
+		vif = intent.VifPrefix + vm.Name
 	}
 	if vm.Host == toHost && toSubnet == "" {
 		// A move stopped before its vif came up is finished by asking again.
@@ -111,7 +108,7 @@ func Move(st *State, vmName, toHost, toSubnet string) (*intent.VM, error) {
 	if toSubnet != "" {
 		// The vif is down: the VM is re-addressed before any frame of
 		// its can reach the new host's datapath.
-		if err := readdressVM(NamespaceOf(st.Name, vmName), vm, moved); err != nil {
+		if err := readdressVM(NamespaceOf(st.Name, node), vm, moved); err != nil {
 			return nil, fmt.Errorf("vm %s is %s on %s in the controller, its vif left down: %w", vmName, moved.IP, toHost, err)
 		}
 	}

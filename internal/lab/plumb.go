@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -36,7 +35,7 @@ func newNamespace(st *State, node, kind string) (string, error) {
 	if st.Kinds == nil {
 		st.Kinds = map[string]string{}
 	}
-	st.Kinds[strings.TrimPrefix(name, NamespaceOf(st.Name, ""))] = kind
+	st.Kinds[node] = kind
 	if err := st.save(); err != nil {
 		return "", err
 	}

@@ -66,7 +66,7 @@ func vnatArgs(iface, locationServer, pinDir string) []string {
 // spawn starts a daemon of node inside namespace ns and records it in the
 // state, so that status sees it and teardown stops it.
 func (b *builder) spawn(name, node, ns string, args ...string) error {
-	p := Process{Name: name, Node: node, Netns: ns, Args: args, Log: filepath.Join(b.st.Dir, name+".log")}
+	p := Process{Name: name, Node: node, Netns: ns, Args: args, Log: filepath.Join(b.st.Dir, fileSafe(name)+".log")}
 	for _, s := range b.st.Slivers {
 		if s.Name == node {
 			p.Cgroup = SliverCgroupDir(b.st, s.Host, s.Name)

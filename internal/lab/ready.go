@@ -61,7 +61,7 @@ func agentWaitsFor(d *intent.Desired, st *intent.AgentStatus, vifs []string, exa
 }
 
 // notVMVif tells a sliver's link from a VM's vif in an agent's report.
-func notVMVif(ifname string) bool { return !strings.HasPrefix(ifname, intent.VifName("")) }
+func notVMVif(ifname string) bool { return !strings.HasPrefix(ifname, intent.VifPrefix) }
 
 // agentReport reads host's desired state and agent status; a status not
 // written yet is nil, not an error. A host with no desired key has the

@@ -24,6 +24,13 @@ func AddSliver(st *State, s intent.Sliver) error {
 	if k, taken := st.Kinds[s.Name]; taken {
 		return fmt.Errorf("lab %q already has a node %q (a %s); sliver names are unique in a lab", st.Name, s.Name, k)
 	}
+	// VMs of several farms named alike are nodes FARM/VM; their name is
+	// still theirs (`lab exec NAME` lists them), not a sliver's.
+	for _, v := range st.VMs {
+		if v.Name == s.Name {
+			return fmt.Errorf("lab %q already has a VM named %q (%s); sliver names are unique in a lab", st.Name, s.Name, v.FullName())
+		}
+	}
 	if netns.Exists(NamespaceOf(st.Name, s.Name)) {
 		return fmt.Errorf("namespace %s already exists", NamespaceOf(st.Name, s.Name))
 	}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -79,8 +80,71 @@ type Process struct {
 	Cgroup string `json:"cgroup,omitempty"`
 }
 
-// NamespaceOf returns the namespace name of a node of lab name.
-func NamespaceOf(lab, node string) string { return "oh-" + lab + "-" + node }
+// NamespaceOf returns the namespace name of a node of lab name. A VM whose
+// name another farm's VM has too is node FARM/VM (topology.File.VMNode);
+// its namespace is oh-LAB-FARM.VM, as a namespace is a file and no other
+// node's name has a '.'.
+func NamespaceOf(lab, node string) string { return "oh-" + lab + "-" + fileSafe(node) }
+
+// nodeOf is the node whose namespace (NamespaceOf) ns is, in lab.
+func nodeOf(lab, ns string) string {
+	return strings.ReplaceAll(strings.TrimPrefix(ns, NamespaceOf(lab, "")), ".", "/")
+}
+
+// fileSafe is node as a part of a file's name: FARM/VM as FARM.VM.
+func fileSafe(node string) string { return strings.ReplaceAll(node, "/", ".") }
+
+// VMNode is the node of v, a VM of the lab: FARM/VM when the lab made it so
+// (another farm has a VM of its name), else its name.
+func (s *State) VMNode(v intent.VM) string {
+	if q := v.Farm + "/" + v.Name; s.Kinds[q] == "vm" {
+		return q
+	}
+	return v.Name
+}
+
+// Node resolves what a command names to a node of the lab: a node's own
+// name (a host, a VM, FARM/VM), or a VM as FARM/VM or FARM/SUBNET/VM. A
+// bare VM name that VMs of several farms have is refused, with them named.
+func (s *State) Node(name string) (string, error) {
+	if _, ok := s.Kinds[name]; ok {
+		return name, nil
+	}
+	i, err := s.vm(name)
+	if err != nil {
+		return "", err
+	}
+	return s.VMNode(s.VMs[i]), nil
+}
+
+// vm finds the lab's VM that name (NAME, FARM/VM or FARM/SUBNET/VM) names,
+// by its index in s.VMs.
+func (s *State) vm(name string) (int, error) {
+	parts := strings.Split(name, "/")
+	var match []int
+	for i, v := range s.VMs {
+		switch {
+		case len(parts) == 1 && v.Name == name,
+			len(parts) == 2 && v.Farm+"/"+v.Name == name,
+			len(parts) == 3 && v.FullName() == name:
+			match = append(match, i)
+		}
+	}
+	switch len(match) {
+	case 1:
+		return match[0], nil
+	case 0:
+		if len(parts) > 3 {
+			return 0, fmt.Errorf("%q: a node is NAME, and a VM also FARM/VM or FARM/SUBNET/VM", name)
+		}
+		return 0, fmt.Errorf("lab %q has no node or VM %q; `onehop lab status` lists them", s.Name, name)
+	}
+	names := make([]string, len(match))
+	for k, i := range match {
+		names[k] = s.VMs[i].FullName()
+	}
+	return 0, fmt.Errorf("lab %q has %d VMs named %q, in different farms: say which, as FARM/VM or FARM/SUBNET/VM (%s)", s.Name, len(match), name, strings.Join(names, ", "))
+}
 
 func stateFile(dir string) string { return filepath.Join(dir, "lab.json") }
 

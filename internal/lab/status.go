@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -72,8 +71,14 @@ type statusFacts struct {
 func Status(ctx context.Context, st *State) *Report {
 	r := &Report{Name: st.Name, Phase: st.Phase, Datapath: st.Datapath, Topology: st.Topology, StateDir: st.Dir, APIURL: st.APIURL}
 	f := &statusFacts{agents: map[string]*intent.AgentStatus{}, vms: map[string]*intent.VM{}, slivers: map[string]*intent.Sliver{}}
+	// By node; the controller's record of a VM replaces the lab's below
+	// (it may have moved since), found by FARM/VM as a VM keeps its farm
+	// and name when it moves.
+	nodeOfVM := map[string]string{}
 	for i := range st.VMs {
-		f.vms[st.VMs[i].Name] = &st.VMs[i]
+		node := st.VMNode(st.VMs[i])
+		f.vms[node] = &st.VMs[i]
+		nodeOfVM[st.VMs[i].Farm+"/"+st.VMs[i].Name] = node
 	}
 	for i := range st.Slivers {
 		f.slivers[st.Slivers[i].Name] = &st.Slivers[i]
@@ -89,7 +94,9 @@ func Status(ctx context.Context, st *State) *Report {
 			}
 			if vs, _, err := store.ListJSON[intent.VM](cctx, s, intent.VMsPrefix); err == nil {
 				for i := range vs {
-					f.vms[vs[i].Name] = &vs[i]
+					if node, ok := nodeOfVM[vs[i].Farm+"/"+vs[i].Name]; ok {
+						f.vms[node] = &vs[i]
+					}
 				}
 			}
 			// The controller's record has the slot; sliver names are
@@ -109,9 +116,8 @@ func Status(ctx context.Context, st *State) *Report {
 	for _, p := range st.Processes {
 		procs[p.Node] = p
 	}
-	prefix := NamespaceOf(st.Name, "")
 	for _, ns := range st.Namespaces {
-		node := strings.TrimPrefix(ns, prefix)
+		node := nodeOf(st.Name, ns)
 		n := NodeReport{Name: node, Netns: ns, Present: netns.Exists(ns), Kind: st.Kinds[node]}
 		n.VNAT = slices.Contains(st.VNAT, node)
 		n.Cloud = st.Cloud[node]

@@ -49,7 +49,7 @@ func locationServer(t *topology.File, node string) string {
 	if t.Datapath != topology.DatapathOnehop || t.Fabric.Controller == "" {
 		return ""
 	}
-	if _, ok := t.VMByName(node); ok {
+	if _, ok := t.VMByNode(node); ok {
 		return vnatrelay.Addr.String()
 	}
 	return t.Fabric.Controller
@@ -57,7 +57,7 @@ func locationServer(t *topology.File, node string) string {
 
 // vnatOf reports whether node of t is a VNAT endpoint.
 func vnatOf(t *topology.File, node string) bool {
-	if v, ok := t.VMByName(node); ok {
+	if v, ok := t.VMByNode(node); ok {
 		return v.VNAT
 	}
 	if e, ok := t.ExternalByName(node); ok {
@@ -78,7 +78,7 @@ func vnatPinDir(st *State, node string) (string, error) {
 	if err := MountBPFFS(st.BPFFS); err != nil {
 		return "", err
 	}
-	dir := filepath.Join(st.BPFFS, "vnat", node)
+	dir := filepath.Join(st.BPFFS, "vnat", fileSafe(node))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("%s: vnat pin directory: %w", node, err)
 	}

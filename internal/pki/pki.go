@@ -9,6 +9,7 @@
 package pki
 
 import (
+	"cmp"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -87,6 +88,9 @@ type Request struct {
 	IPs        []netip.Addr // subject alternative names a client may dial (servers)
 	DNSNames   []string     // same, by name
 	Validity   time.Duration
+	// Organization is the subject's O: "onehop" when empty;
+	// TenantOrganization for a tenant's certificate (TenantRequest).
+	Organization string
 }
 
 // Pair is an issued certificate and its private key.
@@ -120,7 +124,7 @@ func (ca *CA) Issue(req Request, now time.Time) (*Pair, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: req.CommonName, Organization: []string{"onehop"}},
+		Subject:      pkix.Name{CommonName: req.CommonName, Organization: []string{cmp.Or(req.Organization, "onehop")}},
 		NotBefore:    now.Add(-time.Minute),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,

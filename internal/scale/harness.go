@@ -784,11 +784,11 @@ func (h *harness) verify(ctx context.Context) error {
 	}
 	have := map[string]intent.VM{}
 	for _, v := range vms {
-		have[v.Name] = v
+		have[v.FullName()] = v // a name is unique within its farm only
 	}
 	var lost []string
 	for _, v := range h.vms {
-		if got, ok := have[v.name]; !ok || got.Host != v.host || got.IP != v.ip.String() {
+		if got, ok := have[v.farm+"/"+v.subnet+"/"+v.name]; !ok || got.Host != v.host || got.IP != v.ip.String() {
 			lost = append(lost, v.name)
 		}
 	}

@@ -148,7 +148,7 @@ func (h hostInterfaces) ByName(name string) (int, net.HardwareAddr, string, erro
 		mac := net.HardwareAddr{0x02, 0x5c, 0, byte(h.index >> 16), byte(h.index >> 8), byte(h.index)}
 		return 1, mac, h.address(), nil
 	}
-	if !strings.HasPrefix(name, intent.VifName("")) {
+	if !strings.HasPrefix(name, intent.VifPrefix) {
 		return 0, nil, "", fmt.Errorf("interface %s: not found", name)
 	}
 	f := fnv.New32a()

@@ -19,7 +19,7 @@ func FuzzParse(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, s := range []string{string(quickstart), string(portshare), good, twoFarms, shared, vnatTopo} {
+	for _, s := range []string{string(quickstart), string(portshare), good, twoFarms, sameNames, shared, vnatTopo} {
 		f.Add(s)
 	}
 	for _, c := range vnatErrorCases {
@@ -87,6 +87,15 @@ func FuzzParse(f *testing.F) {
 			if _, ok := top.HostByName(vm.Host); !ok || vm.Farm() == "" || vm.SubnetName() == "" {
 				t.Fatalf("vm %+v is not placed on a host and a subnet", vm)
 			}
+			// Every VM is one lab node of its own (lab exec, its namespace).
+			node := top.VMNode(vm)
+			if back, ok := top.VMByNode(node); !ok || back.Line != vm.Line {
+				t.Fatalf("vm %+v: node %q finds %+v, %v", vm, node, back, ok)
+			}
+			if other, dup := used["node "+node]; dup {
+				t.Fatalf("vm %+v and %s are both node %q", vm, other, node)
+			}
+			used["node "+node] = vm.Subnet + "/" + vm.Name
 		}
 	})
 }

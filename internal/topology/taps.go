@@ -93,14 +93,13 @@ func validateTaps(c *checker, f *File) {
 			ref, _ := tappolicy.ParseRef(s) // ParseSpec read it
 			switch ref.Kind {
 			case tappolicy.KindVM:
-				vm, found := f.VMByName(ref.Name)
-				if !found || vm.Subnet != ref.Farm+"/"+ref.Subnet {
+				if _, found := f.VMOf(ref.Farm, ref.Subnet, ref.Name); !found {
 					c.fail(t.lineOf(role), "tap %q: %s %s is not a VM of this file (vms: name %s, subnet %s/%s)", t.Name, role, s, ref.Name, ref.Farm, ref.Subnet)
 					ok = false
 					continue
 				}
 				farms[role] = ref.Farm
-				vmNames[role] = ref.Name
+				vmNames[role] = ref.Farm + "/" + ref.Subnet + "/" + ref.Name
 			case tappolicy.KindSubnet:
 				if !c.subnets[ref.Farm+"/"+ref.Subnet] {
 					c.fail(t.lineOf(role), "tap %q: %s %s is not a subnet of this file", t.Name, role, s)

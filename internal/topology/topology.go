@@ -23,8 +23,6 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/onehop/onehop/internal/intent"
 )
 
 // Datapath modes a lab can be built with.
@@ -209,9 +207,6 @@ func orLine(specific, fallback int) int {
 	}
 	return fallback
 }
-
-// VifName is the host-side interface of a VM in the lab.
-func VifName(vm string) string { return intent.VifName(vm) }
 
 // CheckFarmName, CheckSubnetName, CheckVMName and CheckHostName apply the
 // topology file's naming rules to names that arrive through the API.

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/onehop/onehop/internal/intent"
 )
 
 func TestQuickstartExampleIsValid(t *testing.T) {
@@ -76,7 +78,9 @@ var errorCases = []struct {
 	{"unknown subnet", func(s string) string { return strings.Replace(s, "subnet: blue/web", "subnet: blue/db", 1) },
 		`t.yaml:11: vm "web1": subnet "blue/db" is not defined`},
 	{"duplicate vm", func(s string) string { return s + "  - {name: web1, host: h1, subnet: blue/web}\n" },
-		`t.yaml:12: duplicate vm "web1" (first defined on line 9)`},
+		`t.yaml:12: duplicate vm "web1" in farm "blue" (first defined on line 9; a VM's name is unique within its farm)`},
+	{"a vm named like a host", func(s string) string { return s + "  - {name: h1, host: h1, subnet: blue/web}\n" },
+		`t.yaml:12: vm name "h1" is already a host or reserved name`},
 	{"bad cidr", func(s string) string { return s + "fabric:\n  cidr: 192.168.300.0/24\n" },
 		`t.yaml:13: fabric.cidr "192.168.300.0/24" is not a CIDR`},
 	{"fabric in tenant space", func(s string) string { return s + "fabric:\n  cidr: 10.9.0.0/16\n" },
@@ -122,8 +126,8 @@ var errorCases = []struct {
 		return withInterface("tap0")(s) + "  - {name: web2, host: h1, subnet: blue/web, interface: tap0}\n"
 	}, `t.yaml:13: vm "web2": interface tap0 on host "h1" is vm "web1"'s already (line 9)`},
 	{"an interface named like another VM's default vif", func(s string) string {
-		return s + "  - {name: web2, host: h1, subnet: blue/web, interface: vif-web1}\n"
-	}, `t.yaml:12: vm "web2": interface vif-web1 on host "h1" is vm "web1"'s already (line 9)`},
+		return s + "  - {name: web2, host: h1, subnet: blue/web, interface: " + intent.VifName("blue", "web1") + "}\n"
+	}, `t.yaml:12: vm "web2": interface ` + intent.VifName("blue", "web1") + ` on host "h1" is vm "web1"'s already (line 9)`},
 }
 
 // withInterface gives web1 of good the interface line `interface: v`.
@@ -134,7 +138,7 @@ func withInterface(v string) func(string) string {
 }
 
 // A VM may name its interface; one on another host may share the name, and
-// a VM without one has the default vif-NAME.
+// a VM without one has the default, derived from its farm and name.
 func TestAVMNamesItsInterface(t *testing.T) {
 	src := withInterface("tap-web1")(good) + "  - {name: web2, host: h1, subnet: blue/web}\n" +
 		"  - {name: web3, host: h2, subnet: blue/web, interface: tap-web1}\n"
@@ -143,10 +147,67 @@ func TestAVMNamesItsInterface(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ vm, want string }{{"web1", "tap-web1"}, {"web2", "vif-web2"}, {"web3", "tap-web1"}} {
-		if v, _ := f.VMByName(c.vm); v.Vif() != c.want {
+	for _, c := range []struct{ vm, want string }{{"web1", "tap-web1"}, {"web2", intent.VifName("blue", "web2")}, {"web3", "tap-web1"}} {
+		if v, _ := f.VMByNode(c.vm); v.Vif() != c.want {
 			t.Errorf("%s's interface %q, want %q", c.vm, v.Vif(), c.want)
 		}
+	}
+}
+
+// twoFarms has blue/web1 and red/web1 on one host, and blue/web2 whose
+// name no other farm has.
+const sameNames = `name: t
+hosts:
+  - name: h1
+farms:
+  - name: blue
+    subnets:
+      - name: web
+  - name: red
+    subnets:
+      - name: web
+vms:
+  - {name: web1, host: h1, subnet: blue/web}
+  - {name: web1, host: h1, subnet: red/web}
+  - {name: web2, host: h1, subnet: blue/web}
+`
+
+// Names are the tenant's: two farms may each have a web1, on one host;
+// each is its own lab node (FARM/VM, the bare name being either) with its
+// own default interface, and a name no other farm has stays the node.
+func TestTwoFarmsMayNameAVMAlike(t *testing.T) {
+	f, err := Parse("t.yaml", []byte(sameNames))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"blue/web1", "red/web1", "web2"} {
+		if got := f.VMNode(f.VMs[i]); got != want {
+			t.Errorf("vm %d (%s/%s): node %q, want %q", i, f.VMs[i].Farm(), f.VMs[i].Name, got, want)
+		}
+		if v, ok := f.VMByNode(want); !ok || v.Line != f.VMs[i].Line {
+			t.Errorf("VMByNode(%q) = %+v, %v; want the VM of line %d", want, v, ok, f.VMs[i].Line)
+		}
+	}
+	if v, ok := f.VMByNode("web1"); ok {
+		t.Errorf("VMByNode(web1) = %s/%s: the bare name is both farms' VMs, no node", v.Farm(), v.Name)
+	}
+	if a, b := f.VMs[0].Vif(), f.VMs[1].Vif(); a == b {
+		t.Errorf("blue/web1 and red/web1 on h1 share the interface %s", a)
+	}
+	if v, ok := f.VMOf("red", "web", "web1"); !ok || v.Farm() != "red" {
+		t.Errorf("VMOf(red, web, web1) = %+v, %v", v, ok)
+	}
+	// blue/web1 to red/web1 is traffic between two VMs, not a VM's to
+	// itself: a TAP policy may watch it.
+	src := strings.Replace(sameNames, "      - name: web\n  - name: red\n", "      - name: web\n    peers: [red]\n  - name: red\n    peers: [blue]\n", 1) +
+		"taps:\n  - {name: t1, sender: blue/web/web1, receiver: red/web/web1, monitor: blue/web/web2, cross_farm: true}\n"
+	if _, err := Parse("t.yaml", []byte(src)); err != nil {
+		t.Errorf("a TAP policy from blue/web1 to red/web1: %v", err)
+	}
+	// The same name twice in one farm is refused, in another subnet too.
+	dup := strings.Replace(sameNames, "  - name: red\n", "      - name: db\n  - name: red\n", 1) + "  - {name: web1, host: h1, subnet: blue/db}\n"
+	if _, err := Parse("t.yaml", []byte(dup)); err == nil || !strings.Contains(err.Error(), `duplicate vm "web1" in farm "blue" (first defined on line 13`) {
+		t.Errorf("blue/db/web1 beside blue/web/web1: %v", err)
 	}
 }
 

@@ -22,7 +22,7 @@ type VM struct {
 	// its address (issue 10): the lab runs the VNAT daemon in it.
 	VNAT bool `yaml:"vnat"`
 	// Interface names the host interface that carries the guest, as
-	// `vm create --interface` does; "" is the default, vif-NAME (Vif).
+	// `vm create --interface` does; "" is the default (Vif).
 	Interface string `yaml:"interface"`
 	// Firewall is the VM's own firewall, if it has one.
 	Firewall *intent.Firewall `yaml:"-"`
@@ -33,12 +33,12 @@ type VM struct {
 }
 
 // Vif is the host interface that carries the VM: its Interface, else the
-// default, vif-NAME.
+// default, derived from its farm and name (intent.VifName).
 func (v VM) Vif() string {
 	if v.Interface != "" {
 		return v.Interface
 	}
-	return VifName(v.Name)
+	return intent.VifName(v.Farm(), v.Name)
 }
 
 // Farm returns the farm part of the VM's "farm/subnet".
@@ -47,7 +47,8 @@ func (v VM) Farm() string { f, _, _ := strings.Cut(v.Subnet, "/"); return f }
 // SubnetName returns the subnet part of the VM's "farm/subnet".
 func (v VM) SubnetName() string { _, s, _ := strings.Cut(v.Subnet, "/"); return s }
 
-// A VM's name becomes its vif's, vif-NAME, within Linux's 15 bytes.
+// A VM's name is a lab node's, and its namespace's (oh-LAB-NAME), and it
+// begins its default vif's (intent.VifName).
 var vmNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,10}$`)
 
 var vmsSection = section{
@@ -102,6 +103,8 @@ func decodeVM(d *decoder, item *yaml.Node) VM {
 	return vm
 }
 
+// validateVMs checks the VMs: a name is unique within its farm (blue and
+// red may both have a web1), and a name no other kind of node has.
 func validateVMs(c *checker, f *File) {
 	perSubnet := map[string]int{}
 	type holder struct {
@@ -109,18 +112,23 @@ func validateVMs(c *checker, f *File) {
 		line int
 	}
 	vifs := map[[2]string]holder{} // host, interface
+	inFarm := map[string]int{}     // FARM/VM -> line
 
 	for _, vm := range f.VMs {
 		if !vmNameRE.MatchString(vm.Name) {
 			c.fail(vm.Line, "vm name %q must be 1-11 lowercase letters or digits, starting with a letter", vm.Name)
 			continue
 		}
-		if holder, ok := c.claimNode("vm", vm.Name, vm.Line); !ok {
-			if holder.kind == "vm" {
-				c.fail(vm.Line, "duplicate vm %q (first defined on line %d)", vm.Name, holder.line)
-			} else {
-				c.fail(vm.Line, "vm name %q is already a host or reserved name", vm.Name)
-			}
+		id := vm.Farm() + "/" + vm.Name
+		if first, dup := inFarm[id]; dup {
+			c.fail(vm.Line, "duplicate vm %q in farm %q (first defined on line %d; a VM's name is unique within its farm)", vm.Name, vm.Farm(), first)
+			continue
+		}
+		inFarm[id] = vm.Line
+		// Every VM of a name claims it, the first one for all: a host, an
+		// external, a sliver may not take a name VMs have, in any farm.
+		if holder, ok := c.claimNode("vm", vm.Name, vm.Line); !ok && holder.kind != "vm" {
+			c.fail(vm.Line, "vm name %q is already a host or reserved name", vm.Name)
 			continue
 		}
 		if !c.isNode("host", vm.Host) {
@@ -151,10 +159,37 @@ func validateVMs(c *checker, f *File) {
 	}
 }
 
-// VMByName returns the VM named name.
-func (f *File) VMByName(name string) (VM, bool) {
+// VMNode is the lab node of v, a VM of f: its name, or FARM/VM when another
+// farm of f has a VM of that name too (then the bare name is no node: it
+// would be either). The lab names the node's namespace after it
+// (lab.NamespaceOf).
+func (f *File) VMNode(v VM) string {
+	for _, o := range f.VMs {
+		if o.Name == v.Name && o.Farm() != v.Farm() {
+			return v.Farm() + "/" + v.Name
+		}
+	}
+	return v.Name
+}
+
+// VMByNode returns the VM whose lab node is node (VMNode).
+func (f *File) VMByNode(node string) (VM, bool) {
+	farm, name, qualified := strings.Cut(node, "/")
+	if !qualified {
+		name = node
+	}
 	for _, v := range f.VMs {
-		if v.Name == name {
+		if v.Name == name && (!qualified || v.Farm() == farm) && f.VMNode(v) == node {
+			return v, true
+		}
+	}
+	return VM{}, false
+}
+
+// VMOf returns farm/subnet's VM named name.
+func (f *File) VMOf(farm, subnet, name string) (VM, bool) {
+	for _, v := range f.VMs {
+		if v.Name == name && v.Subnet == farm+"/"+subnet {
 			return v, true
 		}
 	}

@@ -25,7 +25,7 @@ func TestVNATIsReadOnVMsAndExternalsAndOffByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]bool{"web1": true, "web2": false, "db1": false} {
-		if v, _ := f.VMByName(name); v.VNAT != want {
+		if v, _ := f.VMByNode(name); v.VNAT != want {
 			t.Errorf("vm %s vnat = %v, want %v", name, v.VNAT, want)
 		}
 	}

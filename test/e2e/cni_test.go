@@ -138,8 +138,8 @@ func (h *cniHost) add(t *testing.T, c *container) cni.Result {
 		t.Fatalf("cnitool add %s: result: %v\n%s", c.name, err, out)
 	}
 	vm := h.l.vmRecord("blue/web/" + c.vm)
-	if vm.Host != h.host || vm.Interface != intent.VifName(c.vm) {
-		t.Fatalf("vm %s: host %s interface %s, want %s and %s", c.vm, vm.Host, vm.Interface, h.host, intent.VifName(c.vm))
+	if vm.Host != h.host || vm.Interface != intent.VifName("blue", c.vm) {
+		t.Fatalf("vm %s: host %s interface %s, want %s and %s", c.vm, vm.Host, vm.Interface, h.host, intent.VifName("blue", c.vm))
 	}
 	if len(r.IPs) != 1 || r.IPs[0].Address != vm.IP+"/24" || r.IPs[0].Gateway != vm.Gateway ||
 		len(r.Interfaces) != 2 || r.Interfaces[1].Name != "eth0" || r.Interfaces[1].MAC != vm.MAC || r.Interfaces[1].Sandbox != c.path ||
@@ -242,7 +242,7 @@ func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T
 
 	// DEL: the VM leaves the intent, no link is left on the host or in
 	// the container; a second DEL succeeds.
-	vif1 := intent.VifName(c1.vm)
+	vif1 := intent.VifName("blue", c1.vm)
 	for i := 1; i <= 2; i++ {
 		if out, err := h1.cnitool("del", c1.path); err != nil {
 			t.Fatalf("cnitool del c1 (#%d): %v\n%s", i, err, out)
@@ -268,8 +268,8 @@ func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T
 	if vms := l.vmNames(); strings.Contains(vms, c2.vm) {
 		t.Errorf("after DEL of c2, the controller still has %s:\n%s", c2.vm, vms)
 	}
-	if links := l.hostLinks("h2"); strings.Contains(links, intent.VifName(c2.vm)) {
-		t.Errorf("after DEL, h2 still has %s:\n%s", intent.VifName(c2.vm), links)
+	if links := l.hostLinks("h2"); strings.Contains(links, intent.VifName("blue", c2.vm)) {
+		t.Errorf("after DEL, h2 still has %s:\n%s", intent.VifName("blue", c2.vm), links)
 	}
 
 	// A config naming another host than the one the plugin runs on: no
@@ -287,14 +287,14 @@ func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T
 	}
 	c4 := newContainer(t, "c4")
 	t.Cleanup(func() { wrong.cnitool("del", c4.path) }) // were it added after all
-	if out, err := wrong.cnitool("add", c4.path); err == nil || !strings.Contains(out, "host h2's agent did not attach to "+intent.VifName(c4.vm)+" within 1s") {
+	if out, err := wrong.cnitool("add", c4.path); err == nil || !strings.Contains(out, "host h2's agent did not attach to "+intent.VifName("blue", c4.vm)+" within 1s") {
 		t.Fatalf("cnitool add on h1 for host h2: %v, want it to time out naming h2's agent\n%s", err, out)
 	}
 	if vms := l.vmNames(); strings.Contains(vms, c4.vm) {
 		t.Errorf("an ADD that timed out left its VM %s:\n%s", c4.vm, vms)
 	}
-	if links := l.hostLinks("h1"); strings.Contains(links, intent.VifName(c4.vm)) {
-		t.Errorf("an ADD that timed out left %s on h1:\n%s", intent.VifName(c4.vm), links)
+	if links := l.hostLinks("h1"); strings.Contains(links, intent.VifName("blue", c4.vm)) {
+		t.Errorf("an ADD that timed out left %s on h1:\n%s", intent.VifName("blue", c4.vm), links)
 	}
 
 	// A farm the controller does not have: a CNI error naming it, and
@@ -327,7 +327,7 @@ func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T
 	if out, _ := c3.run("ip", "-br", "link"); strings.Contains(out, "eth0") {
 		t.Errorf("a refused ADD left eth0 in the container:\n%s", out)
 	}
-	if links := l.hostLinks("h1"); strings.Contains(links, intent.VifName(c3.vm)) {
-		t.Errorf("a refused ADD left %s on h1:\n%s", intent.VifName(c3.vm), links)
+	if links := l.hostLinks("h1"); strings.Contains(links, intent.VifName("nofarm", c3.vm)) {
+		t.Errorf("a refused ADD left %s on h1:\n%s", intent.VifName("nofarm", c3.vm), links)
 	}
 }

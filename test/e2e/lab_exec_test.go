@@ -17,7 +17,7 @@ func TestPrivilegedLabExecShowsAVMItsOwnSys(t *testing.T) {
 	if got := strings.TrimSpace(l.mustIn("web1", "cat", "/sys/class/net/eth0/address")); got != l.mac("web1", "eth0") {
 		t.Errorf("web1's /sys/class/net/eth0/address is %s; its eth0 has %s", got, l.mac("web1", "eth0"))
 	}
-	if got := strings.Fields(l.mustIn("h1", "ls", "/sys/class/net")); !slices.Contains(got, "uplink0") || !slices.Contains(got, "vif-web1") || slices.Contains(got, "eth0") {
+	if got := strings.Fields(l.mustIn("h1", "ls", "/sys/class/net")); !slices.Contains(got, "uplink0") || !slices.Contains(got, blueWeb1Vif) || slices.Contains(got, "eth0") {
 		t.Errorf("h1's /sys/class/net lists %v; want its uplink and vifs, not the VMs' eth0", got)
 	}
 }

@@ -20,7 +20,7 @@ vms:
 
 // A topology's `interface:` is honoured end to end: the controller's
 // record has it, the lab makes the veth's host end under that name (and no
-// vif-web1), h1's agent attaches to it, and web1 reaches web2.
+// default vif), h1's agent attaches to it, and web1 reaches web2.
 func TestPrivilegedATopologyVMsInterfaceNameIsTheVethTheLabMakesAndTheAgentAttaches(t *testing.T) {
 	l := upLab(t, namedInterfaceLab)
 	if vm := l.vmRecord("blue/web/web1"); vm.Interface != "tap-web1" {
@@ -34,8 +34,8 @@ func TestPrivilegedATopologyVMsInterfaceNameIsTheVethTheLabMakesAndTheAgentAttac
 	if _, err := h.LinkByName("tap-web1"); err != nil {
 		t.Fatalf("no tap-web1 on h1: %v", err)
 	}
-	if _, err := h.LinkByName("vif-web1"); err == nil {
-		t.Fatal("h1 has a vif-web1 too")
+	if _, err := h.LinkByName(blueWeb1Vif); err == nil {
+		t.Fatalf("h1 has web1's default vif %s too", blueWeb1Vif)
 	}
 	l.awaitVifKind("h1", "veth", "tap-web1")
 	if err := l.ping("web1", l.ip("web2"), 2); err != nil {

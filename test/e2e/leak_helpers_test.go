@@ -71,7 +71,8 @@ func (l *testLab) watchFabric(from, to string) *watch {
 
 func (l *testLab) startWatch(w *watch, ifname string, extra ...string) *watch {
 	l.t.Helper()
-	w.pcap = filepath.Join(l.t.TempDir(), w.node+".pcap")
+	// A VM whose name another farm's VM has too is node FARM/VM.
+	w.pcap = filepath.Join(l.t.TempDir(), strings.ReplaceAll(w.node, "/", ".")+".pcap")
 	args := append([]string{"tcpdump", "-i", ifname, "-n", "-U", "--immediate-mode", "-w", w.pcap}, extra...)
 	// Not waited for here: proveLive, which must come before anything
 	// forbidden is sent, waits until the capture records.

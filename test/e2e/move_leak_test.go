@@ -71,7 +71,7 @@ func TestPrivilegedMovedVMNeverReachesItsNewHostsStack(t *testing.T) {
 	}
 	ctlIP := l.fabricAddr("controller", "mgmt0")
 	vmIP, vmMAC := l.ip("web1"), l.mac("web1", "eth0")
-	vifMAC := l.mac("h1", "vif-web1") // the same link wherever it moves
+	vifMAC := l.mac("h1", blueWeb1Vif) // the same link wherever it moves
 
 	w := l.watchVM("web1", "web2")
 	proveLive(t, "start", w)
@@ -92,7 +92,7 @@ func TestPrivilegedMovedVMNeverReachesItsNewHostsStack(t *testing.T) {
 		testenv.Eventually(t, "web2 to reach web1 on "+to, 10*time.Second, func() bool { return l.ping("web2", vmIP, 1) == nil })
 		t.Logf("web1 reachable on %s %.2fs after the move began", to, time.Since(moved).Seconds())
 		// The vif leaves with its neighbours: look before the next move.
-		if neigh := l.mustIn(to, "ip", "-4", "neigh", "show", "dev", "vif-web1"); strings.TrimSpace(neigh) != "" {
+		if neigh := l.mustIn(to, "ip", "-4", "neigh", "show", "dev", blueWeb1Vif); strings.TrimSpace(neigh) != "" {
 			t.Errorf("%s's IP stack learned neighbours on web1's vif (it answered web1's ARP):\n%s", to, neigh)
 		}
 	}
@@ -189,7 +189,7 @@ func TestPrivilegedMoveStoppedBeforeItsVifCameUpIsFinishedByAskingAgain(t *testi
 	l := upLab(t, threeHosts)
 	vmIP := l.ip("web1")
 	l.onehop("lab", "move", "web1", "--to", "h3")
-	l.mustIn("h3", "ip", "link", "set", "vif-web1", "down")
+	l.mustIn("h3", "ip", "link", "set", blueWeb1Vif, "down")
 	if err := l.ping("web2", vmIP, 1); err == nil {
 		t.Fatal("web1 answered with its vif down")
 	}

@@ -161,7 +161,7 @@ func TestPrivilegedVMMovedToAnotherSubnetTakesItsNewAddressAndKeepsItsProcesses(
 		t.Errorf("h2 did not drop web1's datagram from its old address %s as spoofed (%v)", oldIP, d)
 	}
 	// Its old host serves it no more.
-	if n := l.node("h1"); n.Agent == nil || strings.Contains(fmt.Sprint(n.Agent.AttachedVifs), "vif-web1") {
+	if n := l.node("h1"); n.Agent == nil || strings.Contains(fmt.Sprint(n.Agent.AttachedVifs), blueWeb1Vif) {
 		t.Errorf("h1 still holds web1's vif: %+v", n.Agent)
 	}
 

@@ -100,7 +100,7 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 		t.Errorf("no data flowed in the %d intervals after the move: %+v", counted, res.Intervals)
 	}
 	l.refresh()
-	if n := l.node("h3"); n.Agent == nil || len(n.Agent.AttachedVifs) != 1 || n.Agent.AttachedVifs[0] != "vif-web1" {
+	if n := l.node("h3"); n.Agent == nil || len(n.Agent.AttachedVifs) != 1 || n.Agent.AttachedVifs[0] != blueWeb1Vif {
 		t.Errorf("h3's agent does not hold web1's vif: %+v", n.Agent)
 	}
 	if n := l.node("web1"); n.VM == nil || n.VM.Host != "h3" || n.VM.IP != web1 {

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/url"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/controller"
+	"github.com/onehop/onehop/internal/pki"
+	"github.com/onehop/onehop/internal/topology"
+)
+
+func tenantCmd() *cobra.Command {
+	tenant := &cobra.Command{
+		Use:   "tenant",
+		Short: "Tenants' credentials: bearer tokens scoped to one farm (docs/tenants.md)",
+		Long: `A tenant's credential acts on one farm only: everything on its own farm, 403 on
+any other farm's objects and on the operator's operations. Two kinds exist: a
+bearer token made here, and a client certificate naming the farm
+('onehop pki issue tenant --farm FARM'). Tokens are an admin's to make, list and
+revoke; a revoked token is answered 401 at once.`,
+	}
+	token := &cobra.Command{Use: "token", Short: "Make, list and revoke tenant tokens"}
+	var out, farmFilter string
+	var force bool
+	create := &cobra.Command{
+		Use:   "create --farm FARM [--out FILE]",
+		Short: "Make a token for FARM's tenant; it is shown once (or written to --out, mode 0600)",
+		Long: `Make a bearer token scoped to FARM. The controller keeps only its SHA-256: the
+token is printed this once (or written to --out, mode 0600), so hand it to the
+tenant now. The tenant uses it as any token: --token-file FILE or ONEHOP_TOKEN.`,
+		Example: "  onehop tenant token create --farm blue\n  onehop tenant token create --farm blue --out blue.token",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := topology.CheckFarmName(farmFilter); err != nil {
+				return fmt.Errorf("--farm: %w", err)
+			}
+			if out != "" {
+				if err := refuseExisting(out, force); err != nil {
+					return err
+				}
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var t controller.NewTenantToken
+			if err := c.Do("POST", "/v1/tenants/tokens", map[string]string{"farm": farmFilter}, &t); err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if out == "" {
+				fmt.Fprintf(w, "token %s for farm %s (shown once; keep it):\n%s\n", t.ID, t.Farm, t.Token)
+				return nil
+			}
+			if err := pki.WriteToken(out, t.Token); err != nil {
+				return fmt.Errorf("token %s was made but not written (revoke it: onehop tenant token revoke %s): %w", t.ID, t.ID, err)
+			}
+			fmt.Fprintf(w, "token %s for farm %s: %s\n", t.ID, t.Farm, out)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&farmFilter, "farm", "", "the one farm the token acts on (required)")
+	create.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
+	create.Flags().BoolVar(&force, "force", false, "replace --out if it exists")
+	create.MarkFlagRequired("farm")
+
+	var output outputFormat
+	var listFarm string
+	list := &cobra.Command{
+		Use:   "list [--farm FARM] [-o json]",
+		Short: "List tenant tokens: id, farm, created (never a secret)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var toks []controller.TenantToken
+			if err := getOfFarm("/v1/tenants/tokens", listFarm, &toks); err != nil {
+				return err
+			}
+			return printTokens(cmd.OutOrStdout(), toks, output)
+		},
+	}
+	list.Flags().StringVar(&listFarm, "farm", "", "this farm's tokens only")
+	addOutputFlag(list.Flags(), &output)
+
+	revoke := &cobra.Command{
+		Use:     "revoke ID",
+		Short:   "Revoke a token: from now on it is answered 401",
+		Example: "  onehop tenant token list --farm blue\n  onehop tenant token revoke 3f2a9c1d0b7e4a65",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			if err := c.Do("DELETE", "/v1/tenants/tokens/"+url.PathEscape(args[0]), nil, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "token %s revoked\n", args[0])
+			return nil
+		},
+	}
+	token.AddCommand(create, list, revoke)
+	tenant.AddCommand(token)
+	return tenant
+}
+
+func printTokens(w io.Writer, toks []controller.TenantToken, output outputFormat) error {
+	if output == jsonOutput {
+		return printJSON(w, toks)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tFARM\tCREATED")
+	for _, t := range toks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, t.Farm, t.Created.Local().Format(time.DateTime))
+	}
+	return tw.Flush()
+}

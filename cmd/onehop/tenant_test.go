@@ -1,0 +1,123 @@
+package main
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/onehop/onehop/internal/controller"
+	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/pki"
+	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/topology"
+)
+
+// httpsController serves a controller holding farms blue and red over
+// https with its real authentication, and returns its URL, the CA file and
+// the admin token's file.
+func httpsController(t *testing.T) (url, ca, adminToken string) {
+	t.Helper()
+	st, tok := fakeLab(t, t.TempDir(), "l1")
+	topo, err := topology.Parse("t.yaml", []byte(`name: t
+hosts: [{name: h1}]
+farms: [{name: blue, subnets: [{name: web}]}, {name: red, subnets: [{name: web}]}]
+vms: [{name: web1, host: h1, subnet: blue/web}, {name: rweb1, host: h1, subnet: red/web}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := controller.New(store.NewMemory(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := c.ApplyTopology(t.Context(), topo); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(c.Authenticate(c.API(), tok))
+	if srv.TLS, err = lab.TLSFiles(st, "controller").ServerConfig(tls.VerifyClientCertIfGiven); err != nil {
+		t.Fatal(err)
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv.URL, lab.CAFile(st), lab.TokenFile(st)
+}
+
+// as adds the CA and a token file to every step's arguments.
+func as(ca, tokenFile string, steps []cliStep) []cliStep {
+	out := make([]cliStep, len(steps))
+	for i, st := range steps {
+		st.args = append(append([]string{}, st.args...), "--ca", ca, "--token-file", tokenFile)
+		out[i] = st
+	}
+	return out
+}
+
+func TestCLITenantTokensActOnTheirFarmAndAreRevoked(t *testing.T) {
+	url, ca, admin := httpsController(t)
+	dir := t.TempDir()
+	blue, red := filepath.Join(dir, "blue.token"), filepath.Join(dir, "red.token")
+	runSteps(t, url, as(ca, admin, []cliStep{
+		{[]string{"tenant", "token", "create", "--farm", "Blue"}, "--farm: farm name", true},
+		{[]string{"tenant", "token", "create", "--farm", "green"}, `farm: no farm "green"`, true},
+		{[]string{"tenant", "token", "create", "--farm", "blue", "--out", blue}, "for farm blue: " + blue, false},
+		{[]string{"tenant", "token", "create", "--farm", "red", "--out", red}, "for farm red: " + red, false},
+		{[]string{"tenant", "token", "create", "--farm", "red", "--out", red}, "exists: pass --force", true},
+		{[]string{"tenant", "token", "create", "--farm", "red"}, "shown once", false},
+	}))
+	out, err := runOut("tenant", "token", "list", "--farm", "blue", "-o", "json", "--api", url, "--ca", ca, "--token-file", admin)
+	var toks []controller.TenantToken
+	if err != nil || json.Unmarshal([]byte(out), &toks) != nil || len(toks) != 1 || toks[0].Farm != "blue" {
+		t.Fatalf("token list --farm blue: %v %s", err, out)
+	}
+	secret, err := pki.ReadToken(blue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, secret) {
+		t.Fatal("the list shows a secret")
+	}
+	runSteps(t, url, as(ca, blue, []cliStep{
+		{[]string{"subnet", "create", "blue/app"}, "", false},
+		{[]string{"subnet", "create", "red/app"}, "permission denied: tenant blue", true},
+		{[]string{"peer", "red", "blue"}, "permission denied", true},
+		{[]string{"get", "vms"}, "", false}, // filtered to blue's: TestTenantListsShowItsOwnFarmOnly
+		{[]string{"host", "add", "h9"}, "permission denied", true},
+		{[]string{"tenant", "token", "list"}, "permission denied", true},
+		{[]string{"audit"}, "tenant blue (token " + toks[0].ID + ")", false},
+		{[]string{"audit", "--farm", "red"}, "permission denied", true},
+	}))
+	runSteps(t, url, as(ca, admin, []cliStep{
+		{[]string{"audit", "--farm", "blue", "-o", "json"}, `"name": "blue"`, false},
+		{[]string{"tenant", "token", "revoke", toks[0].ID}, "token " + toks[0].ID + " revoked", false},
+		{[]string{"tenant", "token", "revoke", toks[0].ID}, "not found", true},
+	}))
+	runSteps(t, url, as(ca, blue, []cliStep{{[]string{"get", "vms"}, "HTTP 401", true}}))
+	runSteps(t, url, as(ca, red, []cliStep{{[]string{"subnet", "create", "red/app"}, "", false}}))
+}
+
+func TestCLIPKIIssuesATenantCertificateNamingItsFarm(t *testing.T) {
+	dir := t.TempDir()
+	caDir := filepath.Join(dir, "ca")
+	if err := run("pki", "ca", "--dir", caDir); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runOut("pki", "issue", "tenant", "--farm", "blue", "--ca-dir", caDir, "--dir", dir, "--days", "30")
+	if err != nil || !strings.Contains(out, "tenant of farm blue") {
+		t.Fatalf("pki issue tenant: %v %s", err, out)
+	}
+	cert, err := pki.ReadCert(filepath.Join(dir, "tenant-blue.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if farm, ok := pki.TenantFarm(cert); !ok || farm != "blue" {
+		t.Errorf("certificate subject %v: want O=%s, CN=tenant:blue", cert.Subject, pki.TenantOrganization)
+	}
+	if err := run("pki", "issue", "tenant", "--ca-dir", caDir, "--dir", dir); err == nil || !strings.Contains(err.Error(), `"farm" not set`) {
+		t.Errorf("no --farm: %v", err)
+	}
+	if err := run("pki", "issue", "tenant", "--farm", "Blue!", "--ca-dir", caDir, "--dir", dir); err == nil || !strings.Contains(err.Error(), "--farm") {
+		t.Errorf("a bad --farm: %v", err)
+	}
+}
