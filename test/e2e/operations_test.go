@@ -10,8 +10,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onehop/onehop/internal/lab"
+	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/version"
 )
 
@@ -185,5 +187,35 @@ func TestPrivilegedDashboardQueriesNameMetricsALiveLabExportsAndDaemonsAreHealth
 	status, err := l.cli("status")
 	if err != nil || !strings.Contains(status, "every agent runs the controller's") || !strings.Contains(status, "agents     2 reporting") {
 		t.Errorf("onehop status: %v\n%s", err, status)
+	}
+}
+
+// The access gateway and the xTR serve their operations port like every
+// daemon: healthy, ready (a path up; the registration acknowledged), and
+// their metrics, which they had none of before.
+func TestPrivilegedGatewayAndXTRServeHealthReadinessAndMetrics(t *testing.T) {
+	l := upLab(t, cloudTopo)
+	for _, d := range []struct {
+		node string
+		want []string
+	}{
+		{"gw", []string{`onehop_gateway_path_up{path="wan1"} 1`, `onehop_gateway_path_up{path="wan2"} 1`, `onehop_gateway_connections{mode="mptcp"}`, `onehop_gateway_events_total{event="probe_sent"}`}},
+		{"xtr", []string{`onehop_xtr_mappings`, `onehop_xtr_dropped_packets_total{reason=`, `onehop_xtr_registrations_total{event="notified"}`, `onehop_xtr_rloc_probes_total{result="answered"}`}},
+	} {
+		if code, body := l.opsGet(d.node, lab.MetricsPort, "/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
+			t.Errorf("%s /healthz: %d %q", d.node, code, body)
+		}
+		testenv.Eventually(t, d.node+" ready", 30*time.Second, func() error {
+			if code, body := l.opsGet(d.node, lab.MetricsPort, "/readyz"); code != 200 {
+				return fmt.Errorf("HTTP %d %s", code, body)
+			}
+			return nil
+		})
+		code, body := l.opsGet(d.node, lab.MetricsPort, "/metrics")
+		for _, w := range d.want {
+			if code != 200 || !strings.Contains(body, w) {
+				t.Errorf("%s /metrics (HTTP %d) lacks %s:\n%s", d.node, code, w, body)
+			}
+		}
 	}
 }
