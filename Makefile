@@ -7,7 +7,7 @@ QUICKSTART ?= examples/quickstart.yaml
 PORTSHARE ?= examples/portshare.yaml
 TAPDEMO ?= examples/tap.yaml
 
-.PHONY: install uninstall all deps build generate check-generated lint vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap demo-cloud bench bench-scale clean
+.PHONY: man package install uninstall all deps build generate check-generated lint vet unit-test fuzz e2e-test test demo demo-down demo-portshare demo-tap demo-cloud bench bench-scale clean
 
 all: build
 
@@ -15,8 +15,16 @@ deps:
 	@bash scripts/install-deps.sh
 	@bash scripts/install-go-tools.sh
 
+# What `onehop version` says (internal/version, docs/operations.md): the
+# release (a git tag, else the commit), the commit and the build time.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+VPKG := github.com/onehop/onehop/internal/version
+LDFLAGS := -X $(VPKG).Version=$(VERSION) -X $(VPKG).Commit=$(COMMIT) -X $(VPKG).Date=$(DATE)
+
 build:
-	$(GO) build -o $(BIN) ./cmd/onehop
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/onehop
 
 # Rebuild the eBPF objects and their Go bindings from bpf/*.c (needs clang-14).
 generate: deps
@@ -132,6 +140,18 @@ install: build
 # Removes what install put in place, except /etc/onehop (settings, keys).
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/onehop $(addprefix $(DESTDIR)$(UNITDIR)/,$(UNITS)) $(DESTDIR)$(CNIBINDIR)/onehop
+
+# One man page per command (cobra's generator) into MANDIR.
+MANDIR ?= bin/man
+man: build
+	@rm -rf $(MANDIR) && $(BIN) man $(MANDIR) && echo "man pages in $(MANDIR) (man -l $(MANDIR)/onehop.1)"
+
+# A Debian package (dpkg-deb, no network) in PKGDIR: the binary, the man
+# pages, bash/zsh/fish completions, the systemd units and example settings
+# (conffiles), the CNI plugin's link. docs/operations.md.
+PKGDIR ?= bin
+package: build
+	@bash scripts/package.sh $(BIN) $(VERSION) $(PKGDIR)
 
 clean:
 	rm -rf bin

@@ -31,6 +31,8 @@ declare -A need=(
   [modprobe]=kmod          # e2e: docs/deploy.md's walkthrough lists the guest's virtio-net modules with it
   [virt-xml-validate]=libvirt-clients  # docs test: the libvirt <interface> XML validates against libvirt's schema
   [xmllint]=libxml2-utils  # virt-xml-validate runs it (a Recommends, which install-deps does not install)
+  [dpkg-deb]=dpkg          # make package: the Debian package, read back by its test
+  [gzip]=gzip              # make package: the man pages
 )
 missing=()
 for cmd in "${!need[@]}"; do

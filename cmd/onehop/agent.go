@@ -19,6 +19,7 @@ func agentCmd() *cobra.Command {
 	var cfg agent.DaemonConfig
 	var endpoints, dns, locServer string
 	var uplinks []string
+	var logs *logFlags
 	c := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the per-host agent: keeps this host's eBPF datapath equal to its desired state",
@@ -75,7 +76,7 @@ reach them (docs/security.md). Every drop is also logged with its reason
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			return agent.RunDaemon(ctx, cfg, lab.MountBPFFS, logger())
+			return agent.RunDaemon(ctx, cfg, lab.MountBPFFS, logs.logger())
 		},
 	}
 	f := c.Flags()
@@ -86,8 +87,8 @@ reach them (docs/security.md). Every drop is also logged with its reason
 	f.StringVar(&cfg.SliverCgroups, "sliver-cgroups", "",
 		"cgroup v2 directory whose child NAME holds sliver NAME's processes: binds outside its lease fail there with EPERM")
 	f.StringVar(&cfg.BPFFS, "bpffs", "/run/onehop/bpffs", "bpffs mount point (mounted if needed); keep it outside /sys")
-	f.StringVar(&cfg.MetricsAddr, "metrics-addr", agent.DefaultMetricsAddr,
-		"IP:PORT for /metrics, never every address nor an uplink's (slivers share it): the loopback or a management address; empty to disable")
+	addMetricsAddrFlag(c, &cfg.MetricsAddr, agent.DefaultMetricsAddr,
+		"never every address nor an uplink's (slivers share it): the loopback or a management address")
 	f.DurationVar(&cfg.Resync, "resync", 2*time.Second, "reconcile at least this often")
 	f.DurationVar(&cfg.StatusEvery, "status-interval", 0,
 		fmt.Sprintf("write this host's status at most this often while changes keep coming; a quiet host reports its first change at once. 0: sized to the cloud, hosts/%d seconds between %v and %v, so all agents together write at most about %d a second up to %d hosts (docs/control-plane.md)",
@@ -104,6 +105,7 @@ reach them (docs/security.md). Every drop is also logged with its reason
 	f.DurationVar(&cfg.ARP.Idle, "arp-idle", arpengine.DefaultIdle, "forget a mapping unused for this long")
 	f.DurationVar(&cfg.ARP.Wait, "arp-wait", arpengine.DefaultWait, "how long one ARP question waits for its answer")
 	addAgentTLSFlags(c, &cfg)
+	logs = addLogFlags(c)
 	return c
 }
 

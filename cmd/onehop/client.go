@@ -14,6 +14,15 @@ import (
 var apiAddr string
 
 func api() (*client.Client, error) {
+	c, err := dialAPI()
+	if err != nil {
+		return nil, err
+	}
+	c.OnAnswer = answers.record // -o json of a verb that changes intent (answers.go)
+	return c, nil
+}
+
+func dialAPI() (*client.Client, error) {
 	if apiAddr != "" {
 		return apiClient(apiAddr)
 	}

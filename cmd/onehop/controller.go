@@ -10,6 +10,7 @@ import (
 func controllerCmd() *cobra.Command {
 	var cfg controller.DaemonConfig
 	var endpoints string
+	var logs *logFlags
 	c := &cobra.Command{
 		Use:   "controller",
 		Short: "Run the controller: intent, address allocation, per-host desired state",
@@ -30,7 +31,7 @@ external etcd cluster instead.`,
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			return controller.RunDaemon(ctx, cfg, logger())
+			return controller.RunDaemon(ctx, cfg, logs.logger())
 		},
 	}
 	f := c.Flags()
@@ -53,5 +54,7 @@ external etcd cluster instead.`,
 	f.Int64Var(&cfg.EtcdQuota, "etcd-quota-bytes", 0, "embedded etcd's database quota: beyond it etcd raises NOSPACE and refuses writes (0: etcd's 2 GiB)")
 	f.IntVar(&cfg.AuditKeep, "audit-keep", controller.DefaultAuditKeep, "audit entries kept in the store, the oldest dropped first (docs/tenants.md); 0: no audit trail")
 	addControllerTLSFlags(c, &cfg)
+	addMetricsAddrFlag(c, &cfg.MetricsAddr, controller.DefaultMetricsAddr, "the loopback by default; /metrics is on the REST API too")
+	logs = addLogFlags(c)
 	return c
 }

@@ -51,6 +51,7 @@ shows gw's connections. docs/cloud-access-gateway.md has the details.`,
 		fwmark                 string
 		cfg                    = gateway.Config{}
 		listenPort             uint16
+		logs                   *logFlags
 	)
 	run := &cobra.Command{
 		Use:   "run --intercept IF --eid-prefix PREFIX --path dev=IF,eid=ADDR[,rloc=ADDR] ... (--map PREFIX=RLOC,... | --map-resolver ADDR)",
@@ -109,7 +110,7 @@ a map-server). An address with no mapping is forwarded natively.`,
 			c.Control = control
 			ctx, cancel := signalContext()
 			defer cancel()
-			return gateway.Run(ctx, c, res, logger())
+			return gateway.Run(ctx, c, res, logs.logger())
 		},
 	}
 	f := run.Flags()
@@ -135,6 +136,8 @@ a map-server). An address with no mapping is forwarded natively.`,
 		"RLOC-probe each locator in use this often over its path, so a far side that fails is noticed with the local link up (RFC 9301; 0: off; needs rloc= on every path; the lab uses 1s)")
 	f.StringArrayVar(&infra, "infrastructure", nil, "an address or prefix users are never forwarded to, in any protocol: the controller, the hosts, the fabric (repeatable or comma-separated; --map-server and --map-resolver are always in it)")
 	f.IntVar(&cfg.ProbeMisses, "rloc-probe-misses", gateway.DefaultProbeMisses, "unanswered probes in a row that take a locator down (its subflows closed until one is answered)")
+	addMetricsAddrFlag(run, &cfg.MetricsAddr, "", "its users' addresses and the paths' are counted there: the loopback or a management address")
+	logs = addLogFlags(run)
 
 	var output outputFormat
 	status := &cobra.Command{

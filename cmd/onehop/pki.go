@@ -50,6 +50,7 @@ docs/security.md says.`,
 func pkiCACmd() *cobra.Command {
 	var dir, name string
 	var days int
+	var output outputFormat
 	c := &cobra.Command{
 		Use:   "ca [--dir DIR]",
 		Short: "Make a CA: DIR/ca.crt and DIR/ca.key (DIR made 0700); refuses to replace one",
@@ -78,10 +79,14 @@ never replaced (every certificate it signed would stop working): remove it first
 			if err := ca.Write(crt, key); err != nil {
 				return err
 			}
+			if output == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), pkiFiles{What: "ca", Name: name, Cert: crt, Key: key, NotAfter: ca.Cert.NotAfter.UTC()})
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "CA %q: %s, %s (until %s)\n", name, crt, key, ca.Cert.NotAfter.UTC().Format(time.DateOnly))
 			return nil
 		},
 	}
+	addOutputFlag(c.Flags(), &output)
 	c.Flags().StringVar(&dir, "dir", pkiCADir, "directory for ca.crt and ca.key")
 	c.Flags().StringVar(&name, "name", "onehop CA", "the CA's common name")
 	c.Flags().IntVar(&days, "days", 3650, "validity in days (certificates it signs never outlive it)")
@@ -93,6 +98,18 @@ type issueOpts struct {
 	caDir, dir string
 	days       int
 	force      bool
+	output     outputFormat
+}
+
+// pkiFiles is what a pki verb wrote, its -o json.
+type pkiFiles struct {
+	What     string    `json:"what"` // ca, controller, agent, token
+	Name     string    `json:"name,omitempty"`
+	Cert     string    `json:"cert,omitempty"`
+	Key      string    `json:"key,omitempty"`
+	CA       string    `json:"ca,omitempty"`
+	Token    string    `json:"token,omitempty"`
+	NotAfter time.Time `json:"notAfter,omitzero"`
 }
 
 func (o *issueOpts) flags(c *cobra.Command) {
@@ -100,6 +117,7 @@ func (o *issueOpts) flags(c *cobra.Command) {
 	c.Flags().StringVar(&o.dir, "dir", pkiEtcDir, "directory to write the certificate, its key and ca.crt to")
 	c.Flags().IntVar(&o.days, "days", int(pki.DefaultValidity/(24*time.Hour)), "validity in days (at most the CA's)")
 	c.Flags().BoolVar(&o.force, "force", false, "replace a certificate and key already there (a running daemon keeps the old ones until it restarts)")
+	addOutputFlag(c.Flags(), &o.output)
 }
 
 // issue signs req with the CA in o.caDir and writes o.dir/NAME.crt,
@@ -137,6 +155,9 @@ func (o *issueOpts) issue(out io.Writer, name, what string, req pki.Request) err
 	}
 	if err := pki.WriteCert(caCrt, ca.Cert); err != nil {
 		return err
+	}
+	if o.output == jsonOutput {
+		return printJSON(out, pkiFiles{What: name, Name: req.CommonName, Cert: crt, Key: key, CA: caCrt, NotAfter: p.Cert.NotAfter.UTC()})
 	}
 	fmt.Fprintf(out, "%s: %s, %s, %s (until %s)\n", what, crt, key, caCrt, p.Cert.NotAfter.UTC().Format(time.DateOnly))
 	return nil
@@ -223,6 +244,7 @@ or give the tenant a token (onehop tenant token create), which can be.`,
 func pkiTokenCmd() *cobra.Command {
 	var out string
 	var force bool
+	var output outputFormat
 	c := &cobra.Command{
 		Use:   "token [--out FILE]",
 		Short: "Make the REST API's bearer token (random, mode 0600)",
@@ -241,10 +263,14 @@ func pkiTokenCmd() *cobra.Command {
 			if err := pki.WriteToken(out, tok); err != nil {
 				return err
 			}
+			if output == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), pkiFiles{What: "token", Token: out})
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "API token: %s\n", out)
 			return nil
 		},
 	}
+	addOutputFlag(c.Flags(), &output)
 	c.Flags().StringVar(&out, "out", filepath.Join(pkiEtcDir, "api-token"), "file to write the token to")
 	c.Flags().BoolVar(&force, "force", false, "replace a token already there (the controller keeps the old one until it restarts)")
 	return c

@@ -9,13 +9,14 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/onehop/onehop/internal/version"
 )
 
 // noun is one thing the CLI knows: its top-level command and what
@@ -54,6 +55,8 @@ func nouns() []noun {
 		{cmd: xtrCmd},
 		{cmd: tenantCmd},
 		{cmd: auditCmd},
+		{cmd: versionCmd},
+		{cmd: manCmd},
 	}
 }
 
@@ -83,7 +86,9 @@ Try it on one machine (as root):
   onehop lab down                           remove all of it`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.Get().String(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&apiAddr, "api", "", "controller REST API: a unix socket or https://HOST:PORT (default: the lab's socket)")
 	addClientTLSFlags(root)
 	for _, n := range nouns() {
@@ -91,16 +96,13 @@ Try it on one machine (as root):
 			root.AddCommand(n.cmd())
 		}
 	}
+	answerAsJSON(root)
 	strictArgs(root)
 	return root
 }
 
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-}
-
-func logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 func splitList(s string) []string {

@@ -14,8 +14,9 @@ import (
 
 func statsCmd() *cobra.Command {
 	var node string
+	var output outputFormat
 	stats := &cobra.Command{
-		Use: "stats [--node HOST]", Short: "Per-host datapath state: mapping table, ARP engine, vifs, drops by reason", Args: cobra.NoArgs,
+		Use: "stats [--node HOST] [-o json]", Short: "Per-host datapath state: mapping table, ARP engine, vifs, drops by reason", Args: cobra.NoArgs,
 		Long: `Per host, as its agent last reported (every few seconds): its VMs and vifs,
 the mapping table's use (remote VMs it holds a host for, out of its fixed size),
 what the ARP engine did (questions unicast to the last known host and multicast
@@ -28,7 +29,7 @@ and each sliver's packets and bytes in and out and its drops by reason
 policy's copies (made on a sender's host, delivered on the monitor's) and
 copies dropped. docs/virtual-router.md, docs/port-space.md and docs/tap.md
 say what each counter means.`,
-		Example: "  onehop stats\n  onehop stats --node h1",
+		Example: "  onehop stats\n  onehop stats --node h1\n  onehop stats -o json",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := api()
 			if err != nil {
@@ -38,21 +39,26 @@ say what each counter means.`,
 			if err := c.Do("GET", "/v1/status", nil, &sts); err != nil {
 				return err
 			}
-			found := false
+			var shown []intent.AgentStatus
 			for _, st := range sts {
-				if node != "" && st.Node != node {
-					continue
+				if node == "" || st.Node == node {
+					shown = append(shown, st)
 				}
-				found = true
-				printAgentStatus(cmd.OutOrStdout(), st)
 			}
-			if !found {
+			if len(shown) == 0 {
 				return fmt.Errorf("no agent has reported%s", map[bool]string{true: " for node " + node, false: ""}[node != ""])
+			}
+			if output == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), shown)
+			}
+			for _, st := range shown {
+				printAgentStatus(cmd.OutOrStdout(), st)
 			}
 			return nil
 		},
 	}
 	stats.Flags().StringVar(&node, "node", "", "only this host")
+	addOutputFlag(stats.Flags(), &output)
 	return stats
 }
 
@@ -83,6 +89,9 @@ func printAgentStatus(w io.Writer, st intent.AgentStatus) {
 	fmt.Fprintf(w, "%s: %d local VMs, vifs %v, applied %s at %s\n", st.Node, st.Endpoints, st.AttachedVifs, st.AppliedDigest, st.Time.Format("15:04:05"))
 	if st.Error != "" {
 		fmt.Fprintf(w, "  error: %s\n", st.Error)
+	}
+	if st.Version != nil {
+		fmt.Fprintf(w, "  agent: %s\n", st.Version)
 	}
 	// The vifs by kind (how the datapath delivers to each guest).
 	byKind := map[string][]string{}

@@ -39,6 +39,7 @@ shows m1's connections. docs/vnat-daemon.md says how a restore works.`,
 
 	var o vnatd.Options
 	keepaliveHelper, requireKeys := true, true
+	var logs *logFlags
 	run := &cobra.Command{
 		Use:   "run --iface IFACE [--location-server ADDR]... [--allow-unkeyed]",
 		Short: "Run the VNAT daemon of this endpoint (in its network namespace)",
@@ -77,7 +78,7 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
-			o.Control, o.Logger = control, logger()
+			o.Control, o.Logger = control, logs.logger()
 			o.NoKeepaliveHelper = !keepaliveHelper
 			if !requireKeys {
 				return fmt.Errorf("--require-keys=false: keys are required by default; use --allow-unkeyed to take unkeyed updates")
@@ -95,7 +96,10 @@ over. ` + "`onehop vnat stop`" + ` ends it and removes them.`,
 	run.Flags().StringVar(&o.Listen, "listen", "", "VCMP listen address (default 0.0.0.0:2031)")
 	run.Flags().BoolVar(&keepaliveHelper, "keepalive-helper", true, "while a peer is away, answer this end's own TCP keepalive probes for its connections (in eBPF)")
 	run.Flags().StringVar(&o.PinDir, "pin-dir", "", "bpffs directory for the pinned maps and links (default "+vnatd.PinRoot+"/netns-INODE of this network namespace, if that is a bpffs)")
-	run.Flags().StringVar(&o.Metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics), e.g. 127.0.0.1:9431; off when empty")
+	addMetricsAddrFlag(run, &o.Metrics, "", "e.g. 127.0.0.1:9431")
+	run.Flags().StringVar(&o.Metrics, "metrics", "", "")
+	run.Flags().MarkDeprecated("metrics", "use --metrics-addr") //nolint:errcheck // the flag exists
+	logs = addLogFlags(run)
 	run.Flags().BoolVar(&o.NoPin, "no-pin", false, "pin nothing: the translations end with the daemon")
 	run.Flags().IntVar(&o.VCMP.Total, "max-conns", vnatd.DefaultVCMPLimits.Total, "most VCMP connections served at once; more are closed at once and counted (onehop_listener_refused_total)")
 	run.Flags().IntVar(&o.VCMP.PerSource, "max-conns-per-source", vnatd.DefaultVCMPLimits.PerSource, "most VCMP connections one address may hold at once")
@@ -133,6 +137,8 @@ is its policy for a virtual-identification conflict (abort or preempt).`,
 
 	var all bool
 	var conflict string
+	// -o of suspend, resume and stop: json prints the daemon's reply.
+	var actOutput outputFormat
 	suspend := &cobra.Command{
 		Use:   "suspend [--conflict abort|preempt] [--all | 'tcp LOCAL:PORT->REMOTE:PORT']",
 		Short: "Before this end moves: claim the primary role and agree keys with the peers",
@@ -169,10 +175,14 @@ Name one connection as status prints its VIRTUAL column, or --all.`,
 			if err != nil {
 				return err
 			}
+			if actOutput == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d connection(s) suspended\n", r.Count)
 			return nil
 		},
 	}
+	addOutputFlag(suspend.Flags(), &actOutput)
 	suspend.Flags().BoolVar(&all, "all", false, "every active connection")
 	suspend.Flags().StringVar(&conflict, "conflict", "", "these connections' policy for a virtual-identification conflict (§3.4.2): abort or preempt (default: the daemon's --conflict)")
 
@@ -192,10 +202,14 @@ stored; resume walks the locate order again for those.`,
 			if err != nil {
 				return err
 			}
+			if actOutput == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d connection(s) resumed\n", r.Count)
 			return nil
 		},
 	}
+	addOutputFlag(resume.Flags(), &actOutput)
 	stop := &cobra.Command{
 		Use:   "stop",
 		Short: "Stop this endpoint's VNAT daemon and remove its translations and pins",
@@ -210,13 +224,18 @@ for the next ` + "`onehop vnat run`" + `.`,
 			if err != nil {
 				return err
 			}
-			if _, err := vnatd.Ask(p, vnatd.Request{Op: "stop"}); err != nil {
+			r, err := vnatd.Ask(p, vnatd.Request{Op: "stop"})
+			if err != nil {
 				return err
+			}
+			if actOutput == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), r)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "vnat daemon stopping; translations and pins removed")
 			return nil
 		},
 	}
+	addOutputFlag(stop.Flags(), &actOutput)
 	v.AddCommand(run, status, suspend, resume, stop)
 	return v
 }

@@ -31,6 +31,8 @@ record's TTL runs out. docs/cloud-access-lab.md shows it in the lab.`,
 		keyID                           uint8
 		ttl, interval                   time.Duration
 		whole, siteWhole                bool
+		metricsAddr                     string
+		logs                            *logFlags
 	)
 	run := &cobra.Command{
 		Use:   "run --rloc IF ... --eid-dev IF ... --eid-prefix PREFIX --map-server ADDR --key-file FILE",
@@ -61,10 +63,10 @@ runs out.`,
 			if err != nil {
 				return err
 			}
-			cfg.WholeSuperpackets, cfg.SiteWholeSuperpackets = whole, siteWhole
+			cfg.WholeSuperpackets, cfg.SiteWholeSuperpackets, cfg.MetricsAddr = whole, siteWhole, metricsAddr
 			ctx, cancel := signalContext()
 			defer cancel()
-			return xtr.Run(ctx, cfg, logger())
+			return xtr.Run(ctx, cfg, logs.logger())
 		},
 	}
 	f := run.Flags()
@@ -79,6 +81,8 @@ runs out.`,
 	f.DurationVar(&interval, "register-interval", xtr.DefaultRegisterInterval, "how often the registration is refreshed")
 	f.BoolVar(&whole, "whole-superpackets", false, "send TCP superpackets to the RLOC links' far ends whole, not segmented: only when every far end is an access gateway terminating what it receives (docs/lisp-datapath.md)")
 	f.BoolVar(&siteWhole, "site-whole-superpackets", false, "take the gateways' TCP superpackets whole and hand them to the --eid-dev namespaces' sockets whole: only when every --eid-dev is a veth into a namespace of this host that terminates what it receives (docs/lisp-datapath.md); the gateways may then run with --whole-superpackets")
+	addMetricsAddrFlag(run, &metricsAddr, "", "the loopback or a management address")
+	logs = addLogFlags(run)
 	x.AddCommand(run)
 	return x
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
+	"github.com/onehop/onehop/internal/version"
 )
 
 // Datapath is what the agent and its router need from the kernel datapath;
@@ -143,6 +144,9 @@ type Agent struct {
 	view    *intent.View
 	nodes   map[string]intent.Node
 	viewRev int64
+	// seenRev is viewRev as last set, read without passMu (Ready): a pass
+	// holds passMu for as long as it runs.
+	seenRev atomic.Int64
 	applied intent.Desired
 	// nodeList is nodes sorted by name, made again only when nodes
 	// changed (nil): every pass hands it to the features, and it is as
@@ -564,6 +568,7 @@ func (a *Agent) take(src source, events []store.Event) error {
 				return err
 			}
 			a.viewRev = max(a.viewRev, e.Rev)
+			a.seenRev.Store(a.viewRev)
 		}
 	}
 	return nil
@@ -591,6 +596,7 @@ func (a *Agent) takeFarmLocked(key string, v []byte, rev int64) error {
 		a.view.SetFarm(f)
 	}
 	a.viewRev = max(a.viewRev, rev)
+	a.seenRev.Store(a.viewRev)
 	return nil
 }
 
@@ -686,6 +692,7 @@ func (a *Agent) relist(ctx context.Context) (int64, error) {
 	a.passMu.Lock()
 	if view.Desired().Digest() != a.applied.Digest() || a.viewRev == 0 {
 		a.viewRev = rev
+		a.seenRev.Store(rev)
 	}
 	a.view, a.nodes, a.nodeList = view, nodes, nil
 	a.passMu.Unlock()
@@ -886,6 +893,8 @@ func (a *Agent) noteStatus(d intent.Desired, applyErr error) {
 	}
 	st.AppliedDigest = d.Digest()
 	st.AppliedRevision = a.viewRev
+	v := version.Get()
+	st.Version = &v
 	st.Error = ""
 	if applyErr != nil {
 		st.AppliedDigest = ""
@@ -974,6 +983,25 @@ func (a *Agent) Lists() (lists, relists uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.lists, a.relists
+}
+
+// Ready says why the host is not ready, nil once it is: the datapath
+// attached and reconciled to the latest revision of this host's desired
+// state the agent has seen (the agent's /readyz).
+func (a *Agent) Ready() error {
+	a.mu.Lock()
+	st, passes := a.status, a.reconciles
+	a.mu.Unlock()
+	seen := a.seenRev.Load()
+	switch {
+	case passes == 0:
+		return errors.New("no reconcile pass yet")
+	case st.Error != "":
+		return fmt.Errorf("the last reconcile failed: %s", st.Error)
+	case st.AppliedRevision < seen:
+		return fmt.Errorf("reconciled to revision %d, has seen %d", st.AppliedRevision, seen)
+	}
+	return nil
 }
 
 // Status returns the last reconcile's outcome and the reconcile counts.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,14 +16,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/opsport"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/sdnotify"
@@ -189,17 +187,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(NewCollector(a), groups, a.listeners)
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		nl, err := net.Listen("tcp", cfg.MetricsAddr)
+		ln, err := opsport.Listen("--metrics-addr", cfg.MetricsAddr)
 		if err != nil {
-			return fmt.Errorf("metrics listener %s: %w", cfg.MetricsAddr, err)
+			return err
 		}
-		ln := accept.Wrap(nl, accept.Options{Name: "metrics", Limits: accept.MetricsLimits, Log: log, Stats: a.listeners})
-		srv := accept.HTTPServer(mux)
-		go srv.Serve(ln)
-		defer srv.Close()
-		log.Info("serving metrics", "addr", ln.Addr().String()+"/metrics")
+		opsport.Serve(ctx, ln, opsport.Config{Daemon: "agent", Gatherer: reg, Ready: a.Ready, Stats: a.listeners, Log: log})
 	}
 	defer sdnotify.Tell(log, sdnotify.Stopping)
 	return a.Run(ctx)

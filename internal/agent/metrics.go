@@ -3,6 +3,7 @@ package agent
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/intent"
 )
 
@@ -104,8 +105,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.mapCapacity, prometheus.GaugeValue, float64(u.Capacity), u.Feature, u.Map)
 		ch <- prometheus.MustNewConstMetric(c.mapOverflow, prometheus.GaugeValue, float64(u.Over), u.Feature, u.Map)
 	}
+	type share struct{ vm, what string }
+	seen := map[share]bool{}
 	for _, r := range c.agent.Refusals(counters.Refused) {
+		seen[share{r.VM, r.What}] = true
 		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(r.Count), r.VM, r.What)
+	}
+	// Every local VM's datapath shares, 0 until one is refused: a
+	// dashboard never has to tell absent from zero.
+	for _, vm := range c.agent.router.names() {
+		for _, what := range datapath.ShareKinds() {
+			if !seen[share{vm, what}] {
+				ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, 0, vm, what)
+			}
+		}
 	}
 	// A feature with figures of its own (per sliver, per TAP policy)
 	// exports them itself, under the same node label.

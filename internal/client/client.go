@@ -21,6 +21,9 @@ type Client struct {
 	base  string
 	http  *http.Client
 	token string // sent as "Authorization: Bearer" over https only
+	// OnAnswer, when set, is handed every successful answer (the CLI's
+	// -o json of a verb that changes intent prints them).
+	OnAnswer func(method, path string, status int, body []byte)
 }
 
 // Options are the credentials for an https:// API.
@@ -102,6 +105,9 @@ func (c *Client) Do(method, path string, in, out any) error {
 			e.Msg = fmt.Sprintf("controller API %s: %s (HTTP 401); give --token-file FILE (or ONEHOP_TOKEN), or --cert and --key signed by its CA", c.base, e.Msg)
 		}
 		return e
+	}
+	if c.OnAnswer != nil {
+		c.OnAnswer(method, path, resp.StatusCode, b)
 	}
 	if out != nil && len(b) > 0 {
 		return json.Unmarshal(b, out)

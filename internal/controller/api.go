@@ -41,6 +41,7 @@ func (c *Controller) routes() *router {
 		c.storeRoutes,
 		c.tenantRoutes,
 		c.auditRoutes,
+		c.versionRoutes,
 	} {
 		register(mux)
 	}

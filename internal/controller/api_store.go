@@ -23,10 +23,16 @@ func (c *Controller) storeRoutes(mux *router) {
 // the listeners' counts (the API's, the location server's), the location
 // server's events and the LISP map-server's counters.
 func (c *Controller) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(c.metricsRegistry(), promhttp.HandlerOpts{})
+}
+
+// metricsRegistry holds what the controller's /metrics shows, on the API
+// and on its operations port (--metrics-addr) alike.
+func (c *Controller) metricsRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c.listeners, lispCollector{c}, locationMetrics{c})
 	if c.maint != nil {
 		reg.MustRegister(c.maint)
 	}
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return reg
 }

@@ -66,6 +66,7 @@ var routeScopes = map[string]scope{
 	"DELETE /v1/hosts/{host}":               scopeAdmin,
 	"GET /v1/status":                        scopeAdmin,
 	"GET /v1/store":                         scopeAdmin,
+	"GET /v1/version":                       scopeRead, // which onehop the controller runs: no secret, every client may compare
 	"GET /v1/slivers":                       scopeAdmin,
 	"POST /v1/slivers":                      scopeAdmin,
 	"GET /v1/slivers/{host}/{sliver}":       scopeAdmin,

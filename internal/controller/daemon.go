@@ -12,6 +12,7 @@ import (
 
 	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/opsport"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/sdnotify"
 	"github.com/onehop/onehop/internal/store"
@@ -58,6 +59,10 @@ type DaemonConfig struct {
 	// dropped first (--audit-keep): 0 is DefaultAuditKeep; negative keeps
 	// no audit trail.
 	AuditKeep int
+	// MetricsAddr is the operations port (internal/opsport): /metrics,
+	// /healthz, /readyz, /version; empty: none (the REST API serves
+	// /metrics too).
+	MetricsAddr string
 	// Location bounds the location server's streams
 	// (--location-max-conns, --location-max-conns-per-source,
 	// --location-idle-timeout); zero fields: vnatloc.DefaultStreamLimits.
@@ -280,6 +285,15 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		if err := c.startLISP(ctx, cfg); err != nil {
 			return err
 		}
+	}
+	if cfg.MetricsAddr != "" {
+		ln, err := opsport.Listen("--metrics-addr", cfg.MetricsAddr)
+		if err != nil {
+			return err
+		}
+		// Every listener is up by now: ready is the store answering.
+		opsport.Serve(ctx, ln, opsport.Config{Daemon: "controller", Gatherer: c.metricsRegistry(), Stats: c.listeners, Log: log,
+			Ready: func() error { return c.StoreReachable(ctx) }})
 	}
 	log.Info("controller running", "etcd", endpoints)
 	// Only now: a unit ordered after this one finds the API answering.

@@ -43,6 +43,9 @@ type Path struct {
 // Config is everything `onehop gateway run` needs; every field comes from a
 // flag, and Validate names the flag a bad value came from.
 type Config struct {
+	// MetricsAddr is the operations port (internal/opsport: /metrics,
+	// /healthz, /readyz, /version); empty: none.
+	MetricsAddr string
 	// Intercept lists the user-facing interfaces whose TCP is intercepted.
 	Intercept []string
 	// EIDPrefix is the gateway's EID prefix; every path's EID lies in it.

@@ -14,6 +14,8 @@ import (
 
 	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/lisp"
+	"github.com/onehop/onehop/internal/opsport"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -70,6 +72,14 @@ func readInfraDropped() (uint64, error) {
 func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err error) {
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	var ops net.Listener
+	if cfg.MetricsAddr != "" {
+		// First: a bad or taken address fails before anything is set up.
+		if ops, err = opsport.Listen("--metrics-addr", cfg.MetricsAddr); err != nil {
+			return fmt.Errorf("gateway run: %w", err)
+		}
+		defer ops.Close()
 	}
 	var undo []func() error
 	defer func() {
@@ -164,6 +174,11 @@ func Run(ctx context.Context, cfg *Config, res Resolver, log *slog.Logger) (err 
 	})
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if ops != nil {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(NewMetrics(e))
+		opsport.Serve(ctx, ops, opsport.Config{Daemon: "gateway", Gatherer: reg, Ready: e.Ready, Log: log})
+	}
 	errc := make(chan error, 5)
 	go func() { errc <- e.ServeControl(ctx, cl) }()
 	go func() { errc <- watchLinks(ctx, e, cfg) }()

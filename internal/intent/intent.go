@@ -17,6 +17,7 @@ import (
 	"unicode"
 
 	"github.com/onehop/onehop/internal/ipam"
+	"github.com/onehop/onehop/internal/version"
 )
 
 // Key prefixes in the store. Everything onehop keeps lives under Root, and
@@ -463,8 +464,11 @@ type AgentStatus struct {
 	// nothing was written to them, they keep what they held (and Error
 	// says so too).
 	Overflows []MapOverflow `json:"overflows,omitempty"`
-	Error     string        `json:"error,omitempty"`
-	Time      time.Time     `json:"time"`
+	// Version is the agent's binary (onehop version): `onehop status`
+	// flags an agent whose version is not the controller's.
+	Version *version.Info `json:"version,omitempty"`
+	Error   string        `json:"error,omitempty"`
+	Time    time.Time     `json:"time"`
 }
 
 // MapOverflow is a datapath map too small for what a node needs.

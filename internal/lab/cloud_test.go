@@ -34,6 +34,7 @@ func TestCloudDaemonArgsFollowTheTopology(t *testing.T) {
 		"--infrastructure 192.168.100.0/24 --infrastructure 172.31.1.0/24 --infrastructure 172.31.2.0/24",
 		"--intercept u-user",
 		"--path dev=wan1,eid=10.77.0.1,rloc=172.31.1.2,name=wan1 --path dev=wan2,eid=10.77.0.2,rloc=172.31.2.2,name=wan2",
+		"--metrics-addr 127.0.0.1:9100",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("gateway args %q lack %q", got, want)
@@ -41,7 +42,7 @@ func TestCloudDaemonArgsFollowTheTopology(t *testing.T) {
 	}
 	x, _ := f.XTRByName("xtr")
 	got = strings.Join(xtrArgs(st, f, x), " ")
-	want := "xtr run --eid-prefix 10.88.0.0/24 --map-server 192.168.100.1:4342 --key-file " + filepath.Join(st.Dir, "lisp-key-xtr") + " --key-id 2 --whole-superpackets --site-whole-superpackets --rloc wan1 --rloc wan2 --eid-dev s-srv"
+	want := "xtr run --eid-prefix 10.88.0.0/24 --map-server 192.168.100.1:4342 --key-file " + filepath.Join(st.Dir, "lisp-key-xtr") + " --key-id 2 --whole-superpackets --site-whole-superpackets --rloc wan1 --rloc wan2 --eid-dev s-srv --metrics-addr 127.0.0.1:9100"
 	if got != want {
 		t.Errorf("xtr args\n %q\nwant\n %q", got, want)
 	}

@@ -85,7 +85,8 @@ func gatewayArgs(st *State, t *topology.File, g topology.Gateway) []string {
 		w, _ := t.WANByName(wn)
 		args = append(args, "--path", fmt.Sprintf("dev=%s,eid=%s,rloc=%s,name=%s", wn, g.PathEID(i), topology.SideNode(w.GatewaySide()), wn))
 	}
-	return args
+	// Its operations port, on its node's loopback as every lab daemon's.
+	return append(args, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort))
 }
 
 // activate runs the gateway once every node is plumbed (its users' links

@@ -66,7 +66,7 @@ func xtrArgs(st *State, t *topology.File, x topology.XTR) []string {
 	for _, s := range x.Servers {
 		args = append(args, "--eid-dev", "s-"+s.Name)
 	}
-	return args
+	return append(args, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", MetricsPort))
 }
 
 // activate runs the xTR once every node is plumbed (its servers' links are

@@ -28,7 +28,7 @@ const (
 	VMInterface  = "eth0"    // a VM's NIC
 	ctlInterface = "mgmt0"   // the controller's NIC on the fabric
 	etcdPort     = 2379
-	MetricsPort  = 9100 // each agent's /metrics, on its host's loopback (no guest reaches it)
+	MetricsPort  = 9100 // each agent's, gateway's and xTR's operations port, on its node's loopback (no guest reaches it)
 )
 
 // Options tune Up.

@@ -1,6 +1,8 @@
 package portspace
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -48,6 +50,17 @@ func (f *Feature) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// dropReasons names every slot of a sliver's drop counters.
+func (f *Feature) dropReasons() []string {
+	var out []string
+	for i := range len(countersRecord{}.Drops) {
+		if name := dropName(f.k, i); name != "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // Collect implements prometheus.Collector, reading the counters at scrape
 // time.
 func (f *Feature) Collect(ch chan<- prometheus.Metric) {
@@ -68,8 +81,16 @@ func (f *Feature) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(sliverPackets, prometheus.CounterValue, float64(s.PacketsOut), f.node, s.Name, "out")
 		ch <- prometheus.MustNewConstMetric(sliverBytes, prometheus.CounterValue, float64(s.BytesIn), f.node, s.Name, "in")
 		ch <- prometheus.MustNewConstMetric(sliverBytes, prometheus.CounterValue, float64(s.BytesOut), f.node, s.Name, "out")
+		// Every reason, 0 until it happens: a dashboard never has to
+		// tell absent from zero (Stats keeps only those that did).
+		named := f.dropReasons()
+		for _, reason := range named {
+			ch <- prometheus.MustNewConstMetric(sliverDrops, prometheus.CounterValue, float64(s.Drops[reason]), f.node, s.Name, reason)
+		}
 		for reason, n := range s.Drops {
-			ch <- prometheus.MustNewConstMetric(sliverDrops, prometheus.CounterValue, float64(n), f.node, s.Name, reason)
+			if !slices.Contains(named, reason) { // a slot the C names and Go does not know yet
+				ch <- prometheus.MustNewConstMetric(sliverDrops, prometheus.CounterValue, float64(n), f.node, s.Name, reason)
+			}
 		}
 		ch <- prometheus.MustNewConstMetric(sliverCut, prometheus.CounterValue, float64(cut[s.Name]), f.node, s.Name)
 	}

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/onehop/onehop/internal/accept"
+	"github.com/onehop/onehop/internal/opsport"
 	"github.com/onehop/onehop/internal/vcmp"
 )
 
@@ -149,7 +148,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// ServeMetrics serves m on addr (/metrics) until ctx ends.
+// ServeMetrics serves m on addr (the operations port: /metrics, /healthz,
+// /readyz, /version) until ctx ends.
 func ServeMetrics(ctx context.Context, addr string, m *Metrics, log *slog.Logger) (net.Addr, error) {
 	l, err := listenMetrics(addr)
 	if err != nil {
@@ -163,33 +163,27 @@ func ServeMetrics(ctx context.Context, addr string, m *Metrics, log *slog.Logger
 }
 
 // listenMetrics opens the metrics listener (before anything else is set
-// up, so a bad --metrics fails first).
+// up, so a bad --metrics-addr fails first).
 func listenMetrics(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
+	l, err := opsport.Listen("--metrics-addr", addr)
 	if err != nil {
-		return nil, fmt.Errorf("vnat run: --metrics %s: %w", addr, err)
+		return nil, fmt.Errorf("vnat run: %w", err)
 	}
 	return l, nil
 }
 
-// serveMetrics serves m on l until ctx ends.
+// serveMetrics serves m on l until ctx ends: ready once m reports a
+// running engine.
 func serveMetrics(ctx context.Context, l net.Listener, m *Metrics, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(m); err != nil {
 		return fmt.Errorf("vnat metrics: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
-	srv := accept.HTTPServer(mux)
-	l = accept.Wrap(l, accept.Options{Name: "metrics", Limits: accept.MetricsLimits, Log: log, Stats: m.listeners})
-	go func() {
-		<-ctx.Done()
-		srv.Close() //nolint:errcheck // shutting down
-	}()
-	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("vnat: metrics server", "err", err)
+	opsport.Serve(ctx, l, opsport.Config{Daemon: "vnat", Gatherer: reg, Stats: m.listeners, Log: log, Ready: func() error {
+		if m.e == nil {
+			return errors.New("no engine running yet")
 		}
-	}()
+		return nil
+	}})
 	return nil
 }

@@ -209,7 +209,7 @@ func TestMetricsAreServedAndParse(t *testing.T) {
 	if _, ok := fa["onehop_vnat_keepalives_answered_total"]; ok {
 		t.Error("keepalives answered exported from a datapath that could not be read")
 	}
-	if _, err := ServeMetrics(ctx, "not an address", ma, log); err == nil || !strings.Contains(err.Error(), "--metrics") {
-		t.Errorf("a bad --metrics address: %v, want an error naming --metrics", err)
+	if _, err := ServeMetrics(ctx, "not an address", ma, log); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+		t.Errorf("a bad --metrics-addr address: %v, want an error naming --metrics-addr", err)
 	}
 }

@@ -33,7 +33,7 @@ func TestPrivilegedDaemonHelpersKeepAConnectionWhoseSuspendedPeerIsAway(t *testi
 
 func daemonHelpers(t *testing.T, helper bool) {
 	cg, _ := testCgroup(t)
-	argsB := []string{"--freeze-cgroup", cg, "--metrics", "127.0.0.1:9431"}
+	argsB := []string{"--freeze-cgroup", cg, "--metrics-addr", "127.0.0.1:9431"}
 	if !helper {
 		argsB = append(argsB, "--keepalive-helper=false")
 	}

@@ -188,6 +188,17 @@ func (c *Cache) Next() time.Time {
 	return next
 }
 
+// Installed counts the entries with a mapping in the datapath.
+func (c *Cache) Installed() int {
+	n := 0
+	for _, e := range c.entries {
+		if len(e.Choices) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // Entries returns a copy of every entry, in address order.
 func (c *Cache) Entries() []Entry {
 	out := make([]Entry, 0, len(c.entries))

@@ -63,6 +63,9 @@ type Config struct {
 	// gateways may then send superpackets whole (gateway.Config.
 	// WholeSuperpackets) instead of segmenting every upload.
 	SiteWholeSuperpackets bool
+	// MetricsAddr is the operations port (internal/opsport: /metrics,
+	// /healthz, /readyz, /version); empty: none.
+	MetricsAddr string
 }
 
 // Defaults the flags start from.

@@ -11,11 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/lisp"
 	"github.com/onehop/onehop/internal/lispdp"
+	"github.com/onehop/onehop/internal/opsport"
 	"github.com/onehop/onehop/internal/ratelog"
 )
 
@@ -26,6 +28,16 @@ import (
 func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if cfg.MapResolver == (netip.AddrPort{}) {
 		cfg.MapResolver = cfg.MapServer
+	}
+	var ops net.Listener
+	if cfg.MetricsAddr != "" {
+		// First: a bad or taken address fails before anything is set up.
+		l, err := opsport.Listen("--metrics-addr", cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("xtr: %w", err)
+		}
+		defer l.Close()
+		ops = l
 	}
 	/* decapsulated packets are routed to the site, and a reply may leave
 	   by another path than its request came in on (docs/lisp-datapath.md) */
@@ -96,6 +108,12 @@ func Run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	for _, rec := range reg.Records {
 		log.Info("xtr: registering", "eid", rec.EID, "rlocs", fmt.Sprint(addrs), "map_server", cfg.MapServer, "ttl", rec.TTL)
 	}
+	if ops != nil {
+		src := x.sources(reg)
+		r := prometheus.NewRegistry()
+		r.MustRegister(NewMetrics(src))
+		opsport.Serve(ctx, ops, opsport.Config{Daemon: "xtr", Gatherer: r, Ready: src.Ready, Log: log})
+	}
 	regDone := make(chan error, 1)
 	go func() { regDone <- reg.Run(ctx) }()
 	log.Info("xtr: running", "rlocs", len(cfg.RLOCs), "eid_devs", cfg.EIDDevs, "map_resolver", cfg.MapResolver)
@@ -118,6 +136,28 @@ type xtr struct {
 	raw      rawSender
 	replayed atomic.Uint64
 	probes   *Responder
+	// mapped is the cache's installed mappings as the loop last left it;
+	// resolves counts map-requests by outcome (metrics.go).
+	mapped   atomic.Int64
+	resolves [3]atomic.Uint64 // installed, negative, failed
+}
+
+// The outcomes of a map-request, as resolves indexes them.
+const (
+	resolveInstalled = iota
+	resolveNegative
+	resolveFailed
+)
+
+// sources are what the xTR's metrics read.
+func (x *xtr) sources(reg *lisp.Registrar) Sources {
+	return Sources{Datapath: x.dp.Counters, Probes: x.probes.Stats, Registrar: reg.Stats,
+		Mappings: func() int { return int(x.mapped.Load()) },
+		Resolves: func() map[string]uint64 {
+			return map[string]uint64{"installed": x.resolves[resolveInstalled].Load(),
+				"negative": x.resolves[resolveNegative].Load(), "failed": x.resolves[resolveFailed].Load()}
+		},
+		Replayed: x.replayed.Load}
 }
 
 // ServeProbes answers with r the RLOC probes arriving on pc, the socket on
@@ -184,6 +224,7 @@ func (x *xtr) loop(ctx context.Context, seen <-chan Syn) {
 				x.resolve(ctx, eid)
 			}
 		}
+		x.mapped.Store(int64(x.cache.Installed()))
 	}
 }
 
@@ -196,7 +237,11 @@ func (x *xtr) resolve(ctx context.Context, eid netip.Addr) bool {
 			x.warn.Warn("xtr: map-request failed; asking again later", "xtr: map-request failed; asking again later", "eid", eid, "err", err)
 		}
 		x.cache.Failed(eid, time.Now())
+		x.resolves[resolveFailed].Add(1)
 		return false
+	}
+	if rec.Negative() {
+		x.resolves[resolveNegative].Add(1)
 	}
 	choices := Plan(rec, x.findRLOC)
 	var pcs []lispdp.PathChoice
@@ -240,6 +285,7 @@ func (x *xtr) resolve(ctx context.Context, eid netip.Addr) bool {
 	for _, c := range choices {
 		via = append(via, fmt.Sprintf("%s->%s", x.cfg.RLOCs[c.RLOC].Dev, c.Remote))
 	}
+	x.resolves[resolveInstalled].Add(1)
 	x.log.Info("xtr: mapping installed", "seen", eid, "eid", rec.EID, "ttl", rec.TTL, "via", fmt.Sprint(via))
 	return true
 }

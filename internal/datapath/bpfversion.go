@@ -1,0 +1,10 @@
+package datapath
+
+import "github.com/onehop/onehop/internal/version"
+
+// The objects this package embeds (bpf2go) count in the binary's BPF
+// digest (onehop version); test-only objects do not.
+func init() {
+	version.RegisterBPF("vif", _VifBytes)
+	version.RegisterBPF("uplink", _UplinkBytes)
+}
