@@ -406,12 +406,20 @@ type vifTapRule struct {
 	Pad     uint16
 }
 
+type vifTapScratch struct {
+	_    structs.HostLayout
+	B    [80]uint8
+	Hlen uint32
+}
+
 type vifTapTarget struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	HostMac [6]uint8
 	Remote  uint8
-	Pad     uint8
+	Encap   uint8
+	Seq     uint32
+	Hdr     [72]uint8
 }
 
 type vifVifInfo struct {
@@ -485,6 +493,7 @@ const (
 	vifMapTapConfig            = "tap_config"
 	vifMapTapIndex             = "tap_index"
 	vifMapTapRules             = "tap_rules"
+	vifMapTapScratch           = "tap_scratch"
 	vifMapTapStats             = "tap_stats"
 	vifMapTapTargets           = "tap_targets"
 	vifMapVifs                 = "vifs"
@@ -500,6 +509,7 @@ const (
 	vifVarShareKindType        = "_share_kind_type"
 	vifVarSlowpathEventType    = "_slowpath_event_type"
 	vifVarSlowpathKindType     = "_slowpath_kind_type"
+	vifVarTapEncapType         = "_tap_encap_type"
 	vifVarTapKeyKindType       = "_tap_key_kind_type"
 	vifVarTapRoleType          = "_tap_role_type"
 	vifVarTapSideType          = "_tap_side_type"
@@ -590,6 +600,7 @@ type vifMapSpecs struct {
 	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
 	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
 	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
@@ -609,6 +620,7 @@ type vifVariableSpecs struct {
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
+	TapEncapType      *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
@@ -669,6 +681,7 @@ type vifMaps struct {
 	TapConfig            *ebpf.Map `ebpf:"tap_config"`
 	TapIndex             *ebpf.Map `ebpf:"tap_index"`
 	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
@@ -712,6 +725,7 @@ func (m *vifMaps) Close() error {
 		m.TapConfig,
 		m.TapIndex,
 		m.TapRules,
+		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
 		m.Vifs,
@@ -732,6 +746,7 @@ type vifVariables struct {
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
+	TapEncapType      *ebpf.Variable `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
