@@ -61,6 +61,14 @@ type LinkKinds interface {
 	LinkKind(name string) (string, error)
 }
 
+// Neighbors is what Interfaces that can read the neighbour table also
+// have: a TAP collector's MAC, as the uplink resolved it.
+type Neighbors interface {
+	// Neighbor is ip's MAC on link ifindex; while it is not known, an
+	// error, and resolving it has begun.
+	Neighbor(ifindex int, ip netip.Addr) (net.HardwareAddr, error)
+}
+
 // Config is the agent's configuration.
 type Config struct {
 	Node   string        // host name, as in the intent
@@ -784,6 +792,9 @@ func (a *Agent) apply(ctx context.Context, d intent.Desired, nodes []intent.Node
 	}}
 	if k, ok := a.ifs.(LinkKinds); ok {
 		node.LinkKind = k.LinkKind
+	}
+	if nb, ok := a.ifs.(Neighbors); ok {
+		node.Neighbor = func(ip netip.Addr) (net.HardwareAddr, error) { return nb.Neighbor(upIndex, ip) }
 	}
 	for i, name := range a.cfg.uplinks() {
 		idx, mac, ip, err := a.ifs.ByName(name)

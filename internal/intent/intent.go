@@ -348,8 +348,8 @@ type TapPolicy struct {
 	// ID is allocated by the controller, stable while the policy lives:
 	// the datapath's counters and rules are keyed by it (1..limits).
 	ID       uint32 `json:"id"`
-	Sender   string `json:"sender"`   // farm/subnet/vm, farm/subnet or any (IP or MAC of a VM resolved by the controller)
-	Receiver string `json:"receiver"` // the same forms
+	Sender   string `json:"sender"`            // farm/subnet/vm, farm/subnet or any (IP or MAC of a VM resolved by the controller)
+	Receiver string `json:"receiver"`          // the same forms
 	Monitor  string `json:"monitor,omitempty"` // farm/subnet/vm; empty with a Collector
 	// Collector is an address on the fabric the copies go to instead of a
 	// monitor VM, encapsulated as Encap (docs/tap.md).

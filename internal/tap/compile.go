@@ -10,6 +10,7 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/limits"
+	"github.com/onehop/onehop/internal/tapwire"
 )
 
 // The feature's maps, by their names in bpf/lib/tap_maps.h: what Sizes
@@ -402,7 +403,7 @@ func layoutOf(p Plan) (layout, error) {
 				return layout{}, fmt.Errorf("tap rule %d (%s): collector %s without its MAC or a source", c.ID, c.Policy, c.Collector)
 			}
 			t = target{col: collectorTarget{addr: c.Collector.String(), mac: strings.ToLower(c.CollectorMAC.String()),
-				src: c.Source.String(), srcMAC: strings.ToLower(c.UplinkMAC.String()), encap: c.Encap, session: Session(c.ID)}}
+				src: c.Source.String(), srcMAC: strings.ToLower(c.UplinkMAC.String()), encap: c.Encap, session: tapwire.Session(c.ID)}}
 		} else if c.MonitorIfindex == 0 {
 			if len(c.MonitorHostMAC) != 6 {
 				return layout{}, fmt.Errorf("tap rule %d (%s): monitor %s has neither a vif nor a host MAC", c.ID, c.Policy, c.MonitorIP)

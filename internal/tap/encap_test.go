@@ -15,6 +15,7 @@ import (
 	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/tappolicy"
+	"github.com/onehop/onehop/internal/tapwire"
 )
 
 // The fabric the BPF_PROG_RUN hosts sit on: their uplink addresses and a
@@ -105,7 +106,7 @@ func TestPrivilegedCopiesToACollectorAreWrappedInGREAndERSPAN(t *testing.T) {
 			forward: map[string]uint64{"tap_copy_local": 1, "tap_copy_remote": 1}, copied: []uint32{1, 11 | intent.TapCapture}},
 		{name: "gre: beside a remote monitor's marked copy, production first",
 			in: web, verdict: bpftest.ActRedirect, to: "up0",
-			copies: []copyWant{{"up0", remoteCopy(t, toFabric(web), h2MAC)}, {"up0", wrapped(t, "gre", 0, 0, seen(web))}},
+			copies:  []copyWant{{"up0", remoteCopy(t, toFabric(web), h2MAC)}, {"up0", wrapped(t, "gre", 0, 0, seen(web))}},
 			forward: map[string]uint64{"tap_copy_remote": 2}, copied: []uint32{2, 13}},
 		{name: "not matching any collector rule: no wrapped copy",
 			in: from(web2, layers.IPProtocolUDP, 5354), verdict: bpftest.ActRedirect, to: "up0"},
@@ -154,10 +155,10 @@ func TestPrivilegedCopiesToACollectorAreWrappedInGREAndERSPAN(t *testing.T) {
 }
 
 func TestEncapHeaderRefusesWhatItCannotWrite(t *testing.T) {
-	if _, _, err := EncapHeader("vxlan", 1, h1MAC, colMAC, hostAddr["h1"], colAddr); err == nil || !bytes.Contains([]byte(err.Error()), []byte(`unknown encapsulation "vxlan"`)) {
+	if _, _, err := tapwire.EncapHeader("vxlan", 1, h1MAC, colMAC, hostAddr["h1"], colAddr); err == nil || !bytes.Contains([]byte(err.Error()), []byte(`unknown encapsulation "vxlan"`)) {
 		t.Fatalf("vxlan: %v", err)
 	}
-	if _, _, err := EncapHeader("gre", 1, h1MAC, colMAC, netip.MustParseAddr("::1"), colAddr); err == nil {
+	if _, _, err := tapwire.EncapHeader("gre", 1, h1MAC, colMAC, netip.MustParseAddr("::1"), colAddr); err == nil {
 		t.Fatal("an IPv6 source was taken")
 	}
 }

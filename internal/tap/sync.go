@@ -3,6 +3,7 @@ package tap
 import (
 	"errors"
 	"fmt"
+	"github.com/onehop/onehop/internal/tapwire"
 	"net"
 	"net/netip"
 	"sort"
@@ -279,7 +280,7 @@ func (c collectorTarget) header() ([72]uint8, error) {
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return [72]uint8{}, err
 	}
-	h, _, err := EncapHeader(c.encap, c.session, srcMAC, dstMAC, src, dst)
+	h, _, err := tapwire.EncapHeader(c.encap, c.session, srcMAC, dstMAC, src, dst)
 	return h, err
 }
 
