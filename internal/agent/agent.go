@@ -61,6 +61,13 @@ type LinkKinds interface {
 	LinkKind(name string) (string, error)
 }
 
+// PrefixBits is what Interfaces that can read an address's prefix length
+// also have: the node record tells the controller the fabric's prefix.
+type PrefixBits interface {
+	// PrefixBits is the prefix length of address ip on interface name.
+	PrefixBits(name, ip string) (int, error)
+}
+
 // Neighbors is what Interfaces that can read the neighbour table also
 // have: a TAP collector's MAC, as the uplink resolved it.
 type Neighbors interface {
@@ -613,7 +620,14 @@ func (a *Agent) register(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("uplink %s: %w", name, err)
 		}
-		n.Uplinks = append(n.Uplinks, intent.NodeUplink{Index: i, Name: name, MAC: mac.String(), IP: ip})
+		u := intent.NodeUplink{Index: i, Name: name, MAC: mac.String(), IP: ip}
+		if pb, ok := a.ifs.(PrefixBits); ok && ip != "" {
+			// The fabric's prefix: where a TAP collector may be.
+			if u.Bits, err = pb.PrefixBits(name, ip); err != nil {
+				return fmt.Errorf("uplink %s: %w", name, err)
+			}
+		}
+		n.Uplinks = append(n.Uplinks, u)
 	}
 	if a.cfg.Ephemeral != nil {
 		if n.EphemeralLo, n.EphemeralHi, err = a.cfg.Ephemeral(); err != nil {

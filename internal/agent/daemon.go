@@ -383,6 +383,25 @@ func (LinkTable) Neighbor(ifindex int, ip netip.Addr) (net.HardwareAddr, error) 
 	return nil, fmt.Errorf("%s not resolved on %s yet (asked)", ip, ifname(ifindex))
 }
 
+// PrefixBits implements PrefixBits.
+func (LinkTable) PrefixBits(name, ip string) (int, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return 0, fmt.Errorf("interface %s: %w", name, err)
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return 0, fmt.Errorf("addresses of %s: %w", name, err)
+	}
+	for _, a := range addrs {
+		if a.IP.String() == ip {
+			bits, _ := a.Mask.Size()
+			return bits, nil
+		}
+	}
+	return 0, fmt.Errorf("interface %s has no address %s", name, ip)
+}
+
 // ByName implements Interfaces.
 func (LinkTable) ByName(name string) (int, net.HardwareAddr, string, error) {
 	l, err := netlink.LinkByName(name)

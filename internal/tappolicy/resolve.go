@@ -38,6 +38,9 @@ func (w *World) WithFabric(nodes []intent.Node) *World {
 				continue
 			}
 			w.hosts[a] = n.Name
+			if u.Bits == 0 {
+				continue // not reported: an agent that predates it
+			}
 			if p, err := a.Prefix(u.Bits); err == nil {
 				w.fabric = append(w.fabric, p)
 			}
@@ -63,7 +66,7 @@ func (w *World) checkFabric(addr string) error {
 		}
 	}
 	if len(w.fabric) == 0 {
-		return fieldErr("collector", "%s: no host has reported its uplink yet, so the fabric is not known; try again once the agents run", addr)
+		return fieldErr("collector", "%s: no host has reported its uplink's prefix yet, so the fabric is not known; try again once the agents run", addr)
 	}
 	seen := map[netip.Prefix]bool{}
 	var ps []string
