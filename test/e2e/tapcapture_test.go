@@ -103,14 +103,7 @@ func (l *testLab) startCLI(args ...string) *background {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	b := &background{cmd: exec.Command(binary, append(args, "--api", st.APISocket)...), done: make(chan struct{})}
-	b.cmd.Stdout, b.cmd.Stderr = &b.out, &b.out
-	if err := b.cmd.Start(); err != nil {
-		l.t.Fatal(err)
-	}
-	go func() { _ = b.cmd.Wait(); close(b.done) }()
-	l.t.Cleanup(func() { b.Stop() })
-	return b
+	return l.background(exec.Command(binary, append(args, "--api", st.APISocket)...))
 }
 
 // awaitInCapture sends probes from -> to:port until one shows in the
