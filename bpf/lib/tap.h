@@ -153,6 +153,7 @@ enum tap_view {
 	TAP_VIEW_ORIG = 0, /* the production frame, as the program left it */
 	TAP_VIEW_LOCAL,    /* as the receiver sees it: its MAC, from the sender's or the gateway's */
 	TAP_VIEW_REMOTE,   /* marked, from this host's uplink MAC */
+	TAP_VIEW_WRAPPED,  /* unmarked, its MACs those of a collector's outer header */
 };
 
 /* One packet's walk over its candidate rules (bpf_loop: verified once,
@@ -177,6 +178,7 @@ struct tap_walk {
 	__u8 local_eth[TAP_ETH_SAVE];
 	__u8 host_mac[ETH_ALEN];
 	__be16 marked_check;
+	__u32 key; /* a map key in memory for tap_wrap_send, which has no stack (in the padding) */
 };
 
 /* Puts the frame into view v, for target tg (bpf_skb_store_bytes: the
@@ -208,6 +210,70 @@ static __always_inline int tap_view(struct tap_walk *w, const struct tap_target 
 	return 0;
 }
 
+/* A copy to a collector (tg->encap): the frame as the receiver sees it,
+ * wrapped in GRE (and ERSPAN) from this host's uplink address to the
+ * collector's. The production frame itself is wrapped for the clone and
+ * unwrapped after it (bpf_skb_adjust_room both ways), so it is not
+ * copied into a buffer; the bytes it had are put back as for the other
+ * views. A frame the guest's stack handed over as one large segment
+ * (GSO) is not wrapped: the kernel would segment the clone as the guest's
+ * TCP, not as GRE. 1 when the frame is wrapped, ready to clone (the
+ * caller unwraps it after). */
+static __always_inline __u32 tap_wrap_len(__u8 encap)
+{
+	if (encap == TAP_ENCAP_GRE)
+		return TAP_ENCAP_GRE_LEN;
+	if (encap == TAP_ENCAP_ERSPAN2)
+		return TAP_ENCAP_ERSPAN2_LEN;
+	if (encap == TAP_ENCAP_ERSPAN3)
+		return TAP_ENCAP_ERSPAN3_LEN;
+	return 0;
+}
+
+static __noinline int tap_wrap(struct tap_walk *w, struct tap_target *tg)
+{
+	/* Its own function, using no stack: the map key in w->key, the
+	 * header length in the scratch, few values live across helper calls
+	 * (the walk's call chain has no stack to spare). */
+	if (w->skb->gso_size || !tap_wrap_len(tg->encap))
+		return 0;
+	/* The inner IPv4 header as sent: unmarked. */
+	if (w->view == TAP_VIEW_REMOTE && bpf_skb_store_bytes(w->skb, TAP_IP_SAVE_OFF, w->orig_ip, TAP_IP_SAVE, 0))
+		return 0;
+	w->key = 0;
+	struct tap_scratch *sc = bpf_map_lookup_elem(&tap_scratch, &w->key);
+	if (!sc)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < TAP_ENCAP_MAX / 4; i++)
+		((__u32 *)sc->b)[i] = ((const __u32 *)tg->hdr)[i];
+	sc->hlen = tap_wrap_len(tg->encap);
+	/* Outer total length (the frame, less the outer Ethernet header), and
+	 * the checksum the agent computed with it zero. */
+	__be16 tot = bpf_htons(w->skb->len + sc->hlen - ETH_HLEN);
+	__sum16 *ocheck = (void *)(sc->b + ETH_HLEN + 10);
+	*ocheck = csum_replace16(*ocheck, 0, tot);
+	*(__be16 *)(sc->b + ETH_HLEN + 2) = tot;
+	if (tg->encap != TAP_ENCAP_GRE) {
+		/* Racy across CPUs, as the buckets: two CPUs may send one
+		 * number. */
+		*(__be32 *)(sc->b + ETH_HLEN + 24) = bpf_htonl(tg->seq);
+		tg->seq += 1;
+	}
+	if (tg->encap == TAP_ENCAP_ERSPAN3) /* granularity 100 ns (the agent's Gra bits) */
+		*(__be32 *)(sc->b + ETH_HLEN + 32) = bpf_htonl((__u32)(w->now / 100));
+	if (bpf_skb_adjust_room(w->skb, sc->hlen, BPF_ADJ_ROOM_MAC, 0))
+		return 0;
+	w->view = TAP_VIEW_WRAPPED;
+	/* The outer headers and the inner EtherType (the template's), then
+	 * the inner MACs: as the receiver sees the frame. */
+	if (!bpf_skb_store_bytes(w->skb, 0, sc->b, (sc->hlen & 0x3f) + ETH_HLEN, 0) &&
+	    !bpf_skb_store_bytes(w->skb, sc->hlen & 0x3f, w->local_eth, TAP_ETH_SAVE, 0))
+		return 1;
+	bpf_skb_adjust_room(w->skb, -(__s32)sc->hlen, BPF_ADJ_ROOM_MAC, 0);
+	return 0;
+}
+
 /* One copy to target t, within its rate: 1 when it went. */
 static __always_inline int tap_send(struct tap_walk *w, __u32 t)
 {
@@ -222,6 +288,19 @@ static __always_inline int tap_send(struct tap_walk *w, __u32 t)
 		__u64 *bucket = bpf_map_lookup_elem(&tap_buckets, &t);
 		if (!bucket || !gcra_take(bucket, lim->interval_ns, lim->burst_ns, w->now))
 			return 0;
+	}
+	if (tg->encap) {
+		if (w->recover || !tap_wrap(w, tg))
+			return 0;
+		long err = clone_out(w->skb, tg->ifindex);
+		/* Unwrapped again: the frame's own IPv4 header and beyond are
+		 * where they were; its first bytes are the outer Ethernet
+		 * header's, put back by the next view or the walk's end. */
+		bpf_skb_adjust_room(w->skb, -(__s32)tap_wrap_len(tg->encap), BPF_ADJ_ROOM_MAC, 0);
+		if (err)
+			return 0;
+		count_forward(FWD_TAP_COPY_REMOTE);
+		return 1;
 	}
 	if (!w->recover && tap_view(w, tg) < 0)
 		return 0;

@@ -5,8 +5,8 @@
  * (tap_index: which rule slots a sender or receiver address can match) and
  * the copy rate each monitor may take (tap_config).
  * Owned by the datapath: each target's rate bucket (tap_buckets, reset when
- * a target takes a slot) and the per-rule counters (tap_stats, zeroed when
- * a rule takes a slot). */
+ * a target takes a slot), the per-rule counters (tap_stats, zeroed when a rule takes a slot) and a
+ * per-CPU scratch to build a collector's copy in (tap_scratch). */
 #ifndef ONEHOP_TAP_MAPS_H
 #define ONEHOP_TAP_MAPS_H
 
@@ -72,13 +72,46 @@ struct tap_rule {
 	__u16 _pad;
 };
 
+/* How copies to a collector on the fabric are wrapped (enum, in BTF for
+ * the Go side). */
+enum tap_encap {
+	TAP_ENCAP_NONE = 0,
+	TAP_ENCAP_GRE,     /* GRE (0x6558, no options) + the Ethernet frame */
+	TAP_ENCAP_ERSPAN2, /* GRE (0x88BE, sequenced) + ERSPAN type II */
+	TAP_ENCAP_ERSPAN3, /* GRE (0x22EB, sequenced) + ERSPAN type III */
+};
+
+/* Bytes before the copied frame, outer Ethernet included: 14 + IPv4 20 +
+ * GRE 4 | GRE 8 + ERSPAN II 8 | GRE 8 + ERSPAN III 12. */
+#define TAP_ENCAP_GRE_LEN 38
+#define TAP_ENCAP_ERSPAN2_LEN 50
+#define TAP_ENCAP_ERSPAN3_LEN 54
+/* The template: the longest header and the inner EtherType after it. */
+#define TAP_ENCAP_MAX 72
+
 /* Where one monitor's copies go: into a local monitor's vif (ifindex), or
- * to the uplink MAC of the monitor's host (remote). */
+ * to the uplink MAC of the monitor's host (remote), or wrapped (encap) to
+ * a collector: then hdr holds the outer headers, as the agent builds them
+ * (the collector's MAC and address, the host's) and the inner EtherType
+ * after them, with the outer IPv4 total length 0 and its checksum over
+ * that; the datapath sets the length,
+ * fixes the checksum, and fills the GRE sequence number (seq) and the
+ * ERSPAN III timestamp. */
 struct tap_target {
 	__u32 ifindex;
 	__u8 host_mac[ETH_ALEN];
 	__u8 remote;
-	__u8 _pad;
+	__u8 encap; /* enum tap_encap */
+	/* The datapath's: the next GRE sequence number. The agent writes 0
+	 * whenever it writes the target. */
+	__u32 seq;
+	__u8 hdr[TAP_ENCAP_MAX];
+};
+
+/* A copy to a collector as it is put together (per CPU: no stack). */
+struct tap_scratch {
+	__u8 b[80]; /* the longest header (hlen & 0x3f, for the verifier) and an Ethernet header */
+	__u32 hlen; /* the header's length */
 };
 
 /* The copy rate one target may take (GCRA, as share.h): the interval
@@ -103,6 +136,7 @@ struct tap_counters {
 const enum tap_role *_tap_role_type __attribute__((unused));
 const enum tap_side *_tap_side_type __attribute__((unused));
 const enum tap_key_kind *_tap_key_kind_type __attribute__((unused));
+const enum tap_encap *_tap_encap_type __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -145,6 +179,14 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tap_buckets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tap_scratch);
+	__uint(pinning, LIBBPF_PIN_BY_NAME); /* as every map the feature declares; it holds nothing between packets */
+} tap_scratch SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

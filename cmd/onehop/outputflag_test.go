@@ -46,6 +46,9 @@ var noOutputFlag = map[string]string{
 	// print it even with --out. Its own -o json must leave the token out
 	// then (cmd/onehop/tenant.go's to add).
 	"onehop tenant token create": "prints a secret once; the controller's answer would print it even with --out",
+	// A capture file: pcap to -w FILE, or to stdout with -w - for a
+	// pipe into tshark; its progress and count go to stderr.
+	"onehop tap capture": "writes pcap (to stdout only with -w -), progress on stderr",
 	// A build step (make man): it writes files and prints nothing.
 	"onehop man": "writes man pages into DIR, prints nothing",
 }

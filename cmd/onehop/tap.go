@@ -39,6 +39,14 @@ Sender and receiver (REF):
 An address or MAC is resolved to its VM when the policy is created, and the
 policy follows the VM when it moves.
 
+Instead of a monitor VM, --collector ADDR sends the copies to a machine on the
+fabric (an IDS, a packet broker, tshark), wrapped as --encap: erspan2 (GRE +
+ERSPAN type II, the policy's id as session; the default), erspan3 (ERSPAN
+type III, with a timestamp) or gre (plain GRE carrying the Ethernet frame),
+from the sender's host's uplink address. With a collector, any is any VM of
+the other end's farm. onehop tap capture writes a policy's copies to a pcap
+file, without a monitor VM.
+
 The monitor is one VM (blue/ops/mon, or its address or MAC). It sees only
 its own farm's traffic: a sender or receiver in another farm is refused
 unless the policy says --cross-farm and that farm and the monitor's peer
@@ -58,16 +66,18 @@ func tapCmd() *cobra.Command {
   onehop tap create all-web --sender blue/web --receiver any --monitor blue/ops/mon --both-directions
   onehop tap list
   onehop tap get web-http
-  onehop tap delete web-http`}
-	tp.AddCommand(tapCreateCmd(), tapListCmd(), tapGetCmd(), tapDeleteCmd())
+  onehop tap delete web-http
+  onehop tap create web-span --sender blue/web --receiver any --collector 192.168.50.200 --encap erspan2
+  onehop tap capture web-http -w /tmp/web.pcap --count 100`}
+	tp.AddCommand(tapCreateCmd(), tapListCmd(), tapGetCmd(), tapDeleteCmd(), tapCaptureCmd())
 	return tp
 }
 
 func tapCreateCmd() *cobra.Command {
 	var s tappolicy.Spec
 	cmd := &cobra.Command{
-		Use:   "create NAME --sender REF --receiver REF --monitor VM [--proto P] [--sport N[-M]] [--dport N[-M]] [--vlan N] [--both-directions] [--cross-farm]",
-		Short: "Create a TAP policy: copies of what --sender sends --receiver go to --monitor", Args: cobra.ExactArgs(1),
+		Use:   "create NAME --sender REF --receiver REF (--monitor VM | --collector ADDR [--encap erspan2|erspan3|gre]) [--proto P] [--sport N[-M]] [--dport N[-M]] [--vlan N] [--both-directions] [--cross-farm]",
+		Short: "Create a TAP policy: copies of what --sender sends --receiver go to --monitor or --collector", Args: cobra.ExactArgs(1),
 		Long: tapLong,
 		Example: `  # HTTP requests from web1 to db1 (one direction), to the monitor mon:
   onehop tap create web-http --sender blue/web/web1 --receiver blue/db/db1 --monitor blue/ops/mon --proto tcp --dport 80
@@ -76,7 +86,9 @@ func tapCreateCmd() *cobra.Command {
   # everything the web subnet sends, to anyone of its farm:
   onehop tap create all-web --sender blue/web --receiver any --monitor blue/ops/mon
   # DNS from a peer farm's VM (both farms peer):
-  onehop tap create red-dns --sender red/app/app1 --receiver any --monitor blue/ops/mon --proto udp --dport 53 --cross-farm`,
+  onehop tap create red-dns --sender red/app/app1 --receiver any --monitor blue/ops/mon --proto udp --dport 53 --cross-farm
+  # the web subnet's HTTP, as ERSPAN to a collector on the fabric:
+  onehop tap create web-span --sender blue/web --receiver any --proto tcp --dport 80 --collector 192.168.50.200`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s.Name = args[0]
 			p, err := tapArgs(s)
@@ -99,6 +111,8 @@ func tapCreateCmd() *cobra.Command {
 	f.StringVar(&s.Sender, "sender", "", "who sends: farm/subnet/vm, farm/subnet, any, or a VM's IP or MAC")
 	f.StringVar(&s.Receiver, "receiver", "", "who receives: the same forms")
 	f.StringVar(&s.Monitor, "monitor", "", "the VM the copies go to: farm/subnet/vm, or its IP or MAC")
+	f.StringVar(&s.Collector, "collector", "", "instead of --monitor: an IPv4 address on the fabric the copies are sent to, encapsulated")
+	f.StringVar(&s.Encap, "encap", "", "with --collector: erspan2 (default), erspan3 or gre")
 	f.StringVar(&s.Proto, "proto", "", "tcp, udp, icmp or an IP protocol number (default any)")
 	f.StringVar(&s.Sport, "sport", "", "source port N or range N-M (default any)")
 	f.StringVar(&s.Dport, "dport", "", "destination port N or range N-M (default any)")
@@ -111,11 +125,14 @@ func tapCreateCmd() *cobra.Command {
 // tapArgs checks a policy with the controller's own syntax checks and
 // names the flag to fix before the controller is asked.
 func tapArgs(s tappolicy.Spec) (intent.TapPolicy, error) {
-	for _, req := range []struct{ flag, val, what string }{
+	reqs := []struct{ flag, val, what string }{
 		{"--sender", s.Sender, "who sends: farm/subnet/vm, farm/subnet, any, or a VM's IP or MAC"},
 		{"--receiver", s.Receiver, "who receives: farm/subnet/vm, farm/subnet, any, or a VM's IP or MAC"},
-		{"--monitor", s.Monitor, "the VM the copies go to: farm/subnet/vm, or its IP or MAC"},
-	} {
+	}
+	if s.Collector == "" {
+		reqs = append(reqs, struct{ flag, val, what string }{"--monitor", s.Monitor, "the VM the copies go to: farm/subnet/vm, or its IP or MAC (or --collector ADDR, a machine on the fabric)"})
+	}
+	for _, req := range reqs {
 		if req.val == "" {
 			return intent.TapPolicy{}, fmt.Errorf("%s is required: %s", req.flag, req.what)
 		}
@@ -137,7 +154,11 @@ func describeTap(v controller.TapView) string {
 	if v.BothDirections {
 		dir = "<->"
 	}
-	out := fmt.Sprintf("%s %s %s, %s, monitor %s", v.Sender, dir, v.Receiver, v.Filter, v.Monitor)
+	to := "monitor " + v.Monitor
+	if v.Collector != "" {
+		to = fmt.Sprintf("collector %s (%s)", v.Collector, v.Encap)
+	}
+	out := fmt.Sprintf("%s %s %s, %s, %s", v.Sender, dir, v.Receiver, v.Filter, to)
 	if v.CrossFarm {
 		out += " (cross-farm)"
 	}
@@ -181,7 +202,11 @@ func printTaps(c *client.Client, output outputFormat, w io.Writer) error {
 		if v.Problem != "" {
 			name += " (copies nothing)"
 		}
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", name, v.ID, v.Sender, v.Receiver, v.Monitor, v.Filter, dirs)
+		mon := v.Monitor
+		if v.Collector != "" {
+			mon = v.Collector + " (" + v.Encap + ")"
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", name, v.ID, v.Sender, v.Receiver, mon, v.Filter, dirs)
 	}
 	for _, v := range items {
 		if v.Problem != "" {

@@ -62,6 +62,21 @@ type LinkKinds interface {
 	LinkKind(name string) (string, error)
 }
 
+// PrefixBits is what Interfaces that can read an address's prefix length
+// also have: the node record tells the controller the fabric's prefix.
+type PrefixBits interface {
+	// PrefixBits is the prefix length of address ip on interface name.
+	PrefixBits(name, ip string) (int, error)
+}
+
+// Neighbors is what Interfaces that can read the neighbour table also
+// have: a TAP collector's MAC, as the uplink resolved it.
+type Neighbors interface {
+	// Neighbor is ip's MAC on link ifindex; while it is not known, an
+	// error, and resolving it has begun.
+	Neighbor(ifindex int, ip netip.Addr) (net.HardwareAddr, error)
+}
+
 // Config is the agent's configuration.
 type Config struct {
 	Node   string        // host name, as in the intent
@@ -611,7 +626,14 @@ func (a *Agent) register(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("uplink %s: %w", name, err)
 		}
-		n.Uplinks = append(n.Uplinks, intent.NodeUplink{Index: i, Name: name, MAC: mac.String(), IP: ip})
+		u := intent.NodeUplink{Index: i, Name: name, MAC: mac.String(), IP: ip}
+		if pb, ok := a.ifs.(PrefixBits); ok && ip != "" {
+			// The fabric's prefix: where a TAP collector may be.
+			if u.Bits, err = pb.PrefixBits(name, ip); err != nil {
+				return fmt.Errorf("uplink %s: %w", name, err)
+			}
+		}
+		n.Uplinks = append(n.Uplinks, u)
 	}
 	if a.cfg.Ephemeral != nil {
 		if n.EphemeralLo, n.EphemeralHi, err = a.cfg.Ephemeral(); err != nil {
@@ -791,6 +813,9 @@ func (a *Agent) apply(ctx context.Context, d intent.Desired, nodes []intent.Node
 	}}
 	if k, ok := a.ifs.(LinkKinds); ok {
 		node.LinkKind = k.LinkKind
+	}
+	if nb, ok := a.ifs.(Neighbors); ok {
+		node.Neighbor = func(ip netip.Addr) (net.HardwareAddr, error) { return nb.Neighbor(upIndex, ip) }
 	}
 	for i, name := range a.cfg.uplinks() {
 		idx, mac, ip, err := a.ifs.ByName(name)

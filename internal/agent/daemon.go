@@ -355,6 +355,45 @@ func (LinkTable) LinkKind(name string) (string, error) {
 	return l.Type(), nil
 }
 
+// Neighbor implements Neighbors: a usable entry of the neighbour table,
+// or else the kernel is asked to resolve ip (NTF_USE, as `ip neigh
+// replace IP dev DEV use`) and the next reconcile looks again.
+func (LinkTable) Neighbor(ifindex int, ip netip.Addr) (net.HardwareAddr, error) {
+	ns, err := netlink.NeighList(ifindex, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("neighbours of %s: %w", ifname(ifindex), err)
+	}
+	usable := netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE | netlink.NUD_PERMANENT | netlink.NUD_NOARP
+	for _, n := range ns {
+		if a, ok := netip.AddrFromSlice(n.IP); ok && a.Unmap() == ip && n.State&usable != 0 && len(n.HardwareAddr) == 6 {
+			return n.HardwareAddr, nil
+		}
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: ifindex, Family: netlink.FAMILY_V4, IP: ip.AsSlice(), Flags: netlink.NTF_USE}); err != nil {
+		return nil, fmt.Errorf("resolve %s on %s: %w", ip, ifname(ifindex), err)
+	}
+	return nil, fmt.Errorf("%s not resolved on %s yet (asked)", ip, ifname(ifindex))
+}
+
+// PrefixBits implements PrefixBits.
+func (LinkTable) PrefixBits(name, ip string) (int, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return 0, fmt.Errorf("interface %s: %w", name, err)
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return 0, fmt.Errorf("addresses of %s: %w", name, err)
+	}
+	for _, a := range addrs {
+		if a.IP.String() == ip {
+			bits, _ := a.Mask.Size()
+			return bits, nil
+		}
+	}
+	return 0, fmt.Errorf("interface %s has no address %s", name, ip)
+}
+
 // ByName implements Interfaces.
 func (LinkTable) ByName(name string) (int, net.HardwareAddr, string, error) {
 	l, err := netlink.LinkByName(name)

@@ -72,6 +72,44 @@ func (e *APIError) Error() string {
 	return e.Msg
 }
 
+// Stream sends a GET for path and returns the answer's body, to be read
+// as it arrives and closed by the caller: no time limit but ctx's (a
+// capture runs as long as asked). An answer of 300 or above is the error
+// Do would give.
+func (c *Client) Stream(ctx context.Context, path string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", c.base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	hc := *c.http
+	hc.Timeout = 0
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("controller API unreachable: %w", err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return nil, c.apiError("GET", path, resp.StatusCode, b)
+	}
+	return resp.Body, nil
+}
+
+// apiError is the error of an answer of status 300 or above.
+func (c *Client) apiError(method, path string, status int, b []byte) error {
+	e := &APIError{Status: status}
+	if json.Unmarshal(b, e) != nil || e.Msg == "" {
+		e.Msg = fmt.Sprintf("%s %s: HTTP %d %s", method, path, status, strings.TrimSpace(string(b)))
+	}
+	if status == http.StatusUnauthorized {
+		e.Msg = fmt.Sprintf("controller API %s: %s (HTTP 401); give --token-file FILE (or ONEHOP_TOKEN), or --cert and --key signed by its CA", c.base, e.Msg)
+	}
+	return e
+}
+
 // Do sends in (if not nil) as JSON and decodes the answer into out (if not nil).
 func (c *Client) Do(method, path string, in, out any) error {
 	var body io.Reader
@@ -97,14 +135,7 @@ func (c *Client) Do(method, path string, in, out any) error {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if resp.StatusCode >= 300 {
-		e := &APIError{Status: resp.StatusCode}
-		if json.Unmarshal(b, e) != nil || e.Msg == "" {
-			e.Msg = fmt.Sprintf("%s %s: HTTP %d %s", method, path, resp.StatusCode, strings.TrimSpace(string(b)))
-		}
-		if resp.StatusCode == http.StatusUnauthorized {
-			e.Msg = fmt.Sprintf("controller API %s: %s (HTTP 401); give --token-file FILE (or ONEHOP_TOKEN), or --cert and --key signed by its CA", c.base, e.Msg)
-		}
-		return e
+		return c.apiError(method, path, resp.StatusCode, b)
 	}
 	if c.OnAnswer != nil {
 		c.OnAnswer(method, path, resp.StatusCode, b)

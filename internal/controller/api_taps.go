@@ -43,6 +43,8 @@ type tapBody struct {
 	Sender         string `json:"sender"`
 	Receiver       string `json:"receiver"`
 	Monitor        string `json:"monitor"`
+	Collector      string `json:"collector"`
+	Encap          string `json:"encap"`
 	Proto          uint8  `json:"proto"`
 	SportLo        uint16 `json:"sportLo"`
 	SportHi        uint16 `json:"sportHi"`
@@ -55,6 +57,7 @@ type tapBody struct {
 
 func (b tapBody) policy() intent.TapPolicy {
 	return intent.TapPolicy{Name: b.Name, ID: b.ID, Sender: b.Sender, Receiver: b.Receiver, Monitor: b.Monitor,
+		Collector: b.Collector, Encap: b.Encap,
 		TapFilter:      intent.TapFilter{Proto: b.Proto, SportLo: b.SportLo, SportHi: b.SportHi, DportLo: b.DportLo, DportHi: b.DportHi, VLAN: b.VLAN},
 		BothDirections: b.BothDirections, CrossFarm: b.CrossFarm}
 }
@@ -96,6 +99,7 @@ func (c *Controller) tapRoutes(mux *router) {
 			c.replyTap(w, r, http.StatusOK, p, err)
 		}
 	})
+	mux.HandleFunc("GET /v1/taps/{name}/capture", c.captureTap) // api_tapcapture.go
 	mux.HandleFunc("DELETE /v1/taps/{name}", func(w http.ResponseWriter, r *http.Request) {
 		if p, err := c.getTap(r.Context(), r.PathValue("name")); err == nil {
 			noteFarm(r.Context(), refFarm(p.Sender, p.Monitor))
@@ -267,6 +271,15 @@ func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bo
 		w, err := c.tapWorld(ctx)
 		if err != nil {
 			return "", intent.TapPolicy{}, err
+		}
+		if p.Collector != "" {
+			// A collector must be on the fabric: the hosts' uplinks say
+			// where that is.
+			nodes, _, err := store.ListJSON[intent.Node](ctx, c.store, intent.NodesPrefix)
+			if err != nil {
+				return "", intent.TapPolicy{}, err
+			}
+			w.WithFabric(nodes)
 		}
 		resolved, err := w.Resolve(p)
 		if err != nil {

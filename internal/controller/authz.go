@@ -77,6 +77,7 @@ var routeScopes = map[string]scope{
 	"GET /v1/taps/{name}":                   scopeTap,
 	"PUT /v1/taps/{name}":                   scopeTap,
 	"DELETE /v1/taps/{name}":                scopeTap,
+	"GET /v1/taps/{name}/capture":           scopeTap,
 	"GET /v1/lisp/mappings":                 scopeAdmin,
 	"POST /v1/lisp/mappings":                scopeAdmin,
 	"GET /v1/lisp/mappings/{addr}/{len}":    scopeAdmin,

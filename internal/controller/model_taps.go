@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -14,19 +15,21 @@ import (
 // (intent.DesiredTapKind).
 type tapKeys struct {
 	policies map[string]intent.TapPolicy
-	rules    []intent.TapRule // as last compiled
-	redo     bool             // the rules may have changed
-	on       map[string]bool  // hosts whose TAP keys may have changed
+	captures map[string]intent.TapCaptureRecord // running captures, by policy
+	rules    []intent.TapRule                   // as last compiled
+	redo     bool                               // the rules may have changed
+	on       map[string]bool                    // hosts whose TAP keys may have changed
 }
 
 func (p *tapKeys) records() []recordKind {
-	return []recordKind{{prefix: intent.TapsPrefix, apply: p.apply}}
+	return []recordKind{{prefix: intent.TapsPrefix, apply: p.apply}, {prefix: intent.TapCapturesPrefix, apply: p.applyCapture}}
 }
 
 func (*tapKeys) desiredKind() string { return intent.DesiredTapKind }
 
 func (p *tapKeys) reset() {
 	p.policies, p.rules, p.redo, p.on = map[string]intent.TapPolicy{}, nil, false, map[string]bool{}
+	p.captures = map[string]intent.TapCaptureRecord{}
 }
 
 func (p *tapKeys) apply(_ *model, name string, v []byte, deleted bool) error {
@@ -35,6 +38,36 @@ func (p *tapKeys) apply(_ *model, name string, v []byte, deleted bool) error {
 	}
 	p.redo = true
 	return nil
+}
+
+func (p *tapKeys) applyCapture(_ *model, name string, v []byte, deleted bool) error {
+	if err := applyRecord(p.captures, name, v, deleted); err != nil {
+		return err
+	}
+	p.redo = true
+	return nil
+}
+
+// withCaptures adds, for each running capture, its policy's rules again
+// with the capture's collector (ERSPAN II, the policy's id as session) and
+// intent.TapCapture in their ids: the hosts of the policy's senders copy to
+// it beside the policy's own monitor or collector.
+func withCaptures(rules []intent.TapRule, captures map[string]intent.TapCaptureRecord) []intent.TapRule {
+	if len(captures) == 0 {
+		return rules
+	}
+	out := slices.Clone(rules)
+	for _, r := range rules {
+		c, ok := captures[r.Policy]
+		if !ok {
+			continue
+		}
+		r.ID |= intent.TapCapture
+		r.MonitorIP, r.MonitorHost = "", ""
+		r.Collector, r.Encap = c.Collector, tappolicy.EncapERSPAN2
+		out = append(out, r)
+	}
+	return out
 }
 
 func (*tapKeys) noted(_, _ string, _ bool) {}
@@ -99,8 +132,8 @@ func (p *tapKeys) compile(m *model, w *keyWriter) error {
 		p.redo = false
 		rules := []intent.TapRule(nil)
 		if len(p.policies) > 0 {
-			rules = policy.TapRules(policy.State{Farms: sortedValues(m.farms), Subnets: sortedValues(m.subnets),
-				VMs: sortedValues(m.vms), Taps: sortedValues(p.policies)})
+			rules = withCaptures(policy.TapRules(policy.State{Farms: sortedValues(m.farms), Subnets: sortedValues(m.subnets),
+				VMs: sortedValues(m.vms), Taps: sortedValues(p.policies)}), p.captures)
 		}
 		if !equalJSON(rules, p.rules) {
 			p.rules = rules

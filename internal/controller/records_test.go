@@ -171,6 +171,8 @@ func TestARecordOfEveryKindReachesTheModel(t *testing.T) {
 			func(m *model) bool { return partOf[*sliverKeys](t, m).slivers["h1/s1"].Slot == 1 }},
 		{intent.TapsPrefix + "t1", `{"name":"t1","id":3}`,
 			func(m *model) bool { return partOf[*tapKeys](t, m).policies["t1"].ID == 3 }},
+		{intent.TapCapturesPrefix + "t1", `{"policy":"t1","collector":"192.168.50.1"}`,
+			func(m *model) bool { return partOf[*tapKeys](t, m).captures["t1"].Collector == "192.168.50.1" }},
 	}
 	m := loadedModel()
 	covered := make([]bool, len(m.kinds))

@@ -275,12 +275,20 @@ type uplinkTapRule struct {
 	Pad     uint16
 }
 
+type uplinkTapScratch struct {
+	_    structs.HostLayout
+	B    [80]uint8
+	Hlen uint32
+}
+
 type uplinkTapTarget struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	HostMac [6]uint8
 	Remote  uint8
-	Pad     uint8
+	Encap   uint8
+	Seq     uint32
+	Hdr     [72]uint8
 }
 
 type uplinkVifInfo struct {
@@ -346,12 +354,14 @@ const (
 	uplinkMapTapConfig            = "tap_config"
 	uplinkMapTapIndex             = "tap_index"
 	uplinkMapTapRules             = "tap_rules"
+	uplinkMapTapScratch           = "tap_scratch"
 	uplinkMapTapStats             = "tap_stats"
 	uplinkMapTapTargets           = "tap_targets"
 	uplinkMapVifs                 = "vifs"
 	uplinkMapVisibility           = "visibility"
 	uplinkMapVmShares             = "vm_shares"
 	uplinkProgUplinkIngress       = "uplink_ingress"
+	uplinkVarTapEncapType         = "_tap_encap_type"
 	uplinkVarTapKeyKindType       = "_tap_key_kind_type"
 	uplinkVarTapRoleType          = "_tap_role_type"
 	uplinkVarTapSideType          = "_tap_side_type"
@@ -440,6 +450,7 @@ type uplinkMapSpecs struct {
 	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
 	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
 	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
@@ -451,6 +462,7 @@ type uplinkMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
+	TapEncapType   *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
 	TapKeyKindType *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType    *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType    *ebpf.VariableSpec `ebpf:"_tap_side_type"`
@@ -510,6 +522,7 @@ type uplinkMaps struct {
 	TapConfig            *ebpf.Map `ebpf:"tap_config"`
 	TapIndex             *ebpf.Map `ebpf:"tap_index"`
 	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
@@ -553,6 +566,7 @@ func (m *uplinkMaps) Close() error {
 		m.TapConfig,
 		m.TapIndex,
 		m.TapRules,
+		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
 		m.Vifs,
@@ -565,6 +579,7 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
+	TapEncapType   *ebpf.Variable `ebpf:"_tap_encap_type"`
 	TapKeyKindType *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType    *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType    *ebpf.Variable `ebpf:"_tap_side_type"`

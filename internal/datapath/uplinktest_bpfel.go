@@ -282,12 +282,20 @@ type uplinkTestTapRule struct {
 	Pad     uint16
 }
 
+type uplinkTestTapScratch struct {
+	_    structs.HostLayout
+	B    [80]uint8
+	Hlen uint32
+}
+
 type uplinkTestTapTarget struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	HostMac [6]uint8
 	Remote  uint8
-	Pad     uint8
+	Encap   uint8
+	Seq     uint32
+	Hdr     [72]uint8
 }
 
 type uplinkTestVifInfo struct {
@@ -354,6 +362,7 @@ const (
 	uplinkTestMapTapConfig            = "tap_config"
 	uplinkTestMapTapIndex             = "tap_index"
 	uplinkTestMapTapRules             = "tap_rules"
+	uplinkTestMapTapScratch           = "tap_scratch"
 	uplinkTestMapTapStats             = "tap_stats"
 	uplinkTestMapTapTargets           = "tap_targets"
 	uplinkTestMapVifs                 = "vifs"
@@ -362,6 +371,7 @@ const (
 	uplinkTestProgUplinkIngress       = "uplink_ingress"
 	uplinkTestVarRedirectKindType     = "_redirect_kind_type"
 	uplinkTestVarRedirectTraceType    = "_redirect_trace_type"
+	uplinkTestVarTapEncapType         = "_tap_encap_type"
 	uplinkTestVarTapKeyKindType       = "_tap_key_kind_type"
 	uplinkTestVarTapRoleType          = "_tap_role_type"
 	uplinkTestVarTapSideType          = "_tap_side_type"
@@ -451,6 +461,7 @@ type uplinkTestMapSpecs struct {
 	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
 	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
 	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
@@ -464,6 +475,7 @@ type uplinkTestMapSpecs struct {
 type uplinkTestVariableSpecs struct {
 	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
+	TapEncapType      *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
@@ -524,6 +536,7 @@ type uplinkTestMaps struct {
 	TapConfig            *ebpf.Map `ebpf:"tap_config"`
 	TapIndex             *ebpf.Map `ebpf:"tap_index"`
 	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
@@ -568,6 +581,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.TapConfig,
 		m.TapIndex,
 		m.TapRules,
+		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
 		m.Vifs,
@@ -582,6 +596,7 @@ func (m *uplinkTestMaps) Close() error {
 type uplinkTestVariables struct {
 	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.Variable `ebpf:"_redirect_trace_type"`
+	TapEncapType      *ebpf.Variable `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`

@@ -407,12 +407,20 @@ type vifTapRule struct {
 	Pad     uint16
 }
 
+type vifTapScratch struct {
+	_    structs.HostLayout
+	B    [80]uint8
+	Hlen uint32
+}
+
 type vifTapTarget struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	HostMac [6]uint8
 	Remote  uint8
-	Pad     uint8
+	Encap   uint8
+	Seq     uint32
+	Hdr     [72]uint8
 }
 
 type vifVifInfo struct {
@@ -486,6 +494,7 @@ const (
 	vifMapTapConfig            = "tap_config"
 	vifMapTapIndex             = "tap_index"
 	vifMapTapRules             = "tap_rules"
+	vifMapTapScratch           = "tap_scratch"
 	vifMapTapStats             = "tap_stats"
 	vifMapTapTargets           = "tap_targets"
 	vifMapVifs                 = "vifs"
@@ -501,6 +510,7 @@ const (
 	vifVarShareKindType        = "_share_kind_type"
 	vifVarSlowpathEventType    = "_slowpath_event_type"
 	vifVarSlowpathKindType     = "_slowpath_kind_type"
+	vifVarTapEncapType         = "_tap_encap_type"
 	vifVarTapKeyKindType       = "_tap_key_kind_type"
 	vifVarTapRoleType          = "_tap_role_type"
 	vifVarTapSideType          = "_tap_side_type"
@@ -591,6 +601,7 @@ type vifMapSpecs struct {
 	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
 	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
 	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
@@ -610,6 +621,7 @@ type vifVariableSpecs struct {
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
+	TapEncapType      *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
@@ -670,6 +682,7 @@ type vifMaps struct {
 	TapConfig            *ebpf.Map `ebpf:"tap_config"`
 	TapIndex             *ebpf.Map `ebpf:"tap_index"`
 	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
@@ -713,6 +726,7 @@ func (m *vifMaps) Close() error {
 		m.TapConfig,
 		m.TapIndex,
 		m.TapRules,
+		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
 		m.Vifs,
@@ -733,6 +747,7 @@ type vifVariables struct {
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
+	TapEncapType      *ebpf.Variable `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`

@@ -293,12 +293,20 @@ type vifTestTapRule struct {
 	Pad     uint16
 }
 
+type vifTestTapScratch struct {
+	_    structs.HostLayout
+	B    [80]uint8
+	Hlen uint32
+}
+
 type vifTestTapTarget struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	HostMac [6]uint8
 	Remote  uint8
-	Pad     uint8
+	Encap   uint8
+	Seq     uint32
+	Hdr     [72]uint8
 }
 
 type vifTestVifInfo struct {
@@ -365,6 +373,7 @@ const (
 	vifTestMapTapConfig            = "tap_config"
 	vifTestMapTapIndex             = "tap_index"
 	vifTestMapTapRules             = "tap_rules"
+	vifTestMapTapScratch           = "tap_scratch"
 	vifTestMapTapStats             = "tap_stats"
 	vifTestMapTapTargets           = "tap_targets"
 	vifTestMapVifs                 = "vifs"
@@ -382,6 +391,7 @@ const (
 	vifTestVarShareKindType        = "_share_kind_type"
 	vifTestVarSlowpathEventType    = "_slowpath_event_type"
 	vifTestVarSlowpathKindType     = "_slowpath_kind_type"
+	vifTestVarTapEncapType         = "_tap_encap_type"
 	vifTestVarTapKeyKindType       = "_tap_key_kind_type"
 	vifTestVarTapRoleType          = "_tap_role_type"
 	vifTestVarTapSideType          = "_tap_side_type"
@@ -473,6 +483,7 @@ type vifTestMapSpecs struct {
 	TapConfig            *ebpf.MapSpec `ebpf:"tap_config"`
 	TapIndex             *ebpf.MapSpec `ebpf:"tap_index"`
 	TapRules             *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
@@ -494,6 +505,7 @@ type vifTestVariableSpecs struct {
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
+	TapEncapType      *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
@@ -555,6 +567,7 @@ type vifTestMaps struct {
 	TapConfig            *ebpf.Map `ebpf:"tap_config"`
 	TapIndex             *ebpf.Map `ebpf:"tap_index"`
 	TapRules             *ebpf.Map `ebpf:"tap_rules"`
+	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
@@ -599,6 +612,7 @@ func (m *vifTestMaps) Close() error {
 		m.TapConfig,
 		m.TapIndex,
 		m.TapRules,
+		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
 		m.Vifs,
@@ -621,6 +635,7 @@ type vifTestVariables struct {
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
+	TapEncapType      *ebpf.Variable `ebpf:"_tap_encap_type"`
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`

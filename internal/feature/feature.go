@@ -48,6 +48,10 @@ type Node struct {
 	// device in tap mode, "tun", "macvtap", ...); nil: every guest's
 	// interface is taken for a veth (tests and simulated hosts).
 	LinkKind func(name string) (string, error)
+	// Neighbor is the MAC of a neighbour on the fabric (a TAP collector)
+	// as the node's uplink has resolved it; an error while it is not known
+	// yet (asking starts resolving it). nil: no neighbour is known.
+	Neighbor func(ip netip.Addr) (net.HardwareAddr, error)
 }
 
 // Uplink is one of the node's links to the fabric.

@@ -35,6 +35,9 @@ const (
 	VMsPrefix     = Prefix + "vms/"     // + FARM/SUBNET/VM (VMKey)
 	SliversPrefix = Prefix + "slivers/" // + HOST/NAME (SliverKey)
 	TapsPrefix    = Prefix + "taps/"    // + NAME
+	// TapCapturesPrefix holds the running captures of TAP policies (+
+	// NAME, the policy's): onehop tap capture, while it runs.
+	TapCapturesPrefix = Prefix + "tapcaptures/"
 	// AllocKey holds the farm and subnet ids (ipam.Allocations without
 	// its VMs); a store of before also holds every VM's id there.
 	AllocKey = Prefix + "allocations"
@@ -363,9 +366,13 @@ type TapPolicy struct {
 	// ID is allocated by the controller, stable while the policy lives:
 	// the datapath's counters and rules are keyed by it (1..limits).
 	ID       uint32 `json:"id"`
-	Sender   string `json:"sender"`   // farm/subnet/vm, farm/subnet or any (IP or MAC of a VM resolved by the controller)
-	Receiver string `json:"receiver"` // the same forms
-	Monitor  string `json:"monitor"`  // farm/subnet/vm
+	Sender   string `json:"sender"`            // farm/subnet/vm, farm/subnet or any (IP or MAC of a VM resolved by the controller)
+	Receiver string `json:"receiver"`          // the same forms
+	Monitor  string `json:"monitor,omitempty"` // farm/subnet/vm; empty with a Collector
+	// Collector is an address on the fabric the copies go to instead of a
+	// monitor VM, encapsulated as Encap (docs/tap.md).
+	Collector string `json:"collector,omitempty"`
+	Encap     string `json:"encap,omitempty"` // with a Collector: erspan2 (the default), erspan3 or gre
 	TapFilter
 	BothDirections bool `json:"bothDirections,omitempty"`
 	// CrossFarm lets the monitor sit in a farm other than the sender's
@@ -404,12 +411,31 @@ type TapRule struct {
 	Receiver TapEnd `json:"receiver"`
 	TapFilter
 	// MonitorIP is the monitor VM; MonitorHost the node that holds it.
-	MonitorIP   string `json:"monitorIP"`
-	MonitorHost string `json:"monitorHost"`
+	// Both are empty when the copies go to a Collector.
+	MonitorIP   string `json:"monitorIP,omitempty"`
+	MonitorHost string `json:"monitorHost,omitempty"`
+	// Collector is the fabric address the copies go to, encapsulated as
+	// Encap (erspan2, erspan3 or gre), with the policy's id as the ERSPAN
+	// session.
+	Collector string `json:"collector,omitempty"`
+	Encap     string `json:"encap,omitempty"`
 }
 
 // TapReverse marks the reverse rule of a two-way policy in TapRule.ID.
 const TapReverse = 1 << 31
+
+// TapCapture marks a rule that copies to a running capture (onehop tap
+// capture) in TapRule.ID: the policy's rules again, to the capture's
+// collector.
+const TapCapture = 1 << 30
+
+// TapCaptureRecord is a running capture of a TAP policy: while it is
+// stored, the policy's copies also go to Collector (the controller that
+// serves the capture), as ERSPAN type II with the policy's id as session.
+type TapCaptureRecord struct {
+	Policy    string `json:"policy"`
+	Collector string `json:"collector"`
+}
 
 // TapStats is one rule's copies on one node.
 type TapStats struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/limits"
+	"github.com/onehop/onehop/internal/tapwire"
 )
 
 // The feature's maps, by their names in bpf/lib/tap_maps.h: what Sizes
@@ -20,6 +21,7 @@ const (
 	MapIndex   = "tap_index"   // (address, role, side, kind) -> the rule slots it can match
 	MapConfig  = "tap_config"  // the copy rate each monitor may take
 	MapBuckets = "tap_buckets" // datapath: each target's rate bucket
+	MapScratch = "tap_scratch" // datapath: per-CPU, a collector's copy being built
 	MapStats   = "tap_stats"   // datapath: per-rule, per-CPU counters
 )
 
@@ -86,6 +88,14 @@ func Compile(n feature.Node) (Plan, error) {
 		missing := func(format string, args ...any) {
 			p.Missing = append(p.Missing, MissingMonitor{Policy: r.Policy, ID: r.ID, Why: fmt.Sprintf(format, args...)})
 		}
+		if r.Collector != "" {
+			if c, why := collectorRule(n, m, r); why != "" {
+				missing("%s", why)
+			} else if slices.ContainsFunc(p.Locals, m.senderMatches) {
+				p.Copy = append(p.Copy, c)
+			}
+			continue
+		}
 		sends := false
 		for _, a := range p.Locals {
 			if m.senderMatches(a) {
@@ -123,6 +133,31 @@ func Compile(n feature.Node) (Plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// collectorRule is a rule whose copies go to a collector: its MAC as the
+// uplink resolved it, and the uplink's own addresses for the outer
+// headers; or why it cannot be placed yet.
+func collectorRule(n feature.Node, m Match, r intent.TapRule) (CopyRule, string) {
+	col, err := netip.ParseAddr(r.Collector)
+	if err != nil || !col.Is4() {
+		return CopyRule{}, fmt.Sprintf("collector %q: not IPv4", r.Collector)
+	}
+	if _, ok := encapKinds[r.Encap]; !ok {
+		return CopyRule{}, fmt.Sprintf("collector %s: unknown encapsulation %q", col, r.Encap)
+	}
+	if len(n.Uplinks) == 0 || !n.Uplinks[0].Addr.Is4() || len(n.Uplinks[0].MAC) != 6 {
+		return CopyRule{}, fmt.Sprintf("collector %s: the uplink has no IPv4 address to send copies from", col)
+	}
+	if n.Neighbor == nil {
+		return CopyRule{}, fmt.Sprintf("collector %s: no neighbour resolver", col)
+	}
+	mac, err := n.Neighbor(col)
+	if err != nil || len(mac) != 6 {
+		return CopyRule{}, fmt.Sprintf("collector %s: its MAC is not known yet (%v)", col, err)
+	}
+	return CopyRule{Match: m, Collector: col, Encap: r.Encap, CollectorMAC: mac,
+		Source: n.Uplinks[0].Addr, UplinkMAC: n.Uplinks[0].MAC}, ""
 }
 
 func cmpU32(a, b uint32) int {
@@ -180,6 +215,9 @@ func compileRule(r intent.TapRule) (Match, netip.Addr, error) {
 		if *pr.lo > *pr.hi {
 			return Match{}, netip.Addr{}, fmt.Errorf("%s: %s %d-%d: upside down", where, pr.what, *pr.lo, *pr.hi)
 		}
+	}
+	if r.Collector != "" {
+		return m, netip.Addr{}, nil // collectorRule checks the collector
 	}
 	mon, err := netip.ParseAddr(r.MonitorIP)
 	if err != nil || !mon.Is4() {
@@ -258,13 +296,26 @@ func (p Plan) Sizes() feature.Sizes {
 // does the datapath run the TAP stages.
 func (p Plan) InUse() bool { return len(p.Copy) > 0 || len(p.Recover) > 0 }
 
-// target is where one monitor's copies go: a local vif or a remote host.
+// target is where one monitor's copies go: a local vif, a remote host, or
+// a collector (one per collector, encapsulation and session: each its own
+// share).
 type target struct {
 	ifindex int
 	hostMAC string // remote: the host's uplink MAC
+	col     collectorTarget
+}
+
+// collectorTarget is a collector as a target: what its outer headers say.
+type collectorTarget struct {
+	addr, mac, src, srcMAC string
+	encap                  string
+	session                uint16
 }
 
 func (t target) String() string {
+	if t.col.addr != "" {
+		return fmt.Sprintf("collector %s (%s, session %d)", t.col.addr, t.col.encap, t.col.session)
+	}
 	if t.hostMAC != "" {
 		return "host " + t.hostMAC
 	}
@@ -347,7 +398,13 @@ func layoutOf(p Plan) (layout, error) {
 	}
 	for _, c := range p.Copy {
 		t := target{ifindex: c.MonitorIfindex}
-		if c.MonitorIfindex == 0 {
+		if c.Collector.IsValid() {
+			if len(c.CollectorMAC) != 6 || len(c.UplinkMAC) != 6 || !c.Source.Is4() {
+				return layout{}, fmt.Errorf("tap rule %d (%s): collector %s without its MAC or a source", c.ID, c.Policy, c.Collector)
+			}
+			t = target{col: collectorTarget{addr: c.Collector.String(), mac: strings.ToLower(c.CollectorMAC.String()),
+				src: c.Source.String(), srcMAC: strings.ToLower(c.UplinkMAC.String()), encap: c.Encap, session: tapwire.Session(c.ID)}}
+		} else if c.MonitorIfindex == 0 {
 			if len(c.MonitorHostMAC) != 6 {
 				return layout{}, fmt.Errorf("tap rule %d (%s): monitor %s has neither a vif nor a host MAC", c.ID, c.Policy, c.MonitorIP)
 			}
@@ -395,6 +452,9 @@ func layoutOf(p Plan) (layout, error) {
 		l.targets = append(l.targets, t)
 	}
 	slices.SortFunc(l.targets, func(a, b target) int {
+		if a.col != b.col {
+			return strings.Compare(a.col.String(), b.col.String()) // none ("") first
+		}
 		if a.hostMAC != b.hostMAC {
 			return strings.Compare(a.hostMAC, b.hostMAC) // "" (local) first
 		}

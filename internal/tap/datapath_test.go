@@ -206,6 +206,7 @@ func marked(b []byte, from, to net.HardwareAddr) []byte {
 // writes them, the TAP's from Compile and Sync.
 type host struct {
 	name string
+	mac  net.HardwareAddr
 	k    *datapath.Kernel
 	f    *Feature
 	lab  *lab
@@ -287,7 +288,7 @@ func loadHost(t testing.TB, l *lab, name string, mac net.HardwareAddr, d intent.
 			t.Fatal(err)
 		}
 	}
-	h := &host{name: name, k: k, f: New(k), lab: l}
+	h := &host{name: name, mac: mac, k: k, f: New(k), lab: l}
 	h.sync(t, d, testNodes, ifindexOf)
 	return h
 }
@@ -305,7 +306,9 @@ func monotonicNow() uint64 {
 func (h *host) sync(t testing.TB, d intent.Desired, nodes []intent.Node, ifindexOf func(string) (int, error)) Plan {
 	t.Helper()
 	// The uplink as the agent gives it (feature.Node), as the router wrote it.
-	p, err := Compile(feature.Node{Name: h.name, Desired: d, Nodes: nodes, Ifindex: ifindexOf, UplinkIfindex: h.lab.ifindex["up0"]})
+	p, err := Compile(feature.Node{Name: h.name, Desired: d, Nodes: nodes, Ifindex: ifindexOf, UplinkIfindex: h.lab.ifindex["up0"],
+		Uplinks:  []feature.Uplink{{Name: "up0", Ifindex: h.lab.ifindex["up0"], MAC: h.mac, Addr: hostAddr[h.name]}},
+		Neighbor: fabricNeighbor})
 	if err != nil {
 		t.Fatal(err)
 	}

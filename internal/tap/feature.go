@@ -74,6 +74,7 @@ func (f *Feature) Maps() []feature.Map {
 	return []feature.Map{
 		rec(MapRules), rec(MapTargets), rec(MapIndex), rec(MapConfig),
 		own(MapBuckets, "one GCRA bucket per target slot, zeroed when a target takes or leaves the slot"),
+		own(MapScratch, "one per-CPU buffer a collector's copy is built in, holding nothing between packets"),
 		own(MapStats, "per-CPU counters per rule slot, zeroed when a rule takes or leaves the slot"),
 	}
 }

@@ -47,6 +47,14 @@ type CopyRule struct {
 	// not); MonitorHostMAC the uplink MAC of its host otherwise.
 	MonitorIfindex int
 	MonitorHostMAC net.HardwareAddr
+	// Collector, when valid, is where the copies go instead of a monitor:
+	// wrapped as Encap, out of the uplink (UplinkMAC, Source) to
+	// CollectorMAC.
+	Collector    netip.Addr
+	Encap        string
+	CollectorMAC net.HardwareAddr
+	Source       netip.Addr
+	UplinkMAC    net.HardwareAddr
 }
 
 // RecoverRule is a rule at the monitor's edge.

@@ -3,7 +3,9 @@ package tap
 import (
 	"errors"
 	"fmt"
+	"github.com/onehop/onehop/internal/tapwire"
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
 	"time"
@@ -203,7 +205,13 @@ func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error)
 	s := newState()
 	for t, slot := range targetOf {
 		tt := targetRecord{Ifindex: uint32(t.ifindex)}
-		if t.hostMAC != "" {
+		if t.col.addr != "" {
+			hdr, err := t.col.header()
+			if err != nil {
+				return nil, ch, fmt.Errorf("target %s: %w", t, err)
+			}
+			tt.Remote, tt.Encap, tt.Hdr = 1, encapKinds[t.col.encap], hdr
+		} else if t.hostMAC != "" {
 			mac, err := net.ParseMAC(t.hostMAC)
 			if err != nil {
 				return nil, ch, fmt.Errorf("target %s: %w", t, err)
@@ -263,6 +271,19 @@ func (f *Feature) want(l layout, uplinkIfindex int) (*state, slotChanges, error)
 	return s, ch, nil
 }
 
+// header is the collector's outer headers (EncapHeader).
+func (c collectorTarget) header() ([72]uint8, error) {
+	srcMAC, err1 := net.ParseMAC(c.srcMAC)
+	dstMAC, err2 := net.ParseMAC(c.mac)
+	src, err3 := netip.ParseAddr(c.src)
+	dst, err4 := netip.ParseAddr(c.addr)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return [72]uint8{}, err
+	}
+	h, _, err := tapwire.EncapHeader(c.encap, c.session, srcMAC, dstMAC, src, dst)
+	return h, err
+}
+
 func zeroStats(m *ebpf.Map, slot uint32) error {
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -296,7 +317,11 @@ func (f *Feature) read() (*state, error) {
 		f.names[slot] = fmt.Sprintf("id %d", r.Id) // named again by the next pass
 	}
 	for slot, t := range s.targets {
-		if t.Remote == 1 {
+		if t.Encap != 0 {
+			// Named by no plan: the next pass gives the collector a
+			// slot anew, and this one is reset and freed.
+			f.targetOf[target{col: collectorTarget{addr: fmt.Sprintf("read from slot %d", slot)}}] = slot
+		} else if t.Remote == 1 {
 			f.targetOf[target{hostMAC: strings.ToLower(net.HardwareAddr(t.HostMac[:]).String())}] = slot
 		} else {
 			f.targetOf[target{ifindex: int(t.Ifindex)}] = slot

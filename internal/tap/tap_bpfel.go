@@ -27,6 +27,15 @@ type tapTapCounters struct {
 	Dropped          uint64
 }
 
+type tapTapEncap uint32
+
+const (
+	tapTapEncapTAP_ENCAP_NONE    tapTapEncap = 0
+	tapTapEncapTAP_ENCAP_GRE     tapTapEncap = 1
+	tapTapEncapTAP_ENCAP_ERSPAN2 tapTapEncap = 2
+	tapTapEncapTAP_ENCAP_ERSPAN3 tapTapEncap = 3
+)
+
 type tapTapKey struct {
 	_    structs.HostLayout
 	Addr uint32
@@ -70,6 +79,12 @@ type tapTapRule struct {
 	Pad     uint16
 }
 
+type tapTapScratch struct {
+	_    structs.HostLayout
+	B    [80]uint8
+	Hlen uint32
+}
+
 type tapTapSide uint32
 
 const (
@@ -82,7 +97,9 @@ type tapTapTarget struct {
 	Ifindex uint32
 	HostMac [6]uint8
 	Remote  uint8
-	Pad     uint8
+	Encap   uint8
+	Seq     uint32
+	Hdr     [72]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -93,8 +110,10 @@ const (
 	tapMapTapConfig      = "tap_config"
 	tapMapTapIndex       = "tap_index"
 	tapMapTapRules       = "tap_rules"
+	tapMapTapScratch     = "tap_scratch"
 	tapMapTapStats       = "tap_stats"
 	tapMapTapTargets     = "tap_targets"
+	tapVarTapEncapType   = "_tap_encap_type"
 	tapVarTapKeyKindType = "_tap_key_kind_type"
 	tapVarTapRoleType    = "_tap_role_type"
 	tapVarTapSideType    = "_tap_side_type"
@@ -152,6 +171,7 @@ type tapMapSpecs struct {
 	TapConfig  *ebpf.MapSpec `ebpf:"tap_config"`
 	TapIndex   *ebpf.MapSpec `ebpf:"tap_index"`
 	TapRules   *ebpf.MapSpec `ebpf:"tap_rules"`
+	TapScratch *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats   *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets *ebpf.MapSpec `ebpf:"tap_targets"`
 }
@@ -160,6 +180,7 @@ type tapMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tapVariableSpecs struct {
+	TapEncapType   *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
 	TapKeyKindType *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType    *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType    *ebpf.VariableSpec `ebpf:"_tap_side_type"`
@@ -189,6 +210,7 @@ type tapMaps struct {
 	TapConfig  *ebpf.Map `ebpf:"tap_config"`
 	TapIndex   *ebpf.Map `ebpf:"tap_index"`
 	TapRules   *ebpf.Map `ebpf:"tap_rules"`
+	TapScratch *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats   *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets *ebpf.Map `ebpf:"tap_targets"`
 }
@@ -199,6 +221,7 @@ func (m *tapMaps) Close() error {
 		m.TapConfig,
 		m.TapIndex,
 		m.TapRules,
+		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
 	)
@@ -208,6 +231,7 @@ func (m *tapMaps) Close() error {
 //
 // It can be passed to loadTapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tapVariables struct {
+	TapEncapType   *ebpf.Variable `ebpf:"_tap_encap_type"`
 	TapKeyKindType *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType    *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType    *ebpf.Variable `ebpf:"_tap_side_type"`

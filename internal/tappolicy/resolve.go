@@ -17,6 +17,66 @@ type World struct {
 	vms     map[string]intent.VM // farm/subnet/vm
 	byIP    map[netip.Addr]intent.VM
 	byMAC   map[string]intent.VM
+	// fabric are the hosts' uplink prefixes and their own addresses: where
+	// a collector may be (WithFabric).
+	fabric []netip.Prefix
+	hosts  map[netip.Addr]string
+}
+
+// WithFabric gives the world the hosts' node records: a collector must be
+// an address in one of their uplinks' prefixes, and no host's own.
+func (w *World) WithFabric(nodes []intent.Node) *World {
+	w.hosts = map[netip.Addr]string{}
+	for _, n := range nodes {
+		ups := n.Uplinks
+		if len(ups) == 0 && n.UplinkIP != "" {
+			ups = []intent.NodeUplink{{IP: n.UplinkIP, Bits: 32}}
+		}
+		for _, u := range ups {
+			a, err := netip.ParseAddr(u.IP)
+			if err != nil || !a.Is4() {
+				continue
+			}
+			w.hosts[a] = n.Name
+			if u.Bits == 0 {
+				continue // not reported: an agent that predates it
+			}
+			if p, err := a.Prefix(u.Bits); err == nil {
+				w.fabric = append(w.fabric, p)
+			}
+		}
+	}
+	return w
+}
+
+// checkFabric reports why addr cannot be a collector: not in any host's
+// uplink prefix, or a host's own address. Without WithFabric it is not
+// checked (the policy compiler: the controller checked it when written).
+func (w *World) checkFabric(addr string) error {
+	if w.hosts == nil {
+		return nil
+	}
+	a, _ := netip.ParseAddr(addr)
+	if h, ok := w.hosts[a]; ok {
+		return fieldErr("collector", "%s is host %s's own address: a collector is another machine on the fabric", addr, h)
+	}
+	for _, p := range w.fabric {
+		if p.Contains(a) {
+			return nil
+		}
+	}
+	if len(w.fabric) == 0 {
+		return fieldErr("collector", "%s: no host has reported its uplink's prefix yet, so the fabric is not known; try again once the agents run", addr)
+	}
+	seen := map[netip.Prefix]bool{}
+	var ps []string
+	for _, p := range w.fabric {
+		if !seen[p.Masked()] {
+			seen[p.Masked()] = true
+			ps = append(ps, p.Masked().String())
+		}
+	}
+	return fieldErr("collector", "%s is not on the fabric (%s): the hosts send copies out of their uplinks, to a neighbour on the same link", addr, strings.Join(ps, ", "))
 }
 
 // NewWorld indexes farms, subnets and VMs.
@@ -108,7 +168,12 @@ func (w *World) Resolve(p intent.TapPolicy) (intent.TapPolicy, error) {
 	if err != nil {
 		return p, err
 	}
-	p.Sender, p.Receiver, p.Monitor = e.snd.ref.Named(), e.rcv.ref.Named(), e.mon.ref.Named()
+	p.Sender, p.Receiver = e.snd.ref.Named(), e.rcv.ref.Named()
+	if p.Collector == "" {
+		p.Monitor = e.mon.ref.Named()
+	} else if p.Encap == "" {
+		p.Encap = EncapERSPAN2
+	}
 	return p, nil
 }
 
@@ -128,6 +193,9 @@ func (w *World) ends(p intent.TapPolicy) (endsOf, error) {
 	}
 	if e.rcv, err = w.resolve("receiver", p.Receiver); err != nil {
 		return e, err
+	}
+	if p.Collector != "" {
+		return e, w.collectorEnds(p, &e)
 	}
 	if e.mon, err = w.resolve("monitor", p.Monitor); err != nil {
 		return e, err
@@ -166,6 +234,54 @@ func (w *World) ends(p intent.TapPolicy) (endsOf, error) {
 		}
 	}
 	return e, nil
+}
+
+// collectorEnds checks a policy whose copies go to a collector: the
+// collector on the fabric, and the ends' farms. With no monitor to take
+// its farm from, any is any VM of the other end's farm; ends in two farms
+// need --cross-farm and the farms' mutual peering, as with a monitor.
+func (w *World) collectorEnds(p intent.TapPolicy, e *endsOf) error {
+	if err := CheckCollector(p.Collector, p.Encap); err != nil {
+		return err
+	}
+	if err := w.checkFabric(p.Collector); err != nil {
+		return err
+	}
+	if e.snd.ref.Kind == KindVM && e.rcv.ref.Kind == KindVM && e.snd.vm.FullName() == e.rcv.vm.FullName() {
+		return fieldErr("receiver", "%s is also the sender: a VM's traffic to itself never leaves it", e.rcv.vm.FullName())
+	}
+	farm := e.snd.farm()
+	if farm == "" {
+		farm = e.rcv.farm()
+	}
+	if farm == "" {
+		return fieldErr("receiver", "sender and receiver are both any: with a collector, any is any VM of the other end's farm; name a VM or a subnet on one side")
+	}
+	if sf, rf := e.snd.farm(), e.rcv.farm(); sf != "" && rf != "" && sf != rf {
+		if !p.CrossFarm {
+			return fieldErr("receiver", "the sender is in farm %s and the receiver in farm %s: a policy spans two farms only if it is cross-farm (--cross-farm) and the farms peer", sf, rf)
+		}
+		if !w.Peers(sf, rf) {
+			return fieldErr("receiver", "cross-farm: farms %s and %s do not peer with each other (both must: onehop peer %s %s and onehop peer %s %s)", sf, rf, sf, rf, rf, sf)
+		}
+	}
+	f, ok := w.farms[farm]
+	if !ok {
+		return fieldErr("sender", "farm %s has no record", farm)
+	}
+	var err error
+	if e.sndEnd, err = w.tapEnd(e.snd, f.ID); err != nil {
+		return fieldErr("sender", "%v", err)
+	}
+	if e.rcvEnd, err = w.tapEnd(e.rcv, f.ID); err != nil {
+		return fieldErr("receiver", "%v", err)
+	}
+	if p.VLAN != 0 {
+		if e.sndEnd, err = w.narrow(e.sndEnd, p.VLAN, p.Sender, farm, f.ID); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // tapEnd is an end as the datapath matches it. `any` is any VM of the
@@ -230,6 +346,12 @@ func (w *World) Rules(p intent.TapPolicy) ([]intent.TapRule, error) {
 	}
 	fwd := intent.TapRule{ID: p.ID, Policy: p.Name, Sender: e.sndEnd, Receiver: e.rcvEnd, TapFilter: p.TapFilter,
 		MonitorIP: e.mon.vm.IP, MonitorHost: e.mon.vm.Host}
+	if p.Collector != "" {
+		fwd.Collector, fwd.Encap = p.Collector, p.Encap
+		if fwd.Encap == "" {
+			fwd.Encap = EncapERSPAN2
+		}
+	}
 	out := []intent.TapRule{fwd}
 	if p.BothDirections {
 		rev := fwd

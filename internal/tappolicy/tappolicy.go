@@ -10,7 +10,11 @@
 //     MAC as in the paper's Fig. 4), a whole subnet (farm/subnet) or any. An
 //     IP or MAC is resolved to the VM holding it when the policy is written
 //     and stored as farm/subnet/vm, so it follows the VM, not the address.
-//   - The monitor is one VM, in any of the VM forms.
+//   - The monitor is one VM, in any of the VM forms. Or, instead, a
+//     collector: an IPv4 address on the fabric (in a host's uplink prefix,
+//     not a host's own) that takes the copies encapsulated as erspan2 (the
+//     default), erspan3 or gre. With a collector, any means any VM of the
+//     other end's farm (both any is refused: which farm?).
 //   - Filters, each optional: proto tcp|udp|icmp|N (0-255; 0 and any are
 //     any), sport and dport N or N-M (1 <= N <= M <= 65535, only with proto
 //     tcp, udp or any; with any they match TCP and UDP packets only), vlan
@@ -31,6 +35,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -221,6 +226,7 @@ func CheckFilter(f intent.TapFilter) error {
 // topology file: every value a string as typed.
 type Spec struct {
 	Name, Sender, Receiver, Monitor string
+	Collector, Encap                string
 	Proto, Sport, Dport             string
 	VLAN                            string
 	BothDirections, CrossFarm       bool
@@ -231,7 +237,7 @@ type Spec struct {
 // Errors name the flag / key (sender, sport, vlan).
 func ParseSpec(s Spec) (intent.TapPolicy, error) {
 	p := intent.TapPolicy{Name: s.Name, Sender: s.Sender, Receiver: s.Receiver, Monitor: s.Monitor,
-		BothDirections: s.BothDirections, CrossFarm: s.CrossFarm}
+		Collector: s.Collector, Encap: s.Encap, BothDirections: s.BothDirections, CrossFarm: s.CrossFarm}
 	if err := CheckName(s.Name); err != nil {
 		return p, fieldErr("name", "%v", err)
 	}
@@ -264,9 +270,51 @@ func ParseSpec(s Spec) (intent.TapPolicy, error) {
 	return p, nil
 }
 
-// checkRefs checks the three references' syntax.
+// Encapsulations of the copies to a collector.
+const (
+	EncapERSPAN2 = "erspan2" // GRE (0x88BE, sequenced) + ERSPAN type II: the default
+	EncapERSPAN3 = "erspan3" // GRE (0x22EB, sequenced) + ERSPAN type III, with a timestamp
+	EncapGRE     = "gre"     // plain GRE carrying the Ethernet frame (0x6558)
+)
+
+// Encaps are the encapsulations a collector may take, the default first.
+var Encaps = []string{EncapERSPAN2, EncapERSPAN3, EncapGRE}
+
+// CheckCollector checks a collector's syntax: an IPv4 unicast address
+// and a known encapsulation ("" is the default). Whether the address is on
+// the fabric is World.Resolve's to say.
+func CheckCollector(addr, encap string) error {
+	a, err := netip.ParseAddr(addr)
+	if err != nil || !a.Is4() {
+		return fieldErr("collector", "%q is not an IPv4 address: a collector is an address on the fabric", addr)
+	}
+	if !a.IsGlobalUnicast() && !a.IsPrivate() {
+		return fieldErr("collector", "%s is not a unicast address: a collector is one machine on the fabric", addr)
+	}
+	if encap != "" && !slices.Contains(Encaps, encap) {
+		return fieldErr("encap", "unknown encapsulation %q: want %s", encap, strings.Join(Encaps, ", "))
+	}
+	return nil
+}
+
+// checkRefs checks the three references' syntax, or the collector's.
 func checkRefs(p intent.TapPolicy) error {
+	switch {
+	case p.Collector != "" && p.Monitor != "":
+		return fieldErr("collector", "a policy has a monitor VM (%s) or a collector (%s), not both", p.Monitor, p.Collector)
+	case p.Collector != "":
+		if err := CheckCollector(p.Collector, p.Encap); err != nil {
+			return err
+		}
+	case p.Encap != "":
+		return fieldErr("encap", "encap %q without a collector: copies to a monitor VM are not encapsulated", p.Encap)
+	case p.Monitor == "":
+		return fieldErr("monitor", "no monitor and no collector: the copies go to a monitor VM or a collector on the fabric")
+	}
 	for _, r := range []struct{ field, ref string }{{"sender", p.Sender}, {"receiver", p.Receiver}, {"monitor", p.Monitor}} {
+		if r.field == "monitor" && p.Collector != "" {
+			continue
+		}
 		ref, err := ParseRef(r.ref)
 		if err != nil {
 			return fieldErr(r.field, "%v", err)

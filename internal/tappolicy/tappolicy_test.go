@@ -300,3 +300,61 @@ func TestMatchesKnowsWhichVMsAnEndNames(t *testing.T) {
 		}
 	}
 }
+
+// fabricNodes: h1 and h2 on 192.168.50.0/24.
+var fabricNodes = []intent.Node{
+	{Name: "h1", UplinkIP: "192.168.50.11", Uplinks: []intent.NodeUplink{{Name: "uplink0", IP: "192.168.50.11", Bits: 24}}},
+	{Name: "h2", UplinkIP: "192.168.50.12", Uplinks: []intent.NodeUplink{{Name: "uplink0", IP: "192.168.50.12", Bits: 24}}},
+}
+
+func TestACollectorMustBeOnTheFabricWithAKnownEncapsulation(t *testing.T) {
+	w := world().WithFabric(fabricNodes)
+	col := func(addr, encap string) func(*intent.TapPolicy) {
+		return func(p *intent.TapPolicy) { p.Collector, p.Encap = addr, encap }
+	}
+	got, err := w.Resolve(pol("10.1.1.2", "any", "", col("192.168.50.200", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Sender != "blue/web/web1" || got.Monitor != "" || got.Collector != "192.168.50.200" || got.Encap != EncapERSPAN2 {
+		t.Fatalf("resolved %+v", got)
+	}
+	cases := []struct {
+		name  string
+		p     intent.TapPolicy
+		field string
+		msg   string
+	}{
+		{"off the fabric", pol("blue/web/web1", "any", "", col("192.168.60.5", "gre")), "collector", "not on the fabric (192.168.50.0/24)"},
+		{"a host's own address", pol("blue/web/web1", "any", "", col("192.168.50.12", "")), "collector", "host h2's own address"},
+		{"not an address", pol("blue/web/web1", "any", "", col("collector1", "")), "collector", "not an IPv4 address"},
+		{"unknown encapsulation", pol("blue/web/web1", "any", "", col("192.168.50.200", "vxlan")), "encap", `unknown encapsulation "vxlan": want erspan2, erspan3, gre`},
+		{"monitor and collector", pol("blue/web/web1", "any", "blue/ops/mon", col("192.168.50.200", "")), "collector", "not both"},
+		{"neither", pol("blue/web/web1", "any", "", nil), "monitor", "no monitor and no collector"},
+		{"encap without collector", pol("blue/web/web1", "any", "blue/ops/mon", col("", "gre")), "encap", "without a collector"},
+		{"both any", pol("any", "any", "", col("192.168.50.200", "")), "receiver", "both any"},
+		{"two farms without consent", pol("blue/web/web1", "red/app", "", col("192.168.50.200", "")), "receiver", "--cross-farm"},
+	}
+	for _, tc := range cases {
+		_, err := w.Resolve(tc.p)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Msg, tc.msg) {
+			t.Errorf("%s: %v; want field %s with %q", tc.name, err, tc.field, tc.msg)
+		}
+	}
+	// Rules carry the collector and its encapsulation, no monitor; any is
+	// the other end's farm.
+	rules, err := w.Rules(pol("any", "blue/db/db1", "", func(p *intent.TapPolicy) {
+		p.Collector, p.Encap, p.BothDirections = "192.168.50.200", EncapERSPAN3, true
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []intent.TapRule{
+		{ID: 7, Policy: "t", Sender: intent.TapEnd{Kind: "any", Farm: 1}, Receiver: intent.TapEnd{Kind: "vm", IP: "10.1.2.2"}, Collector: "192.168.50.200", Encap: "erspan3"},
+		{ID: 7 | intent.TapReverse, Policy: "t", Sender: intent.TapEnd{Kind: "vm", IP: "10.1.2.2"}, Receiver: intent.TapEnd{Kind: "any", Farm: 1}, Collector: "192.168.50.200", Encap: "erspan3"},
+	}
+	if !reflect.DeepEqual(rules, want) {
+		t.Fatalf("rules\n%+v\nwant\n%+v", rules, want)
+	}
+}

@@ -234,7 +234,13 @@ func (b *background) kill() {
 func (l *testLab) start(node string, cmd ...string) *background {
 	l.t.Helper()
 	args := append([]string{"lab", "exec", "--root", testRoot, "--lab", l.name, node, "--"}, cmd...)
-	b := &background{cmd: exec.Command(binary, args...), done: make(chan struct{})}
+	return l.background(exec.Command(binary, args...))
+}
+
+// background starts cmd; it is stopped when the test ends if not before.
+func (l *testLab) background(cmd *exec.Cmd) *background {
+	l.t.Helper()
+	b := &background{cmd: cmd, done: make(chan struct{})}
 	b.cmd.Stdout, b.cmd.Stderr = &b.out, &b.out
 	if err := b.cmd.Start(); err != nil {
 		l.t.Fatal(err)
