@@ -1,8 +1,8 @@
 /* The per-node mapping table (paper §2, "The VNET ARP engine"): owned by the
  * datapath, which learns it from the fabric; the agent's ARP engine ages it
- * (an entry unused for 5 minutes is forgotten, one whose host stops
- * answering too) and the LRU bounds it. The agent never writes it from
- * intent. */
+ * (an entry unused for 5 minutes, or whose host stops answering, goes), the
+ * LRU bounds it, and the agent forgets a VM's entry once the VM leaves the
+ * intent (agent/purge.go). The agent never writes it from intent. */
 #ifndef ONEHOP_MAPPING_MAPS_H
 #define ONEHOP_MAPPING_MAPS_H
 

@@ -109,8 +109,8 @@ func printAgentStatus(w io.Writer, st intent.AgentStatus) {
 		fmt.Fprintf(w, "  mapping table: %d remote VMs mapped, %d being asked, of %d entries\n", a.Mapped, a.Asking, a.Capacity)
 		fmt.Fprintf(w, "  ARP engine: VMs' questions to the fabric %d (datapath), answered for other hosts %d, answers learned %d\n",
 			st.Forwards["arp_to_fabric"], st.Forwards["arp_answered"], st.Forwards["arp_learned"])
-		fmt.Fprintf(w, "              agent asked %d unicast + %d multicast: resolved %d, unresolved %d; refreshed %d, expired %d, lost %d\n",
-			a.UnicastRequests, a.MulticastRequests, a.Resolved, a.Unresolved, a.Refreshed, a.Expired, a.Lost)
+		fmt.Fprintf(w, "              agent asked %d unicast + %d multicast: resolved %d, unresolved %d; refreshed %d, expired %d, lost %d, purged %d\n",
+			a.UnicastRequests, a.MulticastRequests, a.Resolved, a.Unresolved, a.Refreshed, a.Expired, a.Lost, a.Purged)
 		fmt.Fprintf(w, "  held packets: %d held, %d released, %d discarded; %d VMs announced\n", a.Held, a.Released, a.Discarded, a.Announced)
 	}
 	for _, kv := range sortedCounters(st.Drops) {

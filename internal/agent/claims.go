@@ -134,19 +134,14 @@ func (c *ClaimChecker) holder(ctx context.Context, vm netip.Addr) (net.HardwareA
 		if v.IP != vm.String() {
 			continue
 		}
-		var n intent.Node
-		err := store.GetJSON(ctx, c.store, intent.NodesPrefix+v.Host, &n)
-		if errors.Is(err, store.ErrNotFound) {
+		mac, err := nodeUplinkMAC(ctx, c.store, v.Host)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
 			return nil, fmt.Errorf("%w: host %s of %s has no node record", errRefused, v.Host, v.FullName())
+		case errors.Is(err, errBadUplinkMAC):
+			return nil, fmt.Errorf("%w: %w", errRefused, err)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("node record of %s: %w", v.Host, err)
-		}
-		mac, err := net.ParseMAC(n.UplinkMAC)
-		if err != nil {
-			return nil, fmt.Errorf("%w: node %s: uplink MAC %q is not an Ethernet address", errRefused, v.Host, n.UplinkMAC)
-		}
-		return mac, nil
+		return mac, err
 	}
 	return nil, fmt.Errorf("%w: no VM has address %s", errRefused, vm)
 }

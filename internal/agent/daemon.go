@@ -22,6 +22,7 @@ import (
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/feature"
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/opsport"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/ratelog"
@@ -148,7 +149,13 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: engine.Stats, Ready: readyNotifier(log), Departed: func(ip netip.Addr) {
+	purger := NewMappingPurger(s, k, log)
+	arpStats := func() intent.ARPStats {
+		st := engine.Stats()
+		st.Purged = purger.Purged()
+		return st
+	}
+	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: arpStats, Ready: readyNotifier(log), Departed: func(ip netip.Addr) {
 		// Where it went is the ARP engine's to find out on the next packet.
 		if err := k.ForgetMapping(ip); err != nil {
 			log.Warn("forget the mapping of a VM that left", "vm", ip, "err", err)
@@ -161,7 +168,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		}
 	}, log)
 	groups := NewUplinkGroups(cfg.Node, cfg.Uplink, log)
-	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Log: log, Groups: groups,
+	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Purger: purger, Log: log, Groups: groups,
 		SlowPath: &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Claims: claims, Shares: a.Shares(),
 			Log: ratelog.New(log, 5, time.Second, nil)}})
 	// Each feature's own work (the router's: the ARP engine, the drop log,

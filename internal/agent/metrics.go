@@ -144,6 +144,6 @@ func ARPEvents(a intent.ARPStats) map[string]uint64 {
 	return map[string]uint64{
 		"unicast_request": a.UnicastRequests, "multicast_request": a.MulticastRequests,
 		"resolved": a.Resolved, "unresolved": a.Unresolved, "refreshed": a.Refreshed, "expired": a.Expired,
-		"lost": a.Lost, "held": a.Held, "released": a.Released, "discarded": a.Discarded, "announced": a.Announced,
+		"lost": a.Lost, "purged": a.Purged, "held": a.Held, "released": a.Released, "discarded": a.Discarded, "announced": a.Announced,
 	}
 }

@@ -59,9 +59,11 @@ type Router struct {
 // RouterWork is what the router runs beside its maps. The daemon fills it
 // in; tests leave it out.
 type RouterWork struct {
-	Kernel   *datapath.Kernel
-	Engine   *arpengine.Engine
-	Claims   *ClaimChecker
+	Kernel *datapath.Kernel
+	Engine *arpengine.Engine
+	Claims *ClaimChecker
+	// Purger forgets the learned entries of VMs that left the intent.
+	Purger   *MappingPurger
 	SlowPath *SlowPath
 	Log      *slog.Logger
 	// Groups keeps the uplink joined to its scopes' multicast groups
@@ -332,9 +334,10 @@ func (r *Router) Run(ctx context.Context) error {
 		return fmt.Errorf("open slow path: %w", err)
 	}
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
 	go func() { defer wg.Done(); runARPEngine(ctx, w.Engine, w.Log) }()
 	go func() { defer wg.Done(); w.Claims.Run(ctx) }()
+	go func() { defer wg.Done(); w.Purger.Run(ctx) }()
 	go func() {
 		defer wg.Done()
 		LogDrops(events, w.Kernel.DropReason, ifname, ratelog.New(w.Log, 5, time.Second, nil))

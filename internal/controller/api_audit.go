@@ -41,7 +41,8 @@ type AuditEntry struct {
 	Status int    `json:"status"`
 	// Change is the request body, shortened (auditChangeMax) and without
 	// any secret: a field named like a secret, token, key or password is
-	// written "<redacted>".
+	// written "<redacted>"; then, after "; ", what the write did beyond
+	// it (a farm's delete: the tenant tokens it revoked).
 	Change string `json:"change,omitempty"`
 }
 
@@ -242,8 +243,9 @@ func (c *Controller) auditRoutes(mux *router) {
 
 // auditNote is what a handler adds to its request's entry: the farm a
 // write concerns when its path does not name one (a farm's creation, a
-// TAP policy, a tenant token).
-type auditNote struct{ farm string }
+// TAP policy, a tenant token), and what the write did beyond its body (a
+// farm's delete revoking its tokens).
+type auditNote struct{ farm, change string }
 
 type auditNoteKey struct{}
 
@@ -252,6 +254,15 @@ type auditNoteKey struct{}
 func noteFarm(ctx context.Context, farm string) {
 	if n, ok := ctx.Value(auditNoteKey{}).(*auditNote); ok {
 		n.farm = farm
+	}
+}
+
+// noteChange records, for the audit trail, something the request's write
+// did that its body does not say; it goes after the body in the entry's
+// change.
+func noteChange(ctx context.Context, change string) {
+	if n, ok := ctx.Value(auditNoteKey{}).(*auditNote); ok {
+		n.change = strings.TrimPrefix(n.change+"; "+change, "; ")
 	}
 }
 
@@ -318,6 +329,9 @@ func (c *Controller) audited(w http.ResponseWriter, r *http.Request, pattern str
 		Noun: noun, Name: name, Status: sw.status}
 	if body != nil {
 		e.Change = summarize(body.buf.Bytes(), body.read)
+	}
+	if note.change != "" {
+		e.Change = strings.TrimPrefix(e.Change+"; "+note.change, "; ")
 	}
 	if err := c.audit.record(r.Context(), c.raw, e); err != nil {
 		c.log.Error("audit trail: an accepted write is not recorded", "who", e.Who, "method", e.Method, "path", e.Path, "err", err)

@@ -64,6 +64,12 @@ func (c *Controller) CreateFarm(ctx context.Context, name string, proxyARP bool)
 	if _, err := c.getFarm(ctx, name); err == nil {
 		return intent.Farm{}, conflict("name", "farm %q", name)
 	}
+	// Tokens naming a farm that is not there predate its delete (one
+	// made before deletes revoked them, or a delete that failed half
+	// way): the new farm's tenant is not theirs.
+	if err := c.revokeFarmTokens(ctx, name); err != nil {
+		return intent.Farm{}, err
+	}
 	a, err := c.alloc(ctx)
 	if err != nil {
 		return intent.Farm{}, err
@@ -84,7 +90,9 @@ func (c *Controller) CreateFarm(ctx context.Context, name string, proxyARP bool)
 // subnets or VMs, another farm's rule names a subnet of it or peers with
 // it, or a TAP policy names a VM or subnet of it; with cascade those go
 // first (refuseOrCascade). Its farm state goes from the store with its
-// record, and with it every host's entries for it.
+// record, and with it every host's entries for it. Its tenant tokens are
+// revoked before the record goes (revokeFarmTokens), so a farm made
+// again under the same name starts with no credential.
 func (c *Controller) DeleteFarm(ctx context.Context, name string, cascade bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -92,6 +100,12 @@ func (c *Controller) DeleteFarm(ctx context.Context, name string, cascade bool) 
 		return err
 	}
 	if err := c.refuseOrCascade(ctx, deletion{farm: name}, cascade); err != nil {
+		return err
+	}
+	// Before the record: a failure between leaves a farm without some
+	// of its tokens, which the delete's retry finishes, never tokens
+	// without their farm, which a new farm of the name would inherit.
+	if err := c.revokeFarmTokens(ctx, name); err != nil {
 		return err
 	}
 	// The record first: a failure after it leaves an id unused, never an

@@ -178,6 +178,10 @@ func (c *Controller) tenantRoutes(mux *router) {
 // and returns it: the only time the secret is seen. The store keeps its
 // hash.
 func (c *Controller) CreateTenantToken(ctx context.Context, farm string) (NewTenantToken, error) {
+	// Under the intent lock, as a farm's delete is: a token made while
+	// its farm is being deleted would outlive it.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if farm == "" {
 		return NewTenantToken{}, fieldErr("farm", errors.New("missing: a tenant token is scoped to one farm"))
 	}
@@ -246,4 +250,35 @@ func (c *Controller) RevokeTenantToken(ctx context.Context, id string) (TenantTo
 		return rec.TenantToken, err
 	}
 	return rec.TenantToken, c.raw.Delete(ctx, tokenKey(id))
+}
+
+// auditTokensNamed bounds the ids an audit entry names of the tokens a
+// farm's delete revoked: the entry stays a few hundred bytes.
+const auditTokensNamed = 8
+
+// revokeFarmTokens revokes every tenant token of farm, as
+// RevokeTenantToken does each, and notes their ids for the audit entry of
+// the request that caused it (a farm's delete, or its creation finding
+// tokens of a farm of that name deleted before). c.mu is held.
+func (c *Controller) revokeFarmTokens(ctx context.Context, farm string) error {
+	toks, err := c.ListTenantTokens(ctx, farm)
+	if err != nil {
+		return fmt.Errorf("tenant tokens of farm %s: %w", farm, err)
+	}
+	var ids []string
+	for _, t := range toks {
+		if _, err := c.RevokeTenantToken(ctx, t.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("revoke tenant token %s of farm %s: %w", t.ID, farm, err)
+		}
+		ids = append(ids, t.ID)
+	}
+	if len(ids) > 0 {
+		named := strings.Join(ids[:min(len(ids), auditTokensNamed)], " ")
+		if len(ids) > auditTokensNamed {
+			named += fmt.Sprintf(" and %d more", len(ids)-auditTokensNamed)
+		}
+		noteChange(ctx, fmt.Sprintf("revoked farm %s's tenant tokens: %s", farm, named))
+		c.log.Info("tenant tokens revoked with their farm", "farm", farm, "tokens", ids)
+	}
+	return nil
 }

@@ -602,3 +602,82 @@ func TestTenantCertificateActsOnItsFarmOnly(t *testing.T) {
 		t.Fatalf("audit: %+v %v", all, err)
 	}
 }
+
+// Deleting a farm revokes its tenant tokens (401 from then on), with or
+// without cascade, and the audit entry of the delete names them; a refused
+// delete revokes nothing, another farm's tokens stay, and a farm made
+// again under the same name admits none of the old ones, not even a token
+// its delete did not revoke (one left by a delete before this behaviour).
+func TestDeletingAFarmRevokesItsTenantTokensAndANewFarmOfTheNameInheritsNone(t *testing.T) {
+	e := newTenantEnv(t)
+	var second NewTenantToken
+	if err := json.Unmarshal(e.must(t, "admin", "POST", "/v1/tenants/tokens", `{"farm":"blue"}`, 201), &second); err != nil {
+		t.Fatal(err)
+	}
+	e.token["blue2"] = second.Token
+	e.must(t, "admin", "DELETE", "/v1/farms/blue", "", 409) // subnets and VMs
+	for _, who := range []string{"blue", "blue2"} {
+		e.must(t, who, "GET", "/v1/farms/blue", "", 200) // a refused delete revokes nothing
+	}
+
+	e.must(t, "admin", "DELETE", "/v1/farms/blue?cascade=true", "", 204)
+	for _, who := range []string{"blue", "blue2"} {
+		if code, out := e.call(t, who, "GET", "/v1/vms", ""); code != 401 {
+			t.Errorf("%s's token after its farm's delete: %d %s, want 401", who, code, out)
+		}
+	}
+	e.must(t, "red", "GET", "/v1/farms/red", "", 200)
+	if out := e.must(t, "admin", "GET", "/v1/tenants/tokens", "", 200); strings.Contains(string(out), `"blue"`) || !strings.Contains(string(out), e.ids["red"]) {
+		t.Errorf("tokens after blue's delete: %s, want red's only", out)
+	}
+	for k, v := range snapshot(t, e.s) {
+		if strings.HasPrefix(k, intent.TenantTokensPrefix) && strings.Contains(v, `"blue"`) {
+			t.Errorf("the store still holds blue's token %s = %s", k, v)
+		}
+	}
+	var all []AuditEntry
+	if err := json.Unmarshal(e.must(t, "admin", "GET", "/v1/audit?farm=blue", "", 200), &all); err != nil || len(all) == 0 {
+		t.Fatalf("blue's audit: %+v %v", all, err)
+	}
+	del := all[len(all)-1]
+	if del.Method != "DELETE" || del.Noun != "farms" || !strings.Contains(del.Change, "revoked farm blue's tenant tokens: ") ||
+		!strings.Contains(del.Change, e.ids["blue"]) || !strings.Contains(del.Change, second.ID) {
+		t.Errorf("the delete's audit entry: %+v, want it to name both revoked tokens", del)
+	}
+
+	// An empty farm's delete (no cascade) revokes too.
+	e.must(t, "admin", "POST", "/v1/farms", `{"name":"green"}`, 201)
+	var green NewTenantToken
+	if err := json.Unmarshal(e.must(t, "admin", "POST", "/v1/tenants/tokens", `{"farm":"green"}`, 201), &green); err != nil {
+		t.Fatal(err)
+	}
+	e.token["green"] = green.Token
+	e.must(t, "green", "GET", "/v1/farms/green", "", 200)
+	e.must(t, "admin", "DELETE", "/v1/farms/green", "", 204)
+	e.must(t, "green", "GET", "/v1/farms", "", 401)
+
+	// blue again: none of its old tokens is let in.
+	e.must(t, "admin", "POST", "/v1/farms", `{"name":"blue"}`, 201)
+	for _, who := range []string{"blue", "blue2"} {
+		e.must(t, who, "GET", "/v1/farms/blue", "", 401)
+	}
+	// A token whose farm went without it (removed behind the controller,
+	// as a delete before this behaviour did) is revoked by the creation of
+	// a farm of that name.
+	var stale NewTenantToken
+	if err := json.Unmarshal(e.must(t, "admin", "POST", "/v1/tenants/tokens", `{"farm":"blue"}`, 201), &stale); err != nil {
+		t.Fatal(err)
+	}
+	e.token["stale"] = stale.Token
+	if err := e.s.Delete(t.Context(), intent.FarmsPrefix+"blue"); err != nil {
+		t.Fatal(err)
+	}
+	e.must(t, "admin", "POST", "/v1/farms", `{"name":"blue"}`, 201)
+	e.must(t, "stale", "GET", "/v1/farms/blue", "", 401)
+	if err := json.Unmarshal(e.must(t, "admin", "GET", "/v1/audit?farm=blue", "", 200), &all); err != nil {
+		t.Fatal(err)
+	}
+	if c := all[len(all)-1]; c.Method != "POST" || !strings.Contains(c.Change, "revoked farm blue's tenant tokens: "+stale.ID) {
+		t.Errorf("the re-creation's audit entry: %+v, want it to name the stale token", c)
+	}
+}

@@ -11,7 +11,8 @@ package intent
 // farm states (it watches those of the farms its VMs are in), every
 // host's node record (whom the datapath hears from the fabric), and the VM
 // records (a fabric claim that a VM moved is believed only where the store
-// places it: agent/claims.go).
+// places it: agent/claims.go; a deleted VM's learned mapping is forgotten:
+// agent/purge.go).
 func AgentReads(host string) []string {
 	return []string{DesiredHostPrefix(host), FarmStatePrefix, NodesPrefix, VMsPrefix}
 }

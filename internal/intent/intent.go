@@ -527,6 +527,7 @@ type ARPStats struct {
 	Refreshed         uint64 `json:"refreshed"`         // entries in use, confirmed again
 	Expired           uint64 `json:"expired"`           // entries unused for too long, forgotten
 	Lost              uint64 `json:"lost"`              // entries whose host stopped answering, forgotten
+	Purged            uint64 `json:"purged"`            // entries of VMs that left the intent (deleted), forgotten
 	Held              uint64 `json:"held"`              // packets held while their destination was resolved
 	Released          uint64 `json:"released"`          // held packets sent on once resolved
 	Discarded         uint64 `json:"discarded"`         // held packets dropped: unresolved, queue full or too big

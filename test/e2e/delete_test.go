@@ -3,8 +3,10 @@ package e2e
 import (
 	endian "encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lab"
 	"github.com/onehop/onehop/internal/testenv"
@@ -35,7 +38,8 @@ func (l *testLab) pinnedMap(host, name string) *ebpf.Map {
 // farmEntries lists, map by map, the entries of farm id in host's
 // reconciled maps: its VMs' endpoints and vifs (by address), its scopes
 // and scope members (by farm byte), the visibility rules from or to it,
-// and its switches (farms[id] set). What a farm's delete must leave none of.
+// and its switches (farms[id] set); and in the mapping table the datapath
+// learns, its VMs' addresses. What a farm's delete must leave none of.
 func (l *testLab) farmEntries(host string, id uint8) []string {
 	l.t.Helper()
 	var out []string
@@ -54,6 +58,7 @@ func (l *testLab) farmEntries(host string, id uint8) []string {
 	}
 	isFarm := func(ip []byte) bool { return ip[0] == 10 && ip[1] == id }
 	each("endpoints", func(k, _ []byte) bool { return isFarm(k) })
+	each("mappings", func(k, _ []byte) bool { return isFarm(k) })
 	each("vifs", func(_, v []byte) bool { return isFarm(v) })
 	each("scopes", func(k, _ []byte) bool { return k[0] == id })
 	each("scope_members", func(k, _ []byte) bool { return k[0] == id })
@@ -135,10 +140,11 @@ func TestPrivilegedFarmCascadeDeleteLeavesNoKeyAndNoMapEntry(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &blue) != nil || blue.ID == 0 {
 		t.Fatalf("farm get blue: %v\n%s", err, out)
 	}
-	// The entries were there: each host carries a VM of blue.
+	// The entries were there: each host carries a VM of blue, and has
+	// learned where the other host's is (web1 pinged db1).
 	for _, h := range []string{"h1", "h2"} {
 		got := strings.Join(l.farmEntries(h, blue.ID), "\n")
-		for _, m := range []string{"endpoints ", "vifs ", "scopes ", "scope_members ", "visibility ", "farms "} {
+		for _, m := range []string{"endpoints ", "mappings ", "vifs ", "scopes ", "scope_members ", "visibility ", "farms "} {
 			if !strings.Contains(got, m) {
 				t.Fatalf("before the delete, %s has no %sentry of blue (id %d): the check below would prove nothing\n%s", h, m, blue.ID, got)
 			}
@@ -156,9 +162,14 @@ func TestPrivilegedFarmCascadeDeleteLeavesNoKeyAndNoMapEntry(t *testing.T) {
 	}
 
 	// etcd: no key of blue, of its VMs or of its state; red's record
-	// without its rule and peering naming blue.
+	// without its rule and peering naming blue. The audit trail keeps
+	// the record that the delete happened (docs/tenants.md, "Deletes
+	// leave history").
 	keys := l.etcdKeys()
 	for k, v := range keys {
+		if strings.HasPrefix(k, intent.AuditPrefix) {
+			continue
+		}
 		if strings.Contains(k, "blue") || strings.Contains(v, "blue") || strings.Contains(k, "web1") || strings.Contains(k, "db1") ||
 			k == intent.FarmStateKey(blue.ID) || strings.Contains(v, fmt.Sprintf(`"10.%d.`, blue.ID)) {
 			t.Errorf("etcd still holds %s = %s", k, v)
@@ -190,7 +201,9 @@ func TestPrivilegedFarmCascadeDeleteLeavesNoKeyAndNoMapEntry(t *testing.T) {
 // a container's VM (CNI) on h1 is deleted with `onehop vm delete`; h1's
 // datapath drops its endpoint, and the next container's VM, on h2, gets
 // the same address (`onehop vm get` says so) and is reached from a VM on
-// h1, which never knew it somewhere else, and from one on h2.
+// h1, which never knew it somewhere else, and from one on h2. h2, which
+// had learned the address on h1, forgets it within 2 seconds of the
+// delete; h1 ends up mapping it to h2.
 func TestPrivilegedDeletedVMsAddressGoesToANewVMOnAnotherHostThatIsReachable(t *testing.T) {
 	testenv.RequireTool(t, "cnitool", "nsenter")
 	l := upLab(t, qemuGuestLab) // web1 on h1, web2 on h2; the containers are the test's
@@ -205,6 +218,10 @@ func TestPrivilegedDeletedVMsAddressGoesToANewVMOnAnotherHostThatIsReachable(t *
 	}
 	if err := l.ping("web2", ip, 2); err != nil {
 		t.Fatal(err)
+	}
+	h2Table := l.pinnedMap("h2", "mappings")
+	if got, want := l.mappingOf(h2Table, ip), l.mac("h1", "uplink0"); got != want {
+		t.Fatalf("before the delete, h2 maps %s to %q, want h1 (%s)", ip, got, want)
 	}
 	endpoints := l.pinnedMap("h1", "endpoints")
 	key := netip.MustParseAddr(ip).As4()
@@ -221,6 +238,10 @@ func TestPrivilegedDeletedVMsAddressGoesToANewVMOnAnotherHostThatIsReachable(t *
 	}
 	testenv.Eventually(t, "h1's datapath to drop "+ip, 10*time.Second, func() bool {
 		return endpoints.Lookup(key[:], v) != nil
+	})
+	// h2, whose web2 talked to it, forgets where it was.
+	testenv.Eventually(t, "h2 to hold no mapping of the deleted "+ip, 2*time.Second, func() bool {
+		return l.mappingOf(h2Table, ip) == ""
 	})
 	// The runtime's DEL of a VM already gone succeeds and takes its links.
 	if out, err := h1.cnitool("del", c1.path); err != nil {
@@ -241,6 +262,71 @@ func TestPrivilegedDeletedVMsAddressGoesToANewVMOnAnotherHostThatIsReachable(t *
 	}
 	// It is c2 that answers: it reaches web1 from that address itself.
 	if err := c2.ping(l.ip("web1"), 3); err != nil {
+		t.Error(err)
+	}
+	// h1 maps the address to c2's host, and keeps it.
+	if got, want := l.mappingOf(l.pinnedMap("h1", "mappings"), ip), l.mac("h2", "uplink0"); got != want {
+		t.Errorf("h1 maps the re-used %s to %q, want the new VM's host h2 (%s)", ip, got, want)
+	}
+}
+
+// mappingOf is host's learned mapping of ip, read from its pinned mapping
+// table: the MAC of the host it maps ip to, "" without an entry ("asking"
+// for one that is only being asked for).
+func (l *testLab) mappingOf(table *ebpf.Map, ip string) string {
+	l.t.Helper()
+	var m datapath.Mapping
+	if err := table.Lookup(datapath.IPKey(netip.MustParseAddr(ip)), &m); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return ""
+	} else if err != nil {
+		l.t.Fatalf("mapping of %s: %v", ip, err)
+	}
+	if m.HostMac == [6]byte{} {
+		return "asking"
+	}
+	return net.HardwareAddr(m.HostMac[:]).String()
+}
+
+// TestPrivilegedDeletedVMsLearnedMappingLeavesTheOtherHostWithinSeconds:
+// web2 (h2) talks to web1 and web3 (h1), so h2's datapath has learned both
+// on h1 (read from its pinned mapping table). web1 is deleted: h2's entry
+// for it goes within 2 seconds, counted as purged on h2's /metrics, and
+// web3's, a live VM on the same host, stays and carries traffic on.
+func TestPrivilegedDeletedVMsLearnedMappingLeavesTheOtherHostWithinSeconds(t *testing.T) {
+	l := upLab(t, quickstart) // web1 and web3 on h1, web2 on h2
+	web1, web3 := l.ip("web1"), l.ip("web3")
+	for _, to := range []string{web1, web3} {
+		if err := l.ping("web2", to, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	table := l.pinnedMap("h2", "mappings")
+	h1 := l.mac("h1", "uplink0")
+	for _, ip := range []string{web1, web3} {
+		if got := l.mappingOf(table, ip); got != h1 {
+			t.Fatalf("before the delete, h2 maps %s to %q, want h1 (%s): the check below would prove nothing", ip, got, h1)
+		}
+	}
+	purged := l.metrics("h2").at(arpEvent("purged"))
+
+	if out, err := l.cli("vm", "delete", "blue/web/web1"); err != nil || out != "vm blue/web/web1 deleted\n" {
+		t.Fatalf("vm delete web1: %v\n%s", err, out)
+	}
+	t0 := time.Now()
+	testenv.Eventually(t, "h2 to hold no mapping of web1 ("+web1+")", 2*time.Second, func() error {
+		if got := l.mappingOf(table, web1); got != "" {
+			return fmt.Errorf("h2 still maps %s to %s", web1, got)
+		}
+		return nil
+	})
+	t.Logf("h2's mapping of the deleted web1 went %v after the delete was answered", time.Since(t0).Round(time.Millisecond))
+	if got := l.metrics("h2").at(arpEvent("purged")) - purged; got != 1 {
+		t.Errorf("h2 counted %v mappings purged, want 1 (web1's)", got)
+	}
+	if got := l.mappingOf(table, web3); got != h1 {
+		t.Errorf("after web1's delete, h2 maps web3 (%s) to %q, want h1 (%s): a live VM's entry went too", web3, got, h1)
+	}
+	if err := l.ping("web2", web3, 2); err != nil {
 		t.Error(err)
 	}
 }
