@@ -701,6 +701,13 @@ func (h *harness) changeRules(ctx context.Context) error {
 func (h *harness) revokeRules(ctx context.Context) error {
 	var everywhere, perHost, request []time.Duration
 	runtime.GC() // as changeRules: the simulated agents share one heap
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	gcs := ms.NumGC
+	defer func() {
+		runtime.ReadMemStats(&ms)
+		h.report.RevocationHarnessGCs = ms.NumGC - gcs
+	}()
 	for k := 0; k < h.cfg.Revocations; k++ {
 		i := -1
 		for j := len(h.rules) - 1; j >= 0; j-- {
