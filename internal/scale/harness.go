@@ -651,14 +651,7 @@ func (h *harness) collect(ctx context.Context, hosts []string, p func(i int) (<-
 // that still fall among them are counted in the report.
 func (h *harness) changeRules(ctx context.Context) error {
 	var everywhere, perHost, request []time.Duration
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	gcs := ms.NumGC
-	defer func() {
-		runtime.ReadMemStats(&ms)
-		h.report.RuleHarnessGCs = ms.NumGC - gcs
-	}()
+	defer collectAndCount(&h.report.RuleHarnessGCs)()
 	for k := 0; k < h.cfg.RuleChanges; k++ {
 		f := k % h.cfg.Farms
 		port := uint16(10000 + k)
@@ -690,6 +683,19 @@ func (h *harness) changeRules(ctx context.Context) error {
 	return nil
 }
 
+// collectAndCount collects this process's heap now and returns what
+// stores in n, when called, how many collections fell in between.
+func collectAndCount(n *uint32) (done func()) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	gcs := ms.NumGC
+	return func() {
+		runtime.ReadMemStats(&ms)
+		*n = ms.NumGC - gcs
+	}
+}
+
 // revokeRules deletes rules one at a time (issue 21, "Revocation is
 // immediate"), each timed from the request to the moment the last host
 // holding a VM of its farm has applied the rule set without it: the
@@ -700,7 +706,7 @@ func (h *harness) changeRules(ctx context.Context) error {
 // measures it on real hosts).
 func (h *harness) revokeRules(ctx context.Context) error {
 	var everywhere, perHost, request []time.Duration
-	runtime.GC() // as changeRules: the simulated agents share one heap
+	defer collectAndCount(&h.report.RevocationHarnessGCs)() // as changeRules: the simulated agents share one heap
 	for k := 0; k < h.cfg.Revocations; k++ {
 		i := -1
 		for j := len(h.rules) - 1; j >= 0; j-- {

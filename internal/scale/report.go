@@ -36,8 +36,10 @@ type Report struct {
 	RevocationRequest Summary `json:"revocationRequest"` // the delete's API request alone
 	// RuleHarnessGCs is how many collections of this process's heap (the
 	// simulated agents' one shared heap) fell among the rule changes.
-	RuleHarnessGCs uint32  `json:"ruleHarnessGCs"`
-	Move           Summary `json:"move"`
+	RuleHarnessGCs uint32 `json:"ruleHarnessGCs"`
+	// RevocationHarnessGCs is the same among the revocations.
+	RevocationHarnessGCs uint32  `json:"revocationHarnessGCs"`
+	Move                 Summary `json:"move"`
 	// The controller restart: how long the API was away, entries any
 	// datapath lost, and relists of desired state, beside an equally
 	// long quiet window before it.
@@ -210,8 +212,9 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "rule change applied everywhere: %s   (per host: %s; the API request alone: %s; %d collections of the agents' shared heap among them)\n",
 		r.RuleChange, r.RuleChangePerHost, r.RuleRequest, r.RuleHarnessGCs)
 	if r.Revocation.N > 0 {
-		fmt.Fprintf(w, "rule revoked, applied everywhere: %s   (per host: %s; the API request alone: %s); against a rule added in this run: p50 %.2fx, p99 %.2fx\n",
-			r.Revocation, r.RevocationPerHost, r.RevocationRequest, ratio(r.Revocation.P50, r.RuleChange.P50), ratio(r.Revocation.P99, r.RuleChange.P99))
+		fmt.Fprintf(w, "rule revoked, applied everywhere: %s   (per host: %s; the API request alone: %s; %d collections of the agents' shared heap among them); against a rule added in this run: p50 %.2fx, p99 %.2fx (the request alone: p50 %.2fx, p99 %.2fx)\n",
+			r.Revocation, r.RevocationPerHost, r.RevocationRequest, r.RevocationHarnessGCs, ratio(r.Revocation.P50, r.RuleChange.P50), ratio(r.Revocation.P99, r.RuleChange.P99),
+			ratio(r.RevocationRequest.P50, r.RuleRequest.P50), ratio(r.RevocationRequest.P99, r.RuleRequest.P99))
 	}
 	fmt.Fprintf(w, "VM move applied on both hosts:  %s\n", r.Move)
 	fmt.Fprintf(w, "controller restart: API back in %v; datapath entries removed %d (quiet window %d); relists %d (quiet window %d); other reads %d (%d); watches opened %d (%d)\n",
