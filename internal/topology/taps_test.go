@@ -55,7 +55,7 @@ func TestTopologyTapErrorsNameTheLine(t *testing.T) {
 		taps string
 		want string
 	}{
-		{"  - {name: a, sender: any, receiver: any}\n", `t.yaml:14: tap "a": monitor: empty`},
+		{"  - {name: a, sender: any, receiver: any}\n", `t.yaml:14: tap "a": monitor: no monitor and no collector`},
 		{"  - {name: A, sender: any, receiver: any, monitor: blue/ops/mon}\n", `t.yaml:14: tap "A": name: tap name "A" must be`},
 		{"  - name: a\n    sender: any\n    receiver: any\n    monitor: blue/ops/mon\n    dport: 0\n", `t.yaml:18: tap "a": dport: ports "0": port 0 is not a port`},
 		{"  - name: a\n    sender: any\n    receiver: any\n    monitor: blue/ops/mon\n    proto: icmp\n    sport: 7\n", `t.yaml:19: tap "a": sport: a sport filter needs proto tcp, udp or any`},
