@@ -12,6 +12,14 @@ import (
 
 func storedTaps(t *testing.T, s store.Store) string {
 	t.Helper()
+	return storedTapsAs(t, s, func(p intent.TapPolicy) string {
+		return fmt.Sprintf("%s#%d=%s>%s@%s", p.Name, p.ID, p.Sender, p.Receiver, p.Monitor)
+	})
+}
+
+// storedTapsAs is the store's TAP policies, by name, each as format says.
+func storedTapsAs(t *testing.T, s store.Store, format func(intent.TapPolicy) string) string {
+	t.Helper()
 	list, _, err := store.ListJSON[intent.TapPolicy](t.Context(), s, intent.TapsPrefix)
 	if err != nil {
 		t.Fatal(err)
@@ -19,7 +27,7 @@ func storedTaps(t *testing.T, s store.Store) string {
 	slices.SortFunc(list, func(a, b intent.TapPolicy) int { return strings.Compare(a.Name, b.Name) })
 	var out []string
 	for _, p := range list {
-		out = append(out, fmt.Sprintf("%s#%d=%s>%s@%s", p.Name, p.ID, p.Sender, p.Receiver, p.Monitor))
+		out = append(out, format(p))
 	}
 	return strings.Join(out, " ")
 }
@@ -82,19 +90,13 @@ func TestTopologyTapsToACollectorAreCheckedAgainstTheFilesFabric(t *testing.T) {
 	if nodes, _, err := s.List(t.Context(), intent.NodesPrefix); err != nil || len(nodes) != 0 {
 		t.Fatalf("node records %v %v: the test wants none", nodes, err)
 	}
-	list, _, err := store.ListJSON[intent.TapPolicy](t.Context(), s, intent.TapsPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.SortFunc(list, func(a, b intent.TapPolicy) int { return strings.Compare(a.Name, b.Name) })
-	var got []string
-	for _, p := range list {
-		got = append(got, fmt.Sprintf("%s=%s>%s@%q,%s:%s", p.Name, p.Sender, p.Receiver, p.Monitor, p.Collector, p.Encap))
-	}
+	got := storedTapsAs(t, s, func(p intent.TapPolicy) string {
+		return fmt.Sprintf("%s=%s>%s@%q,%s:%s", p.Name, p.Sender, p.Receiver, p.Monitor, p.Collector, p.Encap)
+	})
 	// The encapsulation defaults as through the API; an IP resolves.
 	want := `col=blue/web>any@"",192.168.100.200:erspan2 col-addr=blue/web/web2>blue/db@"",192.168.100.201:gre`
-	if strings.Join(got, " ") != want {
-		t.Fatalf("seeded %s, want %s", strings.Join(got, " "), want)
+	if got != want {
+		t.Fatalf("seeded %s, want %s", got, want)
 	}
 
 	// What only the controller knows: a host's later uplink, an end's farm
