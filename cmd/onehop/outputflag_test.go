@@ -41,11 +41,6 @@ var noOutputFlag = map[string]string{
 	"onehop completion fish":       "a shell script",
 	"onehop completion powershell": "a shell script",
 	"onehop help":                  "help text",
-	// Its token is a secret shown once, or written to --out and not
-	// printed: the controller's answer holds the token, so -o json would
-	// print it even with --out. Its own -o json must leave the token out
-	// then (cmd/onehop/tenant.go's to add).
-	"onehop tenant token create": "prints a secret once; the controller's answer would print it even with --out",
 	// A capture file: pcap to -w FILE, or to stdout with -w - for a
 	// pipe into tshark; its progress and count go to stderr.
 	"onehop tap capture": "writes pcap (to stdout only with -w -), progress on stderr",

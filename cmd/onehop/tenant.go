@@ -27,12 +27,15 @@ revoke; a revoked token is answered 401 at once.`,
 	token := &cobra.Command{Use: "token", Short: "Make, list and revoke tenant tokens"}
 	var out, farmFilter string
 	var force bool
+	var createOutput outputFormat
 	create := &cobra.Command{
-		Use:   "create --farm FARM [--out FILE]",
+		Use:   "create --farm FARM [--out FILE] [-o json]",
 		Short: "Make a token for FARM's tenant; it is shown once (or written to --out, mode 0600)",
 		Long: `Make a bearer token scoped to FARM. The controller keeps only its SHA-256: the
 token is printed this once (or written to --out, mode 0600), so hand it to the
-tenant now. The tenant uses it as any token: --token-file FILE or ONEHOP_TOKEN.`,
+tenant now. The tenant uses it as any token: --token-file FILE or ONEHOP_TOKEN.
+With -o json it prints the token's id, farm and created, and the token itself
+only when there is no --out; with --out the JSON names the file instead.`,
 		Example: "  onehop tenant token create --farm blue\n  onehop tenant token create --farm blue --out blue.token",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -54,16 +57,25 @@ tenant now. The tenant uses it as any token: --token-file FILE or ONEHOP_TOKEN.`
 			}
 			w := cmd.OutOrStdout()
 			if out == "" {
+				if createOutput == jsonOutput {
+					return printJSON(w, createdToken{TenantToken: t.TenantToken, Token: t.Token})
+				}
 				fmt.Fprintf(w, "token %s for farm %s (shown once; keep it):\n%s\n", t.ID, t.Farm, t.Token)
 				return nil
 			}
 			if err := pki.WriteToken(out, t.Token); err != nil {
 				return fmt.Errorf("token %s was made but not written (revoke it: onehop tenant token revoke %s): %w", t.ID, t.ID, err)
 			}
+			if createOutput == jsonOutput {
+				return printJSON(w, createdToken{TenantToken: t.TenantToken, File: out})
+			}
 			fmt.Fprintf(w, "token %s for farm %s: %s\n", t.ID, t.Farm, out)
 			return nil
 		},
 	}
+	// Its own -o, not answerAsJSON's: the controller's answer holds the
+	// token, which must not be printed when it went to --out.
+	addOutputFlag(create.Flags(), &createOutput)
 	create.Flags().StringVar(&farmFilter, "farm", "", "the one farm the token acts on (required)")
 	create.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
 	create.Flags().BoolVar(&force, "force", false, "replace --out if it exists")
@@ -106,6 +118,14 @@ tenant now. The tenant uses it as any token: --token-file FILE or ONEHOP_TOKEN.`
 	token.AddCommand(create, list, revoke)
 	tenant.AddCommand(token)
 	return tenant
+}
+
+// createdToken is what token create -o json prints: the record, and either
+// the token (printed this once) or the file it was written to, never both.
+type createdToken struct {
+	controller.TenantToken
+	Token string `json:"token,omitempty"`
+	File  string `json:"file,omitempty"`
 }
 
 func printTokens(w io.Writer, toks []controller.TenantToken, output outputFormat) error {

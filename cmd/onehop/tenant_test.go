@@ -97,6 +97,66 @@ func TestCLITenantTokensActOnTheirFarmAndAreRevoked(t *testing.T) {
 	runSteps(t, url, as(ca, red, []cliStep{{[]string{"subnet", "create", "red/app"}, "", false}}))
 }
 
+// token create -o json prints the record and the token once; with --out
+// it names the file and the secret appears nowhere but in the file.
+func TestCLITenantTokenCreateJSONLeavesTheSecretOutWithOut(t *testing.T) {
+	url, ca, admin := httpsController(t)
+	file := filepath.Join(t.TempDir(), "blue.token")
+	runSteps(t, url, as(ca, admin, []cliStep{
+		{[]string{"tenant", "token", "create", "--farm", "blue", "--out", file, "-o", "json"}, `"file": "` + file + `"`, false},
+		{[]string{"tenant", "token", "create", "--farm", "blue", "-o", "json"}, `"token": "`, false},
+		{[]string{"tenant", "token", "create", "--farm", "green", "-o", "json"}, `farm: no farm "green"`, true},
+	}))
+	secret, err := pki.ReadToken(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read whole, the JSON holds the record and the file, not the token.
+	file2 := filepath.Join(t.TempDir(), "red.token")
+	out, err := runOut("tenant", "token", "create", "--farm", "red", "--out", file2, "-o", "json", "--api", url, "--ca", ca, "--token-file", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("token create --out -o json: %v %s", err, out)
+	}
+	secret2, err := pki.ReadToken(file2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got["token"]; ok || strings.Contains(out, secret2) || strings.Contains(out, secret) {
+		t.Fatalf("token create --out -o json prints the secret: %s", out)
+	}
+	if got["farm"] != "red" || got["file"] != file2 || got["id"] == "" || got["created"] == nil {
+		t.Fatalf("token create --out -o json: want id, farm red, created and file %s: %s", file2, out)
+	}
+	if id, _ := got["id"].(string); !strings.Contains(secret2, "."+id+".") {
+		t.Errorf("the file's token %q does not carry the printed id %v", secret2, got["id"])
+	}
+
+	out, err = runOut("tenant", "token", "create", "--farm", "red", "-o", "json", "--api", url, "--ca", ca, "--token-file", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shown controller.NewTenantToken
+	if err := json.Unmarshal([]byte(out), &shown); err != nil || shown.Token == "" || shown.Farm != "red" || shown.ID == "" || shown.Created.IsZero() {
+		t.Fatalf("token create -o json: want id, farm red, created and token: %v %s", err, out)
+	}
+	if strings.Contains(out, `"file"`) {
+		t.Errorf("token create -o json without --out names a file: %s", out)
+	}
+	// The printed token is the real one: it acts on red.
+	tokFile := filepath.Join(t.TempDir(), "shown.token")
+	if err := pki.WriteToken(tokFile, shown.Token); err != nil {
+		t.Fatal(err)
+	}
+	runSteps(t, url, as(ca, tokFile, []cliStep{
+		{[]string{"subnet", "create", "red/app"}, "", false},
+		{[]string{"subnet", "create", "blue/app"}, "permission denied: tenant red", true},
+	}))
+}
+
 func TestCLIPKIIssuesATenantCertificateNamingItsFarm(t *testing.T) {
 	dir := t.TempDir()
 	caDir := filepath.Join(dir, "ca")

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -204,4 +207,37 @@ func (c *Controller) stopCapture(name string) {
 	if err := c.store.Delete(ctx, intent.TapCapturesPrefix+name); err != nil && !errors.Is(err, store.ErrNotFound) {
 		c.log.Warn("tap capture: delete its record; the hosts go on copying to the controller until it is deleted", "tap", name, "err", err)
 	}
+}
+
+// ClearCaptures removes every capture record and returns the taps they
+// named. The daemon calls it at start, before it serves the API, so none
+// of its own captures can be running yet.
+//
+// A record found then is a dead capture's: a capture lives only as long
+// as the request of the controller serving it (the GRE socket it reads
+// and the response it writes are that process's), so once that controller
+// has died no one reads the copies its record still has the hosts send.
+// That it can only be this controller's, dead, rests on the design: a
+// cloud has one controller, the one writer of intent and desired state
+// (docs/control-plane.md, Limits; the daemon compacts an external etcd as
+// its only writer). A second controller on the same etcd, which the design
+// does not have, would lose its running captures here (its hosts stop
+// copying to it), hence a warning naming each record removed.
+func (c *Controller) ClearCaptures(ctx context.Context) ([]string, error) {
+	kvs, _, err := c.raw.List(ctx, intent.TapCapturesPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("list capture records: %w", err)
+	}
+	// By key, not by what a record says: one that does not decode goes too.
+	keys := slices.Sorted(maps.Keys(kvs))
+	var gone []string
+	for _, k := range keys {
+		if err := c.store.Delete(ctx, k); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return gone, fmt.Errorf("delete capture record %s: %w", k, err)
+		}
+		name := strings.TrimPrefix(k, intent.TapCapturesPrefix)
+		c.log.Warn("tap capture: removed the record of a capture whose controller stopped mid-capture; its hosts stop copying to it", "tap", name, "record", string(kvs[k]))
+		gone = append(gone, name)
+	}
+	return gone, nil
 }

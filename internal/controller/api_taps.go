@@ -189,14 +189,14 @@ func (c *Controller) CreateTap(ctx context.Context, p intent.TapPolicy) (intent.
 	if p.ID != 0 {
 		return intent.TapPolicy{}, fieldErr("id", fmt.Errorf("id %d: the controller allocates a tap's id; leave it out", p.ID))
 	}
-	return c.writeTap(ctx, p, true)
+	return c.writeTap(ctx, p, true, nil)
 }
 
 // ReplaceTap replaces the policy p.Name, checked as on create; its ID stays.
 func (c *Controller) ReplaceTap(ctx context.Context, p intent.TapPolicy) (intent.TapPolicy, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.writeTap(ctx, p, false)
+	return c.writeTap(ctx, p, false, nil)
 }
 
 // DeleteTap removes a policy; every host drops its rules at the next
@@ -228,7 +228,9 @@ func tapErr(err error) error {
 // compare-and-swap on every tap key: if any was written after the read
 // this decision was made on (another controller on the same etcd), it
 // starts over on what is there now, so two writers never take one ID.
-func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bool) (intent.TapPolicy, error) {
+// fabric are the node records a collector is checked against: nil reads
+// the store's (what the agents reported).
+func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bool, fabric []intent.Node) (intent.TapPolicy, error) {
 	if err := tappolicy.CheckName(p.Name); err != nil {
 		if !create {
 			return intent.TapPolicy{}, notFound("name", "tap %s", p.Name)
@@ -275,9 +277,11 @@ func (c *Controller) writeTap(ctx context.Context, p intent.TapPolicy, create bo
 		if p.Collector != "" {
 			// A collector must be on the fabric: the hosts' uplinks say
 			// where that is.
-			nodes, _, err := store.ListJSON[intent.Node](ctx, c.store, intent.NodesPrefix)
-			if err != nil {
-				return "", intent.TapPolicy{}, err
+			nodes := fabric
+			if nodes == nil {
+				if nodes, _, err = store.ListJSON[intent.Node](ctx, c.store, intent.NodesPrefix); err != nil {
+					return "", intent.TapPolicy{}, err
+				}
 			}
 			w.WithFabric(nodes)
 		}

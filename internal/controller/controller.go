@@ -148,7 +148,7 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 	if err := c.applySlivers(ctx, t.Path, seeds, uplinks); err != nil {
 		return err
 	}
-	if err := c.applyTaps(ctx, t.Path, topologyTaps(t)); err != nil {
+	if err := c.applyTaps(ctx, t.Path, topologyTaps(t), fileFabric(t)); err != nil {
 		return err
 	}
 	c.log.Info("topology applied", "file", t.Path, "hosts", len(t.Hosts), "farms", len(t.Farms), "vms", len(t.VMs))

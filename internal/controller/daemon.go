@@ -234,6 +234,10 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 			log.Info("intent already in the store; topology file not re-applied", "file", cfg.Topology)
 		}
 	}
+	// Before the API serves: a capture record now is a dead capture's.
+	if _, err := c.ClearCaptures(ctx); err != nil {
+		return err
+	}
 	// Every host's agent has its etcd user before the local tools (the
 	// lab) find the store answering and start agents.
 	if err := c.SyncAgentUsers(ctx); err != nil {

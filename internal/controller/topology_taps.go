@@ -36,12 +36,34 @@ func (s TapSeed) line(key string) int {
 	return s.Line
 }
 
+// fileFabric is the fabric a topology file gives its hosts, as the node
+// records their agents will report: each uplink's address on the file's
+// fabric prefix. A file seeds a store no agent has reported to yet, so a
+// collector it names is checked against these.
+func fileFabric(t *topology.File) []intent.Node {
+	bits := t.FabricPrefix().Bits()
+	nodes := make([]intent.Node, 0, len(t.Hosts))
+	for _, h := range t.Hosts {
+		n := intent.Node{Name: h.Name}
+		addrs := h.UplinkAddrs
+		if len(addrs) == 0 {
+			addrs = []string{h.Address}
+		}
+		for k, a := range addrs {
+			n.Uplinks = append(n.Uplinks, intent.NodeUplink{Index: k, Name: topology.UplinkName(k), IP: a, Bits: bits})
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
 // applyTaps makes the store's TAP policies those of a topology file: each
 // is created (or replaced, keeping its ID) through the checks the API
 // applies, against the VMs the file has just written (so a VM named by
-// its IP or MAC resolves here); policies the file does not name are
-// removed. An error names the file line of the field at fault.
-func (c *Controller) applyTaps(ctx context.Context, path string, seeds []TapSeed) error {
+// its IP or MAC resolves here) and a collector against the file's fabric
+// (fileFabric); policies the file does not name are removed. An error
+// names the file line of the field at fault.
+func (c *Controller) applyTaps(ctx context.Context, path string, seeds []TapSeed, fabric []intent.Node) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	have, _, err := store.ListJSON[intent.TapPolicy](ctx, c.store, intent.TapsPrefix)
@@ -63,7 +85,7 @@ func (c *Controller) applyTaps(ctx context.Context, path string, seeds []TapSeed
 		p, err := tappolicy.ParseSpec(s.Spec)
 		if err == nil {
 			exists := slices.ContainsFunc(have, func(h intent.TapPolicy) bool { return h.Name == s.Name })
-			_, err = c.writeTap(ctx, p, !exists)
+			_, err = c.writeTap(ctx, p, !exists, fabric)
 		}
 		var fe *tappolicy.FieldError
 		var cfe *FieldError

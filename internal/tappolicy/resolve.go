@@ -250,20 +250,12 @@ func (w *World) collectorEnds(p intent.TapPolicy, e *endsOf) error {
 	if e.snd.ref.Kind == KindVM && e.rcv.ref.Kind == KindVM && e.snd.vm.FullName() == e.rcv.vm.FullName() {
 		return fieldErr("receiver", "%s is also the sender: a VM's traffic to itself never leaves it", e.rcv.vm.FullName())
 	}
+	if err := CheckCollectorTenancy(e.snd.farm(), e.rcv.farm(), p.CrossFarm, w.Peers); err != nil {
+		return err
+	}
 	farm := e.snd.farm()
 	if farm == "" {
 		farm = e.rcv.farm()
-	}
-	if farm == "" {
-		return fieldErr("receiver", "sender and receiver are both any: with a collector, any is any VM of the other end's farm; name a VM or a subnet on one side")
-	}
-	if sf, rf := e.snd.farm(), e.rcv.farm(); sf != "" && rf != "" && sf != rf {
-		if !p.CrossFarm {
-			return fieldErr("receiver", "the sender is in farm %s and the receiver in farm %s: a policy spans two farms only if it is cross-farm (--cross-farm) and the farms peer", sf, rf)
-		}
-		if !w.Peers(sf, rf) {
-			return fieldErr("receiver", "cross-farm: farms %s and %s do not peer with each other (both must: onehop peer %s %s and onehop peer %s %s)", sf, rf, sf, rf, rf, sf)
-		}
 	}
 	f, ok := w.farms[farm]
 	if !ok {

@@ -360,3 +360,23 @@ func CheckTenancy(senderFarm, receiverFarm, monitorFarm string, crossFarm bool, 
 	}
 	return nil
 }
+
+// CheckCollectorTenancy applies the tenancy rule to a policy whose copies
+// go to a collector, given the farms of its sender and receiver ("" for
+// any): with no monitor to take a farm from, one end must name a farm
+// (any is any VM of the other end's farm), and ends in two farms need
+// crossFarm and the farms' mutual peering. The error names the receiver.
+func CheckCollectorTenancy(senderFarm, receiverFarm string, crossFarm bool, peers Peers) error {
+	sf, rf := senderFarm, receiverFarm
+	switch {
+	case sf == "" && rf == "":
+		return fieldErr("receiver", "sender and receiver are both any: with a collector, any is any VM of the other end's farm; name a VM or a subnet on one side")
+	case sf == "" || rf == "" || sf == rf:
+		return nil
+	case !crossFarm:
+		return fieldErr("receiver", "the sender is in farm %s and the receiver in farm %s: a policy spans two farms only if it is cross-farm (--cross-farm) and the farms peer", sf, rf)
+	case !peers(sf, rf):
+		return fieldErr("receiver", "cross-farm: farms %s and %s do not peer with each other (both must: onehop peer %s %s and onehop peer %s %s)", sf, rf, sf, rf, rf, sf)
+	}
+	return nil
+}

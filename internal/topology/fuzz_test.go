@@ -40,6 +40,10 @@ func FuzzParse(f *testing.F) {
 	for _, s := range malformedCases {
 		f.Add(s)
 	}
+	// TAP policies, to a monitor VM and to a collector on the fabric.
+	f.Add(tapsHead + `  - {name: m, sender: blue/web/web1, receiver: any, monitor: blue/ops/mon, proto: tcp, dport: 80}
+  - {name: c, sender: red/app/app1, receiver: blue/web, collector: 192.168.100.200, encap: erspan3, cross_farm: true}
+`)
 	f.Fuzz(func(t *testing.T, data string) {
 		top, err := Parse("t.yaml", []byte(data))
 		if err != nil {

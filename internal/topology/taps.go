@@ -2,7 +2,9 @@ package topology
 
 import (
 	"errors"
+	"net/netip"
 	"slices"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -10,7 +12,8 @@ import (
 )
 
 // Tap is a virtual TAP policy (docs/tap.md): copies of what Sender sends
-// Receiver go to Monitor. The fields are the CLI's (onehop tap create).
+// Receiver go to Monitor, or to Collector, an address on the fabric, as
+// Encap. The fields are the CLI's (onehop tap create).
 type Tap struct {
 	tappolicy.Spec
 	Line int `yaml:"-"`
@@ -34,6 +37,8 @@ var tapsSection = section{
 				"sender":          line("sender", d.str(&t.Sender, "tap sender")),
 				"receiver":        line("receiver", d.str(&t.Receiver, "tap receiver")),
 				"monitor":         line("monitor", d.str(&t.Monitor, "tap monitor")),
+				"collector":       line("collector", d.str(&t.Collector, "tap collector")),
+				"encap":           line("encap", d.str(&t.Encap, "tap encap")),
 				"proto":           line("proto", d.str(&t.Proto, "tap proto")),
 				"sport":           line("sport", d.str(&t.Sport, "tap sport")),
 				"dport":           line("dport", d.str(&t.Dport, "tap dport")),
@@ -53,9 +58,11 @@ func (t Tap) lineOf(key string) int { return orLine(t.Lines[key], t.Line) }
 
 // validateTaps checks what the file alone can say: the syntax (the
 // controller's own checks), that the VMs and subnets named by name are in
-// the file, and the tenancy rule on the farms and peerings the file gives.
-// A VM named by its IP or MAC is resolved by the controller when it
-// applies the file (addresses are allocated then), with this file's line.
+// the file, and the tenancy rule on the farms and peerings the file gives;
+// a collector must be on the file's fabric and no host's own address. A
+// VM named by its IP or MAC is resolved by the controller when it applies
+// the file (addresses are allocated then), with this file's line; so is a
+// collector against the hosts' later uplinks (uplinksSection).
 func validateTaps(c *checker, f *File) {
 	seen := map[string]int{}
 	peers := func(a, b string) bool {
@@ -85,11 +92,18 @@ func validateTaps(c *checker, f *File) {
 			}
 			continue
 		}
+		if t.Collector != "" && !c.collectorOnFabric(t) {
+			continue
+		}
 		farms := map[string]string{} // role -> farm, for the ends named by name
+		byAddr := false              // an end named by its IP or MAC: its farm is the controller's to know
 		ok := true
 		vmNames := map[string]string{}
 		for _, role := range []string{"sender", "receiver", "monitor"} {
 			s := map[string]string{"sender": t.Sender, "receiver": t.Receiver, "monitor": t.Monitor}[role]
+			if s == "" {
+				continue // the monitor of a policy with a collector
+			}
 			ref, _ := tappolicy.ParseRef(s) // ParseSpec read it
 			switch ref.Kind {
 			case tappolicy.KindVM:
@@ -107,6 +121,9 @@ func validateTaps(c *checker, f *File) {
 					continue
 				}
 				farms[role] = ref.Farm
+			case tappolicy.KindAny:
+			default:
+				byAddr = true
 			}
 		}
 		if !ok {
@@ -122,7 +139,21 @@ func validateTaps(c *checker, f *File) {
 				ok = false
 			}
 		}
-		if !ok || farms["monitor"] == "" {
+		if !ok {
+			continue
+		}
+		if t.Collector != "" {
+			if byAddr {
+				continue // the controller checks tenancy
+			}
+			if err := tappolicy.CheckCollectorTenancy(farms["sender"], farms["receiver"], t.CrossFarm, peers); err != nil {
+				var fe *tappolicy.FieldError
+				errors.As(err, &fe)
+				c.fail(t.lineOf(fe.Field), "tap %q: %s: %s", t.Name, fe.Field, fe.Msg)
+			}
+			continue
+		}
+		if farms["monitor"] == "" {
 			continue // a monitor by IP or MAC: the controller checks tenancy
 		}
 		if err := tappolicy.CheckTenancy(farms["sender"], farms["receiver"], farms["monitor"], t.CrossFarm, peers); err != nil {
@@ -131,6 +162,25 @@ func validateTaps(c *checker, f *File) {
 			c.fail(t.lineOf("monitor"), "tap %q: %s", t.Name, fe.Msg)
 		}
 	}
+}
+
+// collectorOnFabric checks t's collector (its syntax checked) against the
+// file's fabric as the API checks it against the hosts' uplinks: an
+// address of the fabric, and no host's own.
+func (c *checker) collectorOnFabric(t Tap) bool {
+	if !c.fabricOK {
+		return true // the fabric's own error says enough
+	}
+	a := netip.MustParseAddr(t.Collector) // ParseSpec read it
+	if !c.fabric.Contains(a) {
+		c.fail(t.lineOf("collector"), "tap %q: collector: %s is not on the fabric (%s): the hosts send copies out of their uplinks, to a neighbour on the same link", t.Name, a, c.fabric)
+		return false
+	}
+	if who := c.addrs[a]; strings.HasPrefix(who, "host ") {
+		c.fail(t.lineOf("collector"), "tap %q: collector: %s is %s's own address: a collector is another machine on the fabric", t.Name, a, who)
+		return false
+	}
+	return true
 }
 
 // Taps are the file's TAP policies, in file order.
