@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"github.com/onehop/onehop/internal/intent"
@@ -41,7 +42,12 @@ func (s TapSeed) line(key string) int {
 // fabric prefix. A file seeds a store no agent has reported to yet, so a
 // collector it names is checked against these.
 func fileFabric(t *topology.File) []intent.Node {
-	bits := t.FabricPrefix().Bits()
+	// A File built in code (the scale harness) may name no fabric: its
+	// uplink addresses then stand alone, and no collector is on them.
+	bits := 32
+	if p, err := netip.ParsePrefix(t.Fabric.CIDR); err == nil {
+		bits = p.Bits()
+	}
 	nodes := make([]intent.Node, 0, len(t.Hosts))
 	for _, h := range t.Hosts {
 		n := intent.Node{Name: h.Name}
