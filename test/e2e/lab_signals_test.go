@@ -134,7 +134,7 @@ func TestPrivilegedInterruptedLabUpLeavesNothing(t *testing.T) {
 	}{
 		{syscall.SIGTERM, "  - agent on h1"},
 		{syscall.SIGINT, "  - controller "},
-		{syscall.SIGTERM, "  - vm web2"},
+		{syscall.SIGTERM, "  - vm blue/web/web2"},
 	}
 	for i, c := range cases {
 		t.Run(fmt.Sprintf("%s after %q", c.sig, strings.TrimSpace(c.after)), func(t *testing.T) {
