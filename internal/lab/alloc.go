@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/onehop/onehop/internal/addrplan"
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/store"
@@ -87,14 +89,28 @@ func (b *builder) readVMs(ctx context.Context) ([]intent.VM, error) {
 	return vms, err
 }
 
-// waitStore waits until the controller's store answers.
+// waitStore waits until the controller's store answers, and takes the
+// cloud's address plan from it: the controller records it at start, before
+// it writes any intent, so until it is there the controller has not
+// settled it.
 func (b *builder) waitStore(ctx context.Context) error {
 	return b.poll(ctx, "the controller's store", func() (bool, string, error) {
 		_, err := b.readVMs(ctx)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		return true, "", nil
+		s, err := b.store()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		p, found, err := desired.Plan(ctx, s)
+		switch {
+		case err != nil:
+			return false, err.Error(), nil
+		case !found:
+			return false, "the controller has not recorded the address plan yet", nil
+		}
+		return true, "", addrplan.Set(p)
 	})
 }
 
