@@ -22,7 +22,7 @@ import (
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/datapath"
-	"github.com/onehop/onehop/internal/desired"
+	desiredkeys "github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/opsport"
@@ -428,7 +428,7 @@ func usePlan(ctx context.Context, s store.Store, log *slog.Logger) error {
 	retry := backoff.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}.Start(time.Now())
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		p, err := desired.UsePlan(cctx, s)
+		p, err := desiredkeys.UsePlan(cctx, s)
 		cancel()
 		if err == nil {
 			log.Info("address plan", "plan", p.String())

@@ -72,3 +72,23 @@ func TestPlanChangeOnANonEmptyCloudIs409NamingWhatItHolds(t *testing.T) {
 		t.Fatalf("--plan on a non-empty cloud: %v", err)
 	}
 }
+
+// A plan body on the fuzz topology's cloud, which holds hosts and farms:
+// every answer is below 500 and names its field (fuzzAPI), none is a 200
+// for another plan, and neither the store's plan nor the process's moves.
+func FuzzAPIPlanBody(f *testing.F) {
+	seedBodies(f, `{"plan":"10.0.0.0/8:12/6/6"}`, `{"plan":"10.0.0.0/8:8/8/8"}`, `{"plan":"12/6/6"}`, `{"plan":"10.0.0.0/8:8/8/7"}`,
+		`{"plan":""}`, `{"plan":7}`, `{"pln":"x"}`, `{`, ``, `null`, `{"plan":"0.0.0.0/0:16/8/8"}`)
+	send := fuzzAPI(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		t.Cleanup(func() { addrplan.Set(addrplan.Default()) })
+		s, code := send(t, "PUT", "/v1/plan", body)
+		p, _, err := desired.Plan(t.Context(), s)
+		if err != nil || !p.IsDefault() || !addrplan.Current().IsDefault() {
+			t.Fatalf("PUT /v1/plan %q (%d) on a cloud with farms: store plan %v (%v), process %v", body, code, p, err, addrplan.Current())
+		}
+		if code == 200 && !strings.Contains(body, "8/8/8") {
+			t.Fatalf("PUT /v1/plan %q answered 200 on a cloud with farms", body)
+		}
+	})
+}
