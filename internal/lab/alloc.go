@@ -47,6 +47,10 @@ func (b *builder) allocation(ctx context.Context, node string) (intent.VM, error
 func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error) {
 	out := map[string]intent.VM{}
 	if b.t.Datapath == topology.DatapathBridge {
+		// No controller, no store: the file's plan is the cloud's.
+		if err := addrplan.Set(b.t.AddrPlan()); err != nil {
+			return nil, err
+		}
 		var a ipam.Allocations
 		for _, vm := range b.t.VMs {
 			ip, err := a.VM(vm.Farm(), vm.SubnetName(), vm.Name)
