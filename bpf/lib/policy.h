@@ -88,12 +88,11 @@ static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, 
  * not once per path through the broadcast loop that calls it. */
 __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port, __u8 gen)
 {
-	const __u8 *s = (const __u8 *)&saddr, *d = (const __u8 *)&daddr;
 	struct vis_key k = {
-		.src_farm = s[1],
-		.src_subnet = s[2],
-		.dst_farm = d[1],
-		.dst_subnet = d[2],
+		.src_farm = farm_of(saddr),
+		.src_subnet = subnet_of(saddr),
+		.dst_farm = farm_of(daddr),
+		.dst_subnet = subnet_of(daddr),
 		.proto = proto,
 		.gen = gen & 1,
 		.port = port,

@@ -109,9 +109,8 @@ type uplinkMapping struct {
 
 type uplinkMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -216,9 +215,8 @@ type uplinkScopeInfo struct {
 
 type uplinkScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type uplinkScopeMember struct {
@@ -301,10 +299,10 @@ type uplinkVifInfo struct {
 
 type uplinkVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -365,6 +363,9 @@ const (
 	uplinkVarTapKeyKindType       = "_tap_key_kind_type"
 	uplinkVarTapRoleType          = "_tap_role_type"
 	uplinkVarTapSideType          = "_tap_side_type"
+	uplinkVarPlanFarmBits         = "plan_farm_bits"
+	uplinkVarPlanSubnetBits       = "plan_subnet_bits"
+	uplinkVarPlanVmBits           = "plan_vm_bits"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -466,6 +467,9 @@ type uplinkVariableSpecs struct {
 	TapKeyKindType *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType    *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType    *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	PlanFarmBits   *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits     *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -583,6 +587,9 @@ type uplinkVariables struct {
 	TapKeyKindType *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType    *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType    *ebpf.Variable `ebpf:"_tap_side_type"`
+	PlanFarmBits   *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits     *ebpf.Variable `ebpf:"plan_vm_bits"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

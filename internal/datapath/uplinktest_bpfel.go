@@ -109,9 +109,8 @@ type uplinkTestMapping struct {
 
 type uplinkTestMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -223,9 +222,8 @@ type uplinkTestScopeInfo struct {
 
 type uplinkTestScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type uplinkTestScopeMember struct {
@@ -308,10 +306,10 @@ type uplinkTestVifInfo struct {
 
 type uplinkTestVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -375,6 +373,9 @@ const (
 	uplinkTestVarTapKeyKindType       = "_tap_key_kind_type"
 	uplinkTestVarTapRoleType          = "_tap_role_type"
 	uplinkTestVarTapSideType          = "_tap_side_type"
+	uplinkTestVarPlanFarmBits         = "plan_farm_bits"
+	uplinkTestVarPlanSubnetBits       = "plan_subnet_bits"
+	uplinkTestVarPlanVmBits           = "plan_vm_bits"
 )
 
 // loadUplinkTest returns the embedded CollectionSpec for uplinkTest.
@@ -479,6 +480,9 @@ type uplinkTestVariableSpecs struct {
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
 }
 
 // uplinkTestObjects contains all objects after they have been loaded into the kernel.
@@ -600,6 +604,9 @@ type uplinkTestVariables struct {
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
+	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
 }
 
 // uplinkTestPrograms contains all programs after they have been loaded into the kernel.

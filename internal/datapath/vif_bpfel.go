@@ -214,9 +214,8 @@ type vifMapping struct {
 
 type vifMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -321,9 +320,8 @@ type vifScopeInfo struct {
 
 type vifScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type vifScopeMember struct {
@@ -441,10 +439,10 @@ const (
 
 type vifVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -515,6 +513,9 @@ const (
 	vifVarTapRoleType          = "_tap_role_type"
 	vifVarTapSideType          = "_tap_side_type"
 	vifVarVifKindType          = "_vif_kind_type"
+	vifVarPlanFarmBits         = "plan_farm_bits"
+	vifVarPlanSubnetBits       = "plan_subnet_bits"
+	vifVarPlanVmBits           = "plan_vm_bits"
 )
 
 // loadVif returns the embedded CollectionSpec for vif.
@@ -626,6 +627,9 @@ type vifVariableSpecs struct {
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
 	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
 }
 
 // vifObjects contains all objects after they have been loaded into the kernel.
@@ -752,6 +756,9 @@ type vifVariables struct {
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
 	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
 }
 
 // vifPrograms contains all programs after they have been loaded into the kernel.

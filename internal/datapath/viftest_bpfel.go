@@ -109,9 +109,8 @@ type vifTestMapping struct {
 
 type vifTestMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -234,9 +233,8 @@ type vifTestScopeInfo struct {
 
 type vifTestScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type vifTestScopeMember struct {
@@ -319,10 +317,10 @@ type vifTestVifInfo struct {
 
 type vifTestVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -396,6 +394,9 @@ const (
 	vifTestVarTapRoleType          = "_tap_role_type"
 	vifTestVarTapSideType          = "_tap_side_type"
 	vifTestVarVifKindType          = "_vif_kind_type"
+	vifTestVarPlanFarmBits         = "plan_farm_bits"
+	vifTestVarPlanSubnetBits       = "plan_subnet_bits"
+	vifTestVarPlanVmBits           = "plan_vm_bits"
 )
 
 // loadVifTest returns the embedded CollectionSpec for vifTest.
@@ -510,6 +511,9 @@ type vifTestVariableSpecs struct {
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
 	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
 }
 
 // vifTestObjects contains all objects after they have been loaded into the kernel.
@@ -640,6 +644,9 @@ type vifTestVariables struct {
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
 	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
 }
 
 // vifTestPrograms contains all programs after they have been loaded into the kernel.

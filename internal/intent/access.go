@@ -12,9 +12,9 @@ package intent
 // host's node record (whom the datapath hears from the fabric), and the VM
 // records (a fabric claim that a VM moved is believed only where the store
 // places it: agent/claims.go; a deleted VM's learned mapping is forgotten:
-// agent/purge.go).
+// agent/purge.go), and the cloud's address plan.
 func AgentReads(host string) []string {
-	return []string{DesiredHostPrefix(host), FarmStatePrefix, NodesPrefix, VMsPrefix}
+	return []string{DesiredHostPrefix(host), FarmStatePrefix, NodesPrefix, VMsPrefix, PlanKey}
 }
 
 // AgentWrites are the only keys host's agent writes: its node record

@@ -142,9 +142,8 @@ type portspaceMapping struct {
 
 type portspaceMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -257,9 +256,8 @@ type portspaceScopeInfo struct {
 
 type portspaceScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type portspaceScopeMember struct {
@@ -284,10 +282,10 @@ type portspaceVifInfo struct {
 
 type portspaceVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -348,6 +346,9 @@ const (
 	portspaceVarPortspaceSliverType    = "_portspace_sliver_type"
 	portspaceVarPortspaceUplinkType    = "_portspace_uplink_type"
 	portspaceVarPortspaceVifType       = "_portspace_vif_type"
+	portspaceVarPlanFarmBits           = "plan_farm_bits"
+	portspaceVarPlanSubnetBits         = "plan_subnet_bits"
+	portspaceVarPlanVmBits             = "plan_vm_bits"
 )
 
 // loadPortspace returns the embedded CollectionSpec for portspace.
@@ -449,6 +450,9 @@ type portspaceVariableSpecs struct {
 	PortspaceSliverType    *ebpf.VariableSpec `ebpf:"_portspace_sliver_type"`
 	PortspaceUplinkType    *ebpf.VariableSpec `ebpf:"_portspace_uplink_type"`
 	PortspaceVifType       *ebpf.VariableSpec `ebpf:"_portspace_vif_type"`
+	PlanFarmBits           *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
 }
 
 // portspaceObjects contains all objects after they have been loaded into the kernel.
@@ -555,6 +559,9 @@ type portspaceVariables struct {
 	PortspaceSliverType    *ebpf.Variable `ebpf:"_portspace_sliver_type"`
 	PortspaceUplinkType    *ebpf.Variable `ebpf:"_portspace_uplink_type"`
 	PortspaceVifType       *ebpf.Variable `ebpf:"_portspace_vif_type"`
+	PlanFarmBits           *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.Variable `ebpf:"plan_vm_bits"`
 }
 
 // portspacePrograms contains all programs after they have been loaded into the kernel.

@@ -87,9 +87,8 @@ type portspaceTestMapping struct {
 
 type portspaceTestMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -201,9 +200,8 @@ type portspaceTestScopeInfo struct {
 
 type portspaceTestScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type portspaceTestScopeMember struct {
@@ -228,10 +226,10 @@ type portspaceTestVifInfo struct {
 
 type portspaceTestVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -295,6 +293,9 @@ const (
 	portspaceTestVarPortspaceVifType       = "_portspace_vif_type"
 	portspaceTestVarRedirectKindType       = "_redirect_kind_type"
 	portspaceTestVarRedirectTraceType      = "_redirect_trace_type"
+	portspaceTestVarPlanFarmBits           = "plan_farm_bits"
+	portspaceTestVarPlanSubnetBits         = "plan_subnet_bits"
+	portspaceTestVarPlanVmBits             = "plan_vm_bits"
 )
 
 // loadPortspaceTest returns the embedded CollectionSpec for portspaceTest.
@@ -399,6 +400,9 @@ type portspaceTestVariableSpecs struct {
 	PortspaceVifType       *ebpf.VariableSpec `ebpf:"_portspace_vif_type"`
 	RedirectKindType       *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	RedirectTraceType      *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
+	PlanFarmBits           *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
 }
 
 // portspaceTestObjects contains all objects after they have been loaded into the kernel.
@@ -509,6 +513,9 @@ type portspaceTestVariables struct {
 	PortspaceVifType       *ebpf.Variable `ebpf:"_portspace_vif_type"`
 	RedirectKindType       *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	RedirectTraceType      *ebpf.Variable `ebpf:"_redirect_trace_type"`
+	PlanFarmBits           *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.Variable `ebpf:"plan_vm_bits"`
 }
 
 // portspaceTestPrograms contains all programs after they have been loaded into the kernel.
