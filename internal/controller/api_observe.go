@@ -132,8 +132,9 @@ func (c *Controller) observe(w http.ResponseWriter, r *http.Request) {
 func (c *Controller) observeFilter(ctx context.Context, farm, vm, node, reason string) (observe.Filter, error) {
 	var f observe.Filter
 	id := IdentityOf(ctx)
+	var parts []string
 	if vm != "" {
-		parts := strings.Split(vm, "/")
+		parts = strings.Split(vm, "/")
 		if len(parts) != 3 {
 			return f, fieldErr("vm", fmt.Errorf("vm %q: want farm/subnet/vm", vm))
 		}
@@ -141,6 +142,16 @@ func (c *Controller) observeFilter(ctx context.Context, farm, vm, node, reason s
 			return f, fieldErr("vm", fmt.Errorf("vm %q is not in farm %s", vm, farm))
 		}
 		farm = parts[0]
+	}
+	// Scoped before anything is looked up: a tenant learns nothing of
+	// another farm's objects, not even whether they exist.
+	if !id.Admin() {
+		if farm != "" && farm != id.Farm {
+			return f, farmForbidden("farm", id, farm)
+		}
+		farm = id.Farm
+	}
+	if parts != nil {
 		v, err := c.getVM(ctx, parts[0], parts[1], parts[2])
 		if err != nil {
 			return f, err
@@ -148,12 +159,6 @@ func (c *Controller) observeFilter(ctx context.Context, farm, vm, node, reason s
 		if f.Addr, err = netip.ParseAddr(v.IP); err != nil {
 			return f, fieldErr("vm", fmt.Errorf("vm %s has no address yet", vm))
 		}
-	}
-	if !id.Admin() {
-		if farm != "" && farm != id.Farm {
-			return f, farmForbidden("farm", id, farm)
-		}
-		farm = id.Farm
 	}
 	if farm != "" {
 		fa, err := c.getFarm(ctx, farm)
