@@ -153,6 +153,7 @@ for i in range(int(sys.argv[2])):
 		}
 		return nil
 	})
+	t.Logf("red's flood of %d: %d shown, %d lost", flood, shown, lost)
 	// 1000 a second and CPU, bursts of 256: a flood of 20000 in the time
 	// python takes to send it is far over.
 	if shown == 0 || lost == 0 || shown > flood/2 {
