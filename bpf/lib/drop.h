@@ -73,7 +73,7 @@ static __always_inline int drop_packet(struct __sk_buff *skb, struct packet *pkt
 		}
 		if (ip)
 			ev->proto = ip->protocol;
-		bpf_ringbuf_submit(ev, 0);
+		observe_submit(ev);
 	}
 	return TC_ACT_SHOT;
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net"
+	"os"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -21,9 +22,15 @@ import (
 // the lines about other tenants; the counters stay exact.
 func LogDrops(r *ringbuf.Reader, name func(reason uint32) string, ifname func(int) string, rl *ratelog.Logger, obs *Observer) {
 	for {
+		// The datapath wakes no reader for each record (observe.h):
+		// what it submitted quietly is read at the deadline.
+		r.SetDeadline(time.Now().Add(ObservePoll))
 		rec, err := r.Read()
 		if errors.Is(err, ringbuf.ErrClosed) {
 			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			continue
 		}
 		if err != nil {
 			rl.Warn("read", "read drop events", "err", err)

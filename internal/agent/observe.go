@@ -32,6 +32,9 @@ const (
 	// observeFlush is how long an event may wait for others to share its
 	// datagram.
 	observeFlush = 50 * time.Millisecond
+	// ObservePoll is how long a record may wait in the datapath's ring:
+	// the datapath wakes the agent only when much is waiting (observe.h).
+	ObservePoll = 100 * time.Millisecond
 )
 
 // Observer publishes this host's events to the running onehop observe
