@@ -61,6 +61,8 @@ what comes within 2 s; with --follow it streams until ctrl-c (1h at most).`,
 				return fmt.Errorf("observe: %w", err)
 			}
 			defer body.Close()
+			// The stream's record is stored: the hosts publish from now.
+			fmt.Fprintln(cmd.ErrOrStderr(), "observing")
 			out := cmd.OutOrStdout()
 			sc := bufio.NewScanner(body)
 			sc.Buffer(make([]byte, 64<<10), 1<<20)
