@@ -95,6 +95,8 @@ func (c *Controller) observe(w http.ResponseWriter, r *http.Request) {
 	rc.Flush()
 	enc := json.NewEncoder(w)
 	seqs := map[string]uint64{} // the last datagram seen of each host
+	rules := c.observeRules(ctx)
+	rulesAt := time.Now()
 	buf := make([]byte, 65536)
 	for {
 		n, from, err := conn.ReadFromUDPAddrPort(buf)
@@ -114,17 +116,39 @@ func (c *Controller) observe(w http.ResponseWriter, r *http.Request) {
 				Where: observe.LostNetwork, Lost: d.Seq - last - 1}}, events...)
 		}
 		seqs[d.Node] = max(seqs[d.Node], d.Seq)
+		if time.Since(rulesAt) > observeRulesEvery {
+			rules, rulesAt = c.observeRules(ctx), time.Now()
+		}
 		for _, e := range events {
 			e.Node = d.Node
 			if !f.Match(e) {
 				continue
 			}
+			rules.Admitting(&e)
 			if err := enc.Encode(e); err != nil {
 				return
 			}
 		}
 		rc.Flush()
 	}
+}
+
+// observeRulesEvery is how old the rules a stream names admitted flows by
+// may get: a rule changed meanwhile is named from then on.
+const observeRulesEvery = 2 * time.Second
+
+// observeRules are the farms' rules, to name the one that admitted each
+// flow; none (flows shown without a rule) when the store cannot say.
+func (c *Controller) observeRules(ctx context.Context) *observe.Rules {
+	farms, _, err := store.ListJSON[intent.Farm](ctx, c.store, intent.FarmsPrefix)
+	if err != nil {
+		c.log.Warn("observe: read the farms' rules; flows are shown without theirs", "err", err)
+	}
+	subnets, _, err := store.ListJSON[intent.Subnet](ctx, c.store, intent.SubnetsPrefix)
+	if err != nil {
+		c.log.Warn("observe: read the subnets; flows are shown without their rules", "err", err)
+	}
+	return observe.NewRules(farms, subnets)
 }
 
 // observeFilter is the stream's filter from its query, scoped to the

@@ -32,18 +32,22 @@ const (
 
 // Event is one thing a host saw, as the viewer gets it (-o json).
 type Event struct {
-	Time      time.Time `json:"time"`
-	Node      string    `json:"node"`
-	Kind      string    `json:"kind"`
-	Farm      uint32    `json:"farm"` // whose budget it spent: the sending VM's farm (0: none)
-	Reason    string    `json:"reason,omitempty"`
-	Src       string    `json:"src,omitempty"`
-	Dst       string    `json:"dst,omitempty"`
-	Proto     string    `json:"proto,omitempty"`
-	Sport     uint16    `json:"sport,omitempty"`
-	Dport     uint16    `json:"dport,omitempty"`
-	SrcMAC    string    `json:"src_mac,omitempty"`
-	Interface string    `json:"interface,omitempty"`
+	Time   time.Time `json:"time"`
+	Node   string    `json:"node"`
+	Kind   string    `json:"kind"`
+	Farm   uint32    `json:"farm"` // whose budget it spent: the sending VM's farm (0: none)
+	Reason string    `json:"reason,omitempty"`
+	Src    string    `json:"src,omitempty"`
+	Dst    string    `json:"dst,omitempty"`
+	Proto  string    `json:"proto,omitempty"`
+	Sport  uint16    `json:"sport,omitempty"`
+	Dport  uint16    `json:"dport,omitempty"`
+	SrcMAC string    `json:"src_mac,omitempty"`
+	// Rule and RuleFarm, for a flow between subnets: the visibility rule
+	// that admitted it (onehop rule list FARM), as the controller finds it.
+	Rule      uint32 `json:"rule,omitempty"`
+	RuleFarm  string `json:"rule_farm,omitempty"`
+	Interface string `json:"interface,omitempty"`
 	// Lost and Where, for KindLost: how many events of Farm were not
 	// shown since the last such event, and where they were lost.
 	Lost  uint64 `json:"lost,omitempty"`
@@ -178,6 +182,9 @@ func Line(e Event) string {
 	}
 	if e.SrcMAC != "" {
 		fmt.Fprintf(&b, " from %s", e.SrcMAC)
+	}
+	if e.Rule != 0 {
+		fmt.Fprintf(&b, " by rule %d of %s", e.Rule, e.RuleFarm)
 	}
 	return b.String()
 }
