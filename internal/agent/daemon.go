@@ -169,6 +169,7 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}, log)
 	groups := NewUplinkGroups(cfg.Node, cfg.Uplink, log)
 	obs := NewObserver(cfg.Node, k, log)
+	engine.Observe(obs.ARP)
 	wg.Add(1)
 	go func() { defer wg.Done(); obs.Run(ctx, s) }()
 	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Purger: purger, Log: log, Groups: groups, Observer: obs,

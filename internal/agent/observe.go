@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -96,6 +97,16 @@ func (s *observeSub) offer(e observe.Event) {
 		s.lost[e.Farm]++
 		s.mu.Unlock()
 	}
+}
+
+// ARP publishes the ARP engine's questions and answers
+// (arpengine.Engine.Observe), each of the farm of the VM asked about.
+func (o *Observer) ARP(answered bool, vm netip.Addr, host net.HardwareAddr) {
+	kind := observe.KindARPQuestion
+	if answered {
+		kind = observe.KindARPAnswer
+	}
+	o.Publish(observe.Event{Time: time.Now(), Kind: kind, Farm: uint32(vm.As4()[1]), Dst: vm.String(), HostMAC: host.String()})
 }
 
 // Run follows the subscriptions in st until ctx ends, and reports the

@@ -21,6 +21,11 @@ const (
 	KindDrop = "drop" // a packet dropped, with its reason
 	KindFlow = "flow" // a new flow admitted and remembered in conntrack
 	KindLost = "lost" // Lost events of Farm that could not be shown
+	// The ARP engine's (userspace): Dst is the VM asked about, HostMAC
+	// the address asked (a scope's multicast group, or the VM's last known
+	// host) or, answered, the host that holds it.
+	KindARPQuestion = "arp_question"
+	KindARPAnswer   = "arp_answer"
 )
 
 // Where events were lost.
@@ -32,17 +37,18 @@ const (
 
 // Event is one thing a host saw, as the viewer gets it (-o json).
 type Event struct {
-	Time   time.Time `json:"time"`
-	Node   string    `json:"node"`
-	Kind   string    `json:"kind"`
-	Farm   uint32    `json:"farm"` // whose budget it spent: the sending VM's farm (0: none)
-	Reason string    `json:"reason,omitempty"`
-	Src    string    `json:"src,omitempty"`
-	Dst    string    `json:"dst,omitempty"`
-	Proto  string    `json:"proto,omitempty"`
-	Sport  uint16    `json:"sport,omitempty"`
-	Dport  uint16    `json:"dport,omitempty"`
-	SrcMAC string    `json:"src_mac,omitempty"`
+	Time    time.Time `json:"time"`
+	Node    string    `json:"node"`
+	Kind    string    `json:"kind"`
+	Farm    uint32    `json:"farm"` // whose budget it spent: the sending VM's farm (0: none)
+	Reason  string    `json:"reason,omitempty"`
+	Src     string    `json:"src,omitempty"`
+	Dst     string    `json:"dst,omitempty"`
+	Proto   string    `json:"proto,omitempty"`
+	Sport   uint16    `json:"sport,omitempty"`
+	Dport   uint16    `json:"dport,omitempty"`
+	SrcMAC  string    `json:"src_mac,omitempty"`
+	HostMAC string    `json:"host_mac,omitempty"`
 	// Rule and RuleFarm, for a flow between subnets: the visibility rule
 	// that admitted it (onehop rule list FARM), as the controller finds it.
 	Rule      uint32 `json:"rule,omitempty"`
@@ -182,6 +188,9 @@ func Line(e Event) string {
 	}
 	if e.SrcMAC != "" {
 		fmt.Fprintf(&b, " from %s", e.SrcMAC)
+	}
+	if e.HostMAC != "" {
+		fmt.Fprintf(&b, " host %s", e.HostMAC)
 	}
 	if e.Rule != 0 {
 		fmt.Fprintf(&b, " by rule %d of %s", e.Rule, e.RuleFarm)

@@ -110,13 +110,26 @@ func TestPrivilegedObserveShowsDropsAndFlowsAndBoundsAFlood(t *testing.T) {
 		t.Errorf("denied connection's event %+v: want not_visible on h1, farm %d, udp %s -> %s", e, blue, web1, db1)
 	}
 
+	// The rule that admits it, by id, as onehop rule list shows it.
+	out, err := l.cli("rule", "list", "--farm", "blue", "-o", "json")
+	if err != nil {
+		t.Fatalf("rule list: %v\n%s", err, out)
+	}
+	var rules []struct {
+		ID   uint32 `json:"id"`
+		Port uint16 `json:"port"`
+	}
+	if err := json.Unmarshal([]byte(out), &rules); err != nil || len(rules) != 1 || rules[0].Port != 5353 {
+		t.Fatalf("rule list: %v: %s, want blue's one rule", err, out)
+	}
 	l.sendUDPFrom("web1", db1, 4002, 5353, 64, "admitted")
 	for _, host := range []string{"h1", "h2"} { // the sender's host, and the receiver's
 		e = awaitEvent(t, stream, "the admitted flow on "+host+" within a second", time.Second, func(e observe.Event) bool {
 			return e.Kind == observe.KindFlow && e.Node == host && e.Sport == 4002
 		})
-		if e.Farm != blue || e.Src != web1 || e.Dst != db1 || e.Dport != 5353 || e.Proto != "udp" || e.Reason != "" {
-			t.Errorf("admitted flow's event on %s %+v: want farm %d, udp %s:4002 -> %s:5353", host, e, blue, web1, db1)
+		if e.Farm != blue || e.Src != web1 || e.Dst != db1 || e.Dport != 5353 || e.Proto != "udp" || e.Reason != "" ||
+			e.Rule != rules[0].ID || e.RuleFarm != "blue" {
+			t.Errorf("admitted flow's event on %s %+v: want farm %d, udp %s:4002 -> %s:5353, by blue's rule %d", host, e, blue, web1, db1, rules[0].ID)
 		}
 	}
 
@@ -159,7 +172,7 @@ for i in range(int(sys.argv[2])):
 	if shown == 0 || lost == 0 || shown > flood/2 {
 		t.Errorf("red's flood: %d shown, %d lost of %d: want it bounded, and the rest reported lost", shown, lost, flood)
 	}
-	out := stream.Stop()
+	out = stream.Stop()
 	if strings.Contains(out, "onehop:") {
 		t.Errorf("observe ended with an error:\n%s", lastLines(out, 5))
 	}
