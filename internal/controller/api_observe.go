@@ -7,11 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
@@ -213,14 +211,7 @@ func (c *Controller) stopObserve(id string) {
 // ClearObserves removes every stream record, as ClearCaptures does the
 // captures': a record found at start is a dead controller's stream.
 func (c *Controller) ClearObserves(ctx context.Context) error {
-	kvs, _, err := c.raw.List(ctx, intent.ObservePrefix)
-	if err != nil {
-		return fmt.Errorf("list observe records: %w", err)
-	}
-	for _, k := range slices.Sorted(maps.Keys(kvs)) {
-		if err := c.store.Delete(ctx, k); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("delete observe record %s: %w", k, err)
-		}
-	}
-	return nil
+	return c.clearRecords(ctx, intent.ObservePrefix, "observe", func(k string, _ []byte) {
+		c.log.Info("observe: removed the record of a stream whose controller stopped; its hosts stop publishing to it", "record", k)
+	})
 }
