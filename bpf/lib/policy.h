@@ -14,6 +14,7 @@
 #include "route.h"
 #include "share.h"
 #include "icmp_error.h"
+#include "observe.h"
 
 /* How long a first fragment's datagram is remembered (frag.h, and port
  * space's steering): a datagram's fragments leave back to back, so two
@@ -273,6 +274,7 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 	if (!e && !share_take(owner, SHARE_FLOWS, now))
 		return DROP_OVER_SHARE;
 	ct_open(&k, e, dir, epoch, now);
+	observe_flow(&f, owner); /* onehop observe: a new flow, while someone observes */
 	return DROP_NONE;
 }
 
