@@ -277,7 +277,7 @@ func startAPIController(ctx context.Context, e *Env, dir, name string, f pki.Fil
 	cctx, cancel := context.WithCancel(context.Background())
 	cmd := command(cctx, e.cfg.binary, "controller", "--data-dir", filepath.Join(dir, name+"-etcd"),
 		"--client-url", fmt.Sprintf("https://127.0.0.1:%d", ports[0]), "--peer-url", fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
-		"--api-listen", api, "--location-listen", "", "--topology", seed, "--audit-keep", auditKeep,
+		"--api-listen", api, "--location-listen", "", "--metrics-addr", "", "--topology", seed, "--audit-keep", auditKeep,
 		"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key, "--api-token-file", filepath.Join(dir, "api-token"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
