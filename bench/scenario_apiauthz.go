@@ -27,8 +27,8 @@ import (
 // today's as it was used, the admin token and no audit trail
 // (--audit-keep 0); one used by a tenant, a token of farm blue (looked up
 // in the controller's copy, its farm checked on every request), no audit
-// trail; and the same with the audit trail on (one more etcd transaction
-// per write, shared by the writes of a burst), whose cost is reported
+// trail; and the same with the audit trail on (each entry in the
+// transaction of its write: no transaction of its own), whose cost is reported
 // beside, against the same target. Each round measures, on all three in
 // rotated order, reads (GET /v1/vms: every VM is blue's, so the tenant's
 // filtered answer is the admin's bytes) and writes (a VM created and
