@@ -141,10 +141,12 @@ install: build
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/onehop $(addprefix $(DESTDIR)$(UNITDIR)/,$(UNITS)) $(DESTDIR)$(CNIBINDIR)/onehop
 
-# One man page per command (cobra's generator) into MANDIR.
+# One man page per command (cobra's generator) into MANDIR. Dated by the
+# commit (SOURCE_DATE_EPOCH), not the day: two builds make the same pages.
 MANDIR ?= bin/man
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 man: build
-	@rm -rf $(MANDIR) && $(BIN) man $(MANDIR) && echo "man pages in $(MANDIR) (man -l $(MANDIR)/onehop.1)"
+	@rm -rf $(MANDIR) && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(BIN) man $(MANDIR) && echo "man pages in $(MANDIR) (man -l $(MANDIR)/onehop.1)"
 
 # A Debian package (dpkg-deb, no network) in PKGDIR: the binary, the man
 # pages, bash/zsh/fish completions, the systemd units and example settings

@@ -27,8 +27,8 @@ import (
 // today's as it was used, the admin token and no audit trail
 // (--audit-keep 0); one used by a tenant, a token of farm blue (looked up
 // in the controller's copy, its farm checked on every request), no audit
-// trail; and the same with the audit trail on (one more etcd transaction
-// per write, shared by the writes of a burst), whose cost is reported
+// trail; and the same with the audit trail on (each entry in the
+// transaction of its write: no transaction of its own), whose cost is reported
 // beside, against the same target. Each round measures, on all three in
 // rotated order, reads (GET /v1/vms: every VM is blue's, so the tenant's
 // filtered answer is the admin's bytes) and writes (a VM created and
@@ -277,7 +277,7 @@ func startAPIController(ctx context.Context, e *Env, dir, name string, f pki.Fil
 	cctx, cancel := context.WithCancel(context.Background())
 	cmd := command(cctx, e.cfg.binary, "controller", "--data-dir", filepath.Join(dir, name+"-etcd"),
 		"--client-url", fmt.Sprintf("https://127.0.0.1:%d", ports[0]), "--peer-url", fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
-		"--api-listen", api, "--location-listen", "", "--topology", seed, "--audit-keep", auditKeep,
+		"--api-listen", api, "--location-listen", "", "--metrics-addr", "", "--topology", seed, "--audit-keep", auditKeep,
 		"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key, "--api-token-file", filepath.Join(dir, "api-token"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {

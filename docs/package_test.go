@@ -1,6 +1,7 @@
 package docs
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,6 +101,118 @@ func TestMakePackageBuildsADebianPackageWithEverythingAnOperatorNeeds(t *testing
 	cf, _ := os.ReadFile(filepath.Join(ctrl, "conffiles"))
 	if strings.TrimSpace(string(cf)) != "/etc/onehop/agent.env\n/etc/onehop/controller.env" {
 		t.Errorf("conffiles:\n%s\nwant the two env files: an upgrade keeps the operator's settings", cf)
+	}
+	maintainerScripts(t, ctrl)
+}
+
+// The maintainer scripts do, with systemd running, what an operator
+// expects of the units the package ships: reload on install, upgrade and
+// removal; start nothing, restart nothing on an upgrade; stop both on
+// removal (not on an upgrade); a purge drops the links that enabled them.
+// They run against a fake systemctl that logs its arguments, under a
+// DPKG_ROOT where systemd "runs".
+func maintainerScripts(t *testing.T, ctrl string) {
+	t.Helper()
+	dir := t.TempDir()
+	droot := filepath.Join(dir, "root")
+	wants := filepath.Join(droot, "etc/systemd/system/multi-user.target.wants")
+	for _, d := range []string{filepath.Join(droot, "run/systemd/system"), wants, filepath.Join(dir, "bin")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := filepath.Join(dir, "systemctl.log")
+	fake := "#!/bin/sh\necho \"$*\" >>" + log + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "bin/systemctl"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"onehop-agent.service", "onehop-controller.service"} {
+		if err := os.Symlink("/lib/systemd/system/"+u, filepath.Join(wants, u)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		script string
+		args   []string
+		want   string // systemctl's calls, one a line
+	}{
+		{"postinst", []string{"configure", ""}, "--system daemon-reload"},
+		{"postinst", []string{"configure", "1.2.2"}, "--system daemon-reload"},
+		{"prerm", []string{"upgrade", "1.2.4"}, ""},
+		{"prerm", []string{"remove"}, "--system stop onehop-agent.service onehop-controller.service"},
+		{"postrm", []string{"upgrade", "1.2.4"}, ""},
+		{"postrm", []string{"remove"}, "--system daemon-reload"},
+		{"postrm", []string{"purge"}, "--system daemon-reload"},
+	} {
+		path := filepath.Join(ctrl, tc.script)
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: %v (%v), want an executable maintainer script", tc.script, fi, err)
+			continue
+		}
+		os.Remove(log)
+		cmd := exec.Command("sh", append([]string{path}, tc.args...)...)
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Join(dir, "bin")+":"+os.Getenv("PATH"), "DPKG_ROOT="+droot)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s %v: %v\n%s", tc.script, tc.args, err, out)
+		}
+		got, _ := os.ReadFile(log)
+		if strings.TrimSpace(string(got)) != tc.want {
+			t.Errorf("%s %v called systemctl %q, want %q", tc.script, tc.args, got, tc.want)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(wants, "onehop-*")); len(left) != 0 {
+		t.Errorf("after a purge the units are still enabled: %v", left)
+	}
+}
+
+// Two builds of the man pages are the same bytes: they are dated by the
+// commit (SOURCE_DATE_EPOCH, which make man sets from git), not the day.
+func TestMakeManIsReproducible(t *testing.T) {
+	testenv.RequireTool(t, "make", "go", "git")
+	out := t.TempDir()
+	// Each build links the binary again (make man: build), stamped with
+	// its own build time.
+	build := func(mandir string, makeArgs ...string) map[string][]byte {
+		t.Helper()
+		cmd := exec.Command("make", append([]string{"-s", "man", "MANDIR=" + mandir, "BIN=" + filepath.Join(out, "onehop")}, makeArgs...)...)
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("make man: %v\n%s", err, b)
+		}
+		pages := map[string][]byte{}
+		files, err := filepath.Glob(filepath.Join(mandir, "*.1"))
+		if err != nil || len(files) < 10 {
+			t.Fatalf("make man wrote %d pages into %s (%v)", len(files), mandir, err)
+		}
+		for _, f := range files {
+			if pages[filepath.Base(f)], err = os.ReadFile(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return pages
+	}
+	first, second := build(filepath.Join(out, "a")), build(filepath.Join(out, "b"))
+	for name, b := range first {
+		if !bytes.Equal(b, second[name]) {
+			t.Errorf("%s differs between two builds:\n%.300s\n---\n%.300s", name, b, second[name])
+		}
+	}
+	if len(first) != len(second) {
+		t.Errorf("two builds wrote %d and %d pages", len(first), len(second))
+	}
+	git := exec.Command("git", "log", "-1", "--format=%cd", "--date=format-local:%b %Y")
+	git.Dir = root
+	git.Env = append(os.Environ(), "TZ=UTC", "LC_ALL=C")
+	month, err := git.Output()
+	if err != nil {
+		t.Fatalf("git log: %v", err)
+	}
+	th := `.TH "ONEHOP" "1" "` + strings.TrimSpace(string(month)) + `"`
+	if !bytes.Contains(first["onehop.1"], []byte(th)) {
+		t.Errorf("onehop.1 is not dated by the commit: want %s in\n%.200s", th, first["onehop.1"])
+	}
+	if old := build(filepath.Join(out, "c"), "-o", "build", "SOURCE_DATE_EPOCH=86400"); !bytes.Contains(old["onehop.1"], []byte(`.TH "ONEHOP" "1" "Jan 1970"`)) {
+		t.Errorf("SOURCE_DATE_EPOCH=86400 did not date onehop.1 January 1970:\n%.200s", old["onehop.1"])
 	}
 }
 

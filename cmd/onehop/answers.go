@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 
@@ -49,19 +48,11 @@ func wrapAnswers(c *cobra.Command) {
 		out := cmd.OutOrStdout()
 		answers.start()
 		defer answers.stop()
-		// The verb's own lines (some print to the process's stdout) give
-		// way to the JSON.
-		null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-		if err != nil {
-			return err
-		}
-		stdout := os.Stdout
-		os.Stdout = null
+		// The verb's own lines (every command prints to its
+		// OutOrStdout) give way to the JSON.
 		cmd.SetOut(io.Discard)
-		err = run(cmd, args)
-		os.Stdout = stdout
+		err := run(cmd, args)
 		cmd.SetOut(out)
-		null.Close()
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -100,7 +101,7 @@ func labStatusCmd(lf *labFlags) *cobra.Command {
 			if output == jsonOutput {
 				return printJSON(cmd.OutOrStdout(), r)
 			}
-			printStatus(r)
+			printStatus(cmd.OutOrStdout(), r)
 			return nil
 		},
 	}
@@ -293,9 +294,9 @@ func cloudState(c *lab.CloudNode) string {
 	return ", " + strings.Join(parts, ", ")
 }
 
-func printStatus(r *lab.Report) {
-	fmt.Printf("lab %s (%s, datapath %s) from %s\n\n", r.Name, r.Phase, r.Datapath, r.Topology)
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+func printStatus(out io.Writer, r *lab.Report) {
+	fmt.Fprintf(out, "lab %s (%s, datapath %s) from %s\n\n", r.Name, r.Phase, r.Datapath, r.Topology)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tKIND\tNETNS\tINTERFACE\tMAC\tADDRESS\tSTATE")
 	for _, n := range r.Nodes {
 		state := "present"

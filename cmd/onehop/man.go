@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/cobra/doc"
@@ -22,13 +24,35 @@ func manCmd() *cobra.Command {
 			if err := os.MkdirAll(args[0], 0o755); err != nil {
 				return fmt.Errorf("man DIR %s: %w", args[0], err)
 			}
+			date, err := manDate()
+			if err != nil {
+				return err
+			}
 			root := cmd.Root()
 			root.DisableAutoGenTag = true // the same tree makes the same pages
-			h := &doc.GenManHeader{Title: "ONEHOP", Section: "1", Source: "onehop " + version.Get().Version, Manual: "onehop manual"}
+			h := &doc.GenManHeader{Title: "ONEHOP", Section: "1", Source: "onehop " + version.Get().Version, Manual: "onehop manual", Date: &date}
 			if err := doc.GenManTree(root, h, args[0]); err != nil {
 				return fmt.Errorf("man pages into %s: %w", args[0], err)
 			}
 			return nil
 		},
 	}
+}
+
+// manDate is the date the pages carry, so that two builds of one commit
+// make the same bytes: $SOURCE_DATE_EPOCH (reproducible-builds.org; make
+// man and make package set it to the commit's date), else the binary's
+// date (its build's, or its commit's when built without make), else now.
+func manDate() (time.Time, error) {
+	if epoch := os.Getenv("SOURCE_DATE_EPOCH"); epoch != "" {
+		sec, err := strconv.ParseInt(epoch, 10, 64)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH %q: want seconds since 1970-01-01 UTC", epoch)
+		}
+		return time.Unix(sec, 0).UTC(), nil
+	}
+	if t, err := time.Parse(time.RFC3339, version.Get().Date); err == nil {
+		return t.UTC(), nil
+	}
+	return time.Now().UTC(), nil
 }

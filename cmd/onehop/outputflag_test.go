@@ -144,3 +144,27 @@ func TestABadOutputFormatIsRefusedNamingTheFlag(t *testing.T) {
 		t.Fatalf("status -o yaml: %v", err)
 	}
 }
+
+// A command prints to its own writer (cobra's OutOrStdout), never around
+// it to the process's stdout: what a caller sets is where it all goes.
+func TestGetPrintsToTheCommandsWriter(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method+" "+r.URL.Path != "GET /v1/farms" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`[{"name":"blue","id":3}]`))
+	}))
+	defer srv.Close()
+	var out bytes.Buffer
+	cmd := newRootCmd()
+	cmd.SetArgs([]string{"get", "farms", "--api", srv.URL})
+	cmd.SetOut(&out)
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[0], "FARM") || !strings.HasPrefix(lines[1], "blue") {
+		t.Fatalf("get farms printed %q to its writer, want the header and blue", out.String())
+	}
+}

@@ -21,8 +21,10 @@ import (
 // dropped first. An entry is a few hundred bytes, so 10,000 are a few MB.
 const DefaultAuditKeep = 10000
 
-// AuditEntry is one accepted write (docs/tenants.md): who made it, when,
-// and what it changed.
+// AuditEntry is one write the API made (docs/tenants.md): who made it,
+// when, and what it changed. An accepted request's; or a refused one's
+// whose writes landed in part before it failed, with the status it was
+// answered (every write that lands has its entry).
 type AuditEntry struct {
 	// ID sorts as the entries were recorded: 16 hex digits of the Unix
 	// time in nanoseconds (made to increase) and 4 of a sequence number.
@@ -55,7 +57,13 @@ const auditBodyMax = 8 << 10
 
 // auditLog appends entries to the store, one key each under
 // intent.AuditPrefix, and drops the oldest beyond keep in the same
-// transaction. It remembers the keys it knows, so an append costs no read;
+// transaction. An API request's entry rides on the request's first write
+// (a store.Rider), in its transaction: the write never lands without it,
+// and it costs no transaction of its own. An entry that differs, once the
+// request is answered, from the one its write carried (another status, a
+// change noted after that write) is written again over it; an accepted
+// request that wrote nothing is recorded on its own (record).
+// It remembers the keys it knows, so an append costs no read;
 // every auditRelist appends it counts the keys in the store and relists
 // them only if the count is not the one it knows, which finds what another
 // controller on the same store appended. (Listing the whole trail, keep
@@ -76,6 +84,9 @@ type auditLog struct {
 	since    int // appends since the last list
 	pending  []auditWait
 	flushing bool
+	// status is the status each route last accepted a write with: what
+	// an entry written before its request is answered says.
+	status map[string]int
 }
 
 // auditWait is an entry waiting for its transaction.
@@ -129,6 +140,107 @@ func (a *auditLog) check(ctx context.Context, s store.Store) error {
 	return nil
 }
 
+// stamp sets e's ID and Time and returns it as stored. a.mu is held.
+func (a *auditLog) stamp(e *AuditEntry) ([]byte, error) {
+	now := time.Now()
+	ns := now.UnixNano()
+	if ns <= a.last {
+		ns = a.last + 1
+	}
+	a.last, a.seq = ns, a.seq+1
+	e.ID = fmt.Sprintf("%016x%04x", ns, a.seq)
+	e.Time = now.UTC()
+	return json.Marshal(e)
+}
+
+// known lists or counts the keys in the store when it is time to (the
+// first append, every auditRelist). a.mu is held.
+func (a *auditLog) known(ctx context.Context, s store.Store) error {
+	switch {
+	case !a.loaded:
+		return a.load(ctx, s)
+	case a.since >= auditRelist:
+		return a.check(ctx, s)
+	}
+	return nil
+}
+
+// ride returns the writes that append e (its ID and Time set here) in a
+// transaction with room for room more: its key, then the oldest beyond
+// keep, which are taken from the known keys until settled says how the
+// transaction ended. None if the trail is off or there is no room.
+func (a *auditLog) ride(ctx context.Context, s store.Store, e *AuditEntry, room int) ([]store.Op, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.keep <= 0 || room < 1 {
+		return nil, nil
+	}
+	if err := a.known(ctx, s); err != nil {
+		return nil, err
+	}
+	val, err := a.stamp(e)
+	if err != nil {
+		return nil, err
+	}
+	ops := []store.Op{{Key: intent.AuditPrefix + e.ID, Value: val}}
+	drop := min(max(len(a.keys)+1-a.keep, 0), len(a.keys), room-1)
+	for _, k := range a.keys[:drop] {
+		ops = append(ops, store.Op{Key: k, Delete: true})
+	}
+	a.keys = a.keys[drop:]
+	return ops, nil
+}
+
+// settled takes in how the transaction that carried ride's ops ended:
+// written, the entry is known; not written (a compare that failed), the
+// oldest it would have dropped are known again; an error may have left
+// either, so the keys are listed again at the next append.
+func (a *auditLog) settled(ops []store.Op, written bool, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case written:
+		a.keys = append(a.keys, ops[0].Key)
+		a.since++
+	case err != nil:
+		a.loaded = false
+	default:
+		back := make([]string, 0, len(ops)-1+len(a.keys))
+		for _, op := range ops[1:] {
+			back = append(back, op.Key)
+		}
+		a.keys = append(back, a.keys...)
+	}
+}
+
+// expect is the status an entry written before its request is answered
+// says: the one the route last accepted a write with, else the usual one
+// for the method.
+func (a *auditLog) expect(pattern, method string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if st, ok := a.status[pattern]; ok {
+		return st
+	}
+	switch method {
+	case http.MethodPost:
+		return http.StatusCreated
+	case http.MethodDelete:
+		return http.StatusNoContent
+	}
+	return http.StatusOK
+}
+
+// learn remembers the status a route accepted a write with.
+func (a *auditLog) learn(pattern string, status int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.status == nil {
+		a.status = map[string]int{}
+	}
+	a.status[pattern] = status
+}
+
 // record appends e (its ID and Time set here) and returns once it is in
 // the store, the oldest entries beyond keep dropped in the same
 // transaction.
@@ -138,15 +250,7 @@ func (a *auditLog) record(ctx context.Context, s store.Store, e AuditEntry) erro
 		a.mu.Unlock()
 		return nil
 	}
-	now := time.Now()
-	ns := now.UnixNano()
-	if ns <= a.last {
-		ns = a.last + 1
-	}
-	a.last, a.seq = ns, a.seq+1
-	e.ID = fmt.Sprintf("%016x%04x", ns, a.seq)
-	e.Time = now.UTC()
-	val, err := json.Marshal(e)
+	val, err := a.stamp(&e)
 	if err != nil {
 		a.mu.Unlock()
 		return err
@@ -172,13 +276,7 @@ func (a *auditLog) flush(ctx context.Context, s store.Store) {
 			a.mu.Unlock()
 			return
 		}
-		var err error
-		switch {
-		case !a.loaded:
-			err = a.load(ctx, s)
-		case a.since >= auditRelist:
-			err = a.check(ctx, s)
-		}
+		err := a.known(ctx, s)
 		// Half a transaction for new entries, the rest for the oldest
 		// they push out.
 		n := min(len(a.pending), store.MaxTxnOps/2)
@@ -329,9 +427,11 @@ func (t *teeBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// audited runs a write's handler and, if it was accepted (2xx), records it.
-// The entry is written before the answer is complete, so that a client that
-// has its answer finds its write in the trail.
+// audited runs a write's handler and records it: its entry rides on the
+// handler's first write (auditLog), so it is in the store before the
+// answer is complete and a client that has its answer finds its write in
+// the trail. A request that wrote nothing is recorded if it was accepted
+// (2xx).
 func (c *Controller) audited(w http.ResponseWriter, r *http.Request, pattern string, id Identity, h http.Handler) {
 	c.audit.mu.Lock()
 	off := c.audit.keep <= 0
@@ -346,21 +446,49 @@ func (c *Controller) audited(w http.ResponseWriter, r *http.Request, pattern str
 		body = &teeBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	sw := &statusWriter{ResponseWriter: w}
-	h.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), auditNoteKey{}, note)))
-	if sw.status < 200 || sw.status > 299 {
-		return
-	}
 	noun, name := nounAndName(pattern, r)
-	e := AuditEntry{Who: id.String(), Farm: note.farm, Method: r.Method, Path: r.URL.RequestURI(),
-		Noun: noun, Name: name, Status: sw.status}
-	if body != nil {
-		e.Change = summarize(body.buf.Bytes(), body.read)
+	entry := func(status int) AuditEntry {
+		e := AuditEntry{Who: id.String(), Farm: note.farm, Method: r.Method, Path: r.URL.RequestURI(),
+			Noun: noun, Name: name, Status: status}
+		if body != nil {
+			e.Change = summarize(body.buf.Bytes(), body.read)
+		}
+		if note.change != "" {
+			e.Change = strings.TrimPrefix(e.Change+"; "+note.change, "; ")
+		}
+		return e
 	}
-	if note.change != "" {
-		e.Change = strings.TrimPrefix(e.Change+"; "+note.change, "; ")
+	var carried AuditEntry // as the handler's write carried it
+	rider := store.NewRider(func(room int) ([]store.Op, error) {
+		carried = entry(c.audit.expect(pattern, r.Method))
+		return c.audit.ride(r.Context(), c.raw, &carried, room)
+	}, c.audit.settled)
+	ctx := store.WithRider(context.WithValue(r.Context(), auditNoteKey{}, note), rider)
+	sw := &statusWriter{ResponseWriter: w}
+	h.ServeHTTP(sw, r.WithContext(ctx))
+	wrote := rider.Close()
+	accepted := sw.status >= 200 && sw.status <= 299
+	if accepted {
+		c.audit.learn(pattern, sw.status)
 	}
-	if err := c.audit.record(r.Context(), c.raw, e); err != nil {
+	e := entry(sw.status)
+	var err error
+	switch {
+	case wrote:
+		e.ID, e.Time = carried.ID, carried.Time
+		if e == carried {
+			return
+		}
+		// What the write carried is not all the request did: the entry
+		// says it all, over it.
+		var val []byte
+		if val, err = json.Marshal(e); err == nil {
+			err = c.raw.Put(r.Context(), intent.AuditPrefix+e.ID, val)
+		}
+	case accepted:
+		err = c.audit.record(r.Context(), c.raw, e)
+	}
+	if err != nil {
 		c.log.Error("audit trail: an accepted write is not recorded", "who", e.Who, "method", e.Method, "path", e.Path, "err", err)
 	}
 }

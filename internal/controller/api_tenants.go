@@ -168,8 +168,7 @@ func (c *Controller) tenantRoutes(mux *router) {
 		}
 	})
 	mux.HandleFunc("DELETE /v1/tenants/tokens/{id}", func(w http.ResponseWriter, r *http.Request) {
-		tok, err := c.RevokeTenantToken(r.Context(), r.PathValue("id"))
-		noteFarm(r.Context(), tok.Farm)
+		_, err := c.RevokeTenantToken(r.Context(), r.PathValue("id"))
 		reply(w, http.StatusNoContent, nil, err)
 	})
 }
@@ -244,6 +243,8 @@ func (c *Controller) RevokeTenantToken(ctx context.Context, id string) (TenantTo
 	} else if err != nil {
 		return TenantToken{}, err
 	}
+	// Before the delete, which carries the request's audit entry.
+	noteFarm(ctx, rec.Farm)
 	// The copy first: a request that races the delete is refused rather
 	// than let in by a token the operator has already revoked.
 	if err := c.tokens.set(tokenKey(id), nil); err != nil {
@@ -265,20 +266,24 @@ func (c *Controller) revokeFarmTokens(ctx context.Context, farm string) error {
 	if err != nil {
 		return fmt.Errorf("tenant tokens of farm %s: %w", farm, err)
 	}
-	var ids []string
+	if len(toks) == 0 {
+		return nil
+	}
+	ids := make([]string, len(toks))
+	for i, t := range toks {
+		ids[i] = t.ID
+	}
+	// Noted before the first revocation, whose write carries the entry.
+	named := strings.Join(ids[:min(len(ids), auditTokensNamed)], " ")
+	if len(ids) > auditTokensNamed {
+		named += fmt.Sprintf(" and %d more", len(ids)-auditTokensNamed)
+	}
+	noteChange(ctx, fmt.Sprintf("revoked farm %s's tenant tokens: %s", farm, named))
 	for _, t := range toks {
 		if _, err := c.RevokeTenantToken(ctx, t.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("revoke tenant token %s of farm %s: %w", t.ID, farm, err)
 		}
-		ids = append(ids, t.ID)
 	}
-	if len(ids) > 0 {
-		named := strings.Join(ids[:min(len(ids), auditTokensNamed)], " ")
-		if len(ids) > auditTokensNamed {
-			named += fmt.Sprintf(" and %d more", len(ids)-auditTokensNamed)
-		}
-		noteChange(ctx, fmt.Sprintf("revoked farm %s's tenant tokens: %s", farm, named))
-		c.log.Info("tenant tokens revoked with their farm", "farm", farm, "tokens", ids)
-	}
+	c.log.Info("tenant tokens revoked with their farm", "farm", farm, "tokens", ids)
 	return nil
 }

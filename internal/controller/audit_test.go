@@ -3,11 +3,13 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -96,5 +98,106 @@ func TestStoresCountAPrefixAsTheyListIt(t *testing.T) {
 		if err != nil || lerr != nil || n != 6 || len(kvs) != 6 {
 			t.Errorf("%s: count %d (%v), list %d (%v); want 6", name, n, err, len(kvs), lerr)
 		}
+	}
+}
+
+// An API write's audit entry is in the transaction of the request's first
+// write (a store.Rider), on both stores: it lands at that write's
+// revision, and the request costs the transactions it costs with the
+// trail off, not one more.
+func TestAuditEntryLandsInTheTransactionOfItsWrite(t *testing.T) {
+	for name, s := range map[string]store.Store{"memory": store.NewMemory(), "etcd": embeddedStore(t, EtcdOptions{NoFsync: true})} {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			c := New(s, discard)
+			srv := newAPIServer(t, c)
+			mustCall(t, srv, "POST", "/v1/farms", `{"name":"blue"}`, 201)
+			_, from, err := s.List(ctx, intent.AuditPrefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := s.WatchEvents(ctx, intent.Root, from)
+			mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`, 201)
+			_, to, err := s.List(ctx, intent.AuditPrefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, auditRev := int64(0), int64(0)
+			var audits []string
+			for rev := from; rev < to; {
+				b, ok := <-evs
+				if !ok || b.Err != nil {
+					t.Fatalf("watch ended at revision %d of %d: %v", rev, to, b.Err)
+				}
+				for _, ev := range b.Events {
+					rev = ev.Rev
+					if first == 0 {
+						first = ev.Rev
+					}
+					if strings.HasPrefix(ev.Key, intent.AuditPrefix) {
+						audits = append(audits, string(ev.Value))
+						auditRev = ev.Rev
+					}
+				}
+			}
+			if len(audits) != 1 || !strings.Contains(audits[0], `"status":201`) || !strings.Contains(audits[0], `"change":"{\"name\":\"web\"}"`) {
+				t.Fatalf("the subnet's create wrote audit entries %q, want one, 201, naming web", audits)
+			}
+			if auditRev != first {
+				t.Errorf("the audit entry landed at revision %d, the request's first write at %d: want one transaction", auditRev, first)
+			}
+		})
+	}
+	writes := func(keep int) int64 {
+		c, s := newController()
+		c.SetAuditKeep(keep)
+		srv := newAPIServer(t, c)
+		putHost(t, s, "h1")
+		mustCall(t, srv, "POST", "/v1/farms", `{"name":"blue"}`, 201)
+		before := s.Writes()
+		mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`, 201)
+		mustCall(t, srv, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"web1","host":"h1"}`, 201)
+		mustCall(t, srv, "DELETE", "/v1/farms/blue/subnets/web/vms/web1", "", 204)
+		return s.Writes() - before
+	}
+	if on, off := writes(DefaultAuditKeep), writes(0); on != off {
+		t.Errorf("three API writes took %d transactions with the audit trail, %d without: want the same", on, off)
+	}
+}
+
+// failingPut is a memory store whose puts of one key fail.
+type failingPut struct {
+	*store.Memory
+	key string
+}
+
+func (s *failingPut) Put(ctx context.Context, key string, value []byte) error {
+	if key == s.key {
+		return fmt.Errorf("put %s: the disk is full", key)
+	}
+	return s.Memory.Put(ctx, key, value)
+}
+
+// A request that fails after one of its writes landed has its entry all
+// the same, with the status it was answered; one that fails before it
+// wrote anything has none.
+func TestAWriteThatLandsIsAuditedEvenWhenItsRequestFails(t *testing.T) {
+	s := &failingPut{Memory: store.NewMemory(), key: intent.SubnetKey("blue", "web")}
+	c := New(s, discard)
+	srv := newAPIServer(t, c)
+	mustCall(t, srv, "POST", "/v1/farms", `{"name":"blue"}`, 201)
+	mustCall(t, srv, "POST", "/v1/farms/red/subnets", `{"name":"web"}`, 404)
+	// The subnet's id is allocated (a write), then its record fails.
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"web"}`, 500)
+	var a ipam.Allocations
+	if err := store.GetJSON(t.Context(), s, intent.AllocKey, &a); err != nil || a.Subnets["blue/web"] == 0 {
+		t.Fatalf("allocations %+v (%v): want blue/web's id, the write that landed", a, err)
+	}
+	all, err := c.Audit(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 || all[1].Path != "/v1/farms/blue/subnets" || all[1].Status != 500 || all[1].Change != `{"name":"web"}` {
+		t.Fatalf("audit %+v: want the farm's create and the failed subnet create (500), not red's 404", all)
 	}
 }

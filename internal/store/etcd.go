@@ -65,8 +65,26 @@ func (e *Etcd) List(ctx context.Context, prefix string) (map[string][]byte, int6
 
 // Put implements Store.
 func (e *Etcd) Put(ctx context.Context, key string, value []byte) error {
+	if ctx.Value(riderKey{}) != nil {
+		return e.withRider(ctx, "put "+key, Op{Key: key, Value: value})
+	}
 	if _, err := e.c.Put(ctx, key, string(value)); err != nil {
 		return fmt.Errorf("etcd put %s: %w", key, err)
+	}
+	return nil
+}
+
+// withRider writes op in one transaction with ctx's rider, if it has one
+// still to carry.
+func (e *Etcd) withRider(ctx context.Context, what string, op Op) error {
+	t, err := takeRider(ctx, 1)
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", what, err)
+	}
+	_, err = e.txn(ctx, t.withOps(op))
+	t.done(true, err)
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", what, err)
 	}
 	return nil
 }
@@ -74,10 +92,15 @@ func (e *Etcd) Put(ctx context.Context, key string, value []byte) error {
 // PutIfUnchanged implements Store: one etcd transaction comparing the
 // mod revision of every key under prefix (a range compare) with rev.
 func (e *Etcd) PutIfUnchanged(ctx context.Context, prefix string, rev int64, key string, value []byte) (bool, error) {
+	t, err := takeRider(ctx, 1)
+	if err != nil {
+		return false, fmt.Errorf("etcd put %s if %s unchanged since %d: %w", key, prefix, rev, err)
+	}
 	r, err := e.c.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithPrefix()).
-		Then(clientv3.OpPut(key, string(value))).
+		Then(etcdOps(t.withOps(Op{Key: key, Value: value}))...).
 		Commit()
+	t.done(err == nil && r.Succeeded, err)
 	if err != nil {
 		return false, fmt.Errorf("etcd put %s if %s unchanged since %d: %w", key, prefix, rev, err)
 	}
@@ -86,6 +109,9 @@ func (e *Etcd) PutIfUnchanged(ctx context.Context, prefix string, rev int64, key
 
 // Delete implements Store.
 func (e *Etcd) Delete(ctx context.Context, key string) error {
+	if ctx.Value(riderKey{}) != nil {
+		return e.withRider(ctx, "delete "+key, Op{Key: key, Delete: true})
+	}
 	if _, err := e.c.Delete(ctx, key); err != nil {
 		return fmt.Errorf("etcd delete %s: %w", key, err)
 	}

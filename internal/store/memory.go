@@ -60,7 +60,11 @@ func (m *Memory) List(_ context.Context, prefix string) (map[string][]byte, int6
 }
 
 // Put implements Store.
-func (m *Memory) Put(_ context.Context, key string, value []byte) error {
+func (m *Memory) Put(ctx context.Context, key string, value []byte) error {
+	if ctx.Value(riderKey{}) != nil {
+		_, err := m.Txn(ctx, []Op{{Key: key, Value: value}})
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.put(key, value)
@@ -75,20 +79,30 @@ func (m *Memory) put(key string, value []byte) {
 }
 
 // PutIfUnchanged implements Store.
-func (m *Memory) PutIfUnchanged(_ context.Context, prefix string, rev int64, key string, value []byte) (bool, error) {
+func (m *Memory) PutIfUnchanged(ctx context.Context, prefix string, rev int64, key string, value []byte) (bool, error) {
+	t, err := takeRider(ctx, 1)
+	if err != nil {
+		return false, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, mod := range m.mod {
 		if strings.HasPrefix(k, prefix) && mod > rev {
+			t.done(false, nil)
 			return false, nil
 		}
 	}
-	m.put(key, value)
+	m.txnLocked(t.withOps(Op{Key: key, Value: value}))
+	t.done(true, nil)
 	return true, nil
 }
 
 // Delete implements Store.
-func (m *Memory) Delete(_ context.Context, key string) error {
+func (m *Memory) Delete(ctx context.Context, key string) error {
+	if ctx.Value(riderKey{}) != nil {
+		_, err := m.Txn(ctx, []Op{{Key: key, Delete: true}})
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.kv[key]; ok {

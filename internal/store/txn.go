@@ -27,8 +27,27 @@ type Txner interface {
 	Txn(ctx context.Context, ops []Op) (int64, error)
 }
 
-// Txn implements Txner: one etcd transaction, unconditional.
+// Txn implements Txner: one etcd transaction, unconditional, with ctx's
+// rider if it has one still to carry.
 func (e *Etcd) Txn(ctx context.Context, ops []Op) (int64, error) {
+	t, err := takeRider(ctx, len(ops))
+	if err != nil {
+		return 0, fmt.Errorf("etcd transaction of %d writes: %w", len(ops), err)
+	}
+	rev, err := e.txn(ctx, t.withOps(ops...))
+	t.done(true, err)
+	return rev, err
+}
+
+func (e *Etcd) txn(ctx context.Context, ops []Op) (int64, error) {
+	r, err := e.c.Txn(ctx).Then(etcdOps(ops)...).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("etcd transaction of %d writes: %w", len(ops), err)
+	}
+	return r.Header.Revision, nil
+}
+
+func etcdOps(ops []Op) []clientv3.Op {
 	eops := make([]clientv3.Op, len(ops))
 	for i, o := range ops {
 		if o.Delete {
@@ -37,25 +56,37 @@ func (e *Etcd) Txn(ctx context.Context, ops []Op) (int64, error) {
 			eops[i] = clientv3.OpPut(o.Key, string(o.Value))
 		}
 	}
-	r, err := e.c.Txn(ctx).Then(eops...).Commit()
-	if err != nil {
-		return 0, fmt.Errorf("etcd transaction of %d writes: %w", len(ops), err)
-	}
-	return r.Header.Revision, nil
+	return eops
 }
 
 // Txn implements Txner: the ops take one revision, as etcd's do, and count
-// as one write. A key named twice is refused, as etcd refuses it.
-func (m *Memory) Txn(_ context.Context, ops []Op) (int64, error) {
+// as one write, with ctx's rider if it has one still to carry. A key named
+// twice is refused, as etcd refuses it.
+func (m *Memory) Txn(ctx context.Context, ops []Op) (int64, error) {
+	t, err := takeRider(ctx, len(ops))
+	if err != nil {
+		return 0, err
+	}
+	ops = t.withOps(ops...)
 	seen := make(map[string]bool, len(ops))
 	for _, o := range ops {
 		if seen[o.Key] {
-			return 0, fmt.Errorf("memory transaction: key %s named twice", o.Key)
+			err := fmt.Errorf("memory transaction: key %s named twice", o.Key)
+			t.done(false, err)
+			return 0, err
 		}
 		seen[o.Key] = true
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	rev := m.txnLocked(ops)
+	t.done(true, nil)
+	return rev, nil
+}
+
+// txnLocked applies ops at one revision and returns the store's revision.
+// m.mu is held.
+func (m *Memory) txnLocked(ops []Op) int64 {
 	var evs []Event
 	for _, o := range ops {
 		if o.Delete {
@@ -71,11 +102,10 @@ func (m *Memory) Txn(_ context.Context, ops []Op) (int64, error) {
 		m.mod[o.Key] = m.rev + 1
 		evs = append(evs, Event{Key: o.Key, Value: v})
 	}
-	if len(evs) == 0 {
-		return m.rev, nil
+	if len(evs) > 0 {
+		m.recordAll(evs)
 	}
-	m.recordAll(evs)
-	return m.rev, nil
+	return m.rev
 }
 
 // recordAll is record for the changes of one transaction: one revision,
