@@ -4,10 +4,15 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "trace.h"
 
 /* Counts a drop that is routine enough not to be worth a log line. */
 static __always_inline int drop_quietly(__u32 reason)
 {
+	if (trace_mode) {
+		trace_drop(reason);
+		return TC_ACT_SHOT;
+	}
 	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
 	if (n)
 		*n += 1;
@@ -16,6 +21,10 @@ static __always_inline int drop_quietly(__u32 reason)
 
 static __always_inline int drop_packet(struct __sk_buff *skb, struct packet *pkt, __u32 reason)
 {
+	if (trace_mode) {
+		trace_drop(reason);
+		return TC_ACT_SHOT;
+	}
 	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
 	if (n)
 		*n += 1;

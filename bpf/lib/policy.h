@@ -14,6 +14,7 @@
 #include "route.h"
 #include "share.h"
 #include "icmp_error.h"
+#include "trace.h"
 
 /* How long a first fragment's datagram is remembered (frag.h, and port
  * space's steering): a datagram's fragments leave back to back, so two
@@ -98,13 +99,49 @@ __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto
 		.gen = gen & 1,
 		.port = port,
 	};
+	__u8 hit = TRACE_VIS_NONE;
 	if (port && bpf_map_lookup_elem(&visibility, &k))
-		return 1;
-	k.port = 0;
-	if (bpf_map_lookup_elem(&visibility, &k))
-		return 1;
-	k.proto = 0;
-	return bpf_map_lookup_elem(&visibility, &k) != 0;
+		hit = TRACE_VIS_PORT;
+	else {
+		k.port = 0;
+		if (bpf_map_lookup_elem(&visibility, &k))
+			hit = TRACE_VIS_PROTO;
+		else {
+			k.proto = 0;
+			if (bpf_map_lookup_elem(&visibility, &k))
+				hit = TRACE_VIS_ANY;
+		}
+	}
+	if (trace_mode) {
+		/* The key that decided, as the agent compiled it: the controller
+		 * names the rule from it (internal/trace). */
+		struct trace_record *t = trace_rec();
+		if (t) {
+			t->vis = hit;
+			t->vis_gen = k.gen;
+			t->src_farm = k.src_farm;
+			t->src_subnet = k.src_subnet;
+			t->dst_farm = k.dst_farm;
+			t->dst_subnet = k.dst_subnet;
+			t->vis_proto = hit == TRACE_VIS_ANY ? 0 : proto;
+			t->vis_port = hit == TRACE_VIS_PORT || hit == TRACE_VIS_NONE ? port : 0;
+		}
+	}
+	return hit != TRACE_VIS_NONE;
+}
+
+/* Records how a firewall decided (enum trace_fw), in the trace instance. */
+static __always_inline int trace_fw(__u8 dir, __u8 how, __u32 index, int allow)
+{
+	if (trace_mode) {
+		struct trace_record *t = trace_rec();
+		if (t) {
+			t->fw[dir & 1] = how;
+			t->fw_index[dir & 1] = index;
+			t->fw_allow[dir & 1] = allow;
+		}
+	}
+	return allow;
 }
 
 /* A global function: the verifier checks its rule loop once, on its own,
@@ -127,17 +164,17 @@ __attribute__((noinline)) int firewall_allows(__be32 vm, __u8 side, __be32 remot
 			break;
 		struct fw_key k = {.vm = vm, .dir = dir, .index = i, .gen = gen};
 		struct fw_rule *r = bpf_map_lookup_elem(&firewall_rules, &k);
-		if (!r)
-			return 0; /* a rule the count promises is missing: refuse, never skip a deny */
+		if (!r) /* a rule the count promises is missing: refuse, never skip a deny */
+			return trace_fw(dir, TRACE_FW_MISSING, i, 0);
 		if ((remote & r->mask) != r->net)
 			continue;
 		if (r->proto && r->proto != proto)
 			continue;
 		if (r->port_lo && (port < r->port_lo || port > r->port_hi))
 			continue;
-		return r->allow;
+		return trace_fw(dir, TRACE_FW_RULE, i, r->allow);
 	}
-	return p->default_allow[dir];
+	return trace_fw(dir, TRACE_FW_DEFAULT, 0, p->default_allow[dir]);
 }
 
 /* What the rules say about a flow from src to dst (proto, destination
@@ -185,11 +222,14 @@ static __attribute__((noinline)) int ct_recheck(struct ct_entry *e, const struct
 	if (reason) {
 		if (e->opened & CT_CUT)
 			return reason;
-		e->opened |= CT_CUT;
+		if (!trace_mode)
+			e->opened |= CT_CUT;
 		return DROP_REVOKED;
 	}
-	e->opened = way; /* only the way just checked is vouched for now */
-	e->epoch = epoch;
+	if (!trace_mode) {
+		e->opened = way; /* only the way just checked is vouched for now */
+		e->epoch = epoch;
+	}
 	return DROP_NONE;
 }
 
@@ -252,15 +292,21 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 		else if (answers && (e->opened & back))
 			way = back;
 		if (way && (e->epoch != epoch || (e->opened & CT_CUT))) {
+			if (trace_mode)
+				trace_ct(TRACE_CT_RECHECKED);
 			int reason = ct_recheck(e, &f, epoch, CT_ARGS(way, dir, fw_src, fw_dst));
 			if (reason)
 				return reason;
 		}
 		if (way) {
+			if (trace_mode && !(e->epoch != epoch || (e->opened & CT_CUT)))
+				trace_ct(way == dir ? TRACE_CT_ESTABLISHED : TRACE_CT_REPLY);
 			ct_touch(e, now);
 			return DROP_NONE;
 		}
 	}
+	if (trace_mode)
+		trace_ct(TRACE_CT_NEW);
 	__u16 port = opens ? flow_port(ip->protocol, l4.dport) : 0;
 	int reason = policy_allows(ip->saddr, ip->daddr, ip->protocol, port, fw_src, fw_dst, gen);
 	if (reason)

@@ -8,7 +8,7 @@ package datapath
 // The C lives in bpf/ (a directory without Go files: Go refuses .c files in
 // a package without cgo). Generated .go and .o files are committed so a
 // plain `go build` needs no clang; CI checks they match the C.
-//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint -type vif_info -type node_config -type drop_reason -type forward_path -type drop_event -type vis_key -type slowpath_event -type slowpath_kind -type mapping -type farm_config -type fw_key -type fw_rule -type fw_policy -type fw_policy_key -type scope_key -type scope_info -type member_key -type scope_member -type feature_bit -type share_limits -type vm_share -type share_kind -type host_key -type vif_kind -type guest_mark vif ../../bpf/vif.c
+//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint -type vif_info -type node_config -type drop_reason -type forward_path -type drop_event -type vis_key -type slowpath_event -type slowpath_kind -type mapping -type farm_config -type fw_key -type fw_rule -type fw_policy -type fw_policy_key -type scope_key -type scope_info -type member_key -type scope_member -type feature_bit -type share_limits -type vm_share -type share_kind -type host_key -type vif_kind -type guest_mark -type trace_record -type trace_vis -type trace_fw -type trace_ct -type redirect_kind vif ../../bpf/vif.c
 //go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel uplink ../../bpf/uplink.c
 
 // The same programs built with ONEHOP_TEST_HOOKS, for tests only: every

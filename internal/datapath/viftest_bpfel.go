@@ -309,6 +309,30 @@ type vifTestTapTarget struct {
 	Hdr     [72]uint8
 }
 
+type vifTestTraceRecord struct {
+	_         structs.HostLayout
+	Runs      uint32
+	Drop      uint32
+	Forward   uint32
+	ToIfindex uint32
+	ToKind    uint32
+	Slow      uint32
+	FwIndex   [2]uint32
+	Fw        [2]uint8
+	FwAllow   [2]uint8
+	Vis       uint8
+	VisGen    uint8
+	Ct        uint8
+	Ask       uint8
+	SrcFarm   uint8
+	SrcSubnet uint8
+	DstFarm   uint8
+	DstSubnet uint8
+	VisProto  uint8
+	Pad       uint8
+	VisPort   uint16
+}
+
 type vifTestVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -376,6 +400,7 @@ const (
 	vifTestMapTapScratch           = "tap_scratch"
 	vifTestMapTapStats             = "tap_stats"
 	vifTestMapTapTargets           = "tap_targets"
+	vifTestMapTraceSteps           = "trace_steps"
 	vifTestMapVifs                 = "vifs"
 	vifTestMapVisibility           = "visibility"
 	vifTestMapVmShares             = "vm_shares"
@@ -395,7 +420,11 @@ const (
 	vifTestVarTapKeyKindType       = "_tap_key_kind_type"
 	vifTestVarTapRoleType          = "_tap_role_type"
 	vifTestVarTapSideType          = "_tap_side_type"
+	vifTestVarTraceCtType          = "_trace_ct_type"
+	vifTestVarTraceFwType          = "_trace_fw_type"
+	vifTestVarTraceVisType         = "_trace_vis_type"
 	vifTestVarVifKindType          = "_vif_kind_type"
+	vifTestVarTraceMode            = "trace_mode"
 )
 
 // loadVifTest returns the embedded CollectionSpec for vifTest.
@@ -486,6 +515,7 @@ type vifTestMapSpecs struct {
 	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.MapSpec `ebpf:"trace_steps"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -509,7 +539,11 @@ type vifTestVariableSpecs struct {
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
+	TraceMode         *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
 // vifTestObjects contains all objects after they have been loaded into the kernel.
@@ -570,6 +604,7 @@ type vifTestMaps struct {
 	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.Map `ebpf:"trace_steps"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
 	Visibility           *ebpf.Map `ebpf:"visibility"`
 	VmShares             *ebpf.Map `ebpf:"vm_shares"`
@@ -615,6 +650,7 @@ func (m *vifTestMaps) Close() error {
 		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
+		m.TraceSteps,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -639,7 +675,11 @@ type vifTestVariables struct {
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.Variable `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.Variable `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.Variable `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
+	TraceMode         *ebpf.Variable `ebpf:"trace_mode"`
 }
 
 // vifTestPrograms contains all programs after they have been loaded into the kernel.
