@@ -60,6 +60,7 @@ var routeScopes = map[string]scope{
 	"GET /v1/vms":                           scopeOwnFarm,
 	"GET /v1/rules":                         scopeOwnFarm,
 	"GET /v1/audit":                         scopeOwnFarm,
+	"GET /v1/trace":                         scopeOwnFarm, // the handler checks FROM's and TO's farms (Trace)
 	"GET /v1/hosts":                         scopeRead,
 	"POST /v1/hosts":                        scopeAdmin,
 	"GET /v1/hosts/{host}":                  scopeAdmin, // lists the VMs of every farm on the host

@@ -13,13 +13,26 @@ package intent
 // records (a fabric claim that a VM moved is believed only where the store
 // places it: agent/claims.go; a deleted VM's learned mapping is forgotten:
 // agent/purge.go).
+// It also reads the trace requests for its host (TraceRequestsPrefix).
 func AgentReads(host string) []string {
-	return []string{DesiredHostPrefix(host), FarmStatePrefix, NodesPrefix, VMsPrefix}
+	return []string{DesiredHostPrefix(host), FarmStatePrefix, NodesPrefix, VMsPrefix, TraceRequestsPrefix + host + "/"}
 }
 
 // AgentWrites are the only keys host's agent writes: its node record
 // (at start) and its status. Each is one key, not a prefix, so h1's
 // grant says nothing of h10's.
+// Its answers to traces (TraceReplyKey) are its own too.
 func AgentWrites(host string) []string {
-	return []string{NodesPrefix + host, StatusPrefix + host}
+	return []string{NodesPrefix + host, StatusPrefix + host, TraceReplyKey(host)}
 }
+
+// `onehop trace` asks the agents of the hosts on a packet's path to run
+// their programs on it (internal/trace): the controller puts a request
+// under TraceRequestsPrefix + HOST/ID and watches TraceReplyKey(HOST),
+// which that host's agent overwrites with each answer (the answer carries
+// the request's ID). Through the store, a trace is authorized as all else
+// is: only the controller writes requests, only the host answers for itself.
+const TraceRequestsPrefix = Root + "trace/requests/"
+
+// TraceReplyKey is where host's agent answers trace requests.
+func TraceReplyKey(host string) string { return Root + "trace/replies/" + host }

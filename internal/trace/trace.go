@@ -28,6 +28,9 @@ type Request struct {
 	Sport uint16 `json:"sport,omitempty"`
 	Dport uint16 `json:"dport,omitempty"`
 	Flags string `json:"flags,omitempty"` // TCP flags: letters of FSRPAU (default S)
+	// SrcIP is the source address the packet claims, when not FROM's
+	// own: what anti-spoofing does with a forged one.
+	SrcIP string `json:"srcIP,omitempty"`
 }
 
 // Normalize fills the defaults and checks what can be checked without the
@@ -38,6 +41,12 @@ func (r Request) Normalize() (Request, error) {
 	}
 	if r.To == "" {
 		return r, fmt.Errorf("to: empty; want a VM (farm/subnet/vm) or an address")
+	}
+	if r.SrcIP != "" {
+		a, err := netip.ParseAddr(r.SrcIP)
+		if err != nil || !a.Is4() {
+			return r, fmt.Errorf("src-ip %q: want an IPv4 address", r.SrcIP)
+		}
 	}
 	r.Proto = strings.ToLower(r.Proto)
 	switch r.Proto {
