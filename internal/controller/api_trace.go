@@ -150,6 +150,11 @@ func (c *Controller) traceEnd(ctx context.Context, field, s string, vms []intent
 	if err != nil || !a.Is4() {
 		return trace.Endpoint{}, fieldErr(field, fmt.Errorf("%q: want a VM (farm/subnet/vm) or an IPv4 address", s))
 	}
+	// A broadcast's copies are sent the moment the program makes them:
+	// the trace instance makes none, so it could not follow them.
+	if a.IsMulticast() || a.As4()[3] == 255 {
+		return trace.Endpoint{}, fieldErr(field, fmt.Errorf("%s: broadcast and multicast are not traced; trace to one of the VMs instead", a))
+	}
 	for i := range vms {
 		if vms[i].IP == a.String() {
 			v := vms[i]

@@ -102,9 +102,10 @@ func (in Intent) subnetName(farm, subnet uint8) string {
 	return fmt.Sprintf("10.%d.%d.0/24", farm, subnet)
 }
 
-// VisRules names the rules behind the visibility key v matched: those of
-// its farms written exactly as the key (a rule within a farm), else those
-// that cover it (across farms the key is what both farms' rules allow).
+// VisRules names the rules behind the visibility key v matched: within a
+// farm, the rule written exactly as the key (else those that cover it);
+// across farms, every rule of either farm that covers it, since the key
+// is what both farms' rules allow (policy.Visibility).
 func (in Intent) VisRules(v VisHit) []RuleRef {
 	from, to := in.subnetName(v.SrcFarm, v.SrcSubnet), in.subnetName(v.DstFarm, v.DstSubnet)
 	var exact, cover []RuleRef
@@ -122,10 +123,10 @@ func (in Intent) VisRules(v VisHit) []RuleRef {
 			}
 		}
 	}
-	if len(exact) > 0 {
+	if v.SrcFarm == v.DstFarm && len(exact) > 0 {
 		return exact
 	}
-	return cover
+	return append(exact, cover...)
 }
 
 func ruleText(r intent.Rule) string {
