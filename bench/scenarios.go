@@ -28,4 +28,5 @@ var scenarios = []*Scenario{
 	vnat2Scenario,
 	vnatRestoreScenario,
 	apiAuthzScenario,
+	traceScenario,
 }

@@ -31,7 +31,7 @@ func ask(t *testing.T, s store.Store, req trace.AgentRequest) trace.AgentReply {
 	b, _ := json.Marshal(req)
 	var rep trace.AgentReply
 	testenv.Eventually(t, "h1 answers trace "+req.ID, 5*time.Second, func() error {
-		if err := s.Put(t.Context(), intent.TraceRequestsPrefix+"h1/"+req.ID, b); err != nil {
+		if err := s.Put(t.Context(), intent.TraceRequestKey("h1"), b); err != nil {
 			return err
 		}
 		if err := store.GetJSON(t.Context(), s, intent.TraceReplyKey("h1"), &rep); err != nil {

@@ -189,11 +189,9 @@ func (c *Controller) askAgent(ctx context.Context, host string, req trace.AgentR
 	}
 	// Watched before the request is written, so no answer is missed.
 	events := c.raw.WatchEvents(ctx, replyKey, rev)
-	reqKey := intent.TraceRequestsPrefix + host + "/" + req.ID
-	if err := store.PutJSON(ctx, c.raw, reqKey, req); err != nil {
+	if err := store.PutJSON(ctx, c.raw, intent.TraceRequestKey(host), req); err != nil {
 		return trace.Run{}, fmt.Errorf("trace on host %s: %w", host, err)
 	}
-	defer c.raw.Delete(context.WithoutCancel(ctx), reqKey)
 	for batch := range events {
 		if batch.Err != nil {
 			return trace.Run{}, fmt.Errorf("trace on host %s: watch: %w", host, batch.Err)

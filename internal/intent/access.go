@@ -27,12 +27,19 @@ func AgentWrites(host string) []string {
 }
 
 // `onehop trace` asks the agents of the hosts on a packet's path to run
-// their programs on it (internal/trace): the controller puts a request
-// under TraceRequestsPrefix + HOST/ID and watches TraceReplyKey(HOST),
-// which that host's agent overwrites with each answer (the answer carries
-// the request's ID). Through the store, a trace is authorized as all else
-// is: only the controller writes requests, only the host answers for itself.
+// their programs on it (internal/trace): the controller writes a request
+// to TraceRequestKey(HOST) and watches TraceReplyKey(HOST), which that
+// host's agent overwrites with each answer (the answer carries the
+// request's ID). One key each way, overwritten: a trace costs two writes
+// per host and leaves nothing to delete, and a watch sees every revision,
+// so traces at once are all answered. Through the store, a trace is
+// authorized as all else is: only the controller writes requests, only the
+// host answers for itself.
 const TraceRequestsPrefix = Root + "trace/requests/"
+
+// TraceRequestKey is where the controller asks host's agent to trace (under
+// TraceRequestsPrefix + HOST + "/", the prefix the agent reads).
+func TraceRequestKey(host string) string { return TraceRequestsPrefix + host + "/next" }
 
 // TraceReplyKey is where host's agent answers trace requests.
 func TraceReplyKey(host string) string { return Root + "trace/replies/" + host }
