@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/onehop/onehop/internal/bpfobj"
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/trace"
 )
 
@@ -204,9 +205,9 @@ func (n traceNames) explain(program string, ret uint32, rec TraceRecord, out []b
 	}
 	if rec.SrcFarm != 0 || rec.Vis != 0 {
 		run.Visibility = &trace.VisHit{
-			SrcFarm: rec.SrcFarm, SrcSubnet: rec.SrcSubnet, DstFarm: rec.DstFarm, DstSubnet: rec.DstSubnet,
-			Proto: rec.VisProto, Port: rec.VisPort, Gen: rec.VisGen,
-			Match: []string{"", "port", "proto", "any"}[rec.Vis&3],
+			VisRule: intent.VisRule{SrcFarm: rec.SrcFarm, SrcSubnet: rec.SrcSubnet, DstFarm: rec.DstFarm, DstSubnet: rec.DstSubnet,
+				Proto: rec.VisProto, Port: rec.VisPort},
+			Gen: rec.VisGen, Match: []string{"", "port", "proto", "any"}[rec.Vis&3],
 		}
 	}
 	for dir, d := range []string{"in", "out"} {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/onehop/onehop/internal/filter"
 	"github.com/onehop/onehop/internal/intent"
+	"github.com/onehop/onehop/internal/tappolicy"
 )
 
 // Endpoint is one end of a traced packet as the controller resolved it.
@@ -308,7 +309,7 @@ func ifName(run Run) string {
 }
 
 func protoPort(v VisHit) string {
-	s := ProtoName(v.Proto)
+	s := tappolicy.ProtoName(v.Proto)
 	if v.Port != 0 {
 		s += fmt.Sprintf("/%d", v.Port)
 	}

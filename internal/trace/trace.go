@@ -11,11 +11,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+
+	"github.com/onehop/onehop/internal/intent"
 )
 
 // Request is what the operator asks: what would happen to a packet from
@@ -199,17 +200,13 @@ type Run struct {
 	Out []byte `json:"out,omitempty"`
 }
 
-// VisHit is a visibility key the datapath looked up, and whether it
-// matched (Match: "port", "proto", "any"; "" when no key did).
+// VisHit is a visibility key the datapath looked up (a compiled rule's
+// shape), and whether it matched (Match: "port", "proto", "any"; "" when
+// no key did).
 type VisHit struct {
-	SrcFarm   uint8  `json:"srcFarm"`
-	SrcSubnet uint8  `json:"srcSubnet"`
-	DstFarm   uint8  `json:"dstFarm"`
-	DstSubnet uint8  `json:"dstSubnet"`
-	Proto     uint8  `json:"proto"`
-	Port      uint16 `json:"port"`
-	Match     string `json:"match,omitempty"`
-	Gen       uint8  `json:"gen"`
+	intent.VisRule
+	Match string `json:"match,omitempty"`
+	Gen   uint8  `json:"gen"`
 }
 
 // FwHit is how one VM's firewall decided: by its Index-th rule of
@@ -226,19 +223,4 @@ type FwHit struct {
 func (r Run) String() string {
 	b, _ := json.Marshal(r)
 	return string(b)
-}
-
-// ProtoName names an IP protocol number as rules do.
-func ProtoName(p uint8) string {
-	switch p {
-	case 0:
-		return "any"
-	case 1:
-		return "icmp"
-	case 6:
-		return "tcp"
-	case 17:
-		return "udp"
-	}
-	return strconv.Itoa(int(p))
 }

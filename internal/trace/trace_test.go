@@ -111,10 +111,10 @@ func TestVisRulesNameTheRulesBehindAKey(t *testing.T) {
 		hit  VisHit
 		want string
 	}{
-		{VisHit{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432, Match: "port"}, "blue#1"},
-		{VisHit{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 0, Match: "any"}, "blue#2"},
-		{VisHit{SrcFarm: 1, SrcSubnet: 1, DstFarm: 2, DstSubnet: 1, Proto: 6, Port: 443, Match: "port"}, "red#9 blue#4"}, // exact first
-		{VisHit{SrcFarm: 1, SrcSubnet: 2, DstFarm: 1, DstSubnet: 1, Proto: 6, Port: 80}, ""},
+		{VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432}, Match: "port"}, "blue#1"},
+		{VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 0}, Match: "any"}, "blue#2"},
+		{VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 2, DstSubnet: 1, Proto: 6, Port: 443}, Match: "port"}, "red#9 blue#4"}, // exact first
+		{VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 2, DstFarm: 1, DstSubnet: 1, Proto: 6, Port: 80}}, ""},
 	} {
 		var got []string
 		for _, r := range testIntent.VisRules(c.hit) {
@@ -145,7 +145,7 @@ func TestExplainNamesRulesHostsAndDrops(t *testing.T) {
 	}
 	h = testIntent.Explain("h1", Run{Program: ProgramVif, Verdict: "redirect", Forwards: []string{"to_fabric"}, To: 2, ToName: "uplink0", ToKind: "out", Out: out,
 		Firewall:   []FwHit{{Dir: "out", How: "rule", Index: 1, Allow: true}},
-		Visibility: &VisHit{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432, Match: "port"}}, from, to)
+		Visibility: &VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432}, Match: "port"}}, from, to)
 	if h.NextHost != "h2" || len(h.Rules) != 1 || h.Rules[0].ID != 1 || h.Firewall[0].ID != 8 {
 		t.Errorf("allowed hop: next %q rules %+v firewall %+v", h.NextHost, h.Rules, h.Firewall)
 	}
