@@ -47,7 +47,7 @@ int uplink_ingress(struct __sk_buff *skb)
 		 * that holds it. */
 		struct scope_key scope;
 		struct iphdr *ip = pkt.ip;
-		if (!scope_of(ip, &scope) || scope.farm != to[3] || scope.subnet != to[4])
+		if (!scope_of(ip, &scope) || !scope_mac_is(to, &scope))
 			return drop_packet(skb, &pkt, DROP_FABRIC_NOT_BROADCAST);
 		if (!bpf_map_lookup_elem(&scopes, &scope))
 			return drop_quietly(DROP_NO_MEMBERS); /* flooded past us: routine */

@@ -147,7 +147,7 @@ int vif_ingress(struct __sk_buff *skb)
 	}
 	/* Outside the tenant space, or a subnet's network (.0) or gateway (.1)
 	 * address, which no VM holds (the gateway only answers ping). */
-	__u8 host_id = ((const __u8 *)&ip->daddr)[3];
+	__u32 host_id = host_of(ip->daddr);
 	if (!in_vm_space(cfg, ip->daddr) || host_id == 0 || host_id == 1)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);

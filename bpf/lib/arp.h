@@ -18,7 +18,7 @@
 
 static __always_inline int farm_has(__be32 ip, __u32 flag)
 {
-	__u32 farm = ((const __u8 *)&ip)[1];
+	__u32 farm = farm_of(ip);
 	struct farm_config *f = bpf_map_lookup_elem(&farms, &farm);
 	return f && (f->flags & flag);
 }
@@ -79,17 +79,11 @@ static __always_inline int handle_vm_arp(struct packet *pkt, const struct node_c
 		return (DROP_ARP_UNKNOWN_TARGET);
 	/* The question goes to the hosts of the target's subnet only; the
 	 * asker's own addresses stay in it so the answer can find its way back. */
-	const __u8 *t = (const __u8 *)&target;
-	struct scope_key scope = {.farm = t[1], .subnet = t[2]};
+	struct scope_key scope = {.farm = farm_of(target), .subnet = subnet_of(target)};
 	scope_mac(&scope, pkt->eth->h_dest);
 	mac_copy(pkt->eth->h_source, cfg->uplink_mac);
 	*to_fabric = 1;
 	return DROP_NONE;
-}
-
-static __always_inline int is_scope_mac(const __u8 *m)
-{
-	return m[0] == 0x03 && m[1] == 0 && m[2] == 10 && m[5] == 0;
 }
 
 static __always_inline int is_broadcast_mac(const __u8 *m)

@@ -2,8 +2,11 @@
  * multicast"): a VM's broadcast reaches the VMs of its subnet, IP multicast
  * with TTL 1 those of its subnet and with TTL > 1 those of its farm, on any
  * host, and nobody else. On the fabric each scope is one Ethernet multicast
- * address, 03:00:0a:f:s:00 (s = 0 for the farm): locally administered, never
- * a VM's, so only hosts that have a VM there bother with it. */
+ * address, 03:F:0a:f:s:S (s = 0 for the farm; f, s the low bytes of the
+ * farm and subnet ids, F, S their high bytes, so 03:00:0a:f:s:00 in the
+ * default 8/8/8 plan): locally administered, never a VM's, so only hosts
+ * that have a VM there bother with it. internal/addrplan.ScopeMAC is the
+ * same. */
 #ifndef ONEHOP_BROADCAST_H
 #define ONEHOP_BROADCAST_H
 
@@ -20,16 +23,15 @@ static __always_inline int is_ip_multicast(__be32 a)
 /* The scope a VM's packet to daddr is meant for; 0 when it is not one. */
 static __always_inline int scope_of(const struct iphdr *ip, struct scope_key *k)
 {
-	const __u8 *s = (const __u8 *)&ip->saddr;
 	__be32 d = ip->daddr;
 	__builtin_memset(k, 0, sizeof(*k));
-	k->farm = s[1];
-	if (d == 0xffffffff || d == ((ip->saddr & SUBNET_MASK_BE) | bpf_htonl(0xff))) {
-		k->subnet = s[2];
+	k->farm = farm_of(ip->saddr);
+	if (d == 0xffffffff || (same_subnet(d, ip->saddr) && is_subnet_broadcast(d))) {
+		k->subnet = subnet_of(ip->saddr);
 		return 1;
 	}
 	if (is_ip_multicast(d)) {
-		k->subnet = ip->ttl > 1 ? 0 : s[2];
+		k->subnet = ip->ttl > 1 ? 0 : subnet_of(ip->saddr);
 		return 1;
 	}
 	return 0;
@@ -38,11 +40,22 @@ static __always_inline int scope_of(const struct iphdr *ip, struct scope_key *k)
 static __always_inline void scope_mac(const struct scope_key *k, __u8 *mac)
 {
 	mac[0] = 0x03;
-	mac[1] = 0x00;
+	mac[1] = k->farm >> 8;
 	mac[2] = 10;
 	mac[3] = k->farm;
 	mac[4] = k->subnet;
-	mac[5] = 0;
+	mac[5] = k->subnet >> 8;
+}
+
+static __always_inline int is_scope_mac(const __u8 *m)
+{
+	return m[0] == 0x03 && m[2] == 10;
+}
+
+/* The scope a scope MAC names (is_scope_mac already true). */
+static __always_inline int scope_mac_is(const __u8 *m, const struct scope_key *k)
+{
+	return k->farm == ((__u16)m[1] << 8 | m[3]) && k->subnet == ((__u16)m[5] << 8 | m[4]);
 }
 
 /* What a VM expects as destination MAC: broadcast, or the IPv4 multicast MAC. */

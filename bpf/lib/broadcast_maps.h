@@ -14,9 +14,8 @@
 #define MAX_SCOPE_MEMBERS (2 * MAX_ENDPOINTS)
 
 struct scope_key {
-	__u8 farm;
-	__u8 subnet;
-	__u16 _pad;
+	__u16 farm;
+	__u16 subnet;
 };
 
 struct scope_info {
@@ -24,9 +23,8 @@ struct scope_info {
 };
 
 struct member_key {
-	__u8 farm;
-	__u8 subnet;
-	__u16 _pad;
+	__u16 farm;
+	__u16 subnet;
 	__u32 index;
 };
 

@@ -28,7 +28,8 @@ struct vif_info {
 	__u8 kind;     /* enum vif_kind: the same as the VM's endpoint's, for `onehop stats` */
 };
 
-/* Per-farm switches set by the farm's owner; an array slot per farm id. */
+/* Per-farm switches set by the farm's owner, by farm id: only the farms of
+ * this host's VMs that set one (farm ids reach 2^16 in a wide plan). */
 #define FARM_PROXY_ARP 1
 struct farm_config {
 	__u32 flags;
@@ -51,8 +52,8 @@ struct {
 } vifs SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 256);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ENDPOINTS);
 	__type(key, __u32);
 	__type(value, struct farm_config);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

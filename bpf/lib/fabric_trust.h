@@ -36,8 +36,8 @@ static __always_inline int is_known_host(const __u8 *mac)
  * (the gateway's replies are made on the VM's own host, never sent on). */
 static __always_inline int is_tenant_source(const struct node_config *cfg, __be32 a)
 {
-	__u8 h = ((const __u8 *)&a)[3];
-	return in_vm_space(cfg, a) && h > 1 && h < 255;
+	__u32 h = host_of(a);
+	return in_vm_space(cfg, a) && h > 1 && h < plan_host_mask();
 }
 
 /* Whether a VM packet from the fabric may be believed: returns why not, or

@@ -85,49 +85,51 @@ static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, 
 	return 1;
 }
 
+/* In the trace instance, records the visibility key that decided (hit:
+ * enum trace_vis), as the agent compiled it: the controller names the rule
+ * from it (internal/trace). Returns whether a key matched. Everything it
+ * records is read from the key: keeping the packet's protocol and port
+ * live across the lookups would cost the live program stack. */
+static __always_inline int trace_vis(const struct vis_key *k, __u8 hit)
+{
+	if (trace_mode) {
+		struct trace_record *t = trace_rec();
+		if (t) {
+			t->vis = hit;
+			t->vis_gen = k->gen;
+			t->src_farm = k->src_farm;
+			t->src_subnet = k->src_subnet;
+			t->dst_farm = k->dst_farm;
+			t->dst_subnet = k->dst_subnet;
+			t->vis_proto = k->proto;
+			t->vis_port = k->port;
+		}
+	}
+	return hit != TRACE_VIS_NONE;
+}
+
 /* A global function, like firewall_allows: checked once by the verifier,
  * not once per path through the broadcast loop that calls it. */
 __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port, __u8 gen)
 {
-	const __u8 *s = (const __u8 *)&saddr, *d = (const __u8 *)&daddr;
 	struct vis_key k = {
-		.src_farm = s[1],
-		.src_subnet = s[2],
-		.dst_farm = d[1],
-		.dst_subnet = d[2],
+		.src_farm = farm_of(saddr),
+		.src_subnet = subnet_of(saddr),
+		.dst_farm = farm_of(daddr),
+		.dst_subnet = subnet_of(daddr),
 		.proto = proto,
 		.gen = gen & 1,
 		.port = port,
 	};
-	__u8 hit = TRACE_VIS_NONE;
 	if (port && bpf_map_lookup_elem(&visibility, &k))
-		hit = TRACE_VIS_PORT;
-	else {
-		k.port = 0;
-		if (bpf_map_lookup_elem(&visibility, &k))
-			hit = TRACE_VIS_PROTO;
-		else {
-			k.proto = 0;
-			if (bpf_map_lookup_elem(&visibility, &k))
-				hit = TRACE_VIS_ANY;
-		}
-	}
-	if (trace_mode) {
-		/* The key that decided, as the agent compiled it: the controller
-		 * names the rule from it (internal/trace). */
-		struct trace_record *t = trace_rec();
-		if (t) {
-			t->vis = hit;
-			t->vis_gen = k.gen;
-			t->src_farm = k.src_farm;
-			t->src_subnet = k.src_subnet;
-			t->dst_farm = k.dst_farm;
-			t->dst_subnet = k.dst_subnet;
-			t->vis_proto = hit == TRACE_VIS_ANY ? 0 : proto;
-			t->vis_port = hit == TRACE_VIS_PORT || hit == TRACE_VIS_NONE ? port : 0;
-		}
-	}
-	return hit != TRACE_VIS_NONE;
+		return trace_vis(&k, TRACE_VIS_PORT);
+	k.port = 0;
+	if (bpf_map_lookup_elem(&visibility, &k))
+		return trace_vis(&k, TRACE_VIS_PROTO);
+	k.proto = 0;
+	if (bpf_map_lookup_elem(&visibility, &k))
+		return trace_vis(&k, TRACE_VIS_ANY);
+	return trace_vis(&k, TRACE_VIS_NONE);
 }
 
 /* Records how a firewall decided (enum trace_fw), in the trace instance. */

@@ -23,10 +23,10 @@
  * that the farm owner (and, across farms, both owners) allowed. proto 0 and
  * port 0 are wildcards; port is the destination port, host order. */
 struct vis_key {
-	__u8 src_farm;
-	__u8 src_subnet;
-	__u8 dst_farm;
-	__u8 dst_subnet;
+	__u16 src_farm;
+	__u16 src_subnet;
+	__u16 dst_farm;
+	__u16 dst_subnet;
 	__u8 proto;
 	__u8 gen;
 	__u16 port;

@@ -99,8 +99,6 @@ static __always_inline int redirect_in(__u32 ifindex)
 static __always_inline long clone_out(struct __sk_buff *skb, __u32 ifindex)
 {
 	log_redirect(ifindex, REDIRECT_CLONE);
-	if (trace_mode) /* a copy is sent at once, even from BPF_PROG_RUN */
-		return 0;
 	return bpf_clone_redirect(skb, ifindex, 0);
 }
 
@@ -147,8 +145,6 @@ static __always_inline int reply_to_vif(struct __sk_buff *skb, __u32 ifindex, __
 static __always_inline long clone_to(struct __sk_buff *skb, const __u32 *ifindex)
 {
 	__u32 to = *ifindex;
-	if (trace_mode)
-		return 0;
 	struct vif_info *vif = bpf_map_lookup_elem(&vifs, ifindex);
 	if (!vif || vif->kind != VIF_MACVTAP)
 		return clone_out(skb, to);

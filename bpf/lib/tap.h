@@ -120,14 +120,26 @@ static __always_inline int tap_or(struct tap_bits *acc, __be32 addr, __u8 role, 
 	return 1;
 }
 
+/* An address's segment key, its farm and subnet bits alone (0.f.s.0), and
+ * its farm key, its farm bits alone (0.f.0.0): internal/tap keys them so. */
+static __always_inline __be32 tap_segment_mask(void)
+{
+	return bpf_htonl(plan_id_mask() & ~plan_host_mask());
+}
+
+static __always_inline __be32 tap_farm_mask(void)
+{
+	return bpf_htonl(plan_id_mask() & ~((1U << (plan_subnet_bits + plan_vm_bits)) - 1));
+}
+
 /* The rules an address can match on one side: as itself, its segment
  * (0.f.s.0) or any VM of its farm (0.f.0.0): "any" never reaches past a
  * farm, so a monitor sees only the farm it is in. */
 static __always_inline void tap_side(struct tap_bits *acc, __be32 addr, __u8 role, __u8 side)
 {
 	tap_or(acc, addr, role, side, TAP_KEY_IP);
-	tap_or(acc, addr & bpf_htonl(0x00ffff00), role, side, TAP_KEY_SEGMENT);
-	tap_or(acc, addr & bpf_htonl(0x00ff0000), role, side, TAP_KEY_ANY);
+	tap_or(acc, addr & tap_segment_mask(), role, side, TAP_KEY_SEGMENT);
+	tap_or(acc, addr & tap_farm_mask(), role, side, TAP_KEY_ANY);
 }
 
 /* Keeps in acc only the rules an address can match on one side (as
@@ -138,10 +150,10 @@ static __always_inline void tap_and_side(struct tap_bits *acc, __be32 addr, __u8
 	 * runs at the bottom of a call chain whose stack is at the limit. */
 	struct tap_key k = {.addr = addr, .role = role, .side = side, .kind = TAP_KEY_IP};
 	struct tap_bits *a = bpf_map_lookup_elem(&tap_index, &k);
-	k.addr &= bpf_htonl(0x00ffff00);
+	k.addr &= tap_segment_mask();
 	k.kind = TAP_KEY_SEGMENT;
 	struct tap_bits *b = bpf_map_lookup_elem(&tap_index, &k);
-	k.addr &= bpf_htonl(0x00ff0000);
+	k.addr &= tap_farm_mask();
 	k.kind = TAP_KEY_ANY;
 	struct tap_bits *c = bpf_map_lookup_elem(&tap_index, &k);
 #pragma unroll
@@ -458,6 +470,8 @@ static __noinline __attribute__((unused)) int tap_copy_first(struct __sk_buff *s
  * whose rule it matches, and consumed. */
 static __always_inline int tap_from_fabric(struct __sk_buff *skb, struct packet *pkt, const struct node_config *cfg)
 {
+	if (trace_mode) /* its copies would be sent at once, even from BPF_PROG_RUN */
+		return TC_ACT_SHOT;
 	struct iphdr *ip = pkt->ip;
 	if (!ip)
 		return drop_packet(skb, pkt, DROP_MALFORMED);

@@ -41,6 +41,7 @@ external etcd cluster instead.`,
 	f.StringVar(&cfg.PeerURL, "peer-url", "", "embedded etcd peer URL, loopback only (default http://127.0.0.1:2380)")
 	f.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated external etcd endpoints; disables the embedded etcd")
 	f.StringVar(&cfg.Topology, "topology", "", "topology file whose hosts, farms, subnets and VMs seed an empty store")
+	f.StringVar(&cfg.Plan, "plan", "", "address plan of a new cloud, PREFIX:FARM/SUBNET/VM bits (default 10.0.0.0/8:8/8/8; fixed once the cloud holds anything)")
 	f.StringVar(&cfg.APISocket, "api-socket", "", "unix socket to serve the REST API on")
 	f.StringVar(&cfg.APIListen, "api-listen", "", "TCP address to serve the REST API on, e.g. 127.0.0.1:8080")
 	f.StringVar(&cfg.LISPListen, "lisp-listen", "", "UDP address of the LISP map-server/map-resolver, e.g. 192.168.100.1:4342 (default: none)")

@@ -55,6 +55,7 @@ func nouns() []noun {
 		{cmd: xtrCmd},
 		{cmd: tenantCmd},
 		{cmd: auditCmd},
+		{cmd: planCmd},
 		{cmd: traceCmd},
 		{cmd: versionCmd},
 		{cmd: manCmd},

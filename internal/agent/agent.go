@@ -333,7 +333,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // source is where a watched batch came from.
 type source struct {
-	farm   uint8
+	farm   uint16
 	isFarm bool
 	nodes  bool
 }
@@ -376,7 +376,7 @@ func (a *Agent) follow(ctx context.Context, rev int64) error {
 	forward(wctx, source{}, a.store.WatchEvents(wctx, intent.DesiredHostPrefix(a.cfg.Node), rev))
 	// A host joining or leaving changes whom the datapath hears.
 	forward(wctx, source{nodes: true}, a.store.WatchEvents(wctx, intent.NodesPrefix, rev))
-	farms := map[uint8]context.CancelFunc{}
+	farms := map[uint16]context.CancelFunc{}
 	defer func() {
 		for _, stop := range farms {
 			stop()
@@ -385,7 +385,7 @@ func (a *Agent) follow(ctx context.Context, rev int64) error {
 	// watchFarms follows the farm states the view needs, and only those:
 	// a farm the host carries no VM of sends it nothing.
 	watchFarms := func(from int64) error {
-		need := map[uint8]bool{}
+		need := map[uint16]bool{}
 		a.passMu.Lock()
 		carried := a.view.Farms()
 		a.passMu.Unlock()

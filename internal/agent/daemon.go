@@ -20,7 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onehop/onehop/internal/arpengine"
+	"github.com/onehop/onehop/internal/backoff"
 	"github.com/onehop/onehop/internal/datapath"
+	desiredkeys "github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/opsport"
@@ -109,6 +111,16 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err := mount(cfg.BPFFS); err != nil {
 		return err
 	}
+	s, err := store.DialEtcdTLS(cfg.EtcdEndpoints, etcdTLS)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	// The datapath's programs are built for the cloud's address plan:
+	// read it before they are loaded.
+	if err := usePlan(ctx, s, log); err != nil {
+		return err
+	}
 	k, err := datapath.Open(filepath.Join(cfg.BPFFS, cfg.Node), datapath.Options{MappingTableSize: cfg.MappingTableSize, Sizes: cfg.Sizes})
 	if err != nil {
 		return err
@@ -137,11 +149,6 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	if err != nil {
 		return err
 	}
-	s, err := store.DialEtcdTLS(cfg.EtcdEndpoints, etcdTLS)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
 	if cfg.Ephemeral == nil {
 		cfg.Ephemeral = EphemeralRange
 	}
@@ -412,4 +419,25 @@ func (LinkTable) ByName(name string) (int, net.HardwareAddr, string, error) {
 		ip = addrs[0].IP.String()
 	}
 	return l.Attrs().Index, l.Attrs().HardwareAddr, ip, nil
+}
+
+// usePlan reads the cloud's address plan and makes it this process's,
+// trying again while the store does not answer yet (an agent may start
+// before its controller).
+func usePlan(ctx context.Context, s store.Store, log *slog.Logger) error {
+	retry := backoff.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}.Start(time.Now())
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		p, err := desiredkeys.UsePlan(cctx, s)
+		cancel()
+		if err == nil {
+			log.Info("address plan", "plan", p.String())
+			return nil
+		}
+		wait, _ := retry.Next(time.Now())
+		log.Warn("reading the address plan; trying again", "err", err, "in", wait)
+		if !backoff.Sleep(ctx, wait) {
+			return fmt.Errorf("read the address plan: %w", err)
+		}
+	}
 }

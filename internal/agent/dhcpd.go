@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/csum"
 	"github.com/onehop/onehop/internal/dhcp"
 	"github.com/onehop/onehop/internal/intent"
@@ -52,9 +53,11 @@ func (s *DHCPServer) Handle(ifindex int, frame []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := ip.As4()
-	gw := ipam.Gateway(b[1], b[2])
-	reply, _ := dhcp.Reply(m, dhcp.Lease{IP: ip, Mask: netip.AddrFrom4([4]byte{255, 255, 255, 0}), Gateway: gw, DNS: s.DNS, Time: LeaseTime})
+	plan := addrplan.Current()
+	var mask [4]byte
+	binary.BigEndian.PutUint32(mask[:], plan.SubnetMask())
+	gw := plan.GatewayOf(ip)
+	reply, _ := dhcp.Reply(m, dhcp.Lease{IP: ip, Mask: netip.AddrFrom4(mask), Gateway: gw, DNS: s.DNS, Time: LeaseTime})
 	if reply == nil {
 		return nil, nil
 	}

@@ -19,20 +19,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/datapath"
 	"github.com/onehop/onehop/internal/ratelog"
 )
 
 // ScopeGroups is the sorted set of Ethernet multicast groups the uplink must
 // take for these scopes (a node's compiled Entries.Scopes): one per scope
-// with a local member, 03:00:0a:f:s:00, s = 0 for a farm. A subnet's group
+// with a local member, addrplan.ScopeMAC (03:00:0a:f:s:00 in the default
+// plan), s = 0 for a farm. A subnet's group
 // carries the fabric's ARP questions for its VMs and the subnet's
 // broadcasts; a farm's, its farm-wide multicast (bpf/lib/broadcast.h).
 func ScopeGroups(scopes map[datapath.ScopeKey]datapath.ScopeInfo) []net.HardwareAddr {
 	out := make([]net.HardwareAddr, 0, len(scopes))
 	for k, info := range scopes {
 		if info.Count > 0 {
-			out = append(out, net.HardwareAddr{0x03, 0x00, 10, k.Farm, k.Subnet, 0})
+			out = append(out, addrplan.ScopeMAC(k.Farm, k.Subnet))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return bytes.Compare(out[i], out[j]) < 0 })

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/csum"
 )
 
@@ -28,11 +29,12 @@ const (
 // Broadcast is the Ethernet broadcast address.
 var Broadcast = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-// ScopeMAC is the Ethernet multicast address of ip's farm and subnet,
-// 03:00:0a:f:s:00, as bpf/lib/broadcast.h builds it.
+// ScopeMAC is the Ethernet multicast address of ip's farm and subnet in
+// the process's plan (addrplan.ScopeMAC: 03:00:0a:f:s:00 by default), as
+// bpf/lib/broadcast.h builds it.
 func ScopeMAC(ip netip.Addr) net.HardwareAddr {
-	b := ip.As4()
-	return net.HardwareAddr{0x03, 0x00, 10, b[1], b[2], 0}
+	f, s, _ := addrplan.Current().IDs(ip)
+	return addrplan.ScopeMAC(f, s)
 }
 
 // VirtualMAC is a VM's MAC: 02:00 and its IPv4 address (bpf/lib/route.h).

@@ -13,7 +13,25 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/onehop/onehop/internal/addrplan"
 )
+
+// SetPlan gives an object built from bpf/lib/route.h the address plan's
+// split (its plan_* constants) before it is loaded. An object without
+// them (one that decomposes no address) is left as it is.
+func SetPlan(spec *ebpf.CollectionSpec, p addrplan.Plan) error {
+	for name, v := range map[string]int{"plan_farm_bits": p.FarmBits, "plan_subnet_bits": p.SubnetBits, "plan_vm_bits": p.VMBits} {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			continue
+		}
+		if err := vs.Set(uint32(v)); err != nil {
+			return fmt.Errorf("address plan %v: set %s: %w", p, name, err)
+		}
+	}
+	return nil
+}
 
 // EnumNames reads the C enum typ from spec's BTF and names each value as
 // the metrics do: the enumerator without prefix, in lower case, at the
@@ -78,10 +96,14 @@ func MapsByName(objs any) map[string]*ebpf.Map {
 
 // LoadOn loads spec into objs (a bpf2go objects struct) on maps another
 // object already loaded: every pinned map of spec is the one of its name in
-// shared, sized as that one is (a size set at load, a flag's). Maps spec
+// shared, sized as that one is (a size set at load, a flag's), and its
+// plan constants are the process's address plan (addrplan.Current). Maps spec
 // does not pin are its own (.bss, a test hook's log). what names spec's
 // program in errors, owner the object whose maps it shares.
 func LoadOn(spec *ebpf.CollectionSpec, objs any, shared map[string]*ebpf.Map, what, owner string) error {
+	if err := SetPlan(spec, addrplan.Current()); err != nil {
+		return fmt.Errorf("load %s program: %w", what, err)
+	}
 	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	for name, ms := range spec.Maps {
 		if ms.Pinning == ebpf.PinNone {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/client"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/pki"
@@ -17,10 +18,13 @@ type Doer interface {
 }
 
 // NewAPI is the Controller of config c: its api, with its ca and its
-// tokenFile or cert and key read now (an unreadable file is named).
+// tokenFile or cert and key read now (an unreadable file is named). The
+// cloud's address plan is read through it too (usePlan): a container's
+// address has its subnet's length.
 func NewAPI(c NetConf) (Controller, error) {
 	if !strings.HasPrefix(c.API, "https://") {
-		return API{client.New(c.API)}, nil
+		a := API{client.New(c.API)}
+		return a, usePlan(a)
 	}
 	files := pki.Files{CA: c.CA, Cert: c.Cert, Key: c.Key}
 	tc, err := files.ClientConfig()
@@ -33,7 +37,28 @@ func NewAPI(c NetConf) (Controller, error) {
 			return nil, fmt.Errorf("network config: tokenFile: %w", err)
 		}
 	}
-	return API{client.NewWith(c.API, client.Options{TLS: tc, Token: token})}, nil
+	a := API{client.NewWith(c.API, client.Options{TLS: tc, Token: token})}
+	return a, usePlan(a)
+}
+
+// usePlan makes the controller's address plan this process's. A
+// controller older than plans (404) is one of the default plan.
+func usePlan(a API) error {
+	var info struct {
+		Plan string `json:"plan"`
+	}
+	err := a.D.Do("GET", "/v1/plan", nil, &info)
+	if ae := apiError(err); ae != nil && ae.Status == 404 {
+		return nil
+	}
+	if err != nil {
+		return controllerError("read the address plan", err)
+	}
+	p, err := addrplan.Parse(info.Plan)
+	if err != nil {
+		return controllerError("the controller's address plan", err)
+	}
+	return addrplan.Set(p)
 }
 
 // API is Controller over the REST API.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/intent"
 )
 
@@ -48,13 +49,14 @@ type DNS struct {
 	Options     []string `json:"options,omitempty"`
 }
 
-// Prefix is a VM's address with its subnet's length (a /24: 10.f.s.h).
+// Prefix is a VM's address with its subnet's length in the cloud's plan
+// (a /24 in the default 10.f.s.h).
 func Prefix(vm intent.VM) (netip.Prefix, error) {
 	ip, err := netip.ParseAddr(vm.IP)
 	if err != nil || !ip.Is4() {
 		return netip.Prefix{}, fmt.Errorf("vm %s: address %q is not IPv4", vm.FullName(), vm.IP)
 	}
-	return netip.PrefixFrom(ip, 24), nil
+	return netip.PrefixFrom(ip, addrplan.Current().SubnetBitsLen()), nil
 }
 
 // BuildResult is ADD's result for vm, behind the host interface (with

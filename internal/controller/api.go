@@ -42,6 +42,7 @@ func (c *Controller) routes() *router {
 		c.tenantRoutes,
 		c.auditRoutes,
 		c.versionRoutes,
+		c.planRoutes,
 		c.traceRoutes,
 	} {
 		register(mux)

@@ -133,7 +133,7 @@ func (c *Controller) ruleViews(ctx context.Context, farm string) ([]RuleView, er
 	sort.Slice(farms, func(i, j int) bool { return farms[i].Name < farms[j].Name })
 	effective := map[string]bool{}
 	ids := map[string]intent.Subnet{}
-	farmIDs := map[string]uint8{}
+	farmIDs := map[string]uint16{}
 	for _, f := range farms {
 		farmIDs[f.Name] = f.ID
 	}

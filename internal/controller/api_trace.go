@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/store"
@@ -123,14 +124,14 @@ func (c *Controller) Trace(ctx context.Context, req trace.Request) (trace.Report
 	if err != nil {
 		return rep, err
 	}
-	hop := in.Explain(host, run, rep.From, rep.To)
+	hop := in.Explain(host, run, req, rep.From, rep.To)
 	rep.Hops = append(rep.Hops, hop)
 	if next := hop.NextHost; next != "" && run.Drop == "" {
 		run, err := c.askAgent(ctx, next, trace.AgentRequest{Program: trace.ProgramUplink, Frame: run.Out})
 		if err != nil {
 			return rep, err
 		}
-		rep.Hops = append(rep.Hops, in.Explain(next, run, rep.From, rep.To))
+		rep.Hops = append(rep.Hops, in.Explain(next, run, req, rep.From, rep.To))
 	}
 	rep.Finish()
 	return rep, nil
@@ -152,7 +153,8 @@ func (c *Controller) traceEnd(ctx context.Context, field, s string, vms []intent
 	}
 	// A broadcast's copies are sent the moment the program makes them:
 	// the trace instance makes none, so it could not follow them.
-	if a.IsMulticast() || a.As4()[3] == 255 {
+	plan := addrplan.Current()
+	if farm, subnet, _, ok := plan.Split(a); a.IsMulticast() || ok && a == plan.Broadcast(farm, subnet) {
 		return trace.Endpoint{}, fieldErr(field, fmt.Errorf("%s: broadcast and multicast are not traced; trace to one of the VMs instead", a))
 	}
 	for i := range vms {
@@ -164,14 +166,20 @@ func (c *Controller) traceEnd(ctx context.Context, field, s string, vms []intent
 	return trace.Endpoint{IP: a.String()}, nil
 }
 
+// sameSubnetAddr says whether a and b are in one subnet of the plan.
 func sameSubnetAddr(a, b netip.Addr) bool {
-	x, y := a.As4(), b.As4()
-	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2]
+	p := addrplan.Current()
+	fa, sa, _, oka := p.Split(a)
+	fb, sb, _, okb := p.Split(b)
+	return oka && okb && fa == fb && sa == sb
 }
 
+// sameFarmAddr says whether a and b are in one farm of the plan.
 func sameFarmAddr(a, b string) bool {
-	x, y := netip.MustParseAddr(a).As4(), netip.MustParseAddr(b).As4()
-	return x[0] == y[0] && x[1] == y[1]
+	p := addrplan.Current()
+	fa, oka := p.FarmOf(netip.MustParseAddr(a))
+	fb, okb := p.FarmOf(netip.MustParseAddr(b))
+	return oka && okb && fa == fb
 }
 
 // askAgent has host's agent run req and waits for its answer (through the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/accept"
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/opsport"
 	"github.com/onehop/onehop/internal/pki"
@@ -67,6 +68,11 @@ type DaemonConfig struct {
 	// (--location-max-conns, --location-max-conns-per-source,
 	// --location-idle-timeout); zero fields: vnatloc.DefaultStreamLimits.
 	Location accept.Limits
+	// Plan is the address plan a new cloud is created with (--plan,
+	// addrplan.Parse; a topology file's plan line is the same). Empty:
+	// the store's, or the default for a new cloud. A plan other than the
+	// store's on a cloud that holds anything stops the controller.
+	Plan string
 }
 
 // DefaultAPILimits bound a REST API listener: an operator's CLI and
@@ -219,6 +225,9 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 		every = 30 * time.Second
 	}
 	go maint.Run(ctx, every)
+	if err := c.choosePlan(ctx, cfg.Plan, t); err != nil {
+		return err
+	}
 	if t != nil {
 		// The file seeds an empty store only: once intent exists, the API
 		// owns it, and a restarted controller must not undo API changes.
@@ -329,4 +338,33 @@ func enableEtcdAuth(ctx context.Context, c *Controller, s *store.Etcd, cfg Daemo
 		return fmt.Errorf("--tls-cert: %w", err)
 	}
 	return c.EnableEtcdAuth(ctx, s, admin)
+}
+
+// choosePlan settles the address plan before any intent is written: the
+// one --plan or the topology file asks for (they must agree), else the
+// store's (the default for a new cloud).
+func (c *Controller) choosePlan(ctx context.Context, flag string, t *topology.File) error {
+	want, from := flag, "--plan"
+	if t != nil && t.Plan != "" {
+		if want != "" && want != t.Plan {
+			p1, _ := addrplan.Parse(want)
+			p2, _ := addrplan.Parse(t.Plan)
+			if p1 != p2 {
+				return fmt.Errorf("--plan %s and topology %s's plan %s differ: give one", want, t.Path, t.Plan)
+			}
+		}
+		want, from = t.Plan, "topology "+t.Path+" plan"
+	}
+	if want == "" {
+		_, err := c.UseStoredPlan(ctx)
+		return err
+	}
+	p, err := addrplan.Parse(want)
+	if err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	if err := c.SetPlan(ctx, p); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	return nil
 }

@@ -124,7 +124,7 @@ func (c *Controller) saveAlloc(ctx context.Context, a *ipam.Allocations, subnets
 			scope[sub] = true
 		}
 		all := len(subnets) == 0
-		want := map[string]map[string]uint8{}
+		want := map[string]map[string]uint32{}
 		for full, id := range a.VMs {
 			i := strings.LastIndexByte(full, '/')
 			if i < 0 {
@@ -135,7 +135,7 @@ func (c *Controller) saveAlloc(ctx context.Context, a *ipam.Allocations, subnets
 				continue
 			}
 			if want[sub] == nil {
-				want[sub] = map[string]uint8{}
+				want[sub] = map[string]uint32{}
 			}
 			want[sub][full[i+1:]] = id
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onehop/onehop/internal/accept"
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 	"github.com/onehop/onehop/internal/vnatloc"
@@ -126,7 +127,7 @@ func (c *Controller) locationConfig() vnatloc.Config {
 // from the next); "" for an address no VM holds (an external: the address
 // is its identity).
 func vmIdentity(ctx context.Context, s store.Store, source netip.Addr) (string, error) {
-	if !vnatloc.Tenant.Contains(source) {
+	if !addrplan.Current().Contains(source) {
 		return "", nil
 	}
 	vms, _, err := store.ListJSON[intent.VM](ctx, s, intent.VMsPrefix)

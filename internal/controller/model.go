@@ -46,8 +46,8 @@ type model struct {
 	// its VMs' host ids (intent.VMIDsPrefix). legacyVMs says the store
 	// still holds the VM ids in intent.AllocKey, as before
 	// intent.VMIDsPrefix: the next save writes every subnet's key.
-	allocFarms, allocSubnets map[string]uint8
-	vmids                    map[string]map[string]uint8
+	allocFarms, allocSubnets map[string]uint16
+	vmids                    map[string]map[string]uint32
 	legacyVMs                bool
 
 	// written is every desired and farm-state key as the store holds it;
@@ -79,7 +79,7 @@ func (m *model) reset() {
 	m.hosts, m.farms, m.subnets = map[string]intent.Host{}, map[string]intent.Farm{}, map[string]intent.Subnet{}
 	m.vms, m.byName, m.onHost = map[string]intent.VM{}, map[string]map[string]bool{}, map[string]map[string]bool{}
 	m.onIface = map[ifaceKey]map[string]bool{}
-	m.allocFarms, m.allocSubnets, m.vmids = map[string]uint8{}, map[string]uint8{}, map[string]map[string]uint8{}
+	m.allocFarms, m.allocSubnets, m.vmids = map[string]uint16{}, map[string]uint16{}, map[string]map[string]uint32{}
 	m.legacyVMs = false
 	m.written, m.keysOf, m.counts = map[string][]byte{}, map[string]map[string]bool{}, map[string]int{}
 	for _, p := range m.parts {
@@ -315,7 +315,7 @@ func (m *model) applyAlloc(_ string, v []byte, deleted bool) error {
 			}
 			sub := full[:i]
 			if m.vmids[sub] == nil {
-				m.vmids[sub] = map[string]uint8{}
+				m.vmids[sub] = map[string]uint32{}
 			}
 			if _, own := m.vmids[sub][full[i+1:]]; !own {
 				m.vmids[sub][full[i+1:]] = id
@@ -327,7 +327,7 @@ func (m *model) applyAlloc(_ string, v []byte, deleted bool) error {
 
 // applyVMIDs takes the VM ids of one subnet (FARM/SUBNET).
 func (m *model) applyVMIDs(sub string, v []byte, deleted bool) error {
-	ids := map[string]uint8{}
+	ids := map[string]uint32{}
 	if !deleted {
 		if err := json.Unmarshal(v, &ids); err != nil {
 			return err
@@ -341,9 +341,9 @@ func (m *model) applyVMIDs(sub string, v []byte, deleted bool) error {
 	return nil
 }
 
-func orEmpty(m map[string]uint8) map[string]uint8 {
+func orEmpty(m map[string]uint16) map[string]uint16 {
 	if m == nil {
-		return map[string]uint8{}
+		return map[string]uint16{}
 	}
 	return m
 }
@@ -425,7 +425,7 @@ func equalJSON(a, b any) bool { return bytes.Equal(mustJSON(a), mustJSON(b)) }
 // allocations returns a copy of the allocations: the farm and subnet ids,
 // and the VM ids of the subnets named (every subnet when none is).
 func (m *model) allocations(subnets ...string) *ipam.Allocations {
-	a := &ipam.Allocations{Farms: maps.Clone(m.allocFarms), Subnets: maps.Clone(m.allocSubnets), VMs: map[string]uint8{}}
+	a := &ipam.Allocations{Farms: maps.Clone(m.allocFarms), Subnets: maps.Clone(m.allocSubnets), VMs: map[string]uint32{}}
 	add := func(sub string) {
 		for vm, id := range m.vmids[sub] {
 			a.VMs[sub+"/"+vm] = id

@@ -32,11 +32,12 @@ func (p *farmStates) compile(m *model, w *keyWriter) error {
 	return w.sync(farmKeys(m), intent.FarmStatePrefix, want)
 }
 
-// farmKeys are the farm-state keys written: at most 255.
+// farmKeys are the farm-state keys written: one per farm of the plan at
+// most.
 func farmKeys(m *model) map[string]bool {
 	out := map[string]bool{}
-	for id := range 256 {
-		if k := intent.FarmStateKey(uint8(id)); m.written[k] != nil {
+	for k, v := range m.written {
+		if _, ok := intent.ParseFarmStateKey(k); ok && v != nil {
 			out[k] = true
 		}
 	}

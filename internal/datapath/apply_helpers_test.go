@@ -16,7 +16,7 @@ func applyDesired(t testing.TB, k *Kernel, d intent.Desired) {
 	}
 }
 
-func intentVis(srcFarm, srcSubnet, dstFarm, dstSubnet, proto uint8, port uint16) intent.VisRule {
+func intentVis(srcFarm, srcSubnet, dstFarm, dstSubnet uint16, proto uint8, port uint16) intent.VisRule {
 	return intent.VisRule{SrcFarm: srcFarm, SrcSubnet: srcSubnet, DstFarm: dstFarm, DstSubnet: dstSubnet, Proto: proto, Port: port}
 }
 

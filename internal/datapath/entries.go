@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sort"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/policy"
@@ -121,8 +122,9 @@ type Entries struct {
 	// Members lists them, (scope, index) for index < count.
 	Scopes  map[ScopeKey]ScopeInfo
 	Members map[MemberKey]ScopeMember
-	// Farms holds every farm's switches, by farm id (all 256 slots).
-	Farms [256]FarmConfig
+	// Farms holds the switches of the local VMs' farms that set one, by
+	// farm id.
+	Farms map[uint32]FarmConfig
 	// Attach lists the vifs that need the vif program, by name and ifindex.
 	Attach map[string]int
 	// Hosts lists the other hosts' uplink MACs (CompileHosts): only they
@@ -191,7 +193,7 @@ func CompileVifs(d intent.Desired, up Uplink, vifOf func(name string) (Vif, erro
 	n := len(d.Local)
 	e = Entries{Endpoints: make(map[uint32]Endpoint, n), Vifs: make(map[uint32]VifInfo, n), Attach: make(map[string]int, n),
 		Visibility: make(map[VisKey]uint8, len(d.Visibility)), Firewalls: map[uint32]FwPolicy{}, FirewallRules: map[FwKey]FwRule{},
-		Scopes: map[ScopeKey]ScopeInfo{}, Members: make(map[MemberKey]ScopeMember, 2*n)}
+		Scopes: map[ScopeKey]ScopeInfo{}, Members: make(map[MemberKey]ScopeMember, 2*n), Farms: map[uint32]FarmConfig{}}
 	for _, r := range d.Visibility {
 		e.Visibility[VisKey{SrcFarm: r.SrcFarm, SrcSubnet: r.SrcSubnet, DstFarm: r.DstFarm, DstSubnet: r.DstSubnet,
 			Proto: r.Proto, Port: r.Port}] = 1
@@ -233,8 +235,11 @@ func CompileVifs(d intent.Desired, up Uplink, vifOf func(name string) (Vif, erro
 		}
 		// Its subnet's scope and its farm's: as many members as the host
 		// has VMs (the endpoint capacity is the only limit).
-		b := ip.As4()
-		for _, k := range []ScopeKey{{Farm: b[1], Subnet: b[2]}, {Farm: b[1]}} {
+		f, s, _, ok := addrplan.Current().Split(ip)
+		if !ok {
+			return Entries{}, nil, nil, fmt.Errorf("endpoint %s: address %s is outside the address plan's %v", l.Name, ip, addrplan.Current().Prefix)
+		}
+		for _, k := range []ScopeKey{{Farm: f, Subnet: s}, {Farm: f}} {
 			info := e.Scopes[k]
 			e.Members[MemberKey{Farm: k.Farm, Subnet: k.Subnet, Index: info.Count}] = ScopeMember{Ifindex: uint32(ifindex), Ip: IPKey(ip)}
 			info.Count++
@@ -242,7 +247,9 @@ func CompileVifs(d intent.Desired, up Uplink, vifOf func(name string) (Vif, erro
 		}
 	}
 	for _, id := range d.ProxyARPFarms {
-		e.Farms[id].Flags |= farmProxyARP
+		c := e.Farms[uint32(id)]
+		c.Flags |= farmProxyARP
+		e.Farms[uint32(id)] = c
 	}
 	sort.Strings(missing)
 	return e, missing, refused, nil

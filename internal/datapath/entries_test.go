@@ -74,7 +74,7 @@ func TestCompileConfigCarriesUplinkAndTenantSpace(t *testing.T) {
 
 func TestCompileSetsProxyARPOnlyForListedFarms(t *testing.T) {
 	d := testDesired()
-	d.ProxyARPFarms = []uint8{2}
+	d.ProxyARPFarms = []uint16{2}
 	e, _, err := Compile(d, h1Uplink, testIfindex)
 	if err != nil {
 		t.Fatal(err)

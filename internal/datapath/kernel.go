@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/arpengine"
 	"github.com/onehop/onehop/internal/bpfobj"
 	"github.com/onehop/onehop/internal/feature"
@@ -83,6 +84,11 @@ func Open(pinDir string, o Options) (*Kernel, error) {
 		sizes.Mappings = o.MappingTableSize
 	}
 	if err := sizes.apply(spec); err != nil {
+		return nil, err
+	}
+	// The cloud's address plan, read from the store before the agent
+	// opens the datapath (the uplink program gets it through LoadOn).
+	if err := bpfobj.SetPlan(spec, addrplan.Current()); err != nil {
 		return nil, err
 	}
 	k := &Kernel{pinDir: pinDir, links: bpfobj.NewLinks(pinPath(pinDir, "links"))}
@@ -354,23 +360,10 @@ func (k *Kernel) plan(e Entries) ([]step, error) {
 		step{"scopes", func() error { return syncMap(k.vif.Scopes, e.Scopes, "scopes", nil) }},
 		put(k.vif.ShareConfig, "write share limits", uint32(0), SharesFor(len(e.Endpoints), k.MappingCapacity(), int(k.vif.Conntrack.MaxEntries()))),
 		step{"forget shares", func() error { return k.forgetShares(e.Endpoints) }},
-		step{"farms", func() error { return k.syncFarms(e.Farms) }},
+		step{"farms", func() error { return syncMap(k.vif.Farms, e.Farms, "farms", nil) }},
 		step{"hosts", func() error { return k.syncHosts(e.Hosts) }},
 	)
 	return steps, nil
-}
-
-func (k *Kernel) syncFarms(farms [256]FarmConfig) error {
-	for id, want := range farms {
-		var cur FarmConfig
-		if err := k.vif.Farms.Lookup(uint32(id), &cur); err == nil && cur == want {
-			continue
-		}
-		if err := k.vif.Farms.Put(uint32(id), want); err != nil {
-			return fmt.Errorf("write farm %d: %w", id, err)
-		}
-	}
-	return nil
 }
 
 // The features' bits in node_config.features (enum feature_bit), which

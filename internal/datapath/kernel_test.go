@@ -558,7 +558,7 @@ func readSlowPath(t *testing.T, r *ringbuf.Reader) slowRecord {
 
 func TestPrivilegedProxyARPAnswersForOtherSubnetsWithTheGateway(t *testing.T) {
 	d := testDesired()
-	d.ProxyARPFarms = []uint8{1}
+	d.ProxyARPFarms = []uint16{1}
 	k := loadTestKernelWith(t, d)
 	req := frame{Src: vmac(web1), Dst: layers.EthernetBroadcast, EtherType: layers.EthernetTypeARP, Saddr: web1, Daddr: db1, ARPOp: 1}
 	runTable(t, k, k.VifProgram(), []progCase{

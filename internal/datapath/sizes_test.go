@@ -99,7 +99,7 @@ func TestPrivilegedSizedMapsMemoryPerEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < rules; i++ {
-		key := VisKey{SrcFarm: uint8(i >> 8), SrcSubnet: uint8(i), DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 80}
+		key := VisKey{SrcFarm: uint16(i >> 8), SrcSubnet: uint16(i & 0xff), DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 80}
 		if err := large.maps["visibility"].Put(key, uint8(1)); err != nil {
 			t.Fatalf("write rule %d: %v", i, err)
 		}

@@ -99,7 +99,7 @@ func TestPrivilegedTraceNamesTheDecisionAndChangesNothing(t *testing.T) {
 		{"not visible without a rule", trace.ProgramVif,
 			frame{Src: vmac(web1), Dst: vmac(gw), Saddr: web1, Daddr: db1, Proto: tcp, Dport: 80},
 			trace.Run{Program: "vif", Verdict: "drop", Drop: "not_visible",
-				Visibility: &trace.VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 80}, Gen: 1}, Conntrack: "new"}},
+				Visibility: &trace.VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2}, Gen: 1}, Conntrack: "new"}},
 		{"refused by web1's firewall rule 0 out", trace.ProgramVif,
 			frame{Src: vmac(web1), Dst: vmac(web3), Saddr: web1, Daddr: web3, Proto: tcp, Dport: 22},
 			trace.Run{Program: "vif", Verdict: "drop", Drop: "firewall_out",

@@ -109,9 +109,8 @@ type uplinkMapping struct {
 
 type uplinkMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -216,9 +215,8 @@ type uplinkScopeInfo struct {
 
 type uplinkScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type uplinkScopeMember struct {
@@ -306,13 +304,13 @@ type uplinkTraceRecord struct {
 	VisGen    uint8
 	Ct        uint8
 	Ask       uint8
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
 	VisProto  uint8
 	Pad       uint8
-	VisPort   uint16
 }
 
 type uplinkVifInfo struct {
@@ -325,10 +323,10 @@ type uplinkVifInfo struct {
 
 type uplinkVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -394,6 +392,10 @@ const (
 	uplinkVarTraceCtType          = "_trace_ct_type"
 	uplinkVarTraceFwType          = "_trace_fw_type"
 	uplinkVarTraceVisType         = "_trace_vis_type"
+	uplinkVarPlanFarmBits         = "plan_farm_bits"
+	uplinkVarPlanSubnetBits       = "plan_subnet_bits"
+	uplinkVarPlanVmBits           = "plan_vm_bits"
+	uplinkVarTraceKey             = "trace_key"
 	uplinkVarTraceMode            = "trace_mode"
 )
 
@@ -501,6 +503,10 @@ type uplinkVariableSpecs struct {
 	TraceCtType      *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
 	TraceFwType      *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
 	TraceVisType     *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
+	PlanFarmBits     *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits   *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits       *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey         *ebpf.VariableSpec `ebpf:"trace_key"`
 	TraceMode        *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
@@ -625,6 +631,10 @@ type uplinkVariables struct {
 	TraceCtType      *ebpf.Variable `ebpf:"_trace_ct_type"`
 	TraceFwType      *ebpf.Variable `ebpf:"_trace_fw_type"`
 	TraceVisType     *ebpf.Variable `ebpf:"_trace_vis_type"`
+	PlanFarmBits     *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits   *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits       *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey         *ebpf.Variable `ebpf:"trace_key"`
 	TraceMode        *ebpf.Variable `ebpf:"trace_mode"`
 }
 

@@ -109,9 +109,8 @@ type uplinkTestMapping struct {
 
 type uplinkTestMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -223,9 +222,8 @@ type uplinkTestScopeInfo struct {
 
 type uplinkTestScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type uplinkTestScopeMember struct {
@@ -313,13 +311,13 @@ type uplinkTestTraceRecord struct {
 	VisGen    uint8
 	Ct        uint8
 	Ask       uint8
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
 	VisProto  uint8
 	Pad       uint8
-	VisPort   uint16
 }
 
 type uplinkTestVifInfo struct {
@@ -332,10 +330,10 @@ type uplinkTestVifInfo struct {
 
 type uplinkTestVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -403,6 +401,10 @@ const (
 	uplinkTestVarTraceCtType          = "_trace_ct_type"
 	uplinkTestVarTraceFwType          = "_trace_fw_type"
 	uplinkTestVarTraceVisType         = "_trace_vis_type"
+	uplinkTestVarPlanFarmBits         = "plan_farm_bits"
+	uplinkTestVarPlanSubnetBits       = "plan_subnet_bits"
+	uplinkTestVarPlanVmBits           = "plan_vm_bits"
+	uplinkTestVarTraceKey             = "trace_key"
 	uplinkTestVarTraceMode            = "trace_mode"
 )
 
@@ -512,6 +514,10 @@ type uplinkTestVariableSpecs struct {
 	TraceCtType       *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
 	TraceFwType       *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
 	TraceVisType      *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
+	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.VariableSpec `ebpf:"trace_key"`
 	TraceMode         *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
@@ -639,6 +645,10 @@ type uplinkTestVariables struct {
 	TraceCtType       *ebpf.Variable `ebpf:"_trace_ct_type"`
 	TraceFwType       *ebpf.Variable `ebpf:"_trace_fw_type"`
 	TraceVisType      *ebpf.Variable `ebpf:"_trace_vis_type"`
+	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.Variable `ebpf:"trace_key"`
 	TraceMode         *ebpf.Variable `ebpf:"trace_mode"`
 }
 

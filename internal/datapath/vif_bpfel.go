@@ -214,9 +214,8 @@ type vifMapping struct {
 
 type vifMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -332,9 +331,8 @@ type vifScopeInfo struct {
 
 type vifScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type vifScopeMember struct {
@@ -468,13 +466,13 @@ type vifTraceRecord struct {
 	VisGen    uint8
 	Ct        uint8
 	Ask       uint8
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
 	VisProto  uint8
 	Pad       uint8
-	VisPort   uint16
 }
 
 type vifTraceVis uint32
@@ -504,10 +502,10 @@ const (
 
 type vifVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -583,6 +581,10 @@ const (
 	vifVarTraceFwType          = "_trace_fw_type"
 	vifVarTraceVisType         = "_trace_vis_type"
 	vifVarVifKindType          = "_vif_kind_type"
+	vifVarPlanFarmBits         = "plan_farm_bits"
+	vifVarPlanSubnetBits       = "plan_subnet_bits"
+	vifVarPlanVmBits           = "plan_vm_bits"
+	vifVarTraceKey             = "trace_key"
 	vifVarTraceMode            = "trace_mode"
 )
 
@@ -700,6 +702,10 @@ type vifVariableSpecs struct {
 	TraceFwType       *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
 	TraceVisType      *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.VariableSpec `ebpf:"trace_key"`
 	TraceMode         *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
@@ -833,6 +839,10 @@ type vifVariables struct {
 	TraceFwType       *ebpf.Variable `ebpf:"_trace_fw_type"`
 	TraceVisType      *ebpf.Variable `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.Variable `ebpf:"trace_key"`
 	TraceMode         *ebpf.Variable `ebpf:"trace_mode"`
 }
 

@@ -109,9 +109,8 @@ type vifTestMapping struct {
 
 type vifTestMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -234,9 +233,8 @@ type vifTestScopeInfo struct {
 
 type vifTestScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type vifTestScopeMember struct {
@@ -324,13 +322,13 @@ type vifTestTraceRecord struct {
 	VisGen    uint8
 	Ct        uint8
 	Ask       uint8
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
 	VisProto  uint8
 	Pad       uint8
-	VisPort   uint16
 }
 
 type vifTestVifInfo struct {
@@ -343,10 +341,10 @@ type vifTestVifInfo struct {
 
 type vifTestVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -424,6 +422,10 @@ const (
 	vifTestVarTraceFwType          = "_trace_fw_type"
 	vifTestVarTraceVisType         = "_trace_vis_type"
 	vifTestVarVifKindType          = "_vif_kind_type"
+	vifTestVarPlanFarmBits         = "plan_farm_bits"
+	vifTestVarPlanSubnetBits       = "plan_subnet_bits"
+	vifTestVarPlanVmBits           = "plan_vm_bits"
+	vifTestVarTraceKey             = "trace_key"
 	vifTestVarTraceMode            = "trace_mode"
 )
 
@@ -543,6 +545,10 @@ type vifTestVariableSpecs struct {
 	TraceFwType       *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
 	TraceVisType      *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.VariableSpec `ebpf:"trace_key"`
 	TraceMode         *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
@@ -679,6 +685,10 @@ type vifTestVariables struct {
 	TraceFwType       *ebpf.Variable `ebpf:"_trace_fw_type"`
 	TraceVisType      *ebpf.Variable `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
+	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.Variable `ebpf:"trace_key"`
 	TraceMode         *ebpf.Variable `ebpf:"trace_mode"`
 }
 

@@ -25,7 +25,7 @@ func Read(ctx context.Context, s store.Store, host string) (d intent.Desired, fo
 	if err != nil {
 		return d, false, err
 	}
-	farms := map[uint8]intent.FarmState{}
+	farms := map[uint16]intent.FarmState{}
 	for _, id := range intent.CarriedFarms(d.Local) {
 		var f intent.FarmState
 		if err := store.GetJSON(ctx, s, intent.FarmStateKey(id), &f); err == nil {

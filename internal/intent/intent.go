@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/version"
 )
@@ -64,6 +65,10 @@ const (
 	// AuditPrefix holds the audit trail, one key per accepted write (+ a
 	// sortable id), the oldest dropped first (docs/tenants.md).
 	AuditPrefix = Root + "audit/"
+	// PlanKey holds the cloud's address plan (addrplan.Plan), chosen when
+	// the cloud is created and read by every daemon at start; absent, the
+	// default 10.f.s.h.
+	PlanKey = Root + "plan"
 )
 
 // SubnetKey is the key of subnet farm/subnet.
@@ -93,7 +98,7 @@ type Host struct {
 // Farm is one tenant network; ID is the f of 10.f.s.h.
 type Farm struct {
 	Name  string   `json:"name"`
-	ID    uint8    `json:"id"`
+	ID    uint16   `json:"id"`
 	Peers []string `json:"peers,omitempty"` // farms this farm agrees to talk to
 	Rules []Rule   `json:"rules,omitempty"` // what its owner allows between subnets
 	// LastRuleID is the highest rule id the farm has given: ids are never
@@ -119,19 +124,20 @@ type Rule struct {
 
 // VisRule is a compiled rule: subnet ids and an IP protocol number.
 type VisRule struct {
-	SrcFarm   uint8  `json:"srcFarm"`
-	SrcSubnet uint8  `json:"srcSubnet"`
-	DstFarm   uint8  `json:"dstFarm"`
-	DstSubnet uint8  `json:"dstSubnet"`
+	SrcFarm   uint16 `json:"srcFarm"`
+	SrcSubnet uint16 `json:"srcSubnet"`
+	DstFarm   uint16 `json:"dstFarm"`
+	DstSubnet uint16 `json:"dstSubnet"`
 	Proto     uint8  `json:"proto"`
 	Port      uint16 `json:"port"`
 }
 
-// Subnet is one /24 of a farm; ID is the s of 10.f.s.h.
+// Subnet is one subnet of a farm (a /24 in the default plan); ID is the s
+// of 10.f.s.h.
 type Subnet struct {
 	Farm    string `json:"farm"`
 	Name    string `json:"name"`
-	ID      uint8  `json:"id"`
+	ID      uint16 `json:"id"`
 	Prefix  string `json:"prefix"`
 	Gateway string `json:"gateway"`
 }
@@ -229,9 +235,8 @@ func CheckInterface(field, name string) error {
 // virtual MAC, gateway and vif all follow from it (the vif from its farm
 // and name: VifName).
 func NewVM(farm, subnet, name, host string, ip netip.Addr) VM {
-	b := ip.As4()
 	return VM{Farm: farm, Subnet: subnet, Name: name, Host: host, Interface: VifName(farm, name),
-		IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(), Gateway: ipam.Gateway(b[1], b[2]).String()}
+		IP: ip.String(), MAC: ipam.VirtualMAC(ip).String(), Gateway: addrplan.Current().GatewayOf(ip).String()}
 }
 
 // FullName is farm/subnet/vm, the VM's unique name in the cloud (its
@@ -349,7 +354,7 @@ type Desired struct {
 	// everything may.
 	Visibility []VisRule `json:"visibility"`
 	// ProxyARPFarms lists the ids of farms that enabled proxy ARP.
-	ProxyARPFarms []uint8 `json:"proxyARPFarms,omitempty"`
+	ProxyARPFarms []uint16 `json:"proxyARPFarms,omitempty"`
 	// Slivers are the node's slivers and their leases (port-space).
 	Slivers []LocalSliver `json:"slivers,omitempty"`
 	// Taps are the TAP rules this node plays a part in: as the sender's
@@ -399,8 +404,8 @@ type TapFilter struct {
 type TapEnd struct {
 	Kind   string `json:"kind"`             // vm, subnet or any
 	IP     string `json:"ip,omitempty"`     // kind vm
-	Farm   uint8  `json:"farm,omitempty"`   // kind subnet, and kind any (any VM of this farm)
-	Subnet uint8  `json:"subnet,omitempty"` // kind subnet
+	Farm   uint16 `json:"farm,omitempty"`   // kind subnet, and kind any (any VM of this farm)
+	Subnet uint16 `json:"subnet,omitempty"` // kind subnet
 }
 
 // TapRule is one direction of a policy, as a node's datapath needs it.

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/onehop/onehop/internal/addrplan"
 )
 
 // The desired state lives in many small keys, so that one change writes a
@@ -73,26 +75,28 @@ func DesiredTapKey(host string, id uint32) string {
 }
 
 // FarmStateKey is the key of farm id's state.
-func FarmStateKey(id uint8) string { return FarmStatePrefix + fmt.Sprintf("%03d", id) }
+// At least three digits, as before farm ids grew past 255 (addrplan).
+func FarmStateKey(id uint16) string { return FarmStatePrefix + fmt.Sprintf("%03d", id) }
 
 // FarmState is what every host carrying a VM of the farm needs of it, kept
 // once for all of them: a change of a farm's rules or peerings writes this
 // one key.
 type FarmState struct {
-	ID       uint8  `json:"id"`
+	ID       uint16 `json:"id"`
 	Name     string `json:"name,omitempty"`
 	ProxyARP bool   `json:"proxyARP,omitempty"`
 	// Visibility is every compiled rule from or to a subnet of the farm.
 	Visibility []VisRule `json:"visibility"`
 }
 
-// FarmOf returns the farm id of a VM address (the f of 10.f.s.h), or false.
-func FarmOf(ip string) (uint8, bool) {
+// FarmOf returns the farm id of a VM address (the f of 10.f.s.h in the
+// default plan), or false.
+func FarmOf(ip string) (uint16, bool) {
 	a, err := netip.ParseAddr(ip)
-	if err != nil || !a.Is4() {
+	if err != nil {
 		return 0, false
 	}
-	return a.As4()[1], true
+	return addrplan.Current().FarmOf(a)
 }
 
 // SortVisRules puts rules in the one order the desired state lists them in:
@@ -137,7 +141,7 @@ type HostKeys map[string][]byte
 // (farms missing from farms contribute nothing yet). The result does not
 // depend on the order anything was written in: local VMs by address, rules
 // as SortVisRules, slivers by slot, TAP rules by id.
-func Assemble(node string, hostKeys HostKeys, farms map[uint8]FarmState) (Desired, error) {
+func Assemble(node string, hostKeys HostKeys, farms map[uint16]FarmState) (Desired, error) {
 	v := NewView(node)
 	for k, b := range hostKeys {
 		if err := v.Set(k, b); err != nil {
@@ -159,20 +163,21 @@ type View struct {
 	local   map[string]LocalEndpoint
 	slivers map[string]LocalSliver
 	taps    map[string]TapRule
-	farms   map[uint8]FarmState
+	farms   map[uint16]FarmState
 	// sorted is local in Desired's order, kept as keys change (nil: made
 	// again by the next Desired), and carried by farm how many of local
 	// belong to each farm: so that a change of one VM costs a pass no
 	// sort and no walk of the host's VMs (issue 20, item 18). A slice
 	// handed out by Desired is never changed: a change makes a new one.
 	sorted  []LocalEndpoint
-	carried [256]int
+	carried map[uint16]int
 }
 
 // NewView returns the empty view of node.
 func NewView(node string) *View {
 	return &View{node: node, prefix: DesiredHostPrefix(node), local: map[string]LocalEndpoint{},
-		slivers: map[string]LocalSliver{}, taps: map[string]TapRule{}, farms: map[uint8]FarmState{}}
+		slivers: map[string]LocalSliver{}, taps: map[string]TapRule{}, farms: map[uint16]FarmState{},
+		carried: map[uint16]int{}}
 }
 
 // Set takes one of the host's keys' new value. A key of a kind it does not
@@ -250,7 +255,9 @@ func (v *View) dropLocal(k string) {
 // carry counts l in (n 1) or out of (n -1) its farm.
 func (v *View) carry(l LocalEndpoint, n int) {
 	if f, ok := FarmOf(l.IP); ok {
-		v.carried[f] += n
+		if v.carried[f] += n; v.carried[f] == 0 {
+			delete(v.carried, f)
+		}
 	}
 }
 
@@ -266,17 +273,18 @@ func compareLocal(a, b LocalEndpoint) int {
 func (v *View) SetFarm(f FarmState) { v.farms[f.ID] = f }
 
 // DeleteFarm drops a farm's state.
-func (v *View) DeleteFarm(id uint8) { delete(v.farms, id) }
+func (v *View) DeleteFarm(id uint16) { delete(v.farms, id) }
 
 // Farms lists, ascending, the farms whose state the view needs: those its
 // VMs belong to.
-func (v *View) Farms() []uint8 {
-	var out []uint8
-	for i, n := range v.carried {
+func (v *View) Farms() []uint16 {
+	var out []uint16
+	for f, n := range v.carried {
 		if n > 0 {
-			out = append(out, uint8(i))
+			out = append(out, f)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
@@ -292,7 +300,7 @@ func (v *View) Desired() Desired {
 		}
 		slices.SortFunc(v.sorted, compareLocal)
 	}
-	d := Desired{Node: v.node, VMNet: "10.0.0.0/8", Local: slices.Clip(v.sorted), Visibility: []VisRule{}}
+	d := Desired{Node: v.node, VMNet: addrplan.Current().Prefix.String(), Local: slices.Clip(v.sorted), Visibility: []VisRule{}}
 	for _, s := range v.slivers {
 		d.Slivers = append(d.Slivers, s)
 	}
@@ -328,26 +336,21 @@ func (v *View) Desired() Desired {
 
 // CarriedFarms lists, ascending, the farms the local VMs belong to: the
 // farms whose state a host needs.
-func CarriedFarms(local []LocalEndpoint) []uint8 {
-	var set [256]bool
+func CarriedFarms(local []LocalEndpoint) []uint16 {
+	var out []uint16
 	for _, l := range local {
 		if f, ok := FarmOf(l.IP); ok {
-			set[f] = true
+			out = append(out, f)
 		}
 	}
-	var out []uint8
-	for i, in := range set {
-		if in {
-			out = append(out, uint8(i))
-		}
-	}
-	return out
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Split is Assemble's inverse, for writers of a whole Desired (tests, a
 // migration): the host's keys, and the farm states its rules and proxy-ARP
 // farms make (a rule goes to the states of both farms it joins).
-func Split(d Desired) (HostKeys, map[uint8]FarmState, error) {
+func Split(d Desired) (HostKeys, map[uint16]FarmState, error) {
 	keys := HostKeys{}
 	put := func(k string, v any) error {
 		b, err := json.Marshal(v)
@@ -372,8 +375,8 @@ func Split(d Desired) (HostKeys, map[uint8]FarmState, error) {
 			return nil, nil, err
 		}
 	}
-	farms := map[uint8]FarmState{}
-	state := func(id uint8) FarmState {
+	farms := map[uint16]FarmState{}
+	state := func(id uint16) FarmState {
 		f, ok := farms[id]
 		if !ok {
 			f = FarmState{ID: id, Visibility: []VisRule{}}
@@ -386,7 +389,7 @@ func Split(d Desired) (HostKeys, map[uint8]FarmState, error) {
 		farms[id] = f
 	}
 	for _, r := range d.Visibility {
-		for _, id := range []uint8{r.SrcFarm, r.DstFarm} {
+		for _, id := range []uint16{r.SrcFarm, r.DstFarm} {
 			f := state(id)
 			if len(f.Visibility) == 0 || f.Visibility[len(f.Visibility)-1] != r {
 				f.Visibility = append(f.Visibility, r)
@@ -398,11 +401,11 @@ func Split(d Desired) (HostKeys, map[uint8]FarmState, error) {
 }
 
 // ParseFarmStateKey returns the farm id a FarmStateKey names.
-func ParseFarmStateKey(k string) (uint8, bool) {
+func ParseFarmStateKey(k string) (uint16, bool) {
 	rest, ok := strings.CutPrefix(k, FarmStatePrefix)
-	if !ok || len(rest) != 3 {
+	if !ok || len(rest) < 3 || len(rest) > 5 {
 		return 0, false
 	}
-	n, err := strconv.ParseUint(rest, 10, 8)
-	return uint8(n), err == nil
+	n, err := strconv.ParseUint(rest, 10, 16)
+	return uint16(n), err == nil
 }

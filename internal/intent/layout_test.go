@@ -19,7 +19,7 @@ func TestDesiredSplitIntoKeysAssemblesBackAndFarmsStayApart(t *testing.T) {
 			{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 80},
 			{SrcFarm: 1, SrcSubnet: 1, DstFarm: 2, DstSubnet: 1},
 		},
-		ProxyARPFarms: []uint8{1},
+		ProxyARPFarms: []uint16{1},
 		Slivers:       []LocalSliver{{Name: "s2", Slot: 2}, {Name: "s1", Slot: 1}},
 		Taps:          []TapRule{{ID: 7, Policy: "p"}},
 	}
@@ -67,8 +67,8 @@ func TestSortVisRulesKeepsTheOrderOfTheRulesText(t *testing.T) {
 	for round := 0; round < 200; round++ {
 		rules := make([]VisRule, 1+rng.IntN(60))
 		for i := range rules {
-			rules[i] = VisRule{SrcFarm: uint8(rng.IntN(256)), SrcSubnet: uint8(rng.IntN(12)), DstFarm: uint8(rng.IntN(256)),
-				DstSubnet: uint8(rng.IntN(12)), Proto: []uint8{0, 1, 6, 17}[rng.IntN(4)], Port: uint16(rng.IntN(70000))}
+			rules[i] = VisRule{SrcFarm: uint16(rng.IntN(256)), SrcSubnet: uint16(rng.IntN(12)), DstFarm: uint16(rng.IntN(256)),
+				DstSubnet: uint16(rng.IntN(12)), Proto: []uint8{0, 1, 6, 17}[rng.IntN(4)], Port: uint16(rng.IntN(70000))}
 			if rng.IntN(4) == 0 && i > 0 {
 				rules[i] = rules[i-1] // duplicates too
 			}
@@ -167,9 +167,9 @@ func TestViewKeepsItsOrderAndFarmsAsKeysChange(t *testing.T) {
 				delete(keys, k)
 			}
 		}
-		var want []uint8
+		var want []uint16
 		for g := f + 1; g <= 4; g++ {
-			want = append(want, uint8(g))
+			want = append(want, uint16(g))
 		}
 		if got := v.Farms(); !reflect.DeepEqual(got, want) {
 			t.Fatalf("farms 1 to %d emptied: the view carries %v, want %v", f, got, want)

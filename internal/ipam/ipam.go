@@ -1,6 +1,7 @@
-// Package ipam turns farm, subnet and VM names into the paper's 10.f.s.h
-// addresses (Diverter §2) and the virtual MACs derived from them. It is pure:
-// it keeps previous allocations stable and hands out the lowest free ids.
+// Package ipam turns farm, subnet and VM names into addresses of the cloud's
+// plan (internal/addrplan; the paper's 10.f.s.h by default, Diverter §2) and
+// the virtual MACs derived from them. It is pure: it keeps previous
+// allocations stable and hands out the lowest free ids.
 package ipam
 
 import (
@@ -9,35 +10,35 @@ import (
 	"net"
 	"net/netip"
 	"sort"
+
+	"github.com/onehop/onehop/internal/addrplan"
 )
 
 // GatewayHostID is the host part reserved in every subnet for the notional
 // virtual gateway, 10.f.s.1.
-const GatewayHostID = 1
+const GatewayHostID = addrplan.GatewayHost
 
-// First and last ids a farm, subnet or VM can take. 0 is the network and 255
-// the broadcast of the /24, and 1 is the gateway, so VMs start at 2.
+// First ids a farm, subnet or VM can take; the last ones are the plan's
+// (addrplan.Current). Host 0 is the network, the last the broadcast of the
+// subnet, and 1 is the gateway, so VMs start at 2.
 const (
 	minFarmID   = 1
-	maxFarmID   = 255
 	minSubnetID = 1
-	maxSubnetID = 255
 	minVMID     = 2
-	maxVMID     = 254
 )
 
-// Address returns 10.f.s.h.
-func Address(farm, subnet, host uint8) netip.Addr {
-	return netip.AddrFrom4([4]byte{10, farm, subnet, host})
+// Address returns farm/subnet/host in the process's plan: 10.f.s.h by default.
+func Address(farm, subnet uint16, host uint32) netip.Addr {
+	return addrplan.Current().Address(farm, subnet, host)
 }
 
-// SubnetPrefix returns 10.f.s.0/24.
-func SubnetPrefix(farm, subnet uint8) netip.Prefix {
-	return netip.PrefixFrom(Address(farm, subnet, 0), 24)
+// SubnetPrefix returns the subnet's prefix (10.f.s.0/24 by default).
+func SubnetPrefix(farm, subnet uint16) netip.Prefix {
+	return addrplan.Current().SubnetPrefix(farm, subnet)
 }
 
-// Gateway returns 10.f.s.1, the subnet's virtual gateway.
-func Gateway(farm, subnet uint8) netip.Addr {
+// Gateway returns host 1 of the subnet (10.f.s.1), its virtual gateway.
+func Gateway(farm, subnet uint16) netip.Addr {
 	return Address(farm, subnet, GatewayHostID)
 }
 
@@ -51,46 +52,48 @@ func VirtualMAC(ip netip.Addr) net.HardwareAddr {
 }
 
 // ErrExhausted is wrapped by every error of an id range that is full: the
-// 255 farms, a farm's 255 subnets, or a subnet's 253 VMs. Its message says
+// plan's farms, a farm's subnets, or a subnet's VMs (255, 255 and 253 in
+// the default plan). Its message says
 // how many ids the range has and that none is left.
 var ErrExhausted = errors.New("no free id left")
 
 // Allocations records which id each farm, subnet (farm/subnet) and VM
 // (farm/subnet/vm) holds. The zero value is empty and ready to use.
 type Allocations struct {
-	Farms   map[string]uint8 `json:"farms"`
-	Subnets map[string]uint8 `json:"subnets"`
-	VMs     map[string]uint8 `json:"vms"`
+	Farms   map[string]uint16 `json:"farms"`
+	Subnets map[string]uint16 `json:"subnets"`
+	VMs     map[string]uint32 `json:"vms"`
 }
 
 func (a *Allocations) init() {
 	if a.Farms == nil {
-		a.Farms = map[string]uint8{}
+		a.Farms = map[string]uint16{}
 	}
 	if a.Subnets == nil {
-		a.Subnets = map[string]uint8{}
+		a.Subnets = map[string]uint16{}
 	}
 	if a.VMs == nil {
-		a.VMs = map[string]uint8{}
+		a.VMs = map[string]uint32{}
 	}
 }
 
 // Farm returns the id of farm name, allocating the lowest free one.
-func (a *Allocations) Farm(name string) (uint8, error) {
+func (a *Allocations) Farm(name string) (uint16, error) {
 	a.init()
 	if id, ok := a.Farms[name]; ok {
 		return id, nil
 	}
+	maxFarmID := addrplan.Current().MaxFarms()
 	id, err := lowestFree(a.Farms, func(string) bool { return true }, minFarmID, maxFarmID)
 	if err != nil {
 		return 0, fmt.Errorf("farm %q: %w", name, exhausted("for a farm", minFarmID, maxFarmID))
 	}
-	a.Farms[name] = id
-	return id, nil
+	a.Farms[name] = uint16(id)
+	return uint16(id), nil
 }
 
 // Subnet returns the id of farm/subnet, allocating the farm if needed.
-func (a *Allocations) Subnet(farm, subnet string) (uint8, error) {
+func (a *Allocations) Subnet(farm, subnet string) (uint16, error) {
 	if _, err := a.Farm(farm); err != nil {
 		return 0, err
 	}
@@ -98,12 +101,13 @@ func (a *Allocations) Subnet(farm, subnet string) (uint8, error) {
 	if id, ok := a.Subnets[key]; ok {
 		return id, nil
 	}
+	maxSubnetID := addrplan.Current().MaxSubnets()
 	id, err := lowestFree(a.Subnets, hasPrefix(farm+"/"), minSubnetID, maxSubnetID)
 	if err != nil {
 		return 0, fmt.Errorf("subnet %q: %w", key, exhausted("for a subnet in farm "+farm, minSubnetID, maxSubnetID))
 	}
-	a.Subnets[key] = id
-	return id, nil
+	a.Subnets[key] = uint16(id)
+	return uint16(id), nil
 }
 
 // VM returns the address of farm/subnet/vm, allocating what is missing.
@@ -131,20 +135,22 @@ func (a *Allocations) VMExcept(farm, subnet, vm string, held map[netip.Addr]bool
 	if !ok {
 		used := a.VMs
 		if len(held) > 0 {
-			used = make(map[string]uint8, len(a.VMs)+len(held))
+			used = make(map[string]uint32, len(a.VMs)+len(held))
 			for k, v := range a.VMs {
 				used[k] = v
 			}
 			for addr := range held {
-				if b := addr.As4(); addr.Is4() && b[0] == 10 && b[1] == fid && b[2] == sid {
-					used[prefix+"\x00held "+addr.String()] = b[3]
+				if f, s, h, ok := addrplan.Current().Split(addr); ok && f == fid && s == sid {
+					used[prefix+"\x00held "+addr.String()] = h
 				}
 			}
 		}
-		id, err = lowestFree(used, hasPrefix(prefix), minVMID, maxVMID)
+		maxVMID := int(addrplan.Current().MaxHost())
+		vid, err := lowestFree(used, hasPrefix(prefix), minVMID, maxVMID)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("vm %q: %w", key, exhausted("for a VM in subnet "+farm+"/"+subnet, minVMID, maxVMID))
 		}
+		id = uint32(vid)
 		a.VMs[key] = id
 	}
 	return Address(fid, sid, id), nil
@@ -154,7 +160,7 @@ func hasPrefix(p string) func(string) bool {
 	return func(k string) bool { return len(k) > len(p) && k[:len(p)] == p }
 }
 
-func lowestFree(used map[string]uint8, inScope func(string) bool, lo, hi int) (uint8, error) {
+func lowestFree[T uint16 | uint32](used map[string]T, inScope func(string) bool, lo, hi int) (int, error) {
 	taken := make([]int, 0, len(used))
 	for k, id := range used {
 		if inScope(k) {
@@ -173,7 +179,7 @@ func lowestFree(used map[string]uint8, inScope func(string) bool, lo, hi int) (u
 	if next > hi {
 		return 0, ErrExhausted
 	}
-	return uint8(next), nil
+	return next, nil
 }
 
 func exhausted(what string, lo, hi int) error {

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
+
+	"github.com/onehop/onehop/internal/addrplan"
 )
 
 func TestVMAddressesFollowFarmSubnetHostOrder(t *testing.T) {
@@ -129,10 +132,42 @@ func TestVMExceptSkipsHeldAddresses(t *testing.T) {
 func TestVMExceptCountsHeldAddressesAsTaken(t *testing.T) {
 	var a Allocations
 	held := map[netip.Addr]bool{}
-	for h := minVMID; h <= maxVMID; h++ {
-		held[Address(1, 1, uint8(h))] = true
+	for h := minVMID; h <= int(addrplan.Current().MaxHost()); h++ {
+		held[Address(1, 1, uint32(h))] = true
 	}
 	if _, err := a.VMExcept("blue", "web", "x", held); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("every id held: %v, want ErrExhausted", err)
+	}
+}
+
+func TestTwelveSixSixPlanAllocatesFarm300AndItsSubnetsVMs(t *testing.T) {
+	if err := addrplan.Set(addrplan.MustParse("10.0.0.0/8:12/6/6")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { addrplan.Set(addrplan.Default()) })
+	var a Allocations
+	for i := 1; i < 300; i++ {
+		if _, err := a.Farm(fmt.Sprintf("f%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if id, err := a.Farm("big"); err != nil || id != 300 {
+		t.Fatalf("the 300th farm: id %d, %v", id, err)
+	}
+	ip, err := a.VM("big", "web", "w1")
+	if err != nil || ip != netip.MustParseAddr("10.18.192.66") {
+		t.Fatalf("first VM of farm 300 subnet 1: %v, %v (want 10.18.192.66: 300<<12 | 1<<6 | 2)", ip, err)
+	}
+	if gw := Gateway(300, 1); gw != netip.MustParseAddr("10.18.192.65") {
+		t.Fatalf("gateway %v", gw)
+	}
+	for i := 0; i < 60; i++ {
+		if _, err := a.VM("big", "web", fmt.Sprintf("more%d", i)); err != nil {
+			t.Fatalf("VM %d of 61: %v", i+2, err)
+		}
+	}
+	_, err = a.VM("big", "web", "onetoomany")
+	if !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), "all 61 of 2..62") {
+		t.Fatalf("the 62nd VM of a 6-bit subnet: %v", err)
 	}
 }

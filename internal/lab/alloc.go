@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/onehop/onehop/internal/addrplan"
+	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/store"
@@ -45,6 +47,10 @@ func (b *builder) allocation(ctx context.Context, node string) (intent.VM, error
 func (b *builder) allocations(ctx context.Context) (map[string]intent.VM, error) {
 	out := map[string]intent.VM{}
 	if b.t.Datapath == topology.DatapathBridge {
+		// No controller, no store: the file's plan is the cloud's.
+		if err := addrplan.Set(b.t.AddrPlan()); err != nil {
+			return nil, err
+		}
 		var a ipam.Allocations
 		for _, vm := range b.t.VMs {
 			ip, err := a.VM(vm.Farm(), vm.SubnetName(), vm.Name)
@@ -87,14 +93,28 @@ func (b *builder) readVMs(ctx context.Context) ([]intent.VM, error) {
 	return vms, err
 }
 
-// waitStore waits until the controller's store answers.
+// waitStore waits until the controller's store answers, and takes the
+// cloud's address plan from it: the controller records it at start, before
+// it writes any intent, so until it is there the controller has not
+// settled it.
 func (b *builder) waitStore(ctx context.Context) error {
 	return b.poll(ctx, "the controller's store", func() (bool, string, error) {
 		_, err := b.readVMs(ctx)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		return true, "", nil
+		s, err := b.store()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		p, found, err := desired.Plan(ctx, s)
+		switch {
+		case err != nil:
+			return false, err.Error(), nil
+		case !found:
+			return false, "the controller has not recorded the address plan yet", nil
+		}
+		return true, "", addrplan.Set(p)
 	})
 }
 

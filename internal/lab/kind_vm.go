@@ -8,6 +8,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/netns"
 	"github.com/onehop/onehop/internal/topology"
@@ -137,7 +138,9 @@ func addressVM(vmNS, vm string, v intent.VM) error {
 	if err != nil {
 		return err
 	}
-	if err := vh.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(ip.String(), 24)}); err != nil {
+	// The subnet's length is the cloud's plan's (read from the store when
+	// the controller answered: waitStore).
+	if err := vh.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(ip.String(), addrplan.Current().SubnetBitsLen())}); err != nil {
 		return fmt.Errorf("vm %s address: %w", vm, err)
 	}
 	gw := net.ParseIP(v.Gateway)

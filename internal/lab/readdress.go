@@ -96,16 +96,18 @@ func readdressVM(vmNS string, old, moved intent.VM) error {
 	if err != nil {
 		return fmt.Errorf("addresses of %s in %s: %w", VMInterface, vmNS, err)
 	}
-	held := slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(oldIP.AsSlice()) })
-	if !held {
+	i := slices.IndexFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(oldIP.AsSlice()) })
+	if i < 0 {
 		return nil
 	}
+	// The new address has the old one's length: the cloud's plan's.
+	bits, _ := addrs[i].Mask.Size()
 	ip, err := netip.ParseAddr(moved.IP)
 	if err != nil {
 		return fmt.Errorf("new address %q: %w", moved.IP, err)
 	}
-	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(ip.String(), 24)}); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("address %s/24 on %s in %s: %w", ip, VMInterface, vmNS, err)
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(ip.String(), bits)}); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("address %s/%d on %s in %s: %w", ip, bits, VMInterface, vmNS, err)
 	}
 	// Replaced, not added: the default route via the old gateway is there
 	// until the old address goes.

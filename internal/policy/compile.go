@@ -100,13 +100,13 @@ func LocalSliver(s intent.Sliver) intent.LocalSliver {
 // FarmStates compiles every farm's state, by id: its proxy-ARP setting and
 // the rules from or to its subnets. Its cost grows with farms and rules,
 // never with VMs.
-func FarmStates(farms []intent.Farm, subnets []intent.Subnet) map[uint8]intent.FarmState {
-	out := map[uint8]intent.FarmState{}
+func FarmStates(farms []intent.Farm, subnets []intent.Subnet) map[uint16]intent.FarmState {
+	out := map[uint16]intent.FarmState{}
 	for _, f := range farms {
 		out[f.ID] = intent.FarmState{ID: f.ID, Name: f.Name, ProxyARP: f.ProxyARP, Visibility: []intent.VisRule{}}
 	}
 	for _, r := range Visibility(farms, subnets) {
-		for _, id := range []uint8{r.SrcFarm, r.DstFarm} {
+		for _, id := range []uint16{r.SrcFarm, r.DstFarm} {
 			f, ok := out[id]
 			if !ok {
 				continue

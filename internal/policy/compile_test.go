@@ -53,7 +53,7 @@ func TestProxyARPFarmsAreListedForHostsCarryingThem(t *testing.T) {
 		VMs:   []intent.VM{red("r1", "h1", "10.2.1.2"), vm("b1", "h1", "10.1.1.2"), vm("b2", "h2", "10.1.1.3")},
 	}
 	d, _ := Compile(s)
-	if !reflect.DeepEqual(d["h1"].ProxyARPFarms, []uint8{2}) {
+	if !reflect.DeepEqual(d["h1"].ProxyARPFarms, []uint16{2}) {
 		t.Fatalf("h1 (red and blue VMs) proxy ARP farms %v, want [2]", d["h1"].ProxyARPFarms)
 	}
 	if len(d["h2"].ProxyARPFarms) != 0 {

@@ -18,9 +18,9 @@ func ProtoNumber(name string) (uint8, error) { return filter.ProtoNumber(name) }
 // wrote it; a rule across farms counts only if both farms peer with each
 // other and both allow it, and then only the part both allow.
 func Visibility(farms []intent.Farm, subnets []intent.Subnet) []intent.VisRule {
-	type ids struct{ farm, subnet uint8 }
+	type ids struct{ farm, subnet uint16 }
 	subnetIDs := map[string]ids{}
-	farmIDs := map[string]uint8{}
+	farmIDs := map[string]uint16{}
 	for _, f := range farms {
 		farmIDs[f.Name] = f.ID
 	}

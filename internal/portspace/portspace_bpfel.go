@@ -142,9 +142,8 @@ type portspaceMapping struct {
 
 type portspaceMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -257,9 +256,8 @@ type portspaceScopeInfo struct {
 
 type portspaceScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type portspaceScopeMember struct {
@@ -289,13 +287,13 @@ type portspaceTraceRecord struct {
 	VisGen    uint8
 	Ct        uint8
 	Ask       uint8
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
 	VisProto  uint8
 	Pad       uint8
-	VisPort   uint16
 }
 
 type portspaceVifInfo struct {
@@ -308,10 +306,10 @@ type portspaceVifInfo struct {
 
 type portspaceVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -377,6 +375,10 @@ const (
 	portspaceVarTraceCtType            = "_trace_ct_type"
 	portspaceVarTraceFwType            = "_trace_fw_type"
 	portspaceVarTraceVisType           = "_trace_vis_type"
+	portspaceVarPlanFarmBits           = "plan_farm_bits"
+	portspaceVarPlanSubnetBits         = "plan_subnet_bits"
+	portspaceVarPlanVmBits             = "plan_vm_bits"
+	portspaceVarTraceKey               = "trace_key"
 	portspaceVarTraceMode              = "trace_mode"
 )
 
@@ -484,6 +486,10 @@ type portspaceVariableSpecs struct {
 	TraceCtType            *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
 	TraceFwType            *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
 	TraceVisType           *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
+	PlanFarmBits           *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.VariableSpec `ebpf:"trace_key"`
 	TraceMode              *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
@@ -597,6 +603,10 @@ type portspaceVariables struct {
 	TraceCtType            *ebpf.Variable `ebpf:"_trace_ct_type"`
 	TraceFwType            *ebpf.Variable `ebpf:"_trace_fw_type"`
 	TraceVisType           *ebpf.Variable `ebpf:"_trace_vis_type"`
+	PlanFarmBits           *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.Variable `ebpf:"trace_key"`
 	TraceMode              *ebpf.Variable `ebpf:"trace_mode"`
 }
 

@@ -87,9 +87,8 @@ type portspaceTestMapping struct {
 
 type portspaceTestMemberKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 	Index  uint32
 }
 
@@ -201,9 +200,8 @@ type portspaceTestScopeInfo struct {
 
 type portspaceTestScopeKey struct {
 	_      structs.HostLayout
-	Farm   uint8
-	Subnet uint8
-	Pad    uint16
+	Farm   uint16
+	Subnet uint16
 }
 
 type portspaceTestScopeMember struct {
@@ -233,13 +231,13 @@ type portspaceTestTraceRecord struct {
 	VisGen    uint8
 	Ct        uint8
 	Ask       uint8
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
 	VisProto  uint8
 	Pad       uint8
-	VisPort   uint16
 }
 
 type portspaceTestVifInfo struct {
@@ -252,10 +250,10 @@ type portspaceTestVifInfo struct {
 
 type portspaceTestVisKey struct {
 	_         structs.HostLayout
-	SrcFarm   uint8
-	SrcSubnet uint8
-	DstFarm   uint8
-	DstSubnet uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
 	Proto     uint8
 	Gen       uint8
 	Port      uint16
@@ -323,6 +321,10 @@ const (
 	portspaceTestVarTraceCtType            = "_trace_ct_type"
 	portspaceTestVarTraceFwType            = "_trace_fw_type"
 	portspaceTestVarTraceVisType           = "_trace_vis_type"
+	portspaceTestVarPlanFarmBits           = "plan_farm_bits"
+	portspaceTestVarPlanSubnetBits         = "plan_subnet_bits"
+	portspaceTestVarPlanVmBits             = "plan_vm_bits"
+	portspaceTestVarTraceKey               = "trace_key"
 	portspaceTestVarTraceMode              = "trace_mode"
 )
 
@@ -432,6 +434,10 @@ type portspaceTestVariableSpecs struct {
 	TraceCtType            *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
 	TraceFwType            *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
 	TraceVisType           *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
+	PlanFarmBits           *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.VariableSpec `ebpf:"trace_key"`
 	TraceMode              *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
@@ -548,6 +554,10 @@ type portspaceTestVariables struct {
 	TraceCtType            *ebpf.Variable `ebpf:"_trace_ct_type"`
 	TraceFwType            *ebpf.Variable `ebpf:"_trace_fw_type"`
 	TraceVisType           *ebpf.Variable `ebpf:"_trace_vis_type"`
+	PlanFarmBits           *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits         *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits             *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.Variable `ebpf:"trace_key"`
 	TraceMode              *ebpf.Variable `ebpf:"trace_mode"`
 }
 

@@ -927,14 +927,14 @@ func (h *harness) verify(ctx context.Context) error {
 // an operator would tell that a change reached a host, and records the
 // lowest applied revision.
 func (h *harness) awaitAppliedRevisions(ctx context.Context) error {
-	farmID := map[string]uint8{}
+	farmID := map[string]uint16{}
 	for f, farm := range h.farms {
 		farmID[h.farmName(f)] = farm.ID
 	}
-	carried := map[string]map[uint8]bool{}
+	carried := map[string]map[uint16]bool{}
 	for _, v := range h.vms {
 		if carried[v.host] == nil {
-			carried[v.host] = map[uint8]bool{}
+			carried[v.host] = map[uint16]bool{}
 		}
 		carried[v.host][farmID[v.farm]] = true
 	}

@@ -7,9 +7,11 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/limits"
+	"github.com/onehop/onehop/internal/tappolicy"
 	"github.com/onehop/onehop/internal/tapwire"
 )
 
@@ -247,25 +249,26 @@ func endMatches(e intent.TapEnd, a netip.Addr) bool {
 		ip, _ := netip.ParseAddr(e.IP)
 		return ip == a
 	case "subnet":
-		b := a.As4()
-		return b[1] == e.Farm && b[2] == e.Subnet
+		f, s, _ := addrplan.Current().IDs(a)
+		return f == e.Farm && s == e.Subnet
 	case "any":
-		return a.As4()[1] == e.Farm
+		f, _, _ := addrplan.Current().IDs(a)
+		return f == e.Farm
 	}
 	return false
 }
 
-// segment is an address's network as onehop numbers it for the VLAN
-// filter: farm*256 + subnet (10.f.s.h).
-func segment(a netip.Addr) uint16 {
-	b := a.As4()
-	return uint16(b[1])<<8 | uint16(b[2])
+// segment is an address's (or a segment key's) network as onehop numbers
+// it for the VLAN filter: tappolicy.Segment (farm*256 + subnet by default).
+func segment(a netip.Addr) uint32 {
+	f, s, _ := addrplan.Current().IDs(a)
+	return tappolicy.Segment(f, s)
 }
 
 // senderMatches reports whether a VM at address a is a sender the rule
 // names, its VLAN filter included.
 func (m Match) senderMatches(a netip.Addr) bool {
-	return endMatches(m.Sender, a) && (m.VLAN == 0 || segment(a) == m.VLAN)
+	return endMatches(m.Sender, a) && (m.VLAN == 0 || segment(a) == uint32(m.VLAN))
 }
 
 // hasPorts reports whether the rule filters on ports (then it matches
@@ -357,9 +360,9 @@ type ruleEntry struct {
 
 // farmKey is the index address of "any" VM of a farm: "any" never reaches
 // past the farm the policy's monitor may see (tappolicy).
-func farmKey(farm uint8) netip.Addr { return netip.AddrFrom4([4]byte{0, farm, 0, 0}) }
+func farmKey(farm uint16) netip.Addr { return addrplan.Current().Key(farm, 0, 0) }
 
-func segmentKey(farm, subnet uint8) netip.Addr { return netip.AddrFrom4([4]byte{0, farm, subnet, 0}) }
+func segmentKey(farm, subnet uint16) netip.Addr { return addrplan.Current().Key(farm, subnet, 0) }
 
 // endKeys are the index keys a receiver (or a remote sender) end is found
 // by.
@@ -432,7 +435,7 @@ func layoutOf(p Plan) (layout, error) {
 		// excludes can match nothing, so it gets no key.
 		k := endKeys(r.Sender, roleRecover, sideSender)
 		if r.VLAN != 0 {
-			seg := segmentKey(uint8(r.VLAN>>8), uint8(r.VLAN))
+			seg := segmentKey(tappolicy.SegmentIDs(r.VLAN))
 			switch r.Sender.Kind {
 			case "any":
 				k = indexKey{addr: seg, role: roleRecover, side: sideSender, kind: kindSegment}
@@ -441,7 +444,7 @@ func layoutOf(p Plan) (layout, error) {
 					continue
 				}
 			case "vm":
-				if segment(k.addr) != r.VLAN {
+				if segment(k.addr) != uint32(r.VLAN) {
 					continue
 				}
 			}

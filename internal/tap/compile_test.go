@@ -25,7 +25,7 @@ var (
 )
 
 func vm(a netip.Addr) intent.TapEnd { return intent.TapEnd{Kind: "vm", IP: a.String()} }
-func subnet(f, s uint8) intent.TapEnd {
+func subnet(f, s uint16) intent.TapEnd {
 	return intent.TapEnd{Kind: "subnet", Farm: f, Subnet: s}
 }
 

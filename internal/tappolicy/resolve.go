@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/intent"
 )
 
@@ -13,7 +14,7 @@ import (
 type World struct {
 	farms   map[string]intent.Farm
 	subnets map[string]intent.Subnet // farm/subnet
-	bySeg   map[uint16]intent.Subnet
+	bySeg   map[uint32]intent.Subnet
 	vms     map[string]intent.VM // farm/subnet/vm
 	byIP    map[netip.Addr]intent.VM
 	byMAC   map[string]intent.VM
@@ -81,7 +82,7 @@ func (w *World) checkFabric(addr string) error {
 
 // NewWorld indexes farms, subnets and VMs.
 func NewWorld(farms []intent.Farm, subnets []intent.Subnet, vms []intent.VM) *World {
-	w := &World{farms: map[string]intent.Farm{}, subnets: map[string]intent.Subnet{}, bySeg: map[uint16]intent.Subnet{},
+	w := &World{farms: map[string]intent.Farm{}, subnets: map[string]intent.Subnet{}, bySeg: map[uint32]intent.Subnet{},
 		vms: map[string]intent.VM{}, byIP: map[netip.Addr]intent.VM{}, byMAC: map[string]intent.VM{}}
 	for _, f := range farms {
 		w.farms[f.Name] = f
@@ -278,7 +279,7 @@ func (w *World) collectorEnds(p intent.TapPolicy, e *endsOf) error {
 
 // tapEnd is an end as the datapath matches it. `any` is any VM of the
 // monitor's farm (id monFarm).
-func (w *World) tapEnd(r resolved, monFarm uint8) (intent.TapEnd, error) {
+func (w *World) tapEnd(r resolved, monFarm uint16) (intent.TapEnd, error) {
 	switch r.ref.Kind {
 	case KindAny:
 		return intent.TapEnd{Kind: KindAny, Farm: monFarm}, nil
@@ -299,11 +300,12 @@ func (w *World) tapEnd(r resolved, monFarm uint8) (intent.TapEnd, error) {
 // narrow applies a vlan filter to the sender: the vlan must be a subnet
 // the sender may be in, and then it is the sender (a vlan that cannot
 // match is refused rather than stored as a policy that copies nothing).
-func (w *World) narrow(snd intent.TapEnd, vlan uint16, sender, monFarm string, monFarmID uint8) (intent.TapEnd, error) {
+func (w *World) narrow(snd intent.TapEnd, vlan uint16, sender, monFarm string, monFarmID uint16) (intent.TapEnd, error) {
 	fid, sid := SegmentIDs(vlan)
-	sub, ok := w.bySeg[vlan]
+	sub, ok := w.bySeg[uint32(vlan)]
 	if !ok {
-		return snd, fieldErr("vlan", "vlan %d is farm id %d subnet id %d (farm*256 + subnet), and no subnet has those ids", vlan, fid, sid)
+		return snd, fieldErr("vlan", "vlan %d is farm id %d subnet id %d (farm*%d + subnet), and no subnet has those ids", vlan, fid, sid,
+			1<<addrplan.Current().SubnetBits)
 	}
 	name := sub.Farm + "/" + sub.Name
 	switch snd.Kind {
@@ -317,8 +319,8 @@ func (w *World) narrow(snd intent.TapEnd, vlan uint16, sender, monFarm string, m
 			return snd, fieldErr("vlan", "vlan %d is subnet %s, but the sender is subnet %s: the policy would copy nothing", vlan, name, sender)
 		}
 	case KindVM:
-		ip := netip.MustParseAddr(snd.IP).As4()
-		if ip[1] != fid || ip[2] != sid {
+		f, s, _, _ := addrplan.Current().Split(netip.MustParseAddr(snd.IP))
+		if f != fid || s != sid {
 			return snd, fieldErr("vlan", "vlan %d is subnet %s, but the sender %s is not in it: the policy would copy nothing", vlan, name, sender)
 		}
 	}
@@ -363,14 +365,14 @@ func Matches(end intent.TapEnd, vm intent.VM) bool {
 	if err != nil || !ip.Is4() {
 		return false
 	}
-	b := ip.As4()
+	f, s, _, _ := addrplan.Current().Split(ip)
 	switch end.Kind {
 	case KindVM:
 		return end.IP == ip.String()
 	case KindSubnet:
-		return b[1] == end.Farm && b[2] == end.Subnet
+		return f == end.Farm && s == end.Subnet
 	case KindAny:
-		return b[1] == end.Farm
+		return f == end.Farm
 	}
 	return false
 }

@@ -39,6 +39,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/filter"
 	"github.com/onehop/onehop/internal/intent"
 )
@@ -189,11 +190,19 @@ func FormatPorts(lo, hi uint16) string {
 	return fmt.Sprintf("%d-%d", lo, hi)
 }
 
-// Segment is the vlan number of subnet s of farm f (farm*256 + subnet).
-func Segment(farm, subnet uint8) uint16 { return uint16(farm)<<8 | uint16(subnet) }
+// Segment is the vlan number of subnet s of farm f: farm*2^subnet bits +
+// subnet in the cloud's plan (farm*256 + subnet by default). A vlan filter
+// is 16 bits, so a plan with more farm and subnet bits than that names only
+// its lower segments.
+func Segment(farm, subnet uint16) uint32 {
+	return uint32(farm)<<addrplan.Current().SubnetBits | uint32(subnet)
+}
 
 // SegmentIDs splits a vlan number into farm and subnet ids.
-func SegmentIDs(vlan uint16) (farm, subnet uint8) { return uint8(vlan >> 8), uint8(vlan) }
+func SegmentIDs(vlan uint16) (farm, subnet uint16) {
+	b := addrplan.Current().SubnetBits
+	return uint16(uint32(vlan) >> b), uint16(uint32(vlan) & (1<<b - 1))
+}
 
 // CheckFilter checks a filter as stored (intent.TapFilter); errors name
 // the JSON field.
@@ -216,7 +225,9 @@ func CheckFilter(f intent.TapFilter) error {
 	}
 	if f.VLAN != 0 {
 		if fid, sid := SegmentIDs(f.VLAN); fid == 0 || sid == 0 {
-			return fieldErr("vlan", "vlan %d is not a segment: a segment is farm*256 + subnet, both ids 1-255 (farm 1 subnet 1 is 257)", f.VLAN)
+			p := addrplan.Current()
+			return fieldErr("vlan", "vlan %d is not a segment: a segment is farm*%d + subnet, both ids from 1 (farm 1 subnet 1 is %d)",
+				f.VLAN, 1<<p.SubnetBits, Segment(1, 1))
 		}
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/onehop/onehop/internal/addrplan"
 )
 
 // A section is one top-level key of a topology file: how its value is read
@@ -37,6 +39,7 @@ type section struct {
 // decodes and validates them, and a typed accessor on File that reads
 // File.extra[key], see extra) plus one line here.
 var sections = []section{
+	planSection,
 	labSection,
 	datapathSection,
 	fabricSection,
@@ -195,6 +198,8 @@ func (d *decoder) seq(what string, each func(*yaml.Node)) field {
 type checker struct {
 	path string
 	errs []error
+	// plan is the file's address plan (planSection, first).
+	plan addrplan.Plan
 
 	fabric   netip.Prefix
 	fabricOK bool

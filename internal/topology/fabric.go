@@ -53,12 +53,12 @@ var fabricSection = section{
 			f.Fabric.CIDR = "192.168.100.0/24"
 		}
 		fabric, err := netip.ParsePrefix(f.Fabric.CIDR)
-		c.fabricOK = err == nil && fabric.Addr().Is4() && fabric.Bits() >= 8 && fabric.Bits() <= 28 && !fabric.Overlaps(tenantNet)
+		c.fabricOK = err == nil && fabric.Addr().Is4() && fabric.Bits() >= 8 && fabric.Bits() <= 28 && !fabric.Overlaps(c.plan.Prefix)
 		switch {
 		case err != nil:
 			c.fail(line, "fabric.cidr %q is not a CIDR: %v", f.Fabric.CIDR, err)
 		case !c.fabricOK:
-			c.fail(line, "fabric.cidr %s must be IPv4 with a prefix of /8 to /28 outside the tenant space %s", fabric, tenantNet)
+			c.fail(line, "fabric.cidr %s must be IPv4 with a prefix of /8 to /28 outside the tenant space %s", fabric, c.plan.Prefix)
 		}
 		c.fabric = fabric.Masked()
 		if f.Fabric.Controller == "" && c.fabricOK {

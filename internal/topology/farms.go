@@ -37,7 +37,7 @@ func (f Farm) Qualify(ref string) string {
 	return f.Name + "/" + ref
 }
 
-// Subnet is one /24 of a farm.
+// Subnet is one subnet of a farm (a /24 in the default plan).
 type Subnet struct {
 	Name string `yaml:"name"`
 	Line int    `yaml:"-"`
@@ -109,8 +109,8 @@ func validateFarms(c *checker, f *File) {
 		if len(fm.Subnets) == 0 {
 			c.fail(fm.Line, "farm %q has no subnets", fm.Name)
 		}
-		if len(fm.Subnets) > 255 {
-			c.fail(fm.Line, "farm %q has %d subnets; at most 255 fit in 10.f.s.h", fm.Name, len(fm.Subnets))
+		if n := c.plan.MaxSubnets(); len(fm.Subnets) > n {
+			c.fail(fm.Line, "farm %q has %d subnets; at most %d fit in the address plan %v", fm.Name, len(fm.Subnets), n, c.plan)
 		}
 		for _, s := range fm.Subnets {
 			key := fm.Name + "/" + s.Name
@@ -124,8 +124,8 @@ func validateFarms(c *checker, f *File) {
 			}
 		}
 	}
-	if len(f.Farms) > 255 {
-		c.fail(f.Line, "%d farms; at most 255 fit in 10.f.s.h", len(f.Farms))
+	if n := c.plan.MaxFarms(); len(f.Farms) > n {
+		c.fail(f.Line, "%d farms; at most %d fit in the address plan %v", len(f.Farms), n, c.plan)
 	}
 
 	for _, fm := range f.Farms {

@@ -36,6 +36,9 @@ type File struct {
 	Path     string `yaml:"-"`
 	Name     string `yaml:"name"`
 	Datapath string `yaml:"datapath"`
+	// Plan is the cloud's address plan (addrplan.Parse), "" the default.
+	Plan     string `yaml:"plan"`
+	PlanLine int    `yaml:"-"`
 	Fabric   Fabric `yaml:"fabric"`
 	ARP      ARP    `yaml:"arp"`
 	Hosts    []Host `yaml:"hosts"`
@@ -50,7 +53,6 @@ type File struct {
 var (
 	labNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,15}$`)
 	nameRE    = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
-	tenantNet = netip.MustParsePrefix("10.0.0.0/8")
 )
 
 // Load reads, parses and validates path.

@@ -153,8 +153,8 @@ func validateVMs(c *checker, f *File) {
 			vifs[key] = holder{vm.Name, vm.Line}
 		}
 		perSubnet[vm.Subnet]++
-		if perSubnet[vm.Subnet] == 254 {
-			c.fail(vm.Line, "subnet %q holds more than 253 VMs", vm.Subnet)
+		if n := c.plan.MaxVMs(); perSubnet[vm.Subnet] == n+1 {
+			c.fail(vm.Line, "subnet %q holds more than %d VMs, all the address plan %v has room for", vm.Subnet, n, c.plan)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/filter"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/tappolicy"
@@ -88,7 +89,7 @@ func (in Intent) HostOfMAC(mac net.HardwareAddr) string {
 	return ""
 }
 
-func (in Intent) subnetName(farm, subnet uint8) string {
+func (in Intent) subnetName(farm, subnet uint16) string {
 	farmName := ""
 	for _, f := range in.Farms {
 		if f.ID == farm {
@@ -100,7 +101,7 @@ func (in Intent) subnetName(farm, subnet uint8) string {
 			return s.Farm + "/" + s.Name
 		}
 	}
-	return fmt.Sprintf("10.%d.%d.0/24", farm, subnet)
+	return addrplan.Current().SubnetPrefix(farm, subnet).String()
 }
 
 // VisRules names the rules behind the visibility key v matched: within a
@@ -167,7 +168,7 @@ func firewallRef(vm *intent.VM, h FwHit) FirewallRef {
 
 // Explain makes a hop of run on host: what decided, by name and id, and
 // what became of the packet, as lines a person reads.
-func (in Intent) Explain(host string, run Run, from, to Endpoint) Hop {
+func (in Intent) Explain(host string, run Run, req Request, from, to Endpoint) Hop {
 	h := Hop{Host: host, Program: run.Program, Run: run}
 	say := func(format string, a ...any) { h.Steps = append(h.Steps, fmt.Sprintf(format, a...)) }
 	if run.Program == ProgramVif {
@@ -197,7 +198,13 @@ func (in Intent) Explain(host string, run Run, from, to Endpoint) Hop {
 			}
 			say("visibility: %s -> %s %s allowed by %s", in.subnetName(v.SrcFarm, v.SrcSubnet), in.subnetName(v.DstFarm, v.DstSubnet), protoPort(*v), strings.Join(names, ", "))
 		} else {
-			say("visibility: no rule allows %s -> %s %s", in.subnetName(v.SrcFarm, v.SrcSubnet), in.subnetName(v.DstFarm, v.DstSubnet), protoPort(*v))
+			// No key matched: the last one looked up is the widest (any
+			// protocol); the packet is what no rule allows.
+			what := req.Proto
+			if req.Dport != 0 {
+				what += fmt.Sprintf("/%d", req.Dport)
+			}
+			say("visibility: no rule allows %s -> %s %s", in.subnetName(v.SrcFarm, v.SrcSubnet), in.subnetName(v.DstFarm, v.DstSubnet), what)
 		}
 	}
 	for _, f := range run.Firewall {

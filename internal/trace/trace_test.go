@@ -139,13 +139,13 @@ func TestExplainNamesRulesHostsAndDrops(t *testing.T) {
 	out := []byte{0xaa, 0, 0, 0, 0, 2, 0xaa, 0, 0, 0, 0, 1}
 
 	h := testIntent.Explain("h1", Run{Program: ProgramVif, Verdict: "drop", Drop: "firewall_out",
-		Firewall: []FwHit{{Dir: "out", How: "rule", Index: 0}}}, from, to)
+		Firewall: []FwHit{{Dir: "out", How: "rule", Index: 0}}}, Request{}, from, to)
 	if len(h.Firewall) != 1 || h.Firewall[0].ID != 5 || !strings.Contains(strings.Join(h.Steps, "\n"), "firewall out of blue/web/web1: rule 5 denies") {
 		t.Errorf("firewall drop: %+v\n%s", h.Firewall, strings.Join(h.Steps, "\n"))
 	}
 	h = testIntent.Explain("h1", Run{Program: ProgramVif, Verdict: "redirect", Forwards: []string{"to_fabric"}, To: 2, ToName: "uplink0", ToKind: "out", Out: out,
 		Firewall:   []FwHit{{Dir: "out", How: "rule", Index: 1, Allow: true}},
-		Visibility: &VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432}, Match: "port"}}, from, to)
+		Visibility: &VisHit{VisRule: intent.VisRule{SrcFarm: 1, SrcSubnet: 1, DstFarm: 1, DstSubnet: 2, Proto: 6, Port: 5432}, Match: "port"}}, Request{}, from, to)
 	if h.NextHost != "h2" || len(h.Rules) != 1 || h.Rules[0].ID != 1 || h.Firewall[0].ID != 8 {
 		t.Errorf("allowed hop: next %q rules %+v firewall %+v", h.NextHost, h.Rules, h.Firewall)
 	}
@@ -154,13 +154,13 @@ func TestExplainNamesRulesHostsAndDrops(t *testing.T) {
 	if rep.Verdict != "delivered" && rep.Verdict != "to fabric" {
 		t.Errorf("verdict %q", rep.Verdict)
 	}
-	h = testIntent.Explain("h1", Run{Program: ProgramVif, Verdict: "to agent", Slow: "hold", Ask: true}, from, to)
+	h = testIntent.Explain("h1", Run{Program: ProgramVif, Verdict: "to agent", Slow: "hold", Ask: true}, Request{}, from, to)
 	rep = Report{Hops: []Hop{h}}
 	rep.Finish()
 	if rep.Verdict != "held" || !strings.Contains(strings.Join(h.Steps, "\n"), "the trace asked nothing") {
 		t.Errorf("held: verdict %q\n%s", rep.Verdict, strings.Join(h.Steps, "\n"))
 	}
-	h = testIntent.Explain("h1", Run{Program: ProgramVif, Verdict: "drop", Drop: "spoofed_ip"}, from, to)
+	h = testIntent.Explain("h1", Run{Program: ProgramVif, Verdict: "drop", Drop: "spoofed_ip"}, Request{}, from, to)
 	rep = Report{Hops: []Hop{h}}
 	rep.Finish()
 	if rep.Verdict != "dropped" || rep.Drop != "spoofed_ip" || rep.DropHost != "h1" || !strings.Contains(h.Steps[1], "anti-spoofing: refused (spoofed_ip)") {

@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/accept"
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ratelog"
 	"github.com/onehop/onehop/internal/store"
@@ -357,8 +358,9 @@ func (s *Service) refuse(reason, msg string, args ...any) {
 	s.rlog.Warn(reason, "vnat location server: "+msg, append(args, "reason", reason)...)
 }
 
-// Tenant is the tenant space (ipam's 10.f.s.h).
-var Tenant = netip.MustParsePrefix("10.0.0.0/8")
+// inTenant reports whether a is in the tenant space: the cloud's address
+// plan's prefix (addrplan; 10.0.0.0/8 by default).
+func inTenant(a netip.Addr) bool { return addrplan.Current().Contains(a) }
 
 // endpointErr says what is wrong with an endpoint a record names; "" when
 // nothing is. A connection's ends are unicast IPv4 with a port.
@@ -407,7 +409,7 @@ func checkRecord(r vcmp.Record, release bool) (reason, detail string) {
 // of the same farm (a VM moves only within its farm), any other only by a
 // source outside the tenant space.
 func sameSpace(virtual, source netip.Addr) bool {
-	vt, st := Tenant.Contains(virtual), Tenant.Contains(source)
+	vt, st := inTenant(virtual), inTenant(source)
 	if vt != st {
 		return false
 	}
@@ -451,7 +453,7 @@ func (s *Service) identity(ctx context.Context, from netip.Addr) (string, error)
 // holds live records of it already (a VM that moved twice). Called with
 // s.mu held.
 func (s *Service) claim(ctx context.Context, who string, virtual, from netip.Addr) (string, error) {
-	if virtual == from || !Tenant.Contains(virtual) {
+	if virtual == from || !inTenant(virtual) {
 		return "", nil
 	}
 	var h Holders

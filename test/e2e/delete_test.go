@@ -40,7 +40,7 @@ func (l *testLab) pinnedMap(host, name string) *ebpf.Map {
 // and scope members (by farm byte), the visibility rules from or to it,
 // and its switches (farms[id] set); and in the mapping table the datapath
 // learns, its VMs' addresses. What a farm's delete must leave none of.
-func (l *testLab) farmEntries(host string, id uint8) []string {
+func (l *testLab) farmEntries(host string, id uint16) []string {
 	l.t.Helper()
 	var out []string
 	each := func(name string, of func(k, v []byte) bool) {
@@ -56,13 +56,15 @@ func (l *testLab) farmEntries(host string, id uint8) []string {
 			l.t.Fatalf("%s's map %s: %v", host, name, err)
 		}
 	}
-	isFarm := func(ip []byte) bool { return ip[0] == 10 && ip[1] == id }
+	isFarm := func(ip []byte) bool { return ip[0] == 10 && uint16(ip[1]) == id }
+	// Farm ids in the scope and visibility keys are 16-bit (addrplan).
+	at := func(k []byte, off int) uint16 { return endian.NativeEndian.Uint16(k[off:]) }
 	each("endpoints", func(k, _ []byte) bool { return isFarm(k) })
 	each("mappings", func(k, _ []byte) bool { return isFarm(k) })
 	each("vifs", func(_, v []byte) bool { return isFarm(v) })
-	each("scopes", func(k, _ []byte) bool { return k[0] == id })
-	each("scope_members", func(k, _ []byte) bool { return k[0] == id })
-	each("visibility", func(k, _ []byte) bool { return k[0] == id || k[2] == id })
+	each("scopes", func(k, _ []byte) bool { return at(k, 0) == id })
+	each("scope_members", func(k, _ []byte) bool { return at(k, 0) == id })
+	each("visibility", func(k, _ []byte) bool { return at(k, 0) == id || at(k, 4) == id })
 	each("farms", func(k, v []byte) bool {
 		return endian.NativeEndian.Uint32(k) == uint32(id) && endian.NativeEndian.Uint32(v) != 0
 	})
