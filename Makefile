@@ -97,7 +97,7 @@ demo-cloud: deps build
 bench: deps build
 	$(GO) run ./bench -binary $(BIN) -rounds $${ROUNDS:-5} -out bench/results/latest.json
 	@echo; echo "The datapath's own cost per packet (BPF_PROG_RUN, no kernel around it):"
-	$(GO) test -count=1 -run '^$$' -bench PacketCost -benchtime 200000x ./internal/datapath/ | grep ns/packet
+	$(GO) test -count=1 -run '^$$' -bench 'PacketCost|ObserveCost' -benchtime 200000x ./internal/datapath/ | grep ns/packet
 
 # The control plane at issue 12's size (1,000 simulated hosts running the real
 # agent, 10,000 VMs): against the embedded etcd, then an external 3-member

@@ -65,7 +65,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	for _, s := range scenarios {
 		all = append(all, s.Name)
 	}
-	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "tapguest", "tapguest-plain", "cni", "sliver", "pshost", "nat", "tapped", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone", "vnat-base", "vnat1", "vnat2", "vnat-restore", "api-authz", "trace"}; !reflect.DeepEqual(all, want) {
+	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "tapguest", "tapguest-plain", "cni", "sliver", "pshost", "nat", "tapped", "observed", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone", "vnat-base", "vnat1", "vnat2", "vnat-restore", "api-authz", "trace"}; !reflect.DeepEqual(all, want) {
 		t.Fatalf("scenarios %v, want %v", all, want)
 	}
 	comps, err := Comparisons(scenarios, all)
@@ -81,14 +81,15 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 			order = append(order, p)
 		}
 	}
-	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "tapguest/onehop", "tapguest-plain/onehop", "sliver/pshost", "sliver/nat", "tapped/onehop", "cloudfull/cloudnat", "cloudfull/cloudtproxy", "cloudtwo/cloudone", "vnat1/vnat-base", "vnat2/vnat-base", "vnat2/vnat1"}; !reflect.DeepEqual(order, want) {
+	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "tapguest/onehop", "tapguest-plain/onehop", "sliver/pshost", "sliver/nat", "tapped/onehop", "observed/routed", "cloudfull/cloudnat", "cloudfull/cloudtproxy", "cloudtwo/cloudone", "vnat1/vnat-base", "vnat2/vnat-base", "vnat2/vnat1"}; !reflect.DeepEqual(order, want) {
 		t.Errorf("comparisons %v, want %v", order, want)
 	}
 	nd := len(figuresOf(&Scenario{}))       // the default tests' figures
 	nc := len(figuresOf(cloudFullScenario)) // the cloud scenarios run tcp only: tcp and cpu
 	nv := len(figuresOf(vnat1Scenario))     // the VNAT scenarios' five tests give six figures
-	if len(comps) != 10*nd+3*nc+3*nv {
-		t.Errorf("%d comparisons, want %d (10 pairs x %d figures, 3 cloud pairs x %d, 3 VNAT pairs x %d)", len(comps), 10*nd+3*nc+3*nv, nd, nc, nv)
+	no := len(figuresOf(observedScenario))  // rtt and udp64
+	if len(comps) != 10*nd+3*nc+3*nv+no {
+		t.Errorf("%d comparisons, want %d (10 pairs x %d figures, 3 cloud pairs x %d, 3 VNAT pairs x %d, observed/routed x %d)", len(comps), 10*nd+3*nc+3*nv+no, nd, nc, nv, no)
 	}
 	for _, w := range []comparison{
 		{"onehop", "bridge", "tcp", 1.0, false},
@@ -119,6 +120,8 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 		{"tapped", "onehop", "tcp", 0.9, false},
 		{"tapped", "onehop", "udp64", 0.9, false},
 		{"tapped", "onehop", "rtt", 1.1, false},
+		{"observed", "routed", "udp64", 0.95, false},
+		{"observed", "routed", "rtt", 0, false},
 		{"cloudfull", "cloudnat", "tcp", 0.95, false},
 		{"cloudfull", "cloudtproxy", "tcp", 0, false},
 		{"cloudtwo", "cloudone", "tcp", 1.9, false},

@@ -18,6 +18,7 @@ var scenarios = []*Scenario{
 	psHostScenario,
 	natScenario,
 	tappedScenario,
+	observedScenario,
 	cloudFullScenario,
 	cloudTProxyScenario,
 	cloudNATScenario,

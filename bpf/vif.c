@@ -28,7 +28,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Types only the Go side reads (ring-buffer records, counter indexes): these
  * references put them in BTF so bpf2go -type can generate their Go twins. */
-const struct drop_event *_drop_event_type __attribute__((unused));
+const struct observe_event *_observe_event_type __attribute__((unused));
+const enum observe_kind *_observe_kind_type __attribute__((unused));
+const struct observe_limits *_observe_limits_type __attribute__((unused));
+const struct observe_bucket *_observe_bucket_type __attribute__((unused));
 const enum drop_reason *_drop_reason_type __attribute__((unused));
 const enum forward_path *_forward_path_type __attribute__((unused));
 const struct slowpath_event *_slowpath_event_type __attribute__((unused));

@@ -175,15 +175,28 @@ struct slowpath_event {
 	__u8 data[SLOWPATH_MAX];
 };
 
+/* What an event in the drop_events ring tells (observe.h). */
+enum observe_kind {
+	OBSERVE_DROP = 0, /* a dropped packet: reason and addresses (drop.h) */
+	OBSERVE_FLOW,     /* a new flow admitted and remembered (policy.h, admit), while someone observes */
+};
+
 /* Sent to the agent through a ring buffer so its log can say why a drop
- * happened, not only that it did. */
-struct drop_event {
-	__u32 reason;
+ * happened, not only that it did, and onehop observe can show it. */
+struct observe_event {
+	__u32 kind;   /* enum observe_kind */
+	__u32 reason; /* enum drop_reason, for OBSERVE_DROP */
 	__u32 ifindex;
+	__u32 farm; /* whose budget it spent (observe.h): the vif's VM's farm, else the source's */
 	__be32 saddr;
 	__be32 daddr;
-	__u8 smac[ETH_ALEN];
+	__be16 sport; /* TCP/UDP ports, or the ICMP echo id as both; 0 when unknown */
+	__be16 dport;
+	__u8 proto;
+	__u8 _pad;
 	__u16 ethertype;
+	__u8 smac[ETH_ALEN];
+	__u16 _pad2;
 };
 
 #endif

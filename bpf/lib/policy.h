@@ -14,6 +14,7 @@
 #include "route.h"
 #include "share.h"
 #include "icmp_error.h"
+#include "observe.h"
 #include "trace.h"
 
 /* How long a first fragment's datagram is remembered (frag.h, and port
@@ -322,6 +323,8 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 	if (!e && !share_take(owner, SHARE_FLOWS, now))
 		return DROP_OVER_SHARE;
 	ct_open(&k, e, dir, epoch, now);
+	if (!trace_mode) /* onehop observe: a new flow, while someone observes */
+		observe_flow(&f, owner);
 	return DROP_NONE;
 }
 

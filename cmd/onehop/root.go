@@ -56,6 +56,7 @@ func nouns() []noun {
 		{cmd: tenantCmd},
 		{cmd: auditCmd},
 		{cmd: planCmd},
+		{cmd: observeCmd},
 		{cmd: traceCmd},
 		{cmd: versionCmd},
 		{cmd: manCmd},

@@ -175,7 +175,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		}
 	}, log)
 	groups := NewUplinkGroups(cfg.Node, cfg.Uplink, log)
-	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Purger: purger, Log: log, Groups: groups,
+	obs := NewObserver(cfg.Node, k, log)
+	engine.Observe(obs.ARP)
+	wg.Add(1)
+	go func() { defer wg.Done(); obs.Run(ctx, s) }()
+	a.Router().SetWork(&RouterWork{Kernel: k, Engine: engine, Claims: claims, Purger: purger, Log: log, Groups: groups, Observer: obs,
 		SlowPath: &SlowPath{Sock: sock, DHCP: dhcpd, ARP: engine, Claims: claims, Shares: a.Shares(),
 			Log: ratelog.New(log, 5, time.Second, nil)}})
 	// Each feature's own work (the router's: the ARP engine, the drop log,

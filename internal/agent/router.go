@@ -69,6 +69,9 @@ type RouterWork struct {
 	// Groups keeps the uplink joined to its scopes' multicast groups
 	// (mcast.go); nil: left alone.
 	Groups *UplinkGroups
+	// Observer takes the datapath's events to onehop observe; nil: only
+	// the drop log reads them.
+	Observer *Observer
 }
 
 func newRouter(dp Datapath, uplink string, log *slog.Logger) *Router {
@@ -114,6 +117,8 @@ func (r *Router) Maps() []feature.Map {
 		own("drops", "per-CPU counters, for as long as the pins"),
 		own("forwards", "per-CPU counters, for as long as the pins"),
 		own("drop_events", "ring buffer: a record lives until the agent reads it (256 KiB; a full ring drops records, not counts)"),
+		rec("observe_config"),
+		own("observe_budget", "per-CPU bucket per farm id, for as long as the pins: lost events count up"),
 		own("slowpath", "ring buffer: a frame lives until the agent reads it (256 KiB; full: agent_busy)"),
 	}
 }
@@ -340,7 +345,7 @@ func (r *Router) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); w.Purger.Run(ctx) }()
 	go func() {
 		defer wg.Done()
-		LogDrops(events, w.Kernel.DropReason, ifname, ratelog.New(w.Log, 5, time.Second, nil))
+		LogDrops(events, w.Kernel.DropReason, ifname, ratelog.New(w.Log, 5, time.Second, nil), w.Observer)
 	}()
 	go func() { defer wg.Done(); w.SlowPath.Serve(slow, w.Log) }()
 	<-ctx.Done()

@@ -75,6 +75,10 @@ type Engine struct {
 	log   *slog.Logger
 	rl    *ratelog.Logger // every line a VM can cause
 
+	// observe, when set, is told of each question asked and each one
+	// answered (onehop observe); called with mu held, it must not block.
+	observe func(answered bool, vm netip.Addr, host net.HardwareAddr)
+
 	mu         sync.Mutex
 	pending    map[netip.Addr]*resolution
 	refreshing map[netip.Addr]*probe
@@ -128,6 +132,12 @@ func New(cfg Config, table Table, send func([]byte) error, now func() time.Durat
 		pending: map[netip.Addr]*resolution{}, refreshing: map[netip.Addr]*probe{},
 		negative: map[netip.Addr]time.Duration{}, lastKnown: map[netip.Addr]net.HardwareAddr{}}, nil
 }
+
+// Observe makes f be told of each question the engine asks (answered
+// false, host the address asked: a scope's multicast or the last known
+// host) and each one answered (host: where vm lives); f must not block.
+// Call it before the engine runs.
+func (e *Engine) Observe(f func(answered bool, vm netip.Addr, host net.HardwareAddr)) { e.observe = f }
 
 // Hold takes a frame the datapath could not send: complete but for the
 // destination host's MAC. origLen is the frame's real length; a frame cut
@@ -193,6 +203,9 @@ func (e *Engine) ask(ip netip.Addr, r *resolution, now time.Duration) {
 		e.stats.MulticastRequests++
 	}
 	r.askedAt = now
+	if e.observe != nil {
+		e.observe(false, ip, to)
+	}
 	if err := e.send(Request(to, e.cfg.HostMAC, e.cfg.HostIP, ip)); err != nil {
 		e.rl.Warn(logKey("send", ip), "ARP engine: cannot send question", "vm", ip, "to", to, "err", err)
 	}
@@ -214,6 +227,9 @@ func (e *Engine) resolved(ip netip.Addr, r *resolution, mac net.HardwareAddr) {
 	delete(e.pending, ip)
 	delete(e.lastKnown, ip)
 	e.stats.Resolved++
+	if e.observe != nil {
+		e.observe(true, ip, mac)
+	}
 	for _, f := range r.held {
 		e.release(f, mac)
 	}

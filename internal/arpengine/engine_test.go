@@ -3,10 +3,12 @@ package arpengine
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -83,6 +85,10 @@ func heldFrame(ip netip.Addr, payload byte) []byte {
 
 func TestFirstPacketAsksTheSubnetAndIsReleasedWhenAnswered(t *testing.T) {
 	r := newRig(t, Config{})
+	var observed []string
+	r.e.Observe(func(answered bool, vm netip.Addr, host net.HardwareAddr) {
+		observed = append(observed, fmt.Sprint(answered, vm, host))
+	})
 	r.e.Hold(heldFrame(db1, 1), 42)
 	r.e.Hold(heldFrame(db1, 2), 42)
 	sent := r.takeSent()
@@ -108,6 +114,11 @@ func TestFirstPacketAsksTheSubnetAndIsReleasedWhenAnswered(t *testing.T) {
 	st := r.e.Stats()
 	if st.MulticastRequests != 1 || st.Resolved != 1 || st.Held != 2 || st.Released != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+	// onehop observe hears the question and the answer.
+	want := []string{fmt.Sprint(false, db1, ScopeMAC(db1)), fmt.Sprint(true, db1, net.HardwareAddr(h2))}
+	if !slices.Equal(observed, want) {
+		t.Fatalf("observed %q, want %q", observed, want)
 	}
 }
 

@@ -43,6 +43,7 @@ func (c *Controller) routes() *router {
 		c.auditRoutes,
 		c.versionRoutes,
 		c.planRoutes,
+		c.observeRoutes,
 		c.traceRoutes,
 	} {
 		register(mux)

@@ -224,20 +224,28 @@ func (c *Controller) stopCapture(name string) {
 // does not have, would lose its running captures here (its hosts stop
 // copying to it), hence a warning naming each record removed.
 func (c *Controller) ClearCaptures(ctx context.Context) ([]string, error) {
-	kvs, _, err := c.raw.List(ctx, intent.TapCapturesPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("list capture records: %w", err)
-	}
-	// By key, not by what a record says: one that does not decode goes too.
-	keys := slices.Sorted(maps.Keys(kvs))
 	var gone []string
-	for _, k := range keys {
-		if err := c.store.Delete(ctx, k); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return gone, fmt.Errorf("delete capture record %s: %w", k, err)
-		}
+	err := c.clearRecords(ctx, intent.TapCapturesPrefix, "capture", func(k string, v []byte) {
 		name := strings.TrimPrefix(k, intent.TapCapturesPrefix)
-		c.log.Warn("tap capture: removed the record of a capture whose controller stopped mid-capture; its hosts stop copying to it", "tap", name, "record", string(kvs[k]))
+		c.log.Warn("tap capture: removed the record of a capture whose controller stopped mid-capture; its hosts stop copying to it", "tap", name, "record", string(v))
 		gone = append(gone, name)
+	})
+	return gone, err
+}
+
+// clearRecords deletes every record under prefix (what names them in an
+// error), in key order, telling deleted of each: by key, not by what a
+// record says, so one that does not decode goes too.
+func (c *Controller) clearRecords(ctx context.Context, prefix, what string, deleted func(key string, value []byte)) error {
+	kvs, _, err := c.raw.List(ctx, prefix)
+	if err != nil {
+		return fmt.Errorf("list %s records: %w", what, err)
 	}
-	return gone, nil
+	for _, k := range slices.Sorted(maps.Keys(kvs)) {
+		if err := c.store.Delete(ctx, k); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("delete %s record %s: %w", what, k, err)
+		}
+		deleted(k, kvs[k])
+	}
+	return nil
 }

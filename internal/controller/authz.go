@@ -82,6 +82,7 @@ var routeScopes = map[string]scope{
 	"PUT /v1/taps/{name}":                   scopeTap,
 	"DELETE /v1/taps/{name}":                scopeTap,
 	"GET /v1/taps/{name}/capture":           scopeTap,
+	"GET /v1/observe":                       scopeOwnFarm, // a tenant's stream carries its own farm's events only (observeFilter)
 	"GET /v1/lisp/mappings":                 scopeAdmin,
 	"POST /v1/lisp/mappings":                scopeAdmin,
 	"GET /v1/lisp/mappings/{addr}/{len}":    scopeAdmin,

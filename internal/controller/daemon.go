@@ -247,6 +247,9 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	if _, err := c.ClearCaptures(ctx); err != nil {
 		return err
 	}
+	if err := c.ClearObserves(ctx); err != nil {
+		return err
+	}
 	// Every host's agent has its etcd user before the local tools (the
 	// lab) find the store answering and start agents.
 	if err := c.SyncAgentUsers(ctx); err != nil {

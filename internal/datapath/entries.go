@@ -27,8 +27,11 @@ type (
 	VifInfo = vifVifInfo
 	// NodeConfig is the node's single config slot.
 	NodeConfig = vifNodeConfig
-	// DropEvent is one ring-buffer record of a drop.
-	DropEvent = vifDropEvent
+	// ObserveEvent is one record of the drop_events ring: a drop, or a
+	// flow admitted while someone observes (bpf/lib/observe.h).
+	ObserveEvent = vifObserveEvent
+	// ObserveLimits are the per-farm event bounds and the flows switch.
+	ObserveLimits = vifObserveLimits
 	// VisKey is a visibility rule's key.
 	VisKey = vifVisKey
 	// FwKey, FwRule, FwPolicyKey and FwPolicy hold a VM's firewall.

@@ -125,6 +125,21 @@ type uplinkNodeConfig struct {
 	Features      uint32
 }
 
+type uplinkObserveBucket struct {
+	_      structs.HostLayout
+	Stamp  uint64
+	Tokens uint64
+	Lost   uint64
+}
+
+type uplinkObserveLimits struct {
+	_          structs.HostLayout
+	Flows      uint32
+	NsPerEvent uint32
+	Burst      uint32
+	Pad        uint32
+}
+
 type uplinkPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
@@ -355,6 +370,8 @@ const (
 	uplinkMapHosts                = "hosts"
 	uplinkMapMappingClaims        = "mapping_claims"
 	uplinkMapMappings             = "mappings"
+	uplinkMapObserveBudget        = "observe_budget"
+	uplinkMapObserveConfig        = "observe_config"
 	uplinkMapPortspaceAddrs       = "portspace_addrs"
 	uplinkMapPortspaceCgroups     = "portspace_cgroups"
 	uplinkMapPortspaceConfig      = "portspace_config"
@@ -461,6 +478,8 @@ type uplinkMapSpecs struct {
 	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	ObserveBudget        *ebpf.MapSpec `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.MapSpec `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
@@ -543,6 +562,8 @@ type uplinkMaps struct {
 	Hosts                *ebpf.Map `ebpf:"hosts"`
 	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings             *ebpf.Map `ebpf:"mappings"`
+	ObserveBudget        *ebpf.Map `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.Map `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
@@ -588,6 +609,8 @@ func (m *uplinkMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.ObserveBudget,
+		m.ObserveConfig,
 		m.PortspaceAddrs,
 		m.PortspaceCgroups,
 		m.PortspaceConfig,

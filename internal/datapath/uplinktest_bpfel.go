@@ -125,6 +125,21 @@ type uplinkTestNodeConfig struct {
 	Features      uint32
 }
 
+type uplinkTestObserveBucket struct {
+	_      structs.HostLayout
+	Stamp  uint64
+	Tokens uint64
+	Lost   uint64
+}
+
+type uplinkTestObserveLimits struct {
+	_          structs.HostLayout
+	Flows      uint32
+	NsPerEvent uint32
+	Burst      uint32
+	Pad        uint32
+}
+
 type uplinkTestPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
@@ -362,6 +377,8 @@ const (
 	uplinkTestMapHosts                = "hosts"
 	uplinkTestMapMappingClaims        = "mapping_claims"
 	uplinkTestMapMappings             = "mappings"
+	uplinkTestMapObserveBudget        = "observe_budget"
+	uplinkTestMapObserveConfig        = "observe_config"
 	uplinkTestMapPortspaceAddrs       = "portspace_addrs"
 	uplinkTestMapPortspaceCgroups     = "portspace_cgroups"
 	uplinkTestMapPortspaceConfig      = "portspace_config"
@@ -470,6 +487,8 @@ type uplinkTestMapSpecs struct {
 	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	ObserveBudget        *ebpf.MapSpec `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.MapSpec `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
@@ -554,6 +573,8 @@ type uplinkTestMaps struct {
 	Hosts                *ebpf.Map `ebpf:"hosts"`
 	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings             *ebpf.Map `ebpf:"mappings"`
+	ObserveBudget        *ebpf.Map `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.Map `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
@@ -600,6 +621,8 @@ func (m *uplinkTestMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.ObserveBudget,
+		m.ObserveConfig,
 		m.PortspaceAddrs,
 		m.PortspaceCgroups,
 		m.PortspaceConfig,

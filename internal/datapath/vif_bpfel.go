@@ -38,16 +38,6 @@ type vifCtKey struct {
 	Pad   [3]uint8
 }
 
-type vifDropEvent struct {
-	_         structs.HostLayout
-	Reason    uint32
-	Ifindex   uint32
-	Saddr     uint32
-	Daddr     uint32
-	Smac      [6]uint8
-	Ethertype uint16
-}
-
 type vifDropReason uint32
 
 const (
@@ -228,6 +218,45 @@ type vifNodeConfig struct {
 	VmMask        uint32
 	PolicyEpoch   uint32
 	Features      uint32
+}
+
+type vifObserveBucket struct {
+	_      structs.HostLayout
+	Stamp  uint64
+	Tokens uint64
+	Lost   uint64
+}
+
+type vifObserveEvent struct {
+	_         structs.HostLayout
+	Kind      uint32
+	Reason    uint32
+	Ifindex   uint32
+	Farm      uint32
+	Saddr     uint32
+	Daddr     uint32
+	Sport     uint16
+	Dport     uint16
+	Proto     uint8
+	Pad       uint8
+	Ethertype uint16
+	Smac      [6]uint8
+	Pad2      uint16
+}
+
+type vifObserveKind uint32
+
+const (
+	vifObserveKindOBSERVE_DROP vifObserveKind = 0
+	vifObserveKindOBSERVE_FLOW vifObserveKind = 1
+)
+
+type vifObserveLimits struct {
+	_          structs.HostLayout
+	Flows      uint32
+	NsPerEvent uint32
+	Burst      uint32
+	Pad        uint32
 }
 
 type vifPortspaceCounters struct {
@@ -534,6 +563,8 @@ const (
 	vifMapHosts                = "hosts"
 	vifMapMappingClaims        = "mapping_claims"
 	vifMapMappings             = "mappings"
+	vifMapObserveBudget        = "observe_budget"
+	vifMapObserveConfig        = "observe_config"
 	vifMapPortspaceAddrs       = "portspace_addrs"
 	vifMapPortspaceCgroups     = "portspace_cgroups"
 	vifMapPortspaceConfig      = "portspace_config"
@@ -564,11 +595,14 @@ const (
 	vifMapVmShares             = "vm_shares"
 	vifProgVifIngress          = "vif_ingress"
 	vifProgVifMacvtapGuard     = "vif_macvtap_guard"
-	vifVarDropEventType        = "_drop_event_type"
 	vifVarDropReasonType       = "_drop_reason_type"
 	vifVarFeatureBitType       = "_feature_bit_type"
 	vifVarForwardPathType      = "_forward_path_type"
 	vifVarGuestMarkType        = "_guest_mark_type"
+	vifVarObserveBucketType    = "_observe_bucket_type"
+	vifVarObserveEventType     = "_observe_event_type"
+	vifVarObserveKindType      = "_observe_kind_type"
+	vifVarObserveLimitsType    = "_observe_limits_type"
 	vifVarRedirectKindType     = "_redirect_kind_type"
 	vifVarShareKindType        = "_share_kind_type"
 	vifVarSlowpathEventType    = "_slowpath_event_type"
@@ -651,6 +685,8 @@ type vifMapSpecs struct {
 	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	ObserveBudget        *ebpf.MapSpec `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.MapSpec `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
@@ -685,11 +721,14 @@ type vifMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifVariableSpecs struct {
-	DropEventType     *ebpf.VariableSpec `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.VariableSpec `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
 	GuestMarkType     *ebpf.VariableSpec `ebpf:"_guest_mark_type"`
+	ObserveBucketType *ebpf.VariableSpec `ebpf:"_observe_bucket_type"`
+	ObserveEventType  *ebpf.VariableSpec `ebpf:"_observe_event_type"`
+	ObserveKindType   *ebpf.VariableSpec `ebpf:"_observe_kind_type"`
+	ObserveLimitsType *ebpf.VariableSpec `ebpf:"_observe_limits_type"`
 	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
@@ -742,6 +781,8 @@ type vifMaps struct {
 	Hosts                *ebpf.Map `ebpf:"hosts"`
 	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings             *ebpf.Map `ebpf:"mappings"`
+	ObserveBudget        *ebpf.Map `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.Map `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
@@ -787,6 +828,8 @@ func (m *vifMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.ObserveBudget,
+		m.ObserveConfig,
 		m.PortspaceAddrs,
 		m.PortspaceCgroups,
 		m.PortspaceConfig,
@@ -822,11 +865,14 @@ func (m *vifMaps) Close() error {
 //
 // It can be passed to loadVifObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifVariables struct {
-	DropEventType     *ebpf.Variable `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.Variable `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
 	GuestMarkType     *ebpf.Variable `ebpf:"_guest_mark_type"`
+	ObserveBucketType *ebpf.Variable `ebpf:"_observe_bucket_type"`
+	ObserveEventType  *ebpf.Variable `ebpf:"_observe_event_type"`
+	ObserveKindType   *ebpf.Variable `ebpf:"_observe_kind_type"`
+	ObserveLimitsType *ebpf.Variable `ebpf:"_observe_limits_type"`
 	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`

@@ -125,6 +125,21 @@ type vifTestNodeConfig struct {
 	Features      uint32
 }
 
+type vifTestObserveBucket struct {
+	_      structs.HostLayout
+	Stamp  uint64
+	Tokens uint64
+	Lost   uint64
+}
+
+type vifTestObserveLimits struct {
+	_          structs.HostLayout
+	Flows      uint32
+	NsPerEvent uint32
+	Burst      uint32
+	Pad        uint32
+}
+
 type vifTestPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
@@ -373,6 +388,8 @@ const (
 	vifTestMapHosts                = "hosts"
 	vifTestMapMappingClaims        = "mapping_claims"
 	vifTestMapMappings             = "mappings"
+	vifTestMapObserveBudget        = "observe_budget"
+	vifTestMapObserveConfig        = "observe_config"
 	vifTestMapPortspaceAddrs       = "portspace_addrs"
 	vifTestMapPortspaceCgroups     = "portspace_cgroups"
 	vifTestMapPortspaceConfig      = "portspace_config"
@@ -404,11 +421,14 @@ const (
 	vifTestMapVmShares             = "vm_shares"
 	vifTestProgVifIngress          = "vif_ingress"
 	vifTestProgVifMacvtapGuard     = "vif_macvtap_guard"
-	vifTestVarDropEventType        = "_drop_event_type"
 	vifTestVarDropReasonType       = "_drop_reason_type"
 	vifTestVarFeatureBitType       = "_feature_bit_type"
 	vifTestVarForwardPathType      = "_forward_path_type"
 	vifTestVarGuestMarkType        = "_guest_mark_type"
+	vifTestVarObserveBucketType    = "_observe_bucket_type"
+	vifTestVarObserveEventType     = "_observe_event_type"
+	vifTestVarObserveKindType      = "_observe_kind_type"
+	vifTestVarObserveLimitsType    = "_observe_limits_type"
 	vifTestVarRedirectKindType     = "_redirect_kind_type"
 	vifTestVarRedirectTraceType    = "_redirect_trace_type"
 	vifTestVarShareKindType        = "_share_kind_type"
@@ -492,6 +512,8 @@ type vifTestMapSpecs struct {
 	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
 	MappingClaims        *ebpf.MapSpec `ebpf:"mapping_claims"`
 	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	ObserveBudget        *ebpf.MapSpec `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.MapSpec `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
@@ -527,11 +549,14 @@ type vifTestMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifTestVariableSpecs struct {
-	DropEventType     *ebpf.VariableSpec `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.VariableSpec `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.VariableSpec `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.VariableSpec `ebpf:"_forward_path_type"`
 	GuestMarkType     *ebpf.VariableSpec `ebpf:"_guest_mark_type"`
+	ObserveBucketType *ebpf.VariableSpec `ebpf:"_observe_bucket_type"`
+	ObserveEventType  *ebpf.VariableSpec `ebpf:"_observe_event_type"`
+	ObserveKindType   *ebpf.VariableSpec `ebpf:"_observe_kind_type"`
+	ObserveLimitsType *ebpf.VariableSpec `ebpf:"_observe_limits_type"`
 	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
@@ -585,6 +610,8 @@ type vifTestMaps struct {
 	Hosts                *ebpf.Map `ebpf:"hosts"`
 	MappingClaims        *ebpf.Map `ebpf:"mapping_claims"`
 	Mappings             *ebpf.Map `ebpf:"mappings"`
+	ObserveBudget        *ebpf.Map `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.Map `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
@@ -631,6 +658,8 @@ func (m *vifTestMaps) Close() error {
 		m.Hosts,
 		m.MappingClaims,
 		m.Mappings,
+		m.ObserveBudget,
+		m.ObserveConfig,
 		m.PortspaceAddrs,
 		m.PortspaceCgroups,
 		m.PortspaceConfig,
@@ -667,11 +696,14 @@ func (m *vifTestMaps) Close() error {
 //
 // It can be passed to loadVifTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifTestVariables struct {
-	DropEventType     *ebpf.Variable `ebpf:"_drop_event_type"`
 	DropReasonType    *ebpf.Variable `ebpf:"_drop_reason_type"`
 	FeatureBitType    *ebpf.Variable `ebpf:"_feature_bit_type"`
 	ForwardPathType   *ebpf.Variable `ebpf:"_forward_path_type"`
 	GuestMarkType     *ebpf.Variable `ebpf:"_guest_mark_type"`
+	ObserveBucketType *ebpf.Variable `ebpf:"_observe_bucket_type"`
+	ObserveEventType  *ebpf.Variable `ebpf:"_observe_event_type"`
+	ObserveKindType   *ebpf.Variable `ebpf:"_observe_kind_type"`
+	ObserveLimitsType *ebpf.Variable `ebpf:"_observe_limits_type"`
 	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	RedirectTraceType *ebpf.Variable `ebpf:"_redirect_trace_type"`
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`

@@ -12,10 +12,11 @@ package intent
 // host's node record (whom the datapath hears from the fabric), and the VM
 // records (a fabric claim that a VM moved is believed only where the store
 // places it: agent/claims.go; a deleted VM's learned mapping is forgotten:
-// agent/purge.go), and the cloud's address plan. It also reads the trace
-// requests for its host (TraceRequestsPrefix).
+// agent/purge.go), the cloud's address plan, and the running onehop observe
+// streams (where to publish its events). It also reads the trace requests
+// for its host (TraceRequestsPrefix).
 func AgentReads(host string) []string {
-	return []string{DesiredHostPrefix(host), FarmStatePrefix, NodesPrefix, VMsPrefix, PlanKey, TraceRequestsPrefix + host + "/"}
+	return []string{DesiredHostPrefix(host), FarmStatePrefix, NodesPrefix, VMsPrefix, PlanKey, ObservePrefix, TraceRequestsPrefix + host + "/"}
 }
 
 // AgentWrites are the only keys host's agent writes: its node record

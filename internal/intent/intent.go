@@ -46,8 +46,12 @@ const (
 	// hold: the VM part of the allocations, one small key per subnet, so
 	// that creating a VM rewrites at most 253 entries rather than every
 	// VM's.
-	VMIDsPrefix   = Prefix + "vmids/"
-	NodesPrefix   = Root + "nodes/"
+	VMIDsPrefix = Prefix + "vmids/"
+	NodesPrefix = Root + "nodes/"
+	// ObservePrefix holds the running onehop observe streams (+ ID, an
+	// observe.Subscription): every agent reads them and publishes its
+	// events to the ones that want them. Not intent: nothing compiles it.
+	ObservePrefix = Root + "observe/"
 	DesiredPrefix = Root + "desired/"
 	StatusPrefix  = Root + "status/"
 	// LISPMappingsPrefix holds the map-server's mappings, one key per EID

@@ -158,6 +158,21 @@ type portspaceNodeConfig struct {
 	Features      uint32
 }
 
+type portspaceObserveBucket struct {
+	_      structs.HostLayout
+	Stamp  uint64
+	Tokens uint64
+	Lost   uint64
+}
+
+type portspaceObserveLimits struct {
+	_          structs.HostLayout
+	Flows      uint32
+	NsPerEvent uint32
+	Burst      uint32
+	Pad        uint32
+}
+
 type portspacePortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
@@ -335,6 +350,8 @@ const (
 	portspaceMapFirewalls              = "firewalls"
 	portspaceMapForwards               = "forwards"
 	portspaceMapMappings               = "mappings"
+	portspaceMapObserveBudget          = "observe_budget"
+	portspaceMapObserveConfig          = "observe_config"
 	portspaceMapPortspaceAddrs         = "portspace_addrs"
 	portspaceMapPortspaceCgroups       = "portspace_cgroups"
 	portspaceMapPortspaceConfig        = "portspace_config"
@@ -442,6 +459,8 @@ type portspaceMapSpecs struct {
 	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
 	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	ObserveBudget        *ebpf.MapSpec `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.MapSpec `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
@@ -523,6 +542,8 @@ type portspaceMaps struct {
 	Firewalls            *ebpf.Map `ebpf:"firewalls"`
 	Forwards             *ebpf.Map `ebpf:"forwards"`
 	Mappings             *ebpf.Map `ebpf:"mappings"`
+	ObserveBudget        *ebpf.Map `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.Map `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
@@ -558,6 +579,8 @@ func (m *portspaceMaps) Close() error {
 		m.Firewalls,
 		m.Forwards,
 		m.Mappings,
+		m.ObserveBudget,
+		m.ObserveConfig,
 		m.PortspaceAddrs,
 		m.PortspaceCgroups,
 		m.PortspaceConfig,

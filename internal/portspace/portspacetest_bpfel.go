@@ -103,6 +103,21 @@ type portspaceTestNodeConfig struct {
 	Features      uint32
 }
 
+type portspaceTestObserveBucket struct {
+	_      structs.HostLayout
+	Stamp  uint64
+	Tokens uint64
+	Lost   uint64
+}
+
+type portspaceTestObserveLimits struct {
+	_          structs.HostLayout
+	Flows      uint32
+	NsPerEvent uint32
+	Burst      uint32
+	Pad        uint32
+}
+
 type portspaceTestPortspaceCounters struct {
 	_          structs.HostLayout
 	PacketsIn  uint64
@@ -279,6 +294,8 @@ const (
 	portspaceTestMapFirewalls              = "firewalls"
 	portspaceTestMapForwards               = "forwards"
 	portspaceTestMapMappings               = "mappings"
+	portspaceTestMapObserveBudget          = "observe_budget"
+	portspaceTestMapObserveConfig          = "observe_config"
 	portspaceTestMapPortspaceAddrs         = "portspace_addrs"
 	portspaceTestMapPortspaceCgroups       = "portspace_cgroups"
 	portspaceTestMapPortspaceConfig        = "portspace_config"
@@ -388,6 +405,8 @@ type portspaceTestMapSpecs struct {
 	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
 	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
 	Mappings             *ebpf.MapSpec `ebpf:"mappings"`
+	ObserveBudget        *ebpf.MapSpec `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.MapSpec `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.MapSpec `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.MapSpec `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.MapSpec `ebpf:"portspace_config"`
@@ -471,6 +490,8 @@ type portspaceTestMaps struct {
 	Firewalls            *ebpf.Map `ebpf:"firewalls"`
 	Forwards             *ebpf.Map `ebpf:"forwards"`
 	Mappings             *ebpf.Map `ebpf:"mappings"`
+	ObserveBudget        *ebpf.Map `ebpf:"observe_budget"`
+	ObserveConfig        *ebpf.Map `ebpf:"observe_config"`
 	PortspaceAddrs       *ebpf.Map `ebpf:"portspace_addrs"`
 	PortspaceCgroups     *ebpf.Map `ebpf:"portspace_cgroups"`
 	PortspaceConfig      *ebpf.Map `ebpf:"portspace_config"`
@@ -507,6 +528,8 @@ func (m *portspaceTestMaps) Close() error {
 		m.Firewalls,
 		m.Forwards,
 		m.Mappings,
+		m.ObserveBudget,
+		m.ObserveConfig,
 		m.PortspaceAddrs,
 		m.PortspaceCgroups,
 		m.PortspaceConfig,
