@@ -25,7 +25,10 @@
 //     VNAT, VNAT with nothing migrated, every connection migrated), with
 //     request/response and connection setup rates too; vnat-restore: the
 //     time to restore 10 to 10,000 connections after a move, with the real
-//     daemons (scenario_vnat*.go, docs/connection-migration.md).
+//     daemons (scenario_vnat*.go, docs/connection-migration.md);
+//   - trace: `onehop trace` latency on a two-host path, p50 and p99,
+//     beside a plain API read in the same run (scenario_trace.go,
+//     docs/troubleshooting.md).
 //
 // Per scenario and round it takes single-stream TCP throughput (iperf3,
 // cubic) and the CPU time the whole machine spent per GB of it (cpu.go says

@@ -65,7 +65,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	for _, s := range scenarios {
 		all = append(all, s.Name)
 	}
-	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "tapguest", "tapguest-plain", "cni", "sliver", "pshost", "nat", "tapped", "observed", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone", "vnat-base", "vnat1", "vnat2", "vnat-restore", "api-authz"}; !reflect.DeepEqual(all, want) {
+	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "tapguest", "tapguest-plain", "cni", "sliver", "pshost", "nat", "tapped", "observed", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone", "vnat-base", "vnat1", "vnat2", "vnat-restore", "api-authz", "trace"}; !reflect.DeepEqual(all, want) {
 		t.Fatalf("scenarios %v, want %v", all, want)
 	}
 	comps, err := Comparisons(scenarios, all)

@@ -29,4 +29,5 @@ var scenarios = []*Scenario{
 	vnat2Scenario,
 	vnatRestoreScenario,
 	apiAuthzScenario,
+	traceScenario,
 }

@@ -151,7 +151,7 @@ static __always_inline void copy_to_members(struct __sk_buff *skb, const struct 
 					    __be32 saddr, __u8 ttl, __u8 proto, __u16 port, __u8 gen)
 {
 	struct scope_info *info = bpf_map_lookup_elem(&scopes, k);
-	if (!info)
+	if (!info || trace_mode) /* a copy is sent at once, even from BPF_PROG_RUN */
 		return;
 	__u32 n = info->count;
 	if (n > MAX_SCOPE_MEMBERS)

@@ -8,6 +8,7 @@
 #define ONEHOP_CONNTRACK_H
 
 #include "conntrack_maps.h"
+#include "trace.h"
 
 /* Idle flows stop letting packets in after this long. */
 #define CT_TIMEOUT_NS (300ULL * 1000000000ULL)
@@ -52,7 +53,7 @@ static __always_inline int ct_live(const struct ct_entry *e, __u64 now)
 
 static __always_inline void ct_touch(struct ct_entry *e, __u64 now)
 {
-	if (now - e->last_seen_ns > CT_TOUCH_STEP_NS)
+	if (!trace_mode && now - e->last_seen_ns > CT_TOUCH_STEP_NS)
 		e->last_seen_ns = now;
 }
 
@@ -62,6 +63,8 @@ static __always_inline void ct_touch(struct ct_entry *e, __u64 now)
  * not, since it was never checked against the rules in force. */
 static __always_inline void ct_open(const struct ct_key *k, struct ct_entry *old, __u8 dir, __u32 epoch, __u64 now)
 {
+	if (trace_mode)
+		return;
 	struct ct_entry fresh = {.last_seen_ns = now, .epoch = epoch, .opened = dir};
 	if (old && old->epoch == epoch && ct_live(old, now) && !(old->opened & CT_CUT))
 		fresh.opened |= old->opened;

@@ -5,6 +5,7 @@
 #define ONEHOP_COUNTER_MAPS_H
 
 #include "common.h"
+#include "trace.h"
 
 /* Per-CPU so counting costs no atomic on the hot path. */
 struct {
@@ -31,6 +32,10 @@ struct {
 
 static __always_inline void count_forward(__u32 path)
 {
+	if (trace_mode) {
+		trace_forward(path);
+		return;
+	}
 	__u64 *n = bpf_map_lookup_elem(&forwards, &path);
 	if (n)
 		*n += 1;

@@ -6,10 +6,15 @@
 #include "parse.h"
 #include "route.h"
 #include "observe.h"
+#include "trace.h"
 
 /* Counts a drop that is routine enough not to be worth a log line. */
 static __always_inline int drop_quietly(__u32 reason)
 {
+	if (trace_mode) {
+		trace_drop(reason);
+		return TC_ACT_SHOT;
+	}
 	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
 	if (n)
 		*n += 1;
@@ -32,6 +37,10 @@ static __always_inline __u32 drop_farm(__u32 ifindex, __be32 saddr)
 
 static __always_inline int drop_packet(struct __sk_buff *skb, struct packet *pkt, __u32 reason)
 {
+	if (trace_mode) {
+		trace_drop(reason);
+		return TC_ACT_SHOT;
+	}
 	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
 	if (n)
 		*n += 1;

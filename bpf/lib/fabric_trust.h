@@ -61,7 +61,7 @@ static __always_inline int fabric_sender(const struct node_config *cfg, __be32 s
 			 * well as an ARP reply would: a flow in both directions never
 			 * needs a refresh question. */
 			__u64 now = packet_now(pkt);
-			if (now - m->confirmed_ns > MAPPING_USE_STEP_NS)
+			if (!trace_mode && now - m->confirmed_ns > MAPPING_USE_STEP_NS)
 				m->confirmed_ns = now;
 			return DROP_NONE;
 		}
@@ -87,7 +87,8 @@ static __always_inline int claim_to_agent(struct __sk_buff *skb, struct packet *
 		return drop_quietly(DROP_CLAIM_LIMITED);
 	struct claim_seen seen = {.at_ns = now};
 	mac_copy(seen.host_mac, pkt->eth->h_source);
-	bpf_map_update_elem(&mapping_claims, &ip, &seen, BPF_ANY);
+	if (!trace_mode)
+		bpf_map_update_elem(&mapping_claims, &ip, &seen, BPF_ANY);
 	return punt_to_agent(skb, pkt, SLOW_MAPPING_CLAIM);
 }
 

@@ -42,7 +42,7 @@ static __always_inline int admit_fragments(struct packet *pkt, int fw_src, int f
 	if ((p == IPPROTO_TCP_ || p == IPPROTO_UDP_ || p == IPPROTO_ICMP_) && !l4_of(pkt).known)
 		return DROP_MALFORMED;
 	int reason = admit(pkt, fw_src, fw_dst, epoch, owner);
-	if (!reason)
+	if (!reason && !trace_mode)
 		bpf_map_update_elem(&frag_flows, &k, &now, BPF_ANY);
 	return reason;
 }

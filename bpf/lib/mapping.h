@@ -24,7 +24,7 @@ static __always_inline struct mapping *mapping_for_send(__be32 ip, __u64 now)
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
 	if (!m || mac_is_zero(m->host_mac))
 		return 0;
-	if (now - m->used_ns > MAPPING_USE_STEP_NS)
+	if (!trace_mode && now - m->used_ns > MAPPING_USE_STEP_NS)
 		m->used_ns = now;
 	return m;
 }
@@ -41,9 +41,13 @@ static __always_inline int learn_mapping(__be32 ip, const __u8 *host_mac, __u64 
 	if (m && !mac_is_zero(m->host_mac)) {
 		if (!mac_equal(m->host_mac, host_mac))
 			return 1;
+		if (trace_mode)
+			return 0;
 		m->confirmed_ns = now;
 		return 0;
 	}
+	if (trace_mode)
+		return 0;
 	struct mapping fresh = {.confirmed_ns = now, .used_ns = now};
 	mac_copy(fresh.host_mac, host_mac);
 	/* Written as a whole new value: a reader on another CPU sees the
@@ -58,7 +62,8 @@ static __always_inline int learn_mapping(__be32 ip, const __u8 *host_mac, __u64 
  * lost). The answer is a claim the agent checks against the store. */
 static __always_inline void mapping_doubted(struct mapping *m)
 {
-	m->confirmed_ns = 0;
+	if (!trace_mode)
+		m->confirmed_ns = 0;
 }
 
 /* Whether a VM's ARP for ip may go to the fabric now: once per
@@ -67,6 +72,8 @@ static __always_inline void mapping_doubted(struct mapping *m)
 static __always_inline int may_ask_fabric(__be32 ip, __be32 asker, __u64 now)
 {
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (trace_mode)
+		return !m || !mac_is_zero(m->host_mac) || now - m->confirmed_ns >= MAPPING_ASK_INTERVAL_NS;
 	if (m) {
 		if (!mac_is_zero(m->host_mac)) /* learned meanwhile: ask anyway, the reply refreshes it */
 			return 1;
@@ -94,6 +101,15 @@ static __always_inline int may_ask_fabric(__be32 ip, __be32 asker, __u64 now)
 static __always_inline int may_hold(__be32 ip, __be32 sender, __u64 now)
 {
 	struct mapping *m = bpf_map_lookup_elem(&mappings, &ip);
+	if (trace_mode) { /* the same answer, nothing asked nor counted */
+		struct trace_record *t = trace_rec();
+		if (!m || now - m->confirmed_ns >= MAPPING_ASK_INTERVAL_NS) {
+			if (t)
+				t->ask = 1;
+			return !m && !share_take(sender, SHARE_ASKS, now) ? HOLD_OVER_SHARE : 1;
+		}
+		return !mac_is_zero(m->host_mac) || m->held < HOLD_PER_ASK;
+	}
 	if (!m) {
 		if (!share_take(sender, SHARE_ASKS, now))
 			return HOLD_OVER_SHARE;

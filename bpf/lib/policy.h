@@ -15,6 +15,7 @@
 #include "share.h"
 #include "icmp_error.h"
 #include "observe.h"
+#include "trace.h"
 
 /* How long a first fragment's datagram is remembered (frag.h, and port
  * space's steering): a datagram's fragments leave back to back, so two
@@ -85,6 +86,29 @@ static __always_inline int icmp_error_flow(const struct packet *pkt, __u8 type, 
 	return 1;
 }
 
+/* In the trace instance, records the visibility key that decided (hit:
+ * enum trace_vis), as the agent compiled it: the controller names the rule
+ * from it (internal/trace). Returns whether a key matched. Everything it
+ * records is read from the key: keeping the packet's protocol and port
+ * live across the lookups would cost the live program stack. */
+static __always_inline int trace_vis(const struct vis_key *k, __u8 hit)
+{
+	if (trace_mode) {
+		struct trace_record *t = trace_rec();
+		if (t) {
+			t->vis = hit;
+			t->vis_gen = k->gen;
+			t->src_farm = k->src_farm;
+			t->src_subnet = k->src_subnet;
+			t->dst_farm = k->dst_farm;
+			t->dst_subnet = k->dst_subnet;
+			t->vis_proto = k->proto;
+			t->vis_port = k->port;
+		}
+	}
+	return hit != TRACE_VIS_NONE;
+}
+
 /* A global function, like firewall_allows: checked once by the verifier,
  * not once per path through the broadcast loop that calls it. */
 __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto, __u16 port, __u8 gen)
@@ -99,12 +123,28 @@ __attribute__((noinline)) int rule_allows(__be32 saddr, __be32 daddr, __u8 proto
 		.port = port,
 	};
 	if (port && bpf_map_lookup_elem(&visibility, &k))
-		return 1;
+		return trace_vis(&k, TRACE_VIS_PORT);
 	k.port = 0;
 	if (bpf_map_lookup_elem(&visibility, &k))
-		return 1;
+		return trace_vis(&k, TRACE_VIS_PROTO);
 	k.proto = 0;
-	return bpf_map_lookup_elem(&visibility, &k) != 0;
+	if (bpf_map_lookup_elem(&visibility, &k))
+		return trace_vis(&k, TRACE_VIS_ANY);
+	return trace_vis(&k, TRACE_VIS_NONE);
+}
+
+/* Records how a firewall decided (enum trace_fw), in the trace instance. */
+static __always_inline int trace_fw(__u8 dir, __u8 how, __u32 index, int allow)
+{
+	if (trace_mode) {
+		struct trace_record *t = trace_rec();
+		if (t) {
+			t->fw[dir & 1] = how;
+			t->fw_index[dir & 1] = index;
+			t->fw_allow[dir & 1] = allow;
+		}
+	}
+	return allow;
 }
 
 /* A global function: the verifier checks its rule loop once, on its own,
@@ -127,17 +167,17 @@ __attribute__((noinline)) int firewall_allows(__be32 vm, __u8 side, __be32 remot
 			break;
 		struct fw_key k = {.vm = vm, .dir = dir, .index = i, .gen = gen};
 		struct fw_rule *r = bpf_map_lookup_elem(&firewall_rules, &k);
-		if (!r)
-			return 0; /* a rule the count promises is missing: refuse, never skip a deny */
+		if (!r) /* a rule the count promises is missing: refuse, never skip a deny */
+			return trace_fw(dir, TRACE_FW_MISSING, i, 0);
 		if ((remote & r->mask) != r->net)
 			continue;
 		if (r->proto && r->proto != proto)
 			continue;
 		if (r->port_lo && (port < r->port_lo || port > r->port_hi))
 			continue;
-		return r->allow;
+		return trace_fw(dir, TRACE_FW_RULE, i, r->allow);
 	}
-	return p->default_allow[dir];
+	return trace_fw(dir, TRACE_FW_DEFAULT, 0, p->default_allow[dir]);
 }
 
 /* What the rules say about a flow from src to dst (proto, destination
@@ -185,11 +225,14 @@ static __attribute__((noinline)) int ct_recheck(struct ct_entry *e, const struct
 	if (reason) {
 		if (e->opened & CT_CUT)
 			return reason;
-		e->opened |= CT_CUT;
+		if (!trace_mode)
+			e->opened |= CT_CUT;
 		return DROP_REVOKED;
 	}
-	e->opened = way; /* only the way just checked is vouched for now */
-	e->epoch = epoch;
+	if (!trace_mode) {
+		e->opened = way; /* only the way just checked is vouched for now */
+		e->epoch = epoch;
+	}
 	return DROP_NONE;
 }
 
@@ -252,15 +295,21 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 		else if (answers && (e->opened & back))
 			way = back;
 		if (way && (e->epoch != epoch || (e->opened & CT_CUT))) {
+			if (trace_mode)
+				trace_ct(TRACE_CT_RECHECKED);
 			int reason = ct_recheck(e, &f, epoch, CT_ARGS(way, dir, fw_src, fw_dst));
 			if (reason)
 				return reason;
 		}
 		if (way) {
+			if (trace_mode && !(e->epoch != epoch || (e->opened & CT_CUT)))
+				trace_ct(way == dir ? TRACE_CT_ESTABLISHED : TRACE_CT_REPLY);
 			ct_touch(e, now);
 			return DROP_NONE;
 		}
 	}
+	if (trace_mode)
+		trace_ct(TRACE_CT_NEW);
 	__u16 port = opens ? flow_port(ip->protocol, l4.dport) : 0;
 	int reason = policy_allows(ip->saddr, ip->daddr, ip->protocol, port, fw_src, fw_dst, gen);
 	if (reason)
@@ -274,7 +323,8 @@ static __always_inline int admit(struct packet *pkt, int fw_src, int fw_dst, __u
 	if (!e && !share_take(owner, SHARE_FLOWS, now))
 		return DROP_OVER_SHARE;
 	ct_open(&k, e, dir, epoch, now);
-	observe_flow(&f, owner); /* onehop observe: a new flow, while someone observes */
+	if (!trace_mode) /* onehop observe: a new flow, while someone observes */
+		observe_flow(&f, owner);
 	return DROP_NONE;
 }
 

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "endpoint_maps.h"
+#include "trace.h"
 
 /* How a frame left: out of a device (bpf_redirect to its egress), into a
  * veth peer's namespace (bpf_redirect_peer), or as a copy (bpf_clone_redirect
@@ -21,6 +22,9 @@ enum redirect_kind {
 	REDIRECT_IN,       /* bpf_redirect to a device's ingress, as if it had arrived there */
 	REDIRECT_CLONE_IN, /* bpf_clone_redirect to a device's ingress: a copy into a macvtap guest */
 };
+
+/* In BTF for bpf2go -type: a trace names the kind of its target. */
+const enum redirect_kind *_redirect_kind_type __attribute__((unused));
 
 #ifdef ONEHOP_TEST_HOOKS
 #define REDIRECT_LOG_MAX 8
@@ -42,7 +46,6 @@ struct {
 } redirect_log SEC(".maps");
 
 const struct redirect_trace *_redirect_trace_type __attribute__((unused));
-const enum redirect_kind *_redirect_kind_type __attribute__((unused));
 
 static __always_inline void log_redirect(__u32 ifindex, __u32 kind)
 {
@@ -65,6 +68,8 @@ static __always_inline void log_redirect(__u32 ifindex, __u32 kind)
 static __always_inline int redirect_out(__u32 ifindex)
 {
 	log_redirect(ifindex, REDIRECT_OUT);
+	if (trace_mode)
+		trace_target(ifindex, REDIRECT_OUT);
 	return bpf_redirect(ifindex, 0);
 }
 
@@ -73,6 +78,8 @@ static __always_inline int redirect_out(__u32 ifindex)
 static __always_inline int redirect_peer(__u32 ifindex)
 {
 	log_redirect(ifindex, REDIRECT_PEER);
+	if (trace_mode)
+		trace_target(ifindex, REDIRECT_PEER);
 	return bpf_redirect_peer(ifindex, 0);
 }
 
@@ -82,6 +89,8 @@ static __always_inline int redirect_peer(__u32 ifindex)
 static __always_inline int redirect_in(__u32 ifindex)
 {
 	log_redirect(ifindex, REDIRECT_IN);
+	if (trace_mode)
+		trace_target(ifindex, REDIRECT_IN);
 	return bpf_redirect(ifindex, BPF_F_INGRESS);
 }
 

@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "share_maps.h"
+#include "trace.h"
 
 /* One GCRA step on the bucket *next (the theoretical arrival time of the
  * next unit): 1 when a unit is allowed now, which moves *next on by one
@@ -46,6 +47,10 @@ static __always_inline int share_take(__be32 vm, const __u32 kind, __u64 now)
 	if (!interval)
 		return 1;
 	struct vm_share *s = bpf_map_lookup_elem(&vm_shares, &vm);
+	if (trace_mode) { /* the same answer, on a copy of the bucket */
+		__u64 next = s ? s->next_ns[kind] : 0;
+		return gcra_take(&next, interval, cfg->burst_ns[kind], now);
+	}
 	if (!s) {
 		struct vm_share fresh = {};
 		fresh.next_ns[kind] = now + interval;

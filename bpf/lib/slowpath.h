@@ -60,6 +60,13 @@ static __always_inline int dhcp_class(const struct packet *pkt)
 /* Hands the frame, as it is now, to the agent; the datapath is done with it. */
 static __always_inline int punt_to_agent(struct __sk_buff *skb, struct packet *pkt, __u32 kind)
 {
+	if (trace_mode) {
+		struct trace_record *t = trace_rec();
+		if (t)
+			t->slow = kind + 1;
+		count_forward(kind == SLOW_HOLD ? FWD_HELD : FWD_TO_AGENT);
+		return TC_ACT_SHOT;
+	}
 	struct slowpath_event *ev = bpf_ringbuf_reserve(&slowpath, sizeof(*ev), 0);
 	if (!ev)
 		return drop_packet(skb, pkt, DROP_AGENT_BUSY);

@@ -451,6 +451,8 @@ static __always_inline int tap_copy_body(struct __sk_buff *skb, const struct nod
 /* Copies of a packet whose production verdict the caller returns. */
 static __noinline __attribute__((unused)) int tap_copy(struct __sk_buff *skb, const struct node_config *cfg, __u64 now)
 {
+	if (trace_mode) /* a copy is sent at once, even from BPF_PROG_RUN */
+		return 0;
 	return tap_copy_body(skb, cfg, now, 0);
 }
 
@@ -458,6 +460,8 @@ static __noinline __attribute__((unused)) int tap_copy(struct __sk_buff *skb, co
  * it was, the caller consumes the frame. */
 static __noinline __attribute__((unused)) int tap_copy_first(struct __sk_buff *skb, const struct node_config *cfg, __u64 now)
 {
+	if (trace_mode)
+		return 0;
 	return tap_copy_body(skb, cfg, now, 1);
 }
 
@@ -466,6 +470,8 @@ static __noinline __attribute__((unused)) int tap_copy_first(struct __sk_buff *s
  * whose rule it matches, and consumed. */
 static __always_inline int tap_from_fabric(struct __sk_buff *skb, struct packet *pkt, const struct node_config *cfg)
 {
+	if (trace_mode) /* its copies would be sent at once, even from BPF_PROG_RUN */
+		return TC_ACT_SHOT;
 	struct iphdr *ip = pkt->ip;
 	if (!ip)
 		return drop_packet(skb, pkt, DROP_MALFORMED);

@@ -57,6 +57,7 @@ func nouns() []noun {
 		{cmd: auditCmd},
 		{cmd: planCmd},
 		{cmd: observeCmd},
+		{cmd: traceCmd},
 		{cmd: versionCmd},
 		{cmd: manCmd},
 	}

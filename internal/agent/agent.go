@@ -276,6 +276,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	// The publisher is gone before Run returns: the caller may close the
 	// store next.
 	defer func() { stopPublisher(); <-published }()
+	traced := make(chan struct{})
+	go func() {
+		defer close(traced)
+		a.serveTraces(pctx)
+	}()
+	defer func() { stopPublisher(); <-traced }()
 	if w, ok := a.ifs.(LinkEvents); ok {
 		watched := make(chan struct{})
 		go func() {

@@ -44,6 +44,7 @@ func (c *Controller) routes() *router {
 		c.versionRoutes,
 		c.planRoutes,
 		c.observeRoutes,
+		c.traceRoutes,
 	} {
 		register(mux)
 	}

@@ -42,10 +42,13 @@ const (
 	scopeTap
 	// scopeAny: not an operation (the JSON 404 of an unknown path).
 	scopeAny
+	// scopeTrace: `onehop trace`, whose VMs are named in its query: the
+	// handler authorizes FROM's and TO's farms (Trace).
+	scopeTrace
 )
 
 func (s scope) String() string {
-	return [...]string{"", "farm", "admin", "own-farm", "read", "tap", "any"}[s]
+	return [...]string{"", "farm", "admin", "own-farm", "read", "tap", "any", "trace"}[s]
 }
 
 // routeScopes are the scopes of routes whose path has no {farm}, and of
@@ -60,6 +63,7 @@ var routeScopes = map[string]scope{
 	"GET /v1/vms":                           scopeOwnFarm,
 	"GET /v1/rules":                         scopeOwnFarm,
 	"GET /v1/audit":                         scopeOwnFarm,
+	"GET /v1/trace":                         scopeTrace,
 	"GET /v1/hosts":                         scopeRead,
 	"POST /v1/hosts":                        scopeAdmin,
 	"GET /v1/hosts/{host}":                  scopeAdmin, // lists the VMs of every farm on the host

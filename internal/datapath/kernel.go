@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -41,6 +42,10 @@ type Kernel struct {
 	fwdName               []string
 	// dropCounted is dropName without the reason that drops nothing.
 	dropCounted []string
+	// The trace instance (trace.go), loaded on the first trace.
+	traceOnce sync.Once
+	tracer    *tracer
+	traceErr  error
 }
 
 // Options size what the operator may size.

@@ -304,6 +304,30 @@ type uplinkTapTarget struct {
 	Hdr     [72]uint8
 }
 
+type uplinkTraceRecord struct {
+	_         structs.HostLayout
+	Runs      uint32
+	Drop      uint32
+	Forward   uint32
+	ToIfindex uint32
+	ToKind    uint32
+	Slow      uint32
+	FwIndex   [2]uint32
+	Fw        [2]uint8
+	FwAllow   [2]uint8
+	Vis       uint8
+	VisGen    uint8
+	Ct        uint8
+	Ask       uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
+	VisProto  uint8
+	Pad       uint8
+}
+
 type uplinkVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -372,17 +396,24 @@ const (
 	uplinkMapTapScratch           = "tap_scratch"
 	uplinkMapTapStats             = "tap_stats"
 	uplinkMapTapTargets           = "tap_targets"
+	uplinkMapTraceSteps           = "trace_steps"
 	uplinkMapVifs                 = "vifs"
 	uplinkMapVisibility           = "visibility"
 	uplinkMapVmShares             = "vm_shares"
 	uplinkProgUplinkIngress       = "uplink_ingress"
+	uplinkVarRedirectKindType     = "_redirect_kind_type"
 	uplinkVarTapEncapType         = "_tap_encap_type"
 	uplinkVarTapKeyKindType       = "_tap_key_kind_type"
 	uplinkVarTapRoleType          = "_tap_role_type"
 	uplinkVarTapSideType          = "_tap_side_type"
+	uplinkVarTraceCtType          = "_trace_ct_type"
+	uplinkVarTraceFwType          = "_trace_fw_type"
+	uplinkVarTraceVisType         = "_trace_vis_type"
 	uplinkVarPlanFarmBits         = "plan_farm_bits"
 	uplinkVarPlanSubnetBits       = "plan_subnet_bits"
 	uplinkVarPlanVmBits           = "plan_vm_bits"
+	uplinkVarTraceKey             = "trace_key"
+	uplinkVarTraceMode            = "trace_mode"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -473,6 +504,7 @@ type uplinkMapSpecs struct {
 	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.MapSpec `ebpf:"trace_steps"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -482,13 +514,19 @@ type uplinkMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
-	TapEncapType   *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
-	TapKeyKindType *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
-	TapRoleType    *ebpf.VariableSpec `ebpf:"_tap_role_type"`
-	TapSideType    *ebpf.VariableSpec `ebpf:"_tap_side_type"`
-	PlanFarmBits   *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
-	PlanSubnetBits *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
-	PlanVmBits     *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	RedirectKindType *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
+	TapEncapType     *ebpf.VariableSpec `ebpf:"_tap_encap_type"`
+	TapKeyKindType   *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
+	TapRoleType      *ebpf.VariableSpec `ebpf:"_tap_role_type"`
+	TapSideType      *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	TraceCtType      *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
+	TraceFwType      *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
+	TraceVisType     *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
+	PlanFarmBits     *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
+	PlanSubnetBits   *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
+	PlanVmBits       *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey         *ebpf.VariableSpec `ebpf:"trace_key"`
+	TraceMode        *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -550,6 +588,7 @@ type uplinkMaps struct {
 	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.Map `ebpf:"trace_steps"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
 	Visibility           *ebpf.Map `ebpf:"visibility"`
 	VmShares             *ebpf.Map `ebpf:"vm_shares"`
@@ -596,6 +635,7 @@ func (m *uplinkMaps) Close() error {
 		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
+		m.TraceSteps,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -606,13 +646,19 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
-	TapEncapType   *ebpf.Variable `ebpf:"_tap_encap_type"`
-	TapKeyKindType *ebpf.Variable `ebpf:"_tap_key_kind_type"`
-	TapRoleType    *ebpf.Variable `ebpf:"_tap_role_type"`
-	TapSideType    *ebpf.Variable `ebpf:"_tap_side_type"`
-	PlanFarmBits   *ebpf.Variable `ebpf:"plan_farm_bits"`
-	PlanSubnetBits *ebpf.Variable `ebpf:"plan_subnet_bits"`
-	PlanVmBits     *ebpf.Variable `ebpf:"plan_vm_bits"`
+	RedirectKindType *ebpf.Variable `ebpf:"_redirect_kind_type"`
+	TapEncapType     *ebpf.Variable `ebpf:"_tap_encap_type"`
+	TapKeyKindType   *ebpf.Variable `ebpf:"_tap_key_kind_type"`
+	TapRoleType      *ebpf.Variable `ebpf:"_tap_role_type"`
+	TapSideType      *ebpf.Variable `ebpf:"_tap_side_type"`
+	TraceCtType      *ebpf.Variable `ebpf:"_trace_ct_type"`
+	TraceFwType      *ebpf.Variable `ebpf:"_trace_fw_type"`
+	TraceVisType     *ebpf.Variable `ebpf:"_trace_vis_type"`
+	PlanFarmBits     *ebpf.Variable `ebpf:"plan_farm_bits"`
+	PlanSubnetBits   *ebpf.Variable `ebpf:"plan_subnet_bits"`
+	PlanVmBits       *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey         *ebpf.Variable `ebpf:"trace_key"`
+	TraceMode        *ebpf.Variable `ebpf:"trace_mode"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

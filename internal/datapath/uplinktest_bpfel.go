@@ -311,6 +311,30 @@ type uplinkTestTapTarget struct {
 	Hdr     [72]uint8
 }
 
+type uplinkTestTraceRecord struct {
+	_         structs.HostLayout
+	Runs      uint32
+	Drop      uint32
+	Forward   uint32
+	ToIfindex uint32
+	ToKind    uint32
+	Slow      uint32
+	FwIndex   [2]uint32
+	Fw        [2]uint8
+	FwAllow   [2]uint8
+	Vis       uint8
+	VisGen    uint8
+	Ct        uint8
+	Ask       uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
+	VisProto  uint8
+	Pad       uint8
+}
+
 type uplinkTestVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -380,6 +404,7 @@ const (
 	uplinkTestMapTapScratch           = "tap_scratch"
 	uplinkTestMapTapStats             = "tap_stats"
 	uplinkTestMapTapTargets           = "tap_targets"
+	uplinkTestMapTraceSteps           = "trace_steps"
 	uplinkTestMapVifs                 = "vifs"
 	uplinkTestMapVisibility           = "visibility"
 	uplinkTestMapVmShares             = "vm_shares"
@@ -390,9 +415,14 @@ const (
 	uplinkTestVarTapKeyKindType       = "_tap_key_kind_type"
 	uplinkTestVarTapRoleType          = "_tap_role_type"
 	uplinkTestVarTapSideType          = "_tap_side_type"
+	uplinkTestVarTraceCtType          = "_trace_ct_type"
+	uplinkTestVarTraceFwType          = "_trace_fw_type"
+	uplinkTestVarTraceVisType         = "_trace_vis_type"
 	uplinkTestVarPlanFarmBits         = "plan_farm_bits"
 	uplinkTestVarPlanSubnetBits       = "plan_subnet_bits"
 	uplinkTestVarPlanVmBits           = "plan_vm_bits"
+	uplinkTestVarTraceKey             = "trace_key"
+	uplinkTestVarTraceMode            = "trace_mode"
 )
 
 // loadUplinkTest returns the embedded CollectionSpec for uplinkTest.
@@ -484,6 +514,7 @@ type uplinkTestMapSpecs struct {
 	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.MapSpec `ebpf:"trace_steps"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -499,9 +530,14 @@ type uplinkTestVariableSpecs struct {
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
 	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
 	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.VariableSpec `ebpf:"trace_key"`
+	TraceMode         *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
 // uplinkTestObjects contains all objects after they have been loaded into the kernel.
@@ -564,6 +600,7 @@ type uplinkTestMaps struct {
 	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.Map `ebpf:"trace_steps"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
 	Visibility           *ebpf.Map `ebpf:"visibility"`
 	VmShares             *ebpf.Map `ebpf:"vm_shares"`
@@ -611,6 +648,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
+		m.TraceSteps,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -627,9 +665,14 @@ type uplinkTestVariables struct {
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.Variable `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.Variable `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.Variable `ebpf:"_trace_vis_type"`
 	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
 	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
 	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.Variable `ebpf:"trace_key"`
+	TraceMode         *ebpf.Variable `ebpf:"trace_mode"`
 }
 
 // uplinkTestPrograms contains all programs after they have been loaded into the kernel.

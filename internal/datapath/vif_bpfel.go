@@ -342,6 +342,17 @@ type vifPortspaceVif struct {
 	Pad    uint8
 }
 
+type vifRedirectKind uint32
+
+const (
+	vifRedirectKindREDIRECT_NONE     vifRedirectKind = 0
+	vifRedirectKindREDIRECT_OUT      vifRedirectKind = 1
+	vifRedirectKindREDIRECT_PEER     vifRedirectKind = 2
+	vifRedirectKindREDIRECT_CLONE    vifRedirectKind = 3
+	vifRedirectKindREDIRECT_IN       vifRedirectKind = 4
+	vifRedirectKindREDIRECT_CLONE_IN vifRedirectKind = 5
+)
+
 type vifScopeInfo struct {
 	_     structs.HostLayout
 	Count uint32
@@ -450,6 +461,58 @@ type vifTapTarget struct {
 	Hdr     [72]uint8
 }
 
+type vifTraceCt uint32
+
+const (
+	vifTraceCtTRACE_CT_SKIPPED     vifTraceCt = 0
+	vifTraceCtTRACE_CT_NEW         vifTraceCt = 1
+	vifTraceCtTRACE_CT_ESTABLISHED vifTraceCt = 2
+	vifTraceCtTRACE_CT_REPLY       vifTraceCt = 3
+	vifTraceCtTRACE_CT_RECHECKED   vifTraceCt = 4
+)
+
+type vifTraceFw uint32
+
+const (
+	vifTraceFwTRACE_FW_NONE    vifTraceFw = 0
+	vifTraceFwTRACE_FW_RULE    vifTraceFw = 1
+	vifTraceFwTRACE_FW_DEFAULT vifTraceFw = 2
+	vifTraceFwTRACE_FW_MISSING vifTraceFw = 3
+)
+
+type vifTraceRecord struct {
+	_         structs.HostLayout
+	Runs      uint32
+	Drop      uint32
+	Forward   uint32
+	ToIfindex uint32
+	ToKind    uint32
+	Slow      uint32
+	FwIndex   [2]uint32
+	Fw        [2]uint8
+	FwAllow   [2]uint8
+	Vis       uint8
+	VisGen    uint8
+	Ct        uint8
+	Ask       uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
+	VisProto  uint8
+	Pad       uint8
+}
+
+type vifTraceVis uint32
+
+const (
+	vifTraceVisTRACE_VIS_NONE  vifTraceVis = 0
+	vifTraceVisTRACE_VIS_PORT  vifTraceVis = 1
+	vifTraceVisTRACE_VIS_PROTO vifTraceVis = 2
+	vifTraceVisTRACE_VIS_ANY   vifTraceVis = 3
+)
+
 type vifVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -526,6 +589,7 @@ const (
 	vifMapTapScratch           = "tap_scratch"
 	vifMapTapStats             = "tap_stats"
 	vifMapTapTargets           = "tap_targets"
+	vifMapTraceSteps           = "trace_steps"
 	vifMapVifs                 = "vifs"
 	vifMapVisibility           = "visibility"
 	vifMapVmShares             = "vm_shares"
@@ -539,6 +603,7 @@ const (
 	vifVarObserveEventType     = "_observe_event_type"
 	vifVarObserveKindType      = "_observe_kind_type"
 	vifVarObserveLimitsType    = "_observe_limits_type"
+	vifVarRedirectKindType     = "_redirect_kind_type"
 	vifVarShareKindType        = "_share_kind_type"
 	vifVarSlowpathEventType    = "_slowpath_event_type"
 	vifVarSlowpathKindType     = "_slowpath_kind_type"
@@ -546,10 +611,15 @@ const (
 	vifVarTapKeyKindType       = "_tap_key_kind_type"
 	vifVarTapRoleType          = "_tap_role_type"
 	vifVarTapSideType          = "_tap_side_type"
+	vifVarTraceCtType          = "_trace_ct_type"
+	vifVarTraceFwType          = "_trace_fw_type"
+	vifVarTraceVisType         = "_trace_vis_type"
 	vifVarVifKindType          = "_vif_kind_type"
 	vifVarPlanFarmBits         = "plan_farm_bits"
 	vifVarPlanSubnetBits       = "plan_subnet_bits"
 	vifVarPlanVmBits           = "plan_vm_bits"
+	vifVarTraceKey             = "trace_key"
+	vifVarTraceMode            = "trace_mode"
 )
 
 // loadVif returns the embedded CollectionSpec for vif.
@@ -641,6 +711,7 @@ type vifMapSpecs struct {
 	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.MapSpec `ebpf:"trace_steps"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -658,6 +729,7 @@ type vifVariableSpecs struct {
 	ObserveEventType  *ebpf.VariableSpec `ebpf:"_observe_event_type"`
 	ObserveKindType   *ebpf.VariableSpec `ebpf:"_observe_kind_type"`
 	ObserveLimitsType *ebpf.VariableSpec `ebpf:"_observe_limits_type"`
+	RedirectKindType  *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	ShareKindType     *ebpf.VariableSpec `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.VariableSpec `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.VariableSpec `ebpf:"_slowpath_kind_type"`
@@ -665,10 +737,15 @@ type vifVariableSpecs struct {
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
 	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
 	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
 	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.VariableSpec `ebpf:"trace_key"`
+	TraceMode         *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
 // vifObjects contains all objects after they have been loaded into the kernel.
@@ -730,6 +807,7 @@ type vifMaps struct {
 	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.Map `ebpf:"trace_steps"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
 	Visibility           *ebpf.Map `ebpf:"visibility"`
 	VmShares             *ebpf.Map `ebpf:"vm_shares"`
@@ -776,6 +854,7 @@ func (m *vifMaps) Close() error {
 		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
+		m.TraceSteps,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -794,6 +873,7 @@ type vifVariables struct {
 	ObserveEventType  *ebpf.Variable `ebpf:"_observe_event_type"`
 	ObserveKindType   *ebpf.Variable `ebpf:"_observe_kind_type"`
 	ObserveLimitsType *ebpf.Variable `ebpf:"_observe_limits_type"`
+	RedirectKindType  *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	ShareKindType     *ebpf.Variable `ebpf:"_share_kind_type"`
 	SlowpathEventType *ebpf.Variable `ebpf:"_slowpath_event_type"`
 	SlowpathKindType  *ebpf.Variable `ebpf:"_slowpath_kind_type"`
@@ -801,10 +881,15 @@ type vifVariables struct {
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.Variable `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.Variable `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.Variable `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
 	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
 	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
 	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.Variable `ebpf:"trace_key"`
+	TraceMode         *ebpf.Variable `ebpf:"trace_mode"`
 }
 
 // vifPrograms contains all programs after they have been loaded into the kernel.

@@ -322,6 +322,30 @@ type vifTestTapTarget struct {
 	Hdr     [72]uint8
 }
 
+type vifTestTraceRecord struct {
+	_         structs.HostLayout
+	Runs      uint32
+	Drop      uint32
+	Forward   uint32
+	ToIfindex uint32
+	ToKind    uint32
+	Slow      uint32
+	FwIndex   [2]uint32
+	Fw        [2]uint8
+	FwAllow   [2]uint8
+	Vis       uint8
+	VisGen    uint8
+	Ct        uint8
+	Ask       uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
+	VisProto  uint8
+	Pad       uint8
+}
+
 type vifTestVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -391,6 +415,7 @@ const (
 	vifTestMapTapScratch           = "tap_scratch"
 	vifTestMapTapStats             = "tap_stats"
 	vifTestMapTapTargets           = "tap_targets"
+	vifTestMapTraceSteps           = "trace_steps"
 	vifTestMapVifs                 = "vifs"
 	vifTestMapVisibility           = "visibility"
 	vifTestMapVmShares             = "vm_shares"
@@ -413,10 +438,15 @@ const (
 	vifTestVarTapKeyKindType       = "_tap_key_kind_type"
 	vifTestVarTapRoleType          = "_tap_role_type"
 	vifTestVarTapSideType          = "_tap_side_type"
+	vifTestVarTraceCtType          = "_trace_ct_type"
+	vifTestVarTraceFwType          = "_trace_fw_type"
+	vifTestVarTraceVisType         = "_trace_vis_type"
 	vifTestVarVifKindType          = "_vif_kind_type"
 	vifTestVarPlanFarmBits         = "plan_farm_bits"
 	vifTestVarPlanSubnetBits       = "plan_subnet_bits"
 	vifTestVarPlanVmBits           = "plan_vm_bits"
+	vifTestVarTraceKey             = "trace_key"
+	vifTestVarTraceMode            = "trace_mode"
 )
 
 // loadVifTest returns the embedded CollectionSpec for vifTest.
@@ -509,6 +539,7 @@ type vifTestMapSpecs struct {
 	TapScratch           *ebpf.MapSpec `ebpf:"tap_scratch"`
 	TapStats             *ebpf.MapSpec `ebpf:"tap_stats"`
 	TapTargets           *ebpf.MapSpec `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.MapSpec `ebpf:"trace_steps"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -535,10 +566,15 @@ type vifTestVariableSpecs struct {
 	TapKeyKindType    *ebpf.VariableSpec `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.VariableSpec `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.VariableSpec `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.VariableSpec `ebpf:"_vif_kind_type"`
 	PlanFarmBits      *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
 	PlanSubnetBits    *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
 	PlanVmBits        *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.VariableSpec `ebpf:"trace_key"`
+	TraceMode         *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
 // vifTestObjects contains all objects after they have been loaded into the kernel.
@@ -601,6 +637,7 @@ type vifTestMaps struct {
 	TapScratch           *ebpf.Map `ebpf:"tap_scratch"`
 	TapStats             *ebpf.Map `ebpf:"tap_stats"`
 	TapTargets           *ebpf.Map `ebpf:"tap_targets"`
+	TraceSteps           *ebpf.Map `ebpf:"trace_steps"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
 	Visibility           *ebpf.Map `ebpf:"visibility"`
 	VmShares             *ebpf.Map `ebpf:"vm_shares"`
@@ -648,6 +685,7 @@ func (m *vifTestMaps) Close() error {
 		m.TapScratch,
 		m.TapStats,
 		m.TapTargets,
+		m.TraceSteps,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -675,10 +713,15 @@ type vifTestVariables struct {
 	TapKeyKindType    *ebpf.Variable `ebpf:"_tap_key_kind_type"`
 	TapRoleType       *ebpf.Variable `ebpf:"_tap_role_type"`
 	TapSideType       *ebpf.Variable `ebpf:"_tap_side_type"`
+	TraceCtType       *ebpf.Variable `ebpf:"_trace_ct_type"`
+	TraceFwType       *ebpf.Variable `ebpf:"_trace_fw_type"`
+	TraceVisType      *ebpf.Variable `ebpf:"_trace_vis_type"`
 	VifKindType       *ebpf.Variable `ebpf:"_vif_kind_type"`
 	PlanFarmBits      *ebpf.Variable `ebpf:"plan_farm_bits"`
 	PlanSubnetBits    *ebpf.Variable `ebpf:"plan_subnet_bits"`
 	PlanVmBits        *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey          *ebpf.Variable `ebpf:"trace_key"`
+	TraceMode         *ebpf.Variable `ebpf:"trace_mode"`
 }
 
 // vifTestPrograms contains all programs after they have been loaded into the kernel.

@@ -287,6 +287,30 @@ type portspaceShareLimits struct {
 	BurstNs    [3]uint64
 }
 
+type portspaceTraceRecord struct {
+	_         structs.HostLayout
+	Runs      uint32
+	Drop      uint32
+	Forward   uint32
+	ToIfindex uint32
+	ToKind    uint32
+	Slow      uint32
+	FwIndex   [2]uint32
+	Fw        [2]uint8
+	FwAllow   [2]uint8
+	Vis       uint8
+	VisGen    uint8
+	Ct        uint8
+	Ask       uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
+	VisProto  uint8
+	Pad       uint8
+}
+
 type portspaceVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -345,6 +369,7 @@ const (
 	portspaceMapScopes                 = "scopes"
 	portspaceMapShareConfig            = "share_config"
 	portspaceMapSlowpath               = "slowpath"
+	portspaceMapTraceSteps             = "trace_steps"
 	portspaceMapVifs                   = "vifs"
 	portspaceMapVisibility             = "visibility"
 	portspaceMapVmShares               = "vm_shares"
@@ -363,9 +388,15 @@ const (
 	portspaceVarPortspaceSliverType    = "_portspace_sliver_type"
 	portspaceVarPortspaceUplinkType    = "_portspace_uplink_type"
 	portspaceVarPortspaceVifType       = "_portspace_vif_type"
+	portspaceVarRedirectKindType       = "_redirect_kind_type"
+	portspaceVarTraceCtType            = "_trace_ct_type"
+	portspaceVarTraceFwType            = "_trace_fw_type"
+	portspaceVarTraceVisType           = "_trace_vis_type"
 	portspaceVarPlanFarmBits           = "plan_farm_bits"
 	portspaceVarPlanSubnetBits         = "plan_subnet_bits"
 	portspaceVarPlanVmBits             = "plan_vm_bits"
+	portspaceVarTraceKey               = "trace_key"
+	portspaceVarTraceMode              = "trace_mode"
 )
 
 // loadPortspace returns the embedded CollectionSpec for portspace.
@@ -447,6 +478,7 @@ type portspaceMapSpecs struct {
 	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	TraceSteps           *ebpf.MapSpec `ebpf:"trace_steps"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -469,9 +501,15 @@ type portspaceVariableSpecs struct {
 	PortspaceSliverType    *ebpf.VariableSpec `ebpf:"_portspace_sliver_type"`
 	PortspaceUplinkType    *ebpf.VariableSpec `ebpf:"_portspace_uplink_type"`
 	PortspaceVifType       *ebpf.VariableSpec `ebpf:"_portspace_vif_type"`
+	RedirectKindType       *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
+	TraceCtType            *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
+	TraceFwType            *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
+	TraceVisType           *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	PlanFarmBits           *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
 	PlanSubnetBits         *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
 	PlanVmBits             *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.VariableSpec `ebpf:"trace_key"`
+	TraceMode              *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
 // portspaceObjects contains all objects after they have been loaded into the kernel.
@@ -523,6 +561,7 @@ type portspaceMaps struct {
 	Scopes               *ebpf.Map `ebpf:"scopes"`
 	ShareConfig          *ebpf.Map `ebpf:"share_config"`
 	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	TraceSteps           *ebpf.Map `ebpf:"trace_steps"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
 	Visibility           *ebpf.Map `ebpf:"visibility"`
 	VmShares             *ebpf.Map `ebpf:"vm_shares"`
@@ -559,6 +598,7 @@ func (m *portspaceMaps) Close() error {
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
+		m.TraceSteps,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -582,9 +622,15 @@ type portspaceVariables struct {
 	PortspaceSliverType    *ebpf.Variable `ebpf:"_portspace_sliver_type"`
 	PortspaceUplinkType    *ebpf.Variable `ebpf:"_portspace_uplink_type"`
 	PortspaceVifType       *ebpf.Variable `ebpf:"_portspace_vif_type"`
+	RedirectKindType       *ebpf.Variable `ebpf:"_redirect_kind_type"`
+	TraceCtType            *ebpf.Variable `ebpf:"_trace_ct_type"`
+	TraceFwType            *ebpf.Variable `ebpf:"_trace_fw_type"`
+	TraceVisType           *ebpf.Variable `ebpf:"_trace_vis_type"`
 	PlanFarmBits           *ebpf.Variable `ebpf:"plan_farm_bits"`
 	PlanSubnetBits         *ebpf.Variable `ebpf:"plan_subnet_bits"`
 	PlanVmBits             *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.Variable `ebpf:"trace_key"`
+	TraceMode              *ebpf.Variable `ebpf:"trace_mode"`
 }
 
 // portspacePrograms contains all programs after they have been loaded into the kernel.

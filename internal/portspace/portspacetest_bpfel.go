@@ -231,6 +231,30 @@ type portspaceTestShareLimits struct {
 	BurstNs    [3]uint64
 }
 
+type portspaceTestTraceRecord struct {
+	_         structs.HostLayout
+	Runs      uint32
+	Drop      uint32
+	Forward   uint32
+	ToIfindex uint32
+	ToKind    uint32
+	Slow      uint32
+	FwIndex   [2]uint32
+	Fw        [2]uint8
+	FwAllow   [2]uint8
+	Vis       uint8
+	VisGen    uint8
+	Ct        uint8
+	Ask       uint8
+	SrcFarm   uint16
+	SrcSubnet uint16
+	DstFarm   uint16
+	DstSubnet uint16
+	VisPort   uint16
+	VisProto  uint8
+	Pad       uint8
+}
+
 type portspaceTestVifInfo struct {
 	_        structs.HostLayout
 	Ip       uint32
@@ -290,6 +314,7 @@ const (
 	portspaceTestMapScopes                 = "scopes"
 	portspaceTestMapShareConfig            = "share_config"
 	portspaceTestMapSlowpath               = "slowpath"
+	portspaceTestMapTraceSteps             = "trace_steps"
 	portspaceTestMapVifs                   = "vifs"
 	portspaceTestMapVisibility             = "visibility"
 	portspaceTestMapVmShares               = "vm_shares"
@@ -310,9 +335,14 @@ const (
 	portspaceTestVarPortspaceVifType       = "_portspace_vif_type"
 	portspaceTestVarRedirectKindType       = "_redirect_kind_type"
 	portspaceTestVarRedirectTraceType      = "_redirect_trace_type"
+	portspaceTestVarTraceCtType            = "_trace_ct_type"
+	portspaceTestVarTraceFwType            = "_trace_fw_type"
+	portspaceTestVarTraceVisType           = "_trace_vis_type"
 	portspaceTestVarPlanFarmBits           = "plan_farm_bits"
 	portspaceTestVarPlanSubnetBits         = "plan_subnet_bits"
 	portspaceTestVarPlanVmBits             = "plan_vm_bits"
+	portspaceTestVarTraceKey               = "trace_key"
+	portspaceTestVarTraceMode              = "trace_mode"
 )
 
 // loadPortspaceTest returns the embedded CollectionSpec for portspaceTest.
@@ -395,6 +425,7 @@ type portspaceTestMapSpecs struct {
 	Scopes               *ebpf.MapSpec `ebpf:"scopes"`
 	ShareConfig          *ebpf.MapSpec `ebpf:"share_config"`
 	Slowpath             *ebpf.MapSpec `ebpf:"slowpath"`
+	TraceSteps           *ebpf.MapSpec `ebpf:"trace_steps"`
 	Vifs                 *ebpf.MapSpec `ebpf:"vifs"`
 	Visibility           *ebpf.MapSpec `ebpf:"visibility"`
 	VmShares             *ebpf.MapSpec `ebpf:"vm_shares"`
@@ -419,9 +450,14 @@ type portspaceTestVariableSpecs struct {
 	PortspaceVifType       *ebpf.VariableSpec `ebpf:"_portspace_vif_type"`
 	RedirectKindType       *ebpf.VariableSpec `ebpf:"_redirect_kind_type"`
 	RedirectTraceType      *ebpf.VariableSpec `ebpf:"_redirect_trace_type"`
+	TraceCtType            *ebpf.VariableSpec `ebpf:"_trace_ct_type"`
+	TraceFwType            *ebpf.VariableSpec `ebpf:"_trace_fw_type"`
+	TraceVisType           *ebpf.VariableSpec `ebpf:"_trace_vis_type"`
 	PlanFarmBits           *ebpf.VariableSpec `ebpf:"plan_farm_bits"`
 	PlanSubnetBits         *ebpf.VariableSpec `ebpf:"plan_subnet_bits"`
 	PlanVmBits             *ebpf.VariableSpec `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.VariableSpec `ebpf:"trace_key"`
+	TraceMode              *ebpf.VariableSpec `ebpf:"trace_mode"`
 }
 
 // portspaceTestObjects contains all objects after they have been loaded into the kernel.
@@ -474,6 +510,7 @@ type portspaceTestMaps struct {
 	Scopes               *ebpf.Map `ebpf:"scopes"`
 	ShareConfig          *ebpf.Map `ebpf:"share_config"`
 	Slowpath             *ebpf.Map `ebpf:"slowpath"`
+	TraceSteps           *ebpf.Map `ebpf:"trace_steps"`
 	Vifs                 *ebpf.Map `ebpf:"vifs"`
 	Visibility           *ebpf.Map `ebpf:"visibility"`
 	VmShares             *ebpf.Map `ebpf:"vm_shares"`
@@ -511,6 +548,7 @@ func (m *portspaceTestMaps) Close() error {
 		m.Scopes,
 		m.ShareConfig,
 		m.Slowpath,
+		m.TraceSteps,
 		m.Vifs,
 		m.Visibility,
 		m.VmShares,
@@ -536,9 +574,14 @@ type portspaceTestVariables struct {
 	PortspaceVifType       *ebpf.Variable `ebpf:"_portspace_vif_type"`
 	RedirectKindType       *ebpf.Variable `ebpf:"_redirect_kind_type"`
 	RedirectTraceType      *ebpf.Variable `ebpf:"_redirect_trace_type"`
+	TraceCtType            *ebpf.Variable `ebpf:"_trace_ct_type"`
+	TraceFwType            *ebpf.Variable `ebpf:"_trace_fw_type"`
+	TraceVisType           *ebpf.Variable `ebpf:"_trace_vis_type"`
 	PlanFarmBits           *ebpf.Variable `ebpf:"plan_farm_bits"`
 	PlanSubnetBits         *ebpf.Variable `ebpf:"plan_subnet_bits"`
 	PlanVmBits             *ebpf.Variable `ebpf:"plan_vm_bits"`
+	TraceKey               *ebpf.Variable `ebpf:"trace_key"`
+	TraceMode              *ebpf.Variable `ebpf:"trace_mode"`
 }
 
 // portspaceTestPrograms contains all programs after they have been loaded into the kernel.
