@@ -20,6 +20,7 @@
 #include "lib/frag.h"
 #include "lib/tap.h"
 #include "lib/vnat_service.h"
+#include "lib/egress.h"
 /* Not used here: its maps are defined with the rest, so every program
  * shares them by name (internal/datapath). */
 #include "lib/portspace_maps.h"
@@ -148,6 +149,8 @@ int vif_ingress(struct __sk_buff *skb)
 	/* Outside the tenant space, or a subnet's network (.0) or gateway (.1)
 	 * address, which no VM holds (the gateway only answers ping). */
 	__u8 host_id = ((const __u8 *)&ip->daddr)[3];
+	if (!in_vm_space(cfg, ip->daddr) && feature_on(cfg, FEATURE_EGRESS))
+		return egress_out(skb, &pkt, vif, cfg->policy_epoch); /* through its host's address (egress.h) */
 	if (!in_vm_space(cfg, ip->daddr) || host_id == 0 || host_id == 1)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
