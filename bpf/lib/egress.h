@@ -349,8 +349,7 @@ static __always_inline struct egress_map *egress_live(__u8 proto, __u32 uplink, 
 
 /* An ICMP error to a host address about a flow of a slice (its quote: from
  * the host's address and a slice port to remote): to the VM, quoting the
- * VM's own address and port. The quoted L4 checksum (UDP's is in the
- * quote, TCP's is not) is left: no receiver checks it. */
+ * VM's own address and port (and a quoted UDP checksum to match). */
 static __always_inline int egress_error_in(struct __sk_buff *skb, struct packet *pkt, const struct egress_addr *a,
 					   __u32 l4_off, __u64 now, int *verdict)
 {
@@ -385,6 +384,22 @@ static __always_inline int egress_error_in(struct __sk_buff *skb, struct packet 
 	__u32 inner_off = l4_off + 8;
 	__u32 icmp_csum = l4_off + 2;
 	__be16 old_check = in->check;
+	/* A quoted UDP header holds its checksum (TCP's lies past the 8
+	 * bytes quoted): put back as the VM sent it, 0 (none) kept. */
+	__u32 ucsum_off = q.l4_off + 6;
+	__be16 old_ucsum = proto == IPPROTO_UDP_ ? *(__be16 *)(q.l4 + 6) : 0;
+	if (take_gateway_hop(pkt->ip)) {
+		*verdict = drop_packet(skb, pkt, DROP_TTL_EXCEEDED);
+		return EGRESS_TAKEN;
+	}
+	if (old_ucsum) {
+		__be16 u = csum_replace16(csum_replace16(old_ucsum, host & 0xffff, vm_addr & 0xffff), host >> 16, vm_addr >> 16);
+		u = csum_replace16(u, port, vm_port);
+		if (!u)
+			u = 0xffff;
+		bpf_l4_csum_replace(skb, icmp_csum, old_ucsum, u, 2);
+		bpf_skb_store_bytes(skb, ucsum_off, &u, 2, 0);
+	}
 	/* The quoted header: its source and its checksum, and the ICMP
 	 * checksum over both. */
 	__be16 new_check = csum_replace16(csum_replace16(old_check, host & 0xffff, vm_addr & 0xffff), host >> 16,
