@@ -262,8 +262,8 @@ func TestPrivilegedEgressTranslatesWithinEachVMsOwnSlice(t *testing.T) {
 		{Name: "a port of no slice is the host's own", Prog: up,
 			In: reply(22, bpftest.Frame{Proto: tcp, Sport: 80}).Bytes(t), Verdict: bpftest.ActOK, Counters: bpftest.Counters{"forward host_stack": 1}},
 		{Name: "b's port reaches b", Prog: up,
-			In:  reply(pb, bpftest.Frame{Proto: tcp, Sport: 80}).Bytes(t),
-			Out: bpftest.Frame{Src: vmac(gw), Dst: vmac(vmB), Saddr: inet, Daddr: vmB, Proto: tcp, Sport: 80, Dport: 40004, TTL: 63}.Bytes(t),
+			In:      reply(pb, bpftest.Frame{Proto: tcp, Sport: 80}).Bytes(t),
+			Out:     bpftest.Frame{Src: vmac(gw), Dst: vmac(vmB), Saddr: inet, Daddr: vmB, Proto: tcp, Sport: 80, Dport: 40004, TTL: 63}.Bytes(t),
 			Verdict: bpftest.ActRedirect, To: vmBIfindex, Kind: bpftest.RedirectPeer, Counters: bpftest.Counters{"forward egress_in": 1, "b in": 1}},
 		{Name: "an echo reply gets a's own id back", Prog: up,
 			In:  bpftest.Frame{Src: inetMAC, Dst: h1MAC, Saddr: inet, Daddr: hostAddr, Proto: icmp, ICMPType: 0, ICMPID: pICMP}.Bytes(t),
@@ -301,7 +301,7 @@ func TestPrivilegedEgressTranslatesWithinEachVMsOwnSlice(t *testing.T) {
 	rstray.IPID = 501
 	rows = []bpftest.Row{
 		{Name: "inet's first fragment back reaches a", Prog: up, In: rfirst.Bytes(t),
-			Out: inA(bpftest.Frame{Saddr: inet, Proto: udp, Sport: 9000, Dport: 6000, IPID: 500, MoreFragments: true}),
+			Out:     inA(bpftest.Frame{Saddr: inet, Proto: udp, Sport: 9000, Dport: 6000, IPID: 500, MoreFragments: true}),
 			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectPeer, Counters: back},
 		{Name: "and its later fragment follows it", Prog: up, In: rlater.Bytes(t),
 			Out:     headerOnly(t, bpftest.Frame{Src: vmac(gw), Dst: vmac(vmA), Saddr: inet, Daddr: vmA, Proto: udp, IPID: 500, FragOffset: 185, TTL: 63}, rlater),
