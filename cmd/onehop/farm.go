@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onehop/onehop/internal/client"
-	"github.com/onehop/onehop/internal/egress"
+	"github.com/onehop/onehop/internal/egressspec"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/topology"
 )
@@ -128,7 +128,7 @@ func farmSetCmd() *cobra.Command {
 		Use: "set FARM --egress [--egress-to CIDR,...] [--egress-slice N] | --egress=false", Short: "Change a farm's settings: egress to outside the tenant space", Args: cobra.ExactArgs(1),
 		Long: `With --egress, the farm's VMs reach addresses outside the tenant space through
 their own host's address: each VM gets a slice of that address's ports
-(--egress-slice, ` + fmt.Sprint(egress.MinSlice) + `..` + fmt.Sprint(egress.MaxSlice) + `, default ` + fmt.Sprint(egress.DefaultSlice) + `), one connection per port, and may reach
+(--egress-slice, ` + fmt.Sprint(egressspec.MinSlice) + `..` + fmt.Sprint(egressspec.MaxSlice) + `, default ` + fmt.Sprint(egressspec.DefaultSlice) + `), one connection per port, and may reach
 only the prefixes of --egress-to (default anywhere). --egress=false takes the
 slices back. See docs/north-south.md.`,
 		Example: "  onehop farm set blue --egress\n  onehop farm set blue --egress --egress-to 192.0.2.0/24,198.51.100.0/24 --egress-slice 512\n  onehop farm set blue --egress=false",
@@ -139,16 +139,16 @@ slices back. See docs/north-south.md.`,
 			if !cmd.Flags().Changed("egress") {
 				return fmt.Errorf("nothing to set: give --egress (or --egress=false)")
 			}
-			s := egress.Setting{Enabled: on, Slice: slice}
+			s := egressspec.Setting{Enabled: on, Slice: slice}
 			if cmd.Flags().Changed("egress-to") {
-				list, err := egress.ParseTo(to)
+				list, err := egressspec.ParseTo(to)
 				if err != nil {
 					return fmt.Errorf("--egress-to: %w", err)
 				}
 				s.To = list
 			}
 			if on {
-				if _, err := egress.Farm(s); err != nil {
+				if _, err := egressspec.Farm(s); err != nil {
 					return fmt.Errorf("--egress: %w", err)
 				}
 			}
@@ -166,6 +166,6 @@ slices back. See docs/north-south.md.`,
 	}
 	cmd.Flags().BoolVar(&on, "egress", false, "let the farm's VMs reach outside the tenant space through their host's address")
 	cmd.Flags().StringVar(&to, "egress-to", "", "the IPv4 prefixes they may reach, comma-separated (default anywhere)")
-	cmd.Flags().IntVar(&slice, "egress-slice", 0, fmt.Sprintf("ports of the host's address per VM (%d..%d, default %d)", egress.MinSlice, egress.MaxSlice, egress.DefaultSlice))
+	cmd.Flags().IntVar(&slice, "egress-slice", 0, fmt.Sprintf("ports of the host's address per VM (%d..%d, default %d)", egressspec.MinSlice, egressspec.MaxSlice, egressspec.DefaultSlice))
 	return cmd
 }

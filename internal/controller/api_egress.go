@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"sort"
 
-	"github.com/onehop/onehop/internal/egress"
+	"github.com/onehop/onehop/internal/egressspec"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/lease"
 	"github.com/onehop/onehop/internal/store"
@@ -15,14 +15,14 @@ import (
 
 // egressRoutes serves a farm's egress setting (docs/north-south.md). A
 // tenant sets its own farm's (scopeFarm); the slice size is bounded by
-// egress.MaxSlice for everyone, so no tenant takes a host's ports alone.
+// egressspec.MaxSlice for everyone, so no tenant takes a host's ports alone.
 func (c *Controller) egressRoutes(mux *router) {
 	mux.HandleFunc("PUT /v1/farms/{farm}/egress", func(w http.ResponseWriter, r *http.Request) {
 		if err := checkPath(r, "farm"); err != nil {
 			reply(w, 0, nil, err)
 			return
 		}
-		var in egress.Setting
+		var in egressspec.Setting
 		if decode(w, r, &in) {
 			f, err := c.SetFarmEgress(r.Context(), r.PathValue("farm"), in)
 			reply(w, http.StatusOK, f, err)
@@ -35,14 +35,14 @@ func (c *Controller) egressRoutes(mux *router) {
 // or takes it back. A VM whose host has no room for its slice fails the
 // whole change, naming it; VMs changed before it keep what they got, and
 // the same call again finishes the rest.
-func (c *Controller) SetFarmEgress(ctx context.Context, farm string, s egress.Setting) (intent.Farm, error) {
+func (c *Controller) SetFarmEgress(ctx context.Context, farm string, s egressspec.Setting) (intent.Farm, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f, err := c.getFarm(ctx, farm)
 	if err != nil {
 		return f, err
 	}
-	eg, err := egress.Farm(s)
+	eg, err := egressspec.Farm(s)
 	if err != nil {
 		return f, fieldErr("egress", err)
 	}

@@ -1,10 +1,8 @@
-// Package egress is north-south egress (docs/north-south.md): a VM of a
-// farm with egress on reaches addresses outside the tenant space through
-// its own host's uplink address, with source ports from its own slice of
-// that address. This file is the setting's rules (pure, shared by the
-// controller, the CLI and the topology file); compile.go turns a node's
-// VMs into map entries, and the rest is the agent's feature.
-package egress
+// Package egressspec is the rules of a farm's egress setting
+// (docs/north-south.md): destinations, slice sizes and their bounds. Pure,
+// shared by the controller, the CLI and the topology file; internal/egress
+// is the datapath feature.
+package egressspec
 
 import (
 	"fmt"
