@@ -31,28 +31,43 @@
  * goes on. */
 #define EGRESS_PASS 0
 #define EGRESS_TAKEN 1
-/* Ports tried for a new flow, from a hash of its 5-tuple on: enough that a
- * slice far from full always has one; a slice nearly full may refuse
- * while a port is free (counted as a refusal, the VM's only). */
+/* Ports tried for a new flow, in turn from just past the VM's last claim
+ * (egress_cursors): the oldest claims come first, so a slice whose flows
+ * expire in order refuses only when it is truly full; one whose old flows
+ * live on may refuse while a port further on is free (a refusal, the VM's
+ * only). */
 #define EGRESS_PROBES 32
-#define EGRESS_REPLIED 1
-#define EGRESS_CLOSING 2
+/* A translation's flags: what its flow has shown. */
+#define EGRESS_REPLIED 1      /* something came back */
+#define EGRESS_FIN_OUT 2      /* the VM sent a FIN */
+#define EGRESS_FIN_IN 4       /* the remote sent a FIN */
+#define EGRESS_REMOTE_FIRST 8 /* ... before the VM did: the remote end keeps TIME_WAIT */
+#define EGRESS_RST 16         /* either end sent a RST */
+#define EGRESS_NEW 32         /* (only in set) a SYN of the VM's: a new connection on the tuple */
 #define EGRESS_FRAG_OUT 1
 #define EGRESS_FRAG_IN 2
 
 /* Timeouts (docs/north-south.md): a translation idle longer frees its
  * port. TCP as RFC 5382 asks of a NAT (established: 2 h 4 min), UDP as
- * RFC 4787 (at least 2 min once answered). */
+ * RFC 4787 (at least 2 min once answered). A closed connection frees its
+ * port soon when the VM closed first (the VM keeps TIME_WAIT on its own
+ * tuple, the remote end keeps nothing), after the remote end's TIME_WAIT
+ * (Linux: 60 s) when the remote closed first, so a new flow on the port
+ * never meets the old one's TIME_WAIT. */
 #define EGRESS_SEC 1000000000ULL
 #define EGRESS_TCP_OPENING_NS (60 * EGRESS_SEC)
 #define EGRESS_TCP_ESTABLISHED_NS (7440 * EGRESS_SEC)
-#define EGRESS_TCP_CLOSING_NS (10 * EGRESS_SEC)
+#define EGRESS_TCP_HALF_CLOSED_NS (120 * EGRESS_SEC)
+#define EGRESS_TCP_CLOSED_NS (2 * EGRESS_SEC)
+#define EGRESS_TCP_TIME_WAIT_NS (60 * EGRESS_SEC)
 #define EGRESS_UDP_NS (30 * EGRESS_SEC)
 #define EGRESS_UDP_REPLIED_NS (120 * EGRESS_SEC)
 #define EGRESS_ICMP_NS (30 * EGRESS_SEC)
 
 #define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
 
 static __always_inline struct egress_counters *egress_counters_of(__u32 slot)
 {
@@ -62,8 +77,12 @@ static __always_inline struct egress_counters *egress_counters_of(__u32 slot)
 static __always_inline __u64 egress_timeout(__u8 proto, __u32 flags)
 {
 	if (proto == IPPROTO_TCP_) {
-		if (flags & EGRESS_CLOSING)
-			return EGRESS_TCP_CLOSING_NS;
+		if (flags & EGRESS_RST)
+			return EGRESS_TCP_CLOSED_NS;
+		if ((flags & (EGRESS_FIN_OUT | EGRESS_FIN_IN)) == (EGRESS_FIN_OUT | EGRESS_FIN_IN))
+			return (flags & EGRESS_REMOTE_FIRST) ? EGRESS_TCP_TIME_WAIT_NS : EGRESS_TCP_CLOSED_NS;
+		if (flags & (EGRESS_FIN_OUT | EGRESS_FIN_IN))
+			return EGRESS_TCP_HALF_CLOSED_NS;
 		return (flags & EGRESS_REPLIED) ? EGRESS_TCP_ESTABLISHED_NS : EGRESS_TCP_OPENING_NS;
 	}
 	if (proto == IPPROTO_UDP_)
@@ -83,7 +102,10 @@ static __always_inline __u32 egress_index(__u8 proto, __u32 uplink, __u16 port)
  * only a claim, under the lock, takes a port that has expired. */
 static __always_inline void egress_touch(struct egress_map *m, __u8 proto, __u32 set, __u64 now)
 {
-	__u32 f = m->flags | set;
+	__u32 f = (set & EGRESS_NEW) ? 0 : m->flags;
+	if ((set & EGRESS_FIN_IN) && !(f & EGRESS_FIN_OUT))
+		set |= EGRESS_REMOTE_FIRST;
+	f |= set & ~EGRESS_NEW;
 	if (f != m->flags)
 		m->flags = f;
 	m->expires_ns = now + egress_timeout(proto, f);
@@ -117,8 +139,8 @@ static __always_inline int egress_take(struct egress_map *m, const struct egress
 
 /* The port of vm's slice flow k leaves by (host order), found or claimed:
  * 0 when the slice has no free port among those tried. */
-static __always_inline __u16 egress_port_for(const struct egress_flow_key *k, const struct egress_vm *vm, __u64 now,
-					     __u32 set, struct egress_counters *c)
+static __always_inline __u16 egress_port_for(const struct egress_flow_key *k, const struct egress_vm *vm, __u32 slot,
+					     __u64 now, __u32 set, struct egress_counters *c)
 {
 	__u16 lo = vm->lo, hi = vm->hi;
 	if (hi < lo || !lo)
@@ -141,8 +163,10 @@ static __always_inline __u16 egress_port_for(const struct egress_flow_key *k, co
 		}
 	}
 	__u32 size = (__u32)hi - lo + 1;
-	__u32 start = (k->remote ^ k->vm_port ^ ((__u32)k->remote_port << 16) ^ k->proto) * 2654435761u;
-	start = (start >> 8) % size;
+	__u32 *cursor = bpf_map_lookup_elem(&egress_cursors, &slot);
+	if (!cursor)
+		return 0;
+	__u32 start = *cursor % size;
 	for (int i = 0; i < EGRESS_PROBES; i++) {
 		if (i >= size)
 			break;
@@ -171,6 +195,7 @@ static __always_inline __u16 egress_port_for(const struct egress_flow_key *k, co
 			return 0;
 		}
 		egress_touch(m, k->proto, set, now);
+		*cursor = off + 1; /* a race loses a turn, never a port: claims hold the lock */
 		if (c)
 			c->flows += 1;
 		return port;
@@ -275,8 +300,12 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 		__u8 *fl = (void *)ip + (ip->ihl & 0xf) * 4 + 13;
 		if ((void *)(fl + 1) > pkt->data_end)
 			return drop_packet(skb, pkt, DROP_MALFORMED);
-		if (*fl & (TCP_FLAG_FIN | TCP_FLAG_RST))
-			set = EGRESS_CLOSING;
+		if (*fl & TCP_FLAG_FIN)
+			set |= EGRESS_FIN_OUT;
+		if (*fl & TCP_FLAG_RST)
+			set |= EGRESS_RST;
+		if ((*fl & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+			set |= EGRESS_NEW; /* the tuple again, after its last connection closed */
 	}
 	if (vif->firewall) {
 		__u16 fw_port = proto == IPPROTO_ICMP_ ? 0 : bpf_ntohs(p.dport);
@@ -286,7 +315,7 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 	int r = take_gateway_hop(ip);
 	if (r)
 		return drop_packet(skb, pkt, r);
-	__u16 port = egress_port_for(&k, vm, now, set, c);
+	__u16 port = egress_port_for(&k, vm, slot, now, set, c);
 	if (!port) {
 		if (c)
 			c->refused += 1;
@@ -473,8 +502,10 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 			__u8 *fl = (void *)ip + (ip->ihl & 0xf) * 4 + 13;
 			if ((void *)(fl + 1) > pkt->data_end)
 				return EGRESS_PASS;
-			if (*fl & (TCP_FLAG_FIN | TCP_FLAG_RST))
-				set |= EGRESS_CLOSING;
+			if (*fl & TCP_FLAG_FIN)
+				set |= EGRESS_FIN_IN;
+			if (*fl & TCP_FLAG_RST)
+				set |= EGRESS_RST;
 		}
 	} else {
 		return EGRESS_PASS;

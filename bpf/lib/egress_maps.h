@@ -196,6 +196,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egress_frags SEC(".maps");
 
+/* Per slot: where the VM's next claim starts, just past its last one, so
+ * ports are taken in turn and the next tried is the one claimed longest
+ * ago: the likeliest to have expired. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EGRESS_MAX_VMS + 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_cursors SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, EGRESS_MAX_VMS + 1);

@@ -407,6 +407,7 @@ const (
 	uplinkMapDropEvents           = "drop_events"
 	uplinkMapDrops                = "drops"
 	uplinkMapEgressAddrs          = "egress_addrs"
+	uplinkMapEgressCursors        = "egress_cursors"
 	uplinkMapEgressFlows          = "egress_flows"
 	uplinkMapEgressFrags          = "egress_frags"
 	uplinkMapEgressPorts          = "egress_ports"
@@ -512,6 +513,7 @@ type uplinkMapSpecs struct {
 	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops                *ebpf.MapSpec `ebpf:"drops"`
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
@@ -593,6 +595,7 @@ type uplinkMaps struct {
 	DropEvents           *ebpf.Map `ebpf:"drop_events"`
 	Drops                *ebpf.Map `ebpf:"drops"`
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
@@ -646,6 +649,7 @@ func (m *uplinkMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.EgressAddrs,
+		m.EgressCursors,
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,

@@ -414,6 +414,7 @@ const (
 	uplinkTestMapDropEvents           = "drop_events"
 	uplinkTestMapDrops                = "drops"
 	uplinkTestMapEgressAddrs          = "egress_addrs"
+	uplinkTestMapEgressCursors        = "egress_cursors"
 	uplinkTestMapEgressFlows          = "egress_flows"
 	uplinkTestMapEgressFrags          = "egress_frags"
 	uplinkTestMapEgressPorts          = "egress_ports"
@@ -522,6 +523,7 @@ type uplinkTestMapSpecs struct {
 	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops                *ebpf.MapSpec `ebpf:"drops"`
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
@@ -606,6 +608,7 @@ type uplinkTestMaps struct {
 	DropEvents           *ebpf.Map `ebpf:"drop_events"`
 	Drops                *ebpf.Map `ebpf:"drops"`
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
@@ -660,6 +663,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.EgressAddrs,
+		m.EgressCursors,
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,

@@ -555,6 +555,7 @@ const (
 	vifMapDropEvents           = "drop_events"
 	vifMapDrops                = "drops"
 	vifMapEgressAddrs          = "egress_addrs"
+	vifMapEgressCursors        = "egress_cursors"
 	vifMapEgressFlows          = "egress_flows"
 	vifMapEgressFrags          = "egress_frags"
 	vifMapEgressPorts          = "egress_ports"
@@ -671,6 +672,7 @@ type vifMapSpecs struct {
 	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops                *ebpf.MapSpec `ebpf:"drops"`
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
@@ -761,6 +763,7 @@ type vifMaps struct {
 	DropEvents           *ebpf.Map `ebpf:"drop_events"`
 	Drops                *ebpf.Map `ebpf:"drops"`
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
@@ -814,6 +817,7 @@ func (m *vifMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.EgressAddrs,
+		m.EgressCursors,
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,

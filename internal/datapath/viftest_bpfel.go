@@ -426,6 +426,7 @@ const (
 	vifTestMapDropEvents           = "drop_events"
 	vifTestMapDrops                = "drops"
 	vifTestMapEgressAddrs          = "egress_addrs"
+	vifTestMapEgressCursors        = "egress_cursors"
 	vifTestMapEgressFlows          = "egress_flows"
 	vifTestMapEgressFrags          = "egress_frags"
 	vifTestMapEgressPorts          = "egress_ports"
@@ -545,6 +546,7 @@ type vifTestMapSpecs struct {
 	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops                *ebpf.MapSpec `ebpf:"drops"`
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
@@ -638,6 +640,7 @@ type vifTestMaps struct {
 	DropEvents           *ebpf.Map `ebpf:"drop_events"`
 	Drops                *ebpf.Map `ebpf:"drops"`
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
@@ -692,6 +695,7 @@ func (m *vifTestMaps) Close() error {
 		m.DropEvents,
 		m.Drops,
 		m.EgressAddrs,
+		m.EgressCursors,
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,

@@ -85,6 +85,7 @@ func (f *Feature) Maps() []feature.Map {
 		own(MapState, "one translation per protocol and port of a slice; free once its per-protocol timeout passes (docs/north-south.md)"),
 		own(MapFlows, "one entry per claimed port, deleted when the port is claimed again; bounded by the slices"),
 		own(MapFrags, "LRU of 16384 datagrams; a record steers later fragments for 2 s"),
+		own(MapCursors, "one word per slot: where its VM's next claim starts; any value is a valid start"),
 		own(MapStats, "per-CPU counters per slot, zeroed when a VM takes or leaves the slot"),
 	}
 }
