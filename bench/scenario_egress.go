@@ -53,22 +53,8 @@ var egressScenario = &Scenario{
 var egressNATScenario = &Scenario{
 	Name:        "egressnat",
 	Description: "lab " + egressLabSpec.Name + ": guest " + netnsPrefix + "egressnat (172.31.0.2, private) behind nftables masquerade on h1 -> inet",
-	Build: func(ctx context.Context, e *Env) ([]*Pair, error) {
-		l, err := e.Lab(ctx, egressLabSpec)
-		if err != nil {
-			return nil, err
-		}
-		ns, err := withNATGuest(ctx, e, l, "egressnat")
-		if err != nil {
-			return nil, err
-		}
-		inet, err := l.Addr("inet")
-		if err != nil {
-			return nil, err
-		}
-		return []*Pair{{DstIP: inet, Src: InNetns(ns), Dst: e.inLab(l.Name, "inet"), Server: l.Name + "/inet"}}, nil
-	},
-	Tests: egressTests,
+	Build:       natToInet(egressLabSpec, "egressnat"),
+	Tests:       egressTests,
 }
 
 // egressFloorScenario: h1's own stack -> inet: a routable address, nothing

@@ -64,12 +64,18 @@ const natNetns = "natguest"
 var natScenario = &Scenario{
 	Name:        "nat",
 	Description: "lab " + portspaceLab.Name + ": guest " + netnsPrefix + natNetns + " (172.31.0.2, private) behind nftables SNAT/DNAT on h1 -> inet",
-	Build: func(ctx context.Context, e *Env) ([]*Pair, error) {
-		l, err := e.Lab(ctx, portspaceLab)
+	Build:       natToInet(portspaceLab, natNetns),
+}
+
+// natToInet builds the pair of a guest (Env.Netns's name) behind nftables
+// NAT on h1 of spec's lab (withNATGuest) -> inet.
+func natToInet(spec LabSpec, guest string) func(ctx context.Context, e *Env) ([]*Pair, error) {
+	return func(ctx context.Context, e *Env) ([]*Pair, error) {
+		l, err := e.Lab(ctx, spec)
 		if err != nil {
 			return nil, err
 		}
-		ns, err := withNATGuest(ctx, e, l, natNetns)
+		ns, err := withNATGuest(ctx, e, l, guest)
 		if err != nil {
 			return nil, err
 		}
@@ -78,7 +84,7 @@ var natScenario = &Scenario{
 			return nil, err
 		}
 		return []*Pair{{DstIP: inet, Src: InNetns(ns), Dst: e.inLab(l.Name, "inet"), Server: l.Name + "/inet"}}, nil
-	},
+	}
 }
 
 // withNATGuest plugs a guest namespace (Env.Netns's name) into h1 of l

@@ -50,16 +50,17 @@
 /* Timeouts (docs/north-south.md): a translation idle longer frees its
  * port. TCP as RFC 5382 asks of a NAT (established: 2 h 4 min), UDP as
  * RFC 4787 (at least 2 min once answered). A closed connection frees its
- * port soon when the VM closed first (the VM keeps TIME_WAIT on its own
- * tuple, the remote end keeps nothing), after the remote end's TIME_WAIT
- * (Linux: 60 s) when the remote closed first, so a new flow on the port
- * never meets the old one's TIME_WAIT. */
+ * port soon: when the VM closed first the remote end keeps no TIME_WAIT;
+ * when the remote did, a new flow of the same VM on the port to the same
+ * remote end reopens its TIME_WAIT (RFC 6191: the SYN's timestamp is newer,
+ * since Linux gives one source and destination pair one timestamp clock),
+ * and a flow to another remote end does not meet it at all. */
 #define EGRESS_SEC 1000000000ULL
 #define EGRESS_TCP_OPENING_NS (60 * EGRESS_SEC)
 #define EGRESS_TCP_ESTABLISHED_NS (7440 * EGRESS_SEC)
 #define EGRESS_TCP_HALF_CLOSED_NS (120 * EGRESS_SEC)
 #define EGRESS_TCP_CLOSED_NS (2 * EGRESS_SEC)
-#define EGRESS_TCP_TIME_WAIT_NS (60 * EGRESS_SEC)
+#define EGRESS_TCP_TIME_WAIT_NS (2 * EGRESS_SEC)
 #define EGRESS_UDP_NS (30 * EGRESS_SEC)
 #define EGRESS_UDP_REPLIED_NS (120 * EGRESS_SEC)
 #define EGRESS_ICMP_NS (30 * EGRESS_SEC)

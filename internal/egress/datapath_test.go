@@ -345,3 +345,45 @@ func TestPrivilegedEgressOffReachesNothingOutside(t *testing.T) {
 			Verdict: bpftest.ActShot, Counters: bpftest.Counters{"drop egress_no_mapping": 1}},
 	})
 }
+
+// An expired translation's port is taken by the next new flow: a full
+// slice refuses only while its flows live.
+func TestPrivilegedEgressPortsOfExpiredFlowsAreTakenAgain(t *testing.T) {
+	h := loadEgressHost(t, egressDesired())
+	vif := h.k.VifProgram()
+	flow := func(sport uint16) []byte {
+		return fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: layers.IPProtocolTCP, Sport: sport, Dport: 80}).Bytes(t)
+	}
+	for sport := uint16(40000); sport < 40004; sport++ {
+		if r := bpftest.Run(t, vif, flow(sport)); r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("flow %d: verdict %d", sport, r.Verdict)
+		}
+	}
+	if r := bpftest.Run(t, vif, flow(40004)); r.Verdict != bpftest.ActShot {
+		t.Fatalf("a fifth flow into a full slice: verdict %d, want refused", r.Verdict)
+	}
+	// Age every translation of a's slice past its deadline.
+	st, err := h.k.Map(MapState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := uint32(sliceALo); p <= sliceALo+3; p++ {
+		var m mapRecord
+		if err := st.Lookup(p, &m); err != nil {
+			t.Fatal(err)
+		}
+		m.ExpiresNs = 1
+		if err := st.Put(p, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for sport := uint16(40005); sport < 40009; sport++ {
+		r := bpftest.Run(t, vif, flow(sport))
+		if r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("flow %d after the slice's flows expired: verdict %d, want a port", sport, r.Verdict)
+		}
+		if p := l4Word(r.Out, 0); p < sliceALo || p > sliceALo+3 {
+			t.Errorf("flow %d left by port %d, outside a's slice", sport, p)
+		}
+	}
+}
