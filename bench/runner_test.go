@@ -87,7 +87,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	nd := len(figuresOf(&Scenario{}))       // the default tests' figures
 	nc := len(figuresOf(cloudFullScenario)) // the cloud scenarios run tcp only: tcp and cpu
 	nv := len(figuresOf(vnat1Scenario))     // the VNAT scenarios' five tests give six figures
-	ne := len(figuresOf(egressScenario))    // egress: the default tests and crr
+	ne := len(figuresOf(egressScenario))    // egress: the default tests
 	if len(comps) != 10*nd+3*nc+3*nv+2*ne {
 		t.Errorf("%d comparisons, want %d (10 pairs x %d figures, 3 cloud pairs x %d, 3 VNAT pairs x %d, 2 egress pairs x %d)", len(comps), 10*nd+3*nc+3*nv+2*ne, nd, nc, nv, ne)
 	}
@@ -109,7 +109,6 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 		{"egress", "egressnat", "tcp", 1.0, false},
 		{"egress", "egressnat", "udp64", 1.3, false},
 		{"egress", "egressnat", "rtt", 0.9, false},
-		{"egress", "egressnat", "crr", 1.0, false},
 		{"egress", "egressfloor", "tcp", 0, false},
 		{"sliver", "pshost", "tcp", 0.97, false},
 		{"sliver", "pshost", "udp64", 0.97, false},
