@@ -124,8 +124,9 @@ func farmSetCmd() *cobra.Command {
 	var on bool
 	var to string
 	var slice int
+	var output outputFormat
 	cmd := &cobra.Command{
-		Use: "set FARM --egress [--egress-to CIDR,...] [--egress-slice N] | --egress=false", Short: "Change a farm's settings: egress to outside the tenant space", Args: cobra.ExactArgs(1),
+		Use: "set FARM --egress [--egress-to CIDR,...] [--egress-slice N] | --egress=false [-o json]", Short: "Change a farm's settings: egress to outside the tenant space", Args: cobra.ExactArgs(1),
 		Long: `With --egress, the farm's VMs reach addresses outside the tenant space through
 their own host's address: each VM gets a slice of that address's ports
 (--egress-slice, ` + fmt.Sprint(egressspec.MinSlice) + `..` + fmt.Sprint(egressspec.MaxSlice) + `, default ` + fmt.Sprint(egressspec.DefaultSlice) + `), one connection per port, and may reach
@@ -160,10 +161,14 @@ slices back. See docs/north-south.md.`,
 			if err := c.Do("PUT", "/v1/farms/"+args[0]+"/egress", s, &f); err != nil {
 				return err
 			}
+			if output == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), f)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "farm %s: egress %s\n", f.Name, farmEgressSummary(f.Egress))
 			return nil
 		},
 	}
+	addOutputFlag(cmd.Flags(), &output)
 	cmd.Flags().BoolVar(&on, "egress", false, "let the farm's VMs reach outside the tenant space through their host's address")
 	cmd.Flags().StringVar(&to, "egress-to", "", "the IPv4 prefixes they may reach, comma-separated (default anywhere)")
 	cmd.Flags().IntVar(&slice, "egress-slice", 0, fmt.Sprintf("ports of the host's address per VM (%d..%d, default %d)", egressspec.MinSlice, egressspec.MaxSlice, egressspec.DefaultSlice))
