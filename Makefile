@@ -59,7 +59,7 @@ unit-test:
 	@# The per-packet cost benchmarks, run once each: not timed here, but a
 	@# benchmark whose frame no longer takes the path it times fails now,
 	@# not on the day someone measures with it.
-	$(GO) test -count=1 -run '^$$' -bench 'PacketCost|PortspaceCost|TapCost' -benchtime 1x ./internal/datapath/ ./internal/portspace/ ./internal/tap/
+	$(GO) test -count=1 -run '^$$' -bench 'PacketCost|PortspaceCost|TapCost|EgressCost' -benchtime 1x ./internal/datapath/ ./internal/portspace/ ./internal/tap/ ./internal/egress/
 	@# A create's cost as hosts fill (100 against 2,000 VMs a host), once each.
 	$(GO) test -count=1 -run '^$$' -bench 'CreateVMWithNOnHost|CreatePassWithNOnHost' -benchtime 1x ./internal/controller/ ./internal/agent/
 

@@ -65,7 +65,7 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 	for _, s := range scenarios {
 		all = append(all, s.Name)
 	}
-	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "tapguest", "tapguest-plain", "cni", "sliver", "pshost", "nat", "tapped", "observed", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone", "vnat-base", "vnat1", "vnat2", "vnat-restore", "api-authz", "trace"}; !reflect.DeepEqual(all, want) {
+	if want := []string{"onehop", "routed", "routed-2", "router", "router-2", "bridge", "veth", "tapguest", "tapguest-plain", "cni", "sliver", "pshost", "nat", "egress", "egressnat", "egressfloor", "tapped", "observed", "cloudfull", "cloudtproxy", "cloudnat", "cloudtwo", "cloudone", "vnat-base", "vnat1", "vnat2", "vnat-restore", "api-authz", "trace"}; !reflect.DeepEqual(all, want) {
 		t.Fatalf("scenarios %v, want %v", all, want)
 	}
 	comps, err := Comparisons(scenarios, all)
@@ -81,15 +81,16 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 			order = append(order, p)
 		}
 	}
-	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "tapguest/onehop", "tapguest-plain/onehop", "sliver/pshost", "sliver/nat", "tapped/onehop", "observed/routed", "cloudfull/cloudnat", "cloudfull/cloudtproxy", "cloudtwo/cloudone", "vnat1/vnat-base", "vnat2/vnat-base", "vnat2/vnat1"}; !reflect.DeepEqual(order, want) {
+	if want := []string{"onehop/bridge", "onehop/veth", "routed/onehop", "routed/router", "routed-2/router-2", "tapguest/onehop", "tapguest-plain/onehop", "sliver/pshost", "sliver/nat", "egress/egressnat", "egress/egressfloor", "tapped/onehop", "observed/routed", "cloudfull/cloudnat", "cloudfull/cloudtproxy", "cloudtwo/cloudone", "vnat1/vnat-base", "vnat2/vnat-base", "vnat2/vnat1"}; !reflect.DeepEqual(order, want) {
 		t.Errorf("comparisons %v, want %v", order, want)
 	}
 	nd := len(figuresOf(&Scenario{}))       // the default tests' figures
 	nc := len(figuresOf(cloudFullScenario)) // the cloud scenarios run tcp only: tcp and cpu
 	nv := len(figuresOf(vnat1Scenario))     // the VNAT scenarios' five tests give six figures
 	no := len(figuresOf(observedScenario))  // rtt and udp64
-	if len(comps) != 10*nd+3*nc+3*nv+no {
-		t.Errorf("%d comparisons, want %d (10 pairs x %d figures, 3 cloud pairs x %d, 3 VNAT pairs x %d, observed/routed x %d)", len(comps), 10*nd+3*nc+3*nv+no, nd, nc, nv, no)
+	ne := len(figuresOf(egressScenario))    // egress: the default tests
+	if len(comps) != 10*nd+3*nc+3*nv+no+2*ne {
+		t.Errorf("%d comparisons, want %d (10 pairs x %d figures, 3 cloud pairs x %d, 3 VNAT pairs x %d, observed/routed x %d, 2 egress pairs x %d)", len(comps), 10*nd+3*nc+3*nv+no+2*ne, nd, nc, nv, no, ne)
 	}
 	for _, w := range []comparison{
 		{"onehop", "bridge", "tcp", 1.0, false},
@@ -106,6 +107,10 @@ func TestComparisonsCoverEveryFigureAndKeepTheTargets(t *testing.T) {
 		{"routed-2", "router-2", "rtt", 1.0, true},
 		{"routed-2", "router-2", "udp64", 1.2, false},
 		{"routed-2", "router-2", "cpu", 0, false},
+		{"egress", "egressnat", "tcp", 1.0, false},
+		{"egress", "egressnat", "udp64", 1.3, false},
+		{"egress", "egressnat", "rtt", 0.9, false},
+		{"egress", "egressfloor", "tcp", 0, false},
 		{"sliver", "pshost", "tcp", 0.97, false},
 		{"sliver", "pshost", "udp64", 0.97, false},
 		{"sliver", "pshost", "rtt", 1.05, false},

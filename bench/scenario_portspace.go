@@ -64,12 +64,18 @@ const natNetns = "natguest"
 var natScenario = &Scenario{
 	Name:        "nat",
 	Description: "lab " + portspaceLab.Name + ": guest " + netnsPrefix + natNetns + " (172.31.0.2, private) behind nftables SNAT/DNAT on h1 -> inet",
-	Build: func(ctx context.Context, e *Env) ([]*Pair, error) {
-		l, err := e.Lab(ctx, portspaceLab)
+	Build:       natToInet(portspaceLab, natNetns),
+}
+
+// natToInet builds the pair of a guest (Env.Netns's name) behind nftables
+// NAT on h1 of spec's lab (withNATGuest) -> inet.
+func natToInet(spec LabSpec, guest string) func(ctx context.Context, e *Env) ([]*Pair, error) {
+	return func(ctx context.Context, e *Env) ([]*Pair, error) {
+		l, err := e.Lab(ctx, spec)
 		if err != nil {
 			return nil, err
 		}
-		ns, err := withNATGuest(ctx, e, l)
+		ns, err := withNATGuest(ctx, e, l, guest)
 		if err != nil {
 			return nil, err
 		}
@@ -78,18 +84,19 @@ var natScenario = &Scenario{
 			return nil, err
 		}
 		return []*Pair{{DstIP: inet, Src: InNetns(ns), Dst: e.inLab(l.Name, "inet"), Server: l.Name + "/inet"}}, nil
-	},
+	}
 }
 
-// withNATGuest plugs a guest namespace into h1 behind NAT: a veth to h1
-// (172.31.0.1/30 on h1's side), h1 forwarding, and a table of its own in
-// h1's nftables that masquerades the guest's traffic out of the uplink and
-// forwards ports 11000-11999 of h1's address to it.
-func withNATGuest(ctx context.Context, e *Env, l *Lab) (string, error) {
-	ns := netnsPrefix + natNetns
-	err := e.Once("nat guest", func() error {
+// withNATGuest plugs a guest namespace (Env.Netns's name) into h1 of l
+// behind NAT: a veth to h1 (172.31.0.1/30 on h1's side), h1 forwarding,
+// and a table of its own in h1's nftables that masquerades the guest's
+// traffic out of the uplink and forwards ports 11000-11999 of h1's address
+// to it.
+func withNATGuest(ctx context.Context, e *Env, l *Lab, name string) (string, error) {
+	ns := netnsPrefix + name
+	err := e.Once("nat guest "+name, func() error {
 		progress("setup: guest %s behind nftables NAT on %s's h1", ns, l.Name)
-		if _, err := e.Netns(ctx, natNetns); err != nil {
+		if _, err := e.Netns(ctx, name); err != nil {
 			return err
 		}
 		h1 := l.Netns("h1")

@@ -20,6 +20,7 @@
 #include "lib/frag.h"
 #include "lib/tap.h"
 #include "lib/vnat_service.h"
+#include "lib/egress.h"
 /* Not used here: its maps are defined with the rest, so every program
  * shares them by name (internal/datapath). */
 #include "lib/portspace_maps.h"
@@ -40,6 +41,38 @@ const enum share_kind *_share_kind_type __attribute__((unused));
 const enum feature_bit *_feature_bit_type __attribute__((unused));
 const enum vif_kind *_vif_kind_type __attribute__((unused));
 const enum guest_mark *_guest_mark_type __attribute__((unused));
+
+/* A VM's packet to an address outside the tenant space, which vif_ingress
+ * has judged (anti-spoofing, DHCP, the VNAT service, ARP, broadcast) and
+ * hands on by a tail call: egress_out inlined or called from vif_ingress
+ * would add to the frame of a program whose deepest call chain (a TAP
+ * copy) is within bytes of BPF's 512-byte stack; a tail call's program
+ * starts with a stack of its own. Only egress_tail reaches it: nothing
+ * attaches it. */
+SEC("tc")
+int vif_egress(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	int reason = parse_packet(skb, &pkt);
+	__u32 ifindex = skb->ifindex;
+	struct vif_info *vif = bpf_map_lookup_elem(&vifs, &ifindex);
+	struct node_config *cfg = node_config();
+	if (reason || !pkt.ip || !vif || !cfg)
+		return drop_packet(skb, &pkt, reason ? reason : DROP_NO_ROUTE);
+	return egress_out(skb, &pkt, vif, cfg->policy_epoch);
+}
+
+/* vif_ingress's way into vif_egress. Not pinned: each loaded instance (the
+ * live one, a trace's) has its own, filled by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__array(values, int(struct __sk_buff *));
+} egress_tail SEC(".maps") = {
+	.values = {[0] = (void *)&vif_egress},
+};
 
 /* Every frame a guest sends. On a veth or a tap that is the vif's ingress;
  * on a macvtap it is its egress, since what the guest writes to the
@@ -148,10 +181,24 @@ int vif_ingress(struct __sk_buff *skb)
 		count_forward(FWD_TO_FABRIC);
 		return redirect_out(cfg->uplink_ifindex);
 	}
-	/* Outside the tenant space, or a subnet's network (.0) or gateway (.1)
-	 * address, which no VM holds (the gateway only answers ping). */
+	if (!in_vm_space(cfg, ip->daddr)) {
+		if (!feature_on(cfg, FEATURE_EGRESS))
+			return drop_packet(skb, &pkt, DROP_NO_ROUTE);
+		/* egress.h claims ports and keeps its own counters: a trace
+		 * stops at its door rather than spend a slice's port. */
+		if (trace_mode) {
+			trace_forward(FWD_EGRESS_OUT);
+			return TC_ACT_SHOT;
+		}
+		/* Through its host's address (egress.h), in a program of its
+		 * own: its stack then starts empty (see vif_egress). */
+		bpf_tail_call(skb, &egress_tail, 0);
+		return drop_packet(skb, &pkt, DROP_NO_ROUTE); /* no vif_egress in the array */
+	}
+	/* A subnet's network (.0) or gateway (.1) address, which no VM holds
+	 * (the gateway only answers ping). */
 	__u32 host_id = host_of(ip->daddr);
-	if (!in_vm_space(cfg, ip->daddr) || host_id == 0 || host_id == 1)
+	if (host_id == 0 || host_id == 1)
 		return drop_packet(skb, &pkt, DROP_NO_ROUTE);
 	struct endpoint *local = bpf_map_lookup_elem(&endpoints, &ip->daddr);
 	reason = admit_fragments(&pkt, vif->firewall, local && local->firewall, cfg->policy_epoch, vif->ip);

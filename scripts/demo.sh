@@ -208,6 +208,23 @@ rm -f "$STATE/demo-udhcpc.sh"
 grep lease: <<<"$lease"
 note "web2's own address ($WEB2), its gateway, a 7-day lease; the request never left h2"
 
+# TestPrivilegedVMsOnTwoHostsReachInetThroughTheirOwnHostsSlices asserts this.
+INET=$(iface inet eth0 addr)
+say "Egress: blue's VMs reach inet ($INET), outside the tenant space, through their own host's address"
+"$ONEHOP" lab exec --lab "$LAB" inet -- timeout 60 python3 -m http.server 8080 --bind "$INET" >/dev/null 2>&1 &
+BG+=("$!")
+wait_listening inet 8080
+op get vms | grep -E '^VM|web1|red1'
+printf '$ onehop lab exec web1 -- curl -s http://%s:8080/\n' "$INET"
+on web1 curl -sf -m 5 "http://$INET:8080/" | grep -m1 -o '<title>.*</title>' | sed 's/^/   /' || failed "web1 cannot fetch from inet"
+note "inet saw h1's address ($(iface h1 uplink0 addr)) with a port of web1's slice; the reply came back by that port, in one array lookup"
+printf '$ onehop lab exec red1 -- curl -s -m 2 http://%s:8080/\n' "$INET"
+n=$(drops h1 no_route)
+if out=$(on red1 curl -sf -m 2 "http://$INET:8080/" 2>&1); then leak "red1 (no egress) fetched from inet: $out"; fi
+blocked "red's farm has no egress: nothing outside"
+counted "$n" h1 no_route
+stop_bg
+
 # TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection asserts this.
 say "A VM moves (like a live migration): web3 goes from h1 to h3 and keeps its address and MAC"
 printf '$ onehop lab move web3 --to h3\n'

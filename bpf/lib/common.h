@@ -42,6 +42,7 @@ enum feature_bit {
 	FEATURE_PORTSPACE = 1 << 0,     /* slivers share the host's address (portspace.h) */
 	FEATURE_TAP = 1 << 1,           /* copies of tapped traffic to monitor VMs (tap.h) */
 	FEATURE_VNAT_LOCATION = 1 << 2, /* VMs' VNAT daemons reach the location server through the host (vnat_service.h) */
+	FEATURE_EGRESS = 1 << 3,        /* VMs reach outside the tenant space through slices of the host's address (egress.h) */
 };
 
 static __always_inline int feature_on(const struct node_config *cfg, __u32 bit)
@@ -106,6 +107,12 @@ enum drop_reason {
 	/* Revocation (policy.h, admit). */
 	DROP_REVOKED, /* a flow admitted before, cut because the rules changed (a rule, peering or firewall allow removed):
 		       * counted once per flow cut on this host, at the packet that found it no longer allowed */
+	/* North-south egress (egress.h). */
+	DROP_EGRESS_NOT_ALLOWED, /* a VM's packet outside the tenant space to a destination its farm's egress list does not hold */
+	DROP_EGRESS_SLICE_FULL,  /* a VM's new flow out found no free port in its own slice: refused, counted for the VM */
+	DROP_EGRESS_NO_MAPPING,  /* to a port of a VM's slice with no live translation for its sender */
+	DROP_EGRESS_PROTO,       /* a VM sent outside the tenant space neither TCP, UDP nor an ICMP echo request */
+	DROP_EGRESS_TO_HOST,     /* a VM's packet to its host's own address through the translation */
 	DROP_REASON_MAX,
 };
 
@@ -130,6 +137,8 @@ enum forward_path {
 	FWD_TAP_COPY_REMOTE,    /* TAP: a marked copy to a monitor's host, out of the uplink */
 	FWD_TAP_COPY_RECOVERED, /* TAP: a copy from the fabric, restored, into a monitor on this host */
 	FWD_VNAT_LOCATION,      /* a VM's VNAT daemon to the location service, handed to the host's stack (vnat_service.h) */
+	FWD_EGRESS_OUT,         /* a VM's packet translated to a slice of the host's address, out of the uplink (egress.h) */
+	FWD_EGRESS_IN,          /* a reply (or ICMP error) to a slice's port, translated back into its VM */
 	FWD_PATH_MAX,
 };
 

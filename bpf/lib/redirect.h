@@ -21,6 +21,7 @@ enum redirect_kind {
 	REDIRECT_CLONE,
 	REDIRECT_IN,       /* bpf_redirect to a device's ingress, as if it had arrived there */
 	REDIRECT_CLONE_IN, /* bpf_clone_redirect to a device's ingress: a copy into a macvtap guest */
+	REDIRECT_NEIGH,    /* bpf_redirect_neigh out of a device: the host's routes and neighbours pick the MACs */
 };
 
 /* In BTF for bpf2go -type: a trace names the kind of its target. */
@@ -71,6 +72,14 @@ static __always_inline int redirect_out(__u32 ifindex)
 	if (trace_mode)
 		trace_target(ifindex, REDIRECT_OUT);
 	return bpf_redirect(ifindex, 0);
+}
+
+/* Out of the device with this ifindex, to the next hop the host's own FIB
+ * and neighbour table give (egress.h: destinations outside tenant space). */
+static __always_inline int redirect_neigh(__u32 ifindex)
+{
+	log_redirect(ifindex, REDIRECT_NEIGH);
+	return bpf_redirect_neigh(ifindex, 0, 0, 0);
 }
 
 /* Straight into the namespace of the veth peer of ifindex, as if it had

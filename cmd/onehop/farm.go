@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onehop/onehop/internal/client"
+	"github.com/onehop/onehop/internal/egressspec"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/topology"
 )
@@ -42,7 +43,7 @@ without it such ARP is dropped, as on a real router.`,
 		},
 	}
 	farmCreate.Flags().BoolVar(&proxyARP, "proxy-arp", false, "answer VMs' ARP for other subnets with the gateway's MAC")
-	farm.AddCommand(farmCreate, listCmd("farms with their ids, peers and rules", "/v1/farms", nil, printFarms), farmGetCmd(), farmDeleteCmd())
+	farm.AddCommand(farmCreate, farmSetCmd(), listCmd("farms with their ids, peers and rules", "/v1/farms", nil, printFarms), farmGetCmd(), farmDeleteCmd())
 	return farm
 }
 
@@ -57,7 +58,7 @@ func farmGetCmd() *cobra.Command {
 			}
 			return showOne(cmd, "/v1/farms/"+args[0], output, func(f intent.Farm) string {
 				var b strings.Builder
-				fmt.Fprintf(&b, "farm %s: id %d, 10.%d.0.0/16, proxy ARP %s\n", f.Name, f.ID, f.ID, onOff(f.ProxyARP))
+				fmt.Fprintf(&b, "farm %s: id %d, 10.%d.0.0/16, proxy ARP %s, egress %s\n", f.Name, f.ID, f.ID, onOff(f.ProxyARP), farmEgressSummary(f.Egress))
 				if len(f.Peers) > 0 {
 					fmt.Fprintf(&b, "peers: %s\n", strings.Join(f.Peers, ", "))
 				}
@@ -110,3 +111,66 @@ func printFarms(c *client.Client, path string, output outputFormat, w io.Writer)
 var farmListing = listing{kind: "farms", print: func(c *client.Client, output outputFormat, w io.Writer) error {
 	return printFarms(c, "/v1/farms", output, w)
 }}
+
+// farmEgressSummary is a farm's egress setting in a line.
+func farmEgressSummary(e *intent.FarmEgress) string {
+	if e == nil {
+		return "off"
+	}
+	return fmt.Sprintf("on to %s, slices of %d ports", strings.Join(e.To, ","), e.Slice)
+}
+
+func farmSetCmd() *cobra.Command {
+	var on bool
+	var to string
+	var slice int
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use: "set FARM --egress [--egress-to CIDR,...] [--egress-slice N] | --egress=false [-o json]", Short: "Change a farm's settings: egress to outside the tenant space", Args: cobra.ExactArgs(1),
+		Long: `With --egress, the farm's VMs reach addresses outside the tenant space through
+their own host's address: each VM gets a slice of that address's ports
+(--egress-slice, ` + fmt.Sprint(egressspec.MinSlice) + `..` + fmt.Sprint(egressspec.MaxSlice) + `, default ` + fmt.Sprint(egressspec.DefaultSlice) + `), one connection per port, and may reach
+only the prefixes of --egress-to (default anywhere). --egress=false takes the
+slices back. See docs/north-south.md.`,
+		Example: "  onehop farm set blue --egress\n  onehop farm set blue --egress --egress-to 192.0.2.0/24,198.51.100.0/24 --egress-slice 512\n  onehop farm set blue --egress=false",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := topology.CheckFarmName(args[0]); err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("egress") {
+				return fmt.Errorf("nothing to set: give --egress (or --egress=false)")
+			}
+			s := egressspec.Setting{Enabled: on, Slice: slice}
+			if cmd.Flags().Changed("egress-to") {
+				list, err := egressspec.ParseTo(to)
+				if err != nil {
+					return fmt.Errorf("--egress-to: %w", err)
+				}
+				s.To = list
+			}
+			if on {
+				if _, err := egressspec.Farm(s); err != nil {
+					return fmt.Errorf("--egress: %w", err)
+				}
+			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			var f intent.Farm
+			if err := c.Do("PUT", "/v1/farms/"+args[0]+"/egress", s, &f); err != nil {
+				return err
+			}
+			if output == jsonOutput {
+				return printJSON(cmd.OutOrStdout(), f)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "farm %s: egress %s\n", f.Name, farmEgressSummary(f.Egress))
+			return nil
+		},
+	}
+	addOutputFlag(cmd.Flags(), &output)
+	cmd.Flags().BoolVar(&on, "egress", false, "let the farm's VMs reach outside the tenant space through their host's address")
+	cmd.Flags().StringVar(&to, "egress-to", "", "the IPv4 prefixes they may reach, comma-separated (default anywhere)")
+	cmd.Flags().IntVar(&slice, "egress-slice", 0, fmt.Sprintf("ports of the host's address per VM (%d..%d, default %d)", egressspec.MinSlice, egressspec.MaxSlice, egressspec.DefaultSlice))
+	return cmd
+}

@@ -12,7 +12,7 @@ func TestCLIFarmCreateListGetDeleteAndCascade(t *testing.T) {
 	steps := []cliStep{
 		{[]string{"farm", "create", "red", "--proxy-arp"}, "farm red created: 10.2.0.0/16, proxy ARP on\n", false},
 		{[]string{"farm", "list"}, "red   2   10.2.0.0/16", false},
-		{[]string{"farm", "get", "blue"}, "farm blue: id 1, 10.1.0.0/16, proxy ARP off\n", false},
+		{[]string{"farm", "get", "blue"}, "farm blue: id 1, 10.1.0.0/16, proxy ARP off, egress off\n", false},
 		{[]string{"farm", "get", "red", "-o", "json"}, `"proxyARP": true`, false},
 		{[]string{"farm", "get", "nope"}, `farm: farm "nope": not found`, true},
 		{[]string{"farm", "get", "Blue!"}, `farm name "Blue!" must be lowercase`, true}, // checked before the controller is asked
@@ -58,4 +58,18 @@ func TestCLISubnetCreateListGetDeleteAndCascade(t *testing.T) {
 		{[]string{"subnet", "list", "-o", "json"}, `"name": "front"`, false},
 	}
 	runSteps(t, addr, steps)
+}
+
+func TestCLIFarmSetEgressChecksItsFlagsAndGivesSlices(t *testing.T) {
+	addr, _ := testController(t)
+	runSteps(t, addr, []cliStep{
+		{[]string{"farm", "set", "blue"}, "nothing to set: give --egress (or --egress=false)", true},
+		{[]string{"farm", "set", "blue", "--egress", "--egress-slice", "8"}, "--egress: slice of 8 ports: want 16..4096 (the default is 256)", true},
+		{[]string{"farm", "set", "blue", "--egress", "--egress-to", "10.1.2.3/8"}, `--egress-to: destination 1 "10.1.2.3/8" has host bits set: did you mean 10.0.0.0/8?`, true},
+		{[]string{"farm", "set", "blue", "--egress", "--egress-to", "192.0.2.0/24", "--egress-slice", "64"}, "farm blue: egress on to 192.0.2.0/24, slices of 64 ports\n", false},
+		{[]string{"vm", "get", "blue/web/web1"}, "egress slice 1024-1087\n", false},
+		{[]string{"farm", "set", "blue", "--egress", "--egress-slice", "64", "-o", "json"}, `"slice": 64`, false},
+		{[]string{"farm", "set", "blue", "--egress=false"}, "farm blue: egress off\n", false},
+		{[]string{"vm", "get", "blue/web/web1"}, "egress -\n", false},
+	})
 }

@@ -124,6 +124,16 @@ func printAgentStatus(w io.Writer, st intent.AgentStatus) {
 	}
 	printSliverStats(w, st.Slivers)
 	printTapStats(w, st.Taps)
+	printEgressStats(w, st.Egress)
+}
+
+// printEgressStats writes each egress VM's slice use and what it was
+// refused (docs/north-south.md), by name.
+func printEgressStats(w io.Writer, es []intent.EgressStats) {
+	for _, s := range es {
+		fmt.Fprintf(w, "  egress %-20s slice %s: %d of %d ports live, %d flows opened, %d refused (slice full), %d not allowed; out %d packets %d bytes, in %d packets %d bytes\n",
+			s.Name, s.Slice, s.Live, s.Ports, s.Flows, s.Refused, s.NotAllowed, s.PacketsOut, s.BytesOut, s.PacketsIn, s.BytesIn)
+	}
 }
 
 // printSliverStats writes each sliver's traffic and its drops by reason (the

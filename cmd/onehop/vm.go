@@ -133,7 +133,7 @@ func vmGetCmd() *cobra.Command {
 				return err
 			}
 			return showOne(cmd, "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2], output, func(v intent.VM) string {
-				return fmt.Sprintf("vm %s on %s: %s, MAC %s, gateway %s, vif %s, firewall %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface, firewallSummary(v.Firewall))
+				return fmt.Sprintf("vm %s on %s: %s, MAC %s, gateway %s, vif %s, firewall %s, egress %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress))
 			})
 		},
 	}
@@ -148,9 +148,18 @@ func firewallSummary(fw *intent.Firewall) string {
 	return fmt.Sprintf("in %s, out %s, %d rules", fw.DefaultIn, fw.DefaultOut, len(fw.Rules))
 }
 
+// egressSummary is a VM's egress slice: ports LO-HI of its host's address
+// (docs/north-south.md), "-" when its farm has egress off.
+func egressSummary(e *intent.VMEgress) string {
+	if e == nil {
+		return "-"
+	}
+	return fmt.Sprintf("slice %d-%d", e.Slice.Lo, e.Slice.Hi)
+}
+
 func printVMs(c *client.Client, path string, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL", func(v intent.VM) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall))
+	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL\tEGRESS", func(v intent.VM) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress))
 	})
 }
 

@@ -9,7 +9,7 @@ import (
 func TestCLIVMGetListDeleteAndTheFreedAddressIsReused(t *testing.T) {
 	addr, _ := testController(t)
 	steps := []cliStep{
-		{[]string{"vm", "get", "blue/web/web1"}, "vm blue/web/web1 on h1: 10.1.1.2, MAC 02:00:0a:01:01:02, gateway 10.1.1.1, vif " + intent.VifName("blue", "web1") + ", firewall -\n", false},
+		{[]string{"vm", "get", "blue/web/web1"}, "vm blue/web/web1 on h1: 10.1.1.2, MAC 02:00:0a:01:01:02, gateway 10.1.1.1, vif " + intent.VifName("blue", "web1") + ", firewall -, egress -\n", false},
 		{[]string{"vm", "get", "blue/web/web1", "-o", "json"}, `"ip": "10.1.1.2"`, false},
 		{[]string{"vm", "get", "blue/web/nope"}, "vm: vm blue/web/nope: not found", true},
 		{[]string{"vm", "get", "blue/web/Web1"}, `vm name "Web1" must be lowercase`, true},

@@ -94,5 +94,6 @@ func sample(names []string) (shown []string, more int) {
 // for the fields every endpoint has.
 func sameEndpoint(a, b *intent.LocalEndpoint) bool {
 	return a.Name == b.Name && a.IP == b.IP && a.MAC == b.MAC && a.Interface == b.Interface &&
-		(a.Firewall == b.Firewall || reflect.DeepEqual(a.Firewall, b.Firewall))
+		(a.Firewall == b.Firewall || reflect.DeepEqual(a.Firewall, b.Firewall)) &&
+		(a.Egress == b.Egress || reflect.DeepEqual(a.Egress, b.Egress))
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/egress"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/portspace"
 	"github.com/onehop/onehop/internal/tap"
@@ -43,6 +44,7 @@ func registry(env Env) []feature.Feature {
 		env.Router,
 		portspace.New(env.Kernel).WithAgent(env.Node, env.Log).WithCgroups(env.SliverCgroups),
 		tap.New(env.Kernel).WithAgent(env.Node, env.Log),
+		egress.New(env.Kernel).WithAgent(env.Node, env.Log),
 		vnatrelay.New(env.LocationServer, env.Log).WithTLS(env.LocationTLS).WithListeners(env.Listeners),
 	}
 }

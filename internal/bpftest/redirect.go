@@ -33,9 +33,12 @@ const (
 	// RedirectCloneIn is bpf_clone_redirect to a device's ingress: a copy
 	// into a macvtap guest.
 	RedirectCloneIn RedirectKind = 5
+	// RedirectNeigh is bpf_redirect_neigh out of a device: the host's
+	// routes and neighbours pick the next hop (egress).
+	RedirectNeigh RedirectKind = 6
 )
 
-var kindNames = [...]string{"REDIRECT_NONE", "REDIRECT_OUT", "REDIRECT_PEER", "REDIRECT_CLONE", "REDIRECT_IN", "REDIRECT_CLONE_IN"}
+var kindNames = [...]string{"REDIRECT_NONE", "REDIRECT_OUT", "REDIRECT_PEER", "REDIRECT_CLONE", "REDIRECT_IN", "REDIRECT_CLONE_IN", "REDIRECT_NEIGH"}
 
 // String is the kind's name in the C.
 func (k RedirectKind) String() string {
@@ -197,7 +200,7 @@ func (l *RedirectLog) Read(t testing.TB) []Redirect {
 			Ifindex: binary.NativeEndian.Uint32(b[l.ifindex+uint32(4*i):]),
 			Kind:    RedirectKind(binary.NativeEndian.Uint32(b[l.kind+uint32(4*i):])),
 		}
-		if out[i].Kind == RedirectNone || out[i].Kind > RedirectCloneIn {
+		if out[i].Kind == RedirectNone || out[i].Kind > RedirectNeigh {
 			t.Fatalf("redirect log entry %d of unknown kind %d", i, out[i].Kind)
 		}
 	}

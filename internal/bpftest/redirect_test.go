@@ -51,7 +51,7 @@ func TestPrivilegedRedirectLogReadsStructRedirectTrace(t *testing.T) {
 		fail  string
 	}{
 		{"entries lost past the end", trace(9), "9 redirects in one run: more than the log holds (8)"},
-		{"a kind the C does not have", trace(1, bpftest.Redirect{Ifindex: 3, Kind: 6}), "redirect log entry 0 of unknown kind 6"},
+		{"a kind the C does not have", trace(1, bpftest.Redirect{Ifindex: 3, Kind: 7}), "redirect log entry 0 of unknown kind 7"},
 	} {
 		if err := m.Put(uint32(0), c.value); err != nil {
 			t.Fatal(err)

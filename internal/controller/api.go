@@ -29,6 +29,7 @@ func (c *Controller) routes() *router {
 	for _, register := range []func(*router){
 		c.hostRoutes,
 		c.farmRoutes,
+		c.egressRoutes,
 		c.subnetRoutes,
 		c.vmRoutes,
 		c.firewallRoutes,

@@ -192,7 +192,7 @@ func (c *Controller) writeSliver(ctx context.Context, host, name string, leases 
 			return "", intent.Sliver{}, err
 		}
 		lo, hi := lease.Ephemeral(node)
-		if err := lease.Overlap(host, name, leases, others, lo, hi); err != nil {
+		if err := lease.Overlap(host, name, leases, append(others, c.hostSlices(ctx, host, "")...), lo, hi); err != nil {
 			return "", intent.Sliver{}, &FieldError{Field: "ports", Msg: err.Error(), kind: ErrConflict}
 		}
 		s := intent.Sliver{Host: host, Name: name, Leases: leases}

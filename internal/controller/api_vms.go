@@ -127,6 +127,13 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 	}
 	v := intent.NewVM(farm, subnet, name, host, ip)
 	v.Interface = iface
+	f, err := c.getFarm(ctx, farm)
+	if err != nil {
+		return v, err
+	}
+	if v, err = c.withEgress(ctx, v, f.Egress); err != nil {
+		return v, err
+	}
 	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
 		return v, err
 	}

@@ -117,6 +117,19 @@ func (c *Controller) moveHost(ctx context.Context, key string, v intent.VM, host
 		return v, err
 	}
 	v.Host = host
+	// A slice is a lease of the old host's address: the new host gives
+	// another (connections through the old one do not survive a move,
+	// docs/north-south.md).
+	if v.Egress != nil {
+		f, err := c.getFarm(ctx, v.Farm)
+		if err != nil {
+			return v, err
+		}
+		v.Egress = nil
+		if v, err = c.withEgress(ctx, v, f.Egress); err != nil {
+			return v, err
+		}
+	}
 	return v, store.PutJSON(ctx, c.store, key, v)
 }
 

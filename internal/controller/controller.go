@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/onehop/onehop/internal/accept"
+	"github.com/onehop/onehop/internal/egressspec"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ipam"
 	"github.com/onehop/onehop/internal/limits"
@@ -96,6 +97,11 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			return err
 		}
 		farm := intent.Farm{Name: f.Name, ID: fid, Peers: f.Peers, ProxyARP: f.ProxyARP}
+		if f.Egress != nil {
+			if farm.Egress, err = egressspec.Farm(*f.Egress); err != nil {
+				return fmt.Errorf("farm %s: egress: %w", f.Name, err)
+			}
+		}
 		for _, r := range f.Rules {
 			rule, err := policy.NormalizeRule(intent.Rule{From: f.Qualify(r.From), To: f.Qualify(r.To), Proto: r.Proto, Port: r.Port})
 			if err != nil {
@@ -133,6 +139,12 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		}
 		v := intent.NewVM(vm.Farm(), vm.SubnetName(), vm.Name, vm.Host, ip)
 		v.Interface = vm.Vif()
+		// Its slice, while it has one on this host: SetFarmEgress below
+		// gives and takes slices; a rewrite here would churn them.
+		var had intent.VM
+		if err := store.GetJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), &had); err == nil && had.Host == v.Host {
+			v.Egress = had.Egress
+		}
 		if v.Firewall, err = normalizeFirewall(vm.Firewall); err != nil {
 			return fmt.Errorf("vm %s: %w", vm.Name, err)
 		}
@@ -147,6 +159,16 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 	seeds, uplinks := topologySlivers(t)
 	if err := c.applySlivers(ctx, t.Path, seeds, uplinks); err != nil {
 		return err
+	}
+	// After the slivers: a VM's slice is leased beside their ports.
+	for _, f := range t.Farms {
+		s := egressspec.Setting{}
+		if f.Egress != nil {
+			s = *f.Egress
+		}
+		if _, err := c.SetFarmEgress(ctx, f.Name, s); err != nil {
+			return fmt.Errorf("farm %s: egress: %w", f.Name, err)
+		}
 	}
 	if err := c.applyTaps(ctx, t.Path, topologyTaps(t), fileFabric(t)); err != nil {
 		return err

@@ -20,6 +20,7 @@ func TestRedirectKindsAreTheCEnum(t *testing.T) {
 		{bpftest.RedirectClone, vifTestRedirectKindREDIRECT_CLONE},
 		{bpftest.RedirectIn, vifTestRedirectKindREDIRECT_IN},
 		{bpftest.RedirectCloneIn, vifTestRedirectKindREDIRECT_CLONE_IN},
+		{bpftest.RedirectNeigh, vifTestRedirectKindREDIRECT_NEIGH},
 	} {
 		if uint32(k.got) != uint32(k.want) {
 			t.Errorf("bpftest's %s is %d, the C's is %d", k.got, uint32(k.got), uint32(k.want))

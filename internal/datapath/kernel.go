@@ -377,6 +377,8 @@ const (
 	// FeatureVNATLocation lets VMs reach the VNAT location service through
 	// the host (bpf/lib/vnat_service.h; the agent's relay sets it).
 	FeatureVNATLocation = uint32(vifFeatureBitFEATURE_VNAT_LOCATION)
+	// FeatureEgress is north-south egress's bit (internal/egress).
+	FeatureEgress = uint32(vifFeatureBitFEATURE_EGRESS)
 )
 
 // SetFeatures sets the node's feature bits (node_config.features), which

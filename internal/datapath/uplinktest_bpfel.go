@@ -38,6 +38,88 @@ type uplinkTestCtKey struct {
 	Pad   [3]uint8
 }
 
+type uplinkTestEgressAddr struct {
+	_      structs.HostLayout
+	Kind   uint32
+	Uplink uint32
+	Slot   uint32
+}
+
+type uplinkTestEgressCounters struct {
+	_          structs.HostLayout
+	PacketsOut uint64
+	BytesOut   uint64
+	PacketsIn  uint64
+	BytesIn    uint64
+	Flows      uint64
+	Refused    uint64
+	NotAllowed uint64
+}
+
+type uplinkTestEgressFlowKey struct {
+	_          structs.HostLayout
+	VmAddr     uint32
+	Remote     uint32
+	VmPort     uint16
+	RemotePort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
+type uplinkTestEgressFrag struct {
+	_      structs.HostLayout
+	WhenNs uint64
+	Slot   uint32
+	Pad    uint32
+}
+
+type uplinkTestEgressFragKey struct {
+	_      structs.HostLayout
+	Remote uint32
+	Addr   uint32
+	Id     uint16
+	Proto  uint8
+	Dir    uint8
+}
+
+type uplinkTestEgressMap struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Flags      uint32
+	ExpiresNs  uint64
+	VmAddr     uint32
+	Remote     uint32
+	VmPort     uint16
+	RemotePort uint16
+	Pad        uint32
+}
+
+type uplinkTestEgressOwner struct {
+	_    structs.HostLayout
+	Kind uint32
+	Slot uint32
+}
+
+type uplinkTestEgressToKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Slot      uint32
+	Addr      uint32
+}
+
+type uplinkTestEgressVm struct {
+	_             structs.HostLayout
+	VmAddr        uint32
+	HostAddr      uint32
+	UplinkIfindex uint32
+	Uplink        uint32
+	Lo            uint16
+	Hi            uint16
+}
+
 type uplinkTestEndpoint struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -368,6 +450,16 @@ const (
 	uplinkTestMapConntrack            = "conntrack"
 	uplinkTestMapDropEvents           = "drop_events"
 	uplinkTestMapDrops                = "drops"
+	uplinkTestMapEgressAddrs          = "egress_addrs"
+	uplinkTestMapEgressCursors        = "egress_cursors"
+	uplinkTestMapEgressFlows          = "egress_flows"
+	uplinkTestMapEgressFrags          = "egress_frags"
+	uplinkTestMapEgressPorts          = "egress_ports"
+	uplinkTestMapEgressSlots          = "egress_slots"
+	uplinkTestMapEgressState          = "egress_state"
+	uplinkTestMapEgressStats          = "egress_stats"
+	uplinkTestMapEgressTo             = "egress_to"
+	uplinkTestMapEgressVms            = "egress_vms"
 	uplinkTestMapEndpoints            = "endpoints"
 	uplinkTestMapFarms                = "farms"
 	uplinkTestMapFirewallRules        = "firewall_rules"
@@ -478,6 +570,16 @@ type uplinkTestMapSpecs struct {
 	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
 	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
+	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
+	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
+	EgressState          *ebpf.MapSpec `ebpf:"egress_state"`
+	EgressStats          *ebpf.MapSpec `ebpf:"egress_stats"`
+	EgressTo             *ebpf.MapSpec `ebpf:"egress_to"`
+	EgressVms            *ebpf.MapSpec `ebpf:"egress_vms"`
 	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
 	Farms                *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
@@ -564,6 +666,16 @@ type uplinkTestMaps struct {
 	Conntrack            *ebpf.Map `ebpf:"conntrack"`
 	DropEvents           *ebpf.Map `ebpf:"drop_events"`
 	Drops                *ebpf.Map `ebpf:"drops"`
+	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
+	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
+	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
+	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
+	EgressState          *ebpf.Map `ebpf:"egress_state"`
+	EgressStats          *ebpf.Map `ebpf:"egress_stats"`
+	EgressTo             *ebpf.Map `ebpf:"egress_to"`
+	EgressVms            *ebpf.Map `ebpf:"egress_vms"`
 	Endpoints            *ebpf.Map `ebpf:"endpoints"`
 	Farms                *ebpf.Map `ebpf:"farms"`
 	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
@@ -612,6 +724,16 @@ func (m *uplinkTestMaps) Close() error {
 		m.Conntrack,
 		m.DropEvents,
 		m.Drops,
+		m.EgressAddrs,
+		m.EgressCursors,
+		m.EgressFlows,
+		m.EgressFrags,
+		m.EgressPorts,
+		m.EgressSlots,
+		m.EgressState,
+		m.EgressStats,
+		m.EgressTo,
+		m.EgressVms,
 		m.Endpoints,
 		m.Farms,
 		m.FirewallRules,

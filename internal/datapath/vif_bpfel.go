@@ -90,8 +90,95 @@ const (
 	vifDropReasonDROP_MACVTAP_BYPASS       vifDropReason = 46
 	vifDropReasonDROP_MACVTAP_NO_STACK     vifDropReason = 47
 	vifDropReasonDROP_REVOKED              vifDropReason = 48
-	vifDropReasonDROP_REASON_MAX           vifDropReason = 49
+	vifDropReasonDROP_EGRESS_NOT_ALLOWED   vifDropReason = 49
+	vifDropReasonDROP_EGRESS_SLICE_FULL    vifDropReason = 50
+	vifDropReasonDROP_EGRESS_NO_MAPPING    vifDropReason = 51
+	vifDropReasonDROP_EGRESS_PROTO         vifDropReason = 52
+	vifDropReasonDROP_EGRESS_TO_HOST       vifDropReason = 53
+	vifDropReasonDROP_REASON_MAX           vifDropReason = 54
 )
+
+type vifEgressAddr struct {
+	_      structs.HostLayout
+	Kind   uint32
+	Uplink uint32
+	Slot   uint32
+}
+
+type vifEgressCounters struct {
+	_          structs.HostLayout
+	PacketsOut uint64
+	BytesOut   uint64
+	PacketsIn  uint64
+	BytesIn    uint64
+	Flows      uint64
+	Refused    uint64
+	NotAllowed uint64
+}
+
+type vifEgressFlowKey struct {
+	_          structs.HostLayout
+	VmAddr     uint32
+	Remote     uint32
+	VmPort     uint16
+	RemotePort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
+type vifEgressFrag struct {
+	_      structs.HostLayout
+	WhenNs uint64
+	Slot   uint32
+	Pad    uint32
+}
+
+type vifEgressFragKey struct {
+	_      structs.HostLayout
+	Remote uint32
+	Addr   uint32
+	Id     uint16
+	Proto  uint8
+	Dir    uint8
+}
+
+type vifEgressMap struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Flags      uint32
+	ExpiresNs  uint64
+	VmAddr     uint32
+	Remote     uint32
+	VmPort     uint16
+	RemotePort uint16
+	Pad        uint32
+}
+
+type vifEgressOwner struct {
+	_    structs.HostLayout
+	Kind uint32
+	Slot uint32
+}
+
+type vifEgressToKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Slot      uint32
+	Addr      uint32
+}
+
+type vifEgressVm struct {
+	_             structs.HostLayout
+	VmAddr        uint32
+	HostAddr      uint32
+	UplinkIfindex uint32
+	Uplink        uint32
+	Lo            uint16
+	Hi            uint16
+}
 
 type vifEndpoint struct {
 	_        structs.HostLayout
@@ -113,6 +200,7 @@ const (
 	vifFeatureBitFEATURE_PORTSPACE     vifFeatureBit = 1
 	vifFeatureBitFEATURE_TAP           vifFeatureBit = 2
 	vifFeatureBitFEATURE_VNAT_LOCATION vifFeatureBit = 4
+	vifFeatureBitFEATURE_EGRESS        vifFeatureBit = 8
 )
 
 type vifForwardPath uint32
@@ -137,7 +225,9 @@ const (
 	vifForwardPathFWD_TAP_COPY_REMOTE    vifForwardPath = 16
 	vifForwardPathFWD_TAP_COPY_RECOVERED vifForwardPath = 17
 	vifForwardPathFWD_VNAT_LOCATION      vifForwardPath = 18
-	vifForwardPathFWD_PATH_MAX           vifForwardPath = 19
+	vifForwardPathFWD_EGRESS_OUT         vifForwardPath = 19
+	vifForwardPathFWD_EGRESS_IN          vifForwardPath = 20
+	vifForwardPathFWD_PATH_MAX           vifForwardPath = 21
 )
 
 type vifFragKey struct {
@@ -351,6 +441,7 @@ const (
 	vifRedirectKindREDIRECT_CLONE    vifRedirectKind = 3
 	vifRedirectKindREDIRECT_IN       vifRedirectKind = 4
 	vifRedirectKindREDIRECT_CLONE_IN vifRedirectKind = 5
+	vifRedirectKindREDIRECT_NEIGH    vifRedirectKind = 6
 )
 
 type vifScopeInfo struct {
@@ -554,6 +645,17 @@ const (
 	vifMapConntrack            = "conntrack"
 	vifMapDropEvents           = "drop_events"
 	vifMapDrops                = "drops"
+	vifMapEgressAddrs          = "egress_addrs"
+	vifMapEgressCursors        = "egress_cursors"
+	vifMapEgressFlows          = "egress_flows"
+	vifMapEgressFrags          = "egress_frags"
+	vifMapEgressPorts          = "egress_ports"
+	vifMapEgressSlots          = "egress_slots"
+	vifMapEgressState          = "egress_state"
+	vifMapEgressStats          = "egress_stats"
+	vifMapEgressTail           = "egress_tail"
+	vifMapEgressTo             = "egress_to"
+	vifMapEgressVms            = "egress_vms"
 	vifMapEndpoints            = "endpoints"
 	vifMapFarms                = "farms"
 	vifMapFirewallRules        = "firewall_rules"
@@ -593,6 +695,7 @@ const (
 	vifMapVifs                 = "vifs"
 	vifMapVisibility           = "visibility"
 	vifMapVmShares             = "vm_shares"
+	vifProgVifEgress           = "vif_egress"
 	vifProgVifIngress          = "vif_ingress"
 	vifProgVifMacvtapGuard     = "vif_macvtap_guard"
 	vifVarDropReasonType       = "_drop_reason_type"
@@ -664,6 +767,7 @@ type vifSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifProgramSpecs struct {
+	VifEgress       *ebpf.ProgramSpec `ebpf:"vif_egress"`
 	VifIngress      *ebpf.ProgramSpec `ebpf:"vif_ingress"`
 	VifMacvtapGuard *ebpf.ProgramSpec `ebpf:"vif_macvtap_guard"`
 }
@@ -676,6 +780,17 @@ type vifMapSpecs struct {
 	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
 	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
+	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
+	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
+	EgressState          *ebpf.MapSpec `ebpf:"egress_state"`
+	EgressStats          *ebpf.MapSpec `ebpf:"egress_stats"`
+	EgressTail           *ebpf.MapSpec `ebpf:"egress_tail"`
+	EgressTo             *ebpf.MapSpec `ebpf:"egress_to"`
+	EgressVms            *ebpf.MapSpec `ebpf:"egress_vms"`
 	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
 	Farms                *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
@@ -772,6 +887,17 @@ type vifMaps struct {
 	Conntrack            *ebpf.Map `ebpf:"conntrack"`
 	DropEvents           *ebpf.Map `ebpf:"drop_events"`
 	Drops                *ebpf.Map `ebpf:"drops"`
+	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
+	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
+	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
+	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
+	EgressState          *ebpf.Map `ebpf:"egress_state"`
+	EgressStats          *ebpf.Map `ebpf:"egress_stats"`
+	EgressTail           *ebpf.Map `ebpf:"egress_tail"`
+	EgressTo             *ebpf.Map `ebpf:"egress_to"`
+	EgressVms            *ebpf.Map `ebpf:"egress_vms"`
 	Endpoints            *ebpf.Map `ebpf:"endpoints"`
 	Farms                *ebpf.Map `ebpf:"farms"`
 	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
@@ -819,6 +945,17 @@ func (m *vifMaps) Close() error {
 		m.Conntrack,
 		m.DropEvents,
 		m.Drops,
+		m.EgressAddrs,
+		m.EgressCursors,
+		m.EgressFlows,
+		m.EgressFrags,
+		m.EgressPorts,
+		m.EgressSlots,
+		m.EgressState,
+		m.EgressStats,
+		m.EgressTail,
+		m.EgressTo,
+		m.EgressVms,
 		m.Endpoints,
 		m.Farms,
 		m.FirewallRules,
@@ -896,12 +1033,14 @@ type vifVariables struct {
 //
 // It can be passed to loadVifObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifPrograms struct {
+	VifEgress       *ebpf.Program `ebpf:"vif_egress"`
 	VifIngress      *ebpf.Program `ebpf:"vif_ingress"`
 	VifMacvtapGuard *ebpf.Program `ebpf:"vif_macvtap_guard"`
 }
 
 func (p *vifPrograms) Close() error {
 	return _VifClose(
+		p.VifEgress,
 		p.VifIngress,
 		p.VifMacvtapGuard,
 	)

@@ -38,6 +38,88 @@ type vifTestCtKey struct {
 	Pad   [3]uint8
 }
 
+type vifTestEgressAddr struct {
+	_      structs.HostLayout
+	Kind   uint32
+	Uplink uint32
+	Slot   uint32
+}
+
+type vifTestEgressCounters struct {
+	_          structs.HostLayout
+	PacketsOut uint64
+	BytesOut   uint64
+	PacketsIn  uint64
+	BytesIn    uint64
+	Flows      uint64
+	Refused    uint64
+	NotAllowed uint64
+}
+
+type vifTestEgressFlowKey struct {
+	_          structs.HostLayout
+	VmAddr     uint32
+	Remote     uint32
+	VmPort     uint16
+	RemotePort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
+type vifTestEgressFrag struct {
+	_      structs.HostLayout
+	WhenNs uint64
+	Slot   uint32
+	Pad    uint32
+}
+
+type vifTestEgressFragKey struct {
+	_      structs.HostLayout
+	Remote uint32
+	Addr   uint32
+	Id     uint16
+	Proto  uint8
+	Dir    uint8
+}
+
+type vifTestEgressMap struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Flags      uint32
+	ExpiresNs  uint64
+	VmAddr     uint32
+	Remote     uint32
+	VmPort     uint16
+	RemotePort uint16
+	Pad        uint32
+}
+
+type vifTestEgressOwner struct {
+	_    structs.HostLayout
+	Kind uint32
+	Slot uint32
+}
+
+type vifTestEgressToKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Slot      uint32
+	Addr      uint32
+}
+
+type vifTestEgressVm struct {
+	_             structs.HostLayout
+	VmAddr        uint32
+	HostAddr      uint32
+	UplinkIfindex uint32
+	Uplink        uint32
+	Lo            uint16
+	Hi            uint16
+}
+
 type vifTestEndpoint struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -232,6 +314,7 @@ const (
 	vifTestRedirectKindREDIRECT_CLONE    vifTestRedirectKind = 3
 	vifTestRedirectKindREDIRECT_IN       vifTestRedirectKind = 4
 	vifTestRedirectKindREDIRECT_CLONE_IN vifTestRedirectKind = 5
+	vifTestRedirectKindREDIRECT_NEIGH    vifTestRedirectKind = 6
 )
 
 type vifTestRedirectTrace struct {
@@ -379,6 +462,17 @@ const (
 	vifTestMapConntrack            = "conntrack"
 	vifTestMapDropEvents           = "drop_events"
 	vifTestMapDrops                = "drops"
+	vifTestMapEgressAddrs          = "egress_addrs"
+	vifTestMapEgressCursors        = "egress_cursors"
+	vifTestMapEgressFlows          = "egress_flows"
+	vifTestMapEgressFrags          = "egress_frags"
+	vifTestMapEgressPorts          = "egress_ports"
+	vifTestMapEgressSlots          = "egress_slots"
+	vifTestMapEgressState          = "egress_state"
+	vifTestMapEgressStats          = "egress_stats"
+	vifTestMapEgressTail           = "egress_tail"
+	vifTestMapEgressTo             = "egress_to"
+	vifTestMapEgressVms            = "egress_vms"
 	vifTestMapEndpoints            = "endpoints"
 	vifTestMapFarms                = "farms"
 	vifTestMapFirewallRules        = "firewall_rules"
@@ -419,6 +513,7 @@ const (
 	vifTestMapVifs                 = "vifs"
 	vifTestMapVisibility           = "visibility"
 	vifTestMapVmShares             = "vm_shares"
+	vifTestProgVifEgress           = "vif_egress"
 	vifTestProgVifIngress          = "vif_ingress"
 	vifTestProgVifMacvtapGuard     = "vif_macvtap_guard"
 	vifTestVarDropReasonType       = "_drop_reason_type"
@@ -491,6 +586,7 @@ type vifTestSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vifTestProgramSpecs struct {
+	VifEgress       *ebpf.ProgramSpec `ebpf:"vif_egress"`
 	VifIngress      *ebpf.ProgramSpec `ebpf:"vif_ingress"`
 	VifMacvtapGuard *ebpf.ProgramSpec `ebpf:"vif_macvtap_guard"`
 }
@@ -503,6 +599,17 @@ type vifTestMapSpecs struct {
 	Conntrack            *ebpf.MapSpec `ebpf:"conntrack"`
 	DropEvents           *ebpf.MapSpec `ebpf:"drop_events"`
 	Drops                *ebpf.MapSpec `ebpf:"drops"`
+	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
+	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
+	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
+	EgressState          *ebpf.MapSpec `ebpf:"egress_state"`
+	EgressStats          *ebpf.MapSpec `ebpf:"egress_stats"`
+	EgressTail           *ebpf.MapSpec `ebpf:"egress_tail"`
+	EgressTo             *ebpf.MapSpec `ebpf:"egress_to"`
+	EgressVms            *ebpf.MapSpec `ebpf:"egress_vms"`
 	Endpoints            *ebpf.MapSpec `ebpf:"endpoints"`
 	Farms                *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
@@ -601,6 +708,17 @@ type vifTestMaps struct {
 	Conntrack            *ebpf.Map `ebpf:"conntrack"`
 	DropEvents           *ebpf.Map `ebpf:"drop_events"`
 	Drops                *ebpf.Map `ebpf:"drops"`
+	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
+	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
+	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
+	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
+	EgressState          *ebpf.Map `ebpf:"egress_state"`
+	EgressStats          *ebpf.Map `ebpf:"egress_stats"`
+	EgressTail           *ebpf.Map `ebpf:"egress_tail"`
+	EgressTo             *ebpf.Map `ebpf:"egress_to"`
+	EgressVms            *ebpf.Map `ebpf:"egress_vms"`
 	Endpoints            *ebpf.Map `ebpf:"endpoints"`
 	Farms                *ebpf.Map `ebpf:"farms"`
 	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
@@ -649,6 +767,17 @@ func (m *vifTestMaps) Close() error {
 		m.Conntrack,
 		m.DropEvents,
 		m.Drops,
+		m.EgressAddrs,
+		m.EgressCursors,
+		m.EgressFlows,
+		m.EgressFrags,
+		m.EgressPorts,
+		m.EgressSlots,
+		m.EgressState,
+		m.EgressStats,
+		m.EgressTail,
+		m.EgressTo,
+		m.EgressVms,
 		m.Endpoints,
 		m.Farms,
 		m.FirewallRules,
@@ -728,12 +857,14 @@ type vifTestVariables struct {
 //
 // It can be passed to loadVifTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vifTestPrograms struct {
+	VifEgress       *ebpf.Program `ebpf:"vif_egress"`
 	VifIngress      *ebpf.Program `ebpf:"vif_ingress"`
 	VifMacvtapGuard *ebpf.Program `ebpf:"vif_macvtap_guard"`
 }
 
 func (p *vifTestPrograms) Close() error {
 	return _VifTestClose(
+		p.VifEgress,
 		p.VifIngress,
 		p.VifMacvtapGuard,
 	)

@@ -111,6 +111,9 @@ type Farm struct {
 	// ProxyARP makes the datapath answer a VM's ARP for another subnet with
 	// its gateway's MAC (for guests configured with a wider netmask).
 	ProxyARP bool `json:"proxyARP,omitempty"`
+	// Egress lets the farm's VMs reach addresses outside the tenant space
+	// through their host's address (docs/north-south.md); nil: off.
+	Egress *FarmEgress `json:"egress,omitempty"`
 }
 
 // Rule allows traffic from one subnet to another ("farm/subnet" each). Proto
@@ -162,6 +165,9 @@ type VM struct {
 	// still use them virtually, and the location server lets only it
 	// claim them (docs/vnat-location.md).
 	Former []string `json:"former,omitempty"`
+	// Egress is the VM's slice of its host's address, while its farm has
+	// egress on; a move takes a new slice on the new host.
+	Egress *VMEgress `json:"egress,omitempty"`
 }
 
 // MaxFormer bounds VM.Former.
@@ -343,6 +349,9 @@ type LocalEndpoint struct {
 	MAC       string    `json:"mac"`
 	Interface string    `json:"interface"`
 	Firewall  *Firewall `json:"firewall,omitempty"`
+	// Egress is the VM's slice of its host's address and where it may go
+	// (docs/north-south.md); nil: the VM reaches nothing outside.
+	Egress *VMEgress `json:"egress,omitempty"`
 }
 
 // Desired is everything one node's datapath must hold. It is complete, not a
@@ -495,6 +504,8 @@ type AgentStatus struct {
 	Slivers []SliverStats `json:"slivers,omitempty"`
 	// Taps are the per-rule copy counters of the virtual TAP datapath.
 	Taps []TapStats `json:"taps,omitempty"`
+	// Egress is each egress VM's use of its slice (docs/north-south.md).
+	Egress []EgressStats `json:"egress,omitempty"`
 	// Overflows lists the maps that cannot hold what this node needs:
 	// nothing was written to them, they keep what they held (and Error
 	// says so too).
@@ -541,4 +552,38 @@ type ARPStats struct {
 	Released          uint64 `json:"released"`          // held packets sent on once resolved
 	Discarded         uint64 `json:"discarded"`         // held packets dropped: unresolved, queue full or too big
 	Announced         uint64 `json:"announced"`         // announcements of VMs that arrived on this host
+}
+
+// FarmEgress is a farm's egress setting: the destinations its VMs may
+// reach outside the tenant space (IPv4 CIDRs; empty: anywhere) and the
+// size of the slice of its host's address each VM gets (ports, and ICMP
+// echo ids).
+type FarmEgress struct {
+	To    []string `json:"to,omitempty"`
+	Slice uint16   `json:"slice"`
+}
+
+// VMEgress is one VM's egress: its slice, a lease of its host's uplink
+// address in the same lease space as slivers' (internal/lease), and the
+// destinations its farm allows, copied so a host's desired state holds
+// what its datapath needs.
+type VMEgress struct {
+	Slice Lease    `json:"slice"`
+	To    []string `json:"to"`
+}
+
+// EgressStats is one VM's egress on its host: its slice, the flows it
+// opened and holds, and what it was refused.
+type EgressStats struct {
+	Name       string `json:"name"`
+	Slice      string `json:"slice"` // LO-HI of the host's address
+	Ports      int    `json:"ports"`
+	Live       int    `json:"live"` // translations holding a port now
+	Flows      uint64 `json:"flows"`
+	Refused    uint64 `json:"refused"`    // new flows refused: the slice was full
+	NotAllowed uint64 `json:"notAllowed"` // to destinations its farm does not list
+	PacketsOut uint64 `json:"packetsOut"`
+	PacketsIn  uint64 `json:"packetsIn"`
+	BytesOut   uint64 `json:"bytesOut"`
+	BytesIn    uint64 `json:"bytesIn"`
 }

@@ -233,3 +233,41 @@ func portRange(lo, hi uint16) string {
 	}
 	return strconv.Itoa(int(lo)) + "-" + strconv.Itoa(int(hi))
 }
+
+// Lowest port a slice of a host's address may start at: below it are the
+// well-known ports, the host's own services.
+const SliceFloor = 1024
+
+// FreeSlice finds size ports on uplink that nobody holds: none of taken
+// (slivers' leases, other VMs' slices, published ports: one lease space
+// per uplink address) and not the host's ephemeral range [ephLo, ephHi].
+// The lowest free range at or above SliceFloor, so slices pack from the
+// bottom and a freed one is the next taken.
+func FreeSlice(uplink int, size uint16, taken []intent.Lease, ephLo, ephHi uint16) (intent.Lease, error) {
+	if size == 0 {
+		return intent.Lease{}, fmt.Errorf("slice of 0 ports: want at least 1")
+	}
+	held := []intent.Lease{}
+	for _, t := range taken {
+		if t.Uplink == uplink {
+			held = append(held, t)
+		}
+	}
+	if ephLo <= ephHi {
+		held = append(held, intent.Lease{Uplink: uplink, Lo: ephLo, Hi: ephHi})
+	}
+	Sort(held)
+	lo := uint32(SliceFloor)
+	for _, h := range held {
+		if uint32(h.Lo) > lo && uint32(h.Lo)-lo >= uint32(size) {
+			break
+		}
+		if uint32(h.Hi)+1 > lo {
+			lo = uint32(h.Hi) + 1
+		}
+	}
+	if lo+uint32(size)-1 > 65535 {
+		return intent.Lease{}, fmt.Errorf("no %d free ports on uplink %d: slivers' leases, other slices and the ephemeral range %d-%d hold the rest", size, uplink, ephLo, ephHi)
+	}
+	return intent.Lease{Uplink: uplink, Lo: uint16(lo), Hi: uint16(lo + uint32(size) - 1)}, nil
+}

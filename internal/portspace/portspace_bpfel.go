@@ -83,7 +83,12 @@ const (
 	portspaceDropReasonDROP_MACVTAP_BYPASS       portspaceDropReason = 46
 	portspaceDropReasonDROP_MACVTAP_NO_STACK     portspaceDropReason = 47
 	portspaceDropReasonDROP_REVOKED              portspaceDropReason = 48
-	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 49
+	portspaceDropReasonDROP_EGRESS_NOT_ALLOWED   portspaceDropReason = 49
+	portspaceDropReasonDROP_EGRESS_SLICE_FULL    portspaceDropReason = 50
+	portspaceDropReasonDROP_EGRESS_NO_MAPPING    portspaceDropReason = 51
+	portspaceDropReasonDROP_EGRESS_PROTO         portspaceDropReason = 52
+	portspaceDropReasonDROP_EGRESS_TO_HOST       portspaceDropReason = 53
+	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 54
 )
 
 type portspaceEndpoint struct {

@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"github.com/onehop/onehop/internal/egressspec"
 	"strconv"
 	"strings"
 
@@ -16,7 +17,10 @@ type Farm struct {
 	// ProxyARP: the datapath answers a VM's ARP for another subnet with
 	// the gateway's MAC.
 	ProxyARP bool `yaml:"proxy_arp"`
-	Line     int  `yaml:"-"`
+	// Egress, when set, lets the farm's VMs reach outside the tenant space
+	// through their hosts' addresses (docs/north-south.md).
+	Egress *egressspec.Setting `yaml:"-"`
+	Line   int                 `yaml:"-"`
 }
 
 // Rule lets traffic from one subnet reach another: "web" names a subnet of
@@ -65,6 +69,33 @@ func decodeFarm(d *decoder, item *yaml.Node) Farm {
 			fm.Subnets = append(fm.Subnets, s)
 		}),
 		"proxy_arp": d.flag(&fm.ProxyARP, "farm proxy_arp"),
+		"egress": func(v *yaml.Node) error {
+			var to, slice string
+			d.mapping(v, "farm egress", map[string]field{
+				"to":    d.str(&to, "egress to"),
+				"slice": d.str(&slice, "egress slice"),
+			})
+			s := egressspec.Setting{Enabled: true}
+			if to != "" {
+				list, err := egressspec.ParseTo(to)
+				if err != nil {
+					return d.fail(v, "farm egress to: %v", err)
+				}
+				s.To = list
+			}
+			if slice != "" {
+				n, err := strconv.Atoi(slice)
+				if err != nil {
+					return d.fail(v, "farm egress slice %q is not a number", slice)
+				}
+				s.Slice = n
+			}
+			if _, err := egressspec.Farm(s); err != nil {
+				return d.fail(v, "farm egress: %v", err)
+			}
+			fm.Egress = &s
+			return nil
+		},
 		"peers": d.seq("peers", func(p *yaml.Node) {
 			var name string
 			if err := d.str(&name, "peer")(p); err != nil {

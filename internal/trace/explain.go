@@ -248,6 +248,8 @@ func (in Intent) Explain(host string, run Run, req Request, from, to Endpoint) H
 		}
 	case run.Slow != "":
 		say("handed to the agent (%s)", run.Slow)
+	case contains(run.Forwards, "egress_out"):
+		say("leaves the tenant space through %s's egress (a port of its slice of the host's address); the trace stops there: the farm's egress list and the slice are not traced", host)
 	case run.Verdict == "pass":
 		say("to the host's own stack")
 	case run.Verdict == "redirect" && len(run.Out) >= 6 && contains(run.Forwards, "to_fabric"):
@@ -274,6 +276,8 @@ func (r *Report) Finish() {
 		r.Verdict = "held"
 	case run.Slow != "":
 		r.Verdict = "to agent"
+	case contains(run.Forwards, "egress_out"):
+		r.Verdict = "egress"
 	case run.Verdict == "pass":
 		r.Verdict = "to host stack"
 	case contains(run.Forwards, "to_fabric"):
