@@ -136,6 +136,15 @@ func (x *HeldIndex) relist(ctx context.Context) (int64, error) {
 		if a <= rev {
 			delete(x.ahead, k)
 		} else if o, ok := old[k]; ok {
+			x.remove(k)
+			x.add(k, o)
+		}
+	}
+	// A record newer than the list stays: the server's own write that the
+	// watch confirmed (and so no longer ahead) while the list was read.
+	for k, o := range old {
+		if cur, kept := x.recs[k]; o.rev > rev && (!kept || cur.rev < o.rev) {
+			x.remove(k)
 			x.add(k, o)
 		}
 	}
