@@ -1,9 +1,13 @@
 package controller
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/onehop/onehop/internal/intent"
 )
 
 func sliceOf(t *testing.T, vm map[string]any) string {
@@ -75,4 +79,25 @@ func TestEgressSlicesAreLeasesOfTheHostsAddressBesideSlivers(t *testing.T) {
 			t.Errorf("%s after egress off: slice %s", vm, got)
 		}
 	}
+}
+
+// FuzzAPIEgressBody: any body for a farm's egress is a 200 or a 4xx naming
+// its field, never a 5xx (fuzzAPI checks both), and a refused one leaves
+// the farm's egress as it was (off).
+func FuzzAPIEgressBody(f *testing.F) {
+	seedBodies(f, `{"enabled":true}`, `{"enabled":true,"to":["192.0.2.0/24"],"slice":512}`, `{"enabled":false}`,
+		`{"enabled":true,"slice":1}`, `{"enabled":true,"to":["10.0.0.0/8"]}`, `{"enabled":true,"to":["x"]}`,
+		`{"enabled":"yes"}`, `{"slice":-1}`, `{`, ``, `null`)
+	send := fuzzAPI(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		s, code := send(t, "PUT", "/v1/farms/blue/egress", body)
+		if code == http.StatusOK {
+			return
+		}
+		b, err := s.Get(t.Context(), intent.FarmsPrefix+"blue")
+		var farm intent.Farm
+		if err != nil || json.Unmarshal(b, &farm) != nil || farm.Egress != nil {
+			t.Fatalf("PUT egress %q refused (%d) but the farm changed: %s (%v)", body, code, b, err)
+		}
+	})
 }
