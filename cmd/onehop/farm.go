@@ -7,7 +7,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/onehop/onehop/internal/addrplan"
 	"github.com/onehop/onehop/internal/client"
+	"github.com/onehop/onehop/internal/controller"
 	"github.com/onehop/onehop/internal/egressspec"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/topology"
@@ -38,7 +40,11 @@ without it such ARP is dropped, as on a real router.`,
 			if f.ProxyARP {
 				extra = ", proxy ARP on"
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "farm %s created: 10.%d.0.0/16%s\n", f.Name, f.ID, extra)
+			plan, err := cloudPlan(c)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "farm %s created: %s%s\n", f.Name, plan.FarmPrefix(f.ID), extra)
 			return nil
 		},
 	}
@@ -56,9 +62,17 @@ func farmGetCmd() *cobra.Command {
 			if err := topology.CheckFarmName(args[0]); err != nil {
 				return err
 			}
+			c, err := api()
+			if err != nil {
+				return err
+			}
+			plan, err := cloudPlan(c)
+			if err != nil {
+				return err
+			}
 			return showOne(cmd, "/v1/farms/"+args[0], output, func(f intent.Farm) string {
 				var b strings.Builder
-				fmt.Fprintf(&b, "farm %s: id %d, 10.%d.0.0/16, proxy ARP %s, egress %s\n", f.Name, f.ID, f.ID, onOff(f.ProxyARP), farmEgressSummary(f.Egress))
+				fmt.Fprintf(&b, "farm %s: id %d, %s, proxy ARP %s, egress %s\n", f.Name, f.ID, plan.FarmPrefix(f.ID), onOff(f.ProxyARP), farmEgressSummary(f.Egress))
 				if len(f.Peers) > 0 {
 					fmt.Fprintf(&b, "peers: %s\n", strings.Join(f.Peers, ", "))
 				}
@@ -103,9 +117,23 @@ does: nothing of the farm is left in the store or in any host's datapath.`,
 }
 
 func printFarms(c *client.Client, path string, output outputFormat, w io.Writer) error {
+	plan, err := cloudPlan(c)
+	if err != nil {
+		return err
+	}
 	return listAndPrint(c, path, output, w, "FARM\tID\tADDRESSES\tPEERS\tRULES", func(f intent.Farm) string {
-		return fmt.Sprintf("%s\t%d\t10.%d.0.0/16\t%s\t%d", f.Name, f.ID, f.ID, strings.Join(f.Peers, ","), len(f.Rules))
+		return fmt.Sprintf("%s\t%d\t%s\t%s\t%d", f.Name, f.ID, plan.FarmPrefix(f.ID), strings.Join(f.Peers, ","), len(f.Rules))
 	})
+}
+
+// cloudPlan is the cloud's address plan, asked of the controller: a farm's
+// addresses follow it (docs/addressing.md).
+func cloudPlan(c *client.Client) (addrplan.Plan, error) {
+	var info controller.PlanInfo
+	if err := c.Do("GET", "/v1/plan", nil, &info); err != nil {
+		return addrplan.Plan{}, err
+	}
+	return addrplan.Parse(info.Plan)
 }
 
 var farmListing = listing{kind: "farms", print: func(c *client.Client, output outputFormat, w io.Writer) error {

@@ -95,6 +95,8 @@ func TestVerbsThatChangeIntentPrintTheControllersAnswersAsJSON(t *testing.T) {
 			w.Write([]byte(`{"name":"blue","id":3,"proxyARP":false}`))
 		case "DELETE /v1/taps/t1":
 			w.WriteHeader(http.StatusNoContent)
+		case "GET /v1/plan":
+			w.Write([]byte(`{"plan":"10.0.0.0/8:8/8/8"}`))
 		default:
 			http.NotFound(w, r)
 		}
@@ -149,6 +151,10 @@ func TestABadOutputFormatIsRefusedNamingTheFlag(t *testing.T) {
 // it to the process's stdout: what a caller sets is where it all goes.
 func TestGetPrintsToTheCommandsWriter(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method+" "+r.URL.Path == "GET /v1/plan" {
+			w.Write([]byte(`{"plan":"10.0.0.0/8:8/8/8"}`))
+			return
+		}
 		if r.Method+" "+r.URL.Path != "GET /v1/farms" {
 			http.NotFound(w, r)
 			return

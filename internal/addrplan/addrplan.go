@@ -195,6 +195,11 @@ func (p Plan) SubnetPrefix(farm, subnet uint16) netip.Prefix {
 	return netip.PrefixFrom(p.Address(farm, subnet, 0), 32-p.VMBits)
 }
 
+// FarmPrefix is the prefix of a farm: 10.f.0.0/16 by default.
+func (p Plan) FarmPrefix(farm uint16) netip.Prefix {
+	return netip.PrefixFrom(p.Address(farm, 0, 0), 32-p.SubnetBits-p.VMBits)
+}
+
 // SubnetBitsLen is the prefix length of every subnet (24 by default).
 func (p Plan) SubnetBitsLen() int { return 32 - p.VMBits }
 

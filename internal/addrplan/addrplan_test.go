@@ -161,3 +161,12 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestFarmPrefixFollowsThePlan(t *testing.T) {
+	if got := Default().FarmPrefix(3).String(); got != "10.3.0.0/16" {
+		t.Errorf("default farm 3: %s, want 10.3.0.0/16", got)
+	}
+	if got := MustParse("10.0.0.0/8:12/6/6").FarmPrefix(300).String(); got != "10.18.192.0/20" {
+		t.Errorf("12/6/6 farm 300: %s, want 10.18.192.0/20", got)
+	}
+}
