@@ -20,7 +20,7 @@ var apiVerbs = []string{
 	"farm create", "farm delete", "subnet create", "subnet delete", "vm create", "vm delete", "vm move",
 	"host add", "host remove", "allow", "peer", "unpeer", "rule delete", "firewall add", "firewall delete",
 	"sliver create", "sliver delete", "sliver set", "tap create", "tap delete",
-	"lisp map add", "lisp map delete", "tenant token revoke",
+	"lisp map add", "lisp map delete", "tenant token revoke", "tenant cert revoke",
 }
 
 // answerAsJSON gives each of apiVerbs under root its -o (a verb that has

@@ -110,6 +110,8 @@ type pkiFiles struct {
 	CA       string    `json:"ca,omitempty"`
 	Token    string    `json:"token,omitempty"`
 	NotAfter time.Time `json:"notAfter,omitzero"`
+	// Serial is what `onehop tenant cert revoke` takes.
+	Serial string `json:"serial,omitempty"`
 }
 
 func (o *issueOpts) flags(c *cobra.Command) {
@@ -157,9 +159,9 @@ func (o *issueOpts) issue(out io.Writer, name, what string, req pki.Request) err
 		return err
 	}
 	if o.output == jsonOutput {
-		return printJSON(out, pkiFiles{What: name, Name: req.CommonName, Cert: crt, Key: key, CA: caCrt, NotAfter: p.Cert.NotAfter.UTC()})
+		return printJSON(out, pkiFiles{What: name, Name: req.CommonName, Cert: crt, Key: key, CA: caCrt, NotAfter: p.Cert.NotAfter.UTC(), Serial: pki.SerialHex(p.Cert)})
 	}
-	fmt.Fprintf(out, "%s: %s, %s, %s (until %s)\n", what, crt, key, caCrt, p.Cert.NotAfter.UTC().Format(time.DateOnly))
+	fmt.Fprintf(out, "%s: %s, %s, %s (until %s, serial %s)\n", what, crt, key, caCrt, p.Cert.NotAfter.UTC().Format(time.DateOnly), pki.SerialHex(p.Cert))
 	return nil
 }
 
@@ -222,8 +224,9 @@ directory you copy to NODE's /etc/onehop.`,
 		Short: "A tenant's client certificate, O=onehop-tenant, CN=tenant:FARM: DIR/tenant-FARM.crt, .key",
 		Long: `A client certificate for the REST API that acts on FARM only (docs/tenants.md):
 its subject is O=` + pki.TenantOrganization + `, CN=tenant:FARM. The tenant dials the https API with
---cert, --key and --ca. It cannot be revoked before it expires: keep --days short,
-or give the tenant a token (onehop tenant token create), which can be.`,
+--cert, --key and --ca. It is revoked by its serial (printed here) or with every
+certificate of its farm: onehop tenant cert revoke; a farm's delete revokes its
+tenant's certificates issued until then.`,
 		Example: "  onehop pki issue tenant --farm blue --days 30    # ./tenant-blue.{crt,key}, ./ca.crt",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

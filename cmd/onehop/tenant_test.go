@@ -181,3 +181,37 @@ func TestCLIPKIIssuesATenantCertificateNamingItsFarm(t *testing.T) {
 		t.Errorf("a bad --farm: %v", err)
 	}
 }
+
+// A tenant certificate issued by `pki issue tenant` acts on its farm until
+// `tenant cert revoke --cert` revokes it; the revocation is listed.
+func TestCLITenantCertRevokeRefusesTheCertificateFromThenOn(t *testing.T) {
+	url, ca, admin := httpsController(t)
+	dir := t.TempDir()
+	out, err := runOut("pki", "issue", "tenant", "--farm", "blue", "--ca-dir", filepath.Dir(ca), "--dir", dir, "--days", "1", "-o", "json")
+	var issued struct{ Cert, Key, Serial string }
+	if err != nil || json.Unmarshal([]byte(out), &issued) != nil || issued.Serial == "" {
+		t.Fatalf("pki issue tenant -o json: %v %s", err, out)
+	}
+	withCert := func(steps []cliStep) []cliStep {
+		for i := range steps {
+			steps[i].args = append(steps[i].args, "--ca", ca, "--cert", issued.Cert, "--key", issued.Key)
+		}
+		return steps
+	}
+	runSteps(t, url, withCert([]cliStep{{[]string{"subnet", "create", "blue/app"}, "", false}}))
+	runSteps(t, url, as(ca, admin, []cliStep{
+		{[]string{"tenant", "cert", "revoke"}, "exactly one of --serial, --cert and --farm", true},
+		{[]string{"tenant", "cert", "revoke", "--serial", "12", "--farm", "blue"}, "exactly one", true},
+		{[]string{"tenant", "cert", "revoke", "--serial", "zz:1"}, `--serial: serial "zz:1"`, true},
+		{[]string{"tenant", "cert", "revoke", "--cert", filepath.Join(dir, "nope.crt")}, "--cert", true},
+		{[]string{"tenant", "cert", "revoke", "--cert", filepath.Join(filepath.Dir(ca), "controller.crt")}, "not a tenant's certificate", true},
+		{[]string{"tenant", "cert", "revoke", "--cert", issued.Cert}, "tenant certificate serial " + issued.Serial + " revoked", false},
+		{[]string{"tenant", "cert", "list"}, issued.Serial, false},
+	}))
+	runSteps(t, url, withCert([]cliStep{{[]string{"get", "vms"}, "serial " + issued.Serial + " (farm blue", true}}))
+	out, err = runOut("tenant", "cert", "list", "-o", "json", "--api", url, "--ca", ca, "--token-file", admin)
+	var revs []controller.CertRevocation
+	if err != nil || json.Unmarshal([]byte(out), &revs) != nil || len(revs) != 1 || revs[0].Serial != issued.Serial || revs[0].Farm != "blue" || revs[0].Expires.IsZero() {
+		t.Fatalf("tenant cert list -o json: %v %s", err, out)
+	}
+}

@@ -91,8 +91,9 @@ func (c *Controller) CreateFarm(ctx context.Context, name string, proxyARP bool)
 // it, or a TAP policy names a VM or subnet of it; with cascade those go
 // first (refuseOrCascade). Its farm state goes from the store with its
 // record, and with it every host's entries for it. Its tenant tokens are
-// revoked before the record goes (revokeFarmTokens), so a farm made
-// again under the same name starts with no credential.
+// revoked before the record goes (revokeFarmTokens), and its tenant
+// certificates issued until then (revokeFarmCerts), so a farm made again
+// under the same name starts with no credential.
 func (c *Controller) DeleteFarm(ctx context.Context, name string, cascade bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -106,6 +107,9 @@ func (c *Controller) DeleteFarm(ctx context.Context, name string, cascade bool) 
 	// of its tokens, which the delete's retry finishes, never tokens
 	// without their farm, which a new farm of the name would inherit.
 	if err := c.revokeFarmTokens(ctx, name); err != nil {
+		return err
+	}
+	if err := c.revokeFarmCerts(ctx, name); err != nil {
 		return err
 	}
 	// The record first: a failure after it leaves an id unused, never an

@@ -52,7 +52,7 @@ func hashToken(tok string) string {
 
 // tenantTokens is the controller's copy of the tokens, which every request
 // is checked against: written through by this controller's own creates and
-// revokes, and kept to the store's by a watch (WatchTenantTokens), so that
+// revokes, and kept to the store's by a watch (WatchTenantCredentials), so that
 // a token revoked through another controller is refused here at once too.
 type tenantTokens struct {
 	mu     sync.RWMutex
@@ -104,26 +104,38 @@ func (t *tenantTokens) replace(kvs map[string][]byte) []error {
 	return errs
 }
 
-// LoadTenantTokens reads every tenant token into the controller's copy and
-// returns the revision it read at, for WatchTenantTokens. The daemon calls
-// it before it serves the API, so no token is refused for not being loaded.
-func (c *Controller) LoadTenantTokens(ctx context.Context) (int64, error) {
-	kvs, rev, err := c.raw.List(ctx, intent.TenantTokensPrefix)
+// LoadTenantCredentials reads every tenant token and certificate
+// revocation into the controller's copies and returns the revision it read
+// at, for WatchTenantCredentials. The daemon calls it before it serves the
+// API, so no token is refused for not being loaded, and no revoked
+// certificate let in.
+func (c *Controller) LoadTenantCredentials(ctx context.Context) (int64, error) {
+	kvs, rev, err := c.raw.List(ctx, intent.TenantsPrefix)
 	if err != nil {
-		return 0, fmt.Errorf("load tenant tokens: %w", err)
+		return 0, fmt.Errorf("load tenant credentials: %w", err)
 	}
-	for _, err := range c.tokens.replace(kvs) {
+	toks := map[string][]byte{}
+	c.certRevs.reset()
+	for k, v := range kvs {
+		if strings.HasPrefix(k, intent.TenantTokensPrefix) {
+			toks[k] = v
+		} else if err := c.setCredential(k, v); err != nil {
+			c.log.Warn("tenant credentials", "err", err)
+		}
+	}
+	for _, err := range c.tokens.replace(toks) {
 		c.log.Warn("tenant tokens", "err", err)
 	}
 	return rev, nil
 }
 
-// WatchTenantTokens keeps the controller's copy of the tokens equal to the
-// store's from revision rev until ctx ends: a broken watch relists, and
-// watches on from the revision of that list.
-func (c *Controller) WatchTenantTokens(ctx context.Context, rev int64) {
+// WatchTenantCredentials keeps the controller's copies of the tokens and
+// certificate revocations equal to the store's from revision rev until ctx
+// ends: a broken watch relists, and watches on from the revision of that
+// list.
+func (c *Controller) WatchTenantCredentials(ctx context.Context, rev int64) {
 	for ctx.Err() == nil {
-		for b := range c.raw.WatchEvents(ctx, intent.TenantTokensPrefix, rev) {
+		for b := range c.raw.WatchEvents(ctx, intent.TenantsPrefix, rev) {
 			if b.Err != nil {
 				break
 			}
@@ -132,8 +144,8 @@ func (c *Controller) WatchTenantTokens(ctx context.Context, rev int64) {
 				if ev.Deleted {
 					val = nil
 				}
-				if err := c.tokens.set(ev.Key, val); err != nil {
-					c.log.Warn("tenant tokens", "err", err)
+				if err := c.setCredential(ev.Key, val); err != nil {
+					c.log.Warn("tenant credentials", "err", err)
 				}
 			}
 		}
@@ -141,8 +153,8 @@ func (c *Controller) WatchTenantTokens(ctx context.Context, rev int64) {
 			return
 		}
 		var err error
-		if rev, err = c.LoadTenantTokens(ctx); err != nil {
-			c.log.Warn("tenant tokens: relist after a broken watch; retrying in 1s", "err", err)
+		if rev, err = c.LoadTenantCredentials(ctx); err != nil {
+			c.log.Warn("tenant credentials: relist after a broken watch; retrying in 1s", "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
@@ -151,7 +163,8 @@ func (c *Controller) WatchTenantTokens(ctx context.Context, rev int64) {
 	}
 }
 
-// tenantRoutes serves tenant tokens: an admin's operations only.
+// tenantRoutes serves tenant tokens and certificate revocations: an
+// admin's operations only.
 func (c *Controller) tenantRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/tenants/tokens", func(w http.ResponseWriter, r *http.Request) {
 		out, err := c.ListTenantTokens(r.Context(), r.URL.Query().Get("farm"))
@@ -170,6 +183,19 @@ func (c *Controller) tenantRoutes(mux *router) {
 	mux.HandleFunc("DELETE /v1/tenants/tokens/{id}", func(w http.ResponseWriter, r *http.Request) {
 		_, err := c.RevokeTenantToken(r.Context(), r.PathValue("id"))
 		reply(w, http.StatusNoContent, nil, err)
+	})
+	// Tenant certificates' revocations (api_certs.go).
+	mux.HandleFunc("GET /v1/tenants/cert-revocations", func(w http.ResponseWriter, r *http.Request) {
+		out, err := c.ListCertRevocations(r.Context(), r.URL.Query().Get("farm"))
+		reply(w, http.StatusOK, out, err)
+	})
+	mux.HandleFunc("POST /v1/tenants/cert-revocations", func(w http.ResponseWriter, r *http.Request) {
+		var in CertRevocation
+		if decode(w, r, &in) {
+			noteFarm(r.Context(), in.Farm)
+			out, err := c.RevokeTenantCert(r.Context(), in)
+			reply(w, http.StatusCreated, out, err)
+		}
 	})
 }
 

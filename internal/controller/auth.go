@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"crypto/x509"
+	"fmt"
 	stdlog "log"
 	"log/slog"
 	"net/http"
@@ -18,7 +20,7 @@ import (
 // when token is empty). Anything else gets 401 before a handler runs. It
 // knows no tenant token: Controller.Authenticate does.
 func Authenticated(h http.Handler, token string) http.Handler {
-	return authenticate(h, token, nil)
+	return authenticate(h, token, nil, nil)
 }
 
 // Authenticate is Authenticated with the tenant tokens this controller
@@ -26,12 +28,13 @@ func Authenticated(h http.Handler, token string) http.Handler {
 // the request (IdentityOf), which the API authorizes each request by
 // (authz.go). A certificate with O=onehop-tenant is its CN farm's tenant;
 // any other the CA signed is an admin's, as is the bearer token; a tenant
-// token is its farm's. A revoked token is unknown at once: 401.
+// token is its farm's. A revoked token is unknown at once: 401, as is a
+// revoked tenant certificate (api_certs.go).
 func (c *Controller) Authenticate(h http.Handler, token string) http.Handler {
-	return authenticate(h, token, &c.tokens)
+	return authenticate(h, token, &c.tokens, &c.certRevs)
 }
 
-func authenticate(h http.Handler, token string, tenants *tenantTokens) http.Handler {
+func authenticate(h http.Handler, token string, tenants *tenantTokens, revoked *certRevocations) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 			cert := r.TLS.VerifiedChains[0][0]
@@ -40,6 +43,12 @@ func authenticate(h http.Handler, token string, tenants *tenantTokens) http.Hand
 				if farm == "" {
 					writeJSON(w, http.StatusUnauthorized, FieldError{Msg: "a tenant certificate (O=" + pki.TenantOrganization + ") must name its farm as its CN, " + pki.TenantCNPrefix + "FARM"})
 					return
+				}
+				if revoked != nil {
+					if rev, ok := revoked.revoked(cert, farm); ok {
+						writeJSON(w, http.StatusUnauthorized, FieldError{Msg: revokedCertMsg(cert, farm, rev)})
+						return
+					}
 				}
 				id.Farm = farm
 			}
@@ -64,6 +73,16 @@ func authenticate(h http.Handler, token string, tenants *tenantTokens) http.Hand
 		w.Header().Set("WWW-Authenticate", `Bearer realm="onehop"`)
 		writeJSON(w, http.StatusUnauthorized, FieldError{Msg: msg})
 	})
+}
+
+// revokedCertMsg says why a tenant certificate is refused, and what to do.
+func revokedCertMsg(cert *x509.Certificate, farm string, rev CertRevocation) string {
+	what := "its serial number was revoked"
+	if rev.Serial == "" {
+		what = "farm " + farm + "'s certificates issued until then were revoked"
+	}
+	return fmt.Sprintf("tenant certificate serial %s (farm %s, issued %s) is revoked: %s at %s; ask the operator for a new credential",
+		pki.SerialHex(cert), farm, pki.IssuedAt(cert).UTC().Format(time.RFC3339), what, rev.Revoked.Format(time.RFC3339))
 }
 
 // bearer returns the token of an "Authorization: Bearer TOKEN" header.

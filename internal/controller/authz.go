@@ -91,6 +91,8 @@ var routeScopes = map[string]scope{
 	"GET /v1/tenants/tokens":                scopeAdmin,
 	"POST /v1/tenants/tokens":               scopeAdmin,
 	"DELETE /v1/tenants/tokens/{id}":        scopeAdmin,
+	"GET /v1/tenants/cert-revocations":      scopeAdmin,
+	"POST /v1/tenants/cert-revocations":     scopeAdmin,
 	"GET /v1/plan":                          scopeRead,
 	"PUT /v1/plan":                          scopeAdmin,
 }

@@ -440,11 +440,11 @@ func TestTokenRevokedThroughAnotherControllerIsRefused(t *testing.T) {
 	other := New(e.s, discard)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	rev, err := other.LoadTenantTokens(ctx)
+	rev, err := other.LoadTenantCredentials(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go other.WatchTenantTokens(ctx, rev)
+	go other.WatchTenantCredentials(ctx, rev)
 	srv := httptest.NewServer(other.Authenticate(other.API(), "the-admin-token-0123456789"))
 	defer srv.Close()
 	get := func(tok string) int {

@@ -55,7 +55,9 @@ type Controller struct {
 	// tokens is the copy of the tenant tokens every request is checked
 	// against (api_tenants.go); audit, the audit trail (api_audit.go).
 	tokens tenantTokens
-	audit  auditLog
+	// certRevs: the revoked tenant certificates (api_certs.go).
+	certRevs certRevocations
+	audit    auditLog
 }
 
 // New returns a controller writing to s.

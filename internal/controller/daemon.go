@@ -193,13 +193,14 @@ func runDaemon(ctx context.Context, cfg DaemonConfig, log *slog.Logger) error {
 	case cfg.AuditKeep > 0:
 		c.SetAuditKeep(cfg.AuditKeep)
 	}
-	// Every tenant token is loaded before the API serves: none is refused
-	// for not being known yet, and a revoked one is gone from then on.
-	tokRev, err := c.LoadTenantTokens(ctx)
+	// Every tenant token and certificate revocation is loaded before the
+	// API serves: no token is refused for not being known yet, and a
+	// revoked credential is refused from then on.
+	tokRev, err := c.LoadTenantCredentials(ctx)
 	if err != nil {
 		return err
 	}
-	go c.WatchTenantTokens(ctx, tokRev)
+	go c.WatchTenantCredentials(ctx, tokRev)
 	if cfg.LocationListen != "" {
 		var relayTLS *tls.Config
 		if cfg.Insecure {

@@ -162,8 +162,10 @@ func TestAChangeWritesABoundedNumberOfKeysWhateverTheCloudsSize(t *testing.T) {
 					map[string]int{"intent": 2, "farmstate": 1}},
 				{"create a farm", func() error { _, err := c.CreateFarm(ctx, "spare", false); return err },
 					map[string]int{"intent": 2, "farmstate": 1}},
+				// The record, the allocation, and the revocation of its
+				// tenant's certificates (api_certs.go).
 				{"delete the empty farm", func() error { return c.DeleteFarm(ctx, "spare", false) },
-					map[string]int{"intent": 2, "farmstate": 1}},
+					map[string]int{"intent": 3, "farmstate": 1}},
 			}
 			for _, ch := range checks {
 				got := written(t, s, ch.f)

@@ -65,7 +65,14 @@ const (
 	// TenantTokensPrefix holds the tenant tokens (+ ID), each with the
 	// SHA-256 of its secret, never the secret (docs/tenants.md). Not
 	// intent: only the controller reads it; no agent needs it.
-	TenantTokensPrefix = Root + "tenants/tokens/"
+	TenantTokensPrefix = TenantsPrefix + "tokens/"
+	// TenantCertRevocationsPrefix holds the revoked tenant certificates:
+	// "serial/HEX" one certificate, "farm/FARM" every certificate of the
+	// farm issued until then (docs/tenants.md). Only the controller reads it.
+	TenantCertRevocationsPrefix = TenantsPrefix + "cert-revocations/"
+	// TenantsPrefix holds what a controller checks tenants' credentials
+	// against; it watches the whole of it.
+	TenantsPrefix = Root + "tenants/"
 	// AuditPrefix holds the audit trail, one key per accepted write (+ a
 	// sortable id), the oldest dropped first (docs/tenants.md).
 	AuditPrefix = Root + "audit/"

@@ -50,7 +50,7 @@ func NewCA(commonName string, now time.Time, validity time.Duration) (*CA, error
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: commonName, Organization: []string{"onehop"}},
-		NotBefore:             now.Add(-time.Minute), // tolerate a little clock skew between components
+		NotBefore:             now.Add(-Backdate),
 		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
@@ -125,7 +125,7 @@ func (ca *CA) Issue(req Request, now time.Time) (*Pair, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: req.CommonName, Organization: []string{cmp.Or(req.Organization, "onehop")}},
-		NotBefore:    now.Add(-time.Minute),
+		NotBefore:    now.Add(-Backdate),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},

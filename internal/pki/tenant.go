@@ -2,8 +2,11 @@ package pki
 
 import (
 	"crypto/x509"
+	"fmt"
+	"math/big"
 	"slices"
 	"strings"
+	"time"
 )
 
 // TenantOrganization is the subject organization (O) of a tenant's client
@@ -37,4 +40,29 @@ func TenantFarm(c *x509.Certificate) (string, bool) {
 		return "", true
 	}
 	return farm, true
+}
+
+// Backdate is how far before its issue a certificate's NotBefore is set,
+// to tolerate a little clock skew between components.
+const Backdate = time.Minute
+
+// IssuedAt is when the CA issued c: its NotBefore plus Backdate, to the
+// second (a certificate's times have no finer grain). A farm's certificate
+// revocation refuses those issued at or before its time by this.
+func IssuedAt(c *x509.Certificate) time.Time { return c.NotBefore.Add(Backdate) }
+
+// SerialHex is c's serial number as the controller's revocations name it:
+// lower-case hex, no leading zeros, no colons.
+func SerialHex(c *x509.Certificate) string { return c.SerialNumber.Text(16) }
+
+// ParseSerial reads a serial number as an operator copies it: hex, with or
+// without colons (openssl's "3a:5b:...") or a 0x prefix, and returns it as
+// SerialHex writes it.
+func ParseSerial(s string) (string, error) {
+	h := strings.ToLower(strings.TrimPrefix(strings.TrimPrefix(strings.ReplaceAll(strings.TrimSpace(s), ":", ""), "0x"), "0X"))
+	n, ok := new(big.Int).SetString(h, 16)
+	if h == "" || !ok || n.Sign() <= 0 || len(h) > 40 {
+		return "", fmt.Errorf("serial %q: want a certificate's serial number in hex (as openssl x509 -serial prints it), at most 20 bytes", s)
+	}
+	return n.Text(16), nil
 }

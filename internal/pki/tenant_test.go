@@ -3,6 +3,7 @@ package pki
 import (
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"strings"
 	"testing"
 )
 
@@ -25,5 +26,18 @@ func TestTenantFarmNeedsItsPrefixAndIsNeverAnAdminWithoutIt(t *testing.T) {
 	}
 	if cn := TenantRequest("blue").CommonName; cn != "tenant:blue" {
 		t.Errorf("TenantRequest(blue) has CN %q", cn)
+	}
+}
+
+func TestParseSerialTakesWhatOperatorsCopy(t *testing.T) {
+	for in, want := range map[string]string{"3A:5B:07": "3a5b07", "0x3a5b07": "3a5b07", " 00:ff ": "ff", "1": "1"} {
+		if got, err := ParseSerial(in); err != nil || got != want {
+			t.Errorf("ParseSerial(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "zz", "0", "-1", "3a 5b", strings.Repeat("f", 41)} {
+		if got, err := ParseSerial(bad); err == nil || !strings.Contains(err.Error(), "serial") {
+			t.Errorf("ParseSerial(%q) = %q, %v; want an error naming the serial", bad, got, err)
+		}
 	}
 }
