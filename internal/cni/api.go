@@ -69,10 +69,18 @@ func vmPath(farm, subnet, name string) string {
 }
 
 // CreateVM implements Controller.
-func (a API) CreateVM(_ context.Context, farm, subnet, name, host, iface string) (intent.VM, error) {
+func (a API) CreateVM(_ context.Context, farm, subnet, name, host, iface string, container intent.VMContainer) (intent.VM, error) {
 	var v intent.VM
-	err := a.D.Do("POST", "/v1/farms/"+farm+"/subnets/"+subnet+"/vms", map[string]string{"name": name, "host": host, "interface": iface}, &v)
+	body := map[string]any{"name": name, "host": host, "interface": iface, "container": container}
+	err := a.D.Do("POST", "/v1/farms/"+farm+"/subnets/"+subnet+"/vms", body, &v)
 	return v, err
+}
+
+// VMs implements Controller: the farm's VMs.
+func (a API) VMs(_ context.Context, farm string) ([]intent.VM, error) {
+	var vms []intent.VM
+	err := a.D.Do("GET", "/v1/farms/"+farm+"/vms", nil, &vms)
+	return vms, err
 }
 
 // DeleteVM implements Controller.

@@ -247,7 +247,7 @@ func newFakeController() *fakeController {
 
 var errUnreachable = errors.New("controller API unreachable: connection refused")
 
-func (f *fakeController) CreateVM(_ context.Context, farm, subnet, name, host, iface string) (intent.VM, error) {
+func (f *fakeController) CreateVM(_ context.Context, farm, subnet, name, host, iface string, container intent.VMContainer) (intent.VM, error) {
 	if f.down {
 		return intent.VM{}, errUnreachable
 	}
@@ -263,9 +263,22 @@ func (f *fakeController) CreateVM(_ context.Context, farm, subnet, name, host, i
 	}
 	f.next++
 	v := intent.VM{Farm: farm, Subnet: subnet, Name: name, Host: host, Interface: iface,
-		IP: fmt.Sprintf("10.1.1.%d", f.next+1), MAC: fmt.Sprintf("0a:58:0a:01:01:%02x", f.next+1), Gateway: "10.1.1.1"}
+		IP: fmt.Sprintf("10.1.1.%d", f.next+1), MAC: fmt.Sprintf("0a:58:0a:01:01:%02x", f.next+1), Gateway: "10.1.1.1", Container: &container}
 	f.vms[full] = v
 	return v, nil
+}
+
+func (f *fakeController) VMs(_ context.Context, farm string) ([]intent.VM, error) {
+	if f.down {
+		return nil, errUnreachable
+	}
+	var out []intent.VM
+	for _, v := range f.vms {
+		if v.Farm == farm {
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeController) DeleteVM(_ context.Context, farm, subnet, name string) error {
@@ -501,4 +514,68 @@ func FuzzParseConf(f *testing.F) {
 			t.Fatalf("ParseConf(%q) accepted %+v", b, c)
 		}
 	})
+}
+
+// GC removes the VMs and links of this network's attachments on this host
+// that the runtime no longer lists, and nothing else: not a valid one, not
+// another network's, another host's or subnet's, not an operator's VM.
+func TestGCRemovesOnlyThisNetworksStaleAttachmentsOnThisHost(t *testing.T) {
+	f := newFixture()
+	add := func(id, ifname string) intent.VM {
+		t.Helper()
+		e := map[string]string{"CNI_COMMAND": CmdAdd, "CNI_CONTAINERID": id, "CNI_NETNS": "/run/netns/c1", "CNI_IFNAME": ifname}
+		var out bytes.Buffer
+		if code := f.p.Run(context.Background(), env(e), bytes.NewReader([]byte(goodConf)), &out); code != 0 {
+			t.Fatalf("ADD %s: exit %d\n%s", id, code, out.String())
+		}
+		return f.ctl.vms["blue/web/"+VMName(id, nil)]
+	}
+	valid, stale, staleIf := add("keep", "eth0"), add("gone", "eth0"), add("keep2", "eth1")
+	if valid.Container == nil || *valid.Container != (intent.VMContainer{Network: "blue-web", ID: "keep", IfName: "eth0"}) {
+		t.Fatalf("ADD recorded the attachment %+v", valid.Container)
+	}
+	others := []intent.VM{
+		{Farm: "blue", Subnet: "web", Name: "op1", Host: "h1", Interface: "tap-op1"},
+		{Farm: "blue", Subnet: "web", Name: "net2", Host: "h1", Interface: "vif-net2", Container: &intent.VMContainer{Network: "other", ID: "x", IfName: "eth0"}},
+		{Farm: "blue", Subnet: "web", Name: "h2vm", Host: "h2", Interface: "vif-h2vm", Container: &intent.VMContainer{Network: "blue-web", ID: "y", IfName: "eth0"}},
+		{Farm: "blue", Subnet: "db", Name: "dbvm", Host: "h1", Interface: "vif-dbvm", Container: &intent.VMContainer{Network: "blue-web", ID: "z", IfName: "eth0"}},
+	}
+	for _, v := range others {
+		f.ctl.vms[v.FullName()] = v
+		f.links.links[v.Interface] = LinkSpec{HostIf: v.Interface}
+	}
+	gc := with(t, map[string]any{"cni.dev/valid-attachments": []Attachment{{ContainerID: "keep", IfName: "eth0"}, {ContainerID: "keep2", IfName: "eth0"}}})
+	if code, out := f.run(CmdGC, gc); code != 0 {
+		t.Fatalf("GC: exit %d\n%s", code, out)
+	}
+	for _, v := range []intent.VM{stale, staleIf} {
+		if _, ok := f.ctl.vms[v.FullName()]; ok {
+			t.Errorf("GC left the stale attachment's vm %s", v.FullName())
+		}
+		if _, ok := f.links.links[v.Interface]; ok {
+			t.Errorf("GC left the stale attachment's link %s", v.Interface)
+		}
+	}
+	for _, v := range append(others, valid) {
+		if _, ok := f.ctl.vms[v.FullName()]; !ok {
+			t.Errorf("GC removed vm %s", v.FullName())
+		}
+		if _, ok := f.links.links[v.Interface]; !ok {
+			t.Errorf("GC removed link %s", v.Interface)
+		}
+	}
+	// libcni without GC arguments sends no list: nothing is valid.
+	if code, out := f.run(CmdGC, []byte(goodConf)); code != 0 {
+		t.Fatalf("GC without a list: exit %d\n%s", code, out)
+	}
+	if _, ok := f.ctl.vms[valid.FullName()]; ok || len(f.ctl.vms) != len(others) {
+		t.Errorf("GC without a list left %d VMs, want the %d not the network's on this host", len(f.ctl.vms), len(others))
+	}
+	f.ctl.down = true
+	if e := f.fail(t, CmdGC, gc); e.Code != ErrTryAgainLater || !strings.Contains(e.Msg, "list the vms of farm blue") {
+		t.Errorf("GC with the controller down: %+v", e)
+	}
+	if e := f.fail(t, CmdGC, with(t, map[string]any{"cniVersion": "1.0.0"})); e.Code != ErrIncompatibleVersion {
+		t.Errorf("GC at 1.0.0: %+v", e)
+	}
 }

@@ -58,8 +58,20 @@ type NetConf struct {
 	// (ADD), or of the ADD being checked (CHECK).
 	PrevResult json.RawMessage `json:"prevResult,omitempty"`
 
+	// ValidAttachments are GC's: the attachments of this network the
+	// runtime still has. libcni also writes them as cni.dev/attachments (a
+	// name the spec once used), read too.
+	ValidAttachments []Attachment `json:"cni.dev/valid-attachments,omitempty"`
+	OldAttachments   []Attachment `json:"cni.dev/attachments,omitempty"`
+
 	// Attach is AttachTimeout parsed.
 	Attach time.Duration `json:"-"`
+}
+
+// Attachment is one of GC's valid attachments.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
 }
 
 // knownFields are the fields a config may have: onehop's, the spec's, and

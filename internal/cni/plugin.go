@@ -14,8 +14,11 @@ import (
 
 // Controller is what the plugin asks of the controller's API.
 type Controller interface {
-	// CreateVM records name in farm/subnet on host, carried by iface.
-	CreateVM(ctx context.Context, farm, subnet, name, host, iface string) (intent.VM, error)
+	// CreateVM records name in farm/subnet on host, carried by iface, for
+	// the attachment container.
+	CreateVM(ctx context.Context, farm, subnet, name, host, iface string, container intent.VMContainer) (intent.VM, error)
+	// VMs are farm's VMs.
+	VMs(ctx context.Context, farm string) ([]intent.VM, error)
 	// DeleteVM removes it; ErrNoVM when it is not there.
 	DeleteVM(ctx context.Context, farm, subnet, name string) error
 	// VM is farm/subnet/name's record; ErrNoVM when there is none.
@@ -142,7 +145,7 @@ func (p *Plugin) run(ctx context.Context, getenv func(string) string, stdin io.R
 		if err := needVersion(c, CmdGC, "1.1.0"); err != nil {
 			return nil, err
 		}
-		return nil, nil // see docs/guests.md: nothing outlives DEL but what the runtime DELs
+		return nil, p.gc(ctx, c)
 	}
 	return nil, errorf(ErrInvalidEnvironment, "CNI_COMMAND %q", env.Command)
 }
@@ -173,7 +176,7 @@ func (p *Plugin) add(ctx context.Context, c NetConf, env Env) (any, error) {
 	}
 	name := VMName(env.ContainerID, env.Args)
 	iface := intent.VifName(c.Farm, name)
-	vm, err := api.CreateVM(ctx, c.Farm, c.Subnet, name, c.Host, iface)
+	vm, err := api.CreateVM(ctx, c.Farm, c.Subnet, name, c.Host, iface, intent.VMContainer{Network: c.Name, ID: env.ContainerID, IfName: env.IfName})
 	if err != nil {
 		vm, err = p.createFailed(ctx, api, c, name, iface, err)
 		if err != nil {
@@ -253,6 +256,48 @@ func (p *Plugin) del(ctx context.Context, c NetConf, env Env) error {
 	}
 	if err := api.DeleteVM(ctx, c.Farm, c.Subnet, name); err != nil && !errors.Is(err, ErrNoVM) {
 		return controllerError(fmt.Sprintf("delete vm %s/%s/%s", c.Farm, c.Subnet, name), err)
+	}
+	return nil
+}
+
+// gc removes what ADD made for an attachment of this network on this host
+// that the runtime no longer lists as valid: a container whose DEL never
+// came (docs/guests.md). Only VMs the plugin made (their record names the
+// attachment) of this network, farm, subnet and host are looked at; an
+// operator's VM never. A VM that cannot be removed is named; the others
+// are removed all the same.
+func (p *Plugin) gc(ctx context.Context, c NetConf) error {
+	valid := map[Attachment]bool{}
+	for _, a := range append(c.ValidAttachments, c.OldAttachments...) {
+		valid[a] = true
+	}
+	api, err := p.controller(c)
+	if err != nil {
+		return err
+	}
+	vms, err := api.VMs(ctx, c.Farm)
+	if err != nil {
+		return controllerError(fmt.Sprintf("list the vms of farm %s", c.Farm), err)
+	}
+	var failed []string
+	for _, v := range vms {
+		ct := v.Container
+		if ct == nil || ct.Network != c.Name || v.Subnet != c.Subnet || v.Host != c.Host ||
+			valid[Attachment{ContainerID: ct.ID, IfName: ct.IfName}] {
+			continue
+		}
+		// The container's namespace is unknown here; its end goes with
+		// the host end (a veth pair) or with the namespace.
+		if err := p.Links.Delete(v.Interface, "", ""); err != nil {
+			failed = append(failed, fmt.Sprintf("%s (remove %s: %v)", v.FullName(), v.Interface, err))
+			continue
+		}
+		if err := api.DeleteVM(ctx, v.Farm, v.Subnet, v.Name); err != nil && !errors.Is(err, ErrNoVM) {
+			failed = append(failed, fmt.Sprintf("%s (%v)", v.FullName(), err))
+		}
+	}
+	if len(failed) > 0 {
+		return errorf(ErrIOFailure, "gc of network %s: %d stale attachment(s) not removed: %s", c.Name, len(failed), strings.Join(failed, "; "))
 	}
 	return nil
 }

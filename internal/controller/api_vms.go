@@ -24,9 +24,12 @@ func (c *Controller) vmRoutes(mux *router) {
 			// Interface is the host interface that carries the guest
 			// (a veth's host end, a tap); "": intent.VifName(farm, name).
 			Interface string `json:"interface"`
+			// Container: the CNI attachment the VM is made for (the
+			// plugin's ADD), which its GC compares.
+			Container *intent.VMContainer `json:"container"`
 		}
 		if decode(w, r, &in) {
-			v, err := c.CreateVMWithInterface(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), in.Name, in.Host, in.Interface)
+			v, err := c.CreateVMFor(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), in.Name, in.Host, in.Interface, in.Container)
 			reply(w, http.StatusCreated, v, err)
 		}
 	})
@@ -75,10 +78,21 @@ func (c *Controller) CreateVM(ctx context.Context, farm, subnet, name, host stri
 // the guest named (a tap QEMU opens, a veth a runtime makes); "" is the
 // default, intent.VifName(farm, name). No two VMs on one host share one.
 func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, name, host, iface string) (intent.VM, error) {
+	return c.CreateVMFor(ctx, farm, subnet, name, host, iface, nil)
+}
+
+// CreateVMFor is CreateVMWithInterface for a CNI attachment (nil: none),
+// which the VM's record keeps.
+func (c *Controller) CreateVMFor(ctx context.Context, farm, subnet, name, host, iface string, container *intent.VMContainer) (intent.VM, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := topology.CheckVMName(name); err != nil {
 		return intent.VM{}, fieldErr("name", err)
+	}
+	if container != nil {
+		if err := container.Check("container"); err != nil {
+			return intent.VM{}, fieldErr("container", err)
+		}
 	}
 	if iface == "" {
 		iface = intent.VifName(farm, name)
@@ -126,7 +140,7 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 		return intent.VM{}, allocErr("subnet", err)
 	}
 	v := intent.NewVM(farm, subnet, name, host, ip)
-	v.Interface = iface
+	v.Interface, v.Container = iface, container
 	f, err := c.getFarm(ctx, farm)
 	if err != nil {
 		return v, err

@@ -24,7 +24,16 @@ func TestAPIVMInterfaceIsCheckedAndNotShared(t *testing.T) {
 		{"POST", vms, `{"name":"q1","host":"h1","interface":"tap-q1"}`, 201, "", ""},
 		{"POST", vms, `{"name":"q2","host":"h1","interface":"tap-q1"}`, 409, "interface", "tap-q1"},
 		{"POST", vms, `{"name":"q3","host":"h1"}`, 201, "", ""},
+		// The CNI attachment a container's VM is made for.
+		{"POST", vms, `{"name":"c1","host":"h1","container":{"network":"","id":"abc","ifname":"eth0"}}`, 400, "container", "container.network: want 1 to 256 bytes"},
+		{"POST", vms, `{"name":"c1","host":"h1","container":{"network":"n","id":"a b","ifname":"eth0"}}`, 400, "container", `container.id "a b": only letters`},
+		{"POST", vms, `{"name":"c1","host":"h1","container":{"network":"n","id":"abc","ifname":"eth0/1"}}`, 400, "container", "container.ifname"},
+		{"POST", vms, `{"name":"c1","host":"h1","container":{"network":"n","id":"abc","ifname":"eth0","x":1}}`, 400, "", "unknown field"},
+		{"POST", vms, `{"name":"c1","host":"h1","container":{"network":"blue-web","id":"abc","ifname":"eth0"}}`, 201, "", ""},
 	})
+	if code, out := do("GET", vms+"/c1", ""); code != 200 || out["container"] == nil {
+		t.Errorf("GET c1: %d %v, want its container", code, out)
+	}
 	// What the VM record says: the named interface, or the default.
 	for body, want := range map[string]string{
 		`{"name":"q4","host":"h2","interface":"tap-q1"}`: "tap-q1", // another host: free there

@@ -175,6 +175,37 @@ type VM struct {
 	// Egress is the VM's slice of its host's address, while its farm has
 	// egress on; a move takes a new slice on the new host.
 	Egress *VMEgress `json:"egress,omitempty"`
+	// Container is the CNI attachment the VM was made for (docs/guests.md),
+	// which the plugin's GC compares with the runtime's valid attachments;
+	// nil for every other VM, which GC never touches.
+	Container *VMContainer `json:"container,omitempty"`
+}
+
+// VMContainer names a CNI attachment: the network config's name, the
+// container's id and its interface name in the container.
+type VMContainer struct {
+	Network string `json:"network"`
+	ID      string `json:"id"`
+	IfName  string `json:"ifname"`
+}
+
+// maxContainerField bounds a VMContainer's network and id (CNI sets no
+// length; runtimes' ids are 64 hex digits).
+const maxContainerField = 256
+
+// Check says what is wrong with c, naming its field under field.
+func (c VMContainer) Check(field string) error {
+	for _, f := range []struct{ name, val string }{{"network", c.Network}, {"id", c.ID}} {
+		if f.val == "" || len(f.val) > maxContainerField {
+			return fmt.Errorf("%s.%s: want 1 to %d bytes, got %d", field, f.name, maxContainerField, len(f.val))
+		}
+		if i := strings.IndexFunc(f.val, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+		}); i >= 0 {
+			return fmt.Errorf("%s.%s %q: only letters, digits, '-', '_' and '.' (as CNI allows), not %q at %d", field, f.name, f.val, f.val[i], i)
+		}
+	}
+	return CheckInterface(field+".ifname", c.IfName)
 }
 
 // MaxFormer bounds VM.Former.

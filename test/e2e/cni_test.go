@@ -194,7 +194,8 @@ func (l *testLab) vmNames() string {
 // second DEL and a DEL after the namespace went succeed; an ADD for
 // another host times out waiting for the attach; STATUS and an
 // ADD with a farm the controller does not have are CNI errors naming the
-// farm, and the ADD leaves nothing.
+// farm, and the ADD leaves nothing; GC removes the containers a runtime
+// forgot, on its host only.
 func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T) {
 	testenv.RequireTool(t, "cnitool", "nsenter")
 	l := upLab(t, tapGuestLab) // a lab VM on h2; the containers are the test's
@@ -329,5 +330,43 @@ func TestPrivilegedCNIContainersOnTwoHostsTalkAndLeaveNothingBehind(t *testing.T
 	}
 	if links := l.hostLinks("h1"); strings.Contains(links, intent.VifName("nofarm", c3.vm)) {
 		t.Errorf("a refused ADD left %s on h1:\n%s", intent.VifName("nofarm", c3.vm), links)
+	}
+
+	// GC: containers whose DEL never came (libcni's cache of them gone, as
+	// after a runtime lost its state) are removed by the next GC of their
+	// network on their host; another host's is not, nor the lab's VM.
+	c5, c6 := newContainer(t, "c5"), newContainer(t, "c6")
+	t.Cleanup(func() { h1.cnitool("del", c5.path); h2.cnitool("del", c6.path) })
+	h1.add(t, c5)
+	h2.add(t, c6)
+	for _, c := range []*container{c5, c6} {
+		// The lab's hosts share one file system, so one libcni cache: a
+		// GC on h1 would DEL h2's cached attachment too.
+		cached, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", "*-"+c.id+"-eth0"))
+		if len(cached) != 1 {
+			t.Fatalf("libcni's cache of %s: %v, want one file", c.name, cached)
+		}
+		if err := os.Remove(cached[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := h1.cnitool("gc", c5.path); err != nil {
+		t.Fatalf("cnitool gc on h1: %v\n%s", err, out)
+	}
+	vms := l.vmNames()
+	if strings.Contains(vms, c5.vm) || !strings.Contains(vms, c6.vm) || !strings.Contains(vms, "web2") {
+		t.Errorf("after GC on h1, the controller's VMs (want c6's %s and web2, not c5's %s):\n%s", c6.vm, c5.vm, vms)
+	}
+	if links := l.hostLinks("h1"); strings.Contains(links, intent.VifName("blue", c5.vm)) {
+		t.Errorf("after GC, h1 still has %s:\n%s", intent.VifName("blue", c5.vm), links)
+	}
+	if out, _ := c5.run("ip", "-br", "link"); strings.Contains(out, "eth0") {
+		t.Errorf("after GC, c5 still has eth0:\n%s", out)
+	}
+	if links := l.hostLinks("h2"); !strings.Contains(links, intent.VifName("blue", c6.vm)) {
+		t.Errorf("GC on h1 removed h2's %s:\n%s", intent.VifName("blue", c6.vm), links)
+	}
+	if err := c6.ping(web2, 2); err != nil {
+		t.Errorf("c6 after h1's GC: %v", err)
 	}
 }
