@@ -50,8 +50,8 @@ struct egress_addr {
 
 /* Who owns a port of an uplink address. */
 enum egress_owner_kind {
-	EGRESS_OWNER_HOST = 0, /* nobody: the host's own stack */
-	EGRESS_OWNER_SLICE,    /* a VM's egress slice: live translations only */
+	EGRESS_OWNER_HOST = 0,  /* nobody: the host's own stack */
+	EGRESS_OWNER_SLICE,     /* a VM's egress slice: live translations only */
 	EGRESS_OWNER_PUBLISHED, /* a VM's published port: its port and protocol only (publish.h) */
 };
 

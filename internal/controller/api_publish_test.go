@@ -103,6 +103,20 @@ func TestPublishedPortsAreLeasesOfTheHostsAddress(t *testing.T) {
 	// A deleted VM frees its ports.
 	mustCall(t, srv, "DELETE", pub+"a", ``, 204)
 	mustCall(t, srv, "POST", pub+"b/publications", `{"proto":"tcp","port":80,"publicPort":8080}`, 201)
+
+	// A slice goes round a published port: c publishes 1150 on h1, where
+	// the next slice (100 ports from 1124, b's old one) would have taken it.
+	mustCall(t, srv, "POST", pub+"c/publications", `{"proto":"udp","port":53,"publicPort":1150}`, 201)
+	d := mustCall(t, srv, "POST", "/v1/farms/blue/subnets/web/vms", `{"name":"d","host":"h1"}`, 201)
+	if got := sliceOf(t, d); got != "1151-1250" {
+		t.Errorf("d's slice %s, want 1151-1250 (round c's published 1150)", got)
+	}
+	// A move to another subnet on the same host keeps its public ports.
+	mustCall(t, srv, "POST", "/v1/farms/blue/subnets", `{"name":"db"}`, 201)
+	c3 := mustCall(t, srv, "PUT", pub+"c/host", `{"host":"h1","subnet":"blue/db"}`, 200)
+	if got := publishedOf(t, c3); got != "udp 53 on 1150,tcp 80 on 8081" {
+		t.Errorf("c moved to blue/db: published %q, want both its publications", got)
+	}
 }
 
 // A tenant publishes its own farm's VMs only, from port 1024 up; the
