@@ -33,22 +33,14 @@ there). Publishing the same proto and port again moves it to the new public port
 		Example: "  onehop vm publish blue/web/web1 --proto tcp --port 80 --public-port 8080\n  onehop vm publish blue/web/web1 --proto udp --port 53 --public-port 5353",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := vmArg(args[0])
-			if err != nil {
-				return err
-			}
-			pub, err := publicationFlags(proto, port)
-			if err != nil {
-				return err
-			}
 			if public < 0 || public > 65535 {
 				return fmt.Errorf("--public-port %d: want 1..65535 (default: --port)", public)
 			}
-			pub.PublicPort = uint16(public)
-			c, err := api()
+			p, pub, c, err := publicationArgs(args[0], proto, port)
 			if err != nil {
 				return err
 			}
+			pub.PublicPort = uint16(public)
 			var v intent.VM
 			if err := c.Do("POST", vmPath(p)+"/publications", pub, &v); err != nil {
 				return err
@@ -81,15 +73,7 @@ func vmUnpublishCmd() *cobra.Command {
 		Example: "  onehop vm unpublish blue/web/web1 --proto tcp --port 80",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := vmArg(args[0])
-			if err != nil {
-				return err
-			}
-			pub, err := publicationFlags(proto, port)
-			if err != nil {
-				return err
-			}
-			c, err := api()
+			p, pub, c, err := publicationArgs(args[0], proto, port)
 			if err != nil {
 				return err
 			}
@@ -110,16 +94,22 @@ func vmUnpublishCmd() *cobra.Command {
 	return cmd
 }
 
-// publicationFlags checks --proto and --port as the controller does.
-func publicationFlags(proto string, port int) (intent.Publication, error) {
+// publicationArgs checks FARM/SUBNET/VM, --proto and --port as the
+// controller does, and opens the API.
+func publicationArgs(arg, proto string, port int) ([]string, intent.Publication, *client.Client, error) {
+	p, err := vmArg(arg)
+	if err != nil {
+		return nil, intent.Publication{}, nil, err
+	}
 	proto = strings.ToLower(proto)
 	if proto != "tcp" && proto != "udp" {
-		return intent.Publication{}, fmt.Errorf("--proto %q: want tcp or udp", proto)
+		return nil, intent.Publication{}, nil, fmt.Errorf("--proto %q: want tcp or udp", proto)
 	}
 	if port < 1 || port > 65535 {
-		return intent.Publication{}, fmt.Errorf("--port %d: want the VM's port, 1..65535", port)
+		return nil, intent.Publication{}, nil, fmt.Errorf("--port %d: want the VM's port, 1..65535", port)
 	}
-	return intent.Publication{Proto: proto, Port: uint16(port)}, nil
+	c, err := api()
+	return p, intent.Publication{Proto: proto, Port: uint16(port)}, c, err
 }
 
 func vmPath(p []string) string { return "/v1/farms/" + p[0] + "/subnets/" + p[1] + "/vms/" + p[2] }
