@@ -69,6 +69,10 @@ func TestPrivilegedAPublishedPortIsReachedFromInetWithItsOwnAddress(t *testing.T
 		t.Errorf("h1's /metrics counts no packet into web1 by its publication")
 	}
 
+	if out, err := l.cli("stats"); err != nil || !strings.Contains(out, "egress blue/web/web1") || !strings.Contains(out, "published ports only") {
+		t.Errorf("onehop stats shows no line for web1's publication: %v\n%s", err, out)
+	}
+
 	if out, err := l.cli("vm", "unpublish", "blue/web/web1", "--proto", "tcp", "--port", "8000"); err != nil {
 		t.Fatalf("vm unpublish: %v\n%s", err, out)
 	}
