@@ -70,6 +70,32 @@ static __always_inline int publish_in(struct __sk_buff *skb, struct packet *pkt,
 	return EGRESS_TAKEN;
 }
 
+/* A VM's later fragment out (no ports): it follows its first fragment,
+ * translated by a publication or a slice (egress_frags), with the host's
+ * address; one whose first fragment nothing translated is egress_out's to
+ * judge. Here rather than there, so that a VM with published ports only
+ * (in no egress_vms) sends a large answer whole. */
+static __always_inline int publish_later_fragment(struct __sk_buff *skb, struct packet *pkt, __be32 vm_addr,
+						  int *verdict)
+{
+	struct iphdr *ip = pkt->ip;
+	struct egress_frag_key fk = {.remote = ip->daddr, .addr = vm_addr, .id = ip->id, .proto = ip->protocol, .dir = EGRESS_FRAG_OUT};
+	struct egress_frag *f = bpf_map_lookup_elem(&egress_frags, &fk);
+	if (!f || packet_now(pkt) - f->when_ns >= FRAG_LIFETIME_NS)
+		return EGRESS_PASS;
+	__u32 slot = f->slot;
+	struct egress_vm *vm = bpf_map_lookup_elem(&egress_slots, &slot);
+	if (!vm || vm->vm_addr != vm_addr || !vm->host_addr)
+		return EGRESS_PASS;
+	if (take_gateway_hop(ip)) {
+		*verdict = drop_packet(skb, pkt, DROP_TTL_EXCEEDED);
+		return EGRESS_TAKEN;
+	}
+	egress_rewrite(skb, ip->protocol, ETH_HLEN + 12, vm_addr, vm->host_addr, 0, 0, 0, 0);
+	*verdict = egress_send(skb, vm, egress_counters_of(slot));
+	return EGRESS_TAKEN;
+}
+
 /* A VM's packet outside the tenant space from one of its published ports
  * (its source): an answer to a client, which leaves with the host's
  * address and the public port. No slice and no destination list: a
@@ -84,7 +110,7 @@ static __always_inline int publish_out(struct __sk_buff *skb, struct packet *pkt
 	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_)
 		return EGRESS_PASS;
 	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK))
-		return EGRESS_PASS; /* a later fragment: egress_out's fragment path */
+		return publish_later_fragment(skb, pkt, vm_addr, verdict);
 	struct l4_ports p = l4_of(pkt);
 	if (!p.known)
 		return EGRESS_PASS;

@@ -18,7 +18,7 @@ import (
 func publishDesired() intent.Desired {
 	d := egressDesired()
 	d.Local[0].Egress = nil
-	d.Local[0].Published = []intent.Publication{{Proto: "tcp", Port: 80, PublicPort: 8080}}
+	d.Local[0].Published = []intent.Publication{{Proto: "tcp", Port: 80, PublicPort: 8080}, {Proto: "udp", Port: 9000, PublicPort: 9900}}
 	d.Local[1].Published = []intent.Publication{{Proto: "udp", Port: 53, PublicPort: 5353}}
 	return d
 }
@@ -73,6 +73,35 @@ func TestPrivilegedPublishedPortsReachTheirVMWithTheClientsOwnAddress(t *testing
 		{Name: "udp from port 80 is not the publication's", Prog: vif,
 			In:      fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: udp, Sport: 80, Dport: 40000}).Bytes(t),
 			Verdict: bpftest.ActShot, Counters: bpftest.Counters{"drop no_route": 1}},
+	})
+
+	// A large udp answer of a (published ports only): its later fragment
+	// follows the first with the host's address.
+	first := fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: udp, Sport: 9000, Dport: 41000, IPID: 700, MoreFragments: true})
+	later := fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: udp, IPID: 700, FragOffset: 185})
+	wireLater := later
+	wireLater.Saddr, wireLater.TTL = hostAddr, 63
+	outA := bpftest.Counters{"forward egress_out": 1, "a out": 1}
+	bpftest.RunTable(t, h.counters, []bpftest.Row{
+		{Name: "a's first fragment from 9000 leaves as the host's 9900", Prog: vif, In: first.Bytes(t),
+			Out:     wire(bpftest.Frame{Saddr: hostAddr, Daddr: inet, Proto: udp, Sport: 9900, Dport: 41000, IPID: 700, MoreFragments: true}),
+			Verdict: bpftest.ActRedirect, To: uplinkIfindex, Kind: bpftest.RedirectNeigh, Counters: outA},
+		{Name: "its later fragment follows with the host's address", Prog: vif, In: later.Bytes(t), Out: headerOnly(t, wireLater, later),
+			Verdict: bpftest.ActRedirect, To: uplinkIfindex, Kind: bpftest.RedirectNeigh, Counters: outA},
+		{Name: "a later fragment of nothing translated goes nowhere", Prog: vif,
+			In:      fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: udp, IPID: 701, FragOffset: 185}).Bytes(t),
+			Verdict: bpftest.ActShot, Counters: bpftest.Counters{"drop no_route": 1}},
+	})
+	rfirst := client(bpftest.Frame{Proto: udp, Sport: 41000, Dport: 9900, IPID: 500, MoreFragments: true})
+	rlater := client(bpftest.Frame{Proto: udp, IPID: 500, FragOffset: 185})
+	inA := bpftest.Counters{"forward egress_in": 1, "a in": 1}
+	bpftest.RunTable(t, h.counters, []bpftest.Row{
+		{Name: "inet's first fragment to 9900 reaches a's 9000", Prog: up, In: rfirst.Bytes(t),
+			Out:     into(vmA, bpftest.Frame{Saddr: inet, Proto: udp, Sport: 41000, Dport: 9000, IPID: 500, MoreFragments: true}),
+			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectPeer, Counters: inA},
+		{Name: "and its later fragment follows it", Prog: up, In: rlater.Bytes(t),
+			Out:     headerOnly(t, bpftest.Frame{Src: vmac(gw), Dst: vmac(vmA), Saddr: inet, Daddr: vmA, Proto: udp, IPID: 500, FragOffset: 185, TTL: 63}, rlater),
+			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectPeer, Counters: inA},
 	})
 
 	// b on lo: its answer from 53 leaves as 5353, not by its slice.
