@@ -113,6 +113,8 @@ enum drop_reason {
 	DROP_EGRESS_NO_MAPPING,  /* to a port of a VM's slice with no live translation for its sender */
 	DROP_EGRESS_PROTO,       /* a VM sent outside the tenant space neither TCP, UDP nor an ICMP echo request */
 	DROP_EGRESS_TO_HOST,     /* a VM's packet to its host's own address through the translation */
+	/* Published ports (publish.h). */
+	DROP_PUBLISH_OPEN, /* a VM opened a TCP connection out from its published port: a publication answers, never opens */
 	DROP_REASON_MAX,
 };
 
@@ -137,8 +139,8 @@ enum forward_path {
 	FWD_TAP_COPY_REMOTE,    /* TAP: a marked copy to a monitor's host, out of the uplink */
 	FWD_TAP_COPY_RECOVERED, /* TAP: a copy from the fabric, restored, into a monitor on this host */
 	FWD_VNAT_LOCATION,      /* a VM's VNAT daemon to the location service, handed to the host's stack (vnat_service.h) */
-	FWD_EGRESS_OUT,         /* a VM's packet translated to a slice of the host's address, out of the uplink (egress.h) */
-	FWD_EGRESS_IN,          /* a reply (or ICMP error) to a slice's port, translated back into its VM */
+	FWD_EGRESS_OUT,         /* a VM's packet translated to a slice (or published port) of the host's address, out of the uplink (egress.h) */
+	FWD_EGRESS_IN,          /* a reply (or ICMP error) to a slice's port, or a packet to a published port, translated into its VM */
 	FWD_PATH_MAX,
 };
 

@@ -10,7 +10,9 @@
  * host's ephemeral ports (cilium#34041).
  *
  * Called from vif.c (a VM's packet outside the tenant space) and uplink.c
- * (a packet to a host address), only where FEATURE_EGRESS is on. */
+ * (a packet to a host address), only where FEATURE_EGRESS is on (a node
+ * with an egress VM or a published port). Published ports are publish.h's,
+ * hooked in here. */
 #ifndef ONEHOP_EGRESS_H
 #define ONEHOP_EGRESS_H
 
@@ -241,12 +243,17 @@ static __always_inline int egress_send(struct __sk_buff *skb, const struct egres
 	return redirect_neigh(vm->uplink_ifindex);
 }
 
+#include "publish.h"
+
 /* A VM's packet to an address outside the tenant space. */
 static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt, const struct vif_info *vif,
 				      __u32 epoch)
 {
 	struct iphdr *ip = pkt->ip;
 	__be32 vm_addr = vif->ip;
+	int published = TC_ACT_SHOT;
+	if (publish_out(skb, pkt, vm_addr, &published) == EGRESS_TAKEN)
+		return published; /* an answer from a published port */
 	__u32 *slotp = bpf_map_lookup_elem(&egress_vms, &vm_addr);
 	if (!slotp)
 		return drop_packet(skb, pkt, DROP_NO_ROUTE);
@@ -511,6 +518,8 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 	} else {
 		return EGRESS_PASS;
 	}
+	if (proto != IPPROTO_ICMP_ && publish_in(skb, pkt, a->uplink, port, l4_off, verdict) == EGRESS_TAKEN)
+		return EGRESS_TAKEN;
 	__u32 slot = 0;
 	struct egress_map *m = egress_live(proto, a->uplink, port, remote, remote_port, now, &slot);
 	if (!m) {

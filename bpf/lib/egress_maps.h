@@ -12,10 +12,13 @@
  * egress_flows, its index by the VM's own 5-tuple, one entry per claimed
  * port), fragment records and per-VM counters.
  *
- * Coming (docs/north-south.md): a published port is one more owner kind in
- * egress_ports (EGRESS_OWNER_PUBLISHED, a lease like a slice); a floating
- * address is one more kind of egress_addrs entry (EGRESS_ADDR_FLOATING,
- * steering the whole address to its slot). */
+ * A published port (publish.h) is one more owner kind in egress_ports
+ * (EGRESS_OWNER_PUBLISHED, a lease like a slice, with the VM's port and
+ * protocol), and egress_published finds it again from the VM's end.
+ *
+ * Coming (docs/north-south.md): a floating address is one more kind of
+ * egress_addrs entry (EGRESS_ADDR_FLOATING, steering the whole address to
+ * its slot). */
 #ifndef ONEHOP_EGRESS_MAPS_H
 #define ONEHOP_EGRESS_MAPS_H
 
@@ -30,6 +33,7 @@
 #define EGRESS_MAX_VMS 16384
 #define EGRESS_MAX_TO 65536 /* destination prefixes, all VMs together */
 #define EGRESS_FRAG_MAX 16384
+#define EGRESS_MAX_PUBLISHED 16384 /* published ports, all VMs of a host together */
 
 /* What an address of this host is to egress. */
 enum egress_addr_kind {
@@ -46,14 +50,31 @@ struct egress_addr {
 
 /* Who owns a port of an uplink address. */
 enum egress_owner_kind {
-	EGRESS_OWNER_HOST = 0, /* nobody: the host's own stack */
-	EGRESS_OWNER_SLICE,    /* a VM's egress slice: live translations only */
-			       /* EGRESS_OWNER_PUBLISHED: a VM's published port (coming) */
+	EGRESS_OWNER_HOST = 0,  /* nobody: the host's own stack */
+	EGRESS_OWNER_SLICE,     /* a VM's egress slice: live translations only */
+	EGRESS_OWNER_PUBLISHED, /* a VM's published port: its port and protocol only (publish.h) */
 };
 
 struct egress_owner {
 	__u32 kind; /* enum egress_owner_kind */
 	__u32 slot;
+	__be16 port; /* EGRESS_OWNER_PUBLISHED: the VM's own port */
+	__u8 proto;  /* ... and the one protocol published there */
+	__u8 _pad;
+};
+
+/* A published port from the VM's end: its address, port and protocol. */
+struct egress_publish_key {
+	__be32 vm_addr;
+	__be16 vm_port;
+	__u8 proto;
+	__u8 _pad;
+};
+
+struct egress_publish {
+	__u32 slot;
+	__be16 public_port; /* of its host's uplink-0 address */
+	__u16 _pad;
 };
 
 /* An egress VM, by slot: its own address, the host address and uplink it
@@ -142,6 +163,17 @@ struct {
 	__type(value, struct egress_owner);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egress_ports SEC(".maps");
+
+/* A VM's end of a published port -> its slot and public port: how its
+ * replies are told from flows of its own (publish.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EGRESS_MAX_PUBLISHED);
+	__type(key, struct egress_publish_key);
+	__type(value, struct egress_publish);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_published SEC(".maps");
 
 /* VM address -> slot. */
 struct {

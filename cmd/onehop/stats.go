@@ -128,9 +128,15 @@ func printAgentStatus(w io.Writer, st intent.AgentStatus) {
 }
 
 // printEgressStats writes each egress VM's slice use and what it was
-// refused (docs/north-south.md), by name.
+// refused (docs/north-south.md), by name; a VM with published ports only
+// has its traffic through them.
 func printEgressStats(w io.Writer, es []intent.EgressStats) {
 	for _, s := range es {
+		if s.Slice == "" {
+			fmt.Fprintf(w, "  egress %-20s published ports only: out %d packets %d bytes, in %d packets %d bytes\n",
+				s.Name, s.PacketsOut, s.BytesOut, s.PacketsIn, s.BytesIn)
+			continue
+		}
 		fmt.Fprintf(w, "  egress %-20s slice %s: %d of %d ports live, %d flows opened, %d refused (slice full), %d not allowed; out %d packets %d bytes, in %d packets %d bytes\n",
 			s.Name, s.Slice, s.Live, s.Ports, s.Flows, s.Refused, s.NotAllowed, s.PacketsOut, s.BytesOut, s.PacketsIn, s.BytesIn)
 	}

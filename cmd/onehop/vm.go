@@ -13,7 +13,7 @@ import (
 
 func vmCmd() *cobra.Command {
 	vm := &cobra.Command{Use: "vm", Short: "VMs: an address in a subnet, placed on a host"}
-	vm.AddCommand(vmCreateCmd(), vmMoveCmd(), vmDeleteCmd(), vmGetCmd(),
+	vm.AddCommand(vmCreateCmd(), vmMoveCmd(), vmDeleteCmd(), vmGetCmd(), vmPublishCmd(), vmUnpublishCmd(), vmPublicationsCmd(),
 		listCmd("VMs with their hosts, addresses, MACs and vifs", "/v1/vms", func(farm string) string { return "/v1/farms/" + farm + "/vms" }, printVMs))
 	return vm
 }
@@ -133,7 +133,11 @@ func vmGetCmd() *cobra.Command {
 				return err
 			}
 			return showOne(cmd, "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2], output, func(v intent.VM) string {
-				return fmt.Sprintf("vm %s on %s: %s, MAC %s, gateway %s, vif %s, firewall %s, egress %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress))
+				s := fmt.Sprintf("vm %s on %s: %s, MAC %s, gateway %s, vif %s, firewall %s, egress %s", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress))
+				if len(v.Published) > 0 {
+					s += ", published " + publishedSummary(v.Published)
+				}
+				return s + "\n"
 			})
 		},
 	}
@@ -158,8 +162,8 @@ func egressSummary(e *intent.VMEgress) string {
 }
 
 func printVMs(c *client.Client, path string, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL\tEGRESS", func(v intent.VM) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress))
+	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL\tEGRESS\tPUBLISHED", func(v intent.VM) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress), publishedSummary(v.Published))
 	})
 }
 

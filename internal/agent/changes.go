@@ -2,6 +2,7 @@ package agent
 
 import (
 	"reflect"
+	"slices"
 
 	"github.com/onehop/onehop/internal/intent"
 )
@@ -95,5 +96,6 @@ func sample(names []string) (shown []string, more int) {
 func sameEndpoint(a, b *intent.LocalEndpoint) bool {
 	return a.Name == b.Name && a.IP == b.IP && a.MAC == b.MAC && a.Interface == b.Interface &&
 		(a.Firewall == b.Firewall || reflect.DeepEqual(a.Firewall, b.Firewall)) &&
-		(a.Egress == b.Egress || reflect.DeepEqual(a.Egress, b.Egress))
+		(a.Egress == b.Egress || reflect.DeepEqual(a.Egress, b.Egress)) &&
+		slices.Equal(a.Published, b.Published)
 }

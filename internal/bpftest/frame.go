@@ -47,6 +47,8 @@ type Frame struct {
 
 	// TCP (a SYN, window 1000) and UDP.
 	Sport, Dport uint16
+	// ACK makes the TCP segment a SYN-ACK (a server's answer).
+	ACK bool
 
 	// ICMPv4 (sequence 1). ICMPID is the echo id, or the unused word of an
 	// error.
@@ -127,7 +129,7 @@ func (f Frame) Bytes(t testing.TB) []byte {
 		ls = append(ls, ip)
 		switch f.Proto {
 		case layers.IPProtocolTCP:
-			tcp := &layers.TCP{SrcPort: layers.TCPPort(f.Sport), DstPort: layers.TCPPort(f.Dport), SYN: true, Window: 1000}
+			tcp := &layers.TCP{SrcPort: layers.TCPPort(f.Sport), DstPort: layers.TCPPort(f.Dport), SYN: true, ACK: f.ACK, Window: 1000}
 			tcp.SetNetworkLayerForChecksum(ip)
 			ls = append(ls, tcp, payload)
 		case layers.IPProtocolUDP:

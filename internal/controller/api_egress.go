@@ -94,6 +94,11 @@ func (c *Controller) withEgress(ctx context.Context, v intent.VM, eg *intent.Far
 	if err != nil {
 		return v, err
 	}
+	// Its own published ports, which a move takes before the model has
+	// the VM on its new host.
+	for _, p := range v.Published {
+		taken = append(taken, p.Lease())
+	}
 	node, err := c.node(ctx, v.Host)
 	if err != nil {
 		return v, err
@@ -125,13 +130,19 @@ func (c *Controller) hostLeases(ctx context.Context, host, vm string) ([]intent.
 }
 
 // hostSlices are the egress slices of host's VMs but except's, each as a
-// holder of leases named "egress slice of FARM/SUBNET/VM": what a sliver's
-// lease is checked against beside other slivers (lease.Overlap).
+// holder of leases named "egress slice of FARM/SUBNET/VM", and every
+// published port of its VMs (except's too: a VM's slice never takes its
+// own published ports), each named publicationHolder: what a sliver's
+// lease, a slice or a publication is checked against beside slivers
+// (lease.Overlap).
 func (c *Controller) hostSlices(ctx context.Context, host, except string) []intent.Sliver {
 	var out []intent.Sliver
 	_ = c.view(ctx, func(m *model) error {
 		for full := range m.onHost[host] {
 			v := m.vms[full]
+			for _, p := range v.Published {
+				out = append(out, intent.Sliver{Host: host, Name: publicationHolder(full, p), Leases: []intent.Lease{p.Lease()}})
+			}
 			if full == except || v.Egress == nil {
 				continue
 			}

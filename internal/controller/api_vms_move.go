@@ -82,6 +82,9 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	moved := intent.NewVM(tf, ts, name, host, ip)
 	moved.Firewall = v.Firewall
 	moved.Interface = v.Interface // the guest keeps its interface's name
+	if moved, err = c.withPublished(ctx, moved, v); err != nil {
+		return v, err
+	}
 	// Its connections may keep the old address virtually: the location
 	// server lets only this VM claim it (vmHolders).
 	moved.Former = append(slices.DeleteFunc(slices.Clone(v.Former), func(a string) bool { return a == v.IP || a == ip.String() }), v.IP)
@@ -116,7 +119,14 @@ func (c *Controller) moveHost(ctx context.Context, key string, v intent.VM, host
 	if err := c.checkInterfaceFree(ctx, host, v.Interface, v.FullName()); err != nil {
 		return v, err
 	}
+	was := v
 	v.Host = host
+	// Its published ports follow it, leased on the new host's address
+	// first: its slice, if any, is then given around them.
+	var err error
+	if v, err = c.withPublished(ctx, v, was); err != nil {
+		return was, err
+	}
 	// A slice is a lease of the old host's address: the new host gives
 	// another (connections through the old one do not survive a move,
 	// docs/north-south.md).

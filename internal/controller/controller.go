@@ -146,6 +146,7 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		var had intent.VM
 		if err := store.GetJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), &had); err == nil && had.Host == v.Host {
 			v.Egress = had.Egress
+			v.Published = had.Published // the API's, not the file's: kept while the VM stays on its host
 		}
 		if v.Firewall, err = normalizeFirewall(vm.Firewall); err != nil {
 			return fmt.Errorf("vm %s: %w", vm.Name, err)

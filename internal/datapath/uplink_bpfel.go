@@ -98,9 +98,27 @@ type uplinkEgressMap struct {
 }
 
 type uplinkEgressOwner struct {
-	_    structs.HostLayout
-	Kind uint32
-	Slot uint32
+	_     structs.HostLayout
+	Kind  uint32
+	Slot  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type uplinkEgressPublish struct {
+	_          structs.HostLayout
+	Slot       uint32
+	PublicPort uint16
+	Pad        uint16
+}
+
+type uplinkEgressPublishKey struct {
+	_      structs.HostLayout
+	VmAddr uint32
+	VmPort uint16
+	Proto  uint8
+	Pad    uint8
 }
 
 type uplinkEgressToKey struct {
@@ -448,6 +466,7 @@ const (
 	uplinkMapEgressFlows          = "egress_flows"
 	uplinkMapEgressFrags          = "egress_frags"
 	uplinkMapEgressPorts          = "egress_ports"
+	uplinkMapEgressPublished      = "egress_published"
 	uplinkMapEgressSlots          = "egress_slots"
 	uplinkMapEgressState          = "egress_state"
 	uplinkMapEgressStats          = "egress_stats"
@@ -566,6 +585,7 @@ type uplinkMapSpecs struct {
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
 	EgressState          *ebpf.MapSpec `ebpf:"egress_state"`
 	EgressStats          *ebpf.MapSpec `ebpf:"egress_stats"`
@@ -660,6 +680,7 @@ type uplinkMaps struct {
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
 	EgressState          *ebpf.Map `ebpf:"egress_state"`
 	EgressStats          *ebpf.Map `ebpf:"egress_stats"`
@@ -717,6 +738,7 @@ func (m *uplinkMaps) Close() error {
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,
+		m.EgressPublished,
 		m.EgressSlots,
 		m.EgressState,
 		m.EgressStats,

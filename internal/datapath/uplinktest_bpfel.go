@@ -98,9 +98,27 @@ type uplinkTestEgressMap struct {
 }
 
 type uplinkTestEgressOwner struct {
-	_    structs.HostLayout
-	Kind uint32
-	Slot uint32
+	_     structs.HostLayout
+	Kind  uint32
+	Slot  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type uplinkTestEgressPublish struct {
+	_          structs.HostLayout
+	Slot       uint32
+	PublicPort uint16
+	Pad        uint16
+}
+
+type uplinkTestEgressPublishKey struct {
+	_      structs.HostLayout
+	VmAddr uint32
+	VmPort uint16
+	Proto  uint8
+	Pad    uint8
 }
 
 type uplinkTestEgressToKey struct {
@@ -455,6 +473,7 @@ const (
 	uplinkTestMapEgressFlows          = "egress_flows"
 	uplinkTestMapEgressFrags          = "egress_frags"
 	uplinkTestMapEgressPorts          = "egress_ports"
+	uplinkTestMapEgressPublished      = "egress_published"
 	uplinkTestMapEgressSlots          = "egress_slots"
 	uplinkTestMapEgressState          = "egress_state"
 	uplinkTestMapEgressStats          = "egress_stats"
@@ -575,6 +594,7 @@ type uplinkTestMapSpecs struct {
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
 	EgressState          *ebpf.MapSpec `ebpf:"egress_state"`
 	EgressStats          *ebpf.MapSpec `ebpf:"egress_stats"`
@@ -671,6 +691,7 @@ type uplinkTestMaps struct {
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
 	EgressState          *ebpf.Map `ebpf:"egress_state"`
 	EgressStats          *ebpf.Map `ebpf:"egress_stats"`
@@ -729,6 +750,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,
+		m.EgressPublished,
 		m.EgressSlots,
 		m.EgressState,
 		m.EgressStats,

@@ -95,7 +95,8 @@ const (
 	vifDropReasonDROP_EGRESS_NO_MAPPING    vifDropReason = 51
 	vifDropReasonDROP_EGRESS_PROTO         vifDropReason = 52
 	vifDropReasonDROP_EGRESS_TO_HOST       vifDropReason = 53
-	vifDropReasonDROP_REASON_MAX           vifDropReason = 54
+	vifDropReasonDROP_PUBLISH_OPEN         vifDropReason = 54
+	vifDropReasonDROP_REASON_MAX           vifDropReason = 55
 )
 
 type vifEgressAddr struct {
@@ -158,9 +159,27 @@ type vifEgressMap struct {
 }
 
 type vifEgressOwner struct {
-	_    structs.HostLayout
-	Kind uint32
-	Slot uint32
+	_     structs.HostLayout
+	Kind  uint32
+	Slot  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type vifEgressPublish struct {
+	_          structs.HostLayout
+	Slot       uint32
+	PublicPort uint16
+	Pad        uint16
+}
+
+type vifEgressPublishKey struct {
+	_      structs.HostLayout
+	VmAddr uint32
+	VmPort uint16
+	Proto  uint8
+	Pad    uint8
 }
 
 type vifEgressToKey struct {
@@ -650,6 +669,7 @@ const (
 	vifMapEgressFlows          = "egress_flows"
 	vifMapEgressFrags          = "egress_frags"
 	vifMapEgressPorts          = "egress_ports"
+	vifMapEgressPublished      = "egress_published"
 	vifMapEgressSlots          = "egress_slots"
 	vifMapEgressState          = "egress_state"
 	vifMapEgressStats          = "egress_stats"
@@ -785,6 +805,7 @@ type vifMapSpecs struct {
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
 	EgressState          *ebpf.MapSpec `ebpf:"egress_state"`
 	EgressStats          *ebpf.MapSpec `ebpf:"egress_stats"`
@@ -892,6 +913,7 @@ type vifMaps struct {
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
 	EgressState          *ebpf.Map `ebpf:"egress_state"`
 	EgressStats          *ebpf.Map `ebpf:"egress_stats"`
@@ -950,6 +972,7 @@ func (m *vifMaps) Close() error {
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,
+		m.EgressPublished,
 		m.EgressSlots,
 		m.EgressState,
 		m.EgressStats,

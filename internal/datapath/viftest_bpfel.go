@@ -98,9 +98,27 @@ type vifTestEgressMap struct {
 }
 
 type vifTestEgressOwner struct {
-	_    structs.HostLayout
-	Kind uint32
-	Slot uint32
+	_     structs.HostLayout
+	Kind  uint32
+	Slot  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type vifTestEgressPublish struct {
+	_          structs.HostLayout
+	Slot       uint32
+	PublicPort uint16
+	Pad        uint16
+}
+
+type vifTestEgressPublishKey struct {
+	_      structs.HostLayout
+	VmAddr uint32
+	VmPort uint16
+	Proto  uint8
+	Pad    uint8
 }
 
 type vifTestEgressToKey struct {
@@ -467,6 +485,7 @@ const (
 	vifTestMapEgressFlows          = "egress_flows"
 	vifTestMapEgressFrags          = "egress_frags"
 	vifTestMapEgressPorts          = "egress_ports"
+	vifTestMapEgressPublished      = "egress_published"
 	vifTestMapEgressSlots          = "egress_slots"
 	vifTestMapEgressState          = "egress_state"
 	vifTestMapEgressStats          = "egress_stats"
@@ -604,6 +623,7 @@ type vifTestMapSpecs struct {
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
 	EgressState          *ebpf.MapSpec `ebpf:"egress_state"`
 	EgressStats          *ebpf.MapSpec `ebpf:"egress_stats"`
@@ -713,6 +733,7 @@ type vifTestMaps struct {
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
+	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
 	EgressState          *ebpf.Map `ebpf:"egress_state"`
 	EgressStats          *ebpf.Map `ebpf:"egress_stats"`
@@ -772,6 +793,7 @@ func (m *vifTestMaps) Close() error {
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,
+		m.EgressPublished,
 		m.EgressSlots,
 		m.EgressState,
 		m.EgressStats,

@@ -22,17 +22,24 @@ const (
 	MapFrags   = "egress_frags"
 	MapStats   = "egress_stats"
 	MapCursors = "egress_cursors"
-	portsPerU  = 65536
+	// MapPublished finds a published port from its VM's end (publish.h).
+	MapPublished = "egress_published"
+	portsPerU    = 65536
 )
 
-// VM is one egress VM of the node, as the datapath holds it.
+// VM is one egress VM of the node, as the datapath holds it: one with a
+// slice (Slice.Lo > 0), or published ports, or both.
 type VM struct {
-	Name   string
-	Addr   netip.Addr
-	Slice  intent.Lease
-	To     []netip.Prefix
-	Uplink feature.Uplink
+	Name      string
+	Addr      netip.Addr
+	Slice     intent.Lease
+	To        []netip.Prefix
+	Uplink    feature.Uplink
+	Published []intent.Publication
 }
+
+// hasSlice says whether v translates flows of its own out (egress on).
+func (v VM) hasSlice() bool { return v.Slice.Lo > 0 }
 
 // Plan is the node's egress entries: its host address (uplink 0's) and
 // its egress VMs, by name. Slots are given in Sync, which keeps each VM's
@@ -48,21 +55,27 @@ func (p Plan) InUse() bool { return len(p.VMs) > 0 }
 
 // Sizes implements feature.Plan.
 func (p Plan) Sizes() feature.Sizes {
-	to, ports := 0, 0
+	to, ports, vms, pub := 0, 0, 0, 0
 	for _, v := range p.VMs {
 		to += len(v.To)
-		ports += int(v.Slice.Hi) - int(v.Slice.Lo) + 1
+		if v.hasSlice() {
+			vms++
+			ports += int(v.Slice.Hi) - int(v.Slice.Lo) + 1
+		}
+		ports += len(v.Published)
+		pub += len(v.Published)
 	}
-	s := feature.Sizes{MapVMs: len(p.VMs), MapSlots: len(p.VMs) + 1, MapTo: to, MapPorts: ports}
+	s := feature.Sizes{MapVMs: vms, MapSlots: len(p.VMs) + 1, MapTo: to, MapPorts: ports, MapPublished: pub}
 	if p.InUse() {
 		s[MapAddrs] = 1
 	}
 	return s
 }
 
-// Compile turns the node's VMs with a slice into the plan. A VM's slice
-// must lie in uplink 0's ports (the controller gives only such); a node
-// whose uplink has no address yet has nothing to translate to.
+// Compile turns the node's VMs with a slice or published ports into the
+// plan. A VM's slice must lie in uplink 0's ports (the controller gives
+// only such); a node whose uplink has no address yet has nothing to
+// translate to.
 func Compile(n feature.Node) (Plan, error) {
 	var p Plan
 	var up feature.Uplink
@@ -72,21 +85,30 @@ func Compile(n feature.Node) (Plan, error) {
 		}
 	}
 	for _, e := range n.Desired.Local {
-		if e.Egress == nil {
+		if e.Egress == nil && len(e.Published) == 0 {
 			continue
 		}
 		if !up.Addr.IsValid() {
-			return p, fmt.Errorf("vm %s has an egress slice but the node's uplink 0 has no address", e.Name)
+			return p, fmt.Errorf("vm %s has an egress slice or published ports but the node's uplink 0 has no address", e.Name)
 		}
 		addr, err := netip.ParseAddr(e.IP)
 		if err != nil {
 			return p, fmt.Errorf("vm %s: address %q: %w", e.Name, e.IP, err)
 		}
+		for _, pub := range e.Published {
+			if (pub.Proto != "tcp" && pub.Proto != "udp") || pub.Port == 0 || pub.PublicPort == 0 {
+				return p, fmt.Errorf("vm %s: publication %s: want tcp or udp and ports 1..65535", e.Name, pub)
+			}
+		}
+		if e.Egress == nil {
+			p.VMs = append(p.VMs, VM{Name: e.Name, Addr: addr, Uplink: up, Published: e.Published})
+			continue
+		}
 		sl := e.Egress.Slice
 		if sl.Uplink != 0 || sl.Lo == 0 || sl.Lo > sl.Hi {
 			return p, fmt.Errorf("vm %s: slice %d:%d-%d: want uplink 0 and 1 <= lo <= hi", e.Name, sl.Uplink, sl.Lo, sl.Hi)
 		}
-		v := VM{Name: e.Name, Addr: addr, Slice: sl, Uplink: up}
+		v := VM{Name: e.Name, Addr: addr, Slice: sl, Uplink: up, Published: e.Published}
 		to := e.Egress.To
 		if len(to) == 0 {
 			to = []string{"0.0.0.0/0"}
@@ -100,14 +122,27 @@ func Compile(n feature.Node) (Plan, error) {
 		}
 		p.VMs = append(p.VMs, v)
 	}
-	// Slices of one address never overlap (the controller leases them);
-	// two that do here are a bug or a hand-made record: refused whole.
-	byLo := append([]VM(nil), p.VMs...)
-	sort.Slice(byLo, func(i, j int) bool { return byLo[i].Slice.Lo < byLo[j].Slice.Lo })
-	for i := 1; i < len(byLo); i++ {
-		a, b := byLo[i-1], byLo[i]
-		if b.Slice.Lo <= a.Slice.Hi {
-			return p, fmt.Errorf("vm %s's slice %d-%d overlaps vm %s's %d-%d", b.Name, b.Slice.Lo, b.Slice.Hi, a.Name, a.Slice.Lo, a.Slice.Hi)
+	// Slices and published ports of one address never overlap (the
+	// controller leases them); two that do here are a bug or a hand-made
+	// record: refused whole.
+	type held struct {
+		name, what string
+		l          intent.Lease
+	}
+	var hs []held
+	for _, v := range p.VMs {
+		if v.hasSlice() {
+			hs = append(hs, held{v.Name, "slice", v.Slice})
+		}
+		for _, pub := range v.Published {
+			hs = append(hs, held{v.Name, "published port", pub.Lease()})
+		}
+	}
+	sort.Slice(hs, func(i, j int) bool { return hs[i].l.Lo < hs[j].l.Lo })
+	for i := 1; i < len(hs); i++ {
+		a, b := hs[i-1], hs[i]
+		if b.l.Lo <= a.l.Hi {
+			return p, fmt.Errorf("vm %s's %s %d-%d overlaps vm %s's %s %d-%d", b.name, b.what, b.l.Lo, b.l.Hi, a.name, a.what, a.l.Lo, a.l.Hi)
 		}
 	}
 	sort.Slice(p.VMs, func(i, j int) bool { return p.VMs[i].Name < p.VMs[j].Name })

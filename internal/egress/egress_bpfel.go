@@ -80,17 +80,36 @@ type egressEgressMap struct {
 }
 
 type egressEgressOwner struct {
-	_    structs.HostLayout
-	Kind uint32
-	Slot uint32
+	_     structs.HostLayout
+	Kind  uint32
+	Slot  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
 }
 
 type egressEgressOwnerKind uint32
 
 const (
-	egressEgressOwnerKindEGRESS_OWNER_HOST  egressEgressOwnerKind = 0
-	egressEgressOwnerKindEGRESS_OWNER_SLICE egressEgressOwnerKind = 1
+	egressEgressOwnerKindEGRESS_OWNER_HOST      egressEgressOwnerKind = 0
+	egressEgressOwnerKindEGRESS_OWNER_SLICE     egressEgressOwnerKind = 1
+	egressEgressOwnerKindEGRESS_OWNER_PUBLISHED egressEgressOwnerKind = 2
 )
+
+type egressEgressPublish struct {
+	_          structs.HostLayout
+	Slot       uint32
+	PublicPort uint16
+	Pad        uint16
+}
+
+type egressEgressPublishKey struct {
+	_      structs.HostLayout
+	VmAddr uint32
+	VmPort uint16
+	Proto  uint8
+	Pad    uint8
+}
 
 type egressEgressToKey struct {
 	_         structs.HostLayout
@@ -118,6 +137,7 @@ const (
 	egressMapEgressFlows         = "egress_flows"
 	egressMapEgressFrags         = "egress_frags"
 	egressMapEgressPorts         = "egress_ports"
+	egressMapEgressPublished     = "egress_published"
 	egressMapEgressSlots         = "egress_slots"
 	egressMapEgressState         = "egress_state"
 	egressMapEgressStats         = "egress_stats"
@@ -175,16 +195,17 @@ type egressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressMapSpecs struct {
-	EgressAddrs   *ebpf.MapSpec `ebpf:"egress_addrs"`
-	EgressCursors *ebpf.MapSpec `ebpf:"egress_cursors"`
-	EgressFlows   *ebpf.MapSpec `ebpf:"egress_flows"`
-	EgressFrags   *ebpf.MapSpec `ebpf:"egress_frags"`
-	EgressPorts   *ebpf.MapSpec `ebpf:"egress_ports"`
-	EgressSlots   *ebpf.MapSpec `ebpf:"egress_slots"`
-	EgressState   *ebpf.MapSpec `ebpf:"egress_state"`
-	EgressStats   *ebpf.MapSpec `ebpf:"egress_stats"`
-	EgressTo      *ebpf.MapSpec `ebpf:"egress_to"`
-	EgressVms     *ebpf.MapSpec `ebpf:"egress_vms"`
+	EgressAddrs     *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors   *ebpf.MapSpec `ebpf:"egress_cursors"`
+	EgressFlows     *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFrags     *ebpf.MapSpec `ebpf:"egress_frags"`
+	EgressPorts     *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressPublished *ebpf.MapSpec `ebpf:"egress_published"`
+	EgressSlots     *ebpf.MapSpec `ebpf:"egress_slots"`
+	EgressState     *ebpf.MapSpec `ebpf:"egress_state"`
+	EgressStats     *ebpf.MapSpec `ebpf:"egress_stats"`
+	EgressTo        *ebpf.MapSpec `ebpf:"egress_to"`
+	EgressVms       *ebpf.MapSpec `ebpf:"egress_vms"`
 }
 
 // egressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -215,16 +236,17 @@ func (o *egressObjects) Close() error {
 //
 // It can be passed to loadEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressMaps struct {
-	EgressAddrs   *ebpf.Map `ebpf:"egress_addrs"`
-	EgressCursors *ebpf.Map `ebpf:"egress_cursors"`
-	EgressFlows   *ebpf.Map `ebpf:"egress_flows"`
-	EgressFrags   *ebpf.Map `ebpf:"egress_frags"`
-	EgressPorts   *ebpf.Map `ebpf:"egress_ports"`
-	EgressSlots   *ebpf.Map `ebpf:"egress_slots"`
-	EgressState   *ebpf.Map `ebpf:"egress_state"`
-	EgressStats   *ebpf.Map `ebpf:"egress_stats"`
-	EgressTo      *ebpf.Map `ebpf:"egress_to"`
-	EgressVms     *ebpf.Map `ebpf:"egress_vms"`
+	EgressAddrs     *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors   *ebpf.Map `ebpf:"egress_cursors"`
+	EgressFlows     *ebpf.Map `ebpf:"egress_flows"`
+	EgressFrags     *ebpf.Map `ebpf:"egress_frags"`
+	EgressPorts     *ebpf.Map `ebpf:"egress_ports"`
+	EgressPublished *ebpf.Map `ebpf:"egress_published"`
+	EgressSlots     *ebpf.Map `ebpf:"egress_slots"`
+	EgressState     *ebpf.Map `ebpf:"egress_state"`
+	EgressStats     *ebpf.Map `ebpf:"egress_stats"`
+	EgressTo        *ebpf.Map `ebpf:"egress_to"`
+	EgressVms       *ebpf.Map `ebpf:"egress_vms"`
 }
 
 func (m *egressMaps) Close() error {
@@ -234,6 +256,7 @@ func (m *egressMaps) Close() error {
 		m.EgressFlows,
 		m.EgressFrags,
 		m.EgressPorts,
+		m.EgressPublished,
 		m.EgressSlots,
 		m.EgressState,
 		m.EgressStats,

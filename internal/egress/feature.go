@@ -27,6 +27,8 @@ type (
 	toKey          = egressEgressToKey
 	mapRecord      = egressEgressMap
 	countersRecord = egressEgressCounters
+	publishKey     = egressEgressPublishKey
+	publishRecord  = egressEgressPublish
 )
 
 // Kinds of egress_addrs and egress_ports entries (enum egress_addr_kind,
@@ -34,6 +36,7 @@ type (
 const (
 	addrUplink  = uint32(egressEgressAddrKindEGRESS_ADDR_UPLINK)
 	ownerSlice  = uint32(egressEgressOwnerKindEGRESS_OWNER_SLICE)
+	ownerPub    = uint32(egressEgressOwnerKindEGRESS_OWNER_PUBLISHED)
 	protoRows   = 3 // TCP, UDP, ICMP echo: the rows of egress_state
 	maxSlotsCap = 16384
 )
@@ -81,7 +84,7 @@ func (f *Feature) Maps() []feature.Map {
 		return feature.Map{Name: name, Owner: feature.Datapath, Lifetime: lifetime}
 	}
 	return []feature.Map{
-		rec(MapAddrs), rec(MapPorts), rec(MapVMs), rec(MapSlots), rec(MapTo),
+		rec(MapAddrs), rec(MapPorts), rec(MapVMs), rec(MapSlots), rec(MapTo), rec(MapPublished),
 		own(MapState, "one translation per protocol and port of a slice; free once its per-protocol timeout passes (docs/north-south.md)"),
 		own(MapFlows, "one entry per claimed port, deleted when the port is claimed again; bounded by the slices"),
 		own(MapFrags, "LRU of 16384 datagrams; a record steers later fragments for 2 s"),
@@ -125,7 +128,7 @@ func (f *Feature) Sync(fp feature.Plan) error {
 		}
 		return nil
 	}
-	m, err := f.maps(MapAddrs, MapPorts, MapVMs, MapSlots, MapTo, MapStats)
+	m, err := f.maps(MapAddrs, MapPorts, MapVMs, MapSlots, MapTo, MapStats, MapPublished)
 	if err != nil {
 		return err
 	}
@@ -180,16 +183,23 @@ func (f *Feature) Sync(fp feature.Plan) error {
 		if err := m[MapSlots].Put(slot, rec); err != nil {
 			return fmt.Errorf("egress: vm %s slot %d: %w", v.Name, slot, err)
 		}
-		for _, pf := range v.To {
-			if err := m[MapTo].Put(toKeyOf(slot, pf), uint8(1)); err != nil {
-				return fmt.Errorf("egress: vm %s destination %s: %w", v.Name, pf, err)
+		if err := putPublished(m, slot, v); err != nil {
+			return err
+		}
+		// A VM with published ports only is not in egress_vms: its own
+		// flows out are no_route, as without egress.
+		if v.hasSlice() {
+			for _, pf := range v.To {
+				if err := m[MapTo].Put(toKeyOf(slot, pf), uint8(1)); err != nil {
+					return fmt.Errorf("egress: vm %s destination %s: %w", v.Name, pf, err)
+				}
 			}
-		}
-		if err := putPorts(m[MapPorts], v.Slice, ownerRecord{Kind: ownerSlice, Slot: slot}); err != nil {
-			return fmt.Errorf("egress: vm %s slice: %w", v.Name, err)
-		}
-		if err := m[MapVMs].Put(be32(v.Addr), slot); err != nil {
-			return fmt.Errorf("egress: vm %s: %w", v.Name, err)
+			if err := putPorts(m[MapPorts], v.Slice, ownerRecord{Kind: ownerSlice, Slot: slot}); err != nil {
+				return fmt.Errorf("egress: vm %s slice: %w", v.Name, err)
+			}
+			if err := m[MapVMs].Put(be32(v.Addr), slot); err != nil {
+				return fmt.Errorf("egress: vm %s: %w", v.Name, err)
+			}
 		}
 		f.cur[v.Name] = v
 	}
@@ -204,7 +214,8 @@ func (f *Feature) Sync(fp feature.Plan) error {
 }
 
 func sameVM(a, b VM) bool {
-	if a.Addr != b.Addr || a.Slice != b.Slice || a.Uplink.Ifindex != b.Uplink.Ifindex || len(a.To) != len(b.To) {
+	if a.Addr != b.Addr || a.Slice != b.Slice || a.Uplink.Ifindex != b.Uplink.Ifindex || len(a.To) != len(b.To) ||
+		!slices.Equal(a.Published, b.Published) {
 		return false
 	}
 	for i := range a.To {
@@ -219,8 +230,18 @@ func (f *Feature) clearVM(m map[string]*ebpf.Map, slot uint32, v VM) error {
 	if err := m[MapVMs].Delete(be32(v.Addr)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("egress: forget vm %s: %w", v.Name, err)
 	}
-	if err := putPorts(m[MapPorts], v.Slice, ownerRecord{}); err != nil {
-		return fmt.Errorf("egress: free vm %s's slice: %w", v.Name, err)
+	if v.hasSlice() {
+		if err := putPorts(m[MapPorts], v.Slice, ownerRecord{}); err != nil {
+			return fmt.Errorf("egress: free vm %s's slice: %w", v.Name, err)
+		}
+	}
+	for _, pub := range v.Published {
+		if err := m[MapPorts].Put(uint32(pub.PublicPort), ownerRecord{}); err != nil {
+			return fmt.Errorf("egress: free vm %s's published port %d: %w", v.Name, pub.PublicPort, err)
+		}
+		if err := m[MapPublished].Delete(publishKeyOf(v.Addr, pub)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("egress: forget vm %s's publication %s: %w", v.Name, pub, err)
+		}
 	}
 	for _, pf := range v.To {
 		if err := m[MapTo].Delete(toKeyOf(slot, pf)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -231,6 +252,40 @@ func (f *Feature) clearVM(m map[string]*ebpf.Map, slot uint32, v VM) error {
 		return fmt.Errorf("egress: free slot %d: %w", slot, err)
 	}
 	return nil
+}
+
+// putPublished writes v's published ports (slot is v's): the port owners
+// that steer packets in, and the entries that find the public port for its
+// answers out.
+func putPublished(m map[string]*ebpf.Map, slot uint32, v VM) error {
+	for _, pub := range v.Published {
+		if err := m[MapPublished].Put(publishKeyOf(v.Addr, pub), publishRecord{Slot: slot, PublicPort: htons(pub.PublicPort)}); err != nil {
+			return fmt.Errorf("egress: vm %s publication %s: %w", v.Name, pub, err)
+		}
+		own := ownerRecord{Kind: ownerPub, Slot: slot, Port: htons(pub.Port), Proto: protoNumber(pub.Proto)}
+		if err := m[MapPorts].Put(uint32(pub.PublicPort), own); err != nil {
+			return fmt.Errorf("egress: vm %s publication %s: %w", v.Name, pub, err)
+		}
+	}
+	return nil
+}
+
+func publishKeyOf(a netip.Addr, pub intent.Publication) publishKey {
+	return publishKey{VmAddr: be32(a), VmPort: htons(pub.Port), Proto: protoNumber(pub.Proto)}
+}
+
+func protoNumber(p string) uint8 {
+	if p == "udp" {
+		return unix.IPPROTO_UDP
+	}
+	return unix.IPPROTO_TCP
+}
+
+// htons is a port as the C's __be16 fields hold it.
+func htons(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
 }
 
 // putPorts writes owner into every port of slice, in one batch.
@@ -309,7 +364,10 @@ func (f *Feature) Stats() ([]intent.EgressStats, error) {
 		if err := m[MapStats].Lookup(slot, &per); err != nil {
 			return nil, fmt.Errorf("egress: counters of %s: %w", name, err)
 		}
-		s := intent.EgressStats{Name: name, Slice: fmt.Sprintf("%d-%d", v.Slice.Lo, v.Slice.Hi), Ports: int(v.Slice.Hi) - int(v.Slice.Lo) + 1}
+		s := intent.EgressStats{Name: name}
+		if v.hasSlice() {
+			s.Slice, s.Ports = fmt.Sprintf("%d-%d", v.Slice.Lo, v.Slice.Hi), int(v.Slice.Hi)-int(v.Slice.Lo)+1
+		}
 		for _, c := range per {
 			s.PacketsOut += c.PacketsOut
 			s.BytesOut += c.BytesOut
@@ -319,9 +377,11 @@ func (f *Feature) Stats() ([]intent.EgressStats, error) {
 			s.Refused += c.Refused
 			s.NotAllowed += c.NotAllowed
 		}
-		live, err := liveFlows(m[MapState], v, now)
-		if err != nil {
-			return nil, err
+		live := 0
+		if v.hasSlice() {
+			if live, err = liveFlows(m[MapState], v, now); err != nil {
+				return nil, err
+			}
 		}
 		s.Live = live
 		out = append(out, s)

@@ -22,9 +22,9 @@ func (f *Feature) Report(st *intent.AgentStatus) {
 
 var (
 	egressPackets = prometheus.NewDesc("onehop_egress_packets_total",
-		"Packets a VM sent through its egress slice (out) and received back (in), by VM.", []string{"node", "vm", "dir"}, nil)
+		"Packets a VM sent through its egress slice or published ports (out) and received back or by a publication (in), by VM.", []string{"node", "vm", "dir"}, nil)
 	egressBytes = prometheus.NewDesc("onehop_egress_bytes_total",
-		"Bytes a VM sent through its egress slice (out) and received back (in), by VM.", []string{"node", "vm", "dir"}, nil)
+		"Bytes a VM sent through its egress slice or published ports (out) and received back or by a publication (in), by VM.", []string{"node", "vm", "dir"}, nil)
 	egressFlows = prometheus.NewDesc("onehop_egress_flows_total",
 		"Translations a VM opened (a port of its slice claimed).", []string{"node", "vm"}, nil)
 	egressRefused = prometheus.NewDesc("onehop_egress_refused_total",

@@ -179,6 +179,11 @@ type VM struct {
 	// which the plugin's GC compares with the runtime's valid attachments;
 	// nil for every other VM, which GC never touches.
 	Container *VMContainer `json:"container,omitempty"`
+	// Published are the VM's ports reached from outside on ports of its
+	// host's uplink-0 address (`onehop vm publish`, docs/north-south.md):
+	// leases of that address, as slices are; a move takes them to the new
+	// host's address, with the same public ports.
+	Published []Publication `json:"published,omitempty"`
 }
 
 // VMContainer names a CNI attachment: the network config's name, the
@@ -390,6 +395,8 @@ type LocalEndpoint struct {
 	// Egress is the VM's slice of its host's address and where it may go
 	// (docs/north-south.md); nil: the VM reaches nothing outside.
 	Egress *VMEgress `json:"egress,omitempty"`
+	// Published are the VM's published ports (VM.Published).
+	Published []Publication `json:"published,omitempty"`
 }
 
 // Desired is everything one node's datapath must hold. It is complete, not a
@@ -608,6 +615,23 @@ type FarmEgress struct {
 type VMEgress struct {
 	Slice Lease    `json:"slice"`
 	To    []string `json:"to"`
+}
+
+// Publication is one published port of a VM: connections to its host's
+// uplink-0 address on PublicPort (Proto, "tcp" or "udp") reach the VM's
+// Port, with the client's own address.
+type Publication struct {
+	Proto      string `json:"proto"`
+	Port       uint16 `json:"port"`
+	PublicPort uint16 `json:"publicPort"`
+}
+
+// Lease is the port of the host's address p holds (uplink 0).
+func (p Publication) Lease() Lease { return Lease{Lo: p.PublicPort, Hi: p.PublicPort} }
+
+// String is "tcp 80 on 8080", as the CLI and errors name a publication.
+func (p Publication) String() string {
+	return p.Proto + " " + strconv.Itoa(int(p.Port)) + " on " + strconv.Itoa(int(p.PublicPort))
 }
 
 // EgressStats is one VM's egress on its host: its slice, the flows it

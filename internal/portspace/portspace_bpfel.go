@@ -88,7 +88,8 @@ const (
 	portspaceDropReasonDROP_EGRESS_NO_MAPPING    portspaceDropReason = 51
 	portspaceDropReasonDROP_EGRESS_PROTO         portspaceDropReason = 52
 	portspaceDropReasonDROP_EGRESS_TO_HOST       portspaceDropReason = 53
-	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 54
+	portspaceDropReasonDROP_PUBLISH_OPEN         portspaceDropReason = 54
+	portspaceDropReasonDROP_REASON_MAX           portspaceDropReason = 55
 )
 
 type portspaceEndpoint struct {
