@@ -146,6 +146,7 @@ func Frame(r Request, src, dst netip.Addr, srcMAC, dstMAC net.HardwareAddr) ([]b
 const (
 	ProgramVif    = "vif"    // the sending VM's vif program, on its host
 	ProgramUplink = "uplink" // the uplink program of the receiving host
+	ProgramSliver = "sliver" // port space's program on the sending sliver's link, on its host
 )
 
 // AgentRequest is what the controller asks one host's agent to run.
@@ -154,8 +155,15 @@ type AgentRequest struct {
 	Program string `json:"program"`
 	// Src is the sending VM (ProgramVif): the agent runs the program as
 	// if the frame came in on its vif.
-	Src   string `json:"src,omitempty"`
-	Frame []byte `json:"frame"`
+	Src string `json:"src,omitempty"`
+	// Sliver is the sending sliver's slot on its host (ProgramSliver):
+	// the agent runs the program as if the frame came in on its link on
+	// uplink Uplink.
+	Sliver uint32 `json:"sliver,omitempty"`
+	// Uplink is the index of the host's uplink (0 the first) the frame
+	// comes in by (ProgramUplink) or the sliver sends on (ProgramSliver).
+	Uplink int    `json:"uplink,omitempty"`
+	Frame  []byte `json:"frame"`
 }
 
 // AgentReply is a host's answer to the AgentRequest with the same ID.
