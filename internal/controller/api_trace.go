@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -25,27 +26,31 @@ import (
 // packet, asked of the hosts on its path (docs/troubleshooting.md).
 func (c *Controller) traceRoutes(mux *router) {
 	mux.HandleFunc("GET /v1/trace", func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		req := trace.Request{From: q.Get("from"), To: q.Get("to"), Proto: q.Get("proto"), Flags: q.Get("flags"), SrcIP: q.Get("src-ip")}
-		var err error
-		for _, p := range []struct {
-			field string
-			v     *uint16
-		}{{"sport", &req.Sport}, {"dport", &req.Dport}} {
-			if s := q.Get(p.field); s != "" && err == nil {
-				n, perr := strconv.ParseUint(s, 10, 16)
-				if perr != nil || n == 0 {
-					err = fieldErr(p.field, fmt.Errorf("port %q: want 1-65535", s))
-				}
-				*p.v = uint16(n)
-			}
-		}
+		req, err := traceQuery(r.URL.Query())
 		var rep trace.Report
 		if err == nil {
 			rep, err = c.Trace(r.Context(), req)
 		}
 		reply(w, http.StatusOK, rep, err)
 	})
+}
+
+// traceQuery reads GET /v1/trace's query; errors name the parameter.
+func traceQuery(q url.Values) (trace.Request, error) {
+	req := trace.Request{From: q.Get("from"), To: q.Get("to"), Proto: q.Get("proto"), Flags: q.Get("flags"), SrcIP: q.Get("src-ip")}
+	for _, p := range []struct {
+		field string
+		v     *uint16
+	}{{"sport", &req.Sport}, {"dport", &req.Dport}} {
+		if s := q.Get(p.field); s != "" {
+			n, err := strconv.ParseUint(s, 10, 16)
+			if err != nil || n == 0 {
+				return req, fieldErr(p.field, fmt.Errorf("port %q: want 1-65535", s))
+			}
+			*p.v = uint16(n)
+		}
+	}
+	return req, nil
 }
 
 // TraceTimeout bounds how long the controller waits for a host's agent to
@@ -58,39 +63,11 @@ const TraceTimeout = 5 * time.Second
 // runs on its host, against that host's live maps, and changes nothing
 // there. A tenant traces from and to its own farm's VMs only.
 func (c *Controller) Trace(ctx context.Context, req trace.Request) (trace.Report, error) {
-	var rep trace.Report
-	req, err := req.Normalize()
-	if err != nil {
-		field, _, _ := strings.Cut(err.Error(), ":")
-		return rep, fieldErr(field, errors.New(strings.TrimSpace(strings.TrimPrefix(err.Error(), field+":"))))
-	}
-	rep.Request = req
-	var in trace.Intent
-	if in.Farms, _, err = store.ListJSON[intent.Farm](ctx, c.store, intent.FarmsPrefix); err != nil {
-		return rep, err
-	}
-	if in.Subnets, _, err = store.ListJSON[intent.Subnet](ctx, c.store, intent.SubnetsPrefix); err != nil {
-		return rep, err
-	}
-	if in.Nodes, _, err = store.ListJSON[intent.Node](ctx, c.store, intent.NodesPrefix); err != nil {
-		return rep, err
-	}
-	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+	rep, in, err := c.resolveTrace(ctx, req)
 	if err != nil {
 		return rep, err
 	}
-	if rep.From, err = c.traceEnd(ctx, "from", req.From, vms, in); err != nil {
-		return rep, err
-	}
-	if rep.From.Kind == trace.KindAddress || rep.From.Kind == trace.KindHost {
-		return rep, fieldErr("from", fmt.Errorf("%s is no VM's, sliver's or external address: a trace starts at a VM (farm/subnet/vm), a sliver (host/sliver) or an address outside the tenant space and the hosts", req.From))
-	}
-	if rep.To, err = c.traceEnd(ctx, "to", req.To, vms, in); err != nil {
-		return rep, err
-	}
-	if err := traceAuthorized(IdentityOf(ctx), rep.From, rep.To); err != nil {
-		return rep, err
-	}
+	req = rep.Request
 	switch rep.From.Kind {
 	case trace.KindSliver:
 		err = c.traceFromSliver(ctx, in, req, &rep)
@@ -104,6 +81,55 @@ func (c *Controller) Trace(ctx context.Context, req trace.Request) (trace.Report
 	}
 	rep.Finish()
 	return rep, nil
+}
+
+// resolveTrace checks req and resolves its ends against the intent, as
+// the caller may see them: everything of a trace but asking the hosts.
+func (c *Controller) resolveTrace(ctx context.Context, req trace.Request) (trace.Report, trace.Intent, error) {
+	var rep trace.Report
+	var in trace.Intent
+	req, err := req.Normalize()
+	var bad *trace.Invalid
+	if errors.As(err, &bad) {
+		return rep, in, fieldErr(bad.Field, bad)
+	} else if err != nil {
+		return rep, in, err
+	}
+	rep.Request = req
+	if in.Farms, _, err = store.ListJSON[intent.Farm](ctx, c.store, intent.FarmsPrefix); err != nil {
+		return rep, in, err
+	}
+	if in.Subnets, _, err = store.ListJSON[intent.Subnet](ctx, c.store, intent.SubnetsPrefix); err != nil {
+		return rep, in, err
+	}
+	if in.Nodes, _, err = store.ListJSON[intent.Node](ctx, c.store, intent.NodesPrefix); err != nil {
+		return rep, in, err
+	}
+	vms, _, err := store.ListJSON[intent.VM](ctx, c.store, intent.VMsPrefix)
+	if err != nil {
+		return rep, in, err
+	}
+	if rep.From, err = c.traceEnd(ctx, "from", req.From, vms, in); err != nil {
+		return rep, in, err
+	}
+	if rep.From.Kind == trace.KindAddress || rep.From.Kind == trace.KindHost {
+		return rep, in, fieldErr("from", fmt.Errorf("%s is no VM's, sliver's or external address: a trace starts at a VM (farm/subnet/vm), a sliver (host/sliver) or an address outside the tenant space and the hosts", req.From))
+	}
+	if rep.To, err = c.traceEnd(ctx, "to", req.To, vms, in); err != nil {
+		return rep, in, err
+	}
+	for _, e := range []struct {
+		field string
+		end   trace.Endpoint
+	}{{"from", rep.From}, {"to", rep.To}} {
+		if a, err := netip.ParseAddr(e.end.IP); err != nil || !a.Is4() {
+			return rep, in, fieldErr(e.field, fmt.Errorf("%s has no IPv4 address yet", e.end.Name))
+		}
+	}
+	if err := traceAuthorized(IdentityOf(ctx), rep.From, rep.To); err != nil {
+		return rep, in, err
+	}
+	return rep, in, nil
 }
 
 // traceAuthorized: a tenant traces from and to its own farm's VMs (from an
