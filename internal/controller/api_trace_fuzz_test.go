@@ -91,4 +91,3 @@ func FuzzAPIObserveQuery(f *testing.F) {
 		}
 	})
 }
-
