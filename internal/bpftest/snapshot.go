@@ -70,3 +70,19 @@ func RingEmpty(t testing.TB, m *ebpf.Map, what string) {
 		t.Errorf("%s ring buffer: want nothing, got a record of %d bytes (err %v)", what, len(rec.RawSample), err)
 	}
 }
+
+// MovedOnce fails t unless, of the counters in after (kind: "drop",
+// "forward"), exactly those named in want rose by one from before, and no
+// other moved: a real packet counted where a trace said it would be.
+func MovedOnce(t testing.TB, what, kind string, before, after map[string]uint64, want ...string) {
+	t.Helper()
+	for name, n := range after {
+		d, w := n-before[name], uint64(0)
+		if slices.Contains(want, name) {
+			w = 1
+		}
+		if d != w {
+			t.Errorf("%s: moved %s %s by %d; the trace said %q", what, kind, name, d, want)
+		}
+	}
+}
