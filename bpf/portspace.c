@@ -60,7 +60,8 @@ static __always_inline int portspace_echo_out(__u32 slot, __u32 u, __be32 remote
 		if (!e || e->slot != slot) {
 			if (!portspace_share_take(slot, PORTSPACE_SHARE_ECHO, now))
 				return DROP_PS_OVER_SHARE;
-			bpf_map_update_elem(&portspace_echo_ids, &k, &rec, BPF_ANY);
+			if (!trace_mode)
+				bpf_map_update_elem(&portspace_echo_ids, &k, &rec, BPF_ANY);
 		}
 		*wire = id;
 		return 0;
@@ -90,7 +91,8 @@ static __always_inline int portspace_echo_out(__u32 slot, __u32 u, __be32 remote
 			continue;
 		if (!portspace_share_take(slot, PORTSPACE_SHARE_ECHO, now))
 			return DROP_PS_OVER_SHARE;
-		bpf_map_update_elem(&portspace_echo_ids, &k, &rec, BPF_ANY);
+		if (!trace_mode)
+			bpf_map_update_elem(&portspace_echo_ids, &k, &rec, BPF_ANY);
 		*wire = k.id;
 		return 0;
 	}

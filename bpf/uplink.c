@@ -70,7 +70,7 @@ int uplink_ingress(struct __sk_buff *skb)
 		/* Not tenant IPv4: the host's stack decides, as for any NIC, but
 		 * for what belongs to a sliver sharing its address. A node
 		 * without slivers pays one test of a word already loaded. */
-		if (!reason && pkt.ip && cfg && feature_on(cfg, FEATURE_EGRESS) && !trace_mode) {
+		if (!reason && pkt.ip && cfg && feature_on(cfg, FEATURE_EGRESS)) {
 			int verdict = TC_ACT_SHOT; /* a VM's reply by its slice (egress.h) */
 			if (egress_in(skb, &pkt, &verdict) == EGRESS_TAKEN)
 				return verdict;

@@ -345,7 +345,7 @@ static __always_inline int egress_deliver(struct __sk_buff *skb, __be32 vm_addr,
 	struct endpoint *dst = bpf_map_lookup_elem(&endpoints, &vm_addr);
 	if (!dst)
 		return drop_quietly(DROP_FABRIC_NOT_LOCAL);
-	struct egress_counters *c = egress_counters_of(slot);
+	struct egress_counters *c = trace_mode ? 0 : egress_counters_of(slot);
 	if (c) {
 		c->packets_in += 1;
 		c->bytes_in += skb->len;
@@ -533,10 +533,11 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 		}
 		return EGRESS_PASS;
 	}
-	egress_touch(m, proto, set, now);
+	if (!trace_mode)
+		egress_touch(m, proto, set, now);
 	__be32 vm_addr = m->vm_addr;
 	__be16 vm_port = m->vm_port;
-	if (ip->frag_off & bpf_htons(IP_MF)) {
+	if ((ip->frag_off & bpf_htons(IP_MF)) && !trace_mode) {
 		struct egress_frag_key fk = {.remote = remote, .addr = host, .id = id, .proto = proto, .dir = EGRESS_FRAG_IN};
 		struct egress_frag f = {.when_ns = now, .slot = slot};
 		bpf_map_update_elem(&egress_frags, &fk, &f, BPF_ANY);

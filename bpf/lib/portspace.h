@@ -16,6 +16,7 @@
 #include "policy.h"
 #include "redirect.h"
 #include "portspace_maps.h"
+#include "trace.h"
 
 #define PORTSPACE_DIR_OUT 0x80
 #define PORTSPACE_ECHO_PROBES 8
@@ -29,6 +30,8 @@ static __always_inline struct portspace_counters *portspace_counters_of(__u32 sl
 
 static __always_inline void portspace_count_in(__u32 slot, __u32 len)
 {
+	if (trace_mode)
+		return;
 	struct portspace_counters *c = portspace_counters_of(slot);
 	if (c) {
 		c->packets_in += 1;
@@ -38,6 +41,8 @@ static __always_inline void portspace_count_in(__u32 slot, __u32 len)
 
 static __always_inline void portspace_count_out(__u32 slot, __u32 len)
 {
+	if (trace_mode)
+		return;
 	struct portspace_counters *c = portspace_counters_of(slot);
 	if (c) {
 		c->packets_out += 1;
@@ -48,7 +53,7 @@ static __always_inline void portspace_count_out(__u32 slot, __u32 len)
 /* Drops a sliver's frame: counted for the node (drop.h) and for the sliver. */
 static __always_inline int portspace_drop(struct __sk_buff *skb, struct packet *pkt, __u32 slot, __u32 reason)
 {
-	struct portspace_counters *c = portspace_counters_of(slot);
+	struct portspace_counters *c = trace_mode ? 0 : portspace_counters_of(slot);
 	if (c) {
 		__u32 i = 0;
 		if (reason >= DROP_PS_FIRST && reason <= DROP_PS_LAST)
@@ -73,6 +78,10 @@ static __always_inline int portspace_share_take(__u32 slot, const __u32 kind, __
 	struct portspace_share *s = bpf_map_lookup_elem(&portspace_shares, &slot);
 	if (!s)
 		return 0;
+	if (trace_mode) { /* the same answer, on a copy of the bucket */
+		__u64 next = s->next_ns[kind];
+		return gcra_take(&next, interval, cfg->burst_ns[kind], now);
+	}
 	if (!gcra_take(&s->next_ns[kind], interval, cfg->burst_ns[kind], now)) {
 		__sync_fetch_and_add(&s->refused[kind], 1);
 		return 0;
@@ -100,11 +109,14 @@ static __always_inline int portspace_frag_record(const struct portspace_frag_key
 {
 	struct portspace_frag *seen = bpf_map_lookup_elem(&portspace_frags, k);
 	if (seen && seen->slot == slot) {
-		seen->when_ns = now;
+		if (!trace_mode)
+			seen->when_ns = now;
 		return 0;
 	}
 	if (!portspace_share_take(slot, PORTSPACE_SHARE_FRAGS, now))
 		return DROP_PS_OVER_SHARE;
+	if (trace_mode)
+		return 0;
 	struct portspace_frag f = {.when_ns = now, .slot = slot};
 	bpf_map_update_elem(&portspace_frags, k, &f, BPF_ANY);
 	return 0;
@@ -234,7 +246,7 @@ static __always_inline int portspace_from_fabric(struct __sk_buff *skb, struct p
 	if (pkt->arp) {
 		/* Only the host answers for the public address; a reply to it
 		 * answers whoever asked, host or sliver (they share the MAC). */
-		if (pkt->arp->op == bpf_htons(ARPOP_REPLY) && pkt->arp->tpa == up->addr && up->vifs) {
+		if (pkt->arp->op == bpf_htons(ARPOP_REPLY) && pkt->arp->tpa == up->addr && up->vifs && !trace_mode) {
 			struct portspace_fan_walk w = {.skb = skb, .uplink = up->index};
 			bpf_loop(up->vifs, portspace_fan_one, &w, 0);
 		}

@@ -32,9 +32,15 @@ share spent, no mapping learned, no copy sent. Each host's agent runs a
 second instance of its programs whose every write is compiled out, on the
 same maps (docs/troubleshooting.md).
 
-FROM is a VM: farm/subnet/vm, or its address. TO is a VM or any IPv4
-address (an address no VM holds is traced as the sending host sees it).
-A tenant traces between its own farm's VMs.
+FROM is a VM (farm/subnet/vm, or its address), a sliver (host/sliver:
+port space's program on its link, from its host's address), or an external
+address (outside the tenant space and the hosts: the frame arrives on the
+uplink of TO's host). TO is a VM, a sliver (its host's address; --dport
+says which port it is steered by), or any IPv4 address (one no VM holds
+is traced as the sending host sees it; a host's address to trace a reply
+to a VM's egress flow or a sliver). A tenant traces between its own farm's
+VMs, and from an external to them; slivers and hosts are an
+administrator's.
 
 TCP (the default) and UDP need --dport; a TCP packet is a SYN unless
 --flags says otherwise (letters of FSRPAU: --flags A for a packet of an
@@ -43,7 +49,9 @@ source address, to see anti-spoofing refuse it.`,
 		Example: `  onehop trace blue/web/web1 blue/db/db1 --dport 5432
   onehop trace blue/web/web1 10.1.2.2 --proto icmp
   onehop trace 10.1.1.2 blue/web/web2 --proto udp --dport 53 -o json
-  onehop trace blue/web/web1 blue/web/web2 --dport 80 --src-ip 10.1.1.99`,
+  onehop trace blue/web/web1 blue/web/web2 --dport 80 --src-ip 10.1.1.99
+  onehop trace h1/s1 203.0.113.7 --sport 10001 --dport 443
+  onehop trace 203.0.113.7 h1/s1 --sport 443 --dport 10001`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.From, req.To = args[0], args[1]
@@ -112,6 +120,9 @@ source address, to see anti-spoofing refuse it.`,
 func endName(e trace.Endpoint) string {
 	if e.Name != "" {
 		return e.Name
+	}
+	if e.Kind != "" {
+		return e.Kind
 	}
 	return "address"
 }

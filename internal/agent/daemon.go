@@ -176,6 +176,13 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 	}, log)
 	groups := NewUplinkGroups(cfg.Node, cfg.Uplink, log)
 	obs := NewObserver(cfg.Node, k, log)
+	for _, f := range a.Features() {
+		if t, ok := f.(interface {
+			Stats() ([]intent.TapStats, error)
+		}); ok {
+			obs.WithTap(t.Stats)
+		}
+	}
 	engine.Observe(obs.ARP)
 	wg.Add(1)
 	go func() { defer wg.Done(); obs.Run(ctx, s) }()

@@ -48,6 +48,9 @@ type Observer struct {
 	dp   ObserveDatapath
 	log  *slog.Logger
 
+	// tapStats reads the TAP counters (WithTap); nil: no TAP here.
+	tapStats func() ([]intent.TapStats, error)
+
 	mu     sync.Mutex
 	subs   map[string]*observeSub
 	recent []observe.Event
@@ -99,6 +102,17 @@ func (s *observeSub) offer(e observe.Event) {
 	}
 }
 
+// WithTap has o publish, each second while a stream runs, how many copies
+// of each TAP policy were dropped since the last second (stats: the TAP
+// feature's counters, tap.Feature.Stats). Counted from the counters rather
+// than sent by the datapath: the TAP's copy walk has no stack left for an
+// event (bpf/lib/tap.h), and one event a second per policy cannot crowd
+// out another farm's events however hard a flood is paced.
+func (o *Observer) WithTap(stats func() ([]intent.TapStats, error)) *Observer {
+	o.tapStats = stats
+	return o
+}
+
 // ARP publishes the ARP engine's questions and answers
 // (arpengine.Engine.Observe), each of the farm of the VM asked about.
 func (o *Observer) ARP(answered bool, vm netip.Addr, host net.HardwareAddr) {
@@ -120,6 +134,7 @@ func (o *Observer) Run(ctx context.Context, st store.Store) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	lastLost, _ := o.dp.ObserveLost()
+	lastTap := o.reportTap(nil)
 	for ctx.Err() == nil {
 		kvs, rev, err := st.List(ctx, intent.ObservePrefix)
 		if err != nil {
@@ -142,6 +157,7 @@ func (o *Observer) Run(ctx context.Context, st store.Store) {
 				break wait
 			case <-tick.C:
 				lastLost = o.reportLost(lastLost)
+				lastTap = o.reportTap(lastTap)
 			}
 		}
 	}
@@ -163,6 +179,36 @@ func (o *Observer) reportLost(last map[uint32]uint64) map[uint32]uint64 {
 	for farm, n := range now {
 		if d := n - last[farm]; d > 0 {
 			o.Publish(observe.Event{Time: time.Now(), Kind: observe.KindLost, Farm: farm, Lost: d, Where: observe.LostDatapath})
+		}
+	}
+	return now
+}
+
+// reportTap publishes, per TAP policy, the copies dropped since last (by
+// policy id; nil: read the counters only, as the baseline).
+func (o *Observer) reportTap(last map[uint32]uint64) map[uint32]uint64 {
+	if o.tapStats == nil {
+		return nil
+	}
+	stats, err := o.tapStats()
+	if err != nil {
+		o.log.Warn("observe: read tap counters", "err", err)
+		return last
+	}
+	now := make(map[uint32]uint64, len(stats))
+	for _, st := range stats {
+		now[st.ID] = st.Dropped
+	}
+	o.mu.Lock()
+	active := len(o.subs) > 0
+	o.mu.Unlock()
+	if !active || last == nil {
+		return now
+	}
+	for _, st := range stats {
+		// A policy new since last (or whose slot was reused) counts from 0.
+		if prev, ok := last[st.ID]; st.Dropped > prev || !ok && st.Dropped > 0 {
+			o.Publish(observe.Event{Time: time.Now(), Kind: observe.KindTapDropped, Policy: st.Policy, Copies: st.Dropped - prev})
 		}
 	}
 	return now

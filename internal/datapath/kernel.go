@@ -46,6 +46,9 @@ type Kernel struct {
 	traceOnce sync.Once
 	tracer    *tracer
 	traceErr  error
+	// traceFeatures are features' trace programs (TraceWith).
+	traceMu       sync.Mutex
+	traceFeatures map[string]TraceFunc
 }
 
 // Options size what the operator may size.

@@ -81,22 +81,50 @@ func (t *tracer) Close() error {
 	return t.vif.Close()
 }
 
-// Trace runs one program of the trace instance on r.Frame against this
-// host's live maps and says what it decided. Nothing in the maps changes
-// (bpf/lib/trace.h); BPF_PROG_RUN performs no redirect, and the trace
-// instance sends no copy. The vif program runs as if the frame came in on
-// the vif of r.Src, the uplink program as if it came in on the uplink.
-func (k *Kernel) Trace(r trace.AgentRequest) (trace.Run, error) {
+// loadedTracer is the trace instance, loaded on the first trace.
+func (k *Kernel) loadedTracer() (*tracer, error) {
 	k.traceOnce.Do(func() {
 		k.tracer, k.traceErr = k.loadTracer()
 		if k.tracer != nil {
 			k.CloseWith(k.tracer)
 		}
 	})
-	if k.traceErr != nil {
-		return trace.Run{}, k.traceErr
+	return k.tracer, k.traceErr
+}
+
+// TraceFunc runs one program of a feature's trace instance (one loaded
+// with trace_mode set, on this host's maps) for a trace.AgentRequest.
+type TraceFunc func(trace.AgentRequest) (trace.Run, error)
+
+// TraceWith has Trace hand requests for program to run: a feature whose
+// programs live in its own package (port space's sliver program) traces
+// them through the same agent request as the router's.
+func (k *Kernel) TraceWith(program string, run TraceFunc) {
+	k.traceMu.Lock()
+	defer k.traceMu.Unlock()
+	if k.traceFeatures == nil {
+		k.traceFeatures = map[string]TraceFunc{}
 	}
-	t := k.tracer
+	k.traceFeatures[program] = run
+}
+
+// Trace runs one program of the trace instance on r.Frame against this
+// host's live maps and says what it decided. Nothing in the maps changes
+// (bpf/lib/trace.h); BPF_PROG_RUN performs no redirect, and the trace
+// instance sends no copy. The vif program runs as if the frame came in on
+// the vif of r.Src, the uplink program as if it came in on the uplink; a
+// feature's program (TraceWith) as that feature says.
+func (k *Kernel) Trace(r trace.AgentRequest) (trace.Run, error) {
+	k.traceMu.Lock()
+	feature := k.traceFeatures[r.Program]
+	k.traceMu.Unlock()
+	if feature != nil {
+		return feature(r)
+	}
+	t, err := k.loadedTracer()
+	if err != nil {
+		return trace.Run{}, err
+	}
 	var prog *ebpf.Program
 	var steps *ebpf.Map
 	var ifindex uint32
@@ -118,14 +146,40 @@ func (k *Kernel) Trace(r trace.AgentRequest) (trace.Run, error) {
 		if cfg.UplinkIfindex == 0 {
 			return trace.Run{}, errors.New("trace: this host's uplink is not configured yet")
 		}
-		// The uplink program reads no device of its own but to log a
-		// drop, which the trace instance does not: it runs on loopback.
+		// On the uplink the frame arrives by: port space finds the
+		// uplink's public address by the device.
+		ifindex = cfg.UplinkIfindex
+		if r.Uplink != 0 {
+			var up uplinkPortspaceUplink
+			m := k.maps["portspace_uplink_index"]
+			if m == nil || m.Lookup(uint32(r.Uplink), &up) != nil || up.Ifindex == 0 {
+				return trace.Run{}, fmt.Errorf("trace: this host has no uplink %d", r.Uplink)
+			}
+			ifindex = up.Ifindex
+		}
+		if _, err := net.InterfaceByIndex(int(ifindex)); err != nil {
+			// No such device in this namespace (a test's made-up
+			// uplink): only port space reads the device, and it has
+			// nothing to steer for one that does not exist.
+			ifindex = 0
+		}
 		prog, steps = t.uplink.UplinkIngress, t.uplink.TraceSteps
 	default:
-		return trace.Run{}, fmt.Errorf("trace: program %q: want %s or %s", r.Program, trace.ProgramVif, trace.ProgramUplink)
+		return trace.Run{}, fmt.Errorf("trace: program %q: this host has no such program (want %s or %s)", r.Program, trace.ProgramVif, trace.ProgramUplink)
 	}
-	if len(r.Frame) < 14 {
-		return trace.Run{}, fmt.Errorf("trace: frame of %d bytes: shorter than an Ethernet header", len(r.Frame))
+	return k.RunTrace(r.Program, prog, steps, ifindex, r.Frame)
+}
+
+// RunTrace runs prog, a program of a trace instance whose record map is
+// steps, on frame as if it came in on ifindex (0: loopback), and says what
+// it decided, named as the router's own runs are.
+func (k *Kernel) RunTrace(program string, prog *ebpf.Program, steps *ebpf.Map, ifindex uint32, frame []byte) (trace.Run, error) {
+	t, err := k.loadedTracer()
+	if err != nil {
+		return trace.Run{}, err
+	}
+	if len(frame) < 14 {
+		return trace.Run{}, fmt.Errorf("trace: frame of %d bytes: shorter than an Ethernet header", len(frame))
 	}
 
 	t.mu.Lock()
@@ -135,8 +189,8 @@ func (k *Kernel) Trace(r trace.AgentRequest) (trace.Run, error) {
 	if err := steps.Put(uint32(0), TraceRecord{Runs: 1}); err != nil {
 		return trace.Run{}, fmt.Errorf("trace: reset record: %w", err)
 	}
-	out := make([]byte, len(r.Frame)+256)
-	opts := &ebpf.RunOptions{Data: r.Frame, DataOut: out}
+	out := make([]byte, len(frame)+256)
+	opts := &ebpf.RunOptions{Data: frame, DataOut: out}
 	if ifindex > 1 {
 		// struct __sk_buff up to ifindex (offset 40): BPF_PROG_RUN sets
 		// the skb's device from it, so skb->ifindex is the vif's, as on
@@ -153,7 +207,7 @@ func (k *Kernel) Trace(r trace.AgentRequest) (trace.Run, error) {
 	if err := steps.Lookup(uint32(0), &rec); err != nil {
 		return trace.Run{}, fmt.Errorf("trace: read record: %w", err)
 	}
-	return t.names.explain(r.Program, ret, rec, opts.DataOut), nil
+	return t.names.explain(program, ret, rec, opts.DataOut), nil
 }
 
 // TraceRecord is one trace run's record (struct trace_record).

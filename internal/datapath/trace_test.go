@@ -2,16 +2,9 @@ package datapath
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
 	"net/netip"
-	"os"
-	"slices"
 	"testing"
-	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/ringbuf"
 	"github.com/google/gopacket/layers"
 
 	"github.com/onehop/onehop/internal/bpftest"
@@ -27,53 +20,6 @@ func traceDesired() intent.Desired {
 		{ID: 7, Dir: "out", Proto: "tcp", PortLo: 22, PortHi: 22, Action: "deny"},
 	}}
 	return d
-}
-
-// mapSnapshot is every entry of every map the programs share that a
-// packet can write (ring buffers are checked by reading them), as bytes.
-func mapSnapshot(t *testing.T, k *Kernel) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	for name, m := range k.maps {
-		switch m.Type() {
-		case ebpf.RingBuf, ebpf.ProgramArray, ebpf.ArrayOfMaps, ebpf.HashOfMaps:
-			continue
-		}
-		var key []byte
-		var entries []string
-		it := m.Iterate()
-		if m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.PerCPUHash || m.Type() == ebpf.LRUCPUHash {
-			var vals [][]byte
-			for it.Next(&key, &vals) {
-				entries = append(entries, fmt.Sprintf("%x=%x", key, vals))
-			}
-		} else {
-			var val []byte
-			for it.Next(&key, &val) {
-				entries = append(entries, fmt.Sprintf("%x=%x", key, val))
-			}
-		}
-		if err := it.Err(); err != nil {
-			t.Fatalf("read map %s: %v", name, err)
-		}
-		slices.Sort(entries)
-		out[name] = fmt.Sprint(entries)
-	}
-	return out
-}
-
-// ringEmpty fails t if the ring buffer m holds a record.
-func ringEmpty(t *testing.T, m *ebpf.Map, what string) {
-	t.Helper()
-	r, err := ringbuf.NewReader(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	r.SetDeadline(time.Now())
-	if rec, err := r.Read(); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Errorf("%s ring buffer: want nothing, got a record of %d bytes (err %v)", what, len(rec.RawSample), err)
-	}
 }
 
 // A trace runs the real programs on the live maps and says what a real
@@ -126,7 +72,7 @@ func TestPrivilegedTraceNamesTheDecisionAndChangesNothing(t *testing.T) {
 			frame{Src: h3MAC, Dst: h1MAC, Saddr: web2, Daddr: web1, Proto: tcp, Dport: 80},
 			trace.Run{Program: "uplink", Verdict: "drop", Drop: "fabric_unknown_src"}},
 	}
-	before := mapSnapshot(t, k)
+	before := bpftest.MapSnapshot(t, k.maps)
 	for round := 0; round < 50; round++ {
 		for _, r := range rows {
 			got, err := k.Trace(trace.AgentRequest{Program: r.program, Src: web1.String(), Frame: r.in.bytes(t)})
@@ -139,14 +85,10 @@ func TestPrivilegedTraceNamesTheDecisionAndChangesNothing(t *testing.T) {
 			}
 		}
 	}
-	after := mapSnapshot(t, k)
-	for name := range before {
-		if before[name] != after[name] {
-			t.Errorf("map %s changed under 50 rounds of traces:\nbefore %s\nafter  %s", name, before[name], after[name])
-		}
-	}
-	ringEmpty(t, k.vif.DropEvents, "drop events")
-	ringEmpty(t, k.vif.Slowpath, "slow path")
+	after := bpftest.MapSnapshot(t, k.maps)
+	bpftest.SameSnapshots(t, before, after, "50 rounds of traces")
+	bpftest.RingEmpty(t, k.vif.DropEvents, "drop events")
+	bpftest.RingEmpty(t, k.vif.Slowpath, "slow path")
 
 	// The allowed trace's output is what h2 gets: host MAC to host MAC.
 	run, err := k.Trace(trace.AgentRequest{Program: trace.ProgramVif, Src: web1.String(), Frame: rows[0].in.bytes(t)})
@@ -171,14 +113,9 @@ func TestPrivilegedTraceNamesTheDecisionAndChangesNothing(t *testing.T) {
 		c0, _ := k.Counters()
 		bpftest.Run(t, prog, r.in.bytes(t))
 		c1, _ := k.Counters()
-		for reason, n := range c1.Drops {
-			d := n - c0.Drops[reason]
-			if reason == r.want.Drop && d != 1 || reason != r.want.Drop && d != 0 {
-				t.Errorf("%s: the real packet moved drop %s by %d; the trace said %s", r.name, reason, d, r.want.Drop)
-			}
-		}
+		bpftest.MovedOnce(t, r.name+": the real packet", "drop", c0.Drops, c1.Drops, r.want.Drop)
 	}
-	if now := mapSnapshot(t, k); now["drops"] == before["drops"] {
+	if now := bpftest.MapSnapshot(t, k.maps); now["drops"] == before["drops"] {
 		t.Error("the real packets moved no drop counter: the snapshots compared nothing live")
 	}
 }

@@ -26,6 +26,12 @@ const (
 	// host) or, answered, the host that holds it.
 	KindARPQuestion = "arp_question"
 	KindARPAnswer   = "arp_answer"
+	// KindTapDropped: Copies copies of TAP policy Policy lost on Node
+	// since the last such event (over its monitor's share, or a failed
+	// clone), from the TAP counters each second. Farm 0: a TAP policy is
+	// the operator's, and a tenant's stream must not learn its traffic is
+	// copied.
+	KindTapDropped = "tap_dropped"
 )
 
 // Where events were lost.
@@ -54,6 +60,10 @@ type Event struct {
 	Rule      uint32 `json:"rule,omitempty"`
 	RuleFarm  string `json:"rule_farm,omitempty"`
 	Interface string `json:"interface,omitempty"`
+	// Policy and Copies, for KindTapDropped: the TAP policy and how many
+	// of its copies were lost.
+	Policy string `json:"policy,omitempty"`
+	Copies uint64 `json:"copies,omitempty"`
 	// Lost and Where, for KindLost: how many events of Farm were not
 	// shown since the last such event, and where they were lost.
 	Lost  uint64 `json:"lost,omitempty"`
@@ -173,6 +183,10 @@ func Line(e Event) string {
 	fmt.Fprintf(&b, "%s %s farm %d %s", e.Time.Format("15:04:05.000"), e.Node, e.Farm, e.Kind)
 	if e.Kind == KindLost {
 		fmt.Fprintf(&b, " lost %d events (%s)", e.Lost, e.Where)
+		return b.String()
+	}
+	if e.Kind == KindTapDropped {
+		fmt.Fprintf(&b, " %d copies of tap policy %s dropped (its monitor's share, or a failed clone)", e.Copies, e.Policy)
 		return b.String()
 	}
 	if e.Reason != "" {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onehop/onehop/internal/bpfobj"
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/trace"
 )
 
 // Port space's map records (bpf/lib/portspace_maps.h), generated from the C.
@@ -46,6 +47,7 @@ type Kernel struct {
 	objs   portspaceObjects
 	sock   portspaceSockObjects
 	links  *bpfobj.Links
+	trace  tracer // the sliver program's trace instance (trace.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -90,6 +92,7 @@ func open(router *datapath.Kernel, testHooks bool) (*Kernel, error) {
 		}
 	}
 	router.CloseWith(k)
+	router.TraceWith(trace.ProgramSliver, k.Trace)
 	return k, nil
 }
 

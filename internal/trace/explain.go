@@ -13,12 +13,34 @@ import (
 
 // Endpoint is one end of a traced packet as the controller resolved it.
 type Endpoint struct {
-	Name string `json:"name,omitempty"` // farm/subnet/vm; "" for an address no VM holds
+	// Kind is what the end is: "vm", "sliver", "host" (a host's own
+	// address on the fabric), "external" (outside the tenant space and
+	// no host's), or "address" (in the tenant space, no VM's).
+	Kind string `json:"kind,omitempty"`
+	Name string `json:"name,omitempty"` // farm/subnet/vm, host/sliver, or the host; "" for an address
 	IP   string `json:"ip"`
-	Host string `json:"host,omitempty"` // the VM's host
+	Host string `json:"host,omitempty"` // the VM's, sliver's or address's host
+	// Uplink is the index of the host's uplink whose address IP is (a
+	// sliver's, a host's): the link the frame goes out or comes in by.
+	Uplink int `json:"uplink,omitempty"`
 	// VM is the VM's record (for its firewall's rule ids); not shown.
 	VM *intent.VM `json:"-"`
+	// Sliver is the sliver's record (its slot); not shown.
+	Sliver *intent.Sliver `json:"-"`
 }
+
+// Endpoint kinds.
+const (
+	KindVM       = "vm"
+	KindSliver   = "sliver"
+	KindHost     = "host"
+	KindExternal = "external"
+	KindAddress  = "address"
+)
+
+// ExternalMAC is the source MAC of a traced frame from an external: no
+// host's, as a frame from the fabric's router or a machine outside onehop.
+var ExternalMAC = net.HardwareAddr{0x02, 0x74, 0x72, 0x00, 0x00, 0x01}
 
 // Report is the answer to a trace: each host's program run, explained.
 type Report struct {
@@ -76,17 +98,58 @@ type Intent struct {
 
 // HostOfMAC is the host whose uplink has mac, "" when none.
 func (in Intent) HostOfMAC(mac net.HardwareAddr) string {
+	host, _ := in.UplinkOfMAC(mac)
+	return host
+}
+
+// UplinkOfMAC is the host whose uplink has mac and that uplink's index,
+// "" when none.
+func (in Intent) UplinkOfMAC(mac net.HardwareAddr) (string, int) {
 	for _, n := range in.Nodes {
-		if strings.EqualFold(n.UplinkMAC, mac.String()) {
-			return n.Name
-		}
 		for _, u := range n.Uplinks {
 			if strings.EqualFold(u.MAC, mac.String()) {
-				return n.Name
+				return n.Name, u.Index
 			}
 		}
+		if strings.EqualFold(n.UplinkMAC, mac.String()) {
+			return n.Name, 0
+		}
 	}
-	return ""
+	return "", 0
+}
+
+// Uplink is the address and MAC of uplink index of host.
+func (in Intent) Uplink(host string, index int) (ip, mac string, ok bool) {
+	for _, n := range in.Nodes {
+		if n.Name != host {
+			continue
+		}
+		for _, u := range n.Uplinks {
+			if u.Index == index {
+				return u.IP, u.MAC, true
+			}
+		}
+		if index == 0 && n.UplinkIP != "" {
+			return n.UplinkIP, n.UplinkMAC, true
+		}
+	}
+	return "", "", false
+}
+
+// UplinkOfIP is the host whose uplink has address ip and that uplink's
+// index, "" when none.
+func (in Intent) UplinkOfIP(ip string) (string, int) {
+	for _, n := range in.Nodes {
+		for _, u := range n.Uplinks {
+			if u.IP == ip {
+				return n.Name, u.Index
+			}
+		}
+		if n.UplinkIP == ip {
+			return n.Name, 0
+		}
+	}
+	return "", 0
 }
 
 func (in Intent) subnetName(farm, subnet uint16) string {
@@ -171,18 +234,35 @@ func firewallRef(vm *intent.VM, h FwHit) FirewallRef {
 func (in Intent) Explain(host string, run Run, req Request, from, to Endpoint) Hop {
 	h := Hop{Host: host, Program: run.Program, Run: run}
 	say := func(format string, a ...any) { h.Steps = append(h.Steps, fmt.Sprintf(format, a...)) }
-	if run.Program == ProgramVif {
+	switch {
+	case run.Program == ProgramVif:
 		say("%s: the vif program of %s", host, nameOr(from))
 		if strings.HasPrefix(run.Drop, "spoofed_") || run.Drop == "vlan_tagged" || run.Drop == "reserved_flag" {
 			say("anti-spoofing: refused (%s)", run.Drop)
 		} else if run.Drop != "unknown_vif" {
 			say("anti-spoofing: source MAC and address are %s's own", nameOr(from))
 		}
-	} else {
-		say("%s: the uplink program, on the frame as it arrives from the fabric", host)
-		if strings.HasPrefix(run.Drop, "fabric_") {
-			say("fabric trust: refused (%s)", run.Drop)
+	case run.Program == ProgramSliver:
+		say("%s: port space's program on the link of sliver %s", host, nameOr(from))
+		if strings.HasPrefix(run.Drop, "ps_") || run.Drop == "malformed" {
+			say("port space: refused (%s)", run.Drop)
 		} else {
+			say("port space: from its host's address and MAC, from a port (or echo id) of its own lease")
+		}
+	default:
+		say("%s: the uplink program, on the frame as it arrives from the fabric", host)
+		switch {
+		case strings.HasPrefix(run.Drop, "fabric_"):
+			say("fabric trust: refused (%s)", run.Drop)
+		case contains(run.Forwards, "egress_in"):
+			say("egress: a reply to a flow of a VM's slice of %s's address: translated back to the VM", host)
+		case run.Drop == "egress_no_mapping":
+			say("egress: the port is of a VM's slice, but no flow of it goes to this sender")
+		case contains(run.Forwards, "to_sliver"):
+			say("port space: to %s's shared address: steered by port (or echo id) to the sliver that leases it", host)
+		case contains(run.Forwards, "host_stack"):
+			say("not tenant traffic: for %s's own stack (no sliver or VM slice holds the port)", host)
+		default:
 			say("fabric trust: sent by a known host, from an address a VM may hold")
 		}
 	}
@@ -252,6 +332,16 @@ func (in Intent) Explain(host string, run Run, req Request, from, to Endpoint) H
 		say("leaves the tenant space through %s's egress (a port of its slice of the host's address); the trace stops there: the farm's egress list and the slice are not traced", host)
 	case run.Verdict == "pass":
 		say("to the host's own stack")
+	case run.Verdict == "redirect" && len(run.Out) >= 6 && contains(run.Forwards, "from_sliver"):
+		mac := net.HardwareAddr(run.Out[:6])
+		h.NextHost = in.HostOfMAC(mac)
+		if h.NextHost != "" {
+			say("route: to host %s (uplink MAC %s) on the fabric, out of %s", h.NextHost, mac, ifName(run))
+		} else {
+			say("sent: out of %s onto the fabric, beyond onehop (to MAC %s)", ifName(run), mac)
+		}
+	case run.Verdict == "redirect" && contains(run.Forwards, "to_sliver"):
+		say("delivered: into the sliver on %s (%s)", ifName(run), run.ToKind)
 	case run.Verdict == "redirect" && len(run.Out) >= 6 && contains(run.Forwards, "to_fabric"):
 		mac := net.HardwareAddr(run.Out[:6])
 		h.NextHost = in.HostOfMAC(mac)
@@ -280,8 +370,9 @@ func (r *Report) Finish() {
 		r.Verdict = "egress"
 	case run.Verdict == "pass":
 		r.Verdict = "to host stack"
-	case contains(run.Forwards, "to_fabric"):
-		r.Verdict = "to fabric" // no host of the intent has that MAC
+	case contains(run.Forwards, "to_fabric"), contains(run.Forwards, "from_sliver") && last.NextHost == "":
+		// No host of the intent has that MAC (or, from a sliver, beyond onehop).
+		r.Verdict = "to fabric"
 	case run.Verdict == "redirect":
 		r.Verdict = "delivered"
 	default:

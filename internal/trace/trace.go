@@ -34,19 +34,32 @@ type Request struct {
 	SrcIP string `json:"srcIP,omitempty"`
 }
 
+// Invalid is a request's error: Field names the parameter at fault (the
+// API's query parameter, the CLI's flag or argument).
+type Invalid struct {
+	Field string
+	Msg   string
+}
+
+func (e *Invalid) Error() string { return e.Msg }
+
+func invalid(field, format string, a ...any) error {
+	return &Invalid{Field: field, Msg: fmt.Sprintf(format, a...)}
+}
+
 // Normalize fills the defaults and checks what can be checked without the
-// intent; errors name the field.
+// intent; errors are *Invalid, naming the field.
 func (r Request) Normalize() (Request, error) {
 	if r.From == "" {
-		return r, fmt.Errorf("from: empty; want a VM (farm/subnet/vm) or an address")
+		return r, invalid("from", "from: empty; want a VM (farm/subnet/vm), a sliver (host/sliver) or an address")
 	}
 	if r.To == "" {
-		return r, fmt.Errorf("to: empty; want a VM (farm/subnet/vm) or an address")
+		return r, invalid("to", "to: empty; want a VM (farm/subnet/vm), a sliver (host/sliver) or an address")
 	}
 	if r.SrcIP != "" {
 		a, err := netip.ParseAddr(r.SrcIP)
 		if err != nil || !a.Is4() {
-			return r, fmt.Errorf("src-ip %q: want an IPv4 address", r.SrcIP)
+			return r, invalid("src-ip", "src-ip %q: want an IPv4 address", r.SrcIP)
 		}
 	}
 	r.Proto = strings.ToLower(r.Proto)
@@ -55,14 +68,18 @@ func (r Request) Normalize() (Request, error) {
 		r.Proto = "tcp"
 	case "tcp", "udp", "icmp":
 	default:
-		return r, fmt.Errorf("proto %q: want tcp, udp or icmp", r.Proto)
+		return r, invalid("proto", "proto %q: want tcp, udp or icmp", r.Proto)
 	}
 	if r.Proto == "icmp" {
 		if r.Sport != 0 || r.Dport != 0 {
-			return r, fmt.Errorf("sport/dport: an ICMP echo has no ports (its echo id is fixed)")
+			field := "dport"
+			if r.Sport != 0 {
+				field = "sport"
+			}
+			return r, invalid(field, "%s: an ICMP echo has no ports (its echo id is fixed)", field)
 		}
 		if r.Flags != "" {
-			return r, fmt.Errorf("flags %q: TCP flags on an ICMP echo", r.Flags)
+			return r, invalid("flags", "flags %q: TCP flags on an ICMP echo", r.Flags)
 		}
 		return r, nil
 	}
@@ -70,10 +87,10 @@ func (r Request) Normalize() (Request, error) {
 		r.Sport = 40000
 	}
 	if r.Dport == 0 {
-		return r, fmt.Errorf("dport: required for %s (the port rules and firewalls match on)", r.Proto)
+		return r, invalid("dport", "dport: required for %s (the port rules and firewalls match on)", r.Proto)
 	}
 	if r.Proto == "udp" && r.Flags != "" {
-		return r, fmt.Errorf("flags %q: TCP flags on a UDP datagram", r.Flags)
+		return r, invalid("flags", "flags %q: TCP flags on a UDP datagram", r.Flags)
 	}
 	if r.Proto == "tcp" {
 		if r.Flags == "" {
@@ -82,7 +99,7 @@ func (r Request) Normalize() (Request, error) {
 		r.Flags = strings.ToUpper(r.Flags)
 		for _, c := range r.Flags {
 			if !strings.ContainsRune("FSRPAU", c) {
-				return r, fmt.Errorf("flags %q: %q is no TCP flag; want letters of FSRPAU (S: SYN, A: ACK, ...)", r.Flags, c)
+				return r, invalid("flags", "flags %q: %q is no TCP flag; want letters of FSRPAU (S: SYN, A: ACK, ...)", r.Flags, c)
 			}
 		}
 	}
@@ -146,6 +163,7 @@ func Frame(r Request, src, dst netip.Addr, srcMAC, dstMAC net.HardwareAddr) ([]b
 const (
 	ProgramVif    = "vif"    // the sending VM's vif program, on its host
 	ProgramUplink = "uplink" // the uplink program of the receiving host
+	ProgramSliver = "sliver" // port space's program on the sending sliver's link, on its host
 )
 
 // AgentRequest is what the controller asks one host's agent to run.
@@ -154,8 +172,15 @@ type AgentRequest struct {
 	Program string `json:"program"`
 	// Src is the sending VM (ProgramVif): the agent runs the program as
 	// if the frame came in on its vif.
-	Src   string `json:"src,omitempty"`
-	Frame []byte `json:"frame"`
+	Src string `json:"src,omitempty"`
+	// Sliver is the sending sliver's slot on its host (ProgramSliver):
+	// the agent runs the program as if the frame came in on its link on
+	// uplink Uplink.
+	Sliver uint32 `json:"sliver,omitempty"`
+	// Uplink is the index of the host's uplink (0 the first) the frame
+	// comes in by (ProgramUplink) or the sliver sends on (ProgramSliver).
+	Uplink int    `json:"uplink,omitempty"`
+	Frame  []byte `json:"frame"`
 }
 
 // AgentReply is a host's answer to the AgentRequest with the same ID.

@@ -1,9 +1,11 @@
 package trace
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -166,4 +168,34 @@ func TestExplainNamesRulesHostsAndDrops(t *testing.T) {
 	if rep.Verdict != "dropped" || rep.Drop != "spoofed_ip" || rep.DropHost != "h1" || !strings.Contains(h.Steps[1], "anti-spoofing: refused (spoofed_ip)") {
 		t.Errorf("spoofed: %+v\n%s", rep, strings.Join(h.Steps, "\n"))
 	}
+}
+
+// The CLI's FROM, TO and flags (Request.Normalize, which `onehop trace`
+// runs before it asks): never a panic; an error names its field first, and
+// what it accepts is a request Frame can craft.
+func FuzzTraceRequestNormalize(f *testing.F) {
+	f.Add("blue/web/web1", "blue/db/db1", "tcp", uint16(0), uint16(5432), "", "")
+	f.Add("h1/s1", "192.0.2.7", "udp", uint16(10001), uint16(53), "", "")
+	f.Add("192.0.2.7", "h1/s1", "ICMP", uint16(0), uint16(0), "", "")
+	f.Add("", "x", "sctp", uint16(1), uint16(1), "SX", "10.1.1.300")
+	f.Add("a", "b", "icmp", uint16(1), uint16(0), "S", "")
+	f.Add("a", "b", "udp", uint16(0), uint16(9), "A", "::1")
+	f.Fuzz(func(t *testing.T, from, to, proto string, sport, dport uint16, flags, srcIP string) {
+		r, err := Request{From: from, To: to, Proto: proto, Sport: sport, Dport: dport, Flags: flags, SrcIP: srcIP}.Normalize()
+		if err != nil {
+			var bad *Invalid
+			if !errors.As(err, &bad) || !slices.Contains([]string{"from", "to", "src-ip", "proto", "sport", "dport", "flags"}, bad.Field) ||
+				!strings.HasPrefix(bad.Msg, bad.Field) {
+				t.Fatalf("Normalize(%q, %q, %q, %d, %d, %q, %q): %v names no field", from, to, proto, sport, dport, flags, srcIP, err)
+			}
+			return
+		}
+		src, dst := netip.MustParseAddr("10.1.1.2"), netip.MustParseAddr("10.1.2.2")
+		if _, err := Frame(r, src, dst, net.HardwareAddr{2, 0, 0, 0, 0, 1}, net.HardwareAddr{2, 0, 0, 0, 0, 2}); err != nil {
+			t.Fatalf("Normalize accepted %+v, which Frame refuses: %v", r, err)
+		}
+		if r.Proto != "icmp" && r.Dport == 0 {
+			t.Fatalf("Normalize accepted %+v without a destination port", r)
+		}
+	})
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -122,6 +123,7 @@ func TestPrivilegedObserveShowsDropsAndFlowsAndBoundsAFlood(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rules); err != nil || len(rules) != 1 || rules[0].Port != 5353 {
 		t.Fatalf("rule list: %v: %s, want blue's one rule", err, out)
 	}
+	sent := time.Now()
 	l.sendUDPFrom("web1", db1, 4002, 5353, 64, "admitted")
 	for _, host := range []string{"h1", "h2"} { // the sender's host, and the receiver's
 		e = awaitEvent(t, stream, "the admitted flow on "+host+" within a second", time.Second, func(e observe.Event) bool {
@@ -131,6 +133,31 @@ func TestPrivilegedObserveShowsDropsAndFlowsAndBoundsAFlood(t *testing.T) {
 			e.Rule != rules[0].ID || e.RuleFarm != "blue" {
 			t.Errorf("admitted flow's event on %s %+v: want farm %d, udp %s:4002 -> %s:5353, by blue's rule %d", host, e, blue, web1, db1, rules[0].ID)
 		}
+	}
+
+	// Its first packet had h1's ARP engine ask the fabric where db1 lives
+	// (nothing had sent to it yet): the question, to a scope's multicast
+	// group, and the answer naming h2's uplink, each within a second.
+	question := awaitEvent(t, stream, "h1's ARP question for db1", time.Second, func(e observe.Event) bool {
+		return e.Kind == observe.KindARPQuestion && e.Node == "h1" && e.Dst == db1
+	})
+	answer := awaitEvent(t, stream, "the answer to h1's ARP question for db1", time.Second, func(e observe.Event) bool {
+		return e.Kind == observe.KindARPAnswer && e.Node == "h1" && e.Dst == db1
+	})
+	qmac, err := net.ParseMAC(question.HostMAC)
+	if err != nil || qmac[0]&1 == 0 || question.Farm != blue {
+		t.Errorf("h1's ARP question %+v: want farm %d, asked of a multicast group", question, blue)
+	}
+	if h2MAC := l.mac("h2", "uplink0"); answer.HostMAC != h2MAC || answer.Farm != blue {
+		t.Errorf("the ARP answer %+v: want farm %d, host MAC %s (h2's uplink)", answer, blue, h2MAC)
+	}
+	for _, e := range []observe.Event{question, answer} {
+		if d := e.Time.Sub(sent); d > time.Second {
+			t.Errorf("%s for db1 read %v after the packet was sent, want within a second", e.Kind, d)
+		}
+	}
+	if answer.Time.Before(question.Time) {
+		t.Errorf("the ARP answer (%v) came before its question (%v)", answer.Time, question.Time)
 	}
 
 	// red1 floods forged packets: far more than its farm's budget.

@@ -3,10 +3,12 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/testenv"
 	"github.com/onehop/onehop/internal/trace"
 )
@@ -178,7 +180,7 @@ s.sendto(ip+struct.pack("!HHHH",40000,9,8,0),("`+web2+`",0))`)
 	for args, want := range map[string]string{
 		"blue/web/nope blue/db/db1 --dport 5432": "vm blue/web/nope: not found",
 		"blue/web/web1 blue/db/db1":              "dport: required for tcp",
-		"blue/web/web1 db1 --dport 1":            `to: "db1": want a VM (farm/subnet/vm) or an IPv4 address`,
+		"blue/web/web1 db1 --dport 1":            `to: "db1": want a VM (farm/subnet/vm), a sliver (host/sliver) or an IPv4 address`,
 	} {
 		out, err := l.cli(append([]string{"trace"}, strings.Fields(args)...)...)
 		if err == nil || !strings.Contains(out, want) {
@@ -199,4 +201,92 @@ s.sendto(ip+struct.pack("!HHHH",40000,9,8,0),("`+web2+`",0))`)
 	if rep.Verdict != "held" || !rep.Hops[0].Run.Ask {
 		t.Errorf("unknown destination: verdict %s (ask %v), want held and asked for\n%v", rep.Verdict, rep.Hops[0].Run.Ask, rep.Hops[0].Steps)
 	}
+}
+
+// A sliver's frame and an external's take port space's verdict: a trace
+// from s1 from s2's port is the drop a real frame is counted for, one from
+// its own port leaves h1's uplink; from an external a trace to s1's port
+// is delivered into s1's link (and a real datagram reaches s1), to a port
+// nobody leases goes to h1's stack, and to a VM's address straight from
+// the outside is the fabric-trust drop a real packet meets. No trace moves
+// a counter.
+func TestPrivilegedTraceFromASliverAndAnExternalGivesTheRealVerdictAndCountsNothing(t *testing.T) {
+	l := upLab(t, portshare)
+	pub, inet, web1 := l.addr("h1", "uplink0"), l.addr("inet", "eth0"), l.ip("web1")
+	l.serveName("s1", "udp", 10022)
+	s1In := `onehop_sliver_packets_total{dir="in",sliver="s1"}`
+	s1Out := `onehop_sliver_packets_total{dir="out",sliver="s1"}`
+
+	// From s1, from s2's port: refused, as a real frame is.
+	var rep trace.Report
+	d := l.dropDelta("h1", func() {
+		rep = l.traceJSON("h1/s1", inet, "--proto", "udp", "--sport", "10150", "--dport", "9000")
+	}, "ps_foreign_port")
+	if rep.Verdict != "dropped" || rep.Drop != "ps_foreign_port" || rep.DropHost != "h1" || rep.From.Kind != trace.KindSliver || rep.Hops[0].Program != trace.ProgramSliver {
+		t.Errorf("s1 from s2's port: trace says %s %s on %s (from %s, program %s), want dropped ps_foreign_port on h1 by the sliver program\n%v",
+			rep.Verdict, rep.Drop, rep.DropHost, rep.From.Kind, rep.Hops[0].Program, rep.Hops)
+	}
+	if d["ps_foreign_port"] != 0 {
+		t.Errorf("the trace moved h1's ps_foreign_port by %v", d["ps_foreign_port"])
+	}
+	if d := l.dropDelta("h1", func() {
+		l.mustIn("s1", "python3", "-c", rawUDP, pub, inet, "10150", "9000", "foreign")
+	}, "ps_foreign_port"); d["ps_foreign_port"] < 1 {
+		t.Errorf("s1's real frame from s2's port did not move ps_foreign_port (%v): the trace's verdict is not the datapath's", d)
+	}
+
+	// From s1's own port: out of h1's uplink, beyond onehop.
+	b := l.metrics("h1")
+	rep = l.traceJSON("h1/s1", inet, "--proto", "udp", "--sport", "10001", "--dport", "9000")
+	a := l.metrics("h1")
+	if rep.Verdict != "to fabric" || len(rep.Hops) != 1 || !slices.Contains(rep.Hops[0].Run.Forwards, "from_sliver") || rep.Hops[0].Run.ToName != "uplink0" {
+		t.Errorf("s1 from its own port: %s over %d hops, want to fabric out of uplink0 by from_sliver\n%+v", rep.Verdict, len(rep.Hops), rep.Hops)
+	}
+	if dd := rise(b, a, s1Out); dd != 0 {
+		t.Errorf("the trace moved %s by %v", s1Out, dd)
+	}
+	l.sendUDPFrom("s1", inet, 10001, 9000, 64, "own")
+	if dd := rise(a, l.metrics("h1"), s1Out); dd < 1 {
+		t.Errorf("s1's real datagram from its own port did not move %s (%v)", s1Out, dd)
+	}
+
+	// From the Internet to s1's port: into s1's link on h1.
+	b = l.metrics("h1")
+	rep = l.traceJSON(inet, "h1/s1", "--proto", "udp", "--sport", "53", "--dport", "10022")
+	a = l.metrics("h1")
+	if rep.Verdict != "delivered" || rep.From.Kind != trace.KindExternal || rep.To.IP != pub || len(rep.Hops) != 1 || rep.Hops[0].Host != "h1" ||
+		rep.Hops[0].Program != trace.ProgramUplink || rep.Hops[0].Run.ToName != intent.SliverIfname("s1", 0) {
+		t.Errorf("inet -> s1:10022: %s on %d hops, want delivered by h1's uplink program into %s\n%+v", rep.Verdict, len(rep.Hops), intent.SliverIfname("s1", 0), rep.Hops)
+	}
+	if dd := rise(b, a, s1In); dd != 0 {
+		t.Errorf("the trace moved %s by %v", s1In, dd)
+	}
+	if got, err := l.whoIs("inet", "udp", pub, 10022, 53); err != nil || got != "s1" {
+		t.Errorf("a real datagram from inet to %s:10022 was answered by %q (%v), want s1 as the trace said", pub, got, err)
+	}
+	if dd := rise(a, l.metrics("h1"), s1In); dd < 1 {
+		t.Errorf("the real datagram did not move %s (%v)", s1In, dd)
+	}
+	// To a port nobody leases: h1's own.
+	if rep = l.traceJSON(inet, pub, "--proto", "udp", "--dport", "5555"); rep.Verdict != "to host stack" || rep.To.Kind != trace.KindHost {
+		t.Errorf("inet -> %s:5555: %s (to %s), want to host stack\n%+v", pub, rep.Verdict, rep.To.Kind, rep.Hops)
+	}
+
+	// From the Internet straight to a VM's address: fabric trust refuses
+	// it, and a real packet routed there by h1 is counted for the same.
+	rep = l.traceJSON(inet, "blue/web/web1", "--proto", "udp", "--dport", "9")
+	if rep.Verdict != "dropped" || !strings.HasPrefix(rep.Drop, "fabric_") || rep.DropHost != "h1" {
+		t.Fatalf("inet -> web1: %s %s on %s, want a fabric_ drop on h1\n%+v", rep.Verdict, rep.Drop, rep.DropHost, rep.Hops)
+	}
+	l.mustIn("inet", "ip", "route", "add", web1+"/32", "via", pub)
+	if d := l.dropDelta("h1", func() { l.sendUDPFrom("inet", web1, 40000, 9, 64, "outside") }, rep.Drop); d[rep.Drop] < 1 {
+		t.Errorf("inet's real datagram to web1 did not move h1's %s (%v): the trace's verdict is not the datapath's", rep.Drop, d)
+	}
+	text, err := l.cli("trace", inet, "h1/s1", "--proto", "udp", "--sport", "53", "--dport", "10022")
+	if err != nil || !strings.Contains(text, "steered by port") || !strings.Contains(text, "verdict: delivered") {
+		t.Errorf("onehop trace (text) from an external to s1: %v\n%s", err, text)
+	}
+	t.Logf("onehop trace %s h1/s1 --proto udp --sport 53 --dport 10022:\n%s", inet, text)
+	text, _ = l.cli("trace", "h1/s1", inet, "--proto", "udp", "--sport", "10001", "--dport", "9000")
+	t.Logf("onehop trace h1/s1 %s --proto udp --sport 10001 --dport 9000:\n%s", inet, text)
 }
