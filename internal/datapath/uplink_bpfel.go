@@ -118,6 +118,7 @@ type uplinkEgressVm struct {
 	Uplink        uint32
 	Lo            uint16
 	Hi            uint16
+	Floating      uint32
 }
 
 type uplinkEndpoint struct {
@@ -457,6 +458,7 @@ const (
 	uplinkMapFarms                = "farms"
 	uplinkMapFirewallRules        = "firewall_rules"
 	uplinkMapFirewalls            = "firewalls"
+	uplinkMapFloatingTail         = "floating_tail"
 	uplinkMapForwards             = "forwards"
 	uplinkMapFragFlows            = "frag_flows"
 	uplinkMapHosts                = "hosts"
@@ -492,6 +494,7 @@ const (
 	uplinkMapVifs                 = "vifs"
 	uplinkMapVisibility           = "visibility"
 	uplinkMapVmShares             = "vm_shares"
+	uplinkProgUplinkFloating      = "uplink_floating"
 	uplinkProgUplinkIngress       = "uplink_ingress"
 	uplinkVarRedirectKindType     = "_redirect_kind_type"
 	uplinkVarTapEncapType         = "_tap_encap_type"
@@ -550,7 +553,8 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
-	UplinkIngress *ebpf.ProgramSpec `ebpf:"uplink_ingress"`
+	UplinkFloating *ebpf.ProgramSpec `ebpf:"uplink_floating"`
+	UplinkIngress  *ebpf.ProgramSpec `ebpf:"uplink_ingress"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
@@ -575,6 +579,7 @@ type uplinkMapSpecs struct {
 	Farms                *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	FloatingTail         *ebpf.MapSpec `ebpf:"floating_tail"`
 	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
 	FragFlows            *ebpf.MapSpec `ebpf:"frag_flows"`
 	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
@@ -669,6 +674,7 @@ type uplinkMaps struct {
 	Farms                *ebpf.Map `ebpf:"farms"`
 	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	FloatingTail         *ebpf.Map `ebpf:"floating_tail"`
 	Forwards             *ebpf.Map `ebpf:"forwards"`
 	FragFlows            *ebpf.Map `ebpf:"frag_flows"`
 	Hosts                *ebpf.Map `ebpf:"hosts"`
@@ -726,6 +732,7 @@ func (m *uplinkMaps) Close() error {
 		m.Farms,
 		m.FirewallRules,
 		m.Firewalls,
+		m.FloatingTail,
 		m.Forwards,
 		m.FragFlows,
 		m.Hosts,
@@ -787,11 +794,13 @@ type uplinkVariables struct {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
-	UplinkIngress *ebpf.Program `ebpf:"uplink_ingress"`
+	UplinkFloating *ebpf.Program `ebpf:"uplink_floating"`
+	UplinkIngress  *ebpf.Program `ebpf:"uplink_ingress"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
+		p.UplinkFloating,
 		p.UplinkIngress,
 	)
 }

@@ -29,10 +29,16 @@ const (
 type VM struct {
 	Name   string
 	Addr   netip.Addr
-	Slice  intent.Lease
+	Slice  intent.Lease // zero for a VM with only a floating address
 	To     []netip.Prefix
 	Uplink feature.Uplink
+	// Floating is the VM's floating address, or the zero Addr: it leaves
+	// with it instead of a slice's port, and is reached on it whole.
+	Floating netip.Addr
 }
+
+// HasSlice reports whether v holds a slice of its host's address.
+func (v VM) HasSlice() bool { return v.Slice.Lo != 0 }
 
 // Plan is the node's egress entries: its host address (uplink 0's) and
 // its egress VMs, by name. Slots are given in Sync, which keeps each VM's
@@ -48,14 +54,19 @@ func (p Plan) InUse() bool { return len(p.VMs) > 0 }
 
 // Sizes implements feature.Plan.
 func (p Plan) Sizes() feature.Sizes {
-	to, ports := 0, 0
+	to, ports, addrs := 0, 0, 0
 	for _, v := range p.VMs {
 		to += len(v.To)
-		ports += int(v.Slice.Hi) - int(v.Slice.Lo) + 1
+		if v.HasSlice() {
+			ports += int(v.Slice.Hi) - int(v.Slice.Lo) + 1
+		}
+		if v.Floating.IsValid() {
+			addrs++
+		}
 	}
 	s := feature.Sizes{MapVMs: len(p.VMs), MapSlots: len(p.VMs) + 1, MapTo: to, MapPorts: ports}
 	if p.InUse() {
-		s[MapAddrs] = 1
+		s[MapAddrs] = 1 + addrs
 	}
 	return s
 }
@@ -71,25 +82,40 @@ func Compile(n feature.Node) (Plan, error) {
 			up = u
 		}
 	}
+	floating := map[netip.Addr]string{}
 	for _, e := range n.Desired.Local {
-		if e.Egress == nil {
+		if e.Egress == nil && e.Floating == "" {
 			continue
 		}
 		if !up.Addr.IsValid() {
-			return p, fmt.Errorf("vm %s has an egress slice but the node's uplink 0 has no address", e.Name)
+			return p, fmt.Errorf("vm %s has an egress slice or a floating address but the node's uplink 0 has no address", e.Name)
 		}
 		addr, err := netip.ParseAddr(e.IP)
 		if err != nil {
 			return p, fmt.Errorf("vm %s: address %q: %w", e.Name, e.IP, err)
 		}
-		sl := e.Egress.Slice
-		if sl.Uplink != 0 || sl.Lo == 0 || sl.Lo > sl.Hi {
-			return p, fmt.Errorf("vm %s: slice %d:%d-%d: want uplink 0 and 1 <= lo <= hi", e.Name, sl.Uplink, sl.Lo, sl.Hi)
+		v := VM{Name: e.Name, Addr: addr, Uplink: up}
+		// A floating address alone lets the VM out anywhere; its farm's
+		// egress list, when it has egress, still applies.
+		to := []string{"0.0.0.0/0"}
+		if e.Egress != nil {
+			sl := e.Egress.Slice
+			if sl.Uplink != 0 || sl.Lo == 0 || sl.Lo > sl.Hi {
+				return p, fmt.Errorf("vm %s: slice %d:%d-%d: want uplink 0 and 1 <= lo <= hi", e.Name, sl.Uplink, sl.Lo, sl.Hi)
+			}
+			v.Slice = sl
+			if len(e.Egress.To) > 0 {
+				to = e.Egress.To
+			}
 		}
-		v := VM{Name: e.Name, Addr: addr, Slice: sl, Uplink: up}
-		to := e.Egress.To
-		if len(to) == 0 {
-			to = []string{"0.0.0.0/0"}
+		if e.Floating != "" {
+			if v.Floating, err = floatingOf(n, e, up.Addr); err != nil {
+				return p, err
+			}
+			if other, dup := floating[v.Floating]; dup {
+				return p, fmt.Errorf("vm %s: floating address %s is vm %s's too", e.Name, v.Floating, other)
+			}
+			floating[v.Floating] = e.Name
 		}
 		for _, c := range to {
 			pf, err := netip.ParsePrefix(c)
@@ -102,7 +128,12 @@ func Compile(n feature.Node) (Plan, error) {
 	}
 	// Slices of one address never overlap (the controller leases them);
 	// two that do here are a bug or a hand-made record: refused whole.
-	byLo := append([]VM(nil), p.VMs...)
+	var byLo []VM
+	for _, v := range p.VMs {
+		if v.HasSlice() {
+			byLo = append(byLo, v)
+		}
+	}
 	sort.Slice(byLo, func(i, j int) bool { return byLo[i].Slice.Lo < byLo[j].Slice.Lo })
 	for i := 1; i < len(byLo); i++ {
 		a, b := byLo[i-1], byLo[i]
@@ -115,4 +146,21 @@ func Compile(n feature.Node) (Plan, error) {
 		p.Host = up.Addr
 	}
 	return p, nil
+}
+
+// floatingOf is e's floating address, checked: IPv4, outside the tenant
+// space and not the host's own uplink address (the controller gives only
+// such; a hand-made record is refused, naming the VM).
+func floatingOf(n feature.Node, e intent.LocalEndpoint, host netip.Addr) (netip.Addr, error) {
+	a, err := netip.ParseAddr(e.Floating)
+	if err != nil || !a.Is4() {
+		return a, fmt.Errorf("vm %s: floating address %q: want an IPv4 address", e.Name, e.Floating)
+	}
+	if a == host {
+		return a, fmt.Errorf("vm %s: floating address %s is the host's own uplink address", e.Name, a)
+	}
+	if vmnet, err := netip.ParsePrefix(n.Desired.VMNet); err == nil && vmnet.Contains(a) {
+		return a, fmt.Errorf("vm %s: floating address %s is in the tenant space %s", e.Name, a, vmnet)
+	}
+	return a, nil
 }

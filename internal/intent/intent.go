@@ -168,6 +168,9 @@ type VM struct {
 	// Egress is the VM's slice of its host's address, while its farm has
 	// egress on; a move takes a new slice on the new host.
 	Egress *VMEgress `json:"egress,omitempty"`
+	// Floating is the floating address attached to the VM (onehop
+	// floating attach), or empty; it moves with the VM.
+	Floating string `json:"floating,omitempty"`
 }
 
 // MaxFormer bounds VM.Former.
@@ -352,6 +355,9 @@ type LocalEndpoint struct {
 	// Egress is the VM's slice of its host's address and where it may go
 	// (docs/north-south.md); nil: the VM reaches nothing outside.
 	Egress *VMEgress `json:"egress,omitempty"`
+	// Floating is the VM's floating address, or empty: the host steers it
+	// whole to the VM and answers ARP for it (docs/north-south.md).
+	Floating string `json:"floating,omitempty"`
 }
 
 // Desired is everything one node's datapath must hold. It is complete, not a
@@ -578,6 +584,7 @@ type EgressStats struct {
 	Name       string `json:"name"`
 	Slice      string `json:"slice"` // LO-HI of the host's address
 	Ports      int    `json:"ports"`
+	Floating   string `json:"floating,omitempty"` // its floating address, if it has one
 	Live       int    `json:"live"` // translations holding a port now
 	Flows      uint64 `json:"flows"`
 	Refused    uint64 `json:"refused"`    // new flows refused: the slice was full
