@@ -30,6 +30,7 @@ func (c *Controller) routes() *router {
 		c.hostRoutes,
 		c.farmRoutes,
 		c.egressRoutes,
+		c.floatingRoutes,
 		c.subnetRoutes,
 		c.vmRoutes,
 		c.firewallRoutes,

@@ -170,7 +170,8 @@ func TestEveryRouteHasAScope(t *testing.T) {
 func pathFor(pattern string) (method, path string) {
 	method, path, _ = strings.Cut(pattern, " ")
 	vals := map[string]string{"farm": "blue", "subnet": "web", "vm": "web1", "with": "red", "host": "h1",
-		"sliver": "s1", "name": "bluetap", "addr": "10.99.0.0", "len": "16", "id": "0000000000000000"}
+		"sliver": "s1", "name": "bluetap", "addr": "10.99.0.0", "len": "16", "id": "0000000000000000",
+		"address": "192.168.100.50"}
 	path = regexp.MustCompile(`\{(\w+)\}`).ReplaceAllStringFunc(path, func(p string) string {
 		return vals[strings.Trim(p, "{}")]
 	})

@@ -145,6 +145,9 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 		if err := store.GetJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), &had); err == nil && had.Host == v.Host {
 			v.Egress = had.Egress
 		}
+		// Its floating address is the operator's, attached by hand, not
+		// the topology's: it stays wherever the VM goes.
+		v.Floating = had.Floating
 		if v.Firewall, err = normalizeFirewall(vm.Firewall); err != nil {
 			return fmt.Errorf("vm %s: %w", vm.Name, err)
 		}

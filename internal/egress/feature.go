@@ -34,9 +34,9 @@ type (
 const (
 	addrUplink   = uint32(egressEgressAddrKindEGRESS_ADDR_UPLINK)
 	addrFloating = uint32(egressEgressAddrKindEGRESS_ADDR_FLOATING)
-	ownerSlice  = uint32(egressEgressOwnerKindEGRESS_OWNER_SLICE)
-	protoRows   = 3 // TCP, UDP, ICMP echo: the rows of egress_state
-	maxSlotsCap = 16384
+	ownerSlice   = uint32(egressEgressOwnerKindEGRESS_OWNER_SLICE)
+	protoRows    = 3 // TCP, UDP, ICMP echo: the rows of egress_state
+	maxSlotsCap  = 16384
 )
 
 // Feature is egress as the agent runs it: Compile (compile.go), Sync
