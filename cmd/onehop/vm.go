@@ -133,7 +133,11 @@ func vmGetCmd() *cobra.Command {
 				return err
 			}
 			return showOne(cmd, "/v1/farms/"+p[0]+"/subnets/"+p[1]+"/vms/"+p[2], output, func(v intent.VM) string {
-				return fmt.Sprintf("vm %s on %s: %s, MAC %s, gateway %s, vif %s, firewall %s, egress %s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress))
+				floating := ""
+				if v.Floating != "" {
+					floating = ", floating " + v.Floating
+				}
+				return fmt.Sprintf("vm %s on %s: %s, MAC %s, gateway %s, vif %s, firewall %s, egress %s%s\n", v.FullName(), v.Host, v.IP, v.MAC, v.Gateway, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress), floating)
 			})
 		},
 	}
@@ -158,8 +162,8 @@ func egressSummary(e *intent.VMEgress) string {
 }
 
 func printVMs(c *client.Client, path string, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL\tEGRESS", func(v intent.VM) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress))
+	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL\tEGRESS\tFLOATING", func(v intent.VM) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress), orDash(v.Floating))
 	})
 }
 
