@@ -66,7 +66,8 @@ static __attribute__((noinline)) int floating_admit(struct packet *pkt, __be32 v
 	__u64 now = packet_now(pkt);
 	struct ct_entry *e = bpf_map_lookup_elem(&conntrack, &k);
 	if (e && ct_live(e, now) && !(e->opened & CT_CUT)) {
-		__u8 way = (opens && (e->opened & dir)) ? dir : (answers && (e->opened & back)) ? back : 0;
+		__u8 way = (opens && (e->opened & dir)) ? dir : (answers && (e->opened & back)) ? back
+												: 0;
 		if (way) {
 			if (e->epoch != epoch) {
 				/* The opener's direction and port. */
@@ -105,6 +106,33 @@ static __always_inline __u32 floating_csum_off(const struct packet *pkt, __u32 l
 	return egress_csum_off(proto, l4_off);
 }
 
+/* In the packet an ICMP error (at l4_off) quotes (q), rewrites the address
+ * at addr_off (12: the quoted source, 16: its destination) from `from` to
+ * `to`, patching the quoted IPv4 checksum, a quoted UDP checksum (whose
+ * pseudo-header holds both addresses; 0, none, kept; TCP's lies past the 8
+ * bytes quoted) and the ICMP checksum over all of them. */
+static __always_inline void floating_requote(struct __sk_buff *skb, __u32 l4_off, const struct icmp_quote *q, __u32 addr_off,
+					     __be32 from, __be32 to)
+{
+	__u32 icmp_csum = l4_off + 2;
+	__u32 inner_off = l4_off + 8;
+	__be16 old_check = q->ip->check;
+	__be16 old_ucsum = q->ip->protocol == IPPROTO_UDP_ ? *(__be16 *)(q->l4 + 6) : 0;
+	__u32 ucsum_off = q->l4_off + 6;
+	if (old_ucsum) {
+		__be16 u = csum_replace16(csum_replace16(old_ucsum, from & 0xffff, to & 0xffff), from >> 16, to >> 16);
+		if (!u)
+			u = 0xffff;
+		bpf_l4_csum_replace(skb, icmp_csum, old_ucsum, u, 2);
+		bpf_skb_store_bytes(skb, ucsum_off, &u, 2, 0);
+	}
+	__be16 new_check = csum_replace16(csum_replace16(old_check, from & 0xffff, to & 0xffff), from >> 16, to >> 16);
+	bpf_l4_csum_replace(skb, icmp_csum, from, to, 4);
+	bpf_l4_csum_replace(skb, icmp_csum, old_check, new_check, 2);
+	bpf_skb_store_bytes(skb, inner_off + addr_off, &to, 4, 0);
+	bpf_skb_store_bytes(skb, inner_off + 10, &new_check, 2, 0);
+}
+
 /* A VM with a floating address, to remote outside the tenant space (its
  * destination list already checked): out with the floating address as its
  * source, every protocol, ports as they are. */
@@ -122,7 +150,17 @@ static __always_inline int floating_out(struct __sk_buff *skb, struct packet *pk
 	if (r)
 		return drop_packet(skb, pkt, r);
 	__u32 l4_off = ETH_HLEN + (ip->ihl & 0xf) * 4;
-	egress_rewrite(skb, ip->protocol, ETH_HLEN + 12, vm_addr, fl, floating_csum_off(pkt, l4_off), 0, 0, 0);
+	/* Read before a rewrite of the quote makes the packet's pointers stale. */
+	__u8 proto = ip->protocol;
+	__u32 csum_off = floating_csum_off(pkt, l4_off);
+	/* The VM's own error about a packet sent to it (port unreachable):
+	 * the quote names the floating address, as the sender knows it. */
+	__u8 *icmp = (void *)ip + (ip->ihl & 0xf) * 4;
+	struct icmp_quote q;
+	if (proto == IPPROTO_ICMP_ && !(ip->frag_off & bpf_htons(IP_OFFSET_MASK)) && (void *)(icmp + 8) <= pkt->data_end &&
+	    is_icmp_error(icmp[0]) && icmp_quote_of(icmp, l4_off, pkt->data_end, &q) && q.ip->daddr == vm_addr)
+		floating_requote(skb, l4_off, &q, 16, vm_addr, fl);
+	egress_rewrite(skb, proto, ETH_HLEN + 12, vm_addr, fl, csum_off, 0, 0, 0);
 	return egress_send(skb, vm, c);
 }
 
@@ -156,28 +194,9 @@ static __always_inline int floating_error_in(struct __sk_buff *skb, struct packe
 		if (!e || !ct_live(e, packet_now(pkt)) || (e->opened & CT_CUT))
 			return drop_packet(skb, pkt, DROP_FIREWALL_IN);
 	}
-	__u8 proto = in->protocol;
-	__u32 inner_off = l4_off + 8;
-	__u32 icmp_csum = l4_off + 2;
-	__be16 old_check = in->check;
-	__be16 old_ucsum = proto == IPPROTO_UDP_ ? *(__be16 *)(q.l4 + 6) : 0;
-	__u32 ucsum_off = q.l4_off + 6;
 	if (take_gateway_hop(pkt->ip))
 		return drop_packet(skb, pkt, DROP_TTL_EXCEEDED);
-	/* A quoted UDP checksum covers the quoted source (its pseudo-header):
-	 * patched to match, 0 (none) kept. TCP's lies past the 8 bytes quoted. */
-	if (old_ucsum) {
-		__be16 u = csum_replace16(csum_replace16(old_ucsum, fl & 0xffff, vm_addr & 0xffff), fl >> 16, vm_addr >> 16);
-		if (!u)
-			u = 0xffff;
-		bpf_l4_csum_replace(skb, icmp_csum, old_ucsum, u, 2);
-		bpf_skb_store_bytes(skb, ucsum_off, &u, 2, 0);
-	}
-	__be16 new_check = csum_replace16(csum_replace16(old_check, fl & 0xffff, vm_addr & 0xffff), fl >> 16, vm_addr >> 16);
-	bpf_l4_csum_replace(skb, icmp_csum, fl, vm_addr, 4);
-	bpf_l4_csum_replace(skb, icmp_csum, old_check, new_check, 2);
-	bpf_skb_store_bytes(skb, inner_off + 12, &vm_addr, 4, 0);
-	bpf_skb_store_bytes(skb, inner_off + 10, &new_check, 2, 0);
+	floating_requote(skb, l4_off, &q, 12, fl, vm_addr);
 	bpf_l3_csum_replace(skb, ETH_HLEN + 10, fl, vm_addr, 4);
 	bpf_skb_store_bytes(skb, ETH_HLEN + 16, &vm_addr, 4, 0);
 	return egress_deliver(skb, vm_addr, slot);
