@@ -127,7 +127,9 @@ func floatingDo(cmd *cobra.Command, method, path, address string, body any) erro
 
 func floatingListCmd() *cobra.Command {
 	cmd := listCmd("the pool: each address and the VM (and host) holding it", "/v1/floating", nil,
-		func(c *client.Client, _ string, output outputFormat, w io.Writer) error { return printFloating(c, output, w) })
+		func(c *client.Client, _ string, output outputFormat, w io.Writer) error {
+			return printFloating(c, output, w)
+		})
 	cmd.Example = "  onehop floating list\n  onehop floating list -o json"
 	return cmd
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/store"
 )
@@ -96,15 +95,7 @@ func TestFloatingAddressesAttachDetachAndFollowTheirVM(t *testing.T) {
 		if _, err := c.CompileOnce(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		d, _, err := desired.Read(t.Context(), s, host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]intent.LocalEndpoint{}
-		for _, l := range d.Local {
-			m[l.Name] = l
-		}
-		return m
+		return desiredLocal(t, s, host)
 	}
 	if l := local("h1")["blue/web/a"]; l.Floating != "192.168.100.50" {
 		t.Errorf("h1's endpoint for a: %+v, want its floating address", l)

@@ -137,6 +137,16 @@ func TestPrivilegedFloatingAddressIsTheVMsWhole(t *testing.T) {
 		{Name: "and a reaches nothing outside", Prog: vif,
 			In: fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: tcp, Sport: 40000, Dport: 80}).Bytes(t), Verdict: bpftest.ActShot, Counters: bpftest.Counters{"drop no_route": 1}},
 	})
+
+	// Attached again (as after a move here): announced once, when it
+	// arrives; a pass that changes nothing announces nothing.
+	var announced []netip.Addr
+	h.f.WithAnnounce(func(a netip.Addr) { announced = append(announced, a) })
+	h.sync(t, floatingDesired())
+	h.sync(t, floatingDesired())
+	if len(announced) != 1 || announced[0] != floatA {
+		t.Errorf("announced %v, want a's floating address %s once", announced, floatA)
+	}
 }
 
 func TestFloatingCompileRefusesAddressesNamingTheVM(t *testing.T) {
