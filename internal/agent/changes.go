@@ -95,5 +95,5 @@ func sample(names []string) (shown []string, more int) {
 func sameEndpoint(a, b *intent.LocalEndpoint) bool {
 	return a.Name == b.Name && a.IP == b.IP && a.MAC == b.MAC && a.Interface == b.Interface &&
 		(a.Firewall == b.Firewall || reflect.DeepEqual(a.Firewall, b.Firewall)) &&
-		(a.Egress == b.Egress || reflect.DeepEqual(a.Egress, b.Egress))
+		(a.Egress == b.Egress || reflect.DeepEqual(a.Egress, b.Egress)) && a.Floating == b.Floating
 }

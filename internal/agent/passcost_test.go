@@ -122,8 +122,8 @@ func BenchmarkCreatePassWithNOnHost(b *testing.B) {
 // sameEndpoint, which spares diffDesired reflection on every VM of every
 // pass, says what reflect.DeepEqual says, and knows every field.
 func TestSameEndpointIsDeepEqual(t *testing.T) {
-	if n := reflect.TypeFor[intent.LocalEndpoint]().NumField(); n != 6 {
-		t.Fatalf("intent.LocalEndpoint has %d fields: sameEndpoint compares 6, make it compare the new one", n)
+	if n := reflect.TypeFor[intent.LocalEndpoint]().NumField(); n != 7 {
+		t.Fatalf("intent.LocalEndpoint has %d fields: sameEndpoint compares 7, make it compare the new one", n)
 	}
 	base := intent.LocalEndpoint{Name: "blue/web/a", IP: "10.1.1.2", MAC: "02:00:0a:01:01:02", Interface: "vif-a",
 		Firewall: &intent.Firewall{DefaultIn: "deny", Rules: []intent.FirewallRule{{Dir: "in", Proto: "tcp", PortLo: 22, Action: "allow"}}},
@@ -143,6 +143,7 @@ func TestSameEndpointIsDeepEqual(t *testing.T) {
 		},
 		func(l *intent.LocalEndpoint) { l.Egress = &intent.VMEgress{To: []string{"0.0.0.0/0"}} },
 		func(l *intent.LocalEndpoint) { l.Egress = &intent.VMEgress{To: []string{"192.0.2.0/24"}} },
+		func(l *intent.LocalEndpoint) { l.Floating = "192.168.100.50" },
 	}
 	for i, change := range variants {
 		b := base
