@@ -21,6 +21,38 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+/* A packet from the fabric to a floating address this host holds
+ * (floating.h), handed on by uplink_ingress's tail call: floating_in's
+ * firewall check inlined there would take the program past BPF's 512-byte
+ * stack. Only floating_tail reaches it: nothing attaches it. */
+SEC("tc")
+int uplink_floating(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	int reason = parse_packet(skb, &pkt);
+	if (reason || !pkt.ip)
+		return drop_packet(skb, &pkt, reason ? reason : DROP_MALFORMED);
+	__be32 fl = pkt.ip->daddr;
+	struct egress_addr *a = bpf_map_lookup_elem(&egress_addrs, &fl);
+	int verdict = TC_ACT_SHOT;
+	if (a && a->kind == EGRESS_ADDR_FLOATING && floating_in(skb, &pkt, a, &verdict) == EGRESS_TAKEN)
+		return verdict;
+	count_forward(FWD_HOST_STACK); /* the entry went meanwhile */
+	return TC_ACT_OK;
+}
+
+/* uplink_ingress's way into uplink_floating. Not pinned: each loaded
+ * instance has its own, filled by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__array(values, int(struct __sk_buff *));
+} floating_tail SEC(".maps") = {
+	.values = {[0] = (void *)&uplink_floating},
+};
+
 SEC("tc")
 int uplink_ingress(struct __sk_buff *skb)
 {
@@ -64,6 +96,12 @@ int uplink_ingress(struct __sk_buff *skb)
 		copy_to_members(skb, &scope, 0, saddr, ttl, proto, rule_port(&pkt), policy_gen(cfg->policy_epoch));
 		return TC_ACT_SHOT; /* consumed: each member got its copy */
 	}
+	/* A question for a floating address this host holds (floating.h). */
+	if (!reason && pkt.arp && cfg && feature_on(cfg, FEATURE_EGRESS) && !trace_mode) {
+		int verdict = floating_arp(&pkt, cfg);
+		if (verdict >= 0)
+			return verdict;
+	}
 	if (!reason && pkt.arp && cfg && (in_vm_space(cfg, pkt.arp->spa) || in_vm_space(cfg, pkt.arp->tpa)))
 		return handle_fabric_arp(skb, &pkt, cfg);
 	if (reason || !pkt.ip || !cfg || !in_vm_space(cfg, pkt.ip->daddr)) {
@@ -72,8 +110,15 @@ int uplink_ingress(struct __sk_buff *skb)
 		 * without slivers pays one test of a word already loaded. */
 		if (!reason && pkt.ip && cfg && feature_on(cfg, FEATURE_EGRESS)) {
 			int verdict = TC_ACT_SHOT; /* a VM's reply by its slice (egress.h) */
-			if (egress_in(skb, &pkt, &verdict) == EGRESS_TAKEN)
+			int took = egress_in(skb, &pkt, &verdict);
+			if (took == EGRESS_TAKEN)
 				return verdict;
+			if (took == EGRESS_FLOATING) {
+				/* To a floating address: in a program of its own
+				 * (uplink_floating), whose stack starts empty. */
+				bpf_tail_call(skb, &floating_tail, 0);
+				return drop_packet(skb, &pkt, DROP_NO_ROUTE); /* no uplink_floating in the array */
+			}
 		}
 		if (!reason && cfg && feature_on(cfg, FEATURE_PORTSPACE))
 			return portspace_from_fabric(skb, &pkt);

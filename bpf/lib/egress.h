@@ -33,6 +33,7 @@
  * goes on. */
 #define EGRESS_PASS 0
 #define EGRESS_TAKEN 1
+#define EGRESS_FLOATING 2 /* for a floating address (floating.h): the caller's to hand on */
 /* Ports tried for a new flow, in turn from just past the VM's last claim
  * (egress_cursors): the oldest claims come first, so a slice whose flows
  * expire in order refuses only when it is truly full; one whose old flows
@@ -244,6 +245,8 @@ static __always_inline int egress_send(struct __sk_buff *skb, const struct egres
 }
 
 #include "publish.h"
+/* Floating addresses: their hooks in egress_out and egress_in. */
+#include "floating.h"
 
 /* A VM's packet to an address outside the tenant space. */
 static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt, const struct vif_info *vif,
@@ -272,6 +275,8 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 			c->not_allowed += 1;
 		return drop_packet(skb, pkt, DROP_EGRESS_NOT_ALLOWED);
 	}
+	if (vm->floating)
+		return floating_out(skb, pkt, vif, vm, c, epoch);
 	__u8 proto = ip->protocol;
 	__u64 now = packet_now(pkt);
 	__be16 id = ip->id;
@@ -464,6 +469,8 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 	struct iphdr *ip = pkt->ip;
 	__be32 host = ip->daddr;
 	struct egress_addr *a = bpf_map_lookup_elem(&egress_addrs, &host);
+	if (a && a->kind == EGRESS_ADDR_FLOATING)
+		return EGRESS_FLOATING; /* uplink.c's floating program takes it */
 	if (!a || a->kind != EGRESS_ADDR_UPLINK)
 		return EGRESS_PASS;
 	__u8 proto = ip->protocol;

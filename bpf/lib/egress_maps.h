@@ -16,9 +16,9 @@
  * (EGRESS_OWNER_PUBLISHED, a lease like a slice, with the VM's port and
  * protocol), and egress_published finds it again from the VM's end.
  *
- * Coming (docs/north-south.md): a floating address is one more kind of
- * egress_addrs entry (EGRESS_ADDR_FLOATING, steering the whole address to
- * its slot). */
+ * A floating address is one more kind of egress_addrs entry
+ * (EGRESS_ADDR_FLOATING, floating.h), steering the whole address to its
+ * VM's slot. */
 #ifndef ONEHOP_EGRESS_MAPS_H
 #define ONEHOP_EGRESS_MAPS_H
 
@@ -38,8 +38,8 @@
 /* What an address of this host is to egress. */
 enum egress_addr_kind {
 	EGRESS_ADDR_NONE = 0,
-	EGRESS_ADDR_UPLINK, /* an uplink's own address, shared by port (egress_ports) */
-			    /* EGRESS_ADDR_FLOATING: a VM's whole address (coming) */
+	EGRESS_ADDR_UPLINK,   /* an uplink's own address, shared by port (egress_ports) */
+	EGRESS_ADDR_FLOATING, /* a VM's floating address, whole (floating.h): slot is the VM's */
 };
 
 struct egress_addr {
@@ -78,7 +78,9 @@ struct egress_publish {
 };
 
 /* An egress VM, by slot: its own address, the host address and uplink it
- * leaves by, and its slice [lo, hi] of that address's ports. */
+ * leaves by, and its slice [lo, hi] of that address's ports; or, when
+ * floating is set, the floating address it leaves with instead (lo and hi
+ * 0 for a VM of a farm without egress). */
 struct egress_vm {
 	__be32 vm_addr;
 	__be32 host_addr;
@@ -86,6 +88,7 @@ struct egress_vm {
 	__u32 uplink;
 	__u16 lo;
 	__u16 hi;
+	__be32 floating; /* its floating address, or 0 (floating.h) */
 };
 
 /* A VM may reach addr when (slot, addr) matches a prefix of its list. */

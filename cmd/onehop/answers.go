@@ -21,6 +21,7 @@ var apiVerbs = []string{
 	"host add", "host remove", "allow", "peer", "unpeer", "rule delete", "firewall add", "firewall delete",
 	"sliver create", "sliver delete", "sliver set", "tap create", "tap delete",
 	"lisp map add", "lisp map delete", "tenant token revoke", "tenant cert revoke",
+	"floating create", "floating delete", "floating attach", "floating detach",
 }
 
 // answerAsJSON gives each of apiVerbs under root its -o (a verb that has

@@ -46,6 +46,7 @@ func nouns() []noun {
 		{cmd: firewallCmd},
 		{cmd: sliverCmd, list: &sliverListing},
 		{cmd: tapCmd, list: &tapListing},
+		{cmd: floatingCmd, list: &floatingListing},
 		{cmd: getCmd},
 		{cmd: statsCmd},
 		{cmd: statusCmd},

@@ -132,13 +132,18 @@ func printAgentStatus(w io.Writer, st intent.AgentStatus) {
 // has its traffic through them.
 func printEgressStats(w io.Writer, es []intent.EgressStats) {
 	for _, s := range es {
-		if s.Slice == "" {
+		if s.Slice == "" && s.Floating == "" {
 			fmt.Fprintf(w, "  egress %-20s published ports only: out %d packets %d bytes, in %d packets %d bytes\n",
 				s.Name, s.PacketsOut, s.BytesOut, s.PacketsIn, s.BytesIn)
 			continue
 		}
-		fmt.Fprintf(w, "  egress %-20s slice %s: %d of %d ports live, %d flows opened, %d refused (slice full), %d not allowed; out %d packets %d bytes, in %d packets %d bytes\n",
-			s.Name, s.Slice, s.Live, s.Ports, s.Flows, s.Refused, s.NotAllowed, s.PacketsOut, s.BytesOut, s.PacketsIn, s.BytesIn)
+		// A VM with a floating address leaves by it, not by its slice.
+		by := "slice " + s.Slice
+		if s.Floating != "" {
+			by = "floating " + s.Floating
+		}
+		fmt.Fprintf(w, "  egress %-20s %s: %d of %d ports live, %d flows opened, %d refused (slice full), %d not allowed; out %d packets %d bytes, in %d packets %d bytes\n",
+			s.Name, by, s.Live, s.Ports, s.Flows, s.Refused, s.NotAllowed, s.PacketsOut, s.BytesOut, s.PacketsIn, s.BytesIn)
 	}
 }
 

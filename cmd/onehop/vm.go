@@ -137,6 +137,9 @@ func vmGetCmd() *cobra.Command {
 				if len(v.Published) > 0 {
 					s += ", published " + publishedSummary(v.Published)
 				}
+				if v.Floating != "" {
+					s += ", floating " + v.Floating
+				}
 				return s + "\n"
 			})
 		},
@@ -162,8 +165,8 @@ func egressSummary(e *intent.VMEgress) string {
 }
 
 func printVMs(c *client.Client, path string, output outputFormat, w io.Writer) error {
-	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL\tEGRESS\tPUBLISHED", func(v intent.VM) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress), publishedSummary(v.Published))
+	return listAndPrint(c, path, output, w, "VM\tHOST\tIP\tMAC\tVIF\tFIREWALL\tEGRESS\tPUBLISHED\tFLOATING", func(v intent.VM) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", v.FullName(), v.Host, v.IP, v.MAC, v.Interface, firewallSummary(v.Firewall), egressSummary(v.Egress), publishedSummary(v.Published), orDash(v.Floating))
 	})
 }
 

@@ -26,6 +26,7 @@ import (
 
 	"github.com/onehop/onehop/internal/accept"
 	"github.com/onehop/onehop/internal/datapath"
+	"github.com/onehop/onehop/internal/egress"
 	"github.com/onehop/onehop/internal/feature"
 	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/ratelog"
@@ -191,12 +192,21 @@ type Hooks struct {
 	// Ready is called once, after the first pass that applied the whole
 	// desired state (the daemon tells systemd it is ready).
 	Ready func()
+	// FloatingArrived is called for a floating address this host began
+	// to hold (a VM's, after an attach or a move), under the egress
+	// feature's lock: the daemon sends a gratuitous ARP for it.
+	FloatingArrived func(addr netip.Addr)
 }
 
 // SetHooks installs h; call it before Run.
 func (a *Agent) SetHooks(h Hooks) {
 	a.hooks = h
 	a.router.arrived, a.router.departed = h.Arrived, h.Departed
+	for _, f := range a.features {
+		if e, ok := f.(*egress.Feature); ok && h.FloatingArrived != nil {
+			e.WithAnnounce(h.FloatingArrived)
+		}
+	}
 }
 
 // countersEvery is how often counters go into the status record: often

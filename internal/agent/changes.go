@@ -97,5 +97,5 @@ func sameEndpoint(a, b *intent.LocalEndpoint) bool {
 	return a.Name == b.Name && a.IP == b.IP && a.MAC == b.MAC && a.Interface == b.Interface &&
 		(a.Firewall == b.Firewall || reflect.DeepEqual(a.Firewall, b.Firewall)) &&
 		(a.Egress == b.Egress || reflect.DeepEqual(a.Egress, b.Egress)) &&
-		slices.Equal(a.Published, b.Published)
+		slices.Equal(a.Published, b.Published) && a.Floating == b.Floating
 }

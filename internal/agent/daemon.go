@@ -162,7 +162,11 @@ func RunDaemon(ctx context.Context, cfg DaemonConfig, mount func(string) error, 
 		st.Purged = purger.Purged()
 		return st
 	}
-	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: arpStats, Ready: readyNotifier(log), Departed: func(ip netip.Addr) {
+	a.SetHooks(Hooks{Arrived: engine.Announce, ARPStats: arpStats, Ready: readyNotifier(log), FloatingArrived: func(addr netip.Addr) {
+		if err := sock.Send(upIndex, arpengine.Gratuitous(upMAC, addr)); err != nil {
+			log.Warn("announce a floating address", "addr", addr, "err", err)
+		}
+	}, Departed: func(ip netip.Addr) {
 		// Where it went is the ARP engine's to find out on the next packet.
 		if err := k.ForgetMapping(ip); err != nil {
 			log.Warn("forget the mapping of a VM that left", "vm", ip, "err", err)

@@ -151,6 +151,7 @@ func TestSameEndpointIsDeepEqual(t *testing.T) {
 			l.Published = []intent.Publication{{Proto: "tcp", Port: 80, PublicPort: 8081}}
 		},
 		func(l *intent.LocalEndpoint) { l.Published = nil },
+		func(l *intent.LocalEndpoint) { l.Floating = "192.168.100.50" },
 	}
 	for i, change := range variants {
 		b := base

@@ -77,6 +77,14 @@ func Announcement(hostMAC net.HardwareAddr, vm netip.Addr) []byte {
 	return arpFrame(Broadcast, hostMAC, arpReply, VirtualMAC(vm), vm, Broadcast, vm)
 }
 
+// Gratuitous announces that addr (a floating address, not a VM's) is now
+// reached at hostMAC: a broadcast request for addr from addr itself, which
+// every neighbour that holds an entry for it updates, whatever its
+// locktime (Linux's arp_process: a gratuitous request overrides).
+func Gratuitous(hostMAC net.HardwareAddr, addr netip.Addr) []byte {
+	return arpFrame(Broadcast, hostMAC, arpRequest, hostMAC, addr, nil, addr)
+}
+
 // Answer is what an ARP reply from another host says.
 type Answer struct {
 	VM      netip.Addr       // the address asked for

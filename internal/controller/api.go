@@ -31,6 +31,7 @@ func (c *Controller) routes() *router {
 		c.farmRoutes,
 		c.egressRoutes,
 		c.publishRoutes,
+		c.floatingRoutes,
 		c.subnetRoutes,
 		c.vmRoutes,
 		c.firewallRoutes,

@@ -82,6 +82,7 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	moved := intent.NewVM(tf, ts, name, host, ip)
 	moved.Firewall = v.Firewall
 	moved.Interface = v.Interface // the guest keeps its interface's name
+	moved.Floating = v.Floating   // its floating address goes with it (api_floating.go)
 	if moved, err = c.withPublished(ctx, moved, v); err != nil {
 		return v, err
 	}
@@ -102,6 +103,9 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	}
 	if err := store.PutJSON(ctx, c.store, intent.VMsPrefix+moved.FullName(), moved); err != nil {
 		return v, err
+	}
+	if err := c.renameFloatingHolder(ctx, moved); err != nil {
+		return moved, err
 	}
 	c.log.Info("vm moved to another subnet", "vm", name, "from", v.Farm+"/"+v.Subnet, "to", moved.Farm+"/"+moved.Subnet,
 		"old_ip", v.IP, "ip", moved.IP, "host", host)

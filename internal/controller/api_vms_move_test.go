@@ -137,17 +137,7 @@ func TestAPIMoveToAnotherSubnetReaddressesTheVMAndDesiredStateFollows(t *testing
 	if _, err := c.CompileOnce(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	local := func(host string) map[string]intent.LocalEndpoint {
-		d, _, err := desired.Read(t.Context(), s, host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]intent.LocalEndpoint{}
-		for _, l := range d.Local {
-			m[l.Name] = l
-		}
-		return m
-	}
+	local := func(host string) map[string]intent.LocalEndpoint { return desiredLocal(t, s, host) }
 	if l, ok := local("h2")["blue/db/web1"]; !ok || l.IP != "10.1.2.3" || l.MAC != "02:00:0a:01:02:03" || l.Interface != intent.VifName("blue", "web1") {
 		t.Errorf("h2's endpoint for web1: %+v (present %v)", l, ok)
 	}
@@ -161,4 +151,18 @@ func TestAPIMoveToAnotherSubnetReaddressesTheVMAndDesiredStateFollows(t *testing
 	if out["ip"] != "10.1.1.3" || out["host"] != "h2" {
 		t.Errorf("back to blue/web on h2: %v", out)
 	}
+}
+
+// desiredLocal is host's VMs as its desired state holds them, by name.
+func desiredLocal(t *testing.T, s store.Store, host string) map[string]intent.LocalEndpoint {
+	t.Helper()
+	d, _, err := desired.Read(t.Context(), s, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]intent.LocalEndpoint{}
+	for _, l := range d.Local {
+		m[l.Name] = l
+	}
+	return m
 }

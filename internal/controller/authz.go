@@ -94,7 +94,14 @@ var routeScopes = map[string]scope{
 	"GET /v1/tenants/cert-revocations":      scopeAdmin,
 	"POST /v1/tenants/cert-revocations":     scopeAdmin,
 	"GET /v1/plan":                          scopeRead,
-	"PUT /v1/plan":                          scopeAdmin,
+	// The pool of floating addresses is the cloud's (api_floating.go says why
+	// a tenant may not attach one either).
+	"GET /v1/floating":                 scopeAdmin,
+	"POST /v1/floating":                scopeAdmin,
+	"DELETE /v1/floating/{address}":    scopeAdmin,
+	"PUT /v1/floating/{address}/vm":    scopeAdmin,
+	"DELETE /v1/floating/{address}/vm": scopeAdmin,
+	"PUT /v1/plan":                     scopeAdmin,
 }
 
 // scopeOf is pattern's scope: its line in routeScopes, else scopeFarm for

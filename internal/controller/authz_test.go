@@ -171,7 +171,7 @@ func pathFor(pattern string) (method, path string) {
 	method, path, _ = strings.Cut(pattern, " ")
 	vals := map[string]string{"farm": "blue", "subnet": "web", "vm": "web1", "with": "red", "host": "h1",
 		"sliver": "s1", "name": "bluetap", "addr": "10.99.0.0", "len": "16", "id": "0000000000000000",
-		"proto": "tcp", "port": "80"}
+		"proto": "tcp", "port": "80", "address": "192.168.100.50"}
 	path = regexp.MustCompile(`\{(\w+)\}`).ReplaceAllStringFunc(path, func(p string) string {
 		return vals[strings.Trim(p, "{}")]
 	})

@@ -148,6 +148,9 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			v.Egress = had.Egress
 			v.Published = had.Published // the API's, not the file's: kept while the VM stays on its host
 		}
+		// Its floating address is the operator's, attached by hand, not
+		// the topology's: it stays wherever the VM goes.
+		v.Floating = had.Floating
 		if v.Firewall, err = normalizeFirewall(vm.Firewall); err != nil {
 			return fmt.Errorf("vm %s: %w", vm.Name, err)
 		}

@@ -43,6 +43,12 @@ func fuzzAPI(f *testing.F) func(t *testing.T, method, path, body string) (*store
 
 // fuzzAPIOn is fuzzAPI on a topology of the target's own.
 func fuzzAPIOn(f *testing.F, topoYAML string) func(t *testing.T, method, path, body string) (*store.Memory, int) {
+	return fuzzAPIWith(f, topoYAML, nil)
+}
+
+// fuzzAPIWith is fuzzAPIOn with setup run on the controller before each
+// request (nil: none): state no topology holds.
+func fuzzAPIWith(f *testing.F, topoYAML string, setup func(t *testing.T, c *Controller, s *store.Memory)) func(t *testing.T, method, path, body string) (*store.Memory, int) {
 	topo, err := topology.Parse("fuzz.yaml", []byte(topoYAML))
 	if err != nil {
 		f.Fatal(err)
@@ -51,6 +57,9 @@ func fuzzAPIOn(f *testing.F, topoYAML string) func(t *testing.T, method, path, b
 		c, s := newController()
 		if err := c.ApplyTopology(t.Context(), topo); err != nil {
 			t.Fatal(err)
+		}
+		if setup != nil {
+			setup(t, c, s)
 		}
 		req := httptest.NewRequest(method, "http://onehop"+path, strings.NewReader(body))
 		rec := httptest.NewRecorder()

@@ -136,6 +136,7 @@ type uplinkEgressVm struct {
 	Uplink        uint32
 	Lo            uint16
 	Hi            uint16
+	Floating      uint32
 }
 
 type uplinkEndpoint struct {
@@ -476,6 +477,7 @@ const (
 	uplinkMapFarms                = "farms"
 	uplinkMapFirewallRules        = "firewall_rules"
 	uplinkMapFirewalls            = "firewalls"
+	uplinkMapFloatingTail         = "floating_tail"
 	uplinkMapForwards             = "forwards"
 	uplinkMapFragFlows            = "frag_flows"
 	uplinkMapHosts                = "hosts"
@@ -511,6 +513,7 @@ const (
 	uplinkMapVifs                 = "vifs"
 	uplinkMapVisibility           = "visibility"
 	uplinkMapVmShares             = "vm_shares"
+	uplinkProgUplinkFloating      = "uplink_floating"
 	uplinkProgUplinkIngress       = "uplink_ingress"
 	uplinkVarRedirectKindType     = "_redirect_kind_type"
 	uplinkVarTapEncapType         = "_tap_encap_type"
@@ -569,7 +572,8 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
-	UplinkIngress *ebpf.ProgramSpec `ebpf:"uplink_ingress"`
+	UplinkFloating *ebpf.ProgramSpec `ebpf:"uplink_floating"`
+	UplinkIngress  *ebpf.ProgramSpec `ebpf:"uplink_ingress"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
@@ -595,6 +599,7 @@ type uplinkMapSpecs struct {
 	Farms                *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	FloatingTail         *ebpf.MapSpec `ebpf:"floating_tail"`
 	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
 	FragFlows            *ebpf.MapSpec `ebpf:"frag_flows"`
 	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
@@ -690,6 +695,7 @@ type uplinkMaps struct {
 	Farms                *ebpf.Map `ebpf:"farms"`
 	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	FloatingTail         *ebpf.Map `ebpf:"floating_tail"`
 	Forwards             *ebpf.Map `ebpf:"forwards"`
 	FragFlows            *ebpf.Map `ebpf:"frag_flows"`
 	Hosts                *ebpf.Map `ebpf:"hosts"`
@@ -748,6 +754,7 @@ func (m *uplinkMaps) Close() error {
 		m.Farms,
 		m.FirewallRules,
 		m.Firewalls,
+		m.FloatingTail,
 		m.Forwards,
 		m.FragFlows,
 		m.Hosts,
@@ -809,11 +816,13 @@ type uplinkVariables struct {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
-	UplinkIngress *ebpf.Program `ebpf:"uplink_ingress"`
+	UplinkFloating *ebpf.Program `ebpf:"uplink_floating"`
+	UplinkIngress  *ebpf.Program `ebpf:"uplink_ingress"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
+		p.UplinkFloating,
 		p.UplinkIngress,
 	)
 }

@@ -136,6 +136,7 @@ type uplinkTestEgressVm struct {
 	Uplink        uint32
 	Lo            uint16
 	Hi            uint16
+	Floating      uint32
 }
 
 type uplinkTestEndpoint struct {
@@ -483,6 +484,7 @@ const (
 	uplinkTestMapFarms                = "farms"
 	uplinkTestMapFirewallRules        = "firewall_rules"
 	uplinkTestMapFirewalls            = "firewalls"
+	uplinkTestMapFloatingTail         = "floating_tail"
 	uplinkTestMapForwards             = "forwards"
 	uplinkTestMapFragFlows            = "frag_flows"
 	uplinkTestMapHosts                = "hosts"
@@ -519,6 +521,7 @@ const (
 	uplinkTestMapVifs                 = "vifs"
 	uplinkTestMapVisibility           = "visibility"
 	uplinkTestMapVmShares             = "vm_shares"
+	uplinkTestProgUplinkFloating      = "uplink_floating"
 	uplinkTestProgUplinkIngress       = "uplink_ingress"
 	uplinkTestVarRedirectKindType     = "_redirect_kind_type"
 	uplinkTestVarRedirectTraceType    = "_redirect_trace_type"
@@ -578,7 +581,8 @@ type uplinkTestSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkTestProgramSpecs struct {
-	UplinkIngress *ebpf.ProgramSpec `ebpf:"uplink_ingress"`
+	UplinkFloating *ebpf.ProgramSpec `ebpf:"uplink_floating"`
+	UplinkIngress  *ebpf.ProgramSpec `ebpf:"uplink_ingress"`
 }
 
 // uplinkTestMapSpecs contains maps before they are loaded into the kernel.
@@ -604,6 +608,7 @@ type uplinkTestMapSpecs struct {
 	Farms                *ebpf.MapSpec `ebpf:"farms"`
 	FirewallRules        *ebpf.MapSpec `ebpf:"firewall_rules"`
 	Firewalls            *ebpf.MapSpec `ebpf:"firewalls"`
+	FloatingTail         *ebpf.MapSpec `ebpf:"floating_tail"`
 	Forwards             *ebpf.MapSpec `ebpf:"forwards"`
 	FragFlows            *ebpf.MapSpec `ebpf:"frag_flows"`
 	Hosts                *ebpf.MapSpec `ebpf:"hosts"`
@@ -701,6 +706,7 @@ type uplinkTestMaps struct {
 	Farms                *ebpf.Map `ebpf:"farms"`
 	FirewallRules        *ebpf.Map `ebpf:"firewall_rules"`
 	Firewalls            *ebpf.Map `ebpf:"firewalls"`
+	FloatingTail         *ebpf.Map `ebpf:"floating_tail"`
 	Forwards             *ebpf.Map `ebpf:"forwards"`
 	FragFlows            *ebpf.Map `ebpf:"frag_flows"`
 	Hosts                *ebpf.Map `ebpf:"hosts"`
@@ -760,6 +766,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.Farms,
 		m.FirewallRules,
 		m.Firewalls,
+		m.FloatingTail,
 		m.Forwards,
 		m.FragFlows,
 		m.Hosts,
@@ -823,11 +830,13 @@ type uplinkTestVariables struct {
 //
 // It can be passed to loadUplinkTestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkTestPrograms struct {
-	UplinkIngress *ebpf.Program `ebpf:"uplink_ingress"`
+	UplinkFloating *ebpf.Program `ebpf:"uplink_floating"`
+	UplinkIngress  *ebpf.Program `ebpf:"uplink_ingress"`
 }
 
 func (p *uplinkTestPrograms) Close() error {
 	return _UplinkTestClose(
+		p.UplinkFloating,
 		p.UplinkIngress,
 	)
 }

@@ -197,6 +197,7 @@ type vifEgressVm struct {
 	Uplink        uint32
 	Lo            uint16
 	Hi            uint16
+	Floating      uint32
 }
 
 type vifEndpoint struct {

@@ -136,6 +136,7 @@ type vifTestEgressVm struct {
 	Uplink        uint32
 	Lo            uint16
 	Hi            uint16
+	Floating      uint32
 }
 
 type vifTestEndpoint struct {

@@ -30,16 +30,25 @@ const (
 // VM is one egress VM of the node, as the datapath holds it: one with a
 // slice (Slice.Lo > 0), or published ports, or both.
 type VM struct {
-	Name      string
-	Addr      netip.Addr
-	Slice     intent.Lease
-	To        []netip.Prefix
-	Uplink    feature.Uplink
+	Name   string
+	Addr   netip.Addr
+	Slice  intent.Lease // zero for a VM without a slice
+	To     []netip.Prefix
+	Uplink feature.Uplink
+	// Published are the VM's published ports (publish.h).
 	Published []intent.Publication
+	// Floating is the VM's floating address, or the zero Addr: it leaves
+	// with it instead of a slice's port, and is reached on it whole.
+	Floating netip.Addr
 }
 
-// hasSlice says whether v translates flows of its own out (egress on).
-func (v VM) hasSlice() bool { return v.Slice.Lo > 0 }
+// HasSlice reports whether v holds a slice of its host's address.
+func (v VM) HasSlice() bool { return v.Slice.Lo != 0 }
+
+// leaves reports whether v's own flows leave the tenant space (it is in
+// egress_vms): with a slice, or by its floating address. A VM with
+// published ports only answers its clients and opens nothing.
+func (v VM) leaves() bool { return v.HasSlice() || v.Floating.IsValid() }
 
 // Plan is the node's egress entries: its host address (uplink 0's) and
 // its egress VMs, by name. Slots are given in Sync, which keeps each VM's
@@ -55,19 +64,24 @@ func (p Plan) InUse() bool { return len(p.VMs) > 0 }
 
 // Sizes implements feature.Plan.
 func (p Plan) Sizes() feature.Sizes {
-	to, ports, vms, pub := 0, 0, 0, 0
+	to, ports, vms, pub, addrs := 0, 0, 0, 0, 0
 	for _, v := range p.VMs {
 		to += len(v.To)
-		if v.hasSlice() {
+		if v.leaves() {
 			vms++
+		}
+		if v.HasSlice() {
 			ports += int(v.Slice.Hi) - int(v.Slice.Lo) + 1
 		}
 		ports += len(v.Published)
 		pub += len(v.Published)
+		if v.Floating.IsValid() {
+			addrs++
+		}
 	}
 	s := feature.Sizes{MapVMs: vms, MapSlots: len(p.VMs) + 1, MapTo: to, MapPorts: ports, MapPublished: pub}
 	if p.InUse() {
-		s[MapAddrs] = 1
+		s[MapAddrs] = 1 + addrs
 	}
 	return s
 }
@@ -84,12 +98,13 @@ func Compile(n feature.Node) (Plan, error) {
 			up = u
 		}
 	}
+	floating := map[netip.Addr]string{}
 	for _, e := range n.Desired.Local {
-		if e.Egress == nil && len(e.Published) == 0 {
+		if e.Egress == nil && e.Floating == "" && len(e.Published) == 0 {
 			continue
 		}
 		if !up.Addr.IsValid() {
-			return p, fmt.Errorf("vm %s has an egress slice or published ports but the node's uplink 0 has no address", e.Name)
+			return p, fmt.Errorf("vm %s has an egress slice, published ports or a floating address but the node's uplink 0 has no address", e.Name)
 		}
 		addr, err := netip.ParseAddr(e.IP)
 		if err != nil {
@@ -100,18 +115,32 @@ func Compile(n feature.Node) (Plan, error) {
 				return p, fmt.Errorf("vm %s: publication %s: want tcp or udp and ports 1..65535", e.Name, pub)
 			}
 		}
-		if e.Egress == nil {
-			p.VMs = append(p.VMs, VM{Name: e.Name, Addr: addr, Uplink: up, Published: e.Published})
+		v := VM{Name: e.Name, Addr: addr, Uplink: up, Published: e.Published}
+		if e.Egress == nil && e.Floating == "" {
+			p.VMs = append(p.VMs, v)
 			continue
 		}
-		sl := e.Egress.Slice
-		if sl.Uplink != 0 || sl.Lo == 0 || sl.Lo > sl.Hi {
-			return p, fmt.Errorf("vm %s: slice %d:%d-%d: want uplink 0 and 1 <= lo <= hi", e.Name, sl.Uplink, sl.Lo, sl.Hi)
+		// A floating address alone lets the VM out anywhere; its farm's
+		// egress list, when it has egress, still applies.
+		to := []string{"0.0.0.0/0"}
+		if e.Egress != nil {
+			sl := e.Egress.Slice
+			if sl.Uplink != 0 || sl.Lo == 0 || sl.Lo > sl.Hi {
+				return p, fmt.Errorf("vm %s: slice %d:%d-%d: want uplink 0 and 1 <= lo <= hi", e.Name, sl.Uplink, sl.Lo, sl.Hi)
+			}
+			v.Slice = sl
+			if len(e.Egress.To) > 0 {
+				to = e.Egress.To
+			}
 		}
-		v := VM{Name: e.Name, Addr: addr, Slice: sl, Uplink: up, Published: e.Published}
-		to := e.Egress.To
-		if len(to) == 0 {
-			to = []string{"0.0.0.0/0"}
+		if e.Floating != "" {
+			if v.Floating, err = floatingOf(n, e, up.Addr); err != nil {
+				return p, err
+			}
+			if other, dup := floating[v.Floating]; dup {
+				return p, fmt.Errorf("vm %s: floating address %s is vm %s's too", e.Name, v.Floating, other)
+			}
+			floating[v.Floating] = e.Name
 		}
 		for _, c := range to {
 			pf, err := netip.ParsePrefix(c)
@@ -131,7 +160,7 @@ func Compile(n feature.Node) (Plan, error) {
 	}
 	var hs []held
 	for _, v := range p.VMs {
-		if v.hasSlice() {
+		if v.HasSlice() {
 			hs = append(hs, held{v.Name, "slice", v.Slice})
 		}
 		for _, pub := range v.Published {
@@ -150,4 +179,21 @@ func Compile(n feature.Node) (Plan, error) {
 		p.Host = up.Addr
 	}
 	return p, nil
+}
+
+// floatingOf is e's floating address, checked: IPv4, outside the tenant
+// space and not the host's own uplink address (the controller gives only
+// such; a hand-made record is refused, naming the VM).
+func floatingOf(n feature.Node, e intent.LocalEndpoint, host netip.Addr) (netip.Addr, error) {
+	a, err := netip.ParseAddr(e.Floating)
+	if err != nil || !a.Is4() {
+		return a, fmt.Errorf("vm %s: floating address %q: want an IPv4 address", e.Name, e.Floating)
+	}
+	if a == host {
+		return a, fmt.Errorf("vm %s: floating address %s is the host's own uplink address", e.Name, a)
+	}
+	if vmnet, err := netip.ParsePrefix(n.Desired.VMNet); err == nil && vmnet.Contains(a) {
+		return a, fmt.Errorf("vm %s: floating address %s is in the tenant space %s", e.Name, a, vmnet)
+	}
+	return a, nil
 }

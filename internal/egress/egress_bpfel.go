@@ -23,8 +23,9 @@ type egressEgressAddr struct {
 type egressEgressAddrKind uint32
 
 const (
-	egressEgressAddrKindEGRESS_ADDR_NONE   egressEgressAddrKind = 0
-	egressEgressAddrKindEGRESS_ADDR_UPLINK egressEgressAddrKind = 1
+	egressEgressAddrKindEGRESS_ADDR_NONE     egressEgressAddrKind = 0
+	egressEgressAddrKindEGRESS_ADDR_UPLINK   egressEgressAddrKind = 1
+	egressEgressAddrKindEGRESS_ADDR_FLOATING egressEgressAddrKind = 2
 )
 
 type egressEgressCounters struct {
@@ -126,6 +127,7 @@ type egressEgressVm struct {
 	Uplink        uint32
 	Lo            uint16
 	Hi            uint16
+	Floating      uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -34,11 +34,12 @@ type (
 // Kinds of egress_addrs and egress_ports entries (enum egress_addr_kind,
 // egress_owner_kind).
 const (
-	addrUplink  = uint32(egressEgressAddrKindEGRESS_ADDR_UPLINK)
-	ownerSlice  = uint32(egressEgressOwnerKindEGRESS_OWNER_SLICE)
-	ownerPub    = uint32(egressEgressOwnerKindEGRESS_OWNER_PUBLISHED)
-	protoRows   = 3 // TCP, UDP, ICMP echo: the rows of egress_state
-	maxSlotsCap = 16384
+	addrUplink   = uint32(egressEgressAddrKindEGRESS_ADDR_UPLINK)
+	addrFloating = uint32(egressEgressAddrKindEGRESS_ADDR_FLOATING)
+	ownerSlice   = uint32(egressEgressOwnerKindEGRESS_OWNER_SLICE)
+	ownerPub     = uint32(egressEgressOwnerKindEGRESS_OWNER_PUBLISHED)
+	protoRows    = 3 // TCP, UDP, ICMP echo: the rows of egress_state
+	maxSlotsCap  = 16384
 )
 
 // Feature is egress as the agent runs it: Compile (compile.go), Sync
@@ -56,6 +57,7 @@ type Feature struct {
 	host     netip.Addr        // the address egress_addrs holds
 	refused  map[string]uint64 // refusals last seen per VM, for the log
 	lastPlan Plan
+	announce func(netip.Addr) // a floating address arrived (floating.go)
 }
 
 // New is the feature on the loaded datapath k (nil: an agent on a fake
@@ -180,6 +182,9 @@ func (f *Feature) Sync(fp feature.Plan) error {
 			f.slotOf[v.Name] = slot
 		}
 		rec := vmRecord{VmAddr: be32(v.Addr), HostAddr: be32(p.Host), UplinkIfindex: uint32(v.Uplink.Ifindex), Uplink: 0, Lo: v.Slice.Lo, Hi: v.Slice.Hi}
+		if v.Floating.IsValid() {
+			rec.Floating = be32(v.Floating)
+		}
 		if err := m[MapSlots].Put(slot, rec); err != nil {
 			return fmt.Errorf("egress: vm %s slot %d: %w", v.Name, slot, err)
 		}
@@ -187,8 +192,9 @@ func (f *Feature) Sync(fp feature.Plan) error {
 			return err
 		}
 		// A VM with published ports only is not in egress_vms: its own
-		// flows out are no_route, as without egress.
-		if v.hasSlice() {
+		// flows out are no_route, as without egress. One with a floating
+		// address and no slice is, with no ports (putPorts).
+		if v.leaves() {
 			for _, pf := range v.To {
 				if err := m[MapTo].Put(toKeyOf(slot, pf), uint8(1)); err != nil {
 					return fmt.Errorf("egress: vm %s destination %s: %w", v.Name, pf, err)
@@ -200,6 +206,9 @@ func (f *Feature) Sync(fp feature.Plan) error {
 			if err := m[MapVMs].Put(be32(v.Addr), slot); err != nil {
 				return fmt.Errorf("egress: vm %s: %w", v.Name, err)
 			}
+		}
+		if err := f.putFloating(m[MapAddrs], v, slot); err != nil {
+			return err
 		}
 		f.cur[v.Name] = v
 	}
@@ -214,7 +223,7 @@ func (f *Feature) Sync(fp feature.Plan) error {
 }
 
 func sameVM(a, b VM) bool {
-	if a.Addr != b.Addr || a.Slice != b.Slice || a.Uplink.Ifindex != b.Uplink.Ifindex || len(a.To) != len(b.To) ||
+	if a.Addr != b.Addr || a.Floating != b.Floating || a.Slice != b.Slice || a.Uplink.Ifindex != b.Uplink.Ifindex || len(a.To) != len(b.To) ||
 		!slices.Equal(a.Published, b.Published) {
 		return false
 	}
@@ -227,10 +236,13 @@ func sameVM(a, b VM) bool {
 }
 
 func (f *Feature) clearVM(m map[string]*ebpf.Map, slot uint32, v VM) error {
+	if err := clearFloating(m[MapAddrs], v); err != nil {
+		return err
+	}
 	if err := m[MapVMs].Delete(be32(v.Addr)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("egress: forget vm %s: %w", v.Name, err)
 	}
-	if v.hasSlice() {
+	if v.HasSlice() {
 		if err := putPorts(m[MapPorts], v.Slice, ownerRecord{}); err != nil {
 			return fmt.Errorf("egress: free vm %s's slice: %w", v.Name, err)
 		}
@@ -288,8 +300,12 @@ func htons(p uint16) uint16 {
 	return binary.NativeEndian.Uint16(b[:])
 }
 
-// putPorts writes owner into every port of slice, in one batch.
+// putPorts writes owner into every port of slice, in one batch (none
+// for a VM without a slice).
 func putPorts(ports *ebpf.Map, sl intent.Lease, owner ownerRecord) error {
+	if sl.Lo == 0 {
+		return nil
+	}
 	n := int(sl.Hi) - int(sl.Lo) + 1
 	keys := make([]uint32, n)
 	vals := make([]ownerRecord, n)
@@ -365,8 +381,11 @@ func (f *Feature) Stats() ([]intent.EgressStats, error) {
 			return nil, fmt.Errorf("egress: counters of %s: %w", name, err)
 		}
 		s := intent.EgressStats{Name: name}
-		if v.hasSlice() {
+		if v.HasSlice() {
 			s.Slice, s.Ports = fmt.Sprintf("%d-%d", v.Slice.Lo, v.Slice.Hi), int(v.Slice.Hi)-int(v.Slice.Lo)+1
+		}
+		if v.Floating.IsValid() {
+			s.Floating = v.Floating.String()
 		}
 		for _, c := range per {
 			s.PacketsOut += c.PacketsOut
@@ -378,7 +397,7 @@ func (f *Feature) Stats() ([]intent.EgressStats, error) {
 			s.NotAllowed += c.NotAllowed
 		}
 		live := 0
-		if v.hasSlice() {
+		if v.HasSlice() {
 			if live, err = liveFlows(m[MapState], v, now); err != nil {
 				return nil, err
 			}
@@ -398,6 +417,9 @@ func (f *Feature) Stats() ([]intent.EgressStats, error) {
 // protocol, has not expired at now.
 func liveFlows(state *ebpf.Map, v VM, now uint64) (int, error) {
 	live := 0
+	if !v.HasSlice() {
+		return 0, nil
+	}
 	n := int(v.Slice.Hi) - int(v.Slice.Lo) + 1
 	keys := make([]uint32, n)
 	vals := make([]mapRecord, n)

@@ -58,6 +58,11 @@ const (
 	// prefix (LISPMappingKey). Not intent: a registration refreshes them
 	// often and recompiles nothing.
 	LISPMappingsPrefix = Root + "lisp/mappings/"
+	// FloatingPrefix holds the operator's pool of floating addresses:
+	// + ADDRESS, a FloatingAddress. Outside Prefix: the pool compiles into
+	// nothing; the VM a pool address is attached to carries it
+	// (VM.Floating) into its host's desired state.
+	FloatingPrefix = Root + "floating/"
 	// VNATLocationsPrefix holds the VNAT location records
 	// (vnatloc.Prefix). Not intent either: a refresh is not an intent
 	// change.
@@ -184,6 +189,9 @@ type VM struct {
 	// leases of that address, as slices are; a move takes them to the new
 	// host's address, with the same public ports.
 	Published []Publication `json:"published,omitempty"`
+	// Floating is the floating address attached to the VM (onehop
+	// floating attach), or empty; it moves with the VM.
+	Floating string `json:"floating,omitempty"`
 }
 
 // VMContainer names a CNI attachment: the network config's name, the
@@ -211,6 +219,18 @@ func (c VMContainer) Check(field string) error {
 		}
 	}
 	return CheckInterface(field+".ifname", c.IfName)
+}
+
+// FloatingAddress is one address of the operator's pool of floating
+// addresses (docs/north-south.md): a fabric address a VM is reached on
+// whole and leaves by, wherever it lives. VM is the VM it was last
+// attached to; it holds the address only while that VM's own record says
+// so (VM.Floating), so a VM deleted or detached half way frees it.
+type FloatingAddress struct {
+	Address string `json:"address"`
+	VM      string `json:"vm,omitempty"` // FARM/SUBNET/VM
+	// Host is where the VM lives, filled in when the pool is listed.
+	Host string `json:"host,omitempty"`
 }
 
 // MaxFormer bounds VM.Former.
@@ -397,6 +417,9 @@ type LocalEndpoint struct {
 	Egress *VMEgress `json:"egress,omitempty"`
 	// Published are the VM's published ports (VM.Published).
 	Published []Publication `json:"published,omitempty"`
+	// Floating is the VM's floating address, or empty: the host steers it
+	// whole to the VM and answers ARP for it (docs/north-south.md).
+	Floating string `json:"floating,omitempty"`
 }
 
 // Desired is everything one node's datapath must hold. It is complete, not a
@@ -640,7 +663,8 @@ type EgressStats struct {
 	Name       string `json:"name"`
 	Slice      string `json:"slice"` // LO-HI of the host's address
 	Ports      int    `json:"ports"`
-	Live       int    `json:"live"` // translations holding a port now
+	Floating   string `json:"floating,omitempty"` // its floating address, if it has one
+	Live       int    `json:"live"`               // translations holding a port now
 	Flows      uint64 `json:"flows"`
 	Refused    uint64 `json:"refused"`    // new flows refused: the slice was full
 	NotAllowed uint64 `json:"notAllowed"` // to destinations its farm does not list

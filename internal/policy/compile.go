@@ -89,7 +89,7 @@ func mustJSON(v any) []byte {
 // LocalEndpoint is a VM as its host's desired state holds it.
 func LocalEndpoint(vm intent.VM) intent.LocalEndpoint {
 	return intent.LocalEndpoint{Name: vm.FullName(), IP: vm.IP, MAC: vm.MAC, Interface: vm.Interface, Firewall: vm.Firewall.WithoutIDs(), Egress: vm.Egress,
-		Published: vm.Published}
+		Published: vm.Published, Floating: vm.Floating}
 }
 
 // LocalSliver is a sliver as its host's desired state holds it, with its

@@ -56,49 +56,10 @@ func TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection(t *testing.T) {
 	testenv.Eventually(t, "the TCP stream to finish", 20*time.Second, func() bool {
 		return strings.Contains(client.Output(), `"sum_received"`)
 	})
-	var res struct {
-		Intervals []struct {
-			Sum struct {
-				Start float64 `json:"start"`
-				Bytes float64 `json:"bytes"`
-			} `json:"sum"`
-		} `json:"intervals"`
-		End struct {
-			SumReceived struct {
-				Bytes float64 `json:"bytes"`
-			} `json:"sum_received"`
-		} `json:"end"`
-		Error string `json:"error"`
-	}
-	out := client.Stop()
-	i := strings.Index(out, "{")
-	if i < 0 {
-		t.Fatalf("iperf3 printed no JSON:\n%s", out)
-	}
-	if err := json.Unmarshal([]byte(out[i:]), &res); err != nil {
-		t.Fatalf("iperf3 output: %v\n%s", err, out)
-	}
-	if res.Error != "" {
-		t.Fatalf("the TCP connection broke across the move: %s", res.Error)
-	}
 	// Data must flow in the intervals that began once web1 answered on h3
 	// (iperf3 counts from its start, which came less than a second before
 	// the stream was seen carrying data).
-	from := movedAfter.Seconds() + 1
-	var after float64
-	var counted int
-	for _, iv := range res.Intervals {
-		if iv.Sum.Start >= from {
-			after += iv.Sum.Bytes
-			counted++
-		}
-	}
-	if counted == 0 {
-		t.Fatalf("the move took %.1fs, past the end of the 6 s stream: nothing shows the connection carried data after it", from)
-	}
-	if after == 0 {
-		t.Errorf("no data flowed in the %d intervals after the move: %+v", counted, res.Intervals)
-	}
+	streamCarriedDataAfter(t, client.Stop(), movedAfter.Seconds()+1)
 	l.refresh()
 	if n := l.node("h3"); n.Agent == nil || len(n.Agent.AttachedVifs) != 1 || n.Agent.AttachedVifs[0] != blueWeb1Vif {
 		t.Errorf("h3's agent does not hold web1's vif: %+v", n.Agent)
@@ -129,4 +90,44 @@ func (l *testLab) bytesAcked(vm, dst string) (int64, error) {
 		return 0, fmt.Errorf("no established connection to %s: %q", dst, out)
 	}
 	return most, nil
+}
+
+// streamCarriedDataAfter checks an iperf3 client's -J output (out): the
+// connection did not break, and data flowed in the intervals that began
+// from seconds into the stream on.
+func streamCarriedDataAfter(t *testing.T, out string, from float64) {
+	t.Helper()
+	var res struct {
+		Intervals []struct {
+			Sum struct {
+				Start float64 `json:"start"`
+				Bytes float64 `json:"bytes"`
+			} `json:"sum"`
+		} `json:"intervals"`
+		Error string `json:"error"`
+	}
+	i := strings.Index(out, "{")
+	if i < 0 {
+		t.Fatalf("iperf3 printed no JSON:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(out[i:]), &res); err != nil {
+		t.Fatalf("iperf3 output: %v\n%s", err, out)
+	}
+	if res.Error != "" {
+		t.Fatalf("the TCP connection broke across the move: %s", res.Error)
+	}
+	var after float64
+	var counted int
+	for _, iv := range res.Intervals {
+		if iv.Sum.Start >= from {
+			after += iv.Sum.Bytes
+			counted++
+		}
+	}
+	if counted == 0 {
+		t.Fatalf("the move took %.1fs, past the end of the stream: nothing shows the connection carried data after it", from)
+	}
+	if after == 0 {
+		t.Errorf("no data flowed in the %d intervals after the move: %+v", counted, res.Intervals)
+	}
 }
