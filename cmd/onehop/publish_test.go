@@ -10,7 +10,7 @@ func TestCLIPublishListAndUnpublish(t *testing.T) {
 		{[]string{"vm", "publish", "blue/web/web1", "--proto", "icmp", "--port", "1"}, `--proto "icmp": want tcp or udp`, true},
 		{[]string{"vm", "publish", "blue/web/web1", "--proto", "tcp"}, "--port 0: want the VM's port, 1..65535", true},
 		{[]string{"vm", "get", "blue/web/web1"}, ", egress -, published tcp 80 on 8080\n", false},
-		{[]string{"vm", "list"}, "-       tcp 80 on 8080\n", false},
+		{[]string{"vm", "list"}, "-       tcp 80 on 8080  -\n", false},
 		{[]string{"vm", "publications"}, "blue/web/web1  h1    tcp    80    192.168.100.10:8080\n", false},
 		{[]string{"vm", "publications", "--farm", "blue", "-o", "json"}, `"publicPort": 8080`, false},
 		{[]string{"vm", "unpublish", "blue/web/web1", "--proto", "tcp", "--port", "80"}, "vm blue/web/web1: tcp 80 unpublished\n", false},

@@ -122,8 +122,8 @@ func BenchmarkCreatePassWithNOnHost(b *testing.B) {
 // sameEndpoint, which spares diffDesired reflection on every VM of every
 // pass, says what reflect.DeepEqual says, and knows every field.
 func TestSameEndpointIsDeepEqual(t *testing.T) {
-	if n := reflect.TypeFor[intent.LocalEndpoint]().NumField(); n != 7 {
-		t.Fatalf("intent.LocalEndpoint has %d fields: sameEndpoint compares 7, make it compare the new one", n)
+	if n := reflect.TypeFor[intent.LocalEndpoint]().NumField(); n != 8 {
+		t.Fatalf("intent.LocalEndpoint has %d fields: sameEndpoint compares 8, make it compare the new one", n)
 	}
 	base := intent.LocalEndpoint{Name: "blue/web/a", IP: "10.1.1.2", MAC: "02:00:0a:01:01:02", Interface: "vif-a",
 		Firewall:  &intent.Firewall{DefaultIn: "deny", Rules: []intent.FirewallRule{{Dir: "in", Proto: "tcp", PortLo: 22, Action: "allow"}}},
