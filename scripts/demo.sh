@@ -2,7 +2,8 @@
 # The quick-start demo: builds the three-host lab, shows each behaviour of the
 # virtual router working and being blocked (one-hop routing, the ARP engine,
 # visibility rules, farm isolation, scoped broadcast, per-VM firewalls,
-# anti-spoofing, DHCP on the host, a VM move), with the drop counters that say
+# anti-spoofing, DHCP on the host, egress to inet, a published port, a floating
+# address kept across a live move), with the drop counters that say
 # why, and leaves the lab up to explore.
 #
 # Anything that must be blocked and gets through stops the demo with
@@ -225,10 +226,52 @@ blocked "red's farm has no egress: nothing outside"
 counted "$n" h1 no_route
 stop_bg
 
-# TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection asserts this.
-say "A VM moves (like a live migration): web3 goes from h1 to h3 and keeps its address and MAC"
+# TestPrivilegedAPublishedPortIsReachedFromInetWithItsOwnAddress asserts this.
+H2=$(iface h2 uplink0 addr)
+say "A published port: inet reaches web2's port 8000 on h2's address ($H2), port 8080"
+op vm publish blue/web/web2 --proto tcp --port 8000 --public-port 8080
+# A plain TCPServer: http.server's own looks its address up in DNS first,
+# and web2 (with egress) waits for a DNS server that is not there.
+"$ONEHOP" lab exec --lab "$LAB" web2 -- timeout 60 python3 -c 'import http.server, socketserver, sys
+socketserver.TCPServer((sys.argv[1], 8000), http.server.SimpleHTTPRequestHandler).serve_forever()' "$WEB2" >"$STATE/demo-web2.log" 2>&1 &
+BG+=("$!")
+wait_listening web2 8000
+printf '$ onehop lab exec inet -- curl -s http://%s:8080/\n' "$H2"
+on inet curl -sf -m 5 "http://$H2:8080/" | grep -m1 -o '<title>.*</title>' | sed 's/^/   /' || failed "inet cannot reach web2's published port"
+grep -q "^$INET " "$STATE/demo-web2.log" || failed "web2's server did not see inet's own address: $(cat "$STATE/demo-web2.log")"
+note "web2's server log: $(grep -m1 "^$INET " "$STATE/demo-web2.log" | cut -c1-60)"
+note "web2 saw inet's own address: only the destination was rewritten on the way in"
+printf '$ onehop lab exec inet -- curl -s -m 2 http://%s:8000/\n' "$H2"
+if out=$(on inet curl -sf -m 2 "http://$H2:8000/" 2>&1); then leak "inet reached web2's unpublished port through h2: $out"; fi
+blocked "web2's own port 8000 is not published on h2's address"
+op vm unpublish blue/web/web2 --proto tcp --port 8000
+stop_bg
+rm -f "$STATE/demo-web2.log"
+
+# TestPrivilegedFloatingAddressReachesItsVMAndSurvivesALiveMove asserts this.
+FLOAT=192.168.100.200
+say "A floating address: the operator's $FLOAT goes to web3, reached on it whole wherever web3 lives"
+op floating create "$FLOAT"
+op floating attach "$FLOAT" blue/web/web3
+pings inet "$FLOAT"
+say "web3 moves (like a live migration) from h1 to h3 while inet streams to it on $FLOAT"
+on web3 iperf3 -s -1 -D
+sleep 0.3
+printf '$ onehop lab exec inet -- iperf3 -c %s -t 5 -i 1 &\n' "$FLOAT"
+"$ONEHOP" lab exec --lab "$LAB" inet -- iperf3 -c "$FLOAT" -t 5 -i 1 -C cubic >"$STATE/demo-float.out" 2>&1 &
+stream=$!
+sleep 1.5
 printf '$ onehop lab move web3 --to h3\n'
 "$ONEHOP" lab move web3 --to h3 --lab "$LAB" 2>&1 | sed 's/^/   /'
+wait "$stream" || failed "the stream through $FLOAT broke: $(cat "$STATE/demo-float.out")"
+grep -E '^\[ *[0-9]+\] +[0-9.]+-[0-9.]+ +sec' "$STATE/demo-float.out" | grep -v -E 'sender|receiver' | sed 's/^/   /'
+last=$(grep -E 'bits/sec' "$STATE/demo-float.out" | grep -v -E 'sender|receiver' | tail -1)
+if [ -z "$last" ] || grep -qE ' 0\.00 [KMG]?bits/sec' <<<"$last"; then failed "no data after the move: $last"; fi
+note "the same TCP connection kept going: h3 sent a gratuitous ARP for $FLOAT, and inet followed it"
+rm -f "$STATE/demo-float.out"
+
+# TestPrivilegedMovedVMKeepsItsAddressAndItsTCPConnection asserts this.
+say "After its move web3 keeps its tenant address and MAC too"
 pings web1 "$WEB3"
 op get vms | grep -E '^VM|web3'
 note "web3 answers from h3; h3 announced it on the fabric and every host that was sending to it followed"
@@ -247,7 +290,7 @@ grep 'dropped packet' "$STATE/agent-h1.log" | tail -3
 say "All shown in $(elapsed) s"
 printf '\nThe lab is still up. Explore it:\n'
 hint() { printf '  %-58s %s\n' "$1" "$2"; }
-hint "$ONEHOP get vms" "every VM: host, address, MAC, firewall"
+hint "$ONEHOP get vms" "every VM: host, address, MAC, firewall, egress, floating"
 hint "$ONEHOP lab exec web1 -- ping $DB1" "any command inside any node"
 hint "$ONEHOP lab exec web1 -- traceroute -I $DB1" "one hop: the gateway $GW_WEB"
 hint "$ONEHOP lab exec fabric -- tcpdump -eni br0" "the fabric: only host MACs, plain IPv4"
