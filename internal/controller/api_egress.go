@@ -63,83 +63,89 @@ func (c *Controller) SetFarmEgress(ctx context.Context, farm string, s egressspe
 	}
 	sort.Slice(vms, func(i, j int) bool { return vms[i].FullName() < vms[j].FullName() })
 	for _, v := range vms {
-		nv, err := c.withEgress(ctx, v, f.Egress)
-		if err != nil {
-			return f, err
-		}
-		if equalJSON(nv.Egress, v.Egress) {
-			continue
-		}
-		if err := store.PutJSON(ctx, c.store, intent.VMsPrefix+nv.FullName(), nv); err != nil {
+		if _, err := c.putVM(ctx, intent.VMsPrefix+v.FullName(), v, f.Egress); err != nil {
 			return f, err
 		}
 	}
 	return f, nil
 }
 
-// withEgress is v as its farm's egress setting eg wants it on v.Host: no
-// slice when off; its slice kept while it has the size asked for on this
-// host; else a free one of the host's address (lease.FreeSlice). Called
-// with c.mu held, so two VMs' slices are never decided at once.
-func (c *Controller) withEgress(ctx context.Context, v intent.VM, eg *intent.FarmEgress) (intent.VM, error) {
+// putVM writes v under key with the egress eg wants for it on v.Host
+// (withEgress), decided in the host's lease space and written in one
+// transaction with the claim of its slice (writeLeases). A VM whose
+// record would not change is not written.
+func (c *Controller) putVM(ctx context.Context, key string, v intent.VM, eg *intent.FarmEgress) (intent.VM, error) {
+	out := v
+	err := c.writeLeases(ctx, v.Host, "vm "+v.FullName(), func(ls *leaseSpace) ([]store.Op, bool, error) {
+		had, claimed := ls.claims[v.FullName()]
+		nv, err := c.withEgress(ctx, ls, v, eg)
+		if err != nil {
+			return nil, false, err
+		}
+		out = nv
+		now, claims := ls.claims[v.FullName()]
+		takes := claimed != claims || had != now
+		if !takes && c.unchanged(ctx, key, nv) {
+			return nil, false, nil
+		}
+		b, err := json.Marshal(nv)
+		if err != nil {
+			return nil, false, fmt.Errorf("encode vm %s: %w", nv.FullName(), err)
+		}
+		return []store.Op{{Key: key, Value: b}}, takes, nil
+	})
+	return out, err
+}
+
+// unchanged reports whether key holds v already.
+func (c *Controller) unchanged(ctx context.Context, key string, v intent.VM) bool {
+	var have intent.VM
+	return store.GetJSON(ctx, c.store, key, &have) == nil && equalJSON(have, v)
+}
+
+// checkEgressRoom refuses v when its host has no room for the slice eg
+// wants for it, before anything of v is written.
+func (c *Controller) checkEgressRoom(ctx context.Context, v intent.VM, eg *intent.FarmEgress) error {
+	if eg == nil {
+		return nil
+	}
+	ls, _, err := c.readLeases(ctx, v.Host)
+	if err != nil {
+		return err
+	}
+	_, err = c.withEgress(ctx, ls, v, eg)
+	return err
+}
+
+// withEgress is v as its farm's egress setting eg wants it in ls, its
+// host's lease space, whose claims it changes to match: no slice when off;
+// its slice kept while it has the size asked for and nobody else holds
+// any of it; else a free one of the host's address (lease.FreeSlice).
+func (c *Controller) withEgress(ctx context.Context, ls *leaseSpace, v intent.VM, eg *intent.FarmEgress) (intent.VM, error) {
+	name := v.FullName()
 	if eg == nil {
 		v.Egress = nil
+		delete(ls.claims, name)
 		return v, nil
-	}
-	if v.Egress != nil && v.Egress.Slice.Hi-v.Egress.Slice.Lo+1 == eg.Slice {
-		v.Egress = &intent.VMEgress{Slice: v.Egress.Slice, To: append([]string(nil), eg.To...)}
-		return v, nil
-	}
-	taken, err := c.hostLeases(ctx, v.Host, v.FullName())
-	if err != nil {
-		return v, err
 	}
 	node, err := c.node(ctx, v.Host)
 	if err != nil {
 		return v, err
 	}
 	lo, hi := lease.Ephemeral(node)
-	sl, err := lease.FreeSlice(0, eg.Slice, taken, lo, hi)
+	if v.Egress != nil && v.Egress.Slice.Hi-v.Egress.Slice.Lo+1 == eg.Slice &&
+		lease.Overlap(v.Host, "egress slice of "+name, []intent.Lease{v.Egress.Slice}, append(ls.slivers, ls.holders(name)...), lo, hi) == nil {
+		v.Egress = &intent.VMEgress{Slice: v.Egress.Slice, To: append([]string(nil), eg.To...)}
+		ls.claims[name] = v.Egress.Slice
+		return v, nil
+	}
+	sl, err := lease.FreeSlice(0, eg.Slice, ls.taken(name), lo, hi)
 	if err != nil {
-		return v, full("egress", fmt.Errorf("vm %s on host %s: %w", v.FullName(), v.Host, err))
+		return v, full("egress", fmt.Errorf("vm %s on host %s: %w", name, v.Host, err))
 	}
 	v.Egress = &intent.VMEgress{Slice: sl, To: append([]string(nil), eg.To...)}
+	ls.claims[name] = sl
 	return v, nil
-}
-
-// hostLeases is every lease of host's address but vm's own: its slivers'
-// leases and its other VMs' egress slices (one lease space per address).
-func (c *Controller) hostLeases(ctx context.Context, host, vm string) ([]intent.Lease, error) {
-	var taken []intent.Lease
-	slivers, err := c.hostSlivers(ctx, host)
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range slivers {
-		taken = append(taken, s.Leases...)
-	}
-	for _, s := range c.hostSlices(ctx, host, vm) {
-		taken = append(taken, s.Leases...)
-	}
-	return taken, nil
-}
-
-// hostSlices are the egress slices of host's VMs but except's, each as a
-// holder of leases named "egress slice of FARM/SUBNET/VM": what a sliver's
-// lease is checked against beside other slivers (lease.Overlap).
-func (c *Controller) hostSlices(ctx context.Context, host, except string) []intent.Sliver {
-	var out []intent.Sliver
-	_ = c.view(ctx, func(m *model) error {
-		for full := range m.onHost[host] {
-			v := m.vms[full]
-			if full == except || v.Egress == nil {
-				continue
-			}
-			out = append(out, intent.Sliver{Host: host, Name: "egress slice of " + full, Leases: []intent.Lease{v.Egress.Slice}})
-		}
-		return nil
-	})
-	return out
 }
 
 // hostSlivers lists host's slivers from the store.

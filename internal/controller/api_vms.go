@@ -131,13 +131,13 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 	if err != nil {
 		return v, err
 	}
-	if v, err = c.withEgress(ctx, v, f.Egress); err != nil {
+	if err := c.checkEgressRoom(ctx, v, f.Egress); err != nil {
 		return v, err
 	}
 	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
 		return v, err
 	}
-	return v, store.PutJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), v)
+	return c.putVM(ctx, intent.VMsPrefix+v.FullName(), v, f.Egress)
 }
 
 // checkRoom refuses one more VM on a host whose datapath is full
