@@ -28,13 +28,104 @@ func (c *Controller) egressRoutes(mux *router) {
 			reply(w, http.StatusOK, f, err)
 		}
 	})
+	mux.HandleFunc("PUT /v1/farms/{farm}/subnets/{subnet}/egress", func(w http.ResponseWriter, r *http.Request) {
+		if err := checkPath(r, "farm", "subnet"); err != nil {
+			reply(w, 0, nil, err)
+			return
+		}
+		var in egressspec.Setting
+		if decode(w, r, &in) {
+			s, err := c.SetSubnetEgress(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), &in)
+			reply(w, http.StatusOK, s, err)
+		}
+	})
+	mux.HandleFunc("DELETE /v1/farms/{farm}/subnets/{subnet}/egress", func(w http.ResponseWriter, r *http.Request) {
+		if err := checkPath(r, "farm", "subnet"); err != nil {
+			reply(w, 0, nil, err)
+			return
+		}
+		s, err := c.SetSubnetEgress(r.Context(), r.PathValue("farm"), r.PathValue("subnet"), nil)
+		reply(w, http.StatusOK, s, err)
+	})
+}
+
+// SetSubnetEgress gives subnet farm/name its own egress setting, which
+// overrides its farm's (nil: none, the farm's applies again), and gives or
+// takes back its VMs' slices as SetFarmEgress does.
+func (c *Controller) SetSubnetEgress(ctx context.Context, farm, name string, s *egressspec.Setting) (intent.Subnet, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sub, err := c.getSubnet(ctx, farm, name)
+	if err != nil {
+		return sub, err
+	}
+	sub.Egress = nil
+	if s != nil {
+		if sub.Egress, err = egressspec.Subnet(*s); err != nil {
+			return sub, fieldErr("egress", err)
+		}
+	}
+	if err := store.PutJSON(ctx, c.store, intent.SubnetKey(farm, name), sub); err != nil {
+		return sub, err
+	}
+	return sub, c.followEgress(ctx, farm, name)
+}
+
+// egressOf is the egress farm's subnet's VMs get (intent.EffectiveEgress).
+func (c *Controller) egressOf(ctx context.Context, farm, subnet string) (*intent.FarmEgress, error) {
+	f, err := c.getFarm(ctx, farm)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := c.getSubnet(ctx, farm, subnet)
+	if err != nil {
+		return nil, err
+	}
+	return intent.EffectiveEgress(f.Egress, sub.Egress), nil
+}
+
+// followEgress gives farm's VMs (only subnet's, unless "") the slices
+// their subnet's effective setting wants, or takes them back. A VM whose
+// host has no room for its slice fails the whole change, naming it; VMs
+// changed before it keep what they got, and the same call again finishes
+// the rest. c.mu is held.
+func (c *Controller) followEgress(ctx context.Context, farm, subnet string) error {
+	f, err := c.getFarm(ctx, farm)
+	if err != nil {
+		return err
+	}
+	subs, _, err := store.ListJSON[intent.Subnet](ctx, c.store, intent.SubnetsPrefix+farm+"/")
+	if err != nil {
+		return err
+	}
+	own := map[string]*intent.SubnetEgress{}
+	for _, s := range subs {
+		own[s.Name] = s.Egress
+	}
+	var vms []intent.VM
+	if err := c.view(ctx, func(m *model) error {
+		for _, v := range m.vms {
+			if v.Farm == farm && (subnet == "" || v.Subnet == subnet) {
+				vms = append(vms, v)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	sort.Slice(vms, func(i, j int) bool { return vms[i].FullName() < vms[j].FullName() })
+	for _, v := range vms {
+		if _, err := c.putVM(ctx, intent.VMsPrefix+v.FullName(), v, intent.EffectiveEgress(f.Egress, own[v.Subnet])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SetFarmEgress turns farm's egress on (with its destinations and slice
 // size) or off, and gives each of its VMs a slice of its host's address,
-// or takes it back. A VM whose host has no room for its slice fails the
-// whole change, naming it; VMs changed before it keep what they got, and
-// the same call again finishes the rest.
+// or takes it back (followEgress), but in a subnet whose own setting
+// overrides the farm's (SetSubnetEgress).
 func (c *Controller) SetFarmEgress(ctx context.Context, farm string, s egressspec.Setting) (intent.Farm, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -50,24 +141,7 @@ func (c *Controller) SetFarmEgress(ctx context.Context, farm string, s egressspe
 	if err := store.PutJSON(ctx, c.store, intent.FarmsPrefix+farm, f); err != nil {
 		return f, err
 	}
-	var vms []intent.VM
-	if err := c.view(ctx, func(m *model) error {
-		for _, v := range m.vms {
-			if v.Farm == farm {
-				vms = append(vms, v)
-			}
-		}
-		return nil
-	}); err != nil {
-		return f, err
-	}
-	sort.Slice(vms, func(i, j int) bool { return vms[i].FullName() < vms[j].FullName() })
-	for _, v := range vms {
-		if _, err := c.putVM(ctx, intent.VMsPrefix+v.FullName(), v, f.Egress); err != nil {
-			return f, err
-		}
-	}
-	return f, nil
+	return f, c.followEgress(ctx, farm, "")
 }
 
 // putVM writes v under key with the egress eg wants for it on v.Host

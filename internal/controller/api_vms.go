@@ -127,17 +127,17 @@ func (c *Controller) CreateVMWithInterface(ctx context.Context, farm, subnet, na
 	}
 	v := intent.NewVM(farm, subnet, name, host, ip)
 	v.Interface = iface
-	f, err := c.getFarm(ctx, farm)
+	eg, err := c.egressOf(ctx, farm, subnet)
 	if err != nil {
 		return v, err
 	}
-	if err := c.checkEgressRoom(ctx, v, f.Egress); err != nil {
+	if err := c.checkEgressRoom(ctx, v, eg); err != nil {
 		return v, err
 	}
 	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
 		return v, err
 	}
-	return c.putVM(ctx, intent.VMsPrefix+v.FullName(), v, f.Egress)
+	return c.putVM(ctx, intent.VMsPrefix+v.FullName(), v, eg)
 }
 
 // checkRoom refuses one more VM on a host whose datapath is full

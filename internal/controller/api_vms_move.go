@@ -91,11 +91,11 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	if host == v.Host {
 		moved.Egress = v.Egress // a slice of the same host's address it may keep
 	}
-	f, err := c.getFarm(ctx, tf)
+	eg, err := c.egressOf(ctx, tf, ts)
 	if err != nil {
 		return v, err
 	}
-	if err := c.checkEgressRoom(ctx, moved, f.Egress); err != nil {
+	if err := c.checkEgressRoom(ctx, moved, eg); err != nil {
 		return v, err
 	}
 	if err := c.saveAlloc(ctx, a, v.Farm+"/"+v.Subnet, tf+"/"+ts); err != nil {
@@ -107,7 +107,7 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	if err := c.store.Delete(ctx, key); err != nil {
 		return v, err
 	}
-	if moved, err = c.putVM(ctx, intent.VMsPrefix+moved.FullName(), moved, f.Egress); err != nil {
+	if moved, err = c.putVM(ctx, intent.VMsPrefix+moved.FullName(), moved, eg); err != nil {
 		return v, err
 	}
 	c.log.Info("vm moved to another subnet", "vm", name, "from", v.Farm+"/"+v.Subnet, "to", moved.Farm+"/"+moved.Subnet,
@@ -130,15 +130,15 @@ func (c *Controller) moveHost(ctx context.Context, key string, v intent.VM, host
 	// A slice is a lease of the old host's address: the new host gives
 	// another (connections through the old one do not survive a move,
 	// docs/north-south.md).
-	f, err := c.getFarm(ctx, v.Farm)
+	eg, err := c.egressOf(ctx, v.Farm, v.Subnet)
 	if err != nil {
 		return v, err
 	}
 	v.Egress = nil
-	if err := c.checkEgressRoom(ctx, v, f.Egress); err != nil {
+	if err := c.checkEgressRoom(ctx, v, eg); err != nil {
 		return v, err
 	}
-	return c.putVM(ctx, key, v, f.Egress)
+	return c.putVM(ctx, key, v, eg)
 }
 
 // parseSubnetRef splits FARM/SUBNET, the body's subnet field.

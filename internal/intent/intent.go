@@ -159,6 +159,9 @@ type Subnet struct {
 	ID      uint16 `json:"id"`
 	Prefix  string `json:"prefix"`
 	Gateway string `json:"gateway"`
+	// Egress is the subnet's own egress setting, which overrides its
+	// farm's; nil: the farm's (EffectiveEgress).
+	Egress *SubnetEgress `json:"egress,omitempty"`
 }
 
 // VM is one guest with its allocated address and virtual MAC.
@@ -581,6 +584,26 @@ type FarmEgress struct {
 // on that host; a writer of the lease space drops the others.
 type LeaseSpace struct {
 	Slices map[string]Lease `json:"slices,omitempty"`
+}
+
+// SubnetEgress is a subnet's own egress setting: Off, whatever its farm's
+// is, or on, with To and Slice as a farm's are.
+type SubnetEgress struct {
+	Off   bool     `json:"off,omitempty"`
+	To    []string `json:"to,omitempty"`
+	Slice uint16   `json:"slice,omitempty"`
+}
+
+// EffectiveEgress is the egress a subnet's VMs get: the subnet's own
+// setting where it has one, else its farm's (nil: off).
+func EffectiveEgress(farm *FarmEgress, subnet *SubnetEgress) *FarmEgress {
+	switch {
+	case subnet == nil:
+		return farm
+	case subnet.Off:
+		return nil
+	}
+	return &FarmEgress{To: subnet.To, Slice: subnet.Slice}
 }
 
 // VMEgress is one VM's egress: its slice, a lease of its host's uplink
