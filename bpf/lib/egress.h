@@ -44,6 +44,7 @@
 #define EGRESS_REMOTE_FIRST 8 /* ... before the VM did: the remote end keeps TIME_WAIT */
 #define EGRESS_RST 16         /* either end sent a RST */
 #define EGRESS_NEW 32         /* (only in set) a SYN of the VM's: a new connection on the tuple */
+#define EGRESS_DONE 64        /* the remote closed first and has acked the VM's FIN */
 #define EGRESS_FRAG_OUT 1
 #define EGRESS_FRAG_IN 2
 
@@ -61,6 +62,14 @@
 #define EGRESS_TCP_HALF_CLOSED_NS (120 * EGRESS_SEC)
 #define EGRESS_TCP_CLOSED_NS (2 * EGRESS_SEC)
 #define EGRESS_TCP_TIME_WAIT_NS (2 * EGRESS_SEC)
+/* Closed and done (EGRESS_DONE): the remote closed first, the VM then
+ * closed, and the remote's ACK of the VM's FIN has come back through the
+ * translation. The VM's socket is gone and the remote is in TIME_WAIT:
+ * nothing of the connection has to cross any more, so the port is free at
+ * once. (When the VM closed first the remote sits in LAST_ACK until the
+ * VM's last ACK reaches it, and its FIN, resent if that ACK is lost, must
+ * still reach the VM: that case keeps EGRESS_TCP_CLOSED_NS.) */
+#define EGRESS_TCP_DONE_NS 0
 #define EGRESS_UDP_NS (30 * EGRESS_SEC)
 #define EGRESS_UDP_REPLIED_NS (120 * EGRESS_SEC)
 #define EGRESS_ICMP_NS (30 * EGRESS_SEC)
@@ -78,6 +87,8 @@ static __always_inline struct egress_counters *egress_counters_of(__u32 slot)
 static __always_inline __u64 egress_timeout(__u8 proto, __u32 flags)
 {
 	if (proto == IPPROTO_TCP_) {
+		if (flags & EGRESS_DONE)
+			return EGRESS_TCP_DONE_NS;
 		if (flags & EGRESS_RST)
 			return EGRESS_TCP_CLOSED_NS;
 		if ((flags & (EGRESS_FIN_OUT | EGRESS_FIN_IN)) == (EGRESS_FIN_OUT | EGRESS_FIN_IN))
@@ -109,6 +120,8 @@ static __always_inline void egress_touch(struct egress_map *m, __u8 proto, __u32
 	f |= set & ~EGRESS_NEW;
 	if (f != m->flags)
 		m->flags = f;
+	if ((set & EGRESS_NEW) && m->fin_end)
+		m->fin_end = 0;
 	m->expires_ns = now + egress_timeout(proto, f);
 }
 
@@ -132,10 +145,29 @@ static __always_inline int egress_take(struct egress_map *m, const struct egress
 		m->vm_port = k->vm_port;
 		m->remote_port = k->remote_port;
 		m->flags = 0;
+		m->fin_end = 0;
 		taken = 1;
 	}
 	bpf_spin_unlock(&m->lock);
 	return taken;
+}
+
+/* The VM's FIN on port (of its slice, host order): remembers the sequence
+ * number just past it, which the remote's last ACK acknowledges. */
+static __always_inline void egress_note_fin(struct iphdr *ip, struct packet *pkt, __u32 uplink, __u16 port)
+{
+	__u32 ihl = (ip->ihl & 0xf) * 4;
+	struct tcphdr_min {
+		__be16 sport, dport;
+		__be32 seq, ack;
+		__u8 doff, flags;
+	} *th = (void *)ip + ihl;
+	if ((void *)(th + 1) > pkt->data_end)
+		return;
+	__u32 idx = egress_index(IPPROTO_TCP_, uplink, port);
+	struct egress_map *m = bpf_map_lookup_elem(&egress_state, &idx);
+	if (m)
+		m->fin_end = bpf_ntohl(th->seq) + bpf_ntohs(ip->tot_len) - ihl - (th->doff >> 4) * 4 + 1;
 }
 
 /* The port of vm's slice flow k leaves by (host order), found or claimed:
@@ -322,6 +354,8 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 			c->refused += 1;
 		return drop_packet(skb, pkt, DROP_EGRESS_SLICE_FULL);
 	}
+	if (set & EGRESS_FIN_OUT)
+		egress_note_fin(ip, pkt, vm->uplink, port);
 	if (ip->frag_off & bpf_htons(IP_MF)) {
 		struct egress_frag_key fk = {.remote = remote, .addr = vm_addr, .id = id, .proto = proto, .dir = EGRESS_FRAG_OUT};
 		struct egress_frag f = {.when_ns = now, .slot = slot};
@@ -489,6 +523,7 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 	__be16 remote_port = p.sport;
 	__u32 port_off = l4_off + 2;
 	__u32 set = EGRESS_REPLIED;
+	__u64 ack = ~0ULL; /* a TCP ACK's number, if the packet has one */
 	if (proto == IPPROTO_ICMP_) {
 		if (is_icmp_error(p.icmp_type))
 			return egress_error_in(skb, pkt, a, l4_off, now, verdict);
@@ -507,6 +542,9 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 				set |= EGRESS_FIN_IN;
 			if (*fl & TCP_FLAG_RST)
 				set |= EGRESS_RST;
+			__be32 *ackp = (void *)(fl - 5);
+			if ((*fl & TCP_FLAG_ACK) && (void *)(ackp + 1) <= pkt->data_end)
+				ack = bpf_ntohl(*ackp);
 		}
 	} else {
 		return EGRESS_PASS;
@@ -524,6 +562,11 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 		}
 		return EGRESS_PASS;
 	}
+	/* 0: the VM's FIN is not noted yet (another CPU is between the claim
+	 * and egress_note_fin), so nothing is done before it is. */
+	if (ack != ~0ULL && m->fin_end && (m->flags & (EGRESS_FIN_OUT | EGRESS_REMOTE_FIRST)) == (EGRESS_FIN_OUT | EGRESS_REMOTE_FIRST) &&
+	    (__s32)((__u32)ack - m->fin_end) >= 0)
+		set |= EGRESS_DONE;
 	egress_touch(m, proto, set, now);
 	__be32 vm_addr = m->vm_addr;
 	__be16 vm_port = m->vm_port;

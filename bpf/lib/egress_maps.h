@@ -85,7 +85,7 @@ struct egress_map {
 	__be32 remote;
 	__be16 vm_port;
 	__be16 remote_port;
-	__u32 _pad;
+	__u32 fin_end; /* the sequence number just past the VM's FIN (host order) */
 };
 
 /* The VM's own 5-tuple, to the port its flow holds (host order). */

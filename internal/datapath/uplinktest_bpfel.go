@@ -94,7 +94,7 @@ type uplinkTestEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type uplinkTestEgressOwner struct {

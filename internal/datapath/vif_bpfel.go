@@ -154,7 +154,7 @@ type vifEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type vifEgressOwner struct {

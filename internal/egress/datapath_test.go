@@ -387,3 +387,91 @@ func TestPrivilegedEgressPortsOfExpiredFlowsAreTakenAgain(t *testing.T) {
 		}
 	}
 }
+
+// tcpSeg is f's bytes as a TCP segment with flags, seq and ack of its own
+// (bpftest frames are SYNs) and no payload. The checksum is left stale: the
+// programs patch it by difference and never check it.
+func tcpSeg(t *testing.T, f bpftest.Frame, flags byte, seq, ack uint32) []byte {
+	t.Helper()
+	f.Proto, f.Payload = layers.IPProtocolTCP, []byte{}
+	b := f.Bytes(t)
+	const th = 14 + 20
+	binary.BigEndian.PutUint32(b[th+4:], seq)
+	binary.BigEndian.PutUint32(b[th+8:], ack)
+	b[th+13] = flags
+	return b
+}
+
+// A port whose connection the remote closed first (as an HTTP server
+// does) is free as soon as the remote's ACK of the VM's FIN comes back, not
+// 2 s later: the VM's socket is gone and the remote keeps TIME_WAIT, so
+// nothing of it crosses again. An ACK short of the FIN frees nothing; a
+// connection the VM closed first keeps its port for the hold, since the
+// remote's FIN may yet be sent again.
+func TestPrivilegedEgressPortIsFreeOnceTheRemoteThatClosedFirstAcksTheVMsFIN(t *testing.T) {
+	const (
+		fin = 0x01
+		syn = 0x02
+		ack = 0x10
+	)
+	h := loadEgressHost(t, egressDesired())
+	vif, up := h.k.VifProgram(), h.k.UplinkProgram()
+	out := func(sport uint16, flags byte, seq, ackn uint32) bpftest.Result {
+		return bpftest.Run(t, vif, tcpSeg(t, fromVM(vmA, bpftest.Frame{Daddr: inet, Sport: sport, Dport: 80}), flags, seq, ackn))
+	}
+	in := func(port uint16, flags byte, seq, ackn uint32) bpftest.Result {
+		return bpftest.Run(t, up, tcpSeg(t, bpftest.Frame{Src: inetMAC, Dst: h1MAC, Saddr: inet, Daddr: hostAddr, Sport: 80, Dport: port}, flags, seq, ackn))
+	}
+	ports := map[uint16]uint16{}
+	for sport := uint16(40000); sport < 40004; sport++ {
+		r := out(sport, syn, 99, 0)
+		if r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("flow %d: verdict %d", sport, r.Verdict)
+		}
+		ports[sport] = l4Word(r.Out, 0)
+		if r := in(ports[sport], syn|ack, 4999, 100); r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("SYN-ACK to port %d: verdict %d, want it into a", ports[sport], r.Verdict)
+		}
+	}
+	probe := uint16(40200) // each probe a flow of its own: a flow keeps its port
+	full := func(when string) {
+		t.Helper()
+		probe++
+		if r := out(probe, syn, 99, 0); r.Verdict != bpftest.ActShot {
+			t.Fatalf("%s: a new flow took port %d of a's full slice, want it refused", when, l4Word(r.Out, 0))
+		}
+	}
+	full("four live connections")
+
+	// 40000: the remote closes first; a acks its FIN and sends its own.
+	p := ports[40000]
+	for _, step := range []struct {
+		what string
+		r    bpftest.Result
+	}{
+		{"the remote's FIN", in(p, fin|ack, 5000, 100)},
+		{"a's ACK of it", out(40000, ack, 100, 5001)},
+		{"a's FIN", out(40000, fin|ack, 100, 5001)},
+		{"an ACK short of a's FIN", in(p, ack, 5001, 100)},
+	} {
+		if step.r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("%s: verdict %d, want it through", step.what, step.r.Verdict)
+		}
+	}
+	full("an ACK short of a's FIN")
+	// 40001: a closes first; the remote's FIN and a's last ACK follow.
+	q := ports[40001]
+	out(40001, fin|ack, 100, 5000)
+	in(q, fin|ack, 5000, 101)
+	out(40001, ack, 101, 5001)
+	full("a closed first, its last ACK sent")
+
+	if r := in(p, ack, 5001, 101); r.Verdict != bpftest.ActRedirect {
+		t.Fatalf("the remote's ACK of a's FIN: verdict %d, want it into a", r.Verdict)
+	}
+	r := out(40100, syn, 99, 0)
+	if r.Verdict != bpftest.ActRedirect || l4Word(r.Out, 0) != p {
+		t.Fatalf("a new flow after the remote acked a's FIN: verdict %d, port %d, want port %d at once", r.Verdict, l4Word(r.Out, 0), p)
+	}
+	full("the freed port taken again")
+}

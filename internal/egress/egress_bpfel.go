@@ -76,7 +76,7 @@ type egressEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type egressEgressOwner struct {
