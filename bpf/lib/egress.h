@@ -273,6 +273,19 @@ static __always_inline int egress_send(struct __sk_buff *skb, const struct egres
 	return redirect_neigh(vm->uplink_ifindex);
 }
 
+/* A VM's packet out whose TTL its gateway hop ends: answered as a router
+ * would, with time exceeded from its gateway (traceroute's first hop), as
+ * vif.c answers a routed one; dropped as ttl_exceeded if it cannot be. */
+static __always_inline int egress_ttl_exceeded(struct __sk_buff *skb, const struct vif_info *vif)
+{
+	if (make_time_exceeded(skb, vif->mac) == 0) {
+		count_forward(FWD_GATEWAY_REPLY);
+		return reply_to_vif(skb, skb->ifindex, vif->kind);
+	}
+	struct packet rebuilt = {}; /* the frame may be half rebuilt: log no headers */
+	return drop_packet(skb, &rebuilt, DROP_TTL_EXCEEDED);
+}
+
 /* A VM's packet to an address outside the tenant space. */
 static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt, const struct vif_info *vif,
 				      __u32 epoch)
@@ -310,9 +323,8 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 		struct egress_frag *f = bpf_map_lookup_elem(&egress_frags, &fk);
 		if (!f || f->slot != slot || now - f->when_ns >= FRAG_LIFETIME_NS)
 			return drop_packet(skb, pkt, DROP_FRAG_NO_FIRST);
-		int r = take_gateway_hop(ip);
-		if (r)
-			return drop_packet(skb, pkt, r);
+		if (take_gateway_hop(ip))
+			return egress_ttl_exceeded(skb, vif);
 		egress_rewrite(skb, proto, ETH_HLEN + 12, vm_addr, vm->host_addr, 0, 0, 0, 0);
 		return egress_send(skb, vm, c);
 	}
@@ -345,9 +357,8 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 		if (!firewall_allows(vm_addr, FW_SIDE(FW_OUT, policy_gen(epoch)), remote, proto, fw_port))
 			return drop_packet(skb, pkt, DROP_FIREWALL_OUT);
 	}
-	int r = take_gateway_hop(ip);
-	if (r)
-		return drop_packet(skb, pkt, r);
+	if (take_gateway_hop(ip))
+		return egress_ttl_exceeded(skb, vif);
 	__u16 port = egress_port_for(&k, vm, slot, now, set, c);
 	if (!port) {
 		if (c)
@@ -452,6 +463,10 @@ static __always_inline int egress_error_in(struct __sk_buff *skb, struct packet 
 	 * bytes quoted): put back as the VM sent it, 0 (none) kept. */
 	__u32 ucsum_off = q.l4_off + 6;
 	__be16 old_ucsum = proto == IPPROTO_UDP_ ? *(__be16 *)(q.l4 + 6) : 0;
+	/* A quoted echo request's checksum covers its id: put back as the
+	 * VM's was, with its id. */
+	__u32 qcsum_off = q.l4_off + 2;
+	__be16 old_qcsum = proto == IPPROTO_ICMP_ ? *(__be16 *)(q.l4 + 2) : 0;
 	if (take_gateway_hop(pkt->ip)) {
 		*verdict = drop_packet(skb, pkt, DROP_TTL_EXCEEDED);
 		return EGRESS_TAKEN;
@@ -475,6 +490,11 @@ static __always_inline int egress_error_in(struct __sk_buff *skb, struct packet 
 	if (port != vm_port) {
 		bpf_l4_csum_replace(skb, icmp_csum, port, vm_port, 2);
 		bpf_skb_store_bytes(skb, port_off, &vm_port, 2, 0);
+		if (proto == IPPROTO_ICMP_) {
+			__be16 qc = csum_replace16(old_qcsum, port, vm_port);
+			bpf_l4_csum_replace(skb, icmp_csum, old_qcsum, qc, 2);
+			bpf_skb_store_bytes(skb, qcsum_off, &qc, 2, 0);
+		}
 	}
 	bpf_l3_csum_replace(skb, ETH_HLEN + 10, host, vm_addr, 4);
 	bpf_skb_store_bytes(skb, ETH_HLEN + 16, &vm_addr, 4, 0);

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
 	"github.com/onehop/onehop/internal/bpftest"
@@ -274,6 +275,15 @@ func TestPrivilegedEgressTranslatesWithinEachVMsOwnSlice(t *testing.T) {
 			Out: inA(bpftest.Frame{Saddr: inet, Proto: icmp, ICMPType: 3, ICMPCode: 3,
 				Quote: &bpftest.Frame{Saddr: vmA, Daddr: inet, Proto: udp, Sport: 5000, Dport: 53, TTL: 63}}),
 			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectPeer, Counters: back},
+		{Name: "time exceeded about a's echo request reaches a, quoting a's own id, its checksum patched to match", Prog: up,
+			In: bpftest.Frame{Src: inetMAC, Dst: h1MAC, Saddr: inet, Daddr: hostAddr, Proto: icmp, ICMPType: 11,
+				Quote: &bpftest.Frame{Saddr: hostAddr, Daddr: inet, Proto: icmp, ICMPType: 8, ICMPID: pICMP, TTL: 63}}.Bytes(t),
+			Out: inA(bpftest.Frame{Saddr: inet, Proto: icmp, ICMPType: 11,
+				Quote: &bpftest.Frame{Saddr: vmA, Daddr: inet, Proto: icmp, ICMPType: 8, ICMPID: 77, TTL: 63}}),
+			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectPeer, Counters: back},
+		{Name: "a's packet out with TTL 1 is answered by its gateway with time exceeded, before a port is sought in its full slice", Prog: vif,
+			In: fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: tcp, Sport: 40011, Dport: 80, TTL: 1}).Bytes(t), Out: timeExceeded(t, fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: tcp, Sport: 40011, Dport: 80, TTL: 1})),
+			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectOut, Counters: bpftest.Counters{"forward gateway_reply": 1}},
 		{Name: "an error quoting a flow of the host's own is the host's", Prog: up,
 			In: bpftest.Frame{Src: inetMAC, Dst: h1MAC, Saddr: inet, Daddr: hostAddr, Proto: icmp, ICMPType: 3, ICMPCode: 3,
 				Quote: &bpftest.Frame{Saddr: hostAddr, Daddr: inet, Proto: udp, Sport: 40000, Dport: 53}}.Bytes(t),
@@ -474,4 +484,19 @@ func TestPrivilegedEgressPortIsFreeOnceTheRemoteThatClosedFirstAcksTheVMsFIN(t *
 		t.Fatalf("a new flow after the remote acked a's FIN: verdict %d, port %d, want port %d at once", r.Verdict, l4Word(r.Out, 0), p)
 	}
 	full("the freed port taken again")
+}
+
+// timeExceeded is what a router sends back about the expired frame in: from
+// the sender's gateway, quoting its IPv4 header and first 8 bytes after it.
+func timeExceeded(t *testing.T, in bpftest.Frame) []byte {
+	t.Helper()
+	b := in.Bytes(t)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		&layers.Ethernet{SrcMAC: vmac(gw), DstMAC: in.Src, EthernetType: layers.EthernetTypeIPv4},
+		&layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: gw.AsSlice(), DstIP: in.Saddr.AsSlice()},
+		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(11, 0)}, gopacket.Payload(b[14:14+20+8])); err != nil {
+		t.Fatalf("build time exceeded: %v", err)
+	}
+	return buf.Bytes()
 }
