@@ -18,9 +18,21 @@ import (
 // host's address ends with one holder at most, and every refusal names
 // the overlap or the room left.
 func TestConcurrentSliceAndSliverWritersNeverShareAPort(t *testing.T) {
+	testConcurrentLeaseWriters(t, store.NewMemory())
+}
+
+// The same on a real etcd: the lease space key's compare is one etcd
+// transaction with the record it guards.
+func TestConcurrentSliceAndSliverWritersOnEtcdNeverShareAPort(t *testing.T) {
+	testConcurrentLeaseWriters(t, embeddedEtcdStore(t))
+}
+
+func testConcurrentLeaseWriters(t *testing.T, s store.Store) {
+	t.Helper()
 	ctx := context.Background()
-	_, s := newController()
-	putHost(t, s, "h1")
+	if err := store.PutJSON(ctx, s, intent.HostsPrefix+"h1", intent.Host{Name: "h1"}); err != nil {
+		t.Fatal(err)
+	}
 	putNode(t, s, "h1", 1, 32768, 60999)
 	a, b := New(s, quietLog()), New(s, quietLog())
 	if _, err := a.CreateFarm(ctx, "blue", false); err != nil {
