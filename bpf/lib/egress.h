@@ -152,6 +152,28 @@ static __always_inline int egress_take(struct egress_map *m, const struct egress
 	return taken;
 }
 
+/* Records fk, a first fragment of slot's VM (either way), in the VM's own
+ * place for its IP id: the VM's record there before goes, so a VM holds at
+ * most EGRESS_FRAGS_PER_VM records and the table, sized for every VM's,
+ * never has to evict another VM's to take one. */
+static __always_inline void egress_frag_note(const struct egress_frag_key *fk, __u32 slot, __u64 now)
+{
+	__u32 at = (slot % EGRESS_MAX_VMS) * EGRESS_FRAGS_PER_VM + bpf_ntohs(fk->id) % EGRESS_FRAGS_PER_VM;
+	struct egress_frag_key *place = bpf_map_lookup_elem(&egress_frag_places, &at);
+	if (!place)
+		return;
+	struct egress_frag_key had = *place;
+	if (had.remote != fk->remote || had.addr != fk->addr || had.id != fk->id || had.proto != fk->proto ||
+	    had.dir != fk->dir) {
+		struct egress_frag *old = bpf_map_lookup_elem(&egress_frags, &had);
+		if (old && old->slot == slot)
+			bpf_map_delete_elem(&egress_frags, &had);
+		*place = *fk;
+	}
+	struct egress_frag f = {.when_ns = now, .slot = slot};
+	bpf_map_update_elem(&egress_frags, fk, &f, BPF_ANY);
+}
+
 /* The VM's FIN on port (of its slice, host order): remembers the sequence
  * number just past it, which the remote's last ACK acknowledges. */
 static __always_inline void egress_note_fin(struct iphdr *ip, struct packet *pkt, __u32 uplink, __u16 port)
@@ -369,8 +391,7 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 		egress_note_fin(ip, pkt, vm->uplink, port);
 	if (ip->frag_off & bpf_htons(IP_MF)) {
 		struct egress_frag_key fk = {.remote = remote, .addr = vm_addr, .id = id, .proto = proto, .dir = EGRESS_FRAG_OUT};
-		struct egress_frag f = {.when_ns = now, .slot = slot};
-		bpf_map_update_elem(&egress_frags, &fk, &f, BPF_ANY);
+		egress_frag_note(&fk, slot, now);
 	}
 	egress_rewrite(skb, proto, ETH_HLEN + 12, vm_addr, vm->host_addr, egress_csum_off(proto, l4_off), port_off,
 		       k.vm_port, bpf_htons(port));
@@ -592,8 +613,7 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 	__be16 vm_port = m->vm_port;
 	if (ip->frag_off & bpf_htons(IP_MF)) {
 		struct egress_frag_key fk = {.remote = remote, .addr = host, .id = id, .proto = proto, .dir = EGRESS_FRAG_IN};
-		struct egress_frag f = {.when_ns = now, .slot = slot};
-		bpf_map_update_elem(&egress_frags, &fk, &f, BPF_ANY);
+		egress_frag_note(&fk, slot, now);
 	}
 	if (take_gateway_hop(ip)) {
 		*verdict = drop_packet(skb, pkt, DROP_TTL_EXCEEDED);

@@ -446,6 +446,7 @@ const (
 	uplinkMapEgressAddrs          = "egress_addrs"
 	uplinkMapEgressCursors        = "egress_cursors"
 	uplinkMapEgressFlows          = "egress_flows"
+	uplinkMapEgressFragPlaces     = "egress_frag_places"
 	uplinkMapEgressFrags          = "egress_frags"
 	uplinkMapEgressPorts          = "egress_ports"
 	uplinkMapEgressSlots          = "egress_slots"
@@ -564,6 +565,7 @@ type uplinkMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
@@ -658,6 +660,7 @@ type uplinkMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
@@ -715,6 +718,7 @@ func (m *uplinkMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressSlots,

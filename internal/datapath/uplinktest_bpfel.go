@@ -453,6 +453,7 @@ const (
 	uplinkTestMapEgressAddrs          = "egress_addrs"
 	uplinkTestMapEgressCursors        = "egress_cursors"
 	uplinkTestMapEgressFlows          = "egress_flows"
+	uplinkTestMapEgressFragPlaces     = "egress_frag_places"
 	uplinkTestMapEgressFrags          = "egress_frags"
 	uplinkTestMapEgressPorts          = "egress_ports"
 	uplinkTestMapEgressSlots          = "egress_slots"
@@ -573,6 +574,7 @@ type uplinkTestMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
@@ -669,6 +671,7 @@ type uplinkTestMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
@@ -727,6 +730,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressSlots,

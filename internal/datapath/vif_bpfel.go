@@ -648,6 +648,7 @@ const (
 	vifMapEgressAddrs          = "egress_addrs"
 	vifMapEgressCursors        = "egress_cursors"
 	vifMapEgressFlows          = "egress_flows"
+	vifMapEgressFragPlaces     = "egress_frag_places"
 	vifMapEgressFrags          = "egress_frags"
 	vifMapEgressPorts          = "egress_ports"
 	vifMapEgressSlots          = "egress_slots"
@@ -783,6 +784,7 @@ type vifMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
@@ -890,6 +892,7 @@ type vifMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
@@ -948,6 +951,7 @@ func (m *vifMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressSlots,

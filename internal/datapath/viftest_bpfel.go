@@ -465,6 +465,7 @@ const (
 	vifTestMapEgressAddrs          = "egress_addrs"
 	vifTestMapEgressCursors        = "egress_cursors"
 	vifTestMapEgressFlows          = "egress_flows"
+	vifTestMapEgressFragPlaces     = "egress_frag_places"
 	vifTestMapEgressFrags          = "egress_frags"
 	vifTestMapEgressPorts          = "egress_ports"
 	vifTestMapEgressSlots          = "egress_slots"
@@ -602,6 +603,7 @@ type vifTestMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.MapSpec `ebpf:"egress_slots"`
@@ -711,6 +713,7 @@ type vifTestMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressSlots          *ebpf.Map `ebpf:"egress_slots"`
@@ -770,6 +773,7 @@ func (m *vifTestMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressSlots,

@@ -12,17 +12,20 @@ import (
 // The maps egress reconciles and those the datapath owns
 // (bpf/lib/egress_maps.h).
 const (
-	MapAddrs   = "egress_addrs"
-	MapPorts   = "egress_ports"
-	MapVMs     = "egress_vms"
-	MapSlots   = "egress_slots"
-	MapTo      = "egress_to"
-	MapState   = "egress_state"
-	MapFlows   = "egress_flows"
-	MapFrags   = "egress_frags"
-	MapStats   = "egress_stats"
-	MapCursors = "egress_cursors"
-	portsPerU  = 65536
+	MapAddrs = "egress_addrs"
+	MapPorts = "egress_ports"
+	MapVMs   = "egress_vms"
+	MapSlots = "egress_slots"
+	MapTo    = "egress_to"
+	MapState = "egress_state"
+	MapFlows = "egress_flows"
+	MapFrags = "egress_frags"
+	// MapFragPlaces holds each VM's fragment records' keys, 16 places a
+	// VM: its new record replaces its own older one, never another VM's.
+	MapFragPlaces = "egress_frag_places"
+	MapStats      = "egress_stats"
+	MapCursors    = "egress_cursors"
+	portsPerU     = 65536
 )
 
 // VM is one egress VM of the node, as the datapath holds it.

@@ -500,3 +500,67 @@ func timeExceeded(t *testing.T, in bpftest.Frame) []byte {
 	}
 	return buf.Bytes()
 }
+
+// One VM's fragments never push out another VM's fragment records: a VM
+// holds at most 16 (egress_frag_places), each new one replacing its own
+// older one, so a sends more first fragments than the whole table holds
+// and b's datagram, begun before, still has its later fragment steered.
+func TestPrivilegedEgressOneVMsFragmentsNeverPushOutAnotherVMs(t *testing.T) {
+	h := loadEgressHost(t, egressDesired())
+	vif := h.k.VifProgram()
+	udp, tcp := layers.IPProtocolUDP, layers.IPProtocolTCP
+	h.onLo(t, "b")
+	bFirst := fromVM(vmB, bpftest.Frame{Daddr: inet, Proto: udp, Sport: 7000, Dport: 9000, IPID: 4242, MoreFragments: true})
+	bLater := fromVM(vmB, bpftest.Frame{Daddr: inet, Proto: udp, IPID: 4242, FragOffset: 185})
+	if r := bpftest.Run(t, vif, bFirst.Bytes(t)); r.Verdict != bpftest.ActRedirect {
+		t.Fatalf("b's first fragment: verdict %d", r.Verdict)
+	}
+
+	h.onLo(t, "a")
+	const tcpIDs = 2000 // past 65,536 UDP ids: more datagrams than egress_frags holds
+	sent := 0
+	for _, c := range []struct {
+		proto layers.IPProtocol
+		ids   int
+	}{{udp, 65536}, {tcp, tcpIDs}} {
+		in := fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: c.proto, Sport: 6000, Dport: 9000, MoreFragments: true}).Bytes(t)
+		out := make([]byte, len(in)+64)
+		for id := 0; id < c.ids; id++ {
+			binary.BigEndian.PutUint16(in[14+4:], uint16(id)) // the IPv4 id; its checksum is patched, never checked
+			// Run by hand, not bpftest.Run: tens of thousands of runs, and
+			// only the verdict is wanted.
+			ret, err := vif.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+			if err != nil || ret != uint32(bpftest.ActRedirect) {
+				t.Fatalf("a's first fragment %d (%s): verdict %d, %v", id, c.proto, ret, err)
+			}
+			sent++
+		}
+	}
+	frags, err := h.k.Map(MapFrags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	var k, next [12]byte
+	for err := frags.NextKey(nil, &next); err == nil; err = frags.NextKey(k, &next) {
+		k = next
+		held++
+	}
+	if held != 17 {
+		t.Errorf("egress_frags holds %d records after a's %d first fragments and b's one: want a's 16 and b's", held, sent)
+	}
+	aLater := func(proto layers.IPProtocol, id uint16) []byte {
+		return fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: proto, IPID: id, FragOffset: 185}).Bytes(t)
+	}
+	if r := bpftest.Run(t, vif, aLater(tcp, tcpIDs-1)); r.Verdict != bpftest.ActRedirect {
+		t.Errorf("a's latest datagram's later fragment: verdict %d, want it steered", r.Verdict)
+	}
+	if r := bpftest.Run(t, vif, aLater(udp, 0)); r.Verdict != bpftest.ActShot {
+		t.Errorf("a's first datagram's later fragment, its record replaced by a's own later ones: verdict %d, want dropped", r.Verdict)
+	}
+
+	h.onLo(t, "b")
+	if r := bpftest.Run(t, vif, bLater.Bytes(t)); r.Verdict != bpftest.ActRedirect {
+		t.Fatalf("b's later fragment after a's %d first fragments: verdict %d, want it steered (b's record kept)", sent, r.Verdict)
+	}
+}

@@ -116,6 +116,7 @@ const (
 	egressMapEgressAddrs         = "egress_addrs"
 	egressMapEgressCursors       = "egress_cursors"
 	egressMapEgressFlows         = "egress_flows"
+	egressMapEgressFragPlaces    = "egress_frag_places"
 	egressMapEgressFrags         = "egress_frags"
 	egressMapEgressPorts         = "egress_ports"
 	egressMapEgressSlots         = "egress_slots"
@@ -175,16 +176,17 @@ type egressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressMapSpecs struct {
-	EgressAddrs   *ebpf.MapSpec `ebpf:"egress_addrs"`
-	EgressCursors *ebpf.MapSpec `ebpf:"egress_cursors"`
-	EgressFlows   *ebpf.MapSpec `ebpf:"egress_flows"`
-	EgressFrags   *ebpf.MapSpec `ebpf:"egress_frags"`
-	EgressPorts   *ebpf.MapSpec `ebpf:"egress_ports"`
-	EgressSlots   *ebpf.MapSpec `ebpf:"egress_slots"`
-	EgressState   *ebpf.MapSpec `ebpf:"egress_state"`
-	EgressStats   *ebpf.MapSpec `ebpf:"egress_stats"`
-	EgressTo      *ebpf.MapSpec `ebpf:"egress_to"`
-	EgressVms     *ebpf.MapSpec `ebpf:"egress_vms"`
+	EgressAddrs      *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors    *ebpf.MapSpec `ebpf:"egress_cursors"`
+	EgressFlows      *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces *ebpf.MapSpec `ebpf:"egress_frag_places"`
+	EgressFrags      *ebpf.MapSpec `ebpf:"egress_frags"`
+	EgressPorts      *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressSlots      *ebpf.MapSpec `ebpf:"egress_slots"`
+	EgressState      *ebpf.MapSpec `ebpf:"egress_state"`
+	EgressStats      *ebpf.MapSpec `ebpf:"egress_stats"`
+	EgressTo         *ebpf.MapSpec `ebpf:"egress_to"`
+	EgressVms        *ebpf.MapSpec `ebpf:"egress_vms"`
 }
 
 // egressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -215,16 +217,17 @@ func (o *egressObjects) Close() error {
 //
 // It can be passed to loadEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressMaps struct {
-	EgressAddrs   *ebpf.Map `ebpf:"egress_addrs"`
-	EgressCursors *ebpf.Map `ebpf:"egress_cursors"`
-	EgressFlows   *ebpf.Map `ebpf:"egress_flows"`
-	EgressFrags   *ebpf.Map `ebpf:"egress_frags"`
-	EgressPorts   *ebpf.Map `ebpf:"egress_ports"`
-	EgressSlots   *ebpf.Map `ebpf:"egress_slots"`
-	EgressState   *ebpf.Map `ebpf:"egress_state"`
-	EgressStats   *ebpf.Map `ebpf:"egress_stats"`
-	EgressTo      *ebpf.Map `ebpf:"egress_to"`
-	EgressVms     *ebpf.Map `ebpf:"egress_vms"`
+	EgressAddrs      *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors    *ebpf.Map `ebpf:"egress_cursors"`
+	EgressFlows      *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces *ebpf.Map `ebpf:"egress_frag_places"`
+	EgressFrags      *ebpf.Map `ebpf:"egress_frags"`
+	EgressPorts      *ebpf.Map `ebpf:"egress_ports"`
+	EgressSlots      *ebpf.Map `ebpf:"egress_slots"`
+	EgressState      *ebpf.Map `ebpf:"egress_state"`
+	EgressStats      *ebpf.Map `ebpf:"egress_stats"`
+	EgressTo         *ebpf.Map `ebpf:"egress_to"`
+	EgressVms        *ebpf.Map `ebpf:"egress_vms"`
 }
 
 func (m *egressMaps) Close() error {
@@ -232,6 +235,7 @@ func (m *egressMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressSlots,
