@@ -24,7 +24,7 @@ func TestConcurrentSliceAndSliverWritersNeverShareAPort(t *testing.T) {
 // The same on a real etcd: the lease space key's compare is one etcd
 // transaction with the record it guards.
 func TestConcurrentSliceAndSliverWritersOnEtcdNeverShareAPort(t *testing.T) {
-	testConcurrentLeaseWriters(t, embeddedEtcdStore(t))
+	testConcurrentLeaseWriters(t, embeddedStore(t, EtcdOptions{}))
 }
 
 func testConcurrentLeaseWriters(t *testing.T, s store.Store) {
