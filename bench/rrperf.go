@@ -9,12 +9,19 @@ package main
 //	rrperf -s -p PORT                   echo server: every connection, every byte back
 //	rrperf -mode rr  -c HOST -p PORT -t SECS   transactions/s on one connection (1 B each way, like TCP_RR)
 //	rrperf -mode crr -c HOST -p PORT -t SECS   connections/s, each connect, 1 B each way, close (TCP_CRR)
+//	rrperf -s -close-first -p PORT      server that answers once and closes (as an HTTP server does)
+//	rrperf -mode cps -c HOST -p PORT -t SECS   connections/s against it: connect, 1 B each way, the
+//	                                           server's FIN, close; a failed one is counted, not an end
 //	rrperf -mode hold -c HOST -p PORT -n N     opens N connections and keeps them; on stdin
 //	                                           "check" echoes 1 B on each, "quit" ends
 //
-// rr and crr print one JSON line (rrResult). The client closes first in crr
+// rr, crr and cps print one JSON line (rrResult). The client closes first in crr
 // (as netperf does), so its TIME_WAITs need tcp_tw_reuse in its namespace
-// for a test of seconds at thousands of connections a second.
+// for a test of seconds at thousands of connections a second. In cps the
+// server closes first, as a web server answering a request does, so the
+// TIME_WAITs are the server's; and cps goes on past a failed connection
+// (a refused or unanswered SYN, counted in errors), so its figure is the
+// rate of connections completed whatever some of them met.
 
 import (
 	"bufio"
@@ -34,13 +41,17 @@ import (
 // rrperfArg is the first argument that makes the bench binary rrperf.
 const rrperfArg = "rrperf"
 
-// rrPort is where rrperf servers listen (iperf3 has 5201).
-const rrPort = "5202"
+// rrPort is where rrperf servers listen (iperf3 has 5201); cpsPort is
+// where the close-first one does.
+const (
+	rrPort  = "5202"
+	cpsPort = "5203"
+)
 
 // rrResult is what rr and crr print.
 type rrResult struct {
 	Mode    string  `json:"mode"`
-	Count   int     `json:"count"` // transactions (rr) or connections (crr)
+	Count   int     `json:"count"` // transactions (rr) or connections (crr, cps)
 	Seconds float64 `json:"seconds"`
 	Errors  int     `json:"errors"`
 	Err     string  `json:"err,omitempty"` // the first error
@@ -50,10 +61,11 @@ type rrResult struct {
 func rrperfMain(args []string) int {
 	fs := flag.NewFlagSet("rrperf", flag.ContinueOnError)
 	server := fs.Bool("s", false, "serve: echo every byte of every connection")
-	mode := fs.String("mode", "rr", "client mode: rr, crr or hold")
+	mode := fs.String("mode", "rr", "client mode: rr, crr, cps or hold")
+	closeFirst := fs.Bool("close-first", false, "serve: answer the first bytes of a connection, then close it (cps)")
 	host := fs.String("c", "", "server address (client modes)")
 	port := fs.String("p", rrPort, "server port")
-	secs := fs.Float64("t", 3, "test length in seconds (rr, crr)")
+	secs := fs.Float64("t", 3, "test length in seconds (rr, crr, cps)")
 	n := fs.Int("n", 1, "connections to hold (hold)")
 	keepalive := fs.Duration("keepalive", -1, "TCP keepalive period of every connection (server and clients): 0 is Go's default (15 s), negative is none")
 	if err := fs.Parse(args); err != nil {
@@ -68,16 +80,16 @@ func rrperfMain(args []string) int {
 	var err error
 	switch {
 	case *server:
-		err = rrServe(":"+*port, *keepalive)
+		err = rrServe(":"+*port, *keepalive, *closeFirst)
 	case *host == "":
 		err = errors.New("-c HOST or -s")
 	case *mode == "hold":
 		err = rrHold(net.JoinHostPort(*host, *port), *n, *keepalive, os.Stdin, os.Stdout)
-	case *mode == "rr" || *mode == "crr":
+	case *mode == "rr" || *mode == "crr" || *mode == "cps":
 		r := rrClient(*mode, net.JoinHostPort(*host, *port), time.Duration(*secs*float64(time.Second)))
 		err = json.NewEncoder(os.Stdout).Encode(r)
 	default:
-		err = fmt.Errorf("-mode %q: want rr, crr or hold", *mode)
+		err = fmt.Errorf("-mode %q: want rr, crr, cps or hold", *mode)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rrperf:", err)
@@ -114,7 +126,8 @@ func raiseNoFile(want uint64) error {
 // rrServe echoes on addr; keepalive is the accepted connections' TCP
 // keepalive period (negative: none, the request/response figures' choice:
 // a probe is a packet the measurement did not ask for; 0: Go's default).
-func rrServe(addr string, keepalive time.Duration) error {
+// closeFirst answers a connection's first bytes and closes it.
+func rrServe(addr string, keepalive time.Duration, closeFirst bool) error {
 	lc := net.ListenConfig{KeepAlive: keepalive}
 	l, err := lc.Listen(context.Background(), "tcp4", addr)
 	if err != nil {
@@ -137,7 +150,7 @@ func rrServe(addr string, keepalive time.Duration) error {
 				if err != nil {
 					return
 				}
-				if _, err := c.Write(buf[:k]); err != nil {
+				if _, err := c.Write(buf[:k]); err != nil || closeFirst {
 					return
 				}
 			}
@@ -145,7 +158,7 @@ func rrServe(addr string, keepalive time.Duration) error {
 	}
 }
 
-// rrClient runs rr or crr against addr for d.
+// rrClient runs rr, crr or cps against addr for d.
 func rrClient(mode, addr string, d time.Duration) rrResult {
 	r := rrResult{Mode: mode}
 	fail := func(err error) {
@@ -184,6 +197,31 @@ func rrClient(mode, addr string, d time.Duration) rrResult {
 			r.Count++
 		}
 		c.Close()
+	case "cps":
+		// A dial of its own timeout: a SYN a full slice drops is a
+		// failure to count after the first retransmission, not a stall.
+		short := net.Dialer{Timeout: time.Second}
+		for time.Now().Before(end) {
+			c, err := short.Dial("tcp4", addr)
+			if err != nil {
+				fail(err)
+				continue
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck // a fresh socket
+			if err = one(c); err == nil {
+				// The server's FIN: EOF, and nothing else.
+				var b [1]byte
+				if k, rerr := c.Read(b[:]); k != 0 || !errors.Is(rerr, io.EOF) {
+					err = fmt.Errorf("after the answer: %d bytes, %v, want the server's close", k, rerr)
+				}
+			}
+			c.Close()
+			if err != nil {
+				fail(err)
+				continue
+			}
+			r.Count++
+		}
 	case "crr":
 		for time.Now().Before(end) {
 			c, err := dialer.Dial("tcp4", addr)
@@ -276,6 +314,21 @@ func ParseRR(out []byte) (Measurement, error) {
 		Extra: map[string]float64{"count": float64(r.Count), "seconds": r.Seconds}}, nil
 }
 
+// ParseCPS reads rrperf's cps line: the rate of connections completed
+// (per second), with the failed ones beside it ("failed"): a failure is
+// part of what is measured, not a broken run, unless nothing completed.
+func ParseCPS(out []byte) (Measurement, error) {
+	var r rrResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		return Measurement{}, fmt.Errorf("rrperf output %.200q: %w", out, err)
+	}
+	if r.Count == 0 || r.Seconds <= 0 {
+		return Measurement{}, fmt.Errorf("rrperf %s: no connection completed in %.1f s (%d failed, the first: %s)", r.Mode, r.Seconds, r.Errors, r.Err)
+	}
+	return Measurement{Value: float64(r.Count) / r.Seconds,
+		Extra: map[string]float64{"count": float64(r.Count), "seconds": r.Seconds, "failed": float64(r.Errors)}}, nil
+}
+
 // Request/response is one packet in flight: its rate is set by how fast
 // the two ends wake each other, which depends on whether the scheduler has
 // them on one CPU or two. Left to it, every variant's samples were bimodal
@@ -300,6 +353,19 @@ func rrperfArgv(args ...string) ([]string, error) { return helperArgv(rrperfArg,
 // Pair.Server itself).
 func rrServerKey(p *Pair) string { return p.Server + " rrperf" }
 
+// cpsServerKey is the close-first rrperf server's key among Env.servers.
+func cpsServerKey(p *Pair) string { return p.Server + " rrperf close-first" }
+
+// startCPSServer runs the close-first rrperf server in p's receiver for
+// the whole run, pinned as the echo one is.
+func (e *Env) startCPSServer(ctx context.Context, p *Pair) error {
+	argv, err := rrperfArgv("-s", "-close-first", "-p", cpsPort)
+	if err != nil {
+		return err
+	}
+	return e.startListener(ctx, p, cpsServerKey(p), cpsPort, pinned(rrServerCPU, argv))
+}
+
 // startRRServer runs one rrperf server in p's receiver for the whole run,
 // beside its iperf3 server, and waits until it listens.
 func (e *Env) startRRServer(ctx context.Context, p *Pair) error {
@@ -319,6 +385,10 @@ func (e *Env) serverFor(p *Pair, test string) *server {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.servers[rrServerKey(p)]
+	case "cps":
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.servers[cpsServerKey(p)]
 	}
 	return e.serverOf(p)
 }
@@ -327,6 +397,9 @@ func (e *Env) serverFor(p *Pair, test string) *server {
 func (e *Env) restartServer(ctx context.Context, p *Pair, test string) error {
 	if test == "rr" || test == "crr" {
 		return e.startRRServer(ctx, p)
+	}
+	if test == "cps" {
+		return e.startCPSServer(ctx, p)
 	}
 	return e.startServer(ctx, p)
 }

@@ -106,6 +106,7 @@ var figures = []figure{
 	{key: "udp64", title: "UDP 64 B received", baseUnit: "datagrams/s", unit: "kpps", scale: 1e3, digits: 1},
 	{key: "rr", title: "TCP request/response, 1 B each way, one connection", baseUnit: "transactions/s", unit: "k/s", scale: 1e3, digits: 2},
 	{key: "crr", title: "TCP connection setup: connect, 1 B each way, close", baseUnit: "connections/s", unit: "k/s", scale: 1e3, digits: 2},
+	{key: "cps", title: "TCP short connections: connect, 1 B each way, the server closes first", baseUnit: "connections/s", unit: "k/s", scale: 1e3, digits: 2},
 }
 
 func figureByKey(key string) (figure, bool) {
@@ -322,6 +323,11 @@ func (r *runner) setup(ctx context.Context, scenarios []*Scenario) error {
 					return err
 				}
 			}
+			if figs["cps"] {
+				if err := r.env.startCPSServer(ctx, p); err != nil {
+					return err
+				}
+			}
 			if !figs["tcp"] && !figs["udp64"] {
 				continue
 			}
@@ -426,6 +432,12 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 			return nil, err
 		}
 		argv, parse = pinned(rrClientCPU, a), ParseRR
+	case "cps":
+		a, err := rrperfArgv("-mode", test, "-c", "", "-p", cpsPort, "-t", strconv.Itoa(secs))
+		if err != nil {
+			return nil, err
+		}
+		argv, parse = pinned(rrClientCPU, a), ParseCPS
 	default:
 		return nil, fmt.Errorf("unknown test %q", test)
 	}
@@ -438,7 +450,7 @@ func (r *runner) try(ctx context.Context, pairs []*Pair, test string, secs int) 
 		switch test {
 		case "rtt":
 			a[len(a)-1] = p.DstIP
-		case "rr", "crr":
+		case "rr", "crr", "cps":
 			// taskset -c CPU ... rrperf -mode M -c HOST: rrperf's -c
 			a[slices.Index(a, rrperfArg)+4] = p.DstIP
 		default:

@@ -90,7 +90,7 @@ func TestRRPerfOnLoopback(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	go rrServe(addr, -1) //nolint:errcheck // ends with the test binary
+	go rrServe(addr, -1, false) //nolint:errcheck // ends with the test binary
 	testenv.Eventually(t, "the server to listen on "+addr, 5*time.Second, func() error {
 		c, err := net.Dial("tcp4", addr)
 		if err == nil {

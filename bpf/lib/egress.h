@@ -47,6 +47,7 @@
 #define EGRESS_REMOTE_FIRST 8 /* ... before the VM did: the remote end keeps TIME_WAIT */
 #define EGRESS_RST 16         /* either end sent a RST */
 #define EGRESS_NEW 32         /* (only in set) a SYN of the VM's: a new connection on the tuple */
+#define EGRESS_DONE 64        /* the remote closed first and has acked the VM's FIN */
 #define EGRESS_FRAG_OUT 1
 #define EGRESS_FRAG_IN 2
 
@@ -64,6 +65,14 @@
 #define EGRESS_TCP_HALF_CLOSED_NS (120 * EGRESS_SEC)
 #define EGRESS_TCP_CLOSED_NS (2 * EGRESS_SEC)
 #define EGRESS_TCP_TIME_WAIT_NS (2 * EGRESS_SEC)
+/* Closed and done (EGRESS_DONE): the remote closed first, the VM then
+ * closed, and the remote's ACK of the VM's FIN has come back through the
+ * translation. The VM's socket is gone and the remote is in TIME_WAIT:
+ * nothing of the connection has to cross any more, so the port is free at
+ * once. (When the VM closed first the remote sits in LAST_ACK until the
+ * VM's last ACK reaches it, and its FIN, resent if that ACK is lost, must
+ * still reach the VM: that case keeps EGRESS_TCP_CLOSED_NS.) */
+#define EGRESS_TCP_DONE_NS 0
 #define EGRESS_UDP_NS (30 * EGRESS_SEC)
 #define EGRESS_UDP_REPLIED_NS (120 * EGRESS_SEC)
 #define EGRESS_ICMP_NS (30 * EGRESS_SEC)
@@ -81,6 +90,8 @@ static __always_inline struct egress_counters *egress_counters_of(__u32 slot)
 static __always_inline __u64 egress_timeout(__u8 proto, __u32 flags)
 {
 	if (proto == IPPROTO_TCP_) {
+		if (flags & EGRESS_DONE)
+			return EGRESS_TCP_DONE_NS;
 		if (flags & EGRESS_RST)
 			return EGRESS_TCP_CLOSED_NS;
 		if ((flags & (EGRESS_FIN_OUT | EGRESS_FIN_IN)) == (EGRESS_FIN_OUT | EGRESS_FIN_IN))
@@ -112,6 +123,8 @@ static __always_inline void egress_touch(struct egress_map *m, __u8 proto, __u32
 	f |= set & ~EGRESS_NEW;
 	if (f != m->flags)
 		m->flags = f;
+	if ((set & EGRESS_NEW) && m->fin_end)
+		m->fin_end = 0;
 	m->expires_ns = now + egress_timeout(proto, f);
 }
 
@@ -135,10 +148,53 @@ static __always_inline int egress_take(struct egress_map *m, const struct egress
 		m->vm_port = k->vm_port;
 		m->remote_port = k->remote_port;
 		m->flags = 0;
+		m->fin_end = 0;
 		taken = 1;
 	}
 	bpf_spin_unlock(&m->lock);
 	return taken;
+}
+
+/* Records fk, a first fragment of slot's VM (either way), in the VM's own
+ * place for its IP id: the VM's record there before goes, so a VM holds at
+ * most EGRESS_FRAGS_PER_VM records and the table, sized for every VM's,
+ * never has to evict another VM's to take one. */
+static __always_inline void egress_frag_note(const struct egress_frag_key *fk, __u32 slot, __u64 now)
+{
+	if (trace_mode)
+		return;
+	__u32 at = (slot % EGRESS_MAX_VMS) * EGRESS_FRAGS_PER_VM + bpf_ntohs(fk->id) % EGRESS_FRAGS_PER_VM;
+	struct egress_frag_key *place = bpf_map_lookup_elem(&egress_frag_places, &at);
+	if (!place)
+		return;
+	struct egress_frag_key had = *place;
+	if (had.remote != fk->remote || had.addr != fk->addr || had.id != fk->id || had.proto != fk->proto ||
+	    had.dir != fk->dir) {
+		struct egress_frag *old = bpf_map_lookup_elem(&egress_frags, &had);
+		if (old && old->slot == slot)
+			bpf_map_delete_elem(&egress_frags, &had);
+		*place = *fk;
+	}
+	struct egress_frag f = {.when_ns = now, .slot = slot};
+	bpf_map_update_elem(&egress_frags, fk, &f, BPF_ANY);
+}
+
+/* The VM's FIN on port (of its slice, host order): remembers the sequence
+ * number just past it, which the remote's last ACK acknowledges. */
+static __always_inline void egress_note_fin(struct iphdr *ip, struct packet *pkt, __u32 uplink, __u16 port)
+{
+	__u32 ihl = (ip->ihl & 0xf) * 4;
+	struct tcphdr_min {
+		__be16 sport, dport;
+		__be32 seq, ack;
+		__u8 doff, flags;
+	} *th = (void *)ip + ihl;
+	if ((void *)(th + 1) > pkt->data_end)
+		return;
+	__u32 idx = egress_index(IPPROTO_TCP_, uplink, port);
+	struct egress_map *m = bpf_map_lookup_elem(&egress_state, &idx);
+	if (m)
+		m->fin_end = bpf_ntohl(th->seq) + bpf_ntohs(ip->tot_len) - ihl - (th->doff >> 4) * 4 + 1;
 }
 
 /* The port of vm's slice flow k leaves by (host order), found or claimed:
@@ -244,6 +300,19 @@ static __always_inline int egress_send(struct __sk_buff *skb, const struct egres
 	return redirect_neigh(vm->uplink_ifindex);
 }
 
+/* A VM's packet out whose TTL its gateway hop ends: answered as a router
+ * would, with time exceeded from its gateway (traceroute's first hop), as
+ * vif.c answers a routed one; dropped as ttl_exceeded if it cannot be. */
+static __always_inline int egress_ttl_exceeded(struct __sk_buff *skb, const struct vif_info *vif)
+{
+	if (make_time_exceeded(skb, vif->mac) == 0) {
+		count_forward(FWD_GATEWAY_REPLY);
+		return reply_to_vif(skb, skb->ifindex, vif->kind);
+	}
+	struct packet rebuilt = {}; /* the frame may be half rebuilt: log no headers */
+	return drop_packet(skb, &rebuilt, DROP_TTL_EXCEEDED);
+}
+
 #include "publish.h"
 /* Floating addresses: their hooks in egress_out and egress_in. */
 #include "floating.h"
@@ -290,9 +359,8 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 		struct egress_frag *f = bpf_map_lookup_elem(&egress_frags, &fk);
 		if (!f || f->slot != slot || now - f->when_ns >= FRAG_LIFETIME_NS)
 			return drop_packet(skb, pkt, DROP_FRAG_NO_FIRST);
-		int r = take_gateway_hop(ip);
-		if (r)
-			return drop_packet(skb, pkt, r);
+		if (take_gateway_hop(ip))
+			return egress_ttl_exceeded(skb, vif);
 		egress_rewrite(skb, proto, ETH_HLEN + 12, vm_addr, vm->host_addr, 0, 0, 0, 0);
 		return egress_send(skb, vm, c);
 	}
@@ -325,19 +393,19 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 		if (!firewall_allows(vm_addr, FW_SIDE(FW_OUT, policy_gen(epoch)), remote, proto, fw_port))
 			return drop_packet(skb, pkt, DROP_FIREWALL_OUT);
 	}
-	int r = take_gateway_hop(ip);
-	if (r)
-		return drop_packet(skb, pkt, r);
+	if (take_gateway_hop(ip))
+		return egress_ttl_exceeded(skb, vif);
 	__u16 port = egress_port_for(&k, vm, slot, now, set, c);
 	if (!port) {
 		if (c)
 			c->refused += 1;
 		return drop_packet(skb, pkt, DROP_EGRESS_SLICE_FULL);
 	}
+	if (set & EGRESS_FIN_OUT)
+		egress_note_fin(ip, pkt, vm->uplink, port);
 	if (ip->frag_off & bpf_htons(IP_MF)) {
 		struct egress_frag_key fk = {.remote = remote, .addr = vm_addr, .id = id, .proto = proto, .dir = EGRESS_FRAG_OUT};
-		struct egress_frag f = {.when_ns = now, .slot = slot};
-		bpf_map_update_elem(&egress_frags, &fk, &f, BPF_ANY);
+		egress_frag_note(&fk, slot, now);
 	}
 	egress_rewrite(skb, proto, ETH_HLEN + 12, vm_addr, vm->host_addr, egress_csum_off(proto, l4_off), port_off,
 		       k.vm_port, bpf_htons(port));
@@ -430,6 +498,10 @@ static __always_inline int egress_error_in(struct __sk_buff *skb, struct packet 
 	 * bytes quoted): put back as the VM sent it, 0 (none) kept. */
 	__u32 ucsum_off = q.l4_off + 6;
 	__be16 old_ucsum = proto == IPPROTO_UDP_ ? *(__be16 *)(q.l4 + 6) : 0;
+	/* A quoted echo request's checksum covers its id: put back as the
+	 * VM's was, with its id. */
+	__u32 qcsum_off = q.l4_off + 2;
+	__be16 old_qcsum = proto == IPPROTO_ICMP_ ? *(__be16 *)(q.l4 + 2) : 0;
 	if (take_gateway_hop(pkt->ip)) {
 		*verdict = drop_packet(skb, pkt, DROP_TTL_EXCEEDED);
 		return EGRESS_TAKEN;
@@ -453,6 +525,11 @@ static __always_inline int egress_error_in(struct __sk_buff *skb, struct packet 
 	if (port != vm_port) {
 		bpf_l4_csum_replace(skb, icmp_csum, port, vm_port, 2);
 		bpf_skb_store_bytes(skb, port_off, &vm_port, 2, 0);
+		if (proto == IPPROTO_ICMP_) {
+			__be16 qc = csum_replace16(old_qcsum, port, vm_port);
+			bpf_l4_csum_replace(skb, icmp_csum, old_qcsum, qc, 2);
+			bpf_skb_store_bytes(skb, qcsum_off, &qc, 2, 0);
+		}
 	}
 	bpf_l3_csum_replace(skb, ETH_HLEN + 10, host, vm_addr, 4);
 	bpf_skb_store_bytes(skb, ETH_HLEN + 16, &vm_addr, 4, 0);
@@ -503,6 +580,7 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 	__be16 remote_port = p.sport;
 	__u32 port_off = l4_off + 2;
 	__u32 set = EGRESS_REPLIED;
+	__u64 ack = ~0ULL; /* a TCP ACK's number, if the packet has one */
 	if (proto == IPPROTO_ICMP_) {
 		if (is_icmp_error(p.icmp_type))
 			return egress_error_in(skb, pkt, a, l4_off, now, verdict);
@@ -521,6 +599,9 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 				set |= EGRESS_FIN_IN;
 			if (*fl & TCP_FLAG_RST)
 				set |= EGRESS_RST;
+			__be32 *ackp = (void *)(fl - 5);
+			if ((*fl & TCP_FLAG_ACK) && (void *)(ackp + 1) <= pkt->data_end)
+				ack = bpf_ntohl(*ackp);
 		}
 	} else {
 		return EGRESS_PASS;
@@ -540,14 +621,18 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 		}
 		return EGRESS_PASS;
 	}
+	/* 0: the VM's FIN is not noted yet (another CPU is between the claim
+	 * and egress_note_fin), so nothing is done before it is. */
+	if (ack != ~0ULL && m->fin_end && (m->flags & (EGRESS_FIN_OUT | EGRESS_REMOTE_FIRST)) == (EGRESS_FIN_OUT | EGRESS_REMOTE_FIRST) &&
+	    (__s32)((__u32)ack - m->fin_end) >= 0)
+		set |= EGRESS_DONE;
 	if (!trace_mode)
 		egress_touch(m, proto, set, now);
 	__be32 vm_addr = m->vm_addr;
 	__be16 vm_port = m->vm_port;
 	if ((ip->frag_off & bpf_htons(IP_MF)) && !trace_mode) {
 		struct egress_frag_key fk = {.remote = remote, .addr = host, .id = id, .proto = proto, .dir = EGRESS_FRAG_IN};
-		struct egress_frag f = {.when_ns = now, .slot = slot};
-		bpf_map_update_elem(&egress_frags, &fk, &f, BPF_ANY);
+		egress_frag_note(&fk, slot, now);
 	}
 	if (take_gateway_hop(ip)) {
 		*verdict = drop_packet(skb, pkt, DROP_TTL_EXCEEDED);

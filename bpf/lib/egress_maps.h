@@ -32,7 +32,13 @@
 #define EGRESS_PROTOS 3 /* TCP, UDP, ICMP echo */
 #define EGRESS_MAX_VMS 16384
 #define EGRESS_MAX_TO 65536 /* destination prefixes, all VMs together */
-#define EGRESS_FRAG_MAX 16384
+/* Fragment records: at most EGRESS_FRAGS_PER_VM per VM (egress_frag_places),
+ * so the table holds every VM's at once: a host's 65,536 ports give at
+ * most 4,096 slices of the smallest size (16), 16 records each. One VM's
+ * fragments replace only its own records, never another VM's. */
+#define EGRESS_FRAGS_PER_VM 16
+#define EGRESS_FRAG_MAX (4096 * EGRESS_FRAGS_PER_VM)
+#define EGRESS_FRAG_PLACES (EGRESS_MAX_VMS * EGRESS_FRAGS_PER_VM)
 #define EGRESS_MAX_PUBLISHED 16384 /* published ports, all VMs of a host together */
 
 /* What an address of this host is to egress. */
@@ -109,7 +115,7 @@ struct egress_map {
 	__be32 remote;
 	__be16 vm_port;
 	__be16 remote_port;
-	__u32 _pad;
+	__u32 fin_end; /* the sequence number just past the VM's FIN (host order) */
 };
 
 /* The VM's own 5-tuple, to the port its flow holds (host order). */
@@ -230,6 +236,17 @@ struct {
 	__type(value, struct egress_frag);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egress_frags SEC(".maps");
+
+/* Per slot, EGRESS_FRAGS_PER_VM places: the key of the VM's record in each
+ * (by IP id), so a VM's new record replaces its own older one in that
+ * place (egress_frag_note). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EGRESS_FRAG_PLACES);
+	__type(key, __u32);
+	__type(value, struct egress_frag_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_frag_places SEC(".maps");
 
 /* Per slot: where the VM's next claim starts, just past its last one, so
  * ports are taken in turn and the next tried is the one claimed longest

@@ -57,8 +57,7 @@ static __always_inline int publish_in(struct __sk_buff *skb, struct packet *pkt,
 	if ((ip->frag_off & bpf_htons(IP_MF)) && !trace_mode) {
 		/* Its later fragments follow it (egress_in's fragment path). */
 		struct egress_frag_key fk = {.remote = remote, .addr = host, .id = ip->id, .proto = proto, .dir = EGRESS_FRAG_IN};
-		struct egress_frag f = {.when_ns = packet_now(pkt), .slot = slot};
-		bpf_map_update_elem(&egress_frags, &fk, &f, BPF_ANY);
+		egress_frag_note(&fk, slot, packet_now(pkt));
 	}
 	if (take_gateway_hop(ip)) {
 		*verdict = drop_packet(skb, pkt, DROP_TTL_EXCEEDED);
@@ -143,8 +142,7 @@ static __always_inline int publish_out(struct __sk_buff *skb, struct packet *pkt
 	}
 	if ((ip->frag_off & bpf_htons(IP_MF)) && !trace_mode) {
 		struct egress_frag_key fk = {.remote = remote, .addr = vm_addr, .id = ip->id, .proto = proto, .dir = EGRESS_FRAG_OUT};
-		struct egress_frag f = {.when_ns = packet_now(pkt), .slot = slot};
-		bpf_map_update_elem(&egress_frags, &fk, &f, BPF_ANY);
+		egress_frag_note(&fk, slot, packet_now(pkt));
 	}
 	egress_rewrite(skb, proto, ETH_HLEN + 12, vm_addr, vm->host_addr, egress_csum_off(proto, l4_off), l4_off,
 		       p.sport, public_port);

@@ -148,6 +148,25 @@ func farmEgressSummary(e *intent.FarmEgress) string {
 	return fmt.Sprintf("on to %s, slices of %d ports", strings.Join(e.To, ","), e.Slice)
 }
 
+// egressSetting is what --egress, --egress-to and --egress-slice say,
+// checked as the controller checks it.
+func egressSetting(cmd *cobra.Command, on bool, to string, slice int) (egressspec.Setting, error) {
+	s := egressspec.Setting{Enabled: on, Slice: slice}
+	if cmd.Flags().Changed("egress-to") {
+		list, err := egressspec.ParseTo(to)
+		if err != nil {
+			return s, fmt.Errorf("--egress-to: %w", err)
+		}
+		s.To = list
+	}
+	if on {
+		if _, err := egressspec.Farm(s); err != nil {
+			return s, fmt.Errorf("--egress: %w", err)
+		}
+	}
+	return s, nil
+}
+
 func farmSetCmd() *cobra.Command {
 	var on bool
 	var to string
@@ -168,18 +187,9 @@ slices back. See docs/north-south.md.`,
 			if !cmd.Flags().Changed("egress") {
 				return fmt.Errorf("nothing to set: give --egress (or --egress=false)")
 			}
-			s := egressspec.Setting{Enabled: on, Slice: slice}
-			if cmd.Flags().Changed("egress-to") {
-				list, err := egressspec.ParseTo(to)
-				if err != nil {
-					return fmt.Errorf("--egress-to: %w", err)
-				}
-				s.To = list
-			}
-			if on {
-				if _, err := egressspec.Farm(s); err != nil {
-					return fmt.Errorf("--egress: %w", err)
-				}
+			s, err := egressSetting(cmd, on, to, slice)
+			if err != nil {
+				return err
 			}
 			c, err := api()
 			if err != nil {

@@ -279,7 +279,7 @@ func (c *Controller) RemoveHost(ctx context.Context, host string, drain bool) er
 	if err := c.revokeAgent(ctx, host); err != nil {
 		return err
 	}
-	for _, k := range []string{intent.NodesPrefix + host, intent.StatusPrefix + host} {
+	for _, k := range []string{intent.NodesPrefix + host, intent.StatusPrefix + host, intent.LeaseSpaceKey(host)} {
 		if err := c.raw.Delete(ctx, k); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -91,22 +92,27 @@ func (c *Controller) PublishVM(ctx context.Context, farm, subnet, name string, p
 	if len(kept) >= MaxPublished {
 		return v, full("port", fmt.Errorf("vm %s publishes %d ports, the most one VM may (%d): unpublish one first", v.FullName(), len(kept), MaxPublished))
 	}
-	skip := map[string]bool{}
-	for _, o := range v.Published {
-		if o.Proto == p.Proto && o.Port == p.Port {
-			skip[publicationHolder(v.FullName(), o)] = true
+	nv := v
+	nv.Published = append(kept, p)
+	sortPublished(nv.Published)
+	// Decided in the host's lease space and written in one transaction
+	// with it (writeLeases), as slivers and slices are.
+	err = c.writeLeases(ctx, v.Host, "publication "+p.String()+" of vm "+v.FullName(), func(ls *leaseSpace) ([]store.Op, bool, error) {
+		if err := c.checkPublished(ctx, ls, nv); err != nil {
+			return nil, false, err
 		}
-	}
-	if err := c.checkPublicPort(ctx, v, p, skip); err != nil {
-		return v, err
-	}
-	v.Published = append(kept, p)
-	sortPublished(v.Published)
-	if err := store.PutJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), v); err != nil {
+		ls.setPublished(nv.FullName(), nv.Published)
+		b, err := json.Marshal(nv)
+		if err != nil {
+			return nil, false, fmt.Errorf("encode vm %s: %w", nv.FullName(), err)
+		}
+		return []store.Op{{Key: intent.VMsPrefix + nv.FullName(), Value: b}}, true, nil
+	})
+	if err != nil {
 		return v, err
 	}
 	c.log.Info("port published", "vm", v.FullName(), "publication", p.String(), "host", v.Host)
-	return v, nil
+	return nv, nil
 }
 
 // UnpublishVM takes back farm/subnet/vm's publication of proto port (the
@@ -134,27 +140,28 @@ func (c *Controller) UnpublishVM(ctx context.Context, farm, subnet, name, proto 
 	return v, nil
 }
 
-// checkPublicPort refuses p of v on v.Host when another holder of the
-// host's address has its public port: a sliver's lease, a VM's slice (v's
-// own too), a publication (but those named in skip, which p replaces), or
-// the host's ephemeral range. Called with c.mu held.
-func (c *Controller) checkPublicPort(ctx context.Context, v intent.VM, p intent.Publication, skip map[string]bool) error {
-	holders, err := c.hostSlivers(ctx, v.Host)
-	if err != nil {
-		return err
-	}
-	for _, h := range c.hostSlices(ctx, v.Host, "") {
-		if !skip[h.Name] {
-			holders = append(holders, h)
-		}
+// checkPublished refuses v's published ports on v.Host when another
+// holder of the host's address in ls has one: a sliver's lease, a VM's
+// slice (v's own too), another VM's publication, the host's ephemeral
+// range; or when two of v's own share a public port.
+func (c *Controller) checkPublished(ctx context.Context, ls *leaseSpace, v intent.VM) error {
+	if len(v.Published) == 0 {
+		return nil
 	}
 	node, err := c.node(ctx, v.Host)
 	if err != nil {
 		return err
 	}
 	lo, hi := lease.Ephemeral(node)
-	if err := lease.Overlap(v.Host, "", []intent.Lease{p.Lease()}, holders, lo, hi); err != nil {
-		return &FieldError{Field: "publicPort", Msg: fmt.Sprintf("publication %s of vm %s: %v", p, v.FullName(), err), kind: ErrConflict}
+	holders := slices.Concat(ls.slivers, ls.holders(v.FullName()))
+	if l, ok := ls.claims[v.FullName()]; ok {
+		holders = append(holders, intent.Sliver{Host: v.Host, Name: "egress slice of " + v.FullName(), Leases: []intent.Lease{l}})
+	}
+	for i, p := range v.Published {
+		others := slices.Concat(holders, publicationHolders(v.Host, v.FullName(), v.Published[:i]))
+		if err := lease.Overlap(v.Host, "", []intent.Lease{p.Lease()}, others, lo, hi); err != nil {
+			return &FieldError{Field: "publicPort", Msg: fmt.Sprintf("publication %s of vm %s: %v", p, v.FullName(), err), kind: ErrConflict}
+		}
 	}
 	return nil
 }
@@ -170,25 +177,21 @@ func publicationHolder(vm string, p intent.Publication) string {
 // publications of was (its record before the move) leased there: the same
 // public ports, each refused (409, naming the holder) when v's host has it
 // taken, so a move never changes a public port behind its clients' backs.
-// Called with c.mu held.
+// A check before anything is written; putVM decides again in the
+// transaction that writes the VM.
 func (c *Controller) withPublished(ctx context.Context, v, was intent.VM) (intent.VM, error) {
-	v.Published = nil
-	skip := map[string]bool{}
-	for _, o := range was.Published {
-		skip[publicationHolder(was.FullName(), o)] = true
+	v.Published = slices.Clone(was.Published)
+	if len(v.Published) == 0 {
+		return v, nil
 	}
-	for _, p := range was.Published {
-		if err := c.checkPublicPort(ctx, v, p, skip); err != nil {
-			return v, err
-		}
-		for _, o := range v.Published {
-			if o.PublicPort == p.PublicPort {
-				return v, conflict("publicPort", "publication %s and %s of vm %s on one public port", o, p, v.FullName())
-			}
-		}
-		v.Published = append(v.Published, p)
+	ls, _, err := c.readLeases(ctx, v.Host)
+	if err != nil {
+		return v, err
 	}
-	return v, nil
+	// Its own leases under its old name are what it takes along.
+	ls.setPublished(was.FullName(), nil)
+	delete(ls.claims, was.FullName())
+	return v, c.checkPublished(ctx, ls, v)
 }
 
 func sortPublished(ps []intent.Publication) {

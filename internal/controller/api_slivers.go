@@ -155,9 +155,10 @@ func (c *Controller) DeleteSliver(ctx context.Context, host, name string) error 
 // are the uplink indexes the host has; nil takes them from its agent's
 // node record.
 //
-// The decision is made on every sliver of the host and written only if
-// none changed meanwhile (decideAndWrite), so two controllers can never
-// both take one range or one slot.
+// The decision is made on the host's whole lease space, slivers and
+// slices, and written only if it is unchanged meanwhile (writeLeases), so
+// two writers, on one controller or two, can never both take one range or
+// one slot.
 func (c *Controller) writeSliver(ctx context.Context, host, name string, leases []intent.Lease, create bool, uplinks []int) (intent.Sliver, error) {
 	if err := lease.CheckSliverName(name); err != nil {
 		return intent.Sliver{}, fieldErr("name", err)
@@ -168,41 +169,47 @@ func (c *Controller) writeSliver(ctx context.Context, host, name string, leases 
 		}
 		return intent.Sliver{}, err
 	}
-	return decideAndWrite(ctx, c, intent.HostSliversPrefix(host), "sliver "+host+"/"+name, func(all []intent.Sliver) (string, intent.Sliver, error) {
+	var s intent.Sliver
+	err := c.writeLeases(ctx, host, "sliver "+host+"/"+name, func(ls *leaseSpace) ([]store.Op, bool, error) {
 		var others []intent.Sliver
 		var self *intent.Sliver
-		for i := range all {
-			if all[i].Name == name {
-				self = &all[i]
+		for i := range ls.slivers {
+			if ls.slivers[i].Name == name {
+				self = &ls.slivers[i]
 				continue
 			}
-			others = append(others, all[i])
+			others = append(others, ls.slivers[i])
 		}
 		switch {
 		case create && self != nil:
-			return "", intent.Sliver{}, conflict("name", "sliver %s/%s (slot %d, ports %s)", host, name, self.Slot, lease.Format(self.Leases))
+			return nil, false, conflict("name", "sliver %s/%s (slot %d, ports %s)", host, name, self.Slot, lease.Format(self.Leases))
 		case !create && self == nil:
-			return "", intent.Sliver{}, notFound("sliver", "sliver %s/%s", host, name)
+			return nil, false, notFound("sliver", "sliver %s/%s", host, name)
 		}
 		node, err := c.node(ctx, host)
 		if err != nil {
-			return "", intent.Sliver{}, err
+			return nil, false, err
 		}
 		if err := checkUplinks(host, leases, node, uplinks); err != nil {
-			return "", intent.Sliver{}, err
+			return nil, false, err
 		}
 		lo, hi := lease.Ephemeral(node)
-		if err := lease.Overlap(host, name, leases, append(others, c.hostSlices(ctx, host, "")...), lo, hi); err != nil {
-			return "", intent.Sliver{}, &FieldError{Field: "ports", Msg: err.Error(), kind: ErrConflict}
+		if err := lease.Overlap(host, name, leases, append(others, ls.holders("")...), lo, hi); err != nil {
+			return nil, false, &FieldError{Field: "ports", Msg: err.Error(), kind: ErrConflict}
 		}
-		s := intent.Sliver{Host: host, Name: name, Leases: leases}
+		s = intent.Sliver{Host: host, Name: name, Leases: leases}
 		if self != nil {
 			s.Slot = self.Slot
 		} else if s.Slot, err = freeSlot(host, others, c.maxSlivers); err != nil {
-			return "", intent.Sliver{}, err
+			return nil, false, err
 		}
-		return intent.SliverKey(host, name), s, nil
+		b, err := json.Marshal(s)
+		if err != nil {
+			return nil, false, fmt.Errorf("encode sliver %s/%s: %w", host, name, err)
+		}
+		return []store.Op{{Key: intent.SliverKey(host, name), Value: b}}, true, nil
 	})
+	return s, err
 }
 
 // node is host's node record, or an empty one (uplink 0 only, Linux's

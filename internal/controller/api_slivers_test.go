@@ -8,14 +8,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/onehop/onehop/internal/desired"
 	"github.com/onehop/onehop/internal/intent"
-	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/store"
 )
 
@@ -263,18 +261,7 @@ func newAPIServer(t *testing.T, c *Controller) *httptest.Server {
 // The same race on a real etcd: PutIfUnchanged is one etcd transaction
 // comparing every sliver key of the host with the revision read.
 func TestConcurrentSliverCreatesOnEtcdNeverShareARangeOrASlot(t *testing.T) {
-	dir := t.TempDir()
-	clientURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	e, err := EmbeddedEtcd(filepath.Join(dir, "etcd"), clientURL, "", fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), pki.Files{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	s, err := store.DialEtcd([]string{clientURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := embeddedStore(t, EtcdOptions{})
 	if err := store.PutJSON(t.Context(), s, intent.HostsPrefix+"h1", intent.Host{Name: "h1"}); err != nil {
 		t.Fatal(err)
 	}

@@ -141,17 +141,17 @@ func (c *Controller) CreateVMFor(ctx context.Context, farm, subnet, name, host, 
 	}
 	v := intent.NewVM(farm, subnet, name, host, ip)
 	v.Interface, v.Container = iface, container
-	f, err := c.getFarm(ctx, farm)
+	eg, err := c.egressOf(ctx, farm, subnet)
 	if err != nil {
 		return v, err
 	}
-	if v, err = c.withEgress(ctx, v, f.Egress); err != nil {
+	if err := c.checkEgressRoom(ctx, v, eg); err != nil {
 		return v, err
 	}
 	if err := c.saveAlloc(ctx, a, farm+"/"+subnet); err != nil {
 		return v, err
 	}
-	return v, store.PutJSON(ctx, c.store, intent.VMsPrefix+v.FullName(), v)
+	return c.putVM(ctx, intent.VMsPrefix+v.FullName(), v, eg)
 }
 
 // checkRoom refuses one more VM on a host whose datapath is full

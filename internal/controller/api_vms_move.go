@@ -92,6 +92,16 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	if n := len(moved.Former); n > intent.MaxFormer {
 		moved.Former = moved.Former[n-intent.MaxFormer:]
 	}
+	if host == v.Host {
+		moved.Egress = v.Egress // a slice of the same host's address it may keep
+	}
+	eg, err := c.egressOf(ctx, tf, ts)
+	if err != nil {
+		return v, err
+	}
+	if err := c.checkEgressRoom(ctx, moved, eg); err != nil {
+		return v, err
+	}
 	if err := c.saveAlloc(ctx, a, v.Farm+"/"+v.Subnet, tf+"/"+ts); err != nil {
 		return v, err
 	}
@@ -101,7 +111,7 @@ func (c *Controller) MoveVM(ctx context.Context, farm, subnet, name, host, toSub
 	if err := c.store.Delete(ctx, key); err != nil {
 		return v, err
 	}
-	if err := store.PutJSON(ctx, c.store, intent.VMsPrefix+moved.FullName(), moved); err != nil {
+	if moved, err = c.putVM(ctx, intent.VMsPrefix+moved.FullName(), moved, eg); err != nil {
 		return v, err
 	}
 	if err := c.renameFloatingHolder(ctx, moved); err != nil {
@@ -134,17 +144,15 @@ func (c *Controller) moveHost(ctx context.Context, key string, v intent.VM, host
 	// A slice is a lease of the old host's address: the new host gives
 	// another (connections through the old one do not survive a move,
 	// docs/north-south.md).
-	if v.Egress != nil {
-		f, err := c.getFarm(ctx, v.Farm)
-		if err != nil {
-			return v, err
-		}
-		v.Egress = nil
-		if v, err = c.withEgress(ctx, v, f.Egress); err != nil {
-			return v, err
-		}
+	eg, err := c.egressOf(ctx, v.Farm, v.Subnet)
+	if err != nil {
+		return v, err
 	}
-	return v, store.PutJSON(ctx, c.store, key, v)
+	v.Egress = nil
+	if err := c.checkEgressRoom(ctx, v, eg); err != nil {
+		return v, err
+	}
+	return c.putVM(ctx, key, v, eg)
 }
 
 // parseSubnetRef splits FARM/SUBNET, the body's subnet field.

@@ -120,10 +120,16 @@ func (c *Controller) ApplyTopology(ctx context.Context, t *topology.File) error 
 			if err != nil {
 				return err
 			}
-			want[intent.SubnetKey(f.Name, s.Name)] = intent.Subnet{
+			sub := intent.Subnet{
 				Farm: f.Name, Name: s.Name, ID: sid,
 				Prefix: ipam.SubnetPrefix(fid, sid).String(), Gateway: ipam.Gateway(fid, sid).String(),
 			}
+			if s.Egress != nil {
+				if sub.Egress, err = egressspec.Subnet(*s.Egress); err != nil {
+					return fmt.Errorf("subnet %s/%s: egress: %w", f.Name, s.Name, err)
+				}
+			}
+			want[intent.SubnetKey(f.Name, s.Name)] = sub
 		}
 	}
 	held, err := c.heldAddrs(ctx)

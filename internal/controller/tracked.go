@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -79,6 +80,26 @@ func (t *tracked) PutIfUnchanged(ctx context.Context, prefix string, rev int64, 
 	}
 	if ok && isIntent(key) {
 		t.c.changed(ctx, key, value, false)
+	}
+	return ok, nil
+}
+
+// WriteIfUnchanged implements store.Store.
+func (t *tracked) WriteIfUnchanged(ctx context.Context, prefix string, rev int64, ops []store.Op) (bool, error) {
+	ok, err := t.Store.WriteIfUnchanged(ctx, prefix, rev, ops)
+	intentOp := slices.ContainsFunc(ops, func(o store.Op) bool { return isIntent(o.Key) })
+	if err != nil {
+		if intentOp {
+			t.c.invalidate()
+		}
+		return ok, err
+	}
+	if ok {
+		for _, o := range ops {
+			if isIntent(o.Key) {
+				t.c.changed(ctx, o.Key, o.Value, o.Delete)
+			}
+		}
 	}
 	return ok, nil
 }

@@ -94,7 +94,7 @@ type uplinkEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type uplinkEgressOwner struct {
@@ -465,6 +465,7 @@ const (
 	uplinkMapEgressAddrs          = "egress_addrs"
 	uplinkMapEgressCursors        = "egress_cursors"
 	uplinkMapEgressFlows          = "egress_flows"
+	uplinkMapEgressFragPlaces     = "egress_frag_places"
 	uplinkMapEgressFrags          = "egress_frags"
 	uplinkMapEgressPorts          = "egress_ports"
 	uplinkMapEgressPublished      = "egress_published"
@@ -587,6 +588,7 @@ type uplinkMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
@@ -683,6 +685,7 @@ type uplinkMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
@@ -742,6 +745,7 @@ func (m *uplinkMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressPublished,

@@ -94,7 +94,7 @@ type uplinkTestEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type uplinkTestEgressOwner struct {
@@ -472,6 +472,7 @@ const (
 	uplinkTestMapEgressAddrs          = "egress_addrs"
 	uplinkTestMapEgressCursors        = "egress_cursors"
 	uplinkTestMapEgressFlows          = "egress_flows"
+	uplinkTestMapEgressFragPlaces     = "egress_frag_places"
 	uplinkTestMapEgressFrags          = "egress_frags"
 	uplinkTestMapEgressPorts          = "egress_ports"
 	uplinkTestMapEgressPublished      = "egress_published"
@@ -596,6 +597,7 @@ type uplinkTestMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
@@ -694,6 +696,7 @@ type uplinkTestMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
@@ -754,6 +757,7 @@ func (m *uplinkTestMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressPublished,

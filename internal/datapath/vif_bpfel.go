@@ -155,7 +155,7 @@ type vifEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type vifEgressOwner struct {
@@ -668,6 +668,7 @@ const (
 	vifMapEgressAddrs          = "egress_addrs"
 	vifMapEgressCursors        = "egress_cursors"
 	vifMapEgressFlows          = "egress_flows"
+	vifMapEgressFragPlaces     = "egress_frag_places"
 	vifMapEgressFrags          = "egress_frags"
 	vifMapEgressPorts          = "egress_ports"
 	vifMapEgressPublished      = "egress_published"
@@ -804,6 +805,7 @@ type vifMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
@@ -912,6 +914,7 @@ type vifMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
@@ -971,6 +974,7 @@ func (m *vifMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressPublished,

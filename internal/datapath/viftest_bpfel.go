@@ -94,7 +94,7 @@ type vifTestEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type vifTestEgressOwner struct {
@@ -484,6 +484,7 @@ const (
 	vifTestMapEgressAddrs          = "egress_addrs"
 	vifTestMapEgressCursors        = "egress_cursors"
 	vifTestMapEgressFlows          = "egress_flows"
+	vifTestMapEgressFragPlaces     = "egress_frag_places"
 	vifTestMapEgressFrags          = "egress_frags"
 	vifTestMapEgressPorts          = "egress_ports"
 	vifTestMapEgressPublished      = "egress_published"
@@ -622,6 +623,7 @@ type vifTestMapSpecs struct {
 	EgressAddrs          *ebpf.MapSpec `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.MapSpec `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.MapSpec `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.MapSpec `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.MapSpec `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.MapSpec `ebpf:"egress_published"`
@@ -732,6 +734,7 @@ type vifTestMaps struct {
 	EgressAddrs          *ebpf.Map `ebpf:"egress_addrs"`
 	EgressCursors        *ebpf.Map `ebpf:"egress_cursors"`
 	EgressFlows          *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces     *ebpf.Map `ebpf:"egress_frag_places"`
 	EgressFrags          *ebpf.Map `ebpf:"egress_frags"`
 	EgressPorts          *ebpf.Map `ebpf:"egress_ports"`
 	EgressPublished      *ebpf.Map `ebpf:"egress_published"`
@@ -792,6 +795,7 @@ func (m *vifTestMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressPublished,

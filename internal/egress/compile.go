@@ -12,16 +12,19 @@ import (
 // The maps egress reconciles and those the datapath owns
 // (bpf/lib/egress_maps.h).
 const (
-	MapAddrs   = "egress_addrs"
-	MapPorts   = "egress_ports"
-	MapVMs     = "egress_vms"
-	MapSlots   = "egress_slots"
-	MapTo      = "egress_to"
-	MapState   = "egress_state"
-	MapFlows   = "egress_flows"
-	MapFrags   = "egress_frags"
-	MapStats   = "egress_stats"
-	MapCursors = "egress_cursors"
+	MapAddrs = "egress_addrs"
+	MapPorts = "egress_ports"
+	MapVMs   = "egress_vms"
+	MapSlots = "egress_slots"
+	MapTo    = "egress_to"
+	MapState = "egress_state"
+	MapFlows = "egress_flows"
+	MapFrags = "egress_frags"
+	// MapFragPlaces holds each VM's fragment records' keys, 16 places a
+	// VM: its new record replaces its own older one, never another VM's.
+	MapFragPlaces = "egress_frag_places"
+	MapStats      = "egress_stats"
+	MapCursors    = "egress_cursors"
 	// MapPublished finds a published port from its VM's end (publish.h).
 	MapPublished = "egress_published"
 	portsPerU    = 65536

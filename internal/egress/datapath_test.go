@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
 	"github.com/onehop/onehop/internal/bpftest"
@@ -274,6 +275,15 @@ func TestPrivilegedEgressTranslatesWithinEachVMsOwnSlice(t *testing.T) {
 			Out: inA(bpftest.Frame{Saddr: inet, Proto: icmp, ICMPType: 3, ICMPCode: 3,
 				Quote: &bpftest.Frame{Saddr: vmA, Daddr: inet, Proto: udp, Sport: 5000, Dport: 53, TTL: 63}}),
 			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectPeer, Counters: back},
+		{Name: "time exceeded about a's echo request reaches a, quoting a's own id, its checksum patched to match", Prog: up,
+			In: bpftest.Frame{Src: inetMAC, Dst: h1MAC, Saddr: inet, Daddr: hostAddr, Proto: icmp, ICMPType: 11,
+				Quote: &bpftest.Frame{Saddr: hostAddr, Daddr: inet, Proto: icmp, ICMPType: 8, ICMPID: pICMP, TTL: 63}}.Bytes(t),
+			Out: inA(bpftest.Frame{Saddr: inet, Proto: icmp, ICMPType: 11,
+				Quote: &bpftest.Frame{Saddr: vmA, Daddr: inet, Proto: icmp, ICMPType: 8, ICMPID: 77, TTL: 63}}),
+			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectPeer, Counters: back},
+		{Name: "a's packet out with TTL 1 is answered by its gateway with time exceeded, before a port is sought in its full slice", Prog: vif,
+			In: fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: tcp, Sport: 40011, Dport: 80, TTL: 1}).Bytes(t), Out: timeExceeded(t, fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: tcp, Sport: 40011, Dport: 80, TTL: 1})),
+			Verdict: bpftest.ActRedirect, To: 1, Kind: bpftest.RedirectOut, Counters: bpftest.Counters{"forward gateway_reply": 1}},
 		{Name: "an error quoting a flow of the host's own is the host's", Prog: up,
 			In: bpftest.Frame{Src: inetMAC, Dst: h1MAC, Saddr: inet, Daddr: hostAddr, Proto: icmp, ICMPType: 3, ICMPCode: 3,
 				Quote: &bpftest.Frame{Saddr: hostAddr, Daddr: inet, Proto: udp, Sport: 40000, Dport: 53}}.Bytes(t),
@@ -385,5 +395,172 @@ func TestPrivilegedEgressPortsOfExpiredFlowsAreTakenAgain(t *testing.T) {
 		if p := l4Word(r.Out, 0); p < sliceALo || p > sliceALo+3 {
 			t.Errorf("flow %d left by port %d, outside a's slice", sport, p)
 		}
+	}
+}
+
+// tcpSeg is f's bytes as a TCP segment with flags, seq and ack of its own
+// (bpftest frames are SYNs) and no payload. The checksum is left stale: the
+// programs patch it by difference and never check it.
+func tcpSeg(t *testing.T, f bpftest.Frame, flags byte, seq, ack uint32) []byte {
+	t.Helper()
+	f.Proto, f.Payload = layers.IPProtocolTCP, []byte{}
+	b := f.Bytes(t)
+	const th = 14 + 20
+	binary.BigEndian.PutUint32(b[th+4:], seq)
+	binary.BigEndian.PutUint32(b[th+8:], ack)
+	b[th+13] = flags
+	return b
+}
+
+// A port whose connection the remote closed first (as an HTTP server
+// does) is free as soon as the remote's ACK of the VM's FIN comes back, not
+// 2 s later: the VM's socket is gone and the remote keeps TIME_WAIT, so
+// nothing of it crosses again. An ACK short of the FIN frees nothing; a
+// connection the VM closed first keeps its port for the hold, since the
+// remote's FIN may yet be sent again.
+func TestPrivilegedEgressPortIsFreeOnceTheRemoteThatClosedFirstAcksTheVMsFIN(t *testing.T) {
+	const (
+		fin = 0x01
+		syn = 0x02
+		ack = 0x10
+	)
+	h := loadEgressHost(t, egressDesired())
+	vif, up := h.k.VifProgram(), h.k.UplinkProgram()
+	out := func(sport uint16, flags byte, seq, ackn uint32) bpftest.Result {
+		return bpftest.Run(t, vif, tcpSeg(t, fromVM(vmA, bpftest.Frame{Daddr: inet, Sport: sport, Dport: 80}), flags, seq, ackn))
+	}
+	in := func(port uint16, flags byte, seq, ackn uint32) bpftest.Result {
+		return bpftest.Run(t, up, tcpSeg(t, bpftest.Frame{Src: inetMAC, Dst: h1MAC, Saddr: inet, Daddr: hostAddr, Sport: 80, Dport: port}, flags, seq, ackn))
+	}
+	ports := map[uint16]uint16{}
+	for sport := uint16(40000); sport < 40004; sport++ {
+		r := out(sport, syn, 99, 0)
+		if r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("flow %d: verdict %d", sport, r.Verdict)
+		}
+		ports[sport] = l4Word(r.Out, 0)
+		if r := in(ports[sport], syn|ack, 4999, 100); r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("SYN-ACK to port %d: verdict %d, want it into a", ports[sport], r.Verdict)
+		}
+	}
+	probe := uint16(40200) // each probe a flow of its own: a flow keeps its port
+	full := func(when string) {
+		t.Helper()
+		probe++
+		if r := out(probe, syn, 99, 0); r.Verdict != bpftest.ActShot {
+			t.Fatalf("%s: a new flow took port %d of a's full slice, want it refused", when, l4Word(r.Out, 0))
+		}
+	}
+	full("four live connections")
+
+	// 40000: the remote closes first; a acks its FIN and sends its own.
+	p := ports[40000]
+	for _, step := range []struct {
+		what string
+		r    bpftest.Result
+	}{
+		{"the remote's FIN", in(p, fin|ack, 5000, 100)},
+		{"a's ACK of it", out(40000, ack, 100, 5001)},
+		{"a's FIN", out(40000, fin|ack, 100, 5001)},
+		{"an ACK short of a's FIN", in(p, ack, 5001, 100)},
+	} {
+		if step.r.Verdict != bpftest.ActRedirect {
+			t.Fatalf("%s: verdict %d, want it through", step.what, step.r.Verdict)
+		}
+	}
+	full("an ACK short of a's FIN")
+	// 40001: a closes first; the remote's FIN and a's last ACK follow.
+	q := ports[40001]
+	out(40001, fin|ack, 100, 5000)
+	in(q, fin|ack, 5000, 101)
+	out(40001, ack, 101, 5001)
+	full("a closed first, its last ACK sent")
+
+	if r := in(p, ack, 5001, 101); r.Verdict != bpftest.ActRedirect {
+		t.Fatalf("the remote's ACK of a's FIN: verdict %d, want it into a", r.Verdict)
+	}
+	r := out(40100, syn, 99, 0)
+	if r.Verdict != bpftest.ActRedirect || l4Word(r.Out, 0) != p {
+		t.Fatalf("a new flow after the remote acked a's FIN: verdict %d, port %d, want port %d at once", r.Verdict, l4Word(r.Out, 0), p)
+	}
+	full("the freed port taken again")
+}
+
+// timeExceeded is what a router sends back about the expired frame in: from
+// the sender's gateway, quoting its IPv4 header and first 8 bytes after it.
+func timeExceeded(t *testing.T, in bpftest.Frame) []byte {
+	t.Helper()
+	b := in.Bytes(t)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		&layers.Ethernet{SrcMAC: vmac(gw), DstMAC: in.Src, EthernetType: layers.EthernetTypeIPv4},
+		&layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: gw.AsSlice(), DstIP: in.Saddr.AsSlice()},
+		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(11, 0)}, gopacket.Payload(b[14:14+20+8])); err != nil {
+		t.Fatalf("build time exceeded: %v", err)
+	}
+	return buf.Bytes()
+}
+
+// One VM's fragments never push out another VM's fragment records: a VM
+// holds at most 16 (egress_frag_places), each new one replacing its own
+// older one, so a sends more first fragments than the whole table holds
+// and b's datagram, begun before, still has its later fragment steered.
+func TestPrivilegedEgressOneVMsFragmentsNeverPushOutAnotherVMs(t *testing.T) {
+	h := loadEgressHost(t, egressDesired())
+	vif := h.k.VifProgram()
+	udp, tcp := layers.IPProtocolUDP, layers.IPProtocolTCP
+	h.onLo(t, "b")
+	bFirst := fromVM(vmB, bpftest.Frame{Daddr: inet, Proto: udp, Sport: 7000, Dport: 9000, IPID: 4242, MoreFragments: true})
+	bLater := fromVM(vmB, bpftest.Frame{Daddr: inet, Proto: udp, IPID: 4242, FragOffset: 185})
+	if r := bpftest.Run(t, vif, bFirst.Bytes(t)); r.Verdict != bpftest.ActRedirect {
+		t.Fatalf("b's first fragment: verdict %d", r.Verdict)
+	}
+
+	h.onLo(t, "a")
+	const tcpIDs = 2000 // past 65,536 UDP ids: more datagrams than egress_frags holds
+	sent := 0
+	for _, c := range []struct {
+		proto layers.IPProtocol
+		ids   int
+	}{{udp, 65536}, {tcp, tcpIDs}} {
+		in := fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: c.proto, Sport: 6000, Dport: 9000, MoreFragments: true}).Bytes(t)
+		out := make([]byte, len(in)+64)
+		for id := 0; id < c.ids; id++ {
+			binary.BigEndian.PutUint16(in[14+4:], uint16(id)) // the IPv4 id; its checksum is patched, never checked
+			// Run by hand, not bpftest.Run: tens of thousands of runs, and
+			// only the verdict is wanted.
+			ret, err := vif.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+			if err != nil || ret != uint32(bpftest.ActRedirect) {
+				t.Fatalf("a's first fragment %d (%s): verdict %d, %v", id, c.proto, ret, err)
+			}
+			sent++
+		}
+	}
+	frags, err := h.k.Map(MapFrags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	var k, next [12]byte
+	for err := frags.NextKey(nil, &next); err == nil; err = frags.NextKey(k, &next) {
+		k = next
+		held++
+	}
+	if held != 17 {
+		t.Errorf("egress_frags holds %d records after a's %d first fragments and b's one: want a's 16 and b's", held, sent)
+	}
+	aLater := func(proto layers.IPProtocol, id uint16) []byte {
+		return fromVM(vmA, bpftest.Frame{Daddr: inet, Proto: proto, IPID: id, FragOffset: 185}).Bytes(t)
+	}
+	if r := bpftest.Run(t, vif, aLater(tcp, tcpIDs-1)); r.Verdict != bpftest.ActRedirect {
+		t.Errorf("a's latest datagram's later fragment: verdict %d, want it steered", r.Verdict)
+	}
+	if r := bpftest.Run(t, vif, aLater(udp, 0)); r.Verdict != bpftest.ActShot {
+		t.Errorf("a's first datagram's later fragment, its record replaced by a's own later ones: verdict %d, want dropped", r.Verdict)
+	}
+
+	h.onLo(t, "b")
+	if r := bpftest.Run(t, vif, bLater.Bytes(t)); r.Verdict != bpftest.ActRedirect {
+		t.Fatalf("b's later fragment after a's %d first fragments: verdict %d, want it steered (b's record kept)", sent, r.Verdict)
 	}
 }

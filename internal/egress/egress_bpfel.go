@@ -77,7 +77,7 @@ type egressEgressMap struct {
 	Remote     uint32
 	VmPort     uint16
 	RemotePort uint16
-	Pad        uint32
+	FinEnd     uint32
 }
 
 type egressEgressOwner struct {
@@ -137,6 +137,7 @@ const (
 	egressMapEgressAddrs         = "egress_addrs"
 	egressMapEgressCursors       = "egress_cursors"
 	egressMapEgressFlows         = "egress_flows"
+	egressMapEgressFragPlaces    = "egress_frag_places"
 	egressMapEgressFrags         = "egress_frags"
 	egressMapEgressPorts         = "egress_ports"
 	egressMapEgressPublished     = "egress_published"
@@ -197,17 +198,18 @@ type egressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressMapSpecs struct {
-	EgressAddrs     *ebpf.MapSpec `ebpf:"egress_addrs"`
-	EgressCursors   *ebpf.MapSpec `ebpf:"egress_cursors"`
-	EgressFlows     *ebpf.MapSpec `ebpf:"egress_flows"`
-	EgressFrags     *ebpf.MapSpec `ebpf:"egress_frags"`
-	EgressPorts     *ebpf.MapSpec `ebpf:"egress_ports"`
-	EgressPublished *ebpf.MapSpec `ebpf:"egress_published"`
-	EgressSlots     *ebpf.MapSpec `ebpf:"egress_slots"`
-	EgressState     *ebpf.MapSpec `ebpf:"egress_state"`
-	EgressStats     *ebpf.MapSpec `ebpf:"egress_stats"`
-	EgressTo        *ebpf.MapSpec `ebpf:"egress_to"`
-	EgressVms       *ebpf.MapSpec `ebpf:"egress_vms"`
+	EgressAddrs      *ebpf.MapSpec `ebpf:"egress_addrs"`
+	EgressCursors    *ebpf.MapSpec `ebpf:"egress_cursors"`
+	EgressFlows      *ebpf.MapSpec `ebpf:"egress_flows"`
+	EgressFragPlaces *ebpf.MapSpec `ebpf:"egress_frag_places"`
+	EgressFrags      *ebpf.MapSpec `ebpf:"egress_frags"`
+	EgressPorts      *ebpf.MapSpec `ebpf:"egress_ports"`
+	EgressPublished  *ebpf.MapSpec `ebpf:"egress_published"`
+	EgressSlots      *ebpf.MapSpec `ebpf:"egress_slots"`
+	EgressState      *ebpf.MapSpec `ebpf:"egress_state"`
+	EgressStats      *ebpf.MapSpec `ebpf:"egress_stats"`
+	EgressTo         *ebpf.MapSpec `ebpf:"egress_to"`
+	EgressVms        *ebpf.MapSpec `ebpf:"egress_vms"`
 }
 
 // egressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -238,17 +240,18 @@ func (o *egressObjects) Close() error {
 //
 // It can be passed to loadEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressMaps struct {
-	EgressAddrs     *ebpf.Map `ebpf:"egress_addrs"`
-	EgressCursors   *ebpf.Map `ebpf:"egress_cursors"`
-	EgressFlows     *ebpf.Map `ebpf:"egress_flows"`
-	EgressFrags     *ebpf.Map `ebpf:"egress_frags"`
-	EgressPorts     *ebpf.Map `ebpf:"egress_ports"`
-	EgressPublished *ebpf.Map `ebpf:"egress_published"`
-	EgressSlots     *ebpf.Map `ebpf:"egress_slots"`
-	EgressState     *ebpf.Map `ebpf:"egress_state"`
-	EgressStats     *ebpf.Map `ebpf:"egress_stats"`
-	EgressTo        *ebpf.Map `ebpf:"egress_to"`
-	EgressVms       *ebpf.Map `ebpf:"egress_vms"`
+	EgressAddrs      *ebpf.Map `ebpf:"egress_addrs"`
+	EgressCursors    *ebpf.Map `ebpf:"egress_cursors"`
+	EgressFlows      *ebpf.Map `ebpf:"egress_flows"`
+	EgressFragPlaces *ebpf.Map `ebpf:"egress_frag_places"`
+	EgressFrags      *ebpf.Map `ebpf:"egress_frags"`
+	EgressPorts      *ebpf.Map `ebpf:"egress_ports"`
+	EgressPublished  *ebpf.Map `ebpf:"egress_published"`
+	EgressSlots      *ebpf.Map `ebpf:"egress_slots"`
+	EgressState      *ebpf.Map `ebpf:"egress_state"`
+	EgressStats      *ebpf.Map `ebpf:"egress_stats"`
+	EgressTo         *ebpf.Map `ebpf:"egress_to"`
+	EgressVms        *ebpf.Map `ebpf:"egress_vms"`
 }
 
 func (m *egressMaps) Close() error {
@@ -256,6 +259,7 @@ func (m *egressMaps) Close() error {
 		m.EgressAddrs,
 		m.EgressCursors,
 		m.EgressFlows,
+		m.EgressFragPlaces,
 		m.EgressFrags,
 		m.EgressPorts,
 		m.EgressPublished,

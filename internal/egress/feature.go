@@ -89,7 +89,8 @@ func (f *Feature) Maps() []feature.Map {
 		rec(MapAddrs), rec(MapPorts), rec(MapVMs), rec(MapSlots), rec(MapTo), rec(MapPublished),
 		own(MapState, "one translation per protocol and port of a slice; free once its per-protocol timeout passes (docs/north-south.md)"),
 		own(MapFlows, "one entry per claimed port, deleted when the port is claimed again; bounded by the slices"),
-		own(MapFrags, "LRU of 16384 datagrams; a record steers later fragments for 2 s"),
+		own(MapFrags, "65,536 datagrams, at most 16 of each VM (egress_frag_places): a record steers later fragments for 2 s"),
+		own(MapFragPlaces, "16 places per slot, the keys of its VM's fragment records: a new record replaces the VM's own in its place"),
 		own(MapCursors, "one word per slot: where its VM's next claim starts; any value is a valid start"),
 		own(MapStats, "per-CPU counters per slot, zeroed when a VM takes or leaves the slot"),
 	}

@@ -98,3 +98,16 @@ func Farm(s Setting) (*intent.FarmEgress, error) {
 	}
 	return &intent.FarmEgress{To: to, Slice: size}, nil
 }
+
+// Subnet checks s as a subnet's own setting, which overrides its farm's:
+// off there, or on with its own destinations and slice size.
+func Subnet(s Setting) (*intent.SubnetEgress, error) {
+	eg, err := Farm(s)
+	if err != nil {
+		return nil, err
+	}
+	if eg == nil {
+		return &intent.SubnetEgress{Off: true}, nil
+	}
+	return &intent.SubnetEgress{To: eg.To, Slice: eg.Slice}, nil
+}

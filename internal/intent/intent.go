@@ -48,6 +48,11 @@ const (
 	// VM's.
 	VMIDsPrefix = Prefix + "vmids/"
 	NodesPrefix = Root + "nodes/"
+	// LeaseSpacesPrefix holds each host's lease space (+ HOST/, see
+	// LeaseSpaceKey): every writer of a lease of a host's address writes
+	// it too, in one transaction, and only if it is unchanged since it
+	// read it. Not intent: it orders writers and compiles into nothing.
+	LeaseSpacesPrefix = Root + "leasespaces/"
 	// ObservePrefix holds the running onehop observe streams (+ ID, an
 	// observe.Subscription): every agent reads them and publishes its
 	// events to the ones that want them. Not intent: nothing compiles it.
@@ -92,6 +97,13 @@ func SubnetKey(farm, subnet string) string { return SubnetsPrefix + farm + "/" +
 
 // VMKey is the key of VM farm/subnet/vm.
 func VMKey(farm, subnet, vm string) string { return VMsPrefix + farm + "/" + subnet + "/" + vm }
+
+// HostLeaseSpacePrefix is the prefix of host's lease space key: what a
+// lease's writer compares (a prefix compare that takes in no other host's).
+func HostLeaseSpacePrefix(host string) string { return LeaseSpacesPrefix + host + "/" }
+
+// LeaseSpaceKey holds host's LeaseSpace.
+func LeaseSpaceKey(host string) string { return HostLeaseSpacePrefix(host) + "claims" }
 
 // HostSliversPrefix is the prefix of every sliver of host.
 func HostSliversPrefix(host string) string { return SliversPrefix + host + "/" }
@@ -159,6 +171,9 @@ type Subnet struct {
 	ID      uint16 `json:"id"`
 	Prefix  string `json:"prefix"`
 	Gateway string `json:"gateway"`
+	// Egress is the subnet's own egress setting, which overrides its
+	// farm's; nil: the farm's (EffectiveEgress).
+	Egress *SubnetEgress `json:"egress,omitempty"`
 }
 
 // VM is one guest with its allocated address and virtual MAC.
@@ -629,6 +644,36 @@ type ARPStats struct {
 type FarmEgress struct {
 	To    []string `json:"to,omitempty"`
 	Slice uint16   `json:"slice"`
+}
+
+// LeaseSpace is the record of the leases of a host's address that are not
+// slivers (whose records are the host's own keys): the VMs' egress slices
+// and published ports, by FARM/SUBNET/VM. A claim stands while its VM's
+// record holds it on that host; a writer of the lease space drops the
+// others.
+type LeaseSpace struct {
+	Slices    map[string]Lease         `json:"slices,omitempty"`
+	Published map[string][]Publication `json:"published,omitempty"`
+}
+
+// SubnetEgress is a subnet's own egress setting: Off, whatever its farm's
+// is, or on, with To and Slice as a farm's are.
+type SubnetEgress struct {
+	Off   bool     `json:"off,omitempty"`
+	To    []string `json:"to,omitempty"`
+	Slice uint16   `json:"slice,omitempty"`
+}
+
+// EffectiveEgress is the egress a subnet's VMs get: the subnet's own
+// setting where it has one, else its farm's (nil: off).
+func EffectiveEgress(farm *FarmEgress, subnet *SubnetEgress) *FarmEgress {
+	switch {
+	case subnet == nil:
+		return farm
+	case subnet.Off:
+		return nil
+	}
+	return &FarmEgress{To: subnet.To, Slice: subnet.Slice}
 }
 
 // VMEgress is one VM's egress: its slice, a lease of its host's uplink

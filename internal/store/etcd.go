@@ -92,17 +92,24 @@ func (e *Etcd) withRider(ctx context.Context, what string, op Op) error {
 // PutIfUnchanged implements Store: one etcd transaction comparing the
 // mod revision of every key under prefix (a range compare) with rev.
 func (e *Etcd) PutIfUnchanged(ctx context.Context, prefix string, rev int64, key string, value []byte) (bool, error) {
-	t, err := takeRider(ctx, 1)
+	return e.WriteIfUnchanged(ctx, prefix, rev, []Op{{Key: key, Value: value}})
+}
+
+// WriteIfUnchanged implements Store: PutIfUnchanged's one transaction,
+// with every op of ops in it.
+func (e *Etcd) WriteIfUnchanged(ctx context.Context, prefix string, rev int64, ops []Op) (bool, error) {
+	what := fmt.Sprintf("etcd write %s if %s unchanged since %d", opKeys(ops), prefix, rev)
+	t, err := takeRider(ctx, len(ops))
 	if err != nil {
-		return false, fmt.Errorf("etcd put %s if %s unchanged since %d: %w", key, prefix, rev, err)
+		return false, fmt.Errorf("%s: %w", what, err)
 	}
 	r, err := e.c.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithPrefix()).
-		Then(etcdOps(t.withOps(Op{Key: key, Value: value}))...).
+		Then(etcdOps(t.withOps(ops...))...).
 		Commit()
 	t.done(err == nil && r.Succeeded, err)
 	if err != nil {
-		return false, fmt.Errorf("etcd put %s if %s unchanged since %d: %w", key, prefix, rev, err)
+		return false, fmt.Errorf("%s: %w", what, err)
 	}
 	return r.Succeeded, nil
 }

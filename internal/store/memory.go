@@ -80,7 +80,12 @@ func (m *Memory) put(key string, value []byte) {
 
 // PutIfUnchanged implements Store.
 func (m *Memory) PutIfUnchanged(ctx context.Context, prefix string, rev int64, key string, value []byte) (bool, error) {
-	t, err := takeRider(ctx, 1)
+	return m.WriteIfUnchanged(ctx, prefix, rev, []Op{{Key: key, Value: value}})
+}
+
+// WriteIfUnchanged implements Store.
+func (m *Memory) WriteIfUnchanged(ctx context.Context, prefix string, rev int64, ops []Op) (bool, error) {
+	t, err := takeRider(ctx, len(ops))
 	if err != nil {
 		return false, err
 	}
@@ -92,7 +97,7 @@ func (m *Memory) PutIfUnchanged(ctx context.Context, prefix string, rev int64, k
 			return false, nil
 		}
 	}
-	m.txnLocked(t.withOps(Op{Key: key, Value: value}))
+	m.txnLocked(t.withOps(ops...))
 	t.done(true, nil)
 	return true, nil
 }

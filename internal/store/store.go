@@ -47,6 +47,11 @@ type Store interface {
 	// A key deleted after rev does not stop it (deleting frees, never
 	// takes).
 	PutIfUnchanged(ctx context.Context, prefix string, rev int64, key string, value []byte) (bool, error)
+	// WriteIfUnchanged is PutIfUnchanged for several writes: ops land
+	// together, in one transaction, or none does. A record and the guard
+	// key that orders its kind's writers (a host's lease space) are
+	// written so.
+	WriteIfUnchanged(ctx context.Context, prefix string, rev int64, ops []Op) (bool, error)
 	// Delete removes key; a missing key is not an error.
 	Delete(ctx context.Context, key string) error
 	// Watch sends a signal after any change under prefix made after revision

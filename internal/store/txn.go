@@ -20,6 +20,15 @@ type Op struct {
 	Delete bool
 }
 
+// opKeys names the keys ops write, for an error.
+func opKeys(ops []Op) string {
+	keys := make([]string, len(ops))
+	for i, o := range ops {
+		keys[i] = o.Key
+	}
+	return strings.Join(keys, ", ")
+}
+
 // Txner is a Store that writes several keys in one transaction, all at
 // one revision, which it returns. Ops name each key at most once (etcd
 // refuses a transaction that puts one key twice).

@@ -45,6 +45,10 @@ func (f Farm) Qualify(ref string) string {
 type Subnet struct {
 	Name string `yaml:"name"`
 	Line int    `yaml:"-"`
+	// Egress, when set, is the subnet's own egress setting, which
+	// overrides its farm's: `egress: false` (off there), or a mapping as
+	// a farm's (on there).
+	Egress *egressspec.Setting `yaml:"-"`
 }
 
 var farmsSection = section{
@@ -64,38 +68,13 @@ func decodeFarm(d *decoder, item *yaml.Node) Farm {
 		"subnets": d.seq("subnets", func(sn *yaml.Node) {
 			s := Subnet{Line: sn.Line}
 			d.mapping(sn, "subnet", map[string]field{
-				"name": d.str(&s.Name, "subnet name"),
+				"name":   d.str(&s.Name, "subnet name"),
+				"egress": d.egress(&s.Egress, "subnet egress", true),
 			})
 			fm.Subnets = append(fm.Subnets, s)
 		}),
 		"proxy_arp": d.flag(&fm.ProxyARP, "farm proxy_arp"),
-		"egress": func(v *yaml.Node) error {
-			var to, slice string
-			d.mapping(v, "farm egress", map[string]field{
-				"to":    d.str(&to, "egress to"),
-				"slice": d.str(&slice, "egress slice"),
-			})
-			s := egressspec.Setting{Enabled: true}
-			if to != "" {
-				list, err := egressspec.ParseTo(to)
-				if err != nil {
-					return d.fail(v, "farm egress to: %v", err)
-				}
-				s.To = list
-			}
-			if slice != "" {
-				n, err := strconv.Atoi(slice)
-				if err != nil {
-					return d.fail(v, "farm egress slice %q is not a number", slice)
-				}
-				s.Slice = n
-			}
-			if _, err := egressspec.Farm(s); err != nil {
-				return d.fail(v, "farm egress: %v", err)
-			}
-			fm.Egress = &s
-			return nil
-		},
+		"egress":    d.egress(&fm.Egress, "farm egress", false),
 		"peers": d.seq("peers", func(p *yaml.Node) {
 			var name string
 			if err := d.str(&name, "peer")(p); err != nil {
@@ -187,5 +166,44 @@ func validateFarms(c *checker, f *File) {
 				c.fail(r.Line, "rule of farm %q: proto %q is not tcp, udp, icmp or any", fm.Name, r.Proto)
 			}
 		}
+	}
+}
+
+// egress reads an egress setting: a mapping of to and slice, which turns
+// it on; for a subnet also false, which turns it off there.
+func (d *decoder) egress(dst **egressspec.Setting, what string, offToo bool) field {
+	return func(v *yaml.Node) error {
+		if offToo && v.Kind == yaml.ScalarNode {
+			if v.Value != "false" {
+				return d.fail(v, "%s must be false (off here, whatever the farm's) or a mapping of to and slice (on)", what)
+			}
+			*dst = &egressspec.Setting{}
+			return nil
+		}
+		var to, slice string
+		d.mapping(v, what, map[string]field{
+			"to":    d.str(&to, "egress to"),
+			"slice": d.str(&slice, "egress slice"),
+		})
+		s := egressspec.Setting{Enabled: true}
+		if to != "" {
+			list, err := egressspec.ParseTo(to)
+			if err != nil {
+				return d.fail(v, "%s to: %v", what, err)
+			}
+			s.To = list
+		}
+		if slice != "" {
+			n, err := strconv.Atoi(slice)
+			if err != nil {
+				return d.fail(v, "%s slice %q is not a number", what, slice)
+			}
+			s.Slice = n
+		}
+		if _, err := egressspec.Farm(s); err != nil {
+			return d.fail(v, "%s: %v", what, err)
+		}
+		*dst = &s
+		return nil
 	}
 }

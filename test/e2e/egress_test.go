@@ -23,6 +23,7 @@ farms:
   - name: blue
     subnets:
       - name: web
+      - {name: quiet, egress: false}
     egress: {to: "0.0.0.0/0", slice: "64"}
   - name: red
     subnets:
@@ -31,6 +32,7 @@ vms:
   - {name: web1, host: h1, subnet: blue/web}
   - {name: web2, host: h2, subnet: blue/web}
   - {name: app1, host: h1, subnet: red/app}
+  - {name: web3, host: h1, subnet: blue/quiet}
 externals:
   - {name: inet}
 `
@@ -68,6 +70,9 @@ func TestPrivilegedVMsOnTwoHostsReachInetThroughTheirOwnHostsSlices(t *testing.T
 	if _, ok := sl["app1"]; ok {
 		t.Fatalf("app1 of red (egress off) has a slice: %+v", sl)
 	}
+	if _, ok := sl["web3"]; ok {
+		t.Fatalf("web3 of blue/quiet (egress off there, on in its farm) has a slice: %+v", sl)
+	}
 	if out, _ := l.cli("get", "vms"); !strings.Contains(out, fmt.Sprintf("slice %d-%d", sl["web1"].Lo, sl["web1"].Hi)) {
 		t.Errorf("get vms does not show web1's slice:\n%s", out)
 	}
@@ -93,6 +98,12 @@ func TestPrivilegedVMsOnTwoHostsReachInetThroughTheirOwnHostsSlices(t *testing.T
 	// A farm without egress reaches nothing outside.
 	if out, err := l.in("app1", "curl", "-sf", "-m", "2", "http://"+inet+":8080/"); err == nil {
 		t.Fatalf("app1 (red, egress off) fetched from inet:\n%s", out)
+	}
+	// Nor does a subnet whose own setting is off, in a farm with egress,
+	// beside its sibling web, which does (above).
+	before := l.metrics("h1").at(drops("no_route"))
+	if out, err := l.in("web3", "curl", "-sf", "-m", "2", "http://"+inet+":8080/"); err == nil {
+		t.Fatalf("web3 (blue/quiet, egress off there) fetched from inet:\n%s", out)
 	}
 
 	// inet saw only the hosts' addresses, each from ports of its own VM's
@@ -122,6 +133,12 @@ func TestPrivilegedVMsOnTwoHostsReachInetThroughTheirOwnHostsSlices(t *testing.T
 		t.Fatalf("inet's capture saw h1 %d and h2 %d packets: want both (was the capture live?)", seen[h1], seen[h2])
 	}
 	m := l.metrics("h1")
+	if v := m.at(drops("no_route")); v <= before {
+		t.Errorf("web3's packets to inet were not counted as no_route on h1: %v before its curl, %v after", before, v)
+	}
+	if v, ok := m.lookup(`onehop_egress_flows_total{vm="blue/quiet/web3"}`); ok && v != 0 {
+		t.Errorf("web3 (egress off in its subnet) has %v egress flows on h1's /metrics", v)
+	}
 	if v := m.at(`onehop_egress_flows_total{vm="blue/web/web1"}`); v < 2 {
 		t.Errorf("web1's egress flows on h1's /metrics: %v, want the curls' and iperf3's", v)
 	}
