@@ -110,7 +110,7 @@ enum drop_reason {
 	/* North-south egress (egress.h). */
 	DROP_EGRESS_NOT_ALLOWED, /* a VM's packet outside the tenant space to a destination its farm's egress list does not hold */
 	DROP_EGRESS_SLICE_FULL,  /* a VM's new flow out found no free port in its own slice: refused, counted for the VM */
-	DROP_EGRESS_NO_MAPPING,  /* to a port of a VM's slice with no live translation for its sender */
+	DROP_EGRESS_NO_MAPPING,  /* no longer counted (such packets go to the host's stack); kept so later reasons keep their numbers */
 	DROP_EGRESS_PROTO,       /* a VM sent outside the tenant space neither TCP, UDP nor an ICMP echo request */
 	DROP_EGRESS_TO_HOST,     /* a VM's packet to its host's own address through the translation */
 	/* Published ports (publish.h). */

@@ -610,17 +610,12 @@ static __always_inline int egress_in(struct __sk_buff *skb, struct packet *pkt, 
 		return EGRESS_TAKEN;
 	__u32 slot = 0;
 	struct egress_map *m = egress_live(proto, a->uplink, port, remote, remote_port, now, &slot);
-	if (!m) {
-		/* A port of a slice with no live translation for this sender:
-		 * leased away from the host, so the host has nothing there. */
-		__u32 pk = (a->uplink % EGRESS_UPLINKS) * 65536 + port;
-		struct egress_owner *o = bpf_map_lookup_elem(&egress_ports, &pk);
-		if (o && o->kind == EGRESS_OWNER_SLICE) {
-			*verdict = drop_packet(skb, pkt, DROP_EGRESS_NO_MAPPING);
-			return EGRESS_TAKEN;
-		}
+	/* No live translation for this sender, on a port of a slice or not:
+	 * the host's own, as before egress. A slice may cover a port a host
+	 * service listens on (etcd, a metrics port); only this sender's
+	 * packets to this port go to the VM while its flow lives. */
+	if (!m)
 		return EGRESS_PASS;
-	}
 	/* 0: the VM's FIN is not noted yet (another CPU is between the claim
 	 * and egress_note_fin), so nothing is done before it is. */
 	if (ack != ~0ULL && m->fin_end && (m->flags & (EGRESS_FIN_OUT | EGRESS_REMOTE_FIRST)) == (EGRESS_FIN_OUT | EGRESS_REMOTE_FIRST) &&

@@ -256,12 +256,10 @@ func (in Intent) Explain(host string, run Run, req Request, from, to Endpoint) H
 			say("fabric trust: refused (%s)", run.Drop)
 		case contains(run.Forwards, "egress_in"):
 			say("egress: a reply to a flow of a VM's slice of %s's address: translated back to the VM", host)
-		case run.Drop == "egress_no_mapping":
-			say("egress: the port is of a VM's slice, but no flow of it goes to this sender")
 		case contains(run.Forwards, "to_sliver"):
 			say("port space: to %s's shared address: steered by port (or echo id) to the sliver that leases it", host)
 		case contains(run.Forwards, "host_stack"):
-			say("not tenant traffic: for %s's own stack (no sliver or VM slice holds the port)", host)
+			say("not tenant traffic: for %s's own stack (no sliver holds the port, and no VM's live flow from this sender)", host)
 		default:
 			say("fabric trust: sent by a known host, from an address a VM may hold")
 		}
