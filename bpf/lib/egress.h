@@ -339,7 +339,7 @@ static __always_inline int egress_out(struct __sk_buff *skb, struct packet *pkt,
 	if (bpf_map_lookup_elem(&egress_addrs, &remote))
 		return drop_packet(skb, pkt, DROP_EGRESS_TO_HOST);
 	struct egress_to_key tk = {.prefixlen = 64, .slot = bpf_htonl(slot), .addr = remote};
-	if (!bpf_map_lookup_elem(&egress_to, &tk)) {
+	if (!vm->to_any && !bpf_map_lookup_elem(&egress_to, &tk)) {
 		if (c)
 			c->not_allowed += 1;
 		return drop_packet(skb, pkt, DROP_EGRESS_NOT_ALLOWED);

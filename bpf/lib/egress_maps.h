@@ -95,6 +95,10 @@ struct egress_vm {
 	__u16 lo;
 	__u16 hi;
 	__be32 floating; /* its floating address, or 0 (floating.h) */
+	/* 1: its destinations hold 0.0.0.0/0 (the default), so egress_out
+	 * does not look egress_to up: an LPM lookup on every packet, the
+	 * slower the more egress VMs a host has. */
+	__u32 to_any;
 };
 
 /* A VM may reach addr when (slot, addr) matches a prefix of its list. */

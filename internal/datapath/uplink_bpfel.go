@@ -137,6 +137,7 @@ type uplinkEgressVm struct {
 	Lo            uint16
 	Hi            uint16
 	Floating      uint32
+	ToAny         uint32
 }
 
 type uplinkEndpoint struct {

@@ -137,6 +137,7 @@ type uplinkTestEgressVm struct {
 	Lo            uint16
 	Hi            uint16
 	Floating      uint32
+	ToAny         uint32
 }
 
 type uplinkTestEndpoint struct {

@@ -198,6 +198,7 @@ type vifEgressVm struct {
 	Lo            uint16
 	Hi            uint16
 	Floating      uint32
+	ToAny         uint32
 }
 
 type vifEndpoint struct {

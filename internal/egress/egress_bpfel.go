@@ -128,6 +128,7 @@ type egressEgressVm struct {
 	Lo            uint16
 	Hi            uint16
 	Floating      uint32
+	ToAny         uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -186,6 +186,9 @@ func (f *Feature) Sync(fp feature.Plan) error {
 		if v.Floating.IsValid() {
 			rec.Floating = be32(v.Floating)
 		}
+		if slices.ContainsFunc(v.To, func(p netip.Prefix) bool { return p.Bits() == 0 }) {
+			rec.ToAny = 1
+		}
 		if err := m[MapSlots].Put(slot, rec); err != nil {
 			return fmt.Errorf("egress: vm %s slot %d: %w", v.Name, slot, err)
 		}
