@@ -90,10 +90,12 @@ func TestPrivilegedAMoverBehindANATMigrates(t *testing.T) {
 	waitStatus(t, p.b.sock, virtB, 5*time.Second, func(s ConnStatus) bool {
 		return s.State == "migrated" && s.Physical == "10.8.0.2:5001->10.8.0.254"+port
 	}, p.a.logs, p.b.logs)
-	before := masqueraded(t, nsN)
 	echoes("after a moved behind the NAT")
-	if n := masqueraded(t, nsN); n <= before {
-		t.Errorf("the echoes behind the NAT: masqueraded packets %d then %d, want more", before, n)
+	// A nat chain sees only a connection's first packet: the rule counts
+	// once per conntrack entry, which the update itself may have made
+	// before the echoes. The control above counted none.
+	if n := masqueraded(t, nsN); n == 0 {
+		t.Errorf("the echoes behind the NAT: no packet masqueraded, want the router to have translated a's traffic")
 	}
 	st, err := Ask(p.b.sock, Request{Op: "status"})
 	if err != nil {
