@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onehop/onehop/internal/intent"
 	"github.com/onehop/onehop/internal/pki"
 	"github.com/onehop/onehop/internal/testenv"
 )
@@ -140,4 +141,22 @@ func TestTenantCertificatesAreRevokedBySerialByFarmAndWithTheirFarm(t *testing.T
 	if code, _ := get(serve(restarted), blue1); code != 401 {
 		t.Fatalf("a restarted controller lets blue1 in: %d", code)
 	}
+}
+
+// FuzzAPICertRevocationBody: any body for a certificate revocation is a
+// 201 or a 4xx naming its field, never a 5xx (fuzzAPI checks both), and a
+// refused one writes no revocation.
+func FuzzAPICertRevocationBody(f *testing.F) {
+	seedBodies(f, `{"serial":"3a:5b:07"}`, `{"farm":"blue"}`, `{"serial":"ff","farm":"blue","expires":"2030-01-01T00:00:00Z"}`,
+		`{"farm":"blue","expires":"2030-01-01T00:00:00Z"}`, `{"serial":"zz"}`, `{"farm":"Blue"}`, `{}`, `{"serial":1}`, `{`, ``, `null`)
+	send := fuzzAPI(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		s, code := send(t, "POST", "/v1/tenants/cert-revocations", body)
+		if code == http.StatusCreated {
+			return
+		}
+		if kvs, _, err := s.List(t.Context(), intent.TenantCertRevocationsPrefix); err != nil || len(kvs) != 0 {
+			t.Fatalf("POST %q refused (%d) but wrote %d revocations (%v)", body, code, len(kvs), err)
+		}
+	})
 }
